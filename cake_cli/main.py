@@ -1,0 +1,653 @@
+"""The ``cake`` command line: evolve kernels, ask the warehouse, review the harness, check IR.
+
+Every command reports a problem as one red line on stderr (``error: ...``) and
+exits 2 for bad usage or configuration, 1 for a failure. An unexpected
+exception is one line too; its traceback goes to ``<home>/logs/cli.log``.
+
+Heavy imports (Prefect, Ray, the flows, the warehouse) happen inside the
+commands, after the configuration is validated and after ``PREFECT_API_URL``
+is set (see :mod:`cake_cli.services`).
+"""
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import enum
+import functools
+import getpass
+import inspect
+import io
+import json
+import logging
+import os
+import secrets
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+import typer
+from rich.console import Console, Group
+from rich.live import Live
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from cake_cli.config import ConfigError, Settings, load_settings
+from cake_cli.services import gpu_policy, prefect_server, ray_runtime
+from cake_core.errors import CakeError
+
+app = typer.Typer(name="cake", no_args_is_help=True, add_completion=False,
+                  pretty_exceptions_enable=False, rich_markup_mode=None,
+                  help="Cake evolves fast GPU kernels written in Cake IR.")
+harness_app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
+                          rich_markup_mode=None,
+                          help="Review harness proposals and list harness versions.")
+app.add_typer(harness_app, name="harness")
+
+console = Console(highlight=False)   # stdout; file=None follows sys.stdout (tests swap it)
+
+CELL_MAX = 60              # characters shown per cell in `cake sql` tables
+TABLE_ROWS_MAX = 200       # rows shown in a terminal table; export for more
+REFRESH_S = 0.5            # live display refresh period
+PROPOSALS_VIEW = "proposals_latest"
+VERSIONS_QUERY = "select * from harness_versions order by version"
+
+_settings_cache: list[Settings] = []   # the settings of this invocation, once loaded
+
+
+class UsageError(CakeError):
+    """The command line asked for something that cannot be done as asked (exit code 2)."""
+
+
+# ---------------------------------------------------------------- errors and settings
+
+
+def _settings() -> Settings:
+    """Load and validate the configuration once per invocation."""
+    if not _settings_cache:
+        _settings_cache.append(load_settings())
+    return _settings_cache[0]
+
+
+def _usage_error_types() -> tuple[type[BaseException], ...]:
+    types: list[type[BaseException]] = [ConfigError, UsageError]
+    try:
+        from cake_core.problems import ShapeSetError, UnknownProblem
+        types += [UnknownProblem, ShapeSetError]
+    except ImportError:
+        pass
+    return tuple(types)
+
+
+def _reported_error_types() -> tuple[type[BaseException], ...]:
+    types: list[type[BaseException]] = [CakeError]
+    try:
+        from warehouse import WarehouseError
+        types.append(WarehouseError)
+    except ImportError:
+        pass
+    return tuple(types)
+
+
+def _home_for_log() -> Path:
+    if _settings_cache:
+        return _settings_cache[0].home
+    return Path(os.environ.get("CAKE_HOME") or ".cake").expanduser().absolute()
+
+
+def _say_error(message: str) -> None:
+    # typer.secho, not rich: rich would wrap a long message over several lines.
+    first = " ".join(str(message).split()) or "(no message)"
+    typer.secho(f"error: {first}", fg="red", err=True)
+
+
+def _log_internal(exc: BaseException) -> Path | None:
+    """Append the traceback to <home>/logs/cli.log; return the path, or None if it cannot be written."""
+    log = _home_for_log() / "logs" / "cli.log"
+    try:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("a") as f:
+            f.write(f"--- {dt.datetime.now().isoformat(timespec='seconds')} "
+                    f"cake {' '.join(sys.argv[1:])}\n")
+            f.write("".join(traceback.format_exception(exc)))
+    except OSError:
+        return None
+    return log
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def cli_errors(fn: F) -> F:
+    """Turn every exception out of a command into one line on stderr and an exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (typer.Exit, typer.Abort, click.exceptions.Exit, click.ClickException, click.Abort):
+            raise  # typer's own exits (typer >= 0.16 has its own classes) and usage errors
+        except KeyboardInterrupt:
+            _say_error("interrupted")
+            raise typer.Exit(130) from None
+        except _reported_error_types() as e:
+            _say_error(str(e))
+            raise typer.Exit(2 if isinstance(e, _usage_error_types()) else 1) from None
+        except Exception as e:  # noqa: BLE001 - the last line of defence: one line, log the rest
+            log = _log_internal(e)
+            where = f"full traceback in {log}" if log else "traceback could not be written"
+            msg = " ".join(str(e).split())
+            _say_error(f"internal: {type(e).__name__}: {msg} ({where})")
+            raise typer.Exit(1) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+@app.callback()
+@cli_errors
+def _startup() -> None:
+    """Cake evolves fast GPU kernels written in Cake IR."""
+    # Validate the configuration before any command runs, so a typo fails first and alone.
+    _settings_cache.clear()
+    _settings()
+
+
+def _say(text: str) -> None:
+    """A plain line on stdout: no markup, never wrapped (paths and commands must stay copyable)."""
+    console.print(text, markup=False, soft_wrap=True)
+
+
+# ---------------------------------------------------------------- query results
+
+
+def _columns_rows(result: Any) -> tuple[list[str], list[tuple]]:
+    """Columns and rows of whatever ``Warehouse.query`` returns (Arrow, pandas, DuckDB, rows)."""
+    if result is None:
+        return [], []
+    if hasattr(result, "column_names") and hasattr(result, "to_pylist"):      # pyarrow.Table
+        cols = list(result.column_names)
+        return cols, [tuple(r[c] for c in cols) for r in result.to_pylist()]
+    if hasattr(result, "fetchall") and hasattr(result, "columns"):            # DuckDB relation
+        return list(result.columns), [tuple(r) for r in result.fetchall()]
+    if hasattr(result, "itertuples") and hasattr(result, "columns"):          # pandas
+        return ([str(c) for c in result.columns],
+                [tuple(r) for r in result.itertuples(index=False, name=None)])
+    rows = list(result)
+    if rows and isinstance(rows[0], dict):
+        cols = list(rows[0])
+        return cols, [tuple(r.get(c) for c in cols) for r in rows]
+    rows = [tuple(r) if isinstance(r, (tuple, list)) else (r,) for r in rows]
+    return [f"col{i}" for i in range(len(rows[0]) if rows else 0)], rows
+
+
+def _to_arrow(result: Any):
+    import pyarrow as pa
+
+    if isinstance(result, pa.Table):
+        return result
+    if hasattr(result, "arrow"):             # DuckDB relation
+        return result.arrow()
+    cols, rows = _columns_rows(result)
+    return pa.table({c: [r[i] for r in rows] for i, c in enumerate(cols)})
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return ""
+    text = f"{v:.6g}" if isinstance(v, float) else str(v)
+    text = " ".join(text.split())
+    return text if len(text) <= CELL_MAX else text[:CELL_MAX - 1] + "…"
+
+
+def _rich_table(cols: list[str], rows: list[tuple], title: str | None = None) -> Table:
+    table = Table(title=title, show_lines=False, header_style="bold")
+    for c in cols:
+        table.add_column(c, overflow="ellipsis")
+    for r in rows[:TABLE_ROWS_MAX]:
+        table.add_row(*(_cell(v) for v in r))
+    return table
+
+
+def _print_result(result: Any, title: str | None = None, empty: str = "(no rows)") -> None:
+    cols, rows = _columns_rows(result)
+    if not rows:
+        console.print(Text(empty, style="dim"))
+        return
+    console.print(_rich_table(cols, rows, title))
+    if len(rows) > TABLE_ROWS_MAX:
+        console.print(Text(f"... {len(rows) - TABLE_ROWS_MAX} more rows; export them all with "
+                           f"--format csv --out FILE", style="dim"))
+
+
+def _warehouse(settings: Settings):
+    """The warehouse under settings.home; a UsageError if no run has created it yet."""
+    from warehouse import Warehouse
+
+    root = settings.warehouse_root
+    if not root.exists():
+        raise UsageError(f"no warehouse at {root} yet; run `cake evolve PROBLEM` first, "
+                         f"or set CAKE_HOME to the directory that holds warehouse/")
+    return Warehouse(root)
+
+
+# ---------------------------------------------------------------- cake evolve
+
+
+def _accepts(fn: Any, name: str) -> bool:
+    target = getattr(fn, "fn", fn)   # a Prefect Flow keeps the function in .fn
+    try:
+        params = inspect.signature(target).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def _quiet_prefect_console() -> None:
+    """Keep Prefect's INFO lines off the terminal (they stay in the UI): the live display owns it."""
+    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
+    for name in ["", "prefect", *logging.root.manager.loggerDict]:
+        logger = logging.getLogger(name)
+        for h in getattr(logger, "handlers", []):
+            if type(h).__name__ == "PrefectConsoleHandler" and h.level < logging.WARNING:
+                h.setLevel(logging.WARNING)
+
+
+class RunProgress:
+    """What the warehouse says about one run: attempts by generation and outcome, best time."""
+
+    def __init__(self, root: Path, run_id: str):
+        self.root, self.run_id = root, run_id
+        self.counts: dict[tuple[int, str], int] = {}
+        self._wh: Any = None            # opened once the flow has created the folder
+        self.best_ms: float | None = None
+        self.note: str | None = None    # why the counts may be stale
+
+    def refresh(self) -> RunProgress:
+        if not self.root.exists():
+            self.note = "waiting for the first attempt"
+            return self
+        try:
+            from warehouse import Warehouse
+
+            wh = self._wh = self._wh or Warehouse(self.root)
+            _, rows = _columns_rows(wh.query(
+                "select generation, outcome, count(*) as n from attempts where run_id = ? "
+                "group by all order by all", [self.run_id]))
+            self.counts = {(int(g), str(o)): int(n) for g, o, n in rows if g is not None}
+            _, best = _columns_rows(wh.query(
+                "select min(median_ms) from measurements where run_id = ? and correct", [self.run_id]))
+            self.best_ms = best[0][0] if best and best[0] else None
+            self.note = None
+        except Exception as e:  # noqa: BLE001 - the display must outlive a busy or empty warehouse
+            self.note = f"warehouse not readable yet ({type(e).__name__})"
+        return self
+
+    @property
+    def generations(self) -> list[int]:
+        return sorted({g for g, _ in self.counts})
+
+    def generation_done(self) -> int:
+        """Generations reached, counting from 1 whether the flow numbers them from 0 or 1."""
+        gens = self.generations
+        if not gens:
+            return 0
+        return gens[-1] + 1 if gens[0] == 0 else gens[-1]
+
+    def by_outcome(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for (_, o), n in self.counts.items():
+            out[o] = out.get(o, 0) + n
+        return out
+
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+def _best_text(progress: RunProgress, timed: bool) -> str:
+    if not timed:
+        return "checked on CPU, not timed"
+    return f"{progress.best_ms:.4g} ms (median)" if progress.best_ms is not None else "none yet"
+
+
+def _live_view(progress: RunProgress, problem: str, generations: int, timed: bool,
+               started: float) -> Panel:
+    lines = Table.grid(padding=(0, 2))
+    lines.add_column(style="bold")
+    lines.add_column()
+    lines.add_row("generation", f"{progress.generation_done()}/{generations}")
+    lines.add_row("attempts", str(progress.total()))
+    lines.add_row("best so far", _best_text(progress, timed))
+    lines.add_row("elapsed", f"{time.monotonic() - started:.0f} s")
+    parts: list[Any] = [lines]
+    outcomes = progress.by_outcome()
+    if outcomes:
+        t = Table(show_header=True, header_style="bold", box=None, padding=(0, 2))
+        t.add_column("outcome")
+        t.add_column("attempts", justify="right")
+        for o, n in sorted(outcomes.items(), key=lambda kv: -kv[1]):
+            t.add_row(o, str(n))
+        parts.append(t)
+    if progress.note:
+        parts.append(Text(progress.note, style="dim"))
+    return Panel(Group(*parts), title=f"cake evolve {problem} · run {progress.run_id}",
+                 expand=False)
+
+
+def _summary_table(progress: RunProgress) -> Table:
+    outcomes = sorted(progress.by_outcome())
+    t = Table(title=f"run {progress.run_id}", header_style="bold")
+    t.add_column("generation", justify="right")
+    for o in outcomes:
+        t.add_column(o, justify="right")
+    t.add_column("total", justify="right")
+    for g in progress.generations:
+        row = [progress.counts.get((g, o), 0) for o in outcomes]
+        t.add_row(str(g), *map(str, row), str(sum(row)))
+    totals = progress.by_outcome()
+    t.add_row("all", *(str(totals[o]) for o in outcomes), str(progress.total()), style="bold")
+    return t
+
+
+def _cancel_flow_run(tag: str) -> None:
+    """Mark the run's Prefect flow run cancelled so the UI tells the truth (best effort)."""
+    try:
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
+        from prefect.states import Cancelled
+
+        with get_client(sync_client=True) as client:
+            runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                tags=FlowRunFilterTags(all_=[tag])))
+            for run in runs:
+                if run.state is None or not run.state.is_final():
+                    client.set_flow_run_state(run.id, Cancelled(
+                        message="stopped with Ctrl-C in `cake evolve`"), force=True)
+    except Exception:  # noqa: BLE001 - stopping must not fail because the UI could not be told
+        pass
+
+
+def _sql_hint(run_id: str) -> str:
+    return (f'cake sql "select generation, outcome, count(*) from attempts '
+            f"where run_id = '{run_id}' group by all order by all\"")
+
+
+def _print_where(settings: Settings, ui_url: str, run_id: str) -> None:
+    _say(f"warehouse: {settings.warehouse_root}")
+    _say(f"Prefect UI: {ui_url}  (flow runs tagged cake-run:{run_id})")
+
+
+@app.command(no_args_is_help=True)
+@cli_errors
+def evolve(
+    problem: str = typer.Argument(..., metavar="PROBLEM", help="Problem to evolve a kernel for (see `cake problems`)."),
+    shapes: str | None = typer.Option(None, "--shapes", metavar="SET",
+                                      help="Shape set to tune on (default: the problem's first)."),
+    generations: int = typer.Option(3, "--generations", min=1, help="Generations to run."),
+    population: int = typer.Option(8, "--population", min=1, help="Candidates per generation."),
+    seed: int = typer.Option(0, "--seed", help="Seed: the tactic agent is deterministic under it."),
+    agent: str = typer.Option("tactic", "--agent", help="tactic (offline) or llm."),
+) -> None:
+    """Evolve kernels for PROBLEM with a live display.
+
+    Every attempt lands in the warehouse; the run also shows in the Prefect UI.
+    """
+    settings = _settings()
+    if agent not in ("tactic", "llm"):
+        raise UsageError(f"--agent {agent!r} is not known; use tactic or llm")
+    if agent == "llm":
+        if not settings.llm_model:
+            raise ConfigError("the llm agent needs a model: set CAKE_LLM_MODEL (or llm_model in "
+                              "cake.toml)")
+        if not os.environ.get(settings.llm_api_key_env):
+            raise ConfigError(f"the llm agent needs an API key in ${settings.llm_api_key_env} "
+                              f"(named by setting llm_api_key_env)")
+
+    # Check everything that can be wrong with the request before starting any service.
+    from cake_core.problems import get_problem, load_shape_set
+
+    prob = get_problem(problem)
+    shape_set = shapes
+    if shape_set is None:
+        declared = list(getattr(prob, "shape_sets", []) or [])
+        if not declared:
+            raise UsageError(f"problem {problem} declares no shape set; pass --shapes SET")
+        shape_set = declared[0]
+    load_shape_set(prob, shape_set)
+    gpu_models = gpu_policy(settings)
+    timed = bool(gpu_models)
+
+    run_id = f"{problem}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+    tag = f"cake-run:{run_id}"
+    for d in (settings.warehouse_root.parent, settings.cache_dir, settings.logs_dir):
+        d.mkdir(parents=True, exist_ok=True)
+
+    with prefect_server(settings) as pf, ray_runtime(settings, num_gpus=len(gpu_models)):
+        _quiet_prefect_console()
+        from flows.evolve import evolve_flow
+        import prefect
+
+        _print_where(settings, pf.ui_url, run_id)
+        _say(f"run {run_id}: {problem} on {shape_set}, {generations} generations x "
+                      f"{population}, seed {seed}, agent {agent}, "
+                      f"{', '.join(gpu_models) if gpu_models else 'CPU only (checked, not timed)'}")
+        kwargs: dict[str, Any] = dict(
+            problem=problem, shape_set=shape_set, generations=generations, population=population,
+            seed=seed, run_id=run_id, warehouse_root=str(settings.warehouse_root),
+            cache_dir=str(settings.cache_dir), gpu_models=list(gpu_models))
+        if _accepts(evolve_flow, "agent"):
+            kwargs["agent"] = agent
+
+        outcome: dict[str, Any] = {}
+
+        def work() -> None:
+            try:
+                with prefect.tags(tag):
+                    outcome["value"] = evolve_flow(**kwargs)
+            except BaseException as e:  # noqa: BLE001 - handed to the main thread
+                outcome["error"] = e
+
+        worker = threading.Thread(target=work, name="cake-evolve", daemon=True)
+        progress = RunProgress(settings.warehouse_root, run_id)
+        started = time.monotonic()
+        try:
+            with Live(_live_view(progress, problem, generations, timed, started),
+                      console=console, refresh_per_second=4, transient=True) as live:
+                worker.start()
+                while worker.is_alive():
+                    worker.join(REFRESH_S)
+                    live.update(_live_view(progress.refresh(), problem, generations, timed,
+                                           started))
+        except KeyboardInterrupt:
+            _say("stopping: cancelling the flow run and shutting down the workers ...")
+            _cancel_flow_run(tag)
+            progress.refresh()
+            measured = progress.by_outcome().get("measured", 0)
+            _say(f"stopped. recorded {progress.total()} attempts of run {run_id} "
+                          f"({measured} measured) in {settings.warehouse_root}; they stay there")
+            if progress.total():
+                console.print(_summary_table(progress))
+            _say(f"look at them: {_sql_hint(run_id)}")
+            raise typer.Exit(130) from None
+
+        progress.refresh()
+        if progress.total():
+            console.print(_summary_table(progress))
+        _say(f"best: {_best_text(progress, timed)}")
+        _print_where(settings, pf.ui_url, run_id)
+        _say(f"ask: {_sql_hint(run_id)}")
+        if "error" in outcome:
+            raise outcome["error"]
+
+
+# ---------------------------------------------------------------- cake sql
+
+
+class Format(str, enum.Enum):
+    table = "table"
+    csv = "csv"
+    json = "json"
+    parquet = "parquet"
+
+
+@app.command(no_args_is_help=True)
+@cli_errors
+def sql(
+    query: str = typer.Argument(..., metavar="QUERY", help="SQL over the warehouse (tables attempts, measurements, ...)."),
+    fmt: Format = typer.Option(Format.table, "--format", "-f", help="Output format."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Write to this file instead of stdout."),
+) -> None:
+    """Ask the warehouse: print QUERY's result or export it.
+
+    Formats: a table (long cells cut), CSV, JSON, Parquet (needs --out).
+    """
+    settings = _settings()
+    if fmt is Format.parquet and out is None:
+        raise UsageError("--format parquet writes a binary file; add --out FILE.parquet")
+    result = _warehouse(settings).query(query)
+
+    if fmt is Format.parquet:
+        import pyarrow.parquet as pq
+
+        table = _to_arrow(result)
+        pq.write_table(table, out)
+        typer.echo(f"wrote {table.num_rows} rows to {out}", err=True)
+        return
+    cols, rows = _columns_rows(result)
+    if fmt is Format.table and out is None:
+        _print_result(result)
+        return
+    buf = io.StringIO()
+    if fmt is Format.table:  # a table into a file: wide, untruncated, plain text
+        wide = Table(header_style=None)
+        for c in cols:
+            wide.add_column(c)
+        for r in rows:
+            wide.add_row(*("" if v is None else str(v) for v in r))
+        Console(file=buf, width=100_000, color_system=None).print(wide)
+    elif fmt is Format.csv:
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(cols)
+        w.writerows(["" if v is None else v for v in r] for r in rows)
+    else:
+        json.dump([dict(zip(cols, r)) for r in rows], buf, default=str, indent=1)
+        buf.write("\n")
+    if out is None:
+        sys.stdout.write(buf.getvalue())
+        return
+    out.write_text(buf.getvalue())
+    typer.echo(f"wrote {len(rows)} rows to {out}", err=True)
+
+
+# ---------------------------------------------------------------- cake problems
+
+
+@app.command()
+@cli_errors
+def problems() -> None:
+    """List the problems in the kernel corpus and their shape sets."""
+    from cake_core.problems import list_problems
+
+    t = Table(header_style="bold")
+    t.add_column("problem")
+    t.add_column("description")
+    t.add_column("shape sets")
+    for p in list_problems():
+        t.add_row(p.name, p.description, ", ".join(p.shape_sets))
+    console.print(t)
+
+
+# ---------------------------------------------------------------- cake harness
+
+
+@harness_app.command("proposals")
+@cli_errors
+def harness_proposals() -> None:
+    """List harness proposals with their latest state."""
+    _print_result(_warehouse(_settings()).query(f"select * from {PROPOSALS_VIEW}"),
+                  empty="no proposals yet")
+
+
+def _decide(proposal_id: str, approve: bool, reason: str) -> None:
+    settings = _settings()
+    from flows.harness import decide_proposal
+
+    with prefect_server(settings):  # a paused review flow is resumed through the Prefect API
+        result = decide_proposal(proposal_id, approve=approve, reason=reason,
+                                 decided_by=getpass.getuser(),
+                                 warehouse_root=str(settings.warehouse_root))
+    _say(f"{'approved' if approve else 'rejected'} proposal {proposal_id}"
+                  + (f": {result}" if isinstance(result, str) and result else ""))
+
+
+@harness_app.command("approve", no_args_is_help=True)
+@cli_errors
+def harness_approve(
+    proposal_id: str = typer.Argument(..., metavar="ID", help="Proposal id (see `cake harness proposals`)."),
+    reason: str = typer.Option("", "--reason", help="Why (kept with the decision)."),
+) -> None:
+    """Approve a proposal: it becomes part of a new harness version."""
+    _decide(proposal_id, True, reason)
+
+
+@harness_app.command("reject", no_args_is_help=True)
+@cli_errors
+def harness_reject(
+    proposal_id: str = typer.Argument(..., metavar="ID", help="Proposal id (see `cake harness proposals`)."),
+    reason: str = typer.Option(..., "--reason", help="Why (required; kept with the decision)."),
+) -> None:
+    """Reject a proposal, with the reason."""
+    if not reason.strip():
+        raise UsageError("--reason must say why the proposal is rejected")
+    _decide(proposal_id, False, reason)
+
+
+@harness_app.command("versions")
+@cli_errors
+def harness_versions() -> None:
+    """List harness versions, newest last."""
+    _print_result(_warehouse(_settings()).query(VERSIONS_QUERY),
+                  empty="no harness versions yet")
+
+
+# ---------------------------------------------------------------- cake check
+
+
+@app.command(no_args_is_help=True)
+@cli_errors
+def check(
+    file: Path = typer.Argument(..., metavar="FILE.cake", help="Cake IR file to check."),
+    target: str = typer.Option("sm_90a", "--target", help="Target architecture."),
+    as_json: bool = typer.Option(False, "--json", help="Print the diagnostics as JSON."),
+) -> None:
+    """Check a Cake IR file; exit 1 if it has errors.
+
+    Runs the parser, the type checks and the verifier rules for --target.
+    """
+    if not file.is_file():
+        raise UsageError(f"{file}: no such file")
+    from cake_core.ir.check import check_file
+
+    diagnostics = list(check_file(str(file), target=target))
+    n_err = sum(1 for d in diagnostics if d.is_error)
+    if as_json:
+        sys.stdout.write(json.dumps({"file": str(file), "target": target, "errors": n_err,
+                                     "diagnostics": [d.to_dict() for d in diagnostics]},
+                                    indent=1) + "\n")
+    else:
+        source = file.read_text()
+        for d in diagnostics:
+            typer.echo(d.format(str(file), source))
+        n_other = len(diagnostics) - n_err
+        typer.echo(f"{file}: {n_err} error(s), {n_other} other diagnostic(s)" if diagnostics
+                   else f"{file}: ok")
+    if n_err:
+        raise typer.Exit(1)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,57 @@
+"""The default agent: offline, deterministic under a seed.
+
+Generation 0 is the problem's seed program. Later generations take parents
+from the best candidates so far and apply one or two tactics, each chosen with
+a weight from its track record (Laplace-smoothed success rate), skipping
+programs already tried.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from cake_core.agents.base import Candidate, Context
+from cake_core.agents.tactics import TACTICS
+from cake_core.ir.text import parse_program
+from cake_core.problems.base import Problem
+
+
+class TacticAgent:
+    name = "tactic"
+
+    def __init__(self, seed: int, tactics: dict | None = None):
+        self.rng = np.random.default_rng(seed)
+        self.tactics = dict(tactics or TACTICS)
+
+    def _weights(self, ctx: Context) -> np.ndarray:
+        names = list(self.tactics)
+        w = np.array([(ctx.tactic_stats.get(n, (0, 0))[1] + 1) / (ctx.tactic_stats.get(n, (0, 0))[0] + 2)
+                      for n in names])
+        return w / w.sum()
+
+    def propose(self, problem: Problem, ctx: Context) -> list[Candidate]:
+        seed = parse_program(problem.seed_text(), problem.seed_file)
+        if ctx.generation == 0:
+            return [Candidate(seed.text(), (), self.name, "seed")][: ctx.population] + \
+                self._mutants([(seed.text(), 0.0)], ctx, ctx.population - 1)
+        return self._mutants(ctx.best or [(seed.text(), 0.0)], ctx, ctx.population)
+
+    def _mutants(self, parents: list[tuple[str, float]], ctx: Context, n: int) -> list[Candidate]:
+        out: list[Candidate] = []
+        names = list(self.tactics)
+        seen = set(ctx.seen)
+        for _ in range(n * 20):
+            if len(out) >= n:
+                break
+            ptext = parents[int(self.rng.integers(min(len(parents), 4)))][0]
+            parent = parse_program(ptext)
+            prog, used = parent, []
+            for _ in range(int(self.rng.integers(1, 3))):
+                t = names[int(self.rng.choice(len(names), p=self._weights(ctx)))]
+                nxt = self.tactics[t](prog, self.rng)
+                if nxt is not None:
+                    prog, used = nxt, used + [t]
+            if not used or prog.hash in seen:
+                continue
+            seen.add(prog.hash)
+            out.append(Candidate(prog.text(), (parent.hash,), self.name, "+".join(used)))
+        return out

@@ -1,0 +1,80 @@
+"""Tactics: pure IR → IR rewrites the tactic agent composes.
+
+Each tactic takes a program and a random generator and returns a new program
+(or None when it does not apply). The table at the bottom is the whole set;
+a tactic proposal from the harness adds a row.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable
+
+import numpy as np
+
+from cake_core.ir.ops import Node, Op, make_attrs
+from cake_core.ir.program import Program
+
+TILE_SIZES = (16, 32, 64, 128)
+THREAD_COUNTS = (64, 128, 256, 512)
+Tactic = Callable[[Program, np.random.Generator], "Program | None"]
+
+
+def _map_nodes(nodes: tuple[Node, ...], fn: Callable[[Node], Node]) -> tuple[Node, ...]:
+    return tuple(fn(replace(n, body=_map_nodes(n.body, fn)) if n.body else n) for n in nodes)
+
+
+def _loops(nodes: tuple[Node, ...]) -> list[Node]:
+    out = []
+    for n in nodes:
+        if n.op is Op.FOR:
+            out.append(n)
+        out += _loops(n.body)
+    return out
+
+
+def _set_attr(n: Node, **kv) -> Node:
+    merged = dict(n.attrs)
+    merged.update(kv)
+    return replace(n, attrs=make_attrs(n.op, merged))
+
+
+def retile(p: Program, rng: np.random.Generator) -> Program | None:
+    """Move one tile constant (BM, BN, BK...) to a neighbouring power of two."""
+    names = [k for k, _ in p.consts if k.startswith("B")]
+    if not names:
+        return None
+    k = names[int(rng.integers(len(names)))]
+    cur = p.const_env[k]
+    options = [s for s in TILE_SIZES if s != cur and (s == cur * 2 or s * 2 == cur)]
+    return p.with_consts(**{k: int(rng.choice(options))}) if options else None
+
+
+def rethread(p: Program, rng: np.random.Generator) -> Program | None:
+    """Change the CTA's thread count."""
+    options = [t for t in THREAD_COUNTS if t != p.threads]
+    return replace(p, threads=int(rng.choice(options)))
+
+
+def unroll(p: Program, rng: np.random.Generator) -> Program | None:
+    """Set the unroll factor of the loops to a new value."""
+    current = {n.attr("unroll") for n in _loops(p.body)}
+    if not current:
+        return None
+    factor = int(rng.choice([f for f in (1, 2, 4) if {f} != current]))
+    return replace(p, body=_map_nodes(p.body, lambda n: _set_attr(n, unroll=factor) if n.op is Op.FOR else n))
+
+
+def drop_guards(p: Program, rng: np.random.Generator) -> Program | None:
+    """Remove the bounds checks of loads and stores: fewer instructions, correct only when
+    every dimension is a tile multiple."""
+    out = replace(p, body=_map_nodes(p.body, lambda n: _set_attr(n, guard=False)
+                                      if n.op in (Op.LOAD, Op.STORE) else n))
+    return out if out != p else None
+
+
+TACTICS: dict[str, Tactic] = {
+    "retile": retile,            # tile sizes: reuse vs. occupancy
+    "rethread": rethread,        # threads per CTA: registers per thread vs. parallelism
+    "unroll": unroll,            # loop unrolling
+    "drop_guards": drop_guards,  # no tail predication (risky on ragged shapes)
+}

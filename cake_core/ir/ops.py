@@ -1,0 +1,182 @@
+"""The op registry: one ``Op`` enum, one ``Node`` type, one ``OpDef`` per op.
+
+An op's registration says what its operands and attributes are, whether it
+binds a result or opens a block, and documents it (the reference that people
+and the LLM agent read is generated from here). Interpreter semantics,
+lowering and cost are hooks kept in their own packages (``ir.interp``,
+``lower``, ``model``) keyed by the same ``Op``; a test checks that every op has
+all three.
+
+All tile ops are CTA-collective: every thread of the CTA executes them and
+they act on whole tiles. An ``rmem`` tile is distributed over the CTA's
+threads: element ``e`` of the flattened tile lives in thread ``e % threads``.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from cake_core.ir.expr import Expr
+
+
+class Op(str, enum.Enum):
+    # -- allocation
+    SMEM = "smem"
+    RMEM = "rmem"
+    # -- movement gmem <-> smem <-> rmem
+    LOAD = "load"
+    STORE = "store"
+    # -- synchronisation
+    SYNC = "sync"
+    # -- matrix multiply-accumulate
+    MMA = "mma"
+    # -- structure
+    FOR = "for"
+
+
+# Operand kinds: what the parser accepts in each positional slot.
+#   dtype: a dtype name      shape: a tuple of index expressions
+#   buf:   a buffer name     view: buf[index, ...] over a gmem buffer
+#   expr:  an index expression
+
+
+@dataclass(frozen=True)
+class AttrSpec:
+    kind: type            # bool, int, float, str
+    default: Any
+    choices: tuple = ()   # allowed values, empty = any of kind
+
+
+@dataclass(frozen=True)
+class OpDef:
+    op: Op
+    operands: tuple[tuple[str, str], ...]   # (name, kind)
+    attrs: dict[str, AttrSpec] = field(default_factory=dict)
+    result: bool = False                   # binds `name = op(...)`
+    block: bool = False                    # has a body
+    summary: str = ""
+    example: str = ""
+    preconditions: tuple[str, ...] = ()
+
+
+REGISTRY: dict[Op, OpDef] = {}
+
+
+def register(d: OpDef) -> OpDef:
+    REGISTRY[d.op] = d
+    return d
+
+
+def opdef(name: str) -> OpDef | None:
+    try:
+        return REGISTRY[Op(name)]
+    except ValueError:
+        return None
+
+
+register(OpDef(Op.SMEM, (("dtype", "dtype"), ("shape", "shape")),
+               {"swizzle": AttrSpec(int, 0, (0, 32, 64, 128)), "stages": AttrSpec(int, 1)},
+               result=True,
+               summary="Allocate a shared-memory tile for one CTA (a ring of `stages` copies).",
+               example="a_s = smem(bf16, (BM, BK), swizzle=128)",
+               preconditions=("shape is static (constants only)", "total smem per CTA within the target")))
+register(OpDef(Op.RMEM, (("dtype", "dtype"), ("shape", "shape")),
+               {"fill": AttrSpec(float, 0.0)},
+               result=True,
+               summary="Allocate a register tile distributed over the CTA's threads, filled with `fill`.",
+               example="acc = rmem(f32, (BM, BN), fill=0.0)",
+               preconditions=("shape is static", "elements divisible by threads")))
+register(OpDef(Op.LOAD, (("dst", "buf"), ("src", "view")),
+               {"guard": AttrSpec(bool, True)},
+               summary="Copy a gmem tile into an smem or rmem tile; with guard, elements past the "
+                       "tensor's edge read as zero.",
+               example="load(a_s, a[tile(bid.y, BM), tile(kt, BK)])",
+               preconditions=("dst shape equals the view's extent", "same dtype")))
+register(OpDef(Op.STORE, (("dst", "view"), ("src", "buf")),
+               {"guard": AttrSpec(bool, True)},
+               summary="Write an rmem or smem tile to a gmem tile (converting to the gmem dtype); with "
+                       "guard, elements past the edge are skipped.",
+               example="store(c[tile(bid.y, BM), tile(bid.x, BN)], acc)",
+               preconditions=("src shape equals the view's extent",)))
+register(OpDef(Op.SYNC, (),
+               summary="CTA-wide barrier (__syncthreads): all smem writes before it are visible after it.",
+               example="sync()",
+               preconditions=("not inside role-divergent code",)))
+register(OpDef(Op.MMA, (("acc", "buf"), ("a", "buf"), ("b", "buf")),
+               {"atom": AttrSpec(str, "fma", ("fma", "mma_sync", "wgmma"))},
+               summary="acc += a @ b with fp32 accumulation, using the named MMA atom.",
+               example='mma(acc, a_s, b_s, atom="fma")',
+               preconditions=("acc is rmem f32 (M, N); a is (M, K); b is (K, N)",
+                              "a and b share a 16-bit dtype (or f32 with atom=fma)")))
+register(OpDef(Op.FOR, (("var", "name"), ("extent", "expr")),
+               {"unroll": AttrSpec(int, 1)},
+               block=True,
+               summary="A sequential loop `for var in range(extent):` executed by the whole CTA.",
+               example="for kt in range(cdiv(K, BK)):",
+               preconditions=("extent is uniform across the CTA",)))
+
+
+# --------------------------------------------------------------------- views
+
+@dataclass(frozen=True)
+class Tile:
+    """``tile(i, n)``: elements [i*n, i*n + n) of a dimension."""
+
+    index: Expr
+    size: Expr
+
+
+@dataclass(frozen=True)
+class Full:
+    """``:`` — the whole dimension."""
+
+
+@dataclass(frozen=True)
+class At:
+    """A single index of a dimension (the dimension is dropped)."""
+
+    index: Expr
+
+
+Index = Tile | Full | At
+
+
+@dataclass(frozen=True)
+class View:
+    """A rectangular window of a gmem buffer: ``buf[index, ...]``."""
+
+    buf: str
+    index: tuple[Index, ...]
+
+
+# ---------------------------------------------------------------------- node
+
+@dataclass(frozen=True)
+class Node:
+    """One statement. ``args`` follow the OpDef's operands; ``attrs`` are the
+    non-default attributes, sorted by name (so equal programs are equal)."""
+
+    op: Op
+    args: tuple[Any, ...] = ()
+    attrs: tuple[tuple[str, Any], ...] = ()
+    result: str | None = None
+    body: tuple["Node", ...] = ()
+    line: int = field(default=0, compare=False)
+    col: int = field(default=0, compare=False)
+
+    def attr(self, name: str) -> Any:
+        for k, v in self.attrs:
+            if k == name:
+                return v
+        return REGISTRY[self.op].attrs[name].default
+
+    def arg(self, name: str) -> Any:
+        names = [n for n, _ in REGISTRY[self.op].operands]
+        return self.args[names.index(name)]
+
+
+def make_attrs(op: Op, given: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """Canonical attrs: drop defaults, sort by name."""
+    specs = REGISTRY[op].attrs
+    return tuple(sorted((k, v) for k, v in given.items() if k not in specs or v != specs[k].default))

@@ -1,0 +1,118 @@
+"""A Cake IR program (one kernel) and the builder API that makes one from Python.
+
+The canonical text (``print_program``) is the identity: ``Program.hash`` is the
+hash of that text, used by the warehouse and every cache.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterator
+
+from cake_core.ir.expr import Expr
+from cake_core.ir.ops import Node, Op, make_attrs
+from cake_core.ir.types import DType, MemSpace, TileType
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    type: TileType
+    line: int = field(default=0, compare=False)
+
+
+@dataclass(frozen=True)
+class Program:
+    name: str
+    target: str
+    grid: tuple[Expr, ...]
+    threads: int
+    consts: tuple[tuple[str, int], ...]
+    params: tuple[Param, ...]
+    body: tuple[Node, ...]
+    line: int = field(default=0, compare=False)
+
+    @property
+    def const_env(self) -> dict[str, int]:
+        return dict(self.consts)
+
+    def text(self) -> str:
+        from cake_core.ir.text import print_program
+        return print_program(self)
+
+    @property
+    def hash(self) -> str:
+        return hashlib.sha256(self.text().encode()).hexdigest()[:16]
+
+    def with_consts(self, **updates: int) -> "Program":
+        env = dict(self.consts)
+        env.update(updates)
+        return replace(self, consts=tuple(sorted(env.items())))
+
+    def param(self, name: str) -> Param | None:
+        return next((p for p in self.params if p.name == name), None)
+
+
+def walk(nodes: tuple[Node, ...], path: str = "",
+         scope: frozenset[str] = frozenset()) -> Iterator[tuple[Node, str, frozenset[str]]]:
+    """Every node with its IR path (``for[kt].mma``) and the loop variables in scope,
+    depth first, in program order."""
+    counts: dict[str, int] = {}
+    for n in nodes:
+        key = n.op.value
+        if n.op is Op.FOR:
+            key = f"for[{n.args[0]}]"
+        elif n.result:
+            key = f"{n.op.value}[{n.result}]"
+        counts[key] = counts.get(key, 0) + 1
+        here = f"{path}.{key}" if path else key
+        if counts[key] > 1:
+            here += f"#{counts[key]}"
+        yield n, here, scope
+        if n.body:
+            yield from walk(n.body, here, scope | {n.args[0]} if n.op is Op.FOR else scope)
+
+
+class Builder:
+    """Make programs from Python; the result equals what the parser makes of the same text.
+
+    >>> b = Builder("k", target="sm_90a", grid=(1,), threads=128)
+    >>> x = b.param("x", DType.F32, (Sym("N"),))
+    """
+
+    def __init__(self, name: str, *, target: str, grid: tuple[Expr, ...], threads: int,
+                 consts: dict[str, int] | None = None):
+        self.name, self.target, self.grid, self.threads = name, target, tuple(grid), threads
+        self.consts = tuple(sorted((consts or {}).items()))
+        self.params: list[Param] = []
+        self._stack: list[list[Node]] = [[]]
+
+    def param(self, name: str, dtype: DType, shape: tuple[Expr, ...]) -> str:
+        self.params.append(Param(name, TileType(dtype, tuple(shape), MemSpace.GMEM)))
+        return name
+
+    def emit(self, op: Op, *args: Any, result: str | None = None, **attrs: Any) -> str | None:
+        self._stack[-1].append(Node(op, tuple(args), make_attrs(op, attrs), result))
+        return result
+
+    def loop(self, var: str, extent: Expr, **attrs: Any) -> "_Loop":
+        return _Loop(self, var, extent, attrs)
+
+    def build(self) -> Program:
+        assert len(self._stack) == 1, "unclosed loop"
+        return Program(self.name, self.target, self.grid, self.threads, self.consts,
+                       tuple(self.params), tuple(self._stack[0]))
+
+
+class _Loop:
+    def __init__(self, b: Builder, var: str, extent: Expr, attrs: dict[str, Any]):
+        self.b, self.var, self.extent, self.attrs = b, var, extent, attrs
+
+    def __enter__(self) -> str:
+        self.b._stack.append([])
+        return self.var
+
+    def __exit__(self, *exc: object) -> None:
+        body = tuple(self.b._stack.pop())
+        self.b._stack[-1].append(Node(Op.FOR, (self.var, self.extent), make_attrs(Op.FOR, self.attrs),
+                                      None, body))

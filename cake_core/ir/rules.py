@@ -1,0 +1,313 @@
+"""Built-in verifier rules, grouped by family. Each: a stable id, a message, a hint.
+
+Families: types (names, memory spaces, dtypes), shapes (extents, static
+shapes, symbols), mma, resources (smem, threads, registers), races (shared
+memory accessed across a missing barrier), target.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Iterator
+
+from cake_core.ir.expr import CTA_COORDS, symbols
+from cake_core.ir.ops import REGISTRY, At, Full, Node, Op, Tile, View
+from cake_core.ir.types import DType, MemSpace
+from cake_core.ir.verify import (Ctx, fmt_shape, rmem_words_per_thread, rule, same_extent, smem_bytes,
+                                 view_extent)
+from cake_core.outcome import Diagnostic
+
+_BUF_OPERANDS = {Op.LOAD: ("dst",), Op.STORE: ("src",), Op.MMA: ("acc", "a", "b")}
+_VIEW_OPERANDS = {Op.LOAD: "src", Op.STORE: "dst"}
+
+
+def _operands(n: Node) -> Iterator[tuple[str, object]]:
+    for (name, _), a in zip(REGISTRY[n.op].operands, n.args):
+        yield name, a
+
+
+# ------------------------------------------------------------------- types
+
+@rule("types.undefined", "types", "an operand names a buffer that is not defined before it")
+def _undefined(ctx: Ctx) -> Iterable[Diagnostic]:
+    seen = {p.name for p in ctx.program.params}
+    for n, path, _ in ctx.nodes:
+        for name in _BUF_OPERANDS.get(n.op, ()):
+            buf = n.arg(name)
+            if buf not in seen:
+                yield ctx.diag("types.undefined", n, f"`{buf}` is not defined here", path=path,
+                               hint="allocate it with smem(...)/rmem(...) before use, or check the spelling")
+        if n.op in _VIEW_OPERANDS:
+            v = n.arg(_VIEW_OPERANDS[n.op])
+            if v.buf not in seen:
+                yield ctx.diag("types.undefined", n, f"`{v.buf}` is not a kernel parameter", path=path,
+                               hint=f"parameters: {', '.join(p.name for p in ctx.program.params)}")
+        if n.result:
+            seen.add(n.result)
+
+
+@rule("types.redefined", "types", "a result name is bound twice or shadows a parameter")
+def _redefined(ctx: Ctx) -> Iterable[Diagnostic]:
+    seen = {p.name: None for p in ctx.program.params}
+    for n, path, scope in ctx.nodes:
+        names = [n.result] if n.result else ([n.args[0]] if n.op is Op.FOR else [])
+        for name in names:
+            if name in seen or name in scope or name in ctx.consts or name in ctx.dims:
+                first = seen.get(name)
+                yield ctx.diag("types.redefined", n, f"`{name}` is already defined", path=path,
+                               witness=[f"first defined at line {first.line}"] if first is not None else [],
+                               hint="buffers are allocated once; give this one a new name")
+            seen[name] = n
+
+
+@rule("types.space", "types", "an operand lives in a memory space the op cannot use")
+def _space(ctx: Ctx) -> Iterable[Diagnostic]:
+    allowed = {(Op.LOAD, "dst"): (MemSpace.SMEM, MemSpace.RMEM), (Op.LOAD, "src"): (MemSpace.GMEM,),
+               (Op.STORE, "dst"): (MemSpace.GMEM,), (Op.STORE, "src"): (MemSpace.SMEM, MemSpace.RMEM),
+               (Op.MMA, "acc"): (MemSpace.RMEM,), (Op.MMA, "a"): (MemSpace.SMEM, MemSpace.RMEM),
+               (Op.MMA, "b"): (MemSpace.SMEM, MemSpace.RMEM)}
+    for n, path, _ in ctx.nodes:
+        for name, a in _operands(n):
+            want = allowed.get((n.op, name))
+            t = ctx.buf_of(a) if want else None
+            if t is not None and t.space not in want:
+                yield ctx.diag("types.space", n,
+                               f"`{n.op.value}` operand `{name}` must be in {'/'.join(s.value for s in want)}, "
+                               f"`{a.buf if isinstance(a, View) else a}` is in {t.space.value}", path=path,
+                               hint="stage the data through the right memory space with load/store")
+
+
+@rule("types.view_rank", "types", "a view indexes a tensor with the wrong number of dimensions")
+def _view_rank(ctx: Ctx) -> Iterable[Diagnostic]:
+    for n, path, _ in ctx.nodes:
+        if n.op in _VIEW_OPERANDS:
+            v = n.arg(_VIEW_OPERANDS[n.op])
+            t = ctx.buffers.get(v.buf)
+            if t is not None and len(v.index) != t.rank:
+                yield ctx.diag("types.view_rank", n, f"`{v.buf}` has {t.rank} dimensions, the view gives "
+                                                     f"{len(v.index)}", path=path,
+                               hint="give one index per dimension: tile(i, n), `:` or an index")
+
+
+@rule("types.dtype", "types", "a copy or an accumulator has the wrong dtype")
+def _dtype(ctx: Ctx) -> Iterable[Diagnostic]:
+    for n, path, _ in ctx.nodes:
+        if n.op is Op.LOAD:
+            d, s = ctx.buf_of(n.arg("dst")), ctx.buf_of(n.arg("src"))
+            if d and s and d.dtype != s.dtype:
+                yield ctx.diag("types.dtype", n, f"load copies {s.dtype.value} into a {d.dtype.value} tile",
+                               path=path, hint=f"allocate the destination as {s.dtype.value}")
+        if n.op is Op.MMA:
+            acc = ctx.buf_of(n.arg("acc"))
+            if acc and acc.dtype is not DType.F32:
+                yield ctx.diag("types.dtype", n, f"the accumulator is {acc.dtype.value}; mma accumulates in f32",
+                               path=path, hint="allocate it as rmem(f32, ...)")
+
+
+# ------------------------------------------------------------------ shapes
+
+@rule("shapes.extent", "shapes", "the tile and the gmem window of a load/store differ in shape")
+def _extent(ctx: Ctx) -> Iterable[Diagnostic]:
+    for n, path, _ in ctx.nodes:
+        if n.op not in _VIEW_OPERANDS:
+            continue
+        v = n.arg(_VIEW_OPERANDS[n.op])
+        t = ctx.buf_of(n.arg("dst" if n.op is Op.LOAD else "src"))
+        ext = view_extent(ctx, v)
+        if t is None or ext is None:
+            continue
+        if not same_extent(ctx, t.shape, ext):
+            yield ctx.diag("shapes.extent", n, f"tile shape {fmt_shape(ctx, t.shape)} does not match the window "
+                                               f"{fmt_shape(ctx, ext)} of `{v.buf}`", path=path,
+                           hint="make the tile() sizes equal the tile's shape")
+
+
+@rule("shapes.static", "shapes", "an smem/rmem tile has a shape that is not known at compile time")
+def _static(ctx: Ctx) -> Iterable[Diagnostic]:
+    for n, path, _ in ctx.nodes:
+        if n.op in (Op.SMEM, Op.RMEM):
+            for d in n.args[1]:
+                v = ctx.static(d)
+                if v is None or v < 1:
+                    yield ctx.diag("shapes.static", n, f"dimension `{d}` of `{n.result}` is not a positive "
+                                                       "compile-time constant", path=path,
+                                   hint="use integers or names from consts={...}")
+                    break
+
+
+@rule("shapes.symbols", "shapes", "an index expression uses a name that is not defined")
+def _symbols(ctx: Ctx) -> Iterable[Diagnostic]:
+    base = set(ctx.consts) | ctx.dims | set(CTA_COORDS)
+    grid_syms = set().union(*(symbols(g) for g in ctx.program.grid)) if ctx.program.grid else set()
+    for s in sorted(grid_syms - base):
+        yield ctx.diag("shapes.symbols", None, f"the grid uses `{s}`, which is neither a const nor a "
+                                               "problem dimension", hint="grid extents may use consts and dims")
+    for n, path, scope in ctx.nodes:
+        exprs = []
+        for name, a in _operands(n):
+            kind = dict(REGISTRY[n.op].operands)[name]
+            if kind == "expr":
+                exprs.append(a)
+            elif kind == "shape":
+                exprs.extend(a)
+            elif kind == "view":
+                for i in a.index:
+                    if isinstance(i, Tile):
+                        exprs += [i.index, i.size]
+                    elif isinstance(i, At):
+                        exprs.append(i.index)
+        bad = set().union(*(symbols(e) for e in exprs)) - base - scope if exprs else set()
+        for s in sorted(bad):
+            yield ctx.diag("shapes.symbols", n, f"`{s}` is not defined", path=path,
+                           hint="index expressions may use consts, problem dims, loop variables and bid.x/y/z")
+
+
+# ---------------------------------------------------------------------- mma
+
+@rule("mma.shape", "mma", "mma operand shapes do not chain: acc (M,N) += a (M,K) @ b (K,N)")
+def _mma_shape(ctx: Ctx) -> Iterable[Diagnostic]:
+    for n, path, _ in ctx.nodes:
+        if n.op is not Op.MMA:
+            continue
+        acc, a, b = (ctx.buf_of(n.arg(x)) for x in ("acc", "a", "b"))
+        if not (acc and a and b):
+            continue
+        if acc.rank != 2 or a.rank != 2 or b.rank != 2:
+            yield ctx.diag("mma.shape", n, "mma operands must be 2-D tiles", path=path)
+            continue
+        ok = (same_extent(ctx, acc.shape[:1], a.shape[:1]) and same_extent(ctx, acc.shape[1:], b.shape[1:])
+              and same_extent(ctx, a.shape[1:], b.shape[:1]))
+        if not ok:
+            yield ctx.diag("mma.shape", n, f"acc {fmt_shape(ctx, acc.shape)} += a {fmt_shape(ctx, a.shape)} @ "
+                                           f"b {fmt_shape(ctx, b.shape)} does not chain", path=path,
+                           hint="acc must be (M, N), a (M, K) and b (K, N)")
+
+
+@rule("mma.operand_dtype", "mma", "mma operands must share a 16-bit dtype (f32 only with atom=fma)")
+def _mma_dtype(ctx: Ctx) -> Iterable[Diagnostic]:
+    for n, path, _ in ctx.nodes:
+        if n.op is not Op.MMA:
+            continue
+        a, b = ctx.buf_of(n.arg("a")), ctx.buf_of(n.arg("b"))
+        if not (a and b):
+            continue
+        ok_types = (DType.BF16, DType.F16) + ((DType.F32,) if n.attr("atom") == "fma" else ())
+        if a.dtype != b.dtype or a.dtype not in ok_types:
+            yield ctx.diag("mma.operand_dtype", n, f"mma with a: {a.dtype.value}, b: {b.dtype.value} under "
+                                                   f"atom={n.attr('atom')}", path=path,
+                           hint="use bf16 or f16 for both operands")
+
+
+@rule("mma.atom_target", "mma", "the MMA atom does not exist on the target")
+def _mma_atom(ctx: Ctx) -> Iterable[Diagnostic]:
+    for n, path, _ in ctx.nodes:
+        if n.op is Op.MMA and n.attr("atom") not in ctx.target["mma_atoms"]:
+            yield ctx.diag("mma.atom_target", n, f"atom `{n.attr('atom')}` is not available on "
+                                                 f"{ctx.target['arch']}", path=path,
+                           hint=f"atoms on {ctx.target['arch']}: {', '.join(ctx.target['mma_atoms'])}")
+
+
+# ---------------------------------------------------------------- resources
+
+@rule("resources.smem", "resources", "shared memory per CTA exceeds the target's limit")
+def _smem(ctx: Ctx) -> Iterable[Diagnostic]:
+    total = smem_bytes(ctx)
+    limit = ctx.target["smem_per_cta_bytes"]
+    if total is not None and total > limit:
+        last = [n for n, _, _ in ctx.nodes if n.op is Op.SMEM][-1]
+        yield ctx.diag("resources.smem", last, f"the CTA needs {total} B of shared memory; {ctx.target['arch']} "
+                                               f"allows {limit} B", path="kernel",
+                       hint="shrink the tiles or the number of stages")
+
+
+@rule("resources.threads", "resources", "threads per CTA must be a multiple of 32 and within the target")
+def _threads(ctx: Ctx) -> Iterable[Diagnostic]:
+    t, mx = ctx.program.threads, ctx.target["max_threads_per_cta"]
+    if t < 32 or t > mx or t % ctx.target["warp_size"]:
+        yield ctx.diag("resources.threads", None, f"threads={t}: must be a multiple of 32 between 32 and {mx}",
+                       path="kernel", hint="use 128, 256 or 384 threads (whole warpgroups on Hopper)")
+
+
+@rule("resources.registers", "resources", "register tiles need more registers per thread than exist")
+def _regs(ctx: Ctx) -> Iterable[Diagnostic]:
+    words = rmem_words_per_thread(ctx)
+    limit = ctx.target["max_regs_per_thread"]
+    if words is not None and words > limit:
+        yield ctx.diag("resources.registers", None, f"rmem tiles need {words} registers per thread; the limit "
+                                                    f"is {limit}", path="kernel",
+                       hint="use more threads or smaller register tiles")
+
+
+@rule("resources.rmem_split", "resources", "an rmem tile must split evenly over the CTA's threads")
+def _rmem_split(ctx: Ctx) -> Iterable[Diagnostic]:
+    for n, path, _ in ctx.nodes:
+        if n.op is Op.RMEM:
+            numel = 1
+            for d in n.args[1]:
+                v = ctx.static(d)
+                if v is None:
+                    break
+                numel *= v
+            else:
+                if numel % ctx.program.threads:
+                    yield ctx.diag("resources.rmem_split", n, f"`{n.result}` has {numel} elements, not a multiple "
+                                                              f"of threads={ctx.program.threads}", path=path,
+                                   hint="pick tile sizes whose product is a multiple of the thread count")
+
+
+# -------------------------------------------------------------------- target
+
+@rule("target.grid", "target", "the grid has 1 to 3 dimensions with positive static parts")
+def _grid(ctx: Ctx) -> Iterable[Diagnostic]:
+    for g in ctx.program.grid:
+        v = ctx.static(g)
+        if v is not None and v < 1:
+            yield ctx.diag("target.grid", None, f"grid extent `{g}` is {v}", path="kernel",
+                           hint="grid extents must be at least 1")
+
+
+# --------------------------------------------------------------------- races
+
+@rule("races.smem", "races", "a shared-memory tile is read and written without a barrier between")
+def _races(ctx: Ctx) -> Iterable[Diagnostic]:
+    """Simulate the statement order (loop bodies twice, so the wrap into the next
+    trip is seen) and track, per smem tile, accesses since the last sync().
+    Tile ops are collective and distributed, so an access by one thread may
+    touch elements another thread accesses: both read-after-write and
+    write-after-read need a barrier."""
+    smem = {name for name, t in ctx.buffers.items() if t.space is MemSpace.SMEM}
+    reported: set[tuple[int, int]] = set()
+    pending: dict[str, list[tuple[str, Node, int]]] = {}
+
+    def accesses(n: Node) -> list[tuple[str, str]]:
+        if n.op is Op.LOAD and n.arg("dst") in smem:
+            return [("write", n.arg("dst"))]
+        if n.op is Op.STORE and n.arg("src") in smem:
+            return [("read", n.arg("src"))]
+        if n.op is Op.MMA:
+            return [("read", n.arg(x)) for x in ("a", "b") if n.arg(x) in smem]
+        return []
+
+    out: list[Diagnostic] = []
+
+    def run(nodes: tuple[Node, ...], trip: int) -> None:
+        for n in nodes:
+            if n.op is Op.SYNC:
+                pending.clear()
+            elif n.op is Op.FOR:
+                run(n.body, 1)
+                run(n.body, 2)
+            for kind, buf in accesses(n):
+                for pkind, pn, ptrip in pending.get(buf, []):
+                    if "write" in (kind, pkind) and (pn.line, n.line) not in reported:
+                        reported.add((pn.line, n.line))
+                        what = "read-after-write" if pkind == "write" else "write-after-read"
+                        out.append(ctx.diag(
+                            "races.smem", n, f"{what} race on smem tile `{buf}`: no sync() between the "
+                                             f"{pkind} at line {pn.line} and this {kind}",
+                            path=next((p for m, p, _ in ctx.nodes if m is n), ""),
+                            witness=[f"{pkind}: {pn.op.value} at line {pn.line} (trip {ptrip})",
+                                     f"{kind}: {n.op.value} at line {n.line} (trip {trip})"],
+                            hint="insert sync() between them"))
+                pending.setdefault(buf, []).append((kind, n, trip))
+
+    run(ctx.program.body, 1)
+    return out

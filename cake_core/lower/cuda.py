@@ -1,0 +1,463 @@
+"""Cake IR → one CUDA C++ translation unit (sm_90a first), with ``#line`` maps to the IR.
+
+The kernel is written onto ``header/cake.cuh`` (our own device header). Every
+line of generated code is preceded by ``#line N "<ir file>"`` naming the IR
+statement it came from, so an nvcc error lands on the IR line that caused it.
+
+Lowering hooks live in :data:`LOWERINGS`, keyed by ``Op``: a new op is one
+registration there (a test checks that every registered op has one). A hook
+takes the node and the lowering context and returns the C++ lines of that
+statement; it raises :class:`LowerError` when it cannot lower the node, which
+becomes a ``COMPILE_FAILED`` diagnostic at the node's IR line. All diagnostics
+of a program are collected, not just the first.
+
+What is lowered in v1 (and what is not, with its rule id):
+- ``smem``: a slice of dynamic shared memory at a 128-byte aligned offset
+  (``stages`` copies of the shape); ``rmem``: a per-thread register array of
+  numel / threads slots, filled with ``fill``.
+- ``load`` / ``store``: gmem windows of rank ≤ 2 after dropped (single-index)
+  dimensions (``lower.unsupported_rank`` beyond), guarded or not.
+- ``mma`` with ``atom="fma"``; ``mma_sync`` and ``wgmma`` are not lowered yet
+  (``lower.unsupported_atom``).
+- ``sync`` → ``__syncthreads()``; ``for`` → a C ``for`` loop (``#pragma unroll``).
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Union
+
+from cake_core.ir.expr import CTA_COORDS, Expr, UnboundSymbol, c_expr, evaluate, symbols
+from cake_core.ir.ops import At, Full, Node, Op, Tile, View
+from cake_core.ir.program import Program, walk
+from cake_core.ir.types import DType, MemSpace, TileType
+from cake_core.outcome import Diagnostic, Outcome, Severity, StageResult
+
+HEADER_NAME = "cake.cuh"
+SMEM_ALIGN = 128          # bytes between smem buffers (TMA/wgmma need ≥ 128 later)
+STAGE = "lower"
+
+# Names the generated code uses for itself, and C++ keywords an IR name must not shadow.
+_RESERVED = {
+    "THREADS", "cake", "cake_smem", "cake_cdiv", "cake_min", "cake_max", "threadIdx", "blockIdx",
+    "blockDim", "gridDim", "alignas", "alignof", "and", "asm", "auto", "bool", "break", "case", "catch",
+    "char", "class", "const", "constexpr", "continue", "default", "delete", "do", "double", "else", "enum",
+    "explicit", "extern", "false", "float", "for", "friend", "goto", "if", "inline", "int", "long",
+    "mutable", "namespace", "new", "not", "operator", "or", "private", "protected", "public", "register",
+    "return", "short", "signed", "sizeof", "static", "struct", "switch", "template", "this", "throw",
+    "true", "try", "typedef", "typename", "union", "unsigned", "using", "virtual", "void", "volatile",
+    "while", "xor", "half", "dim3",
+}
+
+
+# --------------------------------------------------------------------- products
+
+@dataclass(frozen=True)
+class KernelArg:
+    """One gmem kernel parameter: its IR type and whether the kernel writes it."""
+
+    name: str
+    dtype: DType
+    shape: tuple[Expr, ...]
+    written: bool
+
+
+@dataclass(frozen=True)
+class LoweredKernel:
+    """The lowering's product: CUDA source plus what a launcher needs.
+
+    ``params`` are the pointer arguments in order, then ``dims`` as ``int``
+    arguments; ``grid`` is evaluated at launch with ``consts`` and the shape;
+    ``smem_bytes`` is the dynamic shared memory per CTA.
+    """
+
+    source: str
+    kernel_name: str
+    smem_bytes: int
+    threads: int
+    params: tuple[KernelArg, ...]
+    dims: tuple[str, ...]
+    grid: tuple[Expr, ...]
+    consts: tuple[tuple[str, int], ...] = ()
+    target: str = "sm_90a"
+    ir_filename: str = "kernel.cake"
+
+    def grid_for(self, shape: dict[str, int]) -> tuple[int, ...]:
+        env = {**dict(self.consts), **shape}
+        return tuple(int(evaluate(g, env)) for g in self.grid)
+
+
+class LowerError(Exception):
+    """A node that cannot be lowered: becomes a Diagnostic at the node's IR line."""
+
+    def __init__(self, rule: str, message: str, hint: str = ""):
+        super().__init__(message)
+        self.rule, self.message, self.hint = rule, message, hint
+
+
+# --------------------------------------------------------------------- context
+
+@dataclass
+class Buf:
+    name: str
+    type: TileType
+    shape: tuple[int, ...]      # static (evaluated with the consts); () for gmem
+    smem_offset: int = -1
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+Line = Union[str, tuple[int, str]]   # plain text (the node's IR line) or (IR line, text)
+
+
+@dataclass
+class Ctx:
+    program: Program
+    filename: str
+    dims: tuple[str, ...]
+    gmem: dict[str, Buf]
+    scopes: list[dict[str, Buf]] = field(default_factory=lambda: [{}])
+    loop_vars: list[str] = field(default_factory=list)
+    smem_top: int = 0
+    diags: list[Diagnostic] = field(default_factory=list)
+    paths: dict[int, str] = field(default_factory=dict)     # id(node) -> IR path
+    depth: int = 1
+
+    @property
+    def threads(self) -> int:
+        return self.program.threads
+
+    @property
+    def consts(self) -> dict[str, int]:
+        return self.program.const_env
+
+    def buf(self, name: str, spaces: tuple[MemSpace, ...], role: str) -> Buf:
+        b = self.gmem.get(name)
+        for scope in reversed(self.scopes):
+            if name in scope:
+                b = scope[name]
+                break
+        if b is None:
+            raise LowerError("lower.unknown_name", f"{role} `{name}` names no buffer in scope",
+                             "allocate it with smem(...)/rmem(...) before this statement, in this loop or above")
+        if b.type.space not in spaces:
+            want = " or ".join(s.value for s in spaces)
+            raise LowerError("lower.unsupported_operand",
+                             f"{role} `{name}` is {b.type.space.value}; this op takes {want} here")
+        return b
+
+    def check_expr(self, e: Expr, what: str) -> str:
+        known = set(self.consts) | set(self.dims) | set(self.loop_vars) | set(CTA_COORDS)
+        unknown = sorted(symbols(e) - known)
+        if unknown:
+            raise LowerError("lower.unknown_name", f"{what} uses `{unknown[0]}`, which is not a const, a problem "
+                                                   "dimension, a loop variable in scope or bid.x/y/z",
+                             "declare it in consts={...} or use a dimension of a gmem parameter")
+        # blockIdx is unsigned: as int, `M - bid.y * BM` stays signed (guards compare against it)
+        return re.sub(r"blockIdx\.([xyz])", r"((int)blockIdx.\1)", c_expr(e))
+
+    def static(self, e: Expr, what: str) -> int:
+        try:
+            v = evaluate(e, self.consts)
+        except UnboundSymbol as u:
+            raise LowerError("lower.dynamic_shape", f"{what} must be known at compile time, but uses `{u.name}`",
+                             "use integers and consts only") from None
+        if not isinstance(v, int) or v < 1:
+            raise LowerError("lower.dynamic_shape", f"{what} evaluates to {v!r}; a positive integer is needed")
+        return v
+
+    def lower_block(self, nodes: tuple[Node, ...]) -> list[tuple[int, str]]:
+        out: list[tuple[int, str]] = []
+        for n in nodes:
+            hook = LOWERINGS.get(n.op)
+            try:
+                if hook is None:
+                    raise LowerError("lower.unknown_op", f"op `{n.op.value}` has no lowering")
+                lines = hook(n, self)
+            except LowerError as e:
+                self.diags.append(Diagnostic(e.rule, Severity.ERROR, e.message, n.line, n.col,
+                                             self.paths.get(id(n), ""), e.hint))
+                continue
+            pad = "    " * self.depth
+            for ln in lines:
+                out.append(ln if isinstance(ln, tuple) else (n.line, pad + ln))
+        return out
+
+
+Lowering = Callable[[Node, Ctx], list[Line]]
+LOWERINGS: dict[Op, Lowering] = {}
+
+
+def lowering(op: Op) -> Callable[[Lowering], Lowering]:
+    def deco(fn: Lowering) -> Lowering:
+        LOWERINGS[op] = fn
+        return fn
+    return deco
+
+
+# --------------------------------------------------------------------- windows
+
+@dataclass(frozen=True)
+class Window:
+    """A gmem view seen as a ROWS x COLS box (see cake.cuh)."""
+
+    rows: int
+    cols: int
+    base: str          # C expression: pointer to the window's first element
+    ld_row: str
+    ld_col: str
+    rows_in: str       # rows inside the tensor (guard)
+    cols_in: str
+
+
+def _window(view: View, tile_shape: tuple[int, ...], ctx: Ctx, role: str) -> Window:
+    g = ctx.buf(view.buf, (MemSpace.GMEM,), role)
+    dims = g.type.shape
+    if len(view.index) != len(dims):
+        raise LowerError("lower.shape_mismatch", f"view of `{view.buf}` has {len(view.index)} indices, "
+                                                 f"the tensor has rank {len(dims)}")
+    strides = [dims[d + 1:] for d in range(len(dims))]
+    stride_c = ["(cake::index_t)1" if not s else " * ".join(f"(cake::index_t){ctx.check_expr(x, 'a tensor dimension')}"
+                                                          for x in s) for s in strides]
+    offset, kept, at_ok = [], [], []
+    for d, ix in enumerate(view.index):
+        dim_c = f"({ctx.check_expr(dims[d], 'a tensor dimension')})"
+        if isinstance(ix, Tile):
+            start = f"({ctx.check_expr(ix.index, 'a tile index')} * {ctx.check_expr(ix.size, 'a tile size')})"
+            kept.append((d, start, dim_c))
+            offset.append(f"(cake::index_t){start} * {stride_c[d]}")
+        elif isinstance(ix, Full):
+            kept.append((d, "0", dim_c))
+        else:
+            assert isinstance(ix, At)
+            i = f"({ctx.check_expr(ix.index, 'an index')})"
+            at_ok.append(f"({i} >= 0 && {i} < {dim_c})")
+            offset.append(f"(cake::index_t){i} * {stride_c[d]}")
+    if len(kept) > 2:
+        raise LowerError("lower.unsupported_rank", f"the view of `{view.buf}` is a rank-{len(kept)} window; "
+                                                   "v1 lowers windows of rank ≤ 2",
+                         "index the outer dimensions with single indices (they are dropped)")
+    sizes = [ctx.static(view.index[d].size, "a tile size") if isinstance(view.index[d], Tile) else None
+             for d, _, _ in kept]
+    if len(kept) == len(tile_shape):      # `:` dimensions take the tile's extent
+        ext = [s if s is not None else t for s, t in zip(sizes, tile_shape)]
+        same = tuple(ext) == tuple(tile_shape)
+    else:                                 # e.g. a (1, BN) tile from b[k, tile(j, BN)]: same elements, same order
+        ext = [s if s is not None else 0 for s in sizes]
+        same = None not in sizes and math.prod(ext) == math.prod(tile_shape)
+    if not same:
+        raise LowerError("lower.shape_mismatch", f"the view of `{view.buf}` is a {tuple(sizes)} window but the "
+                                                 f"tile is {tuple(tile_shape)}", "make the tile sizes match")
+    base = f"{view.buf} + ({' + '.join(offset)})" if offset else view.buf
+    ok = " && ".join(at_ok)
+    guard_rows = lambda lim: f"(({ok}) ? {lim} : 0)" if ok else lim  # noqa: E731 - dropped dims out of range: nothing inside
+    if len(kept) == 2:
+        (dr, sr, nr), (dc, sc, nc) = kept
+        return Window(ext[0], ext[1], base, stride_c[dr], stride_c[dc], guard_rows(f"({nr} - {sr})"), f"({nc} - {sc})")
+    if len(kept) == 1:
+        (dc, sc, nc), = kept
+        return Window(1, ext[0], base, "(cake::index_t)0", stride_c[dc], guard_rows("1"), f"({nc} - {sc})")
+    return Window(1, 1, base, "(cake::index_t)0", "(cake::index_t)0", guard_rows("1"), "1")
+
+
+def _box_args(w: Window) -> str:
+    return f"{w.ld_row}, {w.ld_col}, {w.rows_in}, {w.cols_in}"
+
+
+# --------------------------------------------------------------------- lowerings
+
+@lowering(Op.SMEM)
+def _lower_smem(n: Node, ctx: Ctx) -> list[Line]:
+    dtype, shape = n.args
+    static = tuple(ctx.static(d, "an smem shape") for d in shape)
+    stages = n.attr("stages")
+    off = -(-ctx.smem_top // SMEM_ALIGN) * SMEM_ALIGN
+    t = TileType(dtype, tuple(shape), MemSpace.SMEM, stages=stages)
+    b = Buf(n.result, t, static, off)
+    ctx.smem_top = off + stages * b.numel * dtype.bytes
+    ctx.scopes[-1][n.result] = b
+    return [f"{dtype.c_type}* const {n.result} = reinterpret_cast<{dtype.c_type}*>(cake_smem + {off});"
+            f"  // {stages} x {static}, {stages * b.numel * dtype.bytes} B"]
+
+
+def _c_literal(v: float, dtype: DType) -> str:
+    if not dtype.is_float:
+        return str(int(v))
+    if math.isinf(v):
+        return "__int_as_float(0x7f800000)" if v > 0 else "__int_as_float(0xff800000)"
+    return f"{float(v)!r}f"
+
+
+@lowering(Op.RMEM)
+def _lower_rmem(n: Node, ctx: Ctx) -> list[Line]:
+    dtype, shape = n.args
+    static = tuple(ctx.static(d, "an rmem shape") for d in shape)
+    numel = math.prod(static)
+    if numel % ctx.threads:
+        raise LowerError("lower.rmem_distribution", f"rmem tile `{n.result}` has {numel} elements, not a multiple "
+                                                    f"of the CTA's {ctx.threads} threads",
+                         "pick a shape whose element count divides evenly over the threads")
+    ctx.scopes[-1][n.result] = Buf(n.result, TileType(dtype, tuple(shape), MemSpace.RMEM), static)
+    return [f"{dtype.c_type} {n.result}[{numel // ctx.threads}];  // {static} over {ctx.threads} threads",
+            f"cake::fill_rmem({n.result}, {_c_literal(n.attr('fill'), dtype)});"]
+
+
+@lowering(Op.LOAD)
+def _lower_load(n: Node, ctx: Ctx) -> list[Line]:
+    dst_name, view = n.args
+    dst = ctx.buf(dst_name, (MemSpace.SMEM, MemSpace.RMEM), "destination")
+    w = _window(view, dst.shape, ctx, "source")
+    guard = "true" if n.attr("guard") else "false"
+    fn = "load_smem_gmem" if dst.type.space is MemSpace.SMEM else "load_rmem_gmem"
+    return [f"cake::{fn}<{w.rows}, {w.cols}, THREADS, {guard}>({dst_name}, {w.base}, {_box_args(w)});"]
+
+
+@lowering(Op.STORE)
+def _lower_store(n: Node, ctx: Ctx) -> list[Line]:
+    view, src_name = n.args
+    src = ctx.buf(src_name, (MemSpace.SMEM, MemSpace.RMEM), "source")
+    w = _window(view, src.shape, ctx, "destination")
+    guard = "true" if n.attr("guard") else "false"
+    fn = "store_gmem_smem" if src.type.space is MemSpace.SMEM else "store_gmem_rmem"
+    return [f"cake::{fn}<{w.rows}, {w.cols}, THREADS, {guard}>({w.base}, {src_name}, {_box_args(w)});"]
+
+
+@lowering(Op.SYNC)
+def _lower_sync(n: Node, ctx: Ctx) -> list[Line]:
+    return ["__syncthreads();"]
+
+
+@lowering(Op.MMA)
+def _lower_mma(n: Node, ctx: Ctx) -> list[Line]:
+    atom = n.attr("atom")
+    if atom != "fma":
+        raise LowerError("lower.unsupported_atom", f'mma atom "{atom}" is not lowered yet; v1 lowers atom="fma"',
+                         'use atom="fma" until the mma_sync/wgmma lowerings land')
+    acc_n, a_n, b_n = n.args
+    acc = ctx.buf(acc_n, (MemSpace.RMEM,), "accumulator")
+    a = ctx.buf(a_n, (MemSpace.SMEM,), "operand a")
+    b = ctx.buf(b_n, (MemSpace.SMEM,), "operand b")
+    if acc.type.dtype is not DType.F32:
+        raise LowerError("lower.unsupported_operand", f"accumulator `{acc_n}` is {acc.type.dtype.value}; f32 needed")
+    for x in (acc, a, b):
+        if len(x.shape) != 2:
+            raise LowerError("lower.shape_mismatch", f"mma operand `{x.name}` has rank {len(x.shape)}; 2 needed")
+    (m, nn), (am, k), (bk, bn) = acc.shape, a.shape, b.shape
+    if (am, bk, bn) != (m, k, nn):
+        raise LowerError("lower.shape_mismatch", f"mma shapes disagree: acc {acc.shape}, a {a.shape}, b {b.shape}",
+                         "acc is (M, N), a is (M, K), b is (K, N)")
+    return [f"cake::mma_fma_rmem_smem<{m}, {nn}, {k}, THREADS>({acc_n}, {a_n}, {b_n});"]
+
+
+@lowering(Op.FOR)
+def _lower_for(n: Node, ctx: Ctx) -> list[Line]:
+    var, extent = n.args
+    if var in ctx.loop_vars or var in ctx.consts or var in ctx.dims:
+        raise LowerError("lower.shadowed_name", f"loop variable `{var}` shadows a name already in scope")
+    ext = ctx.check_expr(extent, "the loop extent")
+    pad = "    " * ctx.depth
+    out: list[Line] = []
+    unroll = n.attr("unroll")
+    if unroll != 1:
+        out.append(f"#pragma unroll {unroll}" if unroll > 1 else "#pragma unroll")
+    out.append(f"for (int {var} = 0; {var} < {ext}; ++{var}) {{")
+    ctx.loop_vars.append(var)
+    ctx.scopes.append({})
+    ctx.depth += 1
+    try:
+        body = ctx.lower_block(n.body)
+    finally:
+        ctx.depth -= 1
+        ctx.scopes.pop()
+        ctx.loop_vars.pop()
+    return [(n.line, pad + x) for x in out] + body + [(n.line, pad + "}")]
+
+
+# --------------------------------------------------------------------- driver
+
+def _dims(p: Program) -> tuple[str, ...]:
+    seen: list[str] = []
+    for q in p.params:
+        for d in q.type.shape:
+            for s in _ordered_symbols(d):
+                if s not in seen and s not in p.const_env:
+                    seen.append(s)
+    return tuple(seen)
+
+
+def _ordered_symbols(e: Expr) -> list[str]:
+    from cake_core.ir.expr import Bin, Call, Sym
+    if isinstance(e, Sym):
+        return [e.name]
+    if isinstance(e, Bin):
+        return _ordered_symbols(e.a) + _ordered_symbols(e.b)
+    if isinstance(e, Call):
+        return [s for a in e.args for s in _ordered_symbols(a)]
+    return []
+
+
+def _names(p: Program) -> list[tuple[str, int]]:
+    out = [(p.name, p.line)] + [(q.name, q.line or p.line) for q in p.params] + [(k, p.line) for k, _ in p.consts]
+    for w in walk(p.body):
+        n = w[0]
+        if n.result:
+            out.append((n.result, n.line))
+        if n.op is Op.FOR:
+            out.append((n.args[0], n.line))
+    return out
+
+
+def lower(program: Program, ir_filename: str = "kernel.cake") -> StageResult:
+    """Lower a (verified) program to CUDA C++.
+
+    Returns a ``StageResult`` of stage ``lower``: ``OK`` with a
+    :class:`LoweredKernel` as ``value`` and the source as artifact ``kernel.cu``,
+    or ``COMPILE_FAILED`` with every lowering diagnostic at its IR line.
+    """
+    dims = _dims(program)
+    gmem = {q.name: Buf(q.name, q.type, ()) for q in program.params}
+    ctx = Ctx(program, ir_filename, dims, gmem)
+    ctx.paths = {id(w[0]): w[1] for w in walk(program.body)}
+    for name, line in _names(program):
+        if name in _RESERVED or name.startswith("__") or name.startswith("cake_"):
+            ctx.diags.append(Diagnostic("lower.reserved_name", Severity.ERROR,
+                                        f"`{name}` is reserved in the generated CUDA", line, 0, "",
+                                        "rename it"))
+    for g in program.grid:
+        unknown = sorted(symbols(g) - set(program.const_env) - set(dims))
+        if unknown:
+            ctx.diags.append(Diagnostic("lower.unknown_name", Severity.ERROR,
+                                        f"grid uses `{unknown[0]}`, which is neither a const nor a problem dimension",
+                                        program.line, 0, "kernel.grid"))
+    body = ctx.lower_block(program.body)
+    if any(d.is_error for d in ctx.diags):
+        return StageResult(STAGE, Outcome.COMPILE_FAILED, ctx.diags)
+
+    written = {w[0].args[0].buf for w in walk(program.body) if w[0].op is Op.STORE}
+    args = tuple(KernelArg(q.name, q.type.dtype, q.type.shape, q.name in written) for q in program.params)
+    sig = [f"{'' if a.written else 'const '}{a.dtype.c_type}* __restrict__ {a.name}" for a in args]
+    sig += [f"int {d}" for d in dims]
+    f = f'"{ir_filename}"'
+    src = [f"// generated by cake_core.lower.cuda from {ir_filename}; program {program.name} ({program.hash})",
+           f'#include "{HEADER_NAME}"', "",
+           f"#line {program.line or 1} {f}",
+           f"extern \"C\" __global__ void __launch_bounds__({program.threads}) {program.name}(" + ", ".join(sig) + ") {",
+           f"#line {program.line or 1} {f}",
+           f"    constexpr int THREADS = {program.threads};"]
+    for k, v in program.consts:
+        src += [f"#line {program.line or 1} {f}", f"    constexpr int {k} = {v};"]
+    if ctx.smem_top:
+        src += [f"#line {program.line or 1} {f}",
+                "    extern __shared__ __align__(1024) unsigned char cake_smem[];"]
+    for line, text in body:
+        src += [f"#line {line} {f}", text]
+    src.append("}")
+    source = "\n".join(src) + "\n"
+    smem = -(-ctx.smem_top // SMEM_ALIGN) * SMEM_ALIGN
+    lk = LoweredKernel(source, program.name, smem, program.threads, args, dims, program.grid,
+                       program.consts, program.target, ir_filename)
+    return StageResult(STAGE, Outcome.OK, ctx.diags, {"smem_bytes": smem, "source_lines": len(src)},
+                       {"kernel.cu": source}, lk)

@@ -1,0 +1,123 @@
+"""Analytic cost model: ranks and filters candidates; the GPU is the ground truth.
+
+The estimate walks the IR: FLOPs of every ``mma`` and bytes of every gmem
+``load``/``store``, multiplied by loop trips and by the number of CTAs, so a
+small tile that re-reads its operands many times is charged for it. Time is
+``max(flops / (peak * eff[atom]), bytes / bandwidth)`` stretched by wave
+quantisation (CTAs per SM from shared memory and threads). The efficiency
+factors are per GPU and op class; calibration refits them from measurements
+(``Calibration``), and a harness version may carry a refit.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from cake_core.ir.expr import evaluate
+from cake_core.ir.ops import Node, Op
+from cake_core.ir.program import Program
+from cake_core.ir.targets import load_target
+from cake_core.ir.verify import build_ctx, smem_bytes, view_extent
+
+_GPUS = Path(__file__).resolve().parent / "gpus"
+MODEL_VERSION = "analytic-1"
+
+# Fraction of the unit's peak an op class reaches before calibration.
+DEFAULT_EFF = {"fma": 0.08, "mma_sync": 0.5, "wgmma": 0.75, "bytes": 0.8}
+LAUNCH_S = 4e-6
+
+
+@lru_cache(maxsize=None)
+def load_gpu(name: str) -> dict[str, Any]:
+    path = _GPUS / f"{name.lower()}.json"
+    if not path.exists():
+        known = ", ".join(sorted(p.stem.upper() for p in _GPUS.glob("*.json")))
+        raise KeyError(f"no data for GPU `{name}`; known: {known}")
+    return json.loads(path.read_text())
+
+
+def gpu_for_name(device_name: str | None) -> str:
+    """Map a device name (``NVIDIA H200``) to a data file; H200 when unknown or absent."""
+    if device_name:
+        for p in sorted(_GPUS.glob("*.json"), key=lambda p: -len(p.stem)):
+            if p.stem.upper() in device_name.upper():
+                return p.stem.upper()
+    return "H200"
+
+
+@dataclass
+class Estimate:
+    ms: float
+    flops: float
+    bytes: float
+    ctas: int
+    ctas_per_sm: int
+    bound: str          # "compute" | "memory"
+
+
+@dataclass
+class CostModel:
+    gpu: str = "H200"
+    eff: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_EFF))
+    version: str = MODEL_VERSION
+
+    def estimate(self, program: Program, shape: dict[str, int]) -> Estimate:
+        g = load_gpu(self.gpu)
+        env = {**shape, **program.const_env}
+        grid = [int(evaluate(x, env)) for x in program.grid]
+        ctas = math.prod(grid)
+        ctx = build_ctx(program, load_target(program.target) or {})
+        flops, nbytes, atom = 0.0, 0.0, "fma"
+
+        def walk(nodes: tuple[Node, ...], trips: float) -> None:
+            nonlocal flops, nbytes, atom
+            for n in nodes:
+                if n.op is Op.FOR:
+                    walk(n.body, trips * max(int(evaluate(n.args[1], env)), 0))
+                elif n.op is Op.MMA:
+                    acc, a = ctx.buffers[n.arg("acc")], ctx.buffers[n.arg("a")]
+                    m, nn = (int(evaluate(d, env)) for d in acc.shape)
+                    k = int(evaluate(a.shape[1], env))
+                    flops += 2.0 * m * nn * k * trips
+                    atom = n.attr("atom")
+                elif n.op in (Op.LOAD, Op.STORE):
+                    v = n.arg("src" if n.op is Op.LOAD else "dst")
+                    ext = view_extent(ctx, v) or ()
+                    numel = math.prod(int(evaluate(d, env)) for d in ext)
+                    nbytes += numel * ctx.buffers[v.buf].dtype.bytes * trips
+
+        walk(program.body, 1.0)
+        flops *= ctas
+        nbytes *= ctas
+        smem = smem_bytes(ctx) or 0
+        target = load_target(program.target) or {}
+        by_smem = (target.get("smem_per_sm_bytes", 1) // smem) if smem else 32
+        by_threads = 2048 // max(program.threads, 1)
+        per_sm = max(1, min(by_smem, by_threads, 32))
+        waves = math.ceil(ctas / (g["sms"] * per_sm))
+        fill = ctas / (waves * g["sms"] * per_sm) if ctas else 1.0
+        peak = g["bf16_tensor_flops"] if atom in ("mma_sync", "wgmma") else g["fp32_simt_flops"]
+        t_compute = flops / (peak * self.eff.get(atom, 0.05))
+        t_memory = nbytes / (g["hbm_bytes_per_s"] * self.eff["bytes"])
+        t = max(t_compute, t_memory) / max(fill, 1e-3) + LAUNCH_S
+        return Estimate(t * 1e3, flops, nbytes, ctas, per_sm, "compute" if t_compute >= t_memory else "memory")
+
+    def predict_ms(self, program: Program, shapes: list[dict[str, int]]) -> list[float]:
+        return [self.estimate(program, s).ms for s in shapes]
+
+
+def calibrate(model: CostModel, samples: list[tuple[float, float, str]]) -> CostModel:
+    """Refit per-atom efficiency from (predicted_ms, measured_ms, atom) samples: scale each
+    atom's factor by the geometric mean of predicted/measured (a log-space least squares fit)."""
+    eff = dict(model.eff)
+    by_atom: dict[str, list[float]] = {}
+    for pred, meas, atom in samples:
+        if pred > 0 and meas > 0:
+            by_atom.setdefault(atom, []).append(math.log(pred / meas))
+    for atom, logs in by_atom.items():
+        eff[atom] = min(1.0, eff.get(atom, 0.05) * math.exp(sum(logs) / len(logs)))
+    return CostModel(model.gpu, eff, f"{MODEL_VERSION}+cal{len(samples)}")

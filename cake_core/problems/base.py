@@ -1,0 +1,140 @@
+"""What a kernel problem is: semantics, inputs, oracle, tolerance, work counts.
+
+A problem names its dimensions (``M``, ``N``, ``K``...): the same names appear
+as symbols in the gmem parameter shapes of its IR programs, and a *shape* is
+one assignment of them. Inputs are drawn fresh from a seeded generator (never
+zeros); outputs are listed so the runtime can poison them before each run.
+"""
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from cake_core.errors import CakeError
+
+SHAPES_DIR = Path(__file__).resolve().parents[2] / "datasets" / "shapes"
+SEEDS_DIR = Path(__file__).resolve().parent / "seeds"
+
+
+class UnknownProblem(CakeError):
+    pass
+
+
+class ShapeSetError(CakeError):
+    pass
+
+
+Shape = dict[str, int]
+
+
+def shape_key(shape: Shape) -> str:
+    """Canonical text of a shape, e.g. ``M=128,N=96,K=64`` (dimension order of the problem)."""
+    return ",".join(f"{k}={v}" for k, v in shape.items())
+
+
+def parse_shape_key(key: str, dims: tuple[str, ...]) -> Shape:
+    try:
+        got = dict((k.strip(), int(v)) for k, v in (p.split("=") for p in key.split(",")))
+    except ValueError:
+        raise ShapeSetError(f"bad shape `{key}`: write it as " + ",".join(f"{d}=<int>" for d in dims)) from None
+    if set(got) != set(dims):
+        raise ShapeSetError(f"shape `{key}` must give exactly {', '.join(dims)}")
+    return {d: got[d] for d in dims}
+
+
+@dataclass(frozen=True)
+class ShapeSet:
+    name: str
+    problem: str
+    shapes: tuple[Shape, ...]
+    roles: tuple[str, ...]          # headline | tail | held_out, one per shape
+
+    def cpu_shapes(self, limit: int) -> list[Shape]:
+        """Shapes small enough for the CPU interpreter (every dimension at most ``limit``)."""
+        return [s for s in self.shapes if max(s.values()) <= limit]
+
+
+@dataclass(frozen=True)
+class Problem:
+    name: str
+    description: str
+    dims: tuple[str, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    make_inputs: Callable[[Shape, np.random.Generator], dict[str, np.ndarray]]
+    oracle: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]     # fp64 reference
+    rtol: float                     # max |out - ref| / max|ref| allowed
+    flops: Callable[[Shape], float]
+    bytes: Callable[[Shape], float]  # fewest bytes: each input read once, output written once
+    seed_file: str
+    cpu_limit: int = 160            # largest dimension the interpreter checks
+    shape_sets: tuple[str, ...] = field(default=())
+
+    def seed_text(self) -> str:
+        return (SEEDS_DIR / self.seed_file).read_text()
+
+    def shape_set(self, name: str) -> ShapeSet:
+        return load_shape_set(self, name)
+
+    def compare(self, got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> tuple[bool, float, str]:
+        """(correct, max relative error, message). NaN or an unwritten (poisoned) element fails."""
+        worst, msg = 0.0, ""
+        for name in self.outputs:
+            g, w = np.asarray(got[name], dtype=np.float64), np.asarray(want[name], dtype=np.float64)
+            if g.shape != w.shape:
+                return False, float("inf"), f"{name}: shape {g.shape}, expected {w.shape}"
+            bad = ~np.isfinite(g)
+            if bad.any():
+                idx = tuple(int(i) for i in np.argwhere(bad)[0])
+                return False, float("inf"), f"{name}: {int(bad.sum())} non-finite elements (first at {idx}); " \
+                                            "unwritten or NaN"
+            scale = max(float(np.abs(w).max()), 1e-30)
+            err = float(np.abs(g - w).max()) / scale
+            if err > worst:
+                worst = err
+                idx = tuple(int(i) for i in np.unravel_index(np.argmax(np.abs(g - w)), g.shape))
+                msg = f"{name}: max rel error {err:.3g} at {idx} (got {g[idx]:.6g}, want {w[idx]:.6g})"
+        return worst <= self.rtol, worst, msg
+
+
+def load_shape_set(problem: Problem, name: str) -> ShapeSet:
+    """Read ``datasets/shapes/<name>.csv`` (columns: the problem's dims, then ``role``)."""
+    path = SHAPES_DIR / f"{name}.csv"
+    if not path.exists():
+        known = sorted(p.stem for p in SHAPES_DIR.glob("*.csv"))
+        raise ShapeSetError(f"no shape set `{name}` (looked for {path}); known: {', '.join(known) or 'none'}")
+    shapes, roles = [], []
+    with path.open() as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        raise ShapeSetError(f"{path}: the shape set is empty; add rows with columns {', '.join(problem.dims)}, role")
+    missing = [d for d in problem.dims if d not in rows[0]]
+    if missing:
+        raise ShapeSetError(f"{path}: shape set `{name}` lacks column(s) {', '.join(missing)} that problem "
+                            f"`{problem.name}` needs (its dims: {', '.join(problem.dims)})")
+    for i, row in enumerate(rows, start=2):
+        try:
+            shape = {d: int(row[d]) for d in problem.dims}
+        except (TypeError, ValueError):
+            raise ShapeSetError(f"{path}:{i}: every dimension must be a positive integer, got "
+                                f"{json.dumps({d: row.get(d) for d in problem.dims})}") from None
+        if min(shape.values()) < 1:
+            raise ShapeSetError(f"{path}:{i}: dimensions must be ≥ 1, got {shape_key(shape)}")
+        role = (row.get("role") or "headline").strip()
+        if role not in ("headline", "tail", "held_out"):
+            raise ShapeSetError(f"{path}:{i}: role `{role}` must be headline, tail or held_out")
+        shapes.append(shape)
+        roles.append(role)
+    return ShapeSet(name, problem.name, tuple(shapes), tuple(roles))
+
+
+def bf16_round(x: np.ndarray) -> np.ndarray:
+    """Round float32 values to the nearest bf16 (ties to even), returned as float32."""
+    b = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+    return rounded.astype(np.uint32).view(np.float32)

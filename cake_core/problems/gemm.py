@@ -1,0 +1,32 @@
+"""gemm_bf16: C[M, N] = A[M, K] @ B[K, N], bf16 operands, fp32 accumulate and output."""
+from __future__ import annotations
+
+import numpy as np
+
+from cake_core.problems.base import Problem, Shape, bf16_round
+
+
+def _inputs(s: Shape, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    a = bf16_round(rng.standard_normal((s["M"], s["K"]), dtype=np.float32))
+    b = bf16_round(rng.standard_normal((s["K"], s["N"]), dtype=np.float32))
+    return {"a": a, "b": b}
+
+
+def _oracle(x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {"c": x["a"].astype(np.float64) @ x["b"].astype(np.float64)}
+
+
+GEMM_BF16 = Problem(
+    name="gemm_bf16",
+    description="C = A @ B, bf16 inputs (row-major A[M,K], B[K,N]), fp32 accumulate and output",
+    dims=("M", "N", "K"),
+    inputs=("a", "b"),
+    outputs=("c",),
+    make_inputs=_inputs,
+    oracle=_oracle,
+    rtol=2e-3,   # fp32 accumulation of exact bf16 products: far under this; a wrong index is far over
+    flops=lambda s: 2.0 * s["M"] * s["N"] * s["K"],
+    bytes=lambda s: 2.0 * (s["M"] * s["K"] + s["K"] * s["N"]) + 4.0 * s["M"] * s["N"],
+    seed_file="gemm_bf16.cake",
+    shape_sets=("gemm_small", "gemm_square"),
+)

@@ -1,0 +1,68 @@
+"""CPU backend: the correctness gate on the interpreter, nothing timed.
+
+Same protocol as the GPU gate, on shapes small enough for numpy: fresh seeded
+inputs per shape (never zeros), outputs poisoned with NaN before the run,
+comparison with the problem's fp64 oracle, and a perturbation check (change
+one input element, run again, the output must follow the oracle).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from cake_core.ir import interp
+from cake_core.ir.expr import evaluate
+from cake_core.ir.program import Program
+from cake_core.problems.base import Problem, Shape, shape_key
+
+
+@dataclass(frozen=True)
+class ShapeCheck:
+    shape: str
+    correct: bool
+    max_error: float | None
+    message: str
+    fault: bool = False          # the program did what a GPU would fault on
+    fault_line: int = 0
+
+
+def _poisoned(problem: Problem, program: Program, shape: Shape) -> dict[str, np.ndarray]:
+    env = {**shape, **program.const_env}
+    out = {}
+    for name in problem.outputs:
+        p = program.param(name)
+        dims = tuple(int(evaluate(d, env)) for d in p.type.shape) if p else ()
+        out[name] = np.full(dims, np.nan, dtype=np.float32)
+    return out
+
+
+def _run_once(problem: Problem, program: Program, shape: Shape, x: dict[str, np.ndarray]):
+    out = _poisoned(problem, program, shape)
+    interp.run(program, shape, x, out)
+    return problem.compare(out, problem.oracle(x))
+
+
+def check_on_cpu(program: Program, problem: Problem, shapes: list[Shape], seed: int) -> list[ShapeCheck]:
+    results = []
+    for i, shape in enumerate(shapes):
+        rng = np.random.default_rng([seed, i])
+        x = problem.make_inputs(shape, rng)
+        key = shape_key(shape)
+        try:
+            ok, err, msg = _run_once(problem, program, shape, x)
+            if ok:
+                # perturbation: a changed input must change the output as the oracle says
+                name = problem.inputs[0]
+                x2 = {k: v.copy() for k, v in x.items()}
+                flat = x2[name].reshape(-1)
+                j = int(rng.integers(flat.size))
+                flat[j] = flat[j] + 2.0 if flat[j] < 0 else flat[j] - 2.0
+                ok2, err2, msg2 = _run_once(problem, program, shape, x2)
+                if not ok2:
+                    ok, err, msg = False, err2, f"after perturbing {name}[{j}]: {msg2}"
+        except interp.InterpFault as e:
+            results.append(ShapeCheck(key, False, None, str(e), fault=True, fault_line=e.node.line))
+            continue
+        results.append(ShapeCheck(key, ok, err, "" if ok else msg))
+    return results

@@ -1,0 +1,314 @@
+"""Run a compiled kernel on an NVIDIA GPU through CuPy: correctness gate, then timing.
+
+CuPy is imported lazily, so this module imports on a CPU machine; only calling
+into it needs a GPU.
+
+Correctness gate, per shape (DESIGN §5): fresh seeded inputs (never zeros);
+outputs poisoned (NaN for floats, a sentinel for integers) before every run;
+compare with the problem's fp64 oracle and tolerance; perturb one input element
+and check that the output follows the perturbed oracle (and changed where the
+oracle changed); after timing, compare the last timed output again.
+
+Timing protocol: CUDA events around each launch on one stream, ``warmup``
+launches first, L2 flushed before every timed launch by writing a 256 MiB
+buffer (the H200's L2 is 50 MiB), inputs rotated among up to 4 copies when they
+are small; median, p10 and p90 over ``reps`` (≥ 20) launches. The timer name and
+the L2 state are recorded in every ``ShapeRun``.
+
+A fault poisons the CUDA context: after one, the remaining shapes are not run
+(the caller's worker process should be restarted).
+"""
+from __future__ import annotations
+
+import time as _time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from cake_core.errors import CakeError
+from cake_core.ir.expr import evaluate
+from cake_core.ir.types import DType
+from cake_core.lower.compile import Compiled, target
+from cake_core.lower.cuda import LoweredKernel
+from cake_core.outcome import Outcome
+from cake_core.problems.base import Problem, Shape, bf16_round
+
+TIMER = "cuda_event"
+L2_FLUSH_BYTES = 256 << 20       # ≥ 2x the L2 of every target we time on (H200: 50 MiB)
+ROTATE_BELOW_BYTES = 64 << 20    # inputs smaller than this are rotated among copies
+MAX_COPIES = 4
+INT_SENTINEL = -0x7FFFFFFF
+
+
+class GPURefused(CakeError):
+    """The kernel cannot run on this machine (compile-only target, wrong GPU, no GPU)."""
+
+
+@dataclass
+class ShapeRun:
+    """One shape's verdict. Timings are None when not timed or not correct."""
+
+    shape: dict
+    correct: bool
+    max_error: float
+    message: str
+    median_ms: float | None = None
+    p10_ms: float | None = None
+    p90_ms: float | None = None
+    runs: int = 0
+    timer: str = TIMER
+    l2: str = "cold"
+    outcome: str = Outcome.CHECKED.value   # checked | measured | wrong | runtime_fault | timeout
+
+
+def _cupy():
+    import cupy  # noqa: PLC0415 - lazily: the module must import on CPU-only machines
+    return cupy
+
+
+def gpu_model() -> str | None:
+    """The name of GPU 0 (e.g. ``NVIDIA H200``), or None without CuPy or a GPU."""
+    try:
+        cp = _cupy()
+        if cp.cuda.runtime.getDeviceCount() < 1:
+            return None
+        name = cp.cuda.runtime.getDeviceProperties(0)["name"]
+        return name.decode() if isinstance(name, bytes) else str(name)
+    except Exception:  # noqa: BLE001 - no driver, no device, no cupy: all mean "no GPU here"
+        return None
+
+
+# ---------------------------------------------------------------- host <-> device
+
+def _to_device(cp, x: np.ndarray, dtype: DType):
+    if dtype is DType.BF16:   # inputs are float32 already rounded to bf16: keep the top 16 bits
+        bits = (np.ascontiguousarray(bf16_round(x), dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
+        return cp.asarray(bits)
+    np_dtype = {DType.F16: np.float16, DType.F32: np.float32, DType.I32: np.int32, DType.I64: np.int64,
+                DType.BOOL: np.bool_}.get(dtype)
+    if np_dtype is None:
+        raise GPURefused(f"the GPU runtime cannot upload {dtype.value} tensors yet")
+    return cp.asarray(np.ascontiguousarray(x, dtype=np_dtype))
+
+
+def _alloc(cp, shape: tuple[int, ...], dtype: DType):
+    return cp.empty(shape, dtype={DType.BF16: np.uint16, DType.F16: np.float16, DType.F32: np.float32,
+                                  DType.I32: np.int32, DType.I64: np.int64}[dtype])
+
+
+def _poison(buf, dtype: DType) -> None:
+    if dtype is DType.BF16:
+        buf.fill(0x7FC0)                # bf16 quiet NaN
+    elif dtype.is_float:
+        buf.fill(np.nan)
+    else:
+        buf.fill(INT_SENTINEL)
+
+
+def _to_host(buf, dtype: DType) -> np.ndarray:
+    h = buf.get()
+    if dtype is DType.BF16:
+        return (h.astype(np.uint32) << 16).view(np.float32)
+    return h
+
+
+class _Fault(Exception):
+    def __init__(self, outcome: Outcome, message: str):
+        super().__init__(message)
+        self.outcome, self.message = outcome, message
+
+
+class _Launcher:
+    """One kernel, its arguments for one shape, and a launch with a watchdog."""
+
+    def __init__(self, cp, fn, lowered: LoweredKernel, problem: Problem, shape: Shape, stream, timeout_s: float):
+        self.cp, self.fn, self.lowered, self.problem, self.shape = cp, fn, lowered, problem, shape
+        self.stream, self.timeout_s = stream, timeout_s
+        self.grid = lowered.grid_for(shape)
+        self.shapes = {a.name: tuple(int(evaluate(d, {**dict(lowered.consts), **shape})) for d in a.shape)
+                       for a in lowered.params}
+        self.dtypes = {a.name: a.dtype for a in lowered.params}
+        unknown = [a.name for a in lowered.params if a.name not in problem.inputs and a.name not in problem.outputs]
+        if unknown:
+            raise GPURefused(f"kernel parameter `{unknown[0]}` is neither an input ({', '.join(problem.inputs)}) "
+                             f"nor an output ({', '.join(problem.outputs)}) of problem {problem.name}")
+        self.outputs = {n: _alloc(cp, self.shapes[n], self.dtypes[n]) for n in problem.outputs}
+
+    def upload(self, inputs: dict[str, np.ndarray]) -> dict[str, Any]:
+        dev = {}
+        for name in self.problem.inputs:
+            if name not in self.shapes:
+                continue   # an input this kernel does not read
+            if tuple(inputs[name].shape) != self.shapes[name]:
+                raise GPURefused(f"input `{name}` has shape {inputs[name].shape}, the kernel expects "
+                                 f"{self.shapes[name]}")
+            dev[name] = _to_device(self.cp, inputs[name], self.dtypes[name])
+        return dev
+
+    def args(self, dev_in: dict[str, Any]) -> tuple:
+        bufs = [dev_in[a.name] if a.name in dev_in else self.outputs[a.name] for a in self.lowered.params]
+        return tuple(bufs) + tuple(np.int32(self.shape[d]) for d in self.lowered.dims)
+
+    def launch(self, args: tuple) -> None:
+        try:
+            # RawKernel launches on the current stream: check_and_time runs inside `with stream:`
+            self.fn(self.grid, (self.lowered.threads, 1, 1), args, shared_mem=self.lowered.smem_bytes)
+        except Exception as e:  # noqa: BLE001 - a launch refused (resources, bad config) is the kernel's fault
+            raise _Fault(Outcome.RUNTIME_FAULT, f"launch failed: {e}") from None
+
+    def wait(self, what: str) -> None:
+        ev = self.cp.cuda.Event()
+        try:
+            ev.record(self.stream)
+            t0 = _time.monotonic()
+            while not ev.done:
+                if _time.monotonic() - t0 > self.timeout_s:
+                    raise _Fault(Outcome.TIMEOUT, f"{what}: the kernel did not finish within {self.timeout_s:g} s")
+                _time.sleep(0.0005)
+            self.stream.synchronize()
+        except _Fault:
+            raise
+        except Exception as e:  # noqa: BLE001 - CUDA errors surface here (illegal address, trap...)
+            raise _Fault(Outcome.RUNTIME_FAULT, f"{what}: {type(e).__name__}: {e}") from None
+
+    def run_checked(self, dev_in: dict[str, Any], what: str) -> dict[str, np.ndarray]:
+        for n, buf in self.outputs.items():
+            _poison(buf, self.dtypes[n])
+        self.launch(self.args(dev_in))
+        self.wait(what)
+        return self.got()
+
+    def got(self) -> dict[str, np.ndarray]:
+        return {n: _to_host(buf, self.dtypes[n]) for n, buf in self.outputs.items()}
+
+
+def _perturb(problem: Problem, inputs: dict[str, np.ndarray], rng: np.random.Generator,
+             dtypes: dict[str, DType]) -> dict[str, np.ndarray]:
+    name = problem.inputs[0]
+    x = np.array(inputs[name], copy=True)
+    flat = x.reshape(-1)
+    i = int(rng.integers(flat.size))
+    delta = np.float32(4.0 + 2.0 * abs(float(flat[i])))   # large against the tolerance, exact-ish in bf16
+    flat[i] = flat[i] + delta if flat[i] >= 0 else flat[i] - delta
+    if dtypes.get(name) is DType.BF16:
+        x = bf16_round(x)
+    return {**inputs, name: x}
+
+
+def _stats(ms: list[float]) -> tuple[float, float, float]:
+    a = np.asarray(ms, dtype=np.float64)
+    return float(np.median(a)), float(np.percentile(a, 10)), float(np.percentile(a, 90))
+
+
+def _check_shape(cp, fn, lowered: LoweredKernel, problem: Problem, shape: Shape, *, seed: int, time: bool,
+                 reps: int, warmup: int, timeout_s: float, stream, flush) -> ShapeRun:
+    rng = np.random.default_rng(seed)
+    L = _Launcher(cp, fn, lowered, problem, shape, stream, timeout_s)
+    inputs = problem.make_inputs(shape, rng)
+    want = problem.oracle(inputs)
+    dev_in = L.upload(inputs)
+
+    got = L.run_checked(dev_in, "correctness run")
+    ok, err, msg = problem.compare(got, want)
+    if not ok:
+        return ShapeRun(dict(shape), False, err, f"wrong: {msg}", outcome=Outcome.WRONG.value)
+
+    # perturbation: the output must follow a changed input (no result cached from setup)
+    p_inputs = _perturb(problem, inputs, rng, L.dtypes)
+    p_want = problem.oracle(p_inputs)
+    p_got = L.run_checked(L.upload(p_inputs), "perturbation run")
+    p_ok, p_err, p_msg = problem.compare(p_got, p_want)
+    if not p_ok:
+        return ShapeRun(dict(shape), False, p_err, f"wrong after perturbing one input element: {p_msg}",
+                        outcome=Outcome.WRONG.value)
+    for n in problem.outputs:
+        w0, w1 = np.asarray(want[n], np.float64), np.asarray(p_want[n], np.float64)
+        moved = np.abs(w1 - w0) > 10 * problem.rtol * max(float(np.abs(w0).max()), 1e-30)
+        if moved.any() and np.array_equal(got[n][moved], p_got[n][moved]):
+            return ShapeRun(dict(shape), False, p_err, f"{n}: output did not change after perturbing an input "
+                            f"element although the oracle did ({int(moved.sum())} elements)",
+                            outcome=Outcome.WRONG.value)
+    if not time:
+        return ShapeRun(dict(shape), True, max(err, p_err), "correct (not timed)", outcome=Outcome.CHECKED.value)
+
+    # timing: cold L2, rotating input copies
+    in_bytes = sum(int(b.nbytes) for b in dev_in.values())
+    copies = [dev_in] + ([{k: v.copy() for k, v in dev_in.items()} for _ in range(MAX_COPIES - 1)]
+                         if in_bytes < ROTATE_BELOW_BYTES else [])
+    arg_sets = [L.args(c) for c in copies]
+    for r in range(warmup):
+        L.launch(arg_sets[r % len(arg_sets)])
+    L.wait("warm-up")
+    for n, buf in L.outputs.items():
+        _poison(buf, L.dtypes[n])
+    reps = max(reps, 20)
+    starts = [cp.cuda.Event() for _ in range(reps)]
+    ends = [cp.cuda.Event() for _ in range(reps)]
+    for r in range(reps):
+        cp.cuda.runtime.memsetAsync(flush.data.ptr, r & 0xFF, flush.nbytes, stream.ptr)
+        starts[r].record(stream)
+        L.launch(arg_sets[r % len(arg_sets)])
+        ends[r].record(stream)
+    L.wait("timed runs")
+    ms = [float(cp.cuda.get_elapsed_time(s, e)) for s, e in zip(starts, ends)]
+
+    ok2, err2, msg2 = problem.compare(L.got(), want)
+    if not ok2:
+        return ShapeRun(dict(shape), False, err2, f"wrong after timing (re-check): {msg2}",
+                        outcome=Outcome.WRONG.value)
+    med, p10, p90 = _stats(ms)
+    return ShapeRun(dict(shape), True, max(err, p_err, err2), f"correct; {len(copies)} input copies rotated",
+                    med, p10, p90, reps, outcome=Outcome.MEASURED.value)
+
+
+def check_and_time(compiled: Compiled, lowered: LoweredKernel, problem: Problem, shapes: list[Shape], *,
+                   seed: int, time: bool = True, reps: int = 20, warmup: int = 3,
+                   timeout_s: float = 30.0) -> list[ShapeRun]:
+    """Correctness gate (and timing, with ``time=True``) of one kernel on every shape.
+
+    Parameters
+    ----------
+    compiled, lowered: the cubin and the lowering that made it (launch geometry, argument order).
+    problem: inputs, oracle and tolerance.
+    shapes: assignments of the problem's dimensions.
+    seed: seeds the input generator of every shape.
+    timeout_s: watchdog per wait; a kernel still running after it is reported as ``timeout``.
+
+    Returns one :class:`ShapeRun` per shape, in order. After a fault or a timeout
+    the CUDA context is unusable; the remaining shapes are reported as not run.
+    Raises :class:`GPURefused` when the kernel cannot run here at all.
+    """
+    tgt = target(compiled.arch)
+    if tgt is None or not tgt.get("runs_here", False):
+        raise GPURefused(f"{compiled.arch} kernels are compile-only here (cake_core/ir/targets/{compiled.arch}.json "
+                         "says runs_here=false); time it on a machine of that architecture")
+    cp = _cupy()
+    try:
+        major = int(cp.cuda.Device(0).compute_capability) // 10
+    except Exception as e:  # noqa: BLE001
+        raise GPURefused(f"no usable CUDA GPU: {e}") from None
+    want_cc = int(compiled.arch.removeprefix("sm_").rstrip("a")) // 10
+    if major != want_cc:
+        raise GPURefused(f"the GPU has compute capability {major}.x; a {compiled.arch} cubin needs {want_cc}.x")
+    mod = cp.RawModule(path=str(compiled.cubin_path))
+    fn = mod.get_function(compiled.kernel_name)
+    if lowered.smem_bytes > 48 * 1024:
+        fn.max_dynamic_shared_size_bytes = lowered.smem_bytes
+    stream = cp.cuda.Stream(non_blocking=True)
+    flush = cp.empty(L2_FLUSH_BYTES, dtype=np.uint8) if time else None
+    out: list[ShapeRun] = []
+    dead: str | None = None
+    with stream:
+        for shape in shapes:
+            if dead:
+                out.append(ShapeRun(dict(shape), False, float("inf"), f"not run: {dead}",
+                                    outcome=Outcome.RUNTIME_FAULT.value))
+                continue
+            try:
+                out.append(_check_shape(cp, fn, lowered, problem, shape, seed=seed, time=time, reps=reps,
+                                        warmup=warmup, timeout_s=timeout_s, stream=stream, flush=flush))
+            except _Fault as f:
+                out.append(ShapeRun(dict(shape), False, float("inf"), f.message, outcome=f.outcome.value))
+                dead = f"an earlier shape ended in {f.outcome.value}; the CUDA context is unusable"
+    return out

@@ -1,0 +1,145 @@
+"""The evolution flow: generate → verify → compile → cost-filter → check/time → record, per generation.
+
+The flow body only orchestrates; every step is a task in ``tasks/``. With GPUs,
+candidates are checked and timed in one Ray actor per GPU; without, they are
+checked on the CPU interpreter in Ray actors and recorded as ``checked`` (not
+timed). Every attempt lands in the warehouse as soon as its stage returns.
+"""
+from __future__ import annotations
+
+import json
+import math
+import socket
+import uuid
+from typing import Any
+
+import ray
+from prefect import flow, get_run_logger
+from prefect.runtime import flow_run
+
+from cake_core.agents.base import Context
+from cake_core.agents.tactic_agent import TacticAgent
+from cake_core.agents.tactics import TACTICS
+from cake_core.errors import CakeError
+from cake_core.model.cost import CostModel, gpu_for_name
+from cake_core.outcome import Outcome
+from cake_core.problems import get_problem, load_shape_set, shape_key
+from tasks.harness import load_harness
+from tasks.record import Attempt, now
+from tasks.stages import check_cpu, compile_one, cost_filter, generate, record, time_gpu, verify
+from tasks.workers import ActorPool, CpuChecker, GpuRunner
+from warehouse import Warehouse
+
+
+def _run_row(run_id: str, status: str, **kw: Any) -> dict[str, Any]:
+    return {"run_id": run_id, "status": status, "host": socket.gethostname(), "started_at": kw.pop("started_at"),
+            **kw}
+
+
+@flow(name="evolve", log_prints=True, validate_parameters=False)
+def evolve_flow(problem: str, shape_set: str, generations: int = 3, population: int = 8, seed: int = 0,
+                run_id: str | None = None, warehouse_root: str = ".cake/warehouse",
+                cache_dir: str = ".cake/cache", gpu_models: list[str] | None = None,
+                timeout_s: float = 120.0, reps: int = 20) -> dict[str, Any]:
+    """Evolve kernels for ``problem`` over the shapes of ``shape_set``; returns a summary."""
+    log = get_run_logger()
+    run_id = run_id or uuid.uuid4().hex[:12]
+    prob = get_problem(problem)
+    ss = load_shape_set(prob, shape_set)
+    gpus = list(gpu_models or [])
+    shapes = list(ss.shapes) if gpus else ss.cpu_shapes(prob.cpu_limit)
+    if not shapes:
+        raise CakeError(f"shape set `{shape_set}` has no shape small enough for the CPU interpreter (every "
+                        f"dimension ≤ {prob.cpu_limit}); pick a smaller set such as "
+                        f"{prob.shape_sets[0]} or run where a GPU is present")
+    wh = Warehouse(warehouse_root)
+    harness = load_harness(warehouse_root)
+    started = now()
+    base = dict(problem=problem, shape_set=shape_set, harness_version=harness.version, agent="tactic",
+                seed=seed, generations=generations, population=population,
+                gpu_model=gpus[0] if gpus else None, flow_run_id=str(flow_run.id) if flow_run.id else None,
+                started_at=started)
+    wh.append("runs", [_run_row(run_id, "running", **base)])
+    wh.append("shapes", [{"shape_set": shape_set, "problem": problem, "shape": shape_key(s),
+                          "dims": json.dumps(s), "role": r} for s, r in zip(ss.shapes, ss.roles)])
+    log.info(f"run {run_id}: {problem} on {len(shapes)} shapes of {shape_set}, harness v{harness.version}, "
+             f"{'GPU ' + gpus[0] if gpus else 'CPU interpreter (not timed)'}")
+
+    tactics = {k: v for k, v in TACTICS.items() if k not in harness.disabled_tactics}
+    agent = TacticAgent(seed, tactics)
+    model = CostModel(gpu_for_name(gpus[0] if gpus else None))
+    model.eff.update(dict(harness.cost_eff))
+    ctx = Context(harness.version, 0, population)
+    if gpus:
+        pool = ActorPool(lambda: GpuRunner.remote(), len(gpus))
+    else:
+        cpus = max(1, int(ray.available_resources().get("CPU", 1)))
+        pool = ActorPool(lambda: CpuChecker.remote(), min(cpus, 4))
+    totals: dict[str, int] = {}
+    best: list[tuple[float, str]] = []
+    status = "crashed"
+    try:
+        for g in range(generations):
+            ctx.generation = g
+            cands = generate(agent, problem, ctx)
+            attempts = [Attempt(run_id, g, problem, harness.version, c) for c in cands]
+            passed, stopped = verify(attempts, harness)
+            record(warehouse_root, stopped)
+            compiled = [f.result() for f in compile_one.map(passed, cache_dir)] if passed else []
+            failed = [a for a in compiled if a.outcome is Outcome.COMPILE_FAILED]
+            record(warehouse_root, failed)
+            ok = [a for a in compiled if a.outcome is not Outcome.COMPILE_FAILED]
+            if gpus:
+                ok = [a for a in ok if a.compiled is not None]
+            keep = max(2, math.ceil(population / 2))
+            kept, filtered = cost_filter(ok, shapes, keep, 1, seed + g, model) if ok else ([], [])
+            record(warehouse_root, filtered)
+            if kept:
+                if gpus:
+                    done = time_gpu(pool, kept, problem, shapes, seed + g, timeout_s, gpus[0], reps)
+                else:
+                    done = check_cpu(pool, kept, problem, shapes, seed + g, timeout_s)
+                record(warehouse_root, done)
+            else:
+                done = []
+            for a in attempts:
+                totals[a.outcome.value] = totals.get(a.outcome.value, 0) + 1
+                ctx.seen.add(a.ir_hash)
+                if a.candidate.tactic:
+                    for t in a.candidate.tactic.split("+"):
+                        tried, won = ctx.tactic_stats.get(t, (0, 0))
+                        good = a.outcome in (Outcome.MEASURED, Outcome.CHECKED)
+                        ctx.tactic_stats[t] = (tried + 1, won + int(good))
+            for a in done:
+                if a.outcome is Outcome.MEASURED:
+                    score = math.exp(sum(math.log(m["median_ms"]) for m in a.measurements) / len(a.measurements))
+                    best.append((score, a.candidate.text))
+                elif a.outcome is Outcome.CHECKED:
+                    best.append((a.predicted_ms or float("inf"), a.candidate.text))
+            best.sort(key=lambda x: x[0])
+            ctx.best = [(t, s) for s, t in best[:4]]
+            log.info(f"generation {g}: " + ", ".join(f"{k}={v}" for k, v in sorted(totals.items())))
+        status = "completed"
+    finally:
+        pool.shutdown()
+        wh.append("runs", [_run_row(run_id, status, **base, finished_at=now())])
+    if gpus:
+        _dispatch(wh, run_id, problem, shape_set)
+    return {"run_id": run_id, "outcomes": totals, "timed": bool(gpus), "shapes": len(shapes),
+            "harness_version": harness.version,
+            "best_score": best[0][0] if best else None,
+            "best_score_kind": ("measured geomean ms" if gpus else "predicted geomean ms (CPU: not timed)")}
+
+
+def _dispatch(wh: Warehouse, run_id: str, problem: str, shape_set: str) -> None:
+    """Per shape, the fastest correct kernel of this run: the table an inference engine dispatches on."""
+    rows = wh.query("""
+        select m.shape, arg_min(m.attempt_id, m.median_ms) as attempt_id, min(m.median_ms) as median_ms
+        from measurements m where m.run_id = ? and m.correct group by m.shape""", [run_id]).to_pylist()
+    hashes = {r["attempt_id"]: r["ir_hash"] for r in wh.query(
+        "select attempt_id, ir_hash from attempts where run_id = ?", [run_id]).to_pylist()}
+    if rows:
+        wh.append("dispatch", [{"problem": problem, "shape_set": shape_set, "shape": r["shape"],
+                                "attempt_id": r["attempt_id"], "ir_hash": hashes.get(r["attempt_id"], ""),
+                                "median_ms": r["median_ms"], "created_at": now()} for r in rows])
+

@@ -1,0 +1,88 @@
+"""The harness-review flow: clusters → proposals → corpus gate → pause for a person → new version.
+
+Each proposal that passes the corpus gate pauses the flow run
+(``pause_flow_run`` with a typed ``Decision`` input): a person resumes it from
+the Prefect UI, or with ``cake harness approve ID`` / ``reject ID``, which
+call :func:`decide_proposal`. A proposal that fails the gate is rejected by
+the flow with the gate's report as the reason.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.client.orchestration import get_client
+from prefect.flow_runs import pause_flow_run, resume_flow_run
+from prefect.input import RunInput
+from prefect.runtime import flow_run
+
+from cake_core.errors import CakeError
+from tasks.harness import apply_decision, get_proposal, mine_proposals, record_proposal
+
+
+class Decision(RunInput):
+    """What a reviewer answers to a paused proposal."""
+
+    approve: bool
+    reason: str = ""
+    decided_by: str = "prefect-ui"
+
+
+@flow(name="harness-review", log_prints=True)
+def harness_review_flow(warehouse_root: str = ".cake/warehouse", min_support: int = 3,
+                        pause_timeout_s: int = 86400) -> list[dict[str, Any]]:
+    """Propose harness changes from recurring failures and wait for a person on each."""
+    log = get_run_logger()
+    outcomes = []
+    for prop, gate in mine_proposals(warehouse_root, min_support):
+        pid = record_proposal(warehouse_root, prop, gate, str(flow_run.id) if flow_run.id else None)
+        if not gate["passed"]:
+            apply_decision(warehouse_root, pid, False, f"corpus gate failed: would break {gate['newly_failing']}",
+                           "corpus-gate")
+            outcomes.append({"proposal_id": pid, "decision": "rejected", "by": "corpus-gate"})
+            continue
+        log.info(f"proposal {pid}: {prop.title} — would have caught {gate['caught']}/{gate['cluster_size']} "
+                 f"failures; approve with `cake harness approve {pid}` or in the UI")
+        decision = pause_flow_run(wait_for_input=Decision, timeout=pause_timeout_s, key=pid)
+        version = apply_decision(warehouse_root, pid, decision.approve, decision.reason, decision.decided_by)
+        outcomes.append({"proposal_id": pid, "decision": "approved" if decision.approve else "rejected",
+                         "new_version": version})
+    return outcomes
+
+
+def _paused(flow_run_id: str) -> bool:
+    import asyncio
+
+    async def state() -> str | None:
+        async with get_client() as client:
+            fr = await client.read_flow_run(flow_run_id)
+            return fr.state.type.value if fr.state else None
+
+    try:
+        return asyncio.run(state()) == "PAUSED"
+    except Exception:
+        return False
+
+
+def decide_proposal(proposal_id: str, approve: bool, reason: str, decided_by: str,
+                    warehouse_root: str, wait_s: float = 60.0) -> int | None:
+    """Approve or reject a proposal: resume its paused flow run if it waits, else record it here.
+
+    Returns the new harness version for an approval.
+    """
+    p = get_proposal(warehouse_root, proposal_id)
+    if p["status"] != "pending":
+        raise CakeError(f"proposal `{proposal_id}` was already {p['status']}")
+    if p["flow_run_id"] and _paused(p["flow_run_id"]):
+        resume_flow_run(p["flow_run_id"], run_input={"approve": approve, "reason": reason,
+                                                      "decided_by": decided_by})
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            q = get_proposal(warehouse_root, proposal_id)
+            if q["status"] != "pending":
+                return q["new_version"]
+            time.sleep(0.5)
+        raise CakeError(f"the flow run {p['flow_run_id']} was resumed but did not record the decision within "
+                        f"{wait_s:.0f} s; look at it in the Prefect UI")
+    return apply_decision(warehouse_root, proposal_id, approve, reason, decided_by)

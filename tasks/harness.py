@@ -1,0 +1,97 @@
+"""Harness tasks: the current version, failure clusters, proposals and decisions, in the warehouse."""
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from cake_core.errors import CakeError
+from cake_core.harness.gate import corpus_gate
+from cake_core.harness.miners import Proposal, mine_rule
+from cake_core.harness.version import HarnessSpec
+from cake_core.problems import list_problems
+from tasks.record import now
+from warehouse import Warehouse
+
+
+def load_harness(warehouse_root: str) -> HarnessSpec:
+    """The newest approved harness version (version 0, the built-in one, when none)."""
+    rows = Warehouse(warehouse_root).query(
+        "select spec from harness_versions order by version desc limit 1").to_pylist()
+    return HarnessSpec.from_json(rows[0]["spec"]) if rows else HarnessSpec()
+
+
+def export_dir(warehouse_root: str) -> Path:
+    return Path(warehouse_root).parent / "harness"
+
+
+@task(name="mine-proposals", cache_policy=NO_CACHE)
+def mine_proposals(warehouse_root: str, min_support: int) -> list[tuple[Proposal, dict[str, Any]]]:
+    """Clusters of recurring failures that no proposal has addressed yet → proposals + gate reports."""
+    wh = Warehouse(warehouse_root)
+    current = load_harness(warehouse_root)
+    seen = {r["signature"] for r in wh.query(
+        "select signature from proposals where base_version = ?", [current.version]).to_pylist()}
+    clusters = wh.query("select signature, n_attempts from failure_clusters where n_attempts >= ? "
+                        "and stage <> 'verify' order by n_attempts desc", [min_support]).to_pylist()
+    passing = wh.query("select ir_text, features from attempts where outcome in ('checked', 'measured')").to_pylist()
+    corpus = [(p.name, p.seed_text()) for p in list_problems()]
+    corpus += [(f"passing-{i}", r["ir_text"]) for i, r in enumerate(passing)]
+    out = []
+    n_rules = len(current.learned_rules)
+    for c in clusters:
+        if c["signature"] in seen:
+            continue
+        failing = wh.query("select ir_text, features, gpu_seconds from attempts where signature = ?",
+                           [c["signature"]]).to_pylist()
+        prop = mine_rule(c["signature"], [json.loads(f["features"]) for f in failing],
+                         [json.loads(p["features"]) for p in passing], f"harness.learned_{n_rules + len(out) + 1}",
+                         min_support)
+        if prop is None:
+            continue
+        proposed = current.apply(prop.kind, prop.payload, current.version + 1)
+        gate = corpus_gate(current, proposed, corpus, [(f["ir_text"], f["gpu_seconds"] or 0.0) for f in failing])
+        out.append((prop, gate.to_dict()))
+    return out
+
+
+def record_proposal(warehouse_root: str, prop: Proposal, gate: dict[str, Any], flow_run_id: str | None) -> str:
+    pid = "p" + uuid.uuid4().hex[:8]
+    Warehouse(warehouse_root).append("proposals", [{
+        "proposal_id": pid, "kind": prop.kind, "signature": prop.signature, "title": prop.title,
+        "evidence": json.dumps(prop.evidence), "payload": json.dumps(prop.payload), "gate_report": json.dumps(gate),
+        "flow_run_id": flow_run_id, "base_version": load_harness(warehouse_root).version, "created_at": now()}])
+    return pid
+
+
+def get_proposal(warehouse_root: str, proposal_id: str) -> dict[str, Any]:
+    rows = Warehouse(warehouse_root).query("select * from proposals_latest where proposal_id = ?",
+                                           [proposal_id]).to_pylist()
+    if not rows:
+        raise CakeError(f"no proposal `{proposal_id}`; `cake harness proposals` lists them")
+    return rows[0]
+
+
+def apply_decision(warehouse_root: str, proposal_id: str, approve: bool, reason: str,
+                   decided_by: str) -> int | None:
+    """Record a decision; an approval creates (and exports) the next harness version, returned."""
+    p = get_proposal(warehouse_root, proposal_id)
+    if p["status"] != "pending":
+        raise CakeError(f"proposal `{proposal_id}` was already {p['status']}")
+    wh = Warehouse(warehouse_root)
+    new_version = None
+    if approve:
+        current = load_harness(warehouse_root)
+        new_version = current.version + 1
+        spec = current.apply(p["kind"], json.loads(p["payload"]), new_version)
+        wh.append("harness_versions", [{"version": new_version, "parent": current.version,
+                                        "proposal_id": proposal_id, "spec": spec.to_json(), "created_at": now()}])
+        spec.export(export_dir(warehouse_root))
+    wh.append("decisions", [{"proposal_id": proposal_id, "decision": "approved" if approve else "rejected",
+                             "reason": reason, "decided_by": decided_by, "decided_at": now(),
+                             "new_version": new_version}])
+    return new_version

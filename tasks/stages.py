@@ -1,0 +1,176 @@
+"""Prefect tasks: thin wrappers over cake_core stages and the warehouse.
+
+Each task takes a batch of attempts of one generation and returns the ones
+that go on; the attempts that stopped are recorded at once (so a crash later
+loses none of them). Retries only on I/O (the warehouse append).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from cake_core.agents.base import Candidate, Context
+from cake_core.harness.version import HarnessSpec
+from cake_core.ir.features import features
+from cake_core.model.cost import CostModel
+from cake_core.outcome import Outcome, StageResult
+from cake_core.pipeline import check_stage, compile_stage, predict_stage, verify_stage
+from cake_core.problems import get_problem
+from cake_core.problems.base import shape_key
+from tasks.record import Attempt, merge_rows, now
+from tasks.workers import ActorPool, Fault
+from warehouse import Warehouse
+
+_TASK = dict(cache_policy=NO_CACHE)
+CHILD_TABLES = ("diagnostics", "compiles", "predictions", "checks", "measurements")
+
+
+@task(name="record", retries=3, retry_delay_seconds=1, **_TASK)
+def record(warehouse_root: str, attempts: list[Attempt]) -> int:
+    """Land a batch of finished attempts: child rows first, the attempt rows last (the commit mark)."""
+    if not attempts:
+        return 0
+    wh = Warehouse(warehouse_root)
+    rows = merge_rows(attempts)
+    for table in CHILD_TABLES:
+        if rows.get(table):
+            wh.append(table, rows[table])
+    return wh.append("attempts", rows["attempts"])
+
+
+@task(name="generate", **_TASK)
+def generate(agent: Any, problem: str, ctx: Context) -> list[Candidate]:
+    """Ask the agent for this generation's candidates."""
+    return agent.propose(get_problem(problem), ctx)
+
+
+@task(name="verify", **_TASK)
+def verify(attempts: list[Attempt], harness: HarnessSpec) -> tuple[list[Attempt], list[Attempt]]:
+    """Parse and verify; returns (passed, stopped)."""
+    problem = get_problem(attempts[0].problem) if attempts else None
+    passed, stopped = [], []
+    for a in attempts:
+        r = verify_stage(a.candidate.text, harness, problem)
+        a.diagnostics += r.diagnostics
+        if r.value is not None:
+            a.ir_hash, a.features = r.value.hash, features(r.value)
+            a.program = r.value
+        if r.outcome is Outcome.VERIFY_FAILED:
+            a.stop(r)
+            if r.value is None:
+                from cake_core.ir.text import parse
+                prog = parse(a.candidate.text).program
+                if prog is not None:
+                    a.ir_hash, a.features = prog.hash, features(prog)
+            stopped.append(a)
+        else:
+            passed.append(a)
+    return passed, stopped
+
+
+@task(name="compile", **_TASK)
+def compile_one(attempt: Attempt, cache_dir: str) -> Attempt:
+    """Lower to CUDA C++ and compile with nvcc (cached by source hash)."""
+    r = compile_stage(attempt.program, Path(cache_dir))
+    attempt.diagnostics += r.diagnostics
+    if r.outcome is not Outcome.OK:
+        attempt.stop(r)
+        attempt.compile = _compile_row(r, ok=False)
+        return attempt
+    lowered, compiled = r.value
+    attempt.lowered, attempt.compiled = lowered, compiled
+    if compiled is not None:
+        attempt.compile = _compile_row(r, ok=True)
+    return attempt
+
+
+def _compile_row(r: StageResult, ok: bool) -> dict[str, Any]:
+    c = r.value[1] if ok and r.value else None
+    res = c.resources if c is not None else None
+    return {"source_hash": c.source_hash if c else r.metrics.get("source_hash", ""),
+            "arch": c.arch if c else r.metrics.get("arch", "sm_90a"),
+            "seconds": c.seconds if c else float(r.metrics.get("seconds", 0.0)),
+            "registers": res.registers if res else None, "spill_bytes": res.spill_bytes if res else None,
+            "smem_bytes": res.smem_bytes if res else None, "barriers": res.barriers if res else None,
+            "cached": c.cached if c else False, "ok": ok,
+            "log": r.artifacts.get("log", "")[-4000:]}
+
+
+@task(name="cost-filter", **_TASK)
+def cost_filter(attempts: list[Attempt], shapes: list[dict], keep: int, explore: int, seed: int,
+                model: CostModel) -> tuple[list[Attempt], list[Attempt]]:
+    """Rank by predicted time (geomean over shapes); keep the top ``keep`` plus ``explore``
+    random others, so the model cannot starve a candidate it misjudges."""
+    for a in attempts:
+        a.predictions = {shape_key(s): ms for s, ms in zip(shapes, predict_stage(a.program, shapes, model))}
+    ranked = sorted(attempts, key=lambda a: a.predicted_ms)
+    kept, rest = ranked[:keep], ranked[keep:]
+    rng = np.random.default_rng(seed)
+    picks = set(rng.choice(len(rest), size=min(explore, len(rest)), replace=False).tolist()) if rest else set()
+    kept += [a for i, a in enumerate(rest) if i in picks]
+    filtered = [a for i, a in enumerate(rest) if i not in picks]
+    for a in filtered:
+        a.stop(StageResult("cost_filter", Outcome.FILTERED))
+    return kept, filtered
+
+
+@task(name="check-cpu", **_TASK)
+def check_cpu(pool: ActorPool, attempts: list[Attempt], problem: str, shapes: list[dict], seed: int,
+              timeout_s: float) -> list[Attempt]:
+    """Correctness on the CPU interpreter in Ray actors; nothing is timed."""
+    results = pool.map("check", [(a.candidate.text, problem, shapes, seed) for a in attempts], timeout_s)
+    for a, r in zip(attempts, results):
+        if isinstance(r, Fault):
+            a.stop(_fault_result("check", r))
+            continue
+        a.checks = [{"shape": c.shape, "backend": "interpreter", "correct": c.correct,
+                     "max_error": c.max_error if c.max_error is not None and math.isfinite(c.max_error) else None,
+                     "message": c.message or None} for c in r.metrics["checks"]]
+        a.stop(r)
+    return attempts
+
+
+@task(name="time-gpu", **_TASK)
+def time_gpu(pool: ActorPool, attempts: list[Attempt], problem: str, shapes: list[dict], seed: int,
+             timeout_s: float, gpu_model: str, reps: int) -> list[Attempt]:
+    """Correctness gate and CUDA-event timing on the GPU actors."""
+    jobs = [(a.lowered, Path(a.compiled.cubin_path).read_bytes(), a.compiled.kernel_name, problem, shapes,
+             seed, reps) for a in attempts]
+    t0 = now()
+    results = pool.map("run", jobs, timeout_s)
+    for a, r in zip(attempts, results):
+        if isinstance(r, Fault):
+            a.stop(_fault_result("time", r))
+            continue
+        if "fault" in r:
+            a.stop(_fault_result("time", Fault("runtime_fault", r["fault"])))
+            continue
+        runs = r["runs"]
+        a.checks = [{"shape": shape_key(s.shape), "backend": "gpu", "correct": s.correct,
+                     "max_error": s.max_error if math.isfinite(s.max_error) else None,
+                     "message": s.message or None} for s in runs]
+        a.gpu_seconds = sum((s.median_ms or 0) * s.runs for s in runs) / 1e3
+        bad = next((s for s in runs if not s.correct), None)
+        if bad is not None:
+            from cake_core.outcome import Diagnostic, Severity
+            a.stop(StageResult("time", Outcome.WRONG, [Diagnostic(
+                "check.mismatch", Severity.ERROR, f"{shape_key(bad.shape)}: {bad.message}", 0, 0, "",
+                "compare the indexing of loads and stores with the problem's semantics")]))
+            continue
+        a.measurements = [{"shape": shape_key(s.shape), "gpu_model": gpu_model, "timer": s.timer, "l2": s.l2,
+                           "median_ms": s.median_ms, "p10_ms": s.p10_ms, "p90_ms": s.p90_ms, "runs": s.runs,
+                           "correct": True, "max_error": s.max_error, "kind": "search", "measured_at": t0}
+                          for s in runs]
+        a.stop(StageResult("time", Outcome.MEASURED))
+    return attempts
+
+
+def _fault_result(stage: str, f: Fault) -> StageResult:
+    from cake_core.outcome import Diagnostic, Severity
+    rule = "runtime.timeout" if f.outcome == "timeout" else "runtime.fault"
+    return StageResult(stage, Outcome(f.outcome), [Diagnostic(rule, Severity.ERROR, f.message)])

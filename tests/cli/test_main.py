@@ -1,0 +1,415 @@
+"""The `cake` CLI, with stand-ins for the flows, the warehouse and the services."""
+from __future__ import annotations
+
+import contextlib
+import getpass
+import json
+import sys
+import types
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+import cake_cli.main as main
+from cake_cli.main import app
+from cake_cli.services import PrefectServer, ServiceError
+from cake_core.errors import CakeError
+from cake_core.outcome import Diagnostic, Severity
+
+runner = CliRunner()
+
+
+def run(*args: str):
+    return runner.invoke(app, list(args))
+
+
+def one_error_line(result) -> str:
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ")
+    assert "Traceback" not in result.output
+    return lines[0]
+
+
+# ---------------------------------------------------------------- stand-ins
+
+
+class WarehouseError(Exception):
+    pass
+
+
+class FakeWarehouse:
+    """Answers like warehouse.Warehouse: pyarrow tables; queries are recorded."""
+
+    tables: dict[str, pa.Table] = {}
+    queries: list[tuple[str, list | None]] = []
+
+    def __init__(self, root):
+        self.root = Path(root)
+
+    def query(self, sql: str, params: list | None = None) -> pa.Table:
+        FakeWarehouse.queries.append((sql, params))
+        for key, table in FakeWarehouse.tables.items():
+            if key in sql:
+                return table
+        raise WarehouseError(f"Catalog Error: Table with name nope does not exist! (in: {sql})")
+
+
+@pytest.fixture
+def warehouse(monkeypatch, tmp_path):
+    """A stand-in `warehouse` package, and the warehouse folder it pretends to read."""
+    mod = types.ModuleType("warehouse")
+    mod.Warehouse, mod.WarehouseError = FakeWarehouse, WarehouseError
+    monkeypatch.setitem(sys.modules, "warehouse", mod)
+    monkeypatch.setattr(FakeWarehouse, "tables", {})
+    monkeypatch.setattr(FakeWarehouse, "queries", [])
+    (tmp_path / "home" / "warehouse").mkdir(parents=True)
+    return FakeWarehouse
+
+
+@pytest.fixture
+def no_services(monkeypatch):
+    """prefect_server and ray_runtime that start nothing and record their use."""
+    used: list[str] = []
+
+    @contextlib.contextmanager
+    def fake_prefect(settings):
+        used.append("prefect")
+        yield PrefectServer(api_url="http://127.0.0.1:4200/api", ui_url="http://127.0.0.1:4200",
+                            started=False)
+
+    @contextlib.contextmanager
+    def fake_ray(settings, num_gpus=None):
+        used.append(f"ray:{num_gpus}")
+        yield None
+
+    monkeypatch.setattr(main, "prefect_server", fake_prefect)
+    monkeypatch.setattr(main, "ray_runtime", fake_ray)
+    monkeypatch.setattr(main, "gpu_policy", lambda settings: [])
+    return used
+
+
+def fake_module(monkeypatch, name: str, **attrs):
+    mod = types.ModuleType(name)
+    for k, v in attrs.items():
+        setattr(mod, k, v)
+    monkeypatch.setitem(sys.modules, name, mod)
+    return mod
+
+
+# ---------------------------------------------------------------- --help
+
+
+@pytest.mark.parametrize("argv", [[], ["evolve"], ["sql"], ["problems"], ["check"], ["harness"],
+                                  ["harness", "proposals"], ["harness", "approve"],
+                                  ["harness", "reject"], ["harness", "versions"]])
+def test_help_everywhere(argv):
+    result = run(*argv, "--help")
+    assert result.exit_code == 0, result.output
+    assert "Usage: cake" in result.output
+
+
+def test_no_args_shows_help():
+    for argv in ([], ["harness"], ["evolve"], ["sql"]):
+        result = run(*argv)
+        assert "Usage: cake" in result.output
+        assert result.exit_code in (0, 2)
+
+
+# ---------------------------------------------------------------- errors
+
+
+def test_unknown_problem_is_one_line_before_any_service(monkeypatch, no_services):
+    from cake_core.problems import UnknownProblem
+
+    def get_problem(name):
+        raise UnknownProblem(f"unknown problem `{name}`; known: gemm_bf16 (`cake problems` lists them)")
+
+    monkeypatch.setattr("cake_core.problems.get_problem", get_problem)
+    result = run("evolve", "nope")
+    assert result.exit_code == 2
+    assert one_error_line(result) == ("error: unknown problem `nope`; known: gemm_bf16 "
+                                      "(`cake problems` lists them)")
+    assert no_services == []
+
+
+def test_bad_config_is_one_line_naming_the_setting(monkeypatch, warehouse):
+    monkeypatch.setenv("CAKE_PREFECT_PORT", "http")
+    result = run("sql", "select 1")
+    assert result.exit_code == 2
+    line = one_error_line(result)
+    assert "prefect_port" in line and "CAKE_PREFECT_PORT" in line and "'http'" in line
+
+
+def test_bad_config_file_key(tmp_path):
+    (tmp_path / "cake.toml").write_text("colour = 'blue'\n")
+    result = run("problems")
+    assert result.exit_code == 2
+    assert "unknown setting(s) colour" in one_error_line(result)
+
+
+def test_sql_error_is_one_line(warehouse):
+    result = run("sql", "select * from nope")
+    assert result.exit_code == 1
+    assert one_error_line(result).startswith("error: Catalog Error: Table with name nope")
+
+
+def test_sql_without_warehouse_says_what_to_do():
+    result = run("sql", "select 1")
+    assert result.exit_code == 2
+    assert "no warehouse at" in one_error_line(result) and "cake evolve" in result.stderr
+
+
+def test_service_error_is_one_line_exit_1(monkeypatch, warehouse):
+    @contextlib.contextmanager
+    def broken(settings):
+        raise ServiceError("port 4200 is in use by another program; stop it or set CAKE_PREFECT_PORT=4201")
+        yield
+
+    monkeypatch.setattr(main, "prefect_server", broken)
+    fake_module(monkeypatch, "flows.harness", decide_proposal=lambda *a, **k: None)
+    result = run("harness", "approve", "p1")
+    assert result.exit_code == 1
+    assert one_error_line(result) == ("error: port 4200 is in use by another program; stop it or "
+                                      "set CAKE_PREFECT_PORT=4201")
+
+
+def test_internal_error_is_one_line_and_logs_the_traceback(monkeypatch, tmp_path):
+    def list_problems():
+        raise RuntimeError("boom\nsecond line")
+
+    monkeypatch.setattr("cake_core.problems.list_problems", list_problems)
+    result = run("problems")
+    assert result.exit_code == 1
+    log = tmp_path / "home" / "logs" / "cli.log"
+    assert one_error_line(result) == (f"error: internal: RuntimeError: boom second line "
+                                      f"(full traceback in {log})")
+    assert "Traceback" in log.read_text() and "list_problems" in log.read_text()
+
+
+# ---------------------------------------------------------------- sql
+
+
+@pytest.fixture
+def counts(warehouse):
+    table = pa.table({"outcome": ["measured", "verify_failed", "x" * 200],
+                      "n": [3, 5, None], "ms": [0.1234567, None, 2.0]})
+    warehouse.tables["attempts"] = table
+    return table
+
+
+def test_sql_table_truncates_long_cells(counts):
+    result = run("sql", "select outcome, count(*) from attempts group by all")
+    assert result.exit_code == 0, result.output
+    assert "verify_failed" in result.stdout and "0.123457" in result.stdout
+    assert "x" * 200 not in result.stdout and "…" in result.stdout
+
+
+def test_sql_exports(counts, tmp_path):
+    result = run("sql", "select * from attempts", "--format", "csv")
+    assert result.exit_code == 0
+    assert result.stdout.splitlines()[:2] == ["outcome,n,ms", "measured,3,0.1234567"]
+
+    result = run("sql", "select * from attempts", "--format", "json")
+    assert json.loads(result.stdout)[1] == {"outcome": "verify_failed", "n": 5, "ms": None}
+
+    out = tmp_path / "a.parquet"
+    result = run("sql", "select * from attempts", "--format", "parquet", "--out", str(out))
+    assert result.exit_code == 0 and "wrote 3 rows" in result.stderr
+    assert pq.read_table(out).equals(counts)
+
+    result = run("sql", "select * from attempts", "--format", "parquet")
+    assert result.exit_code == 2 and "--out" in one_error_line(result)
+
+    out = tmp_path / "a.csv"
+    assert run("sql", "select * from attempts", "-f", "csv", "-o", str(out)).exit_code == 0
+    assert out.read_text().startswith("outcome,n,ms\n")
+
+
+# ---------------------------------------------------------------- problems, harness, check
+
+
+def test_problems_table(monkeypatch):
+    p = types.SimpleNamespace(name="gemm_bf16", description="C = A @ B in bf16",
+                              shape_sets=["llm_decode", "square"])
+    monkeypatch.setattr("cake_core.problems.list_problems", lambda: [p])
+    result = run("problems")
+    assert result.exit_code == 0
+    assert "gemm_bf16" in result.stdout and "llm_decode, square" in result.stdout
+
+
+def test_harness_approve_and_reject_call_decide_proposal(monkeypatch, tmp_path, no_services):
+    calls = []
+
+    def decide_proposal(proposal_id, approve, reason, decided_by, warehouse_root):
+        calls.append((proposal_id, approve, reason, decided_by, warehouse_root))
+        return "resumed review flow run 1234"
+
+    fake_module(monkeypatch, "flows.harness", decide_proposal=decide_proposal)
+    result = run("harness", "approve", "prop-7", "--reason", "catches 12 failures")
+    assert result.exit_code == 0, result.output
+    assert "approved proposal prop-7: resumed review flow run 1234" in result.stdout
+    root = str(tmp_path / "home" / "warehouse")
+    assert calls == [("prop-7", True, "catches 12 failures", getpass.getuser(), root)]
+    assert no_services == ["prefect"]
+
+    result = run("harness", "reject", "prop-8", "--reason", "breaks the gemm corpus")
+    assert result.exit_code == 0
+    assert calls[1] == ("prop-8", False, "breaks the gemm corpus", getpass.getuser(), root)
+
+    result = run("harness", "reject", "prop-9")      # the reason is required
+    assert result.exit_code == 2 and len(calls) == 2
+
+
+def test_harness_lists(warehouse):
+    warehouse.tables["proposals_latest"] = pa.table({"proposal_id": ["p1"], "status": ["pending"]})
+    warehouse.tables["harness_versions"] = pa.table({"version": [0, 1]})
+    result = run("harness", "proposals")
+    assert result.exit_code == 0 and "pending" in result.stdout
+    result = run("harness", "versions")
+    assert result.exit_code == 0 and "version" in result.stdout
+
+
+def test_check_prints_diagnostics_and_fails_on_errors(monkeypatch, tmp_path):
+    src = tmp_path / "k.cake"
+    src.write_text("kernel k {\n  smem a: f32[99999999]\n}\n")
+    diags = [Diagnostic("resources.smem", Severity.ERROR, "smem exceeds 227 KiB", line=2, col=3,
+                        hint="use a smaller tile"),
+             Diagnostic("perf.tile", Severity.HINT, "tile is small", line=1, col=1)]
+    seen = {}
+
+    def check_file(path, target=None):
+        seen["args"] = (path, target)
+        return diags
+
+    monkeypatch.setattr("cake_core.ir.check.check_file", check_file)
+    result = run("check", str(src), "--target", "sm_100a")
+    assert result.exit_code == 1 and result.stderr == ""
+    assert seen["args"] == (str(src), "sm_100a")
+    assert f"{src}:2:3: error[resources.smem]: smem exceeds 227 KiB" in result.stdout
+    assert "    ^" in result.stdout and "1 error(s), 1 other" in result.stdout
+
+    result = run("check", str(src), "--json")
+    assert result.exit_code == 1
+    doc = json.loads(result.stdout)
+    assert doc["errors"] == 1 and doc["diagnostics"][0]["rule"] == "resources.smem"
+
+    monkeypatch.setattr("cake_core.ir.check.check_file", lambda path, target=None: diags[1:])
+    result = run("check", str(src))
+    assert result.exit_code == 0
+
+
+def test_check_missing_file_is_usage_error(tmp_path):
+    result = run("check", str(tmp_path / "none.cake"))
+    assert result.exit_code == 2 and "no such file" in one_error_line(result)
+
+
+# ---------------------------------------------------------------- evolve
+
+
+@pytest.fixture
+def corpus(monkeypatch):
+    problem = types.SimpleNamespace(name="gemm_bf16", description="", shape_sets=("square",))
+    loaded = []
+    monkeypatch.setattr("cake_core.problems.get_problem", lambda name: problem)
+    monkeypatch.setattr("cake_core.problems.load_shape_set",
+                        lambda prob, name: loaded.append((prob.name, name)))
+    return loaded
+
+
+def test_evolve_runs_the_flow_and_reports(monkeypatch, tmp_path, warehouse, no_services, corpus):
+    calls = []
+
+    def evolve_flow(**kwargs):
+        calls.append(kwargs)
+        warehouse.tables["from attempts"] = pa.table(
+            {"generation": [0, 0, 1], "outcome": ["checked", "verify_failed", "checked"],
+             "n": [5, 3, 8]})
+        warehouse.tables["from measurements"] = pa.table({"m": pa.array([None], pa.float64())})
+        return None
+
+    fake_module(monkeypatch, "flows.evolve", evolve_flow=evolve_flow)
+    result = run("evolve", "gemm_bf16", "--generations", "2", "--population", "4", "--seed", "7")
+    assert result.exit_code == 0, result.output
+    assert corpus == [("gemm_bf16", "square")]
+    (kw,) = calls
+    home = tmp_path / "home"
+    assert kw["problem"] == "gemm_bf16" and kw["shape_set"] == "square"
+    assert (kw["generations"], kw["population"], kw["seed"]) == (2, 4, 7)
+    assert kw["warehouse_root"] == str(home / "warehouse") and kw["cache_dir"] == str(home / "cache")
+    assert kw["gpu_models"] == [] and kw["run_id"].startswith("gemm_bf16-")
+    assert no_services == ["prefect", "ray:0"]
+    out = result.stdout
+    assert f"warehouse: {home / 'warehouse'}" in out and "http://127.0.0.1:4200" in out
+    assert "checked on CPU, not timed" in out and "cake sql" in out and kw["run_id"] in out
+    assert ("select generation, outcome, count(*) as n from attempts where run_id = ? "
+            "group by all order by all", [kw["run_id"]]) in warehouse.queries
+
+
+def test_evolve_flow_failure_is_one_line(monkeypatch, warehouse, no_services, corpus):
+    def evolve_flow(**kwargs):
+        raise CakeError("harness version 9 does not exist; run `cake harness versions`")
+
+    fake_module(monkeypatch, "flows.evolve", evolve_flow=evolve_flow)
+    result = run("evolve", "gemm_bf16", "--shapes", "llm_decode")
+    assert result.exit_code == 1
+    assert one_error_line(result) == ("error: harness version 9 does not exist; "
+                                      "run `cake harness versions`")
+    assert corpus == [("gemm_bf16", "llm_decode")]
+
+
+def test_evolve_checks_gpu_policy_before_services(monkeypatch, no_services, corpus):
+    def require(settings):
+        raise ServiceError("no NVIDIA GPU found; run with CAKE_GPU=auto or off to check on the CPU")
+
+    monkeypatch.setattr(main, "gpu_policy", require)
+    result = run("evolve", "gemm_bf16")
+    assert result.exit_code == 1 and "no NVIDIA GPU found" in one_error_line(result)
+    assert no_services == []
+
+
+def test_evolve_llm_agent_needs_a_model(no_services, corpus):
+    result = run("evolve", "gemm_bf16", "--agent", "llm")
+    assert result.exit_code == 2 and "CAKE_LLM_MODEL" in one_error_line(result)
+    result = run("evolve", "gemm_bf16", "--agent", "genius")
+    assert result.exit_code == 2 and "tactic or llm" in one_error_line(result)
+
+
+def test_evolve_ctrl_c_stops_and_says_what_was_recorded(monkeypatch, warehouse, no_services, corpus):
+    import threading
+
+    release = threading.Event()
+    cancelled = []
+
+    def evolve_flow(**kwargs):
+        warehouse.tables["from attempts"] = pa.table(
+            {"generation": [0], "outcome": ["measured"], "n": [4]})
+        warehouse.tables["from measurements"] = pa.table({"m": [0.25]})
+        release.wait(10)
+
+    fake_module(monkeypatch, "flows.evolve", evolve_flow=evolve_flow)
+    monkeypatch.setattr(main, "gpu_policy", lambda settings: ["NVIDIA H200"])
+    monkeypatch.setattr(main, "_cancel_flow_run", cancelled.append)
+    views = []
+    real_view = main._live_view
+
+    def view(*args):
+        views.append(args)
+        if len(views) == 3:   # a person presses Ctrl-C while the flow runs
+            raise KeyboardInterrupt
+        return real_view(*args)
+
+    monkeypatch.setattr(main, "_live_view", view)
+    try:
+        result = run("evolve", "gemm_bf16")
+    finally:
+        release.set()
+    assert result.exit_code == 130, result.output
+    assert result.stderr == ""
+    assert len(cancelled) == 1 and cancelled[0].startswith("cake-run:gemm_bf16-")
+    assert "stopped. recorded 4 attempts" in result.stdout and "(4 measured)" in result.stdout
+    assert "cake sql" in result.stdout
+    assert no_services == ["prefect", "ray:1"]

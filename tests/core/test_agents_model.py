@@ -1,0 +1,68 @@
+"""Tactics, the tactic agent and the cost model."""
+import numpy as np
+
+from cake_core.agents.base import Context
+from cake_core.agents.tactic_agent import TacticAgent
+from cake_core.agents.tactics import TACTICS, drop_guards, retile
+from cake_core.ir.features import features
+from cake_core.ir.text import parse_program
+from cake_core.ir.verify import verify
+from cake_core.model.cost import CostModel, calibrate
+from cake_core.problems import get_problem
+
+GEMM = get_problem("gemm_bf16")
+SEED = parse_program(GEMM.seed_text())
+
+
+def test_tactics_are_pure_and_produce_valid_ir():
+    rng = np.random.default_rng(0)
+    before = SEED.text()
+    for name, t in TACTICS.items():
+        out = t(SEED, rng)
+        assert out is not None and out.hash != SEED.hash, name
+        assert SEED.text() == before
+        assert parse_program(out.text()) == out
+
+
+def test_drop_guards_sets_the_feature():
+    assert features(drop_guards(SEED, np.random.default_rng(0)))["unguarded_load"] is True
+    assert features(SEED)["unguarded_load"] is False
+
+
+def test_retile_moves_one_constant_to_a_neighbour():
+    out = retile(SEED, np.random.default_rng(3))
+    changed = {k for k, v in out.consts if SEED.const_env[k] != v}
+    assert len(changed) == 1
+    k = changed.pop()
+    assert out.const_env[k] in (SEED.const_env[k] * 2, SEED.const_env[k] // 2)
+
+
+def test_agent_is_deterministic_under_a_seed_and_skips_seen():
+    a = TacticAgent(5).propose(GEMM, Context(0, 1, 6))
+    b = TacticAgent(5).propose(GEMM, Context(0, 1, 6))
+    assert [c.text for c in a] == [c.text for c in b]
+    hashes = {parse_program(c.text).hash for c in a}
+    assert len(hashes) == len(a)
+    c = TacticAgent(5).propose(GEMM, Context(0, 1, 6, seen=hashes))
+    assert not hashes & {parse_program(x.text).hash for x in c}
+
+
+def test_generation_zero_starts_from_the_seed():
+    cands = TacticAgent(0).propose(GEMM, Context(0, 0, 4))
+    assert cands[0].tactic == "seed" and cands[0].text == GEMM.seed_text()
+
+
+def test_cost_model_charges_rereads_of_small_tiles():
+    m = CostModel("H200")
+    shape = {"M": 4096, "N": 4096, "K": 4096}
+    big, small = m.estimate(SEED, shape), m.estimate(SEED.with_consts(BM=16, BN=16), shape)
+    assert small.bytes > 3 * big.bytes
+    assert big.flops == small.flops == 2 * 4096 ** 3
+
+
+def test_calibration_moves_prediction_toward_measurement():
+    m = CostModel("H200")
+    shape = {"M": 1024, "N": 1024, "K": 1024}
+    pred = m.estimate(SEED, shape).ms
+    cal = calibrate(m, [(pred, pred * 2, "fma")])
+    assert abs(cal.estimate(SEED, shape).ms - pred * 2) < abs(pred - pred * 2)

@@ -1,0 +1,56 @@
+"""The interpreter against the oracle, on shapes that are not tile multiples."""
+import numpy as np
+import pytest
+
+from cake_core.ir import interp
+from cake_core.ir.text import parse_program
+from cake_core.problems import get_problem, list_problems, load_shape_set
+from cake_core.runtime.cpu import check_on_cpu
+
+
+@pytest.mark.parametrize("problem", list_problems(), ids=lambda p: p.name)
+def test_seed_reproduces_the_oracle_on_ragged_shapes(problem):
+    prog = parse_program(problem.seed_text())
+    shapes = load_shape_set(problem, problem.shape_sets[0]).cpu_shapes(problem.cpu_limit)
+    ragged = [s for s in shapes if any(v % 32 for v in s.values())]
+    assert ragged, "the shape set must hold shapes that are not tile multiples"
+    checks = check_on_cpu(prog, problem, shapes, seed=7)
+    assert all(c.correct for c in checks), [c.message for c in checks if not c.correct]
+    assert max(c.max_error for c in checks) < problem.rtol
+
+
+def test_wrong_index_is_caught():
+    p = get_problem("gemm_bf16")
+    wrong = parse_program(p.seed_text().replace("tile(kt, BK), tile(bid.x, BN)", "tile(kt, BK), tile(bid.y, BN)"))
+    checks = check_on_cpu(wrong, p, [{"M": 96, "N": 80, "K": 72}], seed=1)
+    assert not checks[0].correct and "max rel error" in checks[0].message
+
+
+def test_unwritten_output_is_caught_by_poison():
+    p = get_problem("gemm_bf16")
+    half = parse_program(p.seed_text().replace("grid=(cdiv(N, BN), cdiv(M, BM))", "grid=(1, cdiv(M, BM))"))
+    checks = check_on_cpu(half, p, [{"M": 64, "N": 130, "K": 32}], seed=1)
+    assert not checks[0].correct and "non-finite" in checks[0].message
+
+
+def test_missing_tail_guard_faults_at_its_line():
+    p = get_problem("gemm_bf16")
+    text = p.seed_text().replace("tile(kt, BK)])", "tile(kt, BK)], guard=False)", 1)
+    checks = check_on_cpu(parse_program(text), p, [{"M": 64, "N": 64, "K": 72}], seed=1)
+    assert checks[0].fault and checks[0].fault_line == 7
+    assert "out-of-bounds read of `a`" in checks[0].message
+
+
+def test_unguarded_is_fine_on_tile_multiples():
+    p = get_problem("gemm_bf16")
+    text = p.seed_text().replace("tile(kt, BK)])", "tile(kt, BK)], guard=False)", 1)
+    assert check_on_cpu(parse_program(text), p, [{"M": 64, "N": 64, "K": 64}], seed=1)[0].correct
+
+
+def test_smem_read_before_write_shows_as_nan():
+    p = get_problem("gemm_bf16")
+    text = p.seed_text().replace("        load(b_s, b[tile(kt, BK), tile(bid.x, BN)])\n", "")
+    x = p.make_inputs({"M": 64, "N": 64, "K": 32}, np.random.default_rng(0))
+    out = {"c": np.zeros((64, 64), np.float32)}
+    interp.run(parse_program(text), {"M": 64, "N": 64, "K": 32}, x, out)
+    assert np.isnan(out["c"]).all()

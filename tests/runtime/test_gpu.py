@@ -1,0 +1,78 @@
+"""GPU runtime: the correctness gate and timing on an NVIDIA GPU (marked `gpu`: run on the H200 machine).
+
+    PYTHONPATH=. python3 -m pytest -m gpu tests/runtime -q -p no:cacheprovider -o addopts=""
+"""
+from __future__ import annotations
+
+import pytest
+
+from cake_core.ir.text import parse_program
+from cake_core.lower import compile_kernel, lower
+from cake_core.lower.compile import Compiled, Resources
+from cake_core.problems import get_problem
+
+GEMM = get_problem("gemm_bf16")
+SEED = GEMM.seed_text()
+BIG = [{"M": 1000, "N": 1000, "K": 1000}, {"M": 2047, "N": 1025, "K": 513}]
+
+
+def _build(text: str, tmp_path):
+    lr = lower(parse_program(text, "kernel.cake"))
+    assert lr.ok, lr.diagnostics
+    cr = compile_kernel(lr.value, cache_dir=tmp_path)
+    assert cr.ok, [d.message for d in cr.diagnostics]
+    return cr.value, lr.value
+
+
+def test_module_imports_without_a_gpu_and_refuses_compile_only_targets(tmp_path):
+    from cake_core.runtime import gpu
+    lr = lower(parse_program(SEED, "kernel.cake")).value
+    fake = Compiled(tmp_path / "x.cubin", "gemm_bf16", Resources(1, 0, 0, 0, 0), "0", 0.0, False, "sm_100a")
+    with pytest.raises(gpu.GPURefused, match="compile-only"):
+        gpu.check_and_time(fake, lr, GEMM, [{"M": 8, "N": 8, "K": 8}], seed=0)
+
+
+@pytest.mark.gpu
+def test_seed_passes_the_gate_on_small_and_odd_shapes(tmp_path):
+    from cake_core.runtime.gpu import check_and_time, gpu_model
+    assert gpu_model()
+    compiled, lowered = _build(SEED, tmp_path)
+    shapes = list(GEMM.shape_set("gemm_small").shapes) + BIG
+    assert len(shapes) >= 6
+    runs = check_and_time(compiled, lowered, GEMM, shapes, seed=7, time=False)
+    bad = [(r.shape, r.message) for r in runs if not r.correct]
+    assert not bad, bad
+    assert all(r.outcome == "checked" and r.max_error < GEMM.rtol and r.median_ms is None for r in runs)
+
+
+@pytest.mark.gpu
+def test_timing_reports_cold_l2_cuda_event_statistics(tmp_path):
+    from cake_core.runtime.gpu import check_and_time
+    compiled, lowered = _build(SEED, tmp_path)
+    (r,) = check_and_time(compiled, lowered, GEMM, [{"M": 1024, "N": 1024, "K": 1024}], seed=1, reps=20)
+    assert r.correct and r.outcome == "measured", r.message
+    assert r.runs == 20 and r.timer == "cuda_event" and r.l2 == "cold"
+    assert 0 < r.p10_ms <= r.median_ms <= r.p90_ms
+
+
+@pytest.mark.gpu
+def test_a_wrong_program_fails_the_gate(tmp_path):
+    from cake_core.runtime.gpu import check_and_time
+    wrong = SEED.replace("store(c[tile(bid.y, BM), tile(bid.x, BN)], acc)",
+                         "store(c[tile(bid.x, BM), tile(bid.y, BN)], acc)")     # the transposed tile
+    assert wrong != SEED
+    compiled, lowered = _build(wrong, tmp_path)
+    runs = check_and_time(compiled, lowered, GEMM, [{"M": 128, "N": 192, "K": 64}, {"M": 96, "N": 80, "K": 72}],
+                          seed=3, time=False)
+    assert [r.correct for r in runs] == [False, False]
+    assert all(r.outcome == "wrong" for r in runs)
+
+
+@pytest.mark.gpu
+def test_a_kernel_that_skips_the_k_tail_fails_the_gate(tmp_path):
+    from cake_core.runtime.gpu import check_and_time
+    wrong = SEED.replace("for kt in range(cdiv(K, BK)):", "for kt in range(K // BK):")
+    compiled, lowered = _build(wrong, tmp_path)
+    ok, tail = check_and_time(compiled, lowered, GEMM, [{"M": 128, "N": 128, "K": 64},
+                                                        {"M": 96, "N": 80, "K": 72}], seed=3, time=False)
+    assert ok.correct and not tail.correct and "max rel error" in tail.message

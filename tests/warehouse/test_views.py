@@ -1,0 +1,76 @@
+"""Each view on the fixture dataset (see wh_fixtures.dataset for the numbers)."""
+
+import pytest
+from wh_fixtures import SHAPES
+
+
+def rows(wh, sql):
+    return wh.query(sql).to_pylist()
+
+
+def test_runs_latest(filled):
+    got = rows(filled, "select run_id, status, finished_at is not null as done from runs_latest order by 1")
+    assert got == [{"run_id": "run-a", "status": "completed", "done": True},
+                   {"run_id": "run-b", "status": "completed", "done": True}]
+
+
+def test_proposals_latest(filled):
+    got = rows(filled, "select proposal_id, status, new_version, gate_report from proposals_latest order by 1")
+    assert got == [
+        {"proposal_id": "prop-0", "status": "approved", "new_version": 2, "gate_report": '{"ok": true}'},
+        {"proposal_id": "prop-1", "status": "rejected", "new_version": None, "gate_report": None},
+        {"proposal_id": "prop-2", "status": "pending", "new_version": None, "gate_report": None},
+    ]
+
+
+def test_failures(filled):
+    got = rows(filled, "select outcome, count(*) n from failures group by 1 order by 1")
+    assert got == [{"outcome": "compile_failed", "n": 6}, {"outcome": "verify_failed", "n": 12},
+                   {"outcome": "wrong", "n": 6}]
+
+
+def test_failure_clusters(filled):
+    got = rows(filled, "select * from failure_clusters order by signature")
+    assert [r["signature"] for r in got] == ["check:wrong:tail_shape", "compile:ptxas_register_limit",
+                                             "verify:race_wgmma_read", "verify:smem_overflow"]
+    for r in got:
+        assert (r["n_attempts"], r["n_runs"], r["n_problems"]) == (6, 2, 1)
+        assert r["gpu_seconds"] == pytest.approx(1.5)
+        assert len(r["sample_attempt_ids"]) == 5 and r["first_seen"] < r["last_seen"]
+
+
+def test_failure_history(filled):
+    got = rows(filled, "select day, stage, rule, n_attempts from failure_history")
+    assert len(got) == 3 * 4 and {r["n_attempts"] for r in got} == {2}
+    assert len({r["day"] for r in got}) == 3
+
+
+def test_leaderboard(filled):
+    got = rows(filled, "select shape, best_ms, attempt_id, ir_hash, shape_set from leaderboard order by shape")
+    assert [r["shape"] for r in got] == sorted(SHAPES)
+    best = {r["shape"]: r for r in got}
+    assert best[SHAPES[0]]["best_ms"] == pytest.approx(1 / 3)  # the wrong 0.001 ms run is not counted
+    assert best[SHAPES[0]]["attempt_id"] == "run-a-att-14" and best[SHAPES[0]]["ir_hash"] == "h000014"
+    assert best[SHAPES[1]]["best_ms"] == pytest.approx(2 / 3)
+    assert {r["shape_set"] for r in got} == {"kmeans_portfolio"}
+
+
+def test_convergence(filled):
+    got = rows(filled, "select * from convergence where run_id = 'run-a' order by generation")
+    assert [r["generation"] for r in got] == [0, 1, 2]
+    assert [r["attempts"] for r in got] == [5, 5, 5]
+    assert [r["best_ms_so_far"] for r in got] == pytest.approx([1.0, 0.5, 1 / 3])
+    assert [r["cum_gpu_seconds"] for r in got] == pytest.approx([1.25, 2.5, 3.75])
+    assert [r["cum_tokens"] for r in got] == [750, 1500, 2250]
+
+
+def test_cost_model_error(filled):
+    got = rows(filled, "select count(*) n, min(ratio) lo, max(ratio) hi from cost_model_error")
+    assert got[0]["n"] == 12  # 6 winners x 2 shapes
+    assert got[0]["lo"] == pytest.approx(2.0) and got[0]["hi"] == pytest.approx(2.0)
+
+
+def test_rule_hits(filled):
+    got = rows(filled, "select rule, n_attempts, n_stopped from rule_hits order by rule")
+    assert got == [{"rule": "race_wgmma_read", "n_attempts": 6, "n_stopped": 6},
+                   {"rule": "smem_overflow", "n_attempts": 6, "n_stopped": 6}]  # warnings not counted

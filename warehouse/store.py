@@ -1,0 +1,521 @@
+"""The warehouse store: append-only Parquet batches read through in-memory DuckDB views.
+
+The warehouse is a folder; nothing ever holds a database file open for writing,
+so ``query()`` answers while any number of flows append::
+
+    <root>/
+      SCHEMA_VERSION                      schema version the data was written with ("1")
+      landing/<table>/<batchid>.parquet   landed batches, immutable once visible
+      landing/<table>/.<batchid>.parquet.tmp   being written (ignored; cleaned when stale)
+      landing/<table>/_compactions/<batchid>.json   compaction records (see ``compact``)
+      quarantine/<table>/<batchid>.parquet + .json   rejected batches + GX report / reason
+      locks/compact-<table>.lock          one compactor per table at a time
+      cake.duckdb                         not used: the folder is the warehouse
+
+Writes: a batch is validated with Great Expectations, written to a temporary
+name in the table folder, fsynced, renamed into place with ``os.replace`` and the
+folder fsynced; ``append()`` returns only after that, so a ``kill -9`` at any
+point loses nothing it acknowledged. Batch ids are ``<UTC time>-<pid>-<uuid>``,
+so any number of processes may write at once.
+
+Reads: every ``query()`` opens a fresh in-memory DuckDB, lists each table's
+batch files and creates one view per table over exactly those files
+(``read_parquet([...], union_by_name=true)`` unioned by name with a typed empty
+relation, so empty tables and batches from older schema versions work), then
+replays the schema's views.
+
+Compaction (``compact``) is safe against concurrent readers: the merged file is
+written under a temporary name, then a record listing its inputs is committed,
+then the merged file is renamed into place. Readers list the batch files first
+and the records second, and drop the inputs of every record whose output they
+saw (the output is renamed into place only after its record is committed). Inputs are deleted only
+``grace_s`` seconds after their record, by a later ``compact``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import time
+import uuid
+import warnings
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterable
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from warehouse.errors import BatchRejected, WarehouseError
+from warehouse.schema import Schema, eval_default, load_schema
+
+TABLES: tuple[str, ...] = tuple(load_schema().arrow)
+EXPORT_FORMATS = ("csv", "parquet", "json")
+
+_TMP_SUFFIX = ".tmp"
+_STALE_TMP_S = 6 * 3600          # a temp file this old is abandoned whoever wrote it
+_DEAD_WRITER_TMP_S = 60          # ... or this old when its writer's pid is gone
+_READ_ONLY = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN, duckdb.StatementType.PRAGMA}
+_BATCH_PID_RE = re.compile(r"^\.?(?:compact-)?\d{8}T\d{12}Z-(\d+)-")
+
+
+def new_batch_id() -> str:
+    """Unique, time-ordered batch id: ``<UTC time>-<pid>-<uuid>``."""
+    now = datetime.now(timezone.utc)
+    return f"{now:%Y%m%dT%H%M%S%f}Z-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_parquet_atomic(table: pa.Table, path: Path, *, publish: bool = True) -> Path:
+    """Write to ``.<name>.tmp`` in the same folder, fsync, rename onto ``path``.
+
+    With ``publish=False`` the fsynced temp file is left for the caller to rename.
+    """
+    tmp = path.with_name(f".{path.name}{_TMP_SUFFIX}")
+    with open(tmp, "wb") as f:
+        pq.write_table(table, f, compression="zstd")
+        f.flush()
+        os.fsync(f.fileno())
+    if not publish:
+        return tmp
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+    return path
+
+
+def _write_text_atomic(text: str, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}{_TMP_SUFFIX}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _sql_str(s: str | Path) -> str:
+    return "'" + str(s).replace("'", "''") + "'"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Warehouse:
+    """A warehouse folder: append validated batches, query them with DuckDB SQL.
+
+    Parameters
+    ----------
+    root : str or Path
+        The warehouse folder; created with its layout if missing.
+    skip_corrupt : bool
+        If False (default) a query over a corrupted batch file fails with a
+        message naming it; if True such files are left out with a warning.
+
+    Raises
+    ------
+    WarehouseError
+        If the folder was written by a newer schema version than this code knows.
+    """
+
+    def __init__(self, root: str | Path, *, skip_corrupt: bool = False):
+        self.root = Path(root)
+        self.schema: Schema = load_schema()
+        self.skip_corrupt = skip_corrupt
+        self._version_file = self.root / "SCHEMA_VERSION"
+        on_disk = self._check_version()  # before creating anything
+        for sub in ("landing", "quarantine", "locks"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        for t in TABLES:
+            (self.root / "landing" / t / "_compactions").mkdir(parents=True, exist_ok=True)
+        if on_disk is None or on_disk < self.schema.version:
+            # Migrations are additive; old batches are read by column name.
+            _write_text_atomic(f"{self.schema.version}\n", self._version_file)
+        self._clean_stale_tmp()
+
+    # ------------------------------------------------------------------ version
+
+    def _check_version(self) -> int | None:
+        try:
+            text = self._version_file.read_text().strip()
+        except FileNotFoundError:
+            return None
+        try:
+            on_disk = int(text)
+        except ValueError:
+            raise WarehouseError(f"{self._version_file} holds {text!r}, not a schema version number; "
+                                 f"restore it (this code writes version {self.schema.version})") from None
+        if on_disk > self.schema.version:
+            raise WarehouseError(
+                f"warehouse {self.root} has schema version {on_disk} but this code knows only up to "
+                f"version {self.schema.version}; upgrade Cake (pull and `uv sync`) before reading or "
+                f"writing it. Nothing was written.")
+        return on_disk
+
+    # ------------------------------------------------------------------ append
+
+    def append(self, table: str, rows: list[dict] | pa.Table) -> int:
+        """Validate a batch and land it atomically as one Parquet file.
+
+        Parameters
+        ----------
+        table : str
+            One of ``TABLES``.
+        rows : list of dict or pyarrow.Table
+            Column names must belong to the table. Missing nullable columns are
+            filled with null, missing defaulted columns with their default.
+
+        Returns
+        -------
+        int
+            Number of rows landed (0 for an empty batch, which writes nothing).
+
+        Raises
+        ------
+        WarehouseError
+            Unknown table or column, missing required column, uncastable value,
+            or a newer schema version on disk.
+        BatchRejected
+            The batch failed validation; it was written to ``quarantine/<table>/``
+            with a JSON report next to it.
+        """
+        self._check_version()
+        batch = self._to_arrow(table, rows)
+        if batch.num_rows == 0:
+            return 0
+        from warehouse.expectations import validate  # imports great_expectations: slow, so lazily
+
+        ok, failed, report = validate(table, batch)
+        batch_id = new_batch_id()
+        if not ok:
+            qdir = self.root / "quarantine" / table
+            qdir.mkdir(parents=True, exist_ok=True)
+            parquet_path = _write_parquet_atomic(batch, qdir / f"{batch_id}.parquet")
+            report_path = qdir / f"{batch_id}.json"
+            _write_text_atomic(json.dumps({"table": table, "batch_id": batch_id, "rows": batch.num_rows,
+                                           "failed": failed, "report": report}, indent=1, default=str),
+                               report_path)
+            raise BatchRejected(table, failed, parquet_path, report_path)
+        _write_parquet_atomic(batch, self.root / "landing" / table / f"{batch_id}.parquet")
+        return batch.num_rows
+
+    def _to_arrow(self, table: str, rows: list[dict] | pa.Table) -> pa.Table:
+        """Conform rows to the table's Arrow schema (same column order and types)."""
+        if table not in self.schema.arrow:
+            raise WarehouseError(f"unknown table {table!r}; tables are: {', '.join(TABLES)}")
+        schema = self.schema.arrow[table]
+        columns = {c.name: c for c in self.schema.columns[table]}
+        if isinstance(rows, pa.RecordBatch):
+            rows = pa.Table.from_batches([rows])
+        if isinstance(rows, pa.Table):
+            given = set(rows.column_names)
+            n = rows.num_rows
+        elif isinstance(rows, list) and all(isinstance(r, dict) for r in rows):
+            given = set().union(*(r.keys() for r in rows)) if rows else set()
+            n = len(rows)
+        else:
+            raise WarehouseError(f"append({table!r}, ...) takes a list of dicts or a pyarrow.Table, "
+                                 f"got {type(rows).__name__}")
+        unknown = sorted(given - set(columns))
+        if unknown:
+            raise WarehouseError(f"unknown column(s) {', '.join(map(repr, unknown))} for table {table!r}; "
+                                 f"its columns are: {', '.join(columns)}")
+        arrays = []
+        for field in schema:
+            col = columns[field.name]
+            try:
+                if field.name in given:
+                    if isinstance(rows, pa.Table):
+                        arr = rows.column(field.name)
+                        if pa.types.is_timestamp(arr.type) and arr.type.tz is not None:
+                            arr = arr.cast(pa.timestamp(arr.type.unit))  # values are UTC already
+                        arrays.append(arr.cast(field.type))
+                    else:
+                        default = eval_default(col) if col.default is not None else None
+                        values = [r[field.name] if field.name in r else default for r in rows]
+                        try:
+                            arrays.append(pa.array(values, type=field.type))
+                        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
+                            # e.g. ISO strings for timestamps: let Arrow's cast parse them
+                            arrays.append(pa.array(values).cast(field.type))
+                elif col.default is not None:
+                    arrays.append(pa.array([eval_default(col)] * n, type=field.type))
+                elif col.nullable:
+                    arrays.append(pa.nulls(n, type=field.type))
+                else:
+                    raise WarehouseError(f"table {table!r} needs column {field.name!r} "
+                                         f"({col.sql_type} NOT NULL); the batch has none")
+            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError,
+                    OverflowError) as e:
+                raise WarehouseError(f"column {field.name!r} of table {table!r} does not convert to "
+                                     f"{col.sql_type}: {e}") from None
+        return pa.Table.from_arrays(arrays, schema=schema)
+
+    # ------------------------------------------------------------------ read
+
+    def _table_dir(self, table: str) -> Path:
+        return self.root / "landing" / table
+
+    def _snapshot(self, table: str) -> list[Path]:
+        """The batch files a reader must see now: no duplicates, no gaps (see module docstring)."""
+        d = self._table_dir(table)
+        # Batch files first, compaction records second: if a compacted output is listed,
+        # its record was committed before and is listed too.
+        try:
+            names = [n for n in os.listdir(d) if n.endswith(".parquet") and not n.startswith(".")]
+        except FileNotFoundError:
+            return []
+        present, hidden = set(names), set()
+        for rec in self._records(table):
+            if rec["output"] in present:
+                hidden.update(rec["inputs"])
+        return [d / n for n in sorted(present - hidden)]
+
+    def _records(self, table: str) -> list[dict]:
+        rdir = self._table_dir(table) / "_compactions"
+        out = []
+        for name in sorted(os.listdir(rdir)) if rdir.exists() else []:
+            if name.startswith(".") or not name.endswith(".json"):
+                continue
+            try:
+                out.append(json.loads((rdir / name).read_text()) | {"_path": str(rdir / name)})
+            except FileNotFoundError:
+                continue  # pruned meanwhile: its inputs are gone too
+        return out
+
+    def _empty_select(self, table: str) -> str:
+        cols = ", ".join(f'cast(null as {c.sql_type}) as "{c.name}"' for c in self.schema.columns[table])
+        return f"select {cols} where false"
+
+    def _connect(self) -> duckdb.DuckDBPyConnection:
+        """Fresh in-memory DuckDB with one view per table over its current batches."""
+        con = duckdb.connect(":memory:")
+        for t in TABLES:
+            files = self._snapshot(t)
+            while True:
+                body = self._empty_select(t)
+                if files:
+                    lst = "[" + ", ".join(_sql_str(f) for f in files) + "]"
+                    body += f" union all by name select * from read_parquet({lst}, union_by_name=true)"
+                try:
+                    con.execute(f'create view "{t}" as {body}')
+                    break
+                except duckdb.Error as e:
+                    bad = self._corrupt_files(files)
+                    if not bad:
+                        raise WarehouseError(f"cannot read table {t!r}: {e}") from None
+                    if not self.skip_corrupt:
+                        raise WarehouseError(self._corrupt_message(bad)) from None
+                    warnings.warn(self._corrupt_message(bad), stacklevel=3)
+                    files = [f for f in files if f not in {p for p, _ in bad}]
+        for stmt in self.schema.view_sql:
+            con.execute(stmt)
+        return con
+
+    @staticmethod
+    def _corrupt_files(files: Iterable[Path]) -> list[tuple[Path, str]]:
+        bad = []
+        for f in files:
+            try:
+                pq.read_metadata(f)
+            except FileNotFoundError:
+                continue
+            except Exception as e:  # noqa: BLE001 - any failure to read the footer means corrupt
+                bad.append((f, str(e)))
+        return bad
+
+    def _corrupt_message(self, bad: list[tuple[Path, str]]) -> str:
+        lines = [f"  {p}: {why}" for p, why in bad]
+        return ("corrupted batch file(s) in the warehouse:\n" + "\n".join(lines) +
+                f"\nMove each to {self.root / 'quarantine' / '<table>'}/ (Warehouse.quarantine_file(path) "
+                "does it) and query again; the other batches are intact.")
+
+    def query(self, sql: str, params: list | None = None) -> pa.Table:
+        """Run read-only SQL over the tables and views; returns an Arrow table.
+
+        Several statements may be given; the last one's result is returned.
+
+        Raises
+        ------
+        WarehouseError
+            Malformed SQL (DuckDB's message plus the tables and views), a
+            statement that is not read-only, or a corrupted batch file.
+        """
+        try:
+            statements = duckdb.extract_statements(sql)
+        except duckdb.Error as e:
+            raise WarehouseError(self._sql_error(e)) from None
+        if not statements:
+            raise WarehouseError("empty query")
+        for s in statements:
+            if s.type not in _READ_ONLY:
+                raise WarehouseError(f"query() is read-only; {s.type.name} statements are refused "
+                                     f"(use Warehouse.append / export): {s.query.strip()[:80]}")
+        for attempt in range(2):
+            con = self._connect()
+            try:
+                for s in statements[:-1]:
+                    con.execute(s.query)
+                rel = con.sql(statements[-1].query, params=params or None)
+                return rel.to_arrow_table() if rel is not None else pa.table({})
+            except duckdb.IOException as e:
+                # A file pruned by a compaction between our listing and the read: list again.
+                if attempt == 0 and "No files found" not in str(e):
+                    continue
+                raise WarehouseError(self._sql_error(e)) from None
+            except duckdb.Error as e:
+                raise WarehouseError(self._sql_error(e)) from None
+            finally:
+                con.close()
+        raise AssertionError("unreachable")
+
+    def _sql_error(self, e: Exception) -> str:
+        return (f"{e}\nTables: {', '.join(TABLES)}\nViews: {', '.join(self.schema.views)}")
+
+    def tables(self) -> list[str]:
+        """Names of the tables, then of the views."""
+        return list(TABLES) + list(self.schema.views)
+
+    def export(self, sql: str, path: str | Path, fmt: str = "parquet", params: list | None = None) -> int:
+        """Write a query's result to ``path`` as csv, parquet or json (an array of objects).
+
+        Returns the number of rows written. The file appears atomically.
+        """
+        if fmt not in EXPORT_FORMATS:
+            raise WarehouseError(f"export format {fmt!r} unknown; use one of {', '.join(EXPORT_FORMATS)}")
+        result = self.query(sql, params)
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}{_TMP_SUFFIX}")
+        options = {"csv": "format csv, header true", "parquet": "format parquet",
+                   "json": "format json, array true"}[fmt]
+        con = duckdb.connect(":memory:")
+        try:
+            con.register("result", result)
+            con.execute(f"copy result to {_sql_str(tmp)} ({options})")
+        finally:
+            con.close()
+        os.replace(tmp, path)
+        return result.num_rows
+
+    # ------------------------------------------------------------------ maintenance
+
+    def check(self) -> list[tuple[Path, str]]:
+        """Every landed batch file whose Parquet footer cannot be read, with the reason."""
+        return self._corrupt_files(f for t in TABLES for f in self._snapshot(t))
+
+    def quarantine_file(self, path: str | Path, reason: str = "corrupted") -> Path:
+        """Move a landed batch file to ``quarantine/<table>/`` with a note; returns its new path."""
+        path = Path(path).resolve()
+        table = path.parent.name
+        if path.parent != self._table_dir(table).resolve() or table not in TABLES:
+            raise WarehouseError(f"{path} is not a batch file of this warehouse")
+        qdir = self.root / "quarantine" / table
+        qdir.mkdir(parents=True, exist_ok=True)
+        dest = qdir / path.name
+        os.replace(path, dest)
+        _write_text_atomic(json.dumps({"table": table, "file": path.name, "reason": reason,
+                                       "moved_at": datetime.now(timezone.utc).isoformat()}),
+                           dest.with_suffix(".json"))
+        return dest
+
+    def _clean_stale_tmp(self) -> None:
+        now = time.time()
+        for t in TABLES:
+            for d in (self._table_dir(t), self._table_dir(t) / "_compactions", self.root / "quarantine" / t):
+                for name in os.listdir(d) if d.exists() else []:
+                    if not name.endswith(_TMP_SUFFIX):
+                        continue
+                    p = d / name
+                    try:
+                        age = now - p.stat().st_mtime
+                    except FileNotFoundError:
+                        continue
+                    m = _BATCH_PID_RE.match(name)
+                    dead = m is not None and not _pid_alive(int(m.group(1)))
+                    if age > _STALE_TMP_S or (dead and age > _DEAD_WRITER_TMP_S):
+                        p.unlink(missing_ok=True)
+
+    def compact(self, table: str, *, min_files: int = 2, grace_s: float = 600.0) -> int:
+        """Merge a table's batch files into one; returns how many files were merged.
+
+        Safe while others read and append (see module docstring). Inputs of
+        earlier compactions are deleted once their record is ``grace_s`` old;
+        a reader whose query outlives that retries once. Only one compactor per
+        table runs at a time; a second call returns 0 at once.
+        """
+        if table not in TABLES:
+            raise WarehouseError(f"unknown table {table!r}; tables are: {', '.join(TABLES)}")
+        self._check_version()
+        with open(self.root / "locks" / f"compact-{table}.lock", "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return 0
+            self._prune(table, grace_s)
+            files = self._snapshot(table)
+            if len(files) < min_files:
+                return 0
+            con = duckdb.connect(":memory:")
+            try:
+                lst = "[" + ", ".join(_sql_str(f) for f in files) + "]"
+                merged = con.sql(f"{self._empty_select(table)} union all by name "
+                                 f"select * from read_parquet({lst}, union_by_name=true)").to_arrow_table()
+            except duckdb.Error as e:
+                bad = self._corrupt_files(files)
+                raise WarehouseError(self._corrupt_message(bad) if bad else str(e)) from None
+            finally:
+                con.close()
+            merged = merged.select(self.schema.arrow[table].names).cast(self.schema.arrow[table])
+            batch_id = new_batch_id()
+            out = self._table_dir(table) / f"compact-{batch_id}.parquet"
+            staged = _write_parquet_atomic(merged, out, publish=False)
+            record = {"output": out.name, "inputs": [f.name for f in files], "rows": merged.num_rows,
+                      "created_at": datetime.now(timezone.utc).isoformat()}
+            _write_text_atomic(json.dumps(record), self._table_dir(table) / "_compactions" / f"{batch_id}.json")
+            os.replace(staged, out)  # the commit point for readers
+            _fsync_dir(out.parent)
+            return len(files)
+
+    def _prune(self, table: str, grace_s: float) -> None:
+        """Delete inputs of compactions older than ``grace_s``, then their records."""
+        now = datetime.now(timezone.utc)
+        d = self._table_dir(table)
+        for rec in self._records(table):
+            age = (now - datetime.fromisoformat(rec["created_at"])).total_seconds()
+            if age < grace_s:
+                continue
+            if (d / rec["output"]).exists():
+                for name in rec["inputs"]:
+                    (d / name).unlink(missing_ok=True)
+                _fsync_dir(d)
+            else:
+                staged = d / f".{rec['output']}{_TMP_SUFFIX}"
+                staged.unlink(missing_ok=True)  # compactor died before the commit point
+            Path(rec["_path"]).unlink(missing_ok=True)
+            _fsync_dir(Path(rec["_path"]).parent)
+
+    def describe(self, table: str) -> list[tuple[str, str, bool]]:
+        """(column, SQL type, nullable) for a table."""
+        if table not in TABLES:
+            raise WarehouseError(f"unknown table {table!r}; tables are: {', '.join(TABLES)}")
+        return [(c.name, c.sql_type, c.nullable) for c in self.schema.columns[table]]
+
+    def __repr__(self) -> str:
+        return f"Warehouse({str(self.root)!r}, schema_version={self.schema.version})"
+
