@@ -31,13 +31,14 @@ from typing import Any, TypeVar
 
 import click
 import typer
-from rich.console import Console, Group
+from rich.console import Console
 from rich.live import Live
-from rich.panel import Panel
 from rich.table import Table
-from rich.text import Text
 
 from cake_cli.config import ConfigError, Settings, load_settings
+from cake_cli.display import (RunProgress, best_text, columns_rows, live_view, print_result,
+                              summary_table, to_arrow)
+
 from cake_cli.services import gpu_policy, prefect_server, ray_runtime
 from cake_core.errors import CakeError
 
@@ -51,8 +52,6 @@ app.add_typer(harness_app, name="harness")
 
 console = Console(highlight=False)   # stdout; file=None follows sys.stdout (tests swap it)
 
-CELL_MAX = 60              # characters shown per cell in `cake sql` tables
-TABLE_ROWS_MAX = 200       # rows shown in a terminal table; export for more
 REFRESH_S = 0.5            # live display refresh period
 PROPOSALS_VIEW = "proposals_latest"
 VERSIONS_QUERY = "select * from harness_versions order by version"
@@ -162,68 +161,6 @@ def _say(text: str) -> None:
     console.print(text, markup=False, soft_wrap=True)
 
 
-# ---------------------------------------------------------------- query results
-
-
-def _columns_rows(result: Any) -> tuple[list[str], list[tuple]]:
-    """Columns and rows of whatever ``Warehouse.query`` returns (Arrow, pandas, DuckDB, rows)."""
-    if result is None:
-        return [], []
-    if hasattr(result, "column_names") and hasattr(result, "to_pylist"):      # pyarrow.Table
-        cols = list(result.column_names)
-        return cols, [tuple(r[c] for c in cols) for r in result.to_pylist()]
-    if hasattr(result, "fetchall") and hasattr(result, "columns"):            # DuckDB relation
-        return list(result.columns), [tuple(r) for r in result.fetchall()]
-    if hasattr(result, "itertuples") and hasattr(result, "columns"):          # pandas
-        return ([str(c) for c in result.columns],
-                [tuple(r) for r in result.itertuples(index=False, name=None)])
-    rows = list(result)
-    if rows and isinstance(rows[0], dict):
-        cols = list(rows[0])
-        return cols, [tuple(r.get(c) for c in cols) for r in rows]
-    rows = [tuple(r) if isinstance(r, (tuple, list)) else (r,) for r in rows]
-    return [f"col{i}" for i in range(len(rows[0]) if rows else 0)], rows
-
-
-def _to_arrow(result: Any):
-    import pyarrow as pa
-
-    if isinstance(result, pa.Table):
-        return result
-    if hasattr(result, "arrow"):             # DuckDB relation
-        return result.arrow()
-    cols, rows = _columns_rows(result)
-    return pa.table({c: [r[i] for r in rows] for i, c in enumerate(cols)})
-
-
-def _cell(v: Any) -> str:
-    if v is None:
-        return ""
-    text = f"{v:.6g}" if isinstance(v, float) else str(v)
-    text = " ".join(text.split())
-    return text if len(text) <= CELL_MAX else text[:CELL_MAX - 1] + "…"
-
-
-def _rich_table(cols: list[str], rows: list[tuple], title: str | None = None) -> Table:
-    table = Table(title=title, show_lines=False, header_style="bold")
-    for c in cols:
-        table.add_column(c, overflow="ellipsis")
-    for r in rows[:TABLE_ROWS_MAX]:
-        table.add_row(*(_cell(v) for v in r))
-    return table
-
-
-def _print_result(result: Any, title: str | None = None, empty: str = "(no rows)") -> None:
-    cols, rows = _columns_rows(result)
-    if not rows:
-        console.print(Text(empty, style="dim"))
-        return
-    console.print(_rich_table(cols, rows, title))
-    if len(rows) > TABLE_ROWS_MAX:
-        console.print(Text(f"... {len(rows) - TABLE_ROWS_MAX} more rows; export them all with "
-                           f"--format csv --out FILE", style="dim"))
-
-
 def _warehouse(settings: Settings):
     """The warehouse under settings.home; a UsageError if no run has created it yet."""
     from warehouse import Warehouse
@@ -255,102 +192,6 @@ def _quiet_prefect_console() -> None:
         for h in getattr(logger, "handlers", []):
             if type(h).__name__ == "PrefectConsoleHandler" and h.level < logging.WARNING:
                 h.setLevel(logging.WARNING)
-
-
-class RunProgress:
-    """What the warehouse says about one run: attempts by generation and outcome, best time."""
-
-    def __init__(self, root: Path, run_id: str):
-        self.root, self.run_id = root, run_id
-        self.counts: dict[tuple[int, str], int] = {}
-        self._wh: Any = None            # opened once the flow has created the folder
-        self.best_ms: float | None = None
-        self.note: str | None = None    # why the counts may be stale
-
-    def refresh(self) -> RunProgress:
-        if not self.root.exists():
-            self.note = "waiting for the first attempt"
-            return self
-        try:
-            from warehouse import Warehouse
-
-            wh = self._wh = self._wh or Warehouse(self.root)
-            _, rows = _columns_rows(wh.query(
-                "select generation, outcome, count(*) as n from attempts where run_id = ? "
-                "group by all order by all", [self.run_id]))
-            self.counts = {(int(g), str(o)): int(n) for g, o, n in rows if g is not None}
-            _, best = _columns_rows(wh.query(
-                "select min(median_ms) from measurements where run_id = ? and correct", [self.run_id]))
-            self.best_ms = best[0][0] if best and best[0] else None
-            self.note = None
-        except Exception as e:  # noqa: BLE001 - the display must outlive a busy or empty warehouse
-            self.note = f"warehouse not readable yet ({type(e).__name__})"
-        return self
-
-    @property
-    def generations(self) -> list[int]:
-        return sorted({g for g, _ in self.counts})
-
-    def generation_done(self) -> int:
-        """Generations reached, counting from 1 whether the flow numbers them from 0 or 1."""
-        gens = self.generations
-        if not gens:
-            return 0
-        return gens[-1] + 1 if gens[0] == 0 else gens[-1]
-
-    def by_outcome(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for (_, o), n in self.counts.items():
-            out[o] = out.get(o, 0) + n
-        return out
-
-    def total(self) -> int:
-        return sum(self.counts.values())
-
-
-def _best_text(progress: RunProgress, timed: bool) -> str:
-    if not timed:
-        return "checked on CPU, not timed"
-    return f"{progress.best_ms:.4g} ms (median)" if progress.best_ms is not None else "none yet"
-
-
-def _live_view(progress: RunProgress, problem: str, generations: int, timed: bool,
-               started: float) -> Panel:
-    lines = Table.grid(padding=(0, 2))
-    lines.add_column(style="bold")
-    lines.add_column()
-    lines.add_row("generation", f"{progress.generation_done()}/{generations}")
-    lines.add_row("attempts", str(progress.total()))
-    lines.add_row("best so far", _best_text(progress, timed))
-    lines.add_row("elapsed", f"{time.monotonic() - started:.0f} s")
-    parts: list[Any] = [lines]
-    outcomes = progress.by_outcome()
-    if outcomes:
-        t = Table(show_header=True, header_style="bold", box=None, padding=(0, 2))
-        t.add_column("outcome")
-        t.add_column("attempts", justify="right")
-        for o, n in sorted(outcomes.items(), key=lambda kv: -kv[1]):
-            t.add_row(o, str(n))
-        parts.append(t)
-    if progress.note:
-        parts.append(Text(progress.note, style="dim"))
-    return Panel(Group(*parts), title=f"cake evolve {problem} · run {progress.run_id}",
-                 expand=False)
-
-
-def _summary_table(progress: RunProgress) -> Table:
-    outcomes = sorted(progress.by_outcome())
-    t = Table(title=f"run {progress.run_id}", header_style="bold")
-    t.add_column("generation", justify="right")
-    for o in outcomes:
-        t.add_column(o, justify="right")
-    t.add_column("total", justify="right")
-    for g in progress.generations:
-        row = [progress.counts.get((g, o), 0) for o in outcomes]
-        t.add_row(str(g), *map(str, row), str(sum(row)))
-    totals = progress.by_outcome()
-    t.add_row("all", *(str(totals[o]) for o in outcomes), str(progress.total()), style="bold")
-    return t
 
 
 def _cancel_flow_run(tag: str) -> None:
@@ -455,12 +296,12 @@ def evolve(
         progress = RunProgress(settings.warehouse_root, run_id)
         started = time.monotonic()
         try:
-            with Live(_live_view(progress, problem, generations, timed, started),
+            with Live(live_view(progress, problem, generations, timed, started),
                       console=console, refresh_per_second=4, transient=True) as live:
                 worker.start()
                 while worker.is_alive():
                     worker.join(REFRESH_S)
-                    live.update(_live_view(progress.refresh(), problem, generations, timed,
+                    live.update(live_view(progress.refresh(), problem, generations, timed,
                                            started))
         except KeyboardInterrupt:
             _say("stopping: cancelling the flow run and shutting down the workers ...")
@@ -470,14 +311,14 @@ def evolve(
             _say(f"stopped. recorded {progress.total()} attempts of run {run_id} "
                           f"({measured} measured) in {settings.warehouse_root}; they stay there")
             if progress.total():
-                console.print(_summary_table(progress))
+                console.print(summary_table(progress))
             _say(f"look at them: {_sql_hint(run_id)}")
             raise typer.Exit(130) from None
 
         progress.refresh()
         if progress.total():
-            console.print(_summary_table(progress))
-        _say(f"best: {_best_text(progress, timed)}")
+            console.print(summary_table(progress))
+        _say(f"best: {best_text(progress, timed)}")
         _print_where(settings, pf.ui_url, run_id)
         _say(f"ask: {_sql_hint(run_id)}")
         if "error" in outcome:
@@ -513,13 +354,13 @@ def sql(
     if fmt is Format.parquet:
         import pyarrow.parquet as pq
 
-        table = _to_arrow(result)
+        table = to_arrow(result)
         pq.write_table(table, out)
         typer.echo(f"wrote {table.num_rows} rows to {out}", err=True)
         return
-    cols, rows = _columns_rows(result)
+    cols, rows = columns_rows(result)
     if fmt is Format.table and out is None:
-        _print_result(result)
+        print_result(console, result)
         return
     buf = io.StringIO()
     if fmt is Format.table:  # a table into a file: wide, untruncated, plain text
@@ -568,7 +409,7 @@ def problems() -> None:
 @cli_errors
 def harness_proposals() -> None:
     """List harness proposals with their latest state."""
-    _print_result(_warehouse(_settings()).query(f"select * from {PROPOSALS_VIEW}"),
+    print_result(console, _warehouse(_settings()).query(f"select * from {PROPOSALS_VIEW}"),
                   empty="no proposals yet")
 
 
@@ -610,7 +451,7 @@ def harness_reject(
 @cli_errors
 def harness_versions() -> None:
     """List harness versions, newest last."""
-    _print_result(_warehouse(_settings()).query(VERSIONS_QUERY),
+    print_result(console, _warehouse(_settings()).query(VERSIONS_QUERY),
                   empty="no harness versions yet")
 
 

@@ -45,13 +45,18 @@ def harness_review_flow(warehouse_root: str = ".cake/warehouse", min_support: in
         log.info(f"proposal {pid}: {prop.title} — would have caught {gate['caught']}/{gate['cluster_size']} "
                  f"failures; approve with `cake harness approve {pid}` or in the UI")
         decision = pause_flow_run(wait_for_input=Decision, timeout=pause_timeout_s, key=pid)
-        version = apply_decision(warehouse_root, pid, decision.approve, decision.reason, decision.decided_by)
+        try:
+            version = apply_decision(warehouse_root, pid, decision.approve, decision.reason, decision.decided_by)
+        except CakeError as e:   # decided meanwhile without resuming this run (e.g. from another CLI)
+            log.warning(str(e))
+            continue
         outcomes.append({"proposal_id": pid, "decision": "approved" if decision.approve else "rejected",
                          "new_version": version})
     return outcomes
 
 
-def _paused(flow_run_id: str) -> bool:
+def _flow_run_state(flow_run_id: str) -> str | None:
+    """The flow run's state type (PAUSED, RUNNING, COMPLETED...), None if unknown or unreachable."""
     import asyncio
 
     async def state() -> str | None:
@@ -60,9 +65,19 @@ def _paused(flow_run_id: str) -> bool:
             return fr.state.type.value if fr.state else None
 
     try:
-        return asyncio.run(state()) == "PAUSED"
+        return asyncio.run(state())
     except Exception:
-        return False
+        return None
+
+
+def _wait_until_settled(flow_run_id: str, wait_s: float) -> str | None:
+    """A proposal is recorded just before its flow run pauses: wait out that moment."""
+    deadline = time.monotonic() + wait_s
+    state = _flow_run_state(flow_run_id)
+    while state in ("RUNNING", "PENDING", "SCHEDULED") and time.monotonic() < deadline:
+        time.sleep(0.5)
+        state = _flow_run_state(flow_run_id)
+    return state
 
 
 def decide_proposal(proposal_id: str, approve: bool, reason: str, decided_by: str,
@@ -74,7 +89,7 @@ def decide_proposal(proposal_id: str, approve: bool, reason: str, decided_by: st
     p = get_proposal(warehouse_root, proposal_id)
     if p["status"] != "pending":
         raise CakeError(f"proposal `{proposal_id}` was already {p['status']}")
-    if p["flow_run_id"] and _paused(p["flow_run_id"]):
+    if p["flow_run_id"] and _wait_until_settled(p["flow_run_id"], wait_s=30.0) == "PAUSED":
         resume_flow_run(p["flow_run_id"], run_input={"approve": approve, "reason": reason,
                                                       "decided_by": decided_by})
         deadline = time.monotonic() + wait_s

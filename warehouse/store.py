@@ -307,7 +307,7 @@ class Warehouse:
         """Fresh in-memory DuckDB with one view per table over its current batches."""
         con = duckdb.connect(":memory:")
         for t in TABLES:
-            files = self._snapshot(t)
+            files, relisted = self._snapshot(t), False
             while True:
                 body = self._empty_select(t)
                 if files:
@@ -318,6 +318,10 @@ class Warehouse:
                     break
                 except duckdb.Error as e:
                     bad = self._corrupt_files(files)
+                    if not bad and not relisted:
+                        # A file pruned by a compaction since we listed: list again, once.
+                        files, relisted = self._snapshot(t), True
+                        continue
                     if not bad:
                         raise WarehouseError(f"cannot read table {t!r}: {e}") from None
                     if not self.skip_corrupt:
@@ -376,7 +380,7 @@ class Warehouse:
                 return rel.to_arrow_table() if rel is not None else pa.table({})
             except duckdb.IOException as e:
                 # A file pruned by a compaction between our listing and the read: list again.
-                if attempt == 0 and "No files found" not in str(e):
+                if attempt == 0:
                     continue
                 raise WarehouseError(self._sql_error(e)) from None
             except duckdb.Error as e:

@@ -134,6 +134,8 @@ SEMANTICS: dict[Op, Callable[[_CTA, Node], None]] = {
     Op.MMA: _mma,
     Op.FOR: _for,
 }
+from cake_core.ir import interp_async, interp_compute  # noqa: E402,F401  (add to SEMANTICS)
+
 assert set(SEMANTICS) == set(REGISTRY), "every registered op needs interpreter semantics"
 
 

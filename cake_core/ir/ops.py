@@ -180,3 +180,6 @@ def make_attrs(op: Op, given: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
     """Canonical attrs: drop defaults, sort by name."""
     specs = REGISTRY[op].attrs
     return tuple(sorted((k, v) for k, v in given.items() if k not in specs or v != specs[k].default))
+
+
+from cake_core.ir import ops_async, ops_compute  # noqa: E402,F401  (more registrations)

@@ -461,3 +461,5 @@ def lower(program: Program, ir_filename: str = "kernel.cake") -> StageResult:
                        program.consts, program.target, ir_filename)
     return StageResult(STAGE, Outcome.OK, ctx.diags, {"smem_bytes": smem, "source_lines": len(src)},
                        {"kernel.cu": source}, lk)
+
+from cake_core.lower import lower_async, lower_compute  # noqa: E402,F401  (more lowering hooks)

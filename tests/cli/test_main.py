@@ -394,7 +394,7 @@ def test_evolve_ctrl_c_stops_and_says_what_was_recorded(monkeypatch, warehouse, 
     monkeypatch.setattr(main, "gpu_policy", lambda settings: ["NVIDIA H200"])
     monkeypatch.setattr(main, "_cancel_flow_run", cancelled.append)
     views = []
-    real_view = main._live_view
+    real_view = main.live_view
 
     def view(*args):
         views.append(args)
@@ -402,7 +402,7 @@ def test_evolve_ctrl_c_stops_and_says_what_was_recorded(monkeypatch, warehouse, 
             raise KeyboardInterrupt
         return real_view(*args)
 
-    monkeypatch.setattr(main, "_live_view", view)
+    monkeypatch.setattr(main, "live_view", view)
     try:
         result = run("evolve", "gemm_bf16")
     finally:

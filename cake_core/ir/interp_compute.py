@@ -1,0 +1,1 @@
+"""Interpreter semantics of the compute ops."""

@@ -1,0 +1,2 @@
+"""Op registrations: compute ops (see ops.py for the registry)."""
+from cake_core.ir.ops import REGISTRY, AttrSpec, Op, OpDef, register  # noqa: F401

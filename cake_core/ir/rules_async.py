@@ -1,0 +1,1 @@
+"""Verifier rules for the async ops."""

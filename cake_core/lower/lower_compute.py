@@ -1,0 +1,1 @@
+"""Lowering hooks of the compute ops (register with cake_core.lower.cuda.lowering)."""
