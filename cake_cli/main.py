@@ -38,7 +38,6 @@ from rich.table import Table
 from cake_cli.config import ConfigError, Settings, load_settings
 from cake_cli.display import (RunProgress, best_text, columns_rows, live_view, print_result,
                               summary_table, to_arrow)
-
 from cake_cli.services import gpu_policy, prefect_server, ray_runtime
 from cake_core.errors import CakeError
 
@@ -274,8 +273,8 @@ def evolve(
 
         _print_where(settings, pf.ui_url, run_id)
         _say(f"run {run_id}: {problem} on {shape_set}, {generations} generations x "
-                      f"{population}, seed {seed}, agent {agent}, "
-                      f"{', '.join(gpu_models) if gpu_models else 'CPU only (checked, not timed)'}")
+             f"{population}, seed {seed}, agent {agent}, "
+             f"{', '.join(gpu_models) if gpu_models else 'CPU only (checked, not timed)'}")
         kwargs: dict[str, Any] = dict(
             problem=problem, shape_set=shape_set, generations=generations, population=population,
             seed=seed, run_id=run_id, warehouse_root=str(settings.warehouse_root),
@@ -302,14 +301,14 @@ def evolve(
                 while worker.is_alive():
                     worker.join(REFRESH_S)
                     live.update(live_view(progress.refresh(), problem, generations, timed,
-                                           started))
+                                          started))
         except KeyboardInterrupt:
             _say("stopping: cancelling the flow run and shutting down the workers ...")
             _cancel_flow_run(tag)
             progress.refresh()
             measured = progress.by_outcome().get("measured", 0)
             _say(f"stopped. recorded {progress.total()} attempts of run {run_id} "
-                          f"({measured} measured) in {settings.warehouse_root}; they stay there")
+                 f"({measured} measured) in {settings.warehouse_root}; they stay there")
             if progress.total():
                 console.print(summary_table(progress))
             _say(f"look at them: {_sql_hint(run_id)}")
@@ -338,7 +337,8 @@ class Format(str, enum.Enum):
 @app.command(no_args_is_help=True)
 @cli_errors
 def sql(
-    query: str = typer.Argument(..., metavar="QUERY", help="SQL over the warehouse (tables attempts, measurements, ...)."),
+    query: str = typer.Argument(..., metavar="QUERY",
+                                help="SQL over the warehouse (attempts, measurements, views...)."),
     fmt: Format = typer.Option(Format.table, "--format", "-f", help="Output format."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Write to this file instead of stdout."),
 ) -> None:
@@ -421,8 +421,12 @@ def _decide(proposal_id: str, approve: bool, reason: str) -> None:
         result = decide_proposal(proposal_id, approve=approve, reason=reason,
                                  decided_by=getpass.getuser(),
                                  warehouse_root=str(settings.warehouse_root))
-    _say(f"{'approved' if approve else 'rejected'} proposal {proposal_id}"
-                  + (f": {result}" if isinstance(result, str) and result else ""))
+    said = f"{'approved' if approve else 'rejected'} proposal {proposal_id}"
+    if isinstance(result, int) and not isinstance(result, bool):  # the new harness version
+        said += f": harness version {result} created"
+    elif isinstance(result, str) and result:
+        said += f": {result}"
+    _say(said)
 
 
 @harness_app.command("approve", no_args_is_help=True)

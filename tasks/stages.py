@@ -151,6 +151,10 @@ def time_gpu(pool: ActorPool, attempts: list[Attempt], problem: str, shapes: lis
             a.stop(_fault_result("time", Fault("runtime_fault", r["fault"])))
             continue
         runs = r["runs"]
+        broken = next((s for s in runs if s.outcome in ("runtime_fault", "timeout")), None)
+        if broken is not None:
+            a.stop(_fault_result("time", Fault(broken.outcome, f"{shape_key(broken.shape)}: {broken.message}")))
+            continue
         a.checks = [{"shape": shape_key(s.shape), "backend": "gpu", "correct": s.correct,
                      "max_error": s.max_error if math.isfinite(s.max_error) else None,
                      "message": s.message or None} for s in runs]

@@ -53,7 +53,8 @@ class GpuRunner:
         try:
             compiled = Compiled(path, kernel_name, None, "", 0.0, True)
             runs = check_and_time(compiled, lowered, get_problem(problem), shapes, seed=seed, time=True, reps=reps)
-            return {"runs": runs}
+            # after a fault or a hang the CUDA context is unusable: this actor must be replaced
+            return {"runs": runs, "restart": any(r.outcome in ("runtime_fault", "timeout") for r in runs)}
         except Exception as e:  # a CUDA error leaves the context unusable: report and get replaced
             return {"fault": f"{type(e).__name__}: {e}", "restart": True}
         finally:

@@ -246,18 +246,18 @@ def test_harness_approve_and_reject_call_decide_proposal(monkeypatch, tmp_path, 
 
     def decide_proposal(proposal_id, approve, reason, decided_by, warehouse_root):
         calls.append((proposal_id, approve, reason, decided_by, warehouse_root))
-        return "resumed review flow run 1234"
+        return 3 if approve else "resumed review flow run 1234"
 
     fake_module(monkeypatch, "flows.harness", decide_proposal=decide_proposal)
     result = run("harness", "approve", "prop-7", "--reason", "catches 12 failures")
     assert result.exit_code == 0, result.output
-    assert "approved proposal prop-7: resumed review flow run 1234" in result.stdout
+    assert "approved proposal prop-7: harness version 3 created" in result.stdout
     root = str(tmp_path / "home" / "warehouse")
     assert calls == [("prop-7", True, "catches 12 failures", getpass.getuser(), root)]
     assert no_services == ["prefect"]
 
     result = run("harness", "reject", "prop-8", "--reason", "breaks the gemm corpus")
-    assert result.exit_code == 0
+    assert result.exit_code == 0 and "rejected proposal prop-8: resumed" in result.stdout
     assert calls[1] == ("prop-8", False, "breaks the gemm corpus", getpass.getuser(), root)
 
     result = run("harness", "reject", "prop-9")      # the reason is required
