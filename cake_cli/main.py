@@ -451,6 +451,34 @@ def harness_reject(
     _decide(proposal_id, False, reason)
 
 
+@harness_app.command("review")
+@cli_errors
+def harness_review(
+    min_support: int = typer.Option(3, "--min-support", min=1,
+                                    help="Failing attempts a cluster needs before a proposal is mined."),
+    timeout_h: float = typer.Option(24.0, "--timeout-h", help="How long each proposal waits for a person."),
+) -> None:
+    """Mine failure clusters into proposals and pause on each until a person decides.
+
+    Approve or reject in the Prefect UI (the paused run asks for a decision), or from
+    another terminal with `cake harness approve ID` / `cake harness reject ID --reason R`.
+    """
+    settings = _settings()
+    _warehouse(settings)
+    with prefect_server(settings) as pf:
+        from flows.harness import harness_review_flow
+
+        _say(f"reviewing failure clusters in {settings.warehouse_root}; paused proposals wait in "
+             f"the Prefect UI at {pf.ui_url} or for `cake harness approve ID`")
+        results = harness_review_flow(warehouse_root=str(settings.warehouse_root), min_support=min_support,
+                                      pause_timeout_s=int(timeout_h * 3600))
+    if not results:
+        _say("no cluster yielded a proposal")
+    for r in results:
+        extra = f", harness version {r['new_version']}" if r.get("new_version") else ""
+        _say(f"proposal {r['proposal_id']}: {r['decision']}{extra}")
+
+
 @harness_app.command("versions")
 @cli_errors
 def harness_versions() -> None:

@@ -15,7 +15,7 @@ _NORMALISE = [
     (re.compile(r"`[^`]*`"), "<name>"),
     (re.compile(r"'[^']*'"), "<name>"),
     (re.compile(r"(/[\w.\-]+)+"), "<path>"),
-    (re.compile(r"\d+(\.\d+)?(e[-+]?\d+)?"), "<n>"),
+    (re.compile(r"-?\d+(\.\d+)?(e[-+]?\d+)?"), "<n>"),
     (re.compile(r"\s+"), " "),
 ]
 

@@ -33,6 +33,22 @@ class Op(str, enum.Enum):
     MMA = "mma"
     # -- structure
     FOR = "for"
+    # -- async (Hopper: roles, mbarriers, TMA, wgmma; see ops_async.py)
+    ROLE = "role"
+    MBARRIER = "mbarrier"
+    EXPECT_TX = "expect_tx"
+    ARRIVE = "arrive"
+    WAIT = "wait"
+    TMA_LOAD = "tma_load"
+    TMA_STORE = "tma_store"
+    CP_ASYNC = "cp_async"
+    CP_ASYNC_WAIT = "cp_async_wait"
+    FENCE_ASYNC = "fence_async"
+    CLUSTER = "cluster"
+    CLUSTER_SYNC = "cluster_sync"
+    WGMMA = "wgmma"
+    WGMMA_WAIT = "wgmma_wait"
+    TCGEN05_MMA = "tcgen05_mma"
 
 
 # Operand kinds: what the parser accepts in each positional slot.
@@ -58,6 +74,7 @@ class OpDef:
     summary: str = ""
     example: str = ""
     preconditions: tuple[str, ...] = ()
+    keyword_operands: tuple[str, ...] = ()  # operands written `name=value`, after the positional ones
 
 
 REGISTRY: dict[Op, OpDef] = {}
