@@ -62,8 +62,17 @@ class _CTA:
         return out, arr.shape
 
     def run(self, nodes: tuple[Node, ...]) -> None:
-        for n in nodes:
-            SEMANTICS[n.op](self, n)
+        i = 0
+        while i < len(nodes):
+            if nodes[i].op is Op.ROLE:      # consecutive sibling roles run concurrently (interp_async)
+                j = i
+                while j < len(nodes) and nodes[j].op is Op.ROLE:
+                    j += 1
+                interp_async.run_roles(self, nodes[i:j])
+                i = j
+                continue
+            SEMANTICS[nodes[i].op](self, nodes[i])
+            i += 1
 
 
 def _alloc(cta: _CTA, n: Node) -> None:

@@ -1,1 +1,239 @@
-"""Interpreter semantics of the async ops."""
+"""Interpreter semantics of the async ops, and the executor that runs warp roles.
+
+Sibling ``with role(...)`` blocks run as cooperative coroutines (generators)
+inside one CTA: each role has its own loop variables and runs until a
+``wait`` finds its barrier phase not yet completed, then yields to the next
+role. When a whole round passes with every unfinished role blocked, the CTA
+is deadlocked: that raises :class:`InterpFault` at the first blocked wait
+(what the GPU would show as a hang, caught by the watchdog).
+
+Copies are synchronous here: ``tma_load`` writes its box (zero-filled past
+the tensor edge) and completes its bytes on the barrier at once; ``wgmma``
+computes ``acc += a @ b`` in fp32 at issue, so ``wgmma_wait`` and
+``cp_async_wait`` have nothing left to wait for. Races that only an
+asynchronous machine would show are the protocol checker's job
+(``ir.protocol``).
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+
+from cake_core.ir.interp import SEMANTICS, InterpFault, _clip, _CTA, _round
+from cake_core.ir.ops import Node, Op, Tile, View
+from cake_core.ir.ops_async import Slot
+from cake_core.ir.program import walk
+
+
+class Barrier:
+    """One mbarrier: completed phases, arrivals still pending in this phase, transaction bytes outstanding."""
+
+    __slots__ = ("arrivals", "pending", "tx", "done")
+
+    def __init__(self, arrivals: int):
+        self.arrivals, self.pending, self.tx, self.done = arrivals, arrivals, 0, 0
+
+    def _settle(self) -> None:
+        while self.pending <= 0 and self.tx == 0:
+            self.done += 1
+            self.pending += self.arrivals
+
+    def arrive(self, count: int = 1) -> None:
+        self.pending -= count
+        self._settle()
+
+    def expect_tx(self, nbytes: int) -> None:
+        self.tx += nbytes
+        self.arrive()
+
+    def complete_tx(self, nbytes: int) -> None:
+        self.tx -= nbytes
+        self._settle()
+
+    def passed(self, parity: int) -> bool:
+        """try_wait.parity: the phase of this parity has completed."""
+        return self.done % 2 != parity % 2
+
+
+# ------------------------------------------------------------------ helpers
+
+def _state(cta: _CTA) -> dict:
+    st = getattr(cta, "async_state", None)
+    if st is None:
+        stages = {n.result: n.attr("stages") for n, _, _ in walk(cta.prog.body) if n.op is Op.SMEM}
+        st = cta.async_state = {"bars": {}, "stages": stages, "role_wgs": None, "steps": 0}
+    return st
+
+
+def _slot(cta: _CTA, n: Node, s: Slot) -> np.ndarray:
+    """The array of one ring slot (or the whole tile when it has one stage)."""
+    if s.buf not in cta.tiles:
+        raise InterpFault(n, f"`{s.buf}` is not allocated")
+    arr = cta.tiles[s.buf]
+    stages = _state(cta)["stages"].get(s.buf, 1)
+    if s.index is None:
+        if stages > 1:
+            raise InterpFault(n, f"`{s.buf}` is a ring of {stages} stages: index a slot, {s.buf}[s]")
+        return arr
+    i = cta.ev(s.index)
+    if stages == 1:
+        if i != 0:
+            raise InterpFault(n, f"slot {i} of `{s.buf}`, which has one stage")
+        return arr
+    if not 0 <= i < stages:
+        raise InterpFault(n, f"slot {i} of `{s.buf}` is outside its {stages} stages")
+    return arr[i]
+
+
+def _bar(cta: _CTA, n: Node, s: Slot) -> Barrier:
+    bars = _state(cta)["bars"].get(s.buf)
+    if bars is None:
+        raise InterpFault(n, f"`{s.buf}` is not an mbarrier")
+    i = cta.ev(s.index) if s.index is not None else 0
+    if not 0 <= i < len(bars):
+        raise InterpFault(n, f"barrier {s.buf}[{i}] is outside its {len(bars)} slots")
+    return bars[i]
+
+
+def _box(cta: _CTA, n: Node, v: View, dst: np.ndarray, dtype) -> int:
+    """Copy a gmem window into ``dst``, zero past the edge; returns the box bytes."""
+    win, shape = cta.window(n, v)
+    g, t = _clip(n, v, win, shape, True, "read")
+    ext = tuple(length for _, length, kept in win if kept)
+    if int(np.prod(ext)) != dst.size:
+        raise InterpFault(n, f"the window {ext} of `{v.buf}` does not fill the {dst.shape} slot")
+    tile = np.zeros(ext, dtype=dst.dtype)
+    tile[t] = cta.gmem[v.buf][g].reshape(tile[t].shape)
+    dst[...] = _round(dtype, tile.reshape(dst.shape))
+    return dst.size * dtype.bytes
+
+
+# ---------------------------------------------------------------- semantics
+
+def _mbarrier(cta: _CTA, n: Node) -> None:
+    _state(cta)["bars"][n.result] = [Barrier(n.attr("arrivals")) for _ in range(cta.ev(n.args[0]))]
+
+
+def _arrive(cta: _CTA, n: Node) -> None:
+    wgs = _state(cta)["role_wgs"]
+    _bar(cta, n, n.arg("bar")).arrive(wgs if wgs is not None else -(-cta.prog.threads // 128))
+
+
+def _expect_tx(cta: _CTA, n: Node) -> None:
+    _bar(cta, n, n.arg("bar")).expect_tx(cta.ev(n.arg("bytes")))
+
+
+def _wait(cta: _CTA, n: Node) -> None:
+    if not _bar(cta, n, n.arg("bar")).passed(cta.ev(n.arg("phase"))):
+        raise InterpFault(n, "deadlock: this wait can never return (no other role runs here)")
+
+
+def _tma_load(cta: _CTA, n: Node) -> None:
+    dst = n.arg("dst")
+    nbytes = _box(cta, n, n.arg("src"), _slot(cta, n, dst), cta.dtypes[dst.buf])
+    _bar(cta, n, n.arg("bar")).complete_tx(nbytes)
+
+
+def _cp_async(cta: _CTA, n: Node) -> None:
+    dst = n.arg("dst")
+    _box(cta, n, n.arg("src"), _slot(cta, n, dst), cta.dtypes[dst.buf])
+
+
+def _tma_store(cta: _CTA, n: Node) -> None:
+    v, src = n.arg("dst"), _slot(cta, n, n.arg("src"))
+    win, shape = cta.window(n, v)
+    g, t = _clip(n, v, win, shape, True, "write")
+    tile = src.reshape(tuple(length for _, length, kept in win if kept))
+    out = cta.gmem[v.buf]
+    out[g] = _round(cta.dtypes[v.buf], tile[t]).reshape(out[g].shape)
+
+
+def _mma_slots(cta: _CTA, n: Node) -> None:
+    acc = cta.tiles[n.arg("acc")]
+    a, b = _slot(cta, n, n.arg("a")), _slot(cta, n, n.arg("b"))
+    acc += a.astype(np.float32) @ b.astype(np.float32)
+
+
+def _nothing(cta: _CTA, n: Node) -> None:
+    """Ordering ops: copies and MMAs complete at issue here, so there is nothing to wait for."""
+
+
+def _role(cta: _CTA, n: Node) -> None:
+    run_roles(cta, (n,))
+
+
+SEMANTICS.update({
+    Op.ROLE: _role,
+    Op.MBARRIER: _mbarrier,
+    Op.EXPECT_TX: _expect_tx,
+    Op.ARRIVE: _arrive,
+    Op.WAIT: _wait,
+    Op.TMA_LOAD: _tma_load,
+    Op.TMA_STORE: _tma_store,
+    Op.CP_ASYNC: _cp_async,
+    Op.CP_ASYNC_WAIT: _nothing,
+    Op.FENCE_ASYNC: _nothing,
+    Op.CLUSTER: _nothing,
+    Op.CLUSTER_SYNC: _nothing,
+    Op.WGMMA: _mma_slots,
+    Op.WGMMA_WAIT: _nothing,
+    Op.TCGEN05_MMA: _mma_slots,
+})
+
+
+# ----------------------------------------------------------------- executor
+
+def _steps(cta: _CTA, nodes: tuple[Node, ...], st: dict) -> Iterator[Node]:
+    """Run ``nodes`` as a coroutine: yields the blocking wait each time it cannot go on."""
+    for n in nodes:
+        if n.op is Op.FOR:
+            var = n.args[0]
+            for i in range(cta.ev(n.args[1])):
+                cta.env[var] = i
+                yield from _steps(cta, n.body, st)
+            cta.env.pop(var, None)
+        elif n.op is Op.WAIT:
+            while not _bar(cta, n, n.arg("bar")).passed(cta.ev(n.arg("phase"))):
+                yield n
+            st["steps"] += 1
+        elif n.op is Op.ROLE:
+            raise InterpFault(n, "roles do not nest")
+        else:
+            SEMANTICS[n.op](cta, n)
+            st["steps"] += 1
+
+
+def run_roles(cta: _CTA, roles: tuple[Node, ...]) -> None:
+    """Run sibling roles concurrently (round-robin until each blocks); InterpFault on a deadlock."""
+    st = _state(cta)
+    outer = cta.env
+    tasks = []
+    for r in roles:
+        lo, hi = r.args[1]
+        env = dict(outer)
+        cta.env = env
+        tasks.append([r, env, _steps(cta, r.body, st), -(-(hi - lo) // 4), None])
+    live = list(tasks)
+    try:
+        while live:
+            before = st["steps"]
+            for t in list(live):
+                cta.env, st["role_wgs"] = t[1], t[3]
+                try:
+                    t[4] = next(t[2])
+                except StopIteration:
+                    live.remove(t)
+            if live and st["steps"] == before:
+                first = live[0][4]
+                parts = []
+                for t in live:
+                    cta.env = t[1]
+                    b = t[4].arg("bar")
+                    slot = cta.ev(b.index) if b.index is not None else 0
+                    parts.append(f"role {t[0].args[0]} waits on {b.buf}[{slot}] for parity "
+                                 f"{cta.ev(t[4].arg('phase')) % 2} at line {t[4].line}")
+                stuck = "; ".join(parts)
+                raise InterpFault(first, f"deadlock: every unfinished role is blocked ({stuck})")
+    finally:
+        cta.env, st["role_wgs"] = outer, None

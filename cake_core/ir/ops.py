@@ -49,6 +49,20 @@ class Op(str, enum.Enum):
     WGMMA = "wgmma"
     WGMMA_WAIT = "wgmma_wait"
     TCGEN05_MMA = "tcgen05_mma"
+    # -- compute (tile math, reductions, running arg-min / top-k, atomics; see ops_compute.py)
+    FILL = "fill"
+    CAST = "cast"
+    UNARY = "unary"
+    EWISE = "ewise"
+    TRANSPOSE = "transpose"
+    REDUCE = "reduce"
+    SCAN = "scan"
+    ARGMIN = "argmin"
+    ARGMAX = "argmax"
+    ARGMIN_UPDATE = "argmin_update"
+    TOPK_MERGE = "topk_merge"
+    ATOMIC_ADD = "atomic_add"
+    SCATTER_ADD = "scatter_add"
 
 
 # Operand kinds: what the parser accepts in each positional slot.

@@ -1,2 +1,133 @@
-"""Op registrations: async ops (see ops.py for the registry)."""
+"""Op registrations: the Hopper async vocabulary (see ops.py for the registry).
+
+Warp roles, mbarrier rings, TMA and cp.async copies, wgmma (and tcgen05 on
+Blackwell, declared only). The new operand kinds:
+
+- ``slot``: a buffer name, or a ring slot ``name[expr]`` of an smem tile with
+  ``stages=S`` / of an ``mbarrier(S)`` (the index is taken modulo nothing: it
+  must lie in [0, S)). Represented by :class:`Slot`.
+- ``str``: a string literal (a role's name).
+- ``warps``: a pair of integer literals ``(lo, hi)``: warps lo..hi-1 (half-open).
+
+Semantics that every consumer of these ops (interpreter, protocol checker,
+lowering) agrees on:
+
+- ``with role(name, warps=(lo, hi), regs=R):`` runs its body only on warps
+  [lo, hi); ops inside are collective over the role's threads; an rmem tile
+  allocated inside is distributed over the role's threads. Sibling roles run
+  concurrently (the interpreter runs them as cooperative coroutines).
+- An mbarrier slot counts completed phases. A phase completes when its pending
+  arrivals reach zero and its transaction count is zero; it then re-arms with
+  ``arrivals``. ``arrive`` adds one arrival per warpgroup of the executing
+  role (one elected thread per warpgroup arrives); ``expect_tx`` is
+  ``mbarrier.arrive.expect_tx``: one arrival plus ``bytes`` expected.
+  ``wait(bar, phase=p)`` is ``try_wait.parity``: it returns once the number
+  of completed phases ``c`` has ``c % 2 != p`` (so parity 1 passes on a fresh
+  barrier: the producer's first trips over an empty ring).
+- ``tma_load`` copies the whole box (elements past the tensor edge read as
+  zero) and completes the box's bytes on ``bar``, out-of-bounds bytes included.
+- ``wgmma`` is asynchronous: ``acc += a @ b`` is issued as one commit group;
+  ``wgmma_wait(n)`` waits until at most ``n`` groups are in flight. The operand
+  slots are read until then.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cake_core.ir.expr import Expr
 from cake_core.ir.ops import REGISTRY, AttrSpec, Op, OpDef, register  # noqa: F401
+
+
+@dataclass(frozen=True)
+class Slot:
+    """``buf`` or ``buf[index]``: one slot of a ring (an smem tile with stages, or an mbarrier array)."""
+
+    buf: str
+    index: Expr | None = None
+
+
+ASYNC_OPS = (Op.ROLE, Op.MBARRIER, Op.EXPECT_TX, Op.ARRIVE, Op.WAIT, Op.TMA_LOAD, Op.TMA_STORE, Op.CP_ASYNC,
+             Op.CP_ASYNC_WAIT, Op.FENCE_ASYNC, Op.CLUSTER, Op.CLUSTER_SYNC, Op.WGMMA, Op.WGMMA_WAIT,
+             Op.TCGEN05_MMA)
+
+
+register(OpDef(Op.ROLE, (("name", "str"), ("warps", "warps")),
+               {"regs": AttrSpec(int, 0)},
+               block=True, keyword_operands=("warps",),
+               summary="A block run only by warps [lo, hi) of the CTA (a warp role), with a setmaxnreg "
+                       "register budget `regs` per thread (0: leave the budget alone). Sibling roles run "
+                       "concurrently and talk through mbarriers.",
+               example='with role("producer", warps=(0, 4), regs=40):',
+               preconditions=("only at the kernel's top level, roles do not nest",
+                              "warp ranges lie within threads and do not overlap",
+                              "regs in [24, 256], step 8; sum of regs * threads within the register file")))
+register(OpDef(Op.MBARRIER, (("count", "expr"),),
+               {"arrivals": AttrSpec(int, 1)},
+               result=True,
+               summary="Allocate `count` mbarriers in shared memory (8 B each), each expecting `arrivals` "
+                       "arrivals per phase; index one as bar[s].",
+               example="full = mbarrier(S, arrivals=1)",
+               preconditions=("count is a compile-time constant", "allocated at top level, before the roles")))
+register(OpDef(Op.EXPECT_TX, (("bar", "slot"), ("bytes", "expr")),
+               summary="mbarrier.arrive.expect_tx: one arrival on `bar` plus `bytes` transaction bytes that "
+                       "async copies signalling `bar` must land before the phase completes.",
+               example="expect_tx(full[kt % S], (BM * BK + BK * BN) * 2)",
+               preconditions=("bytes equals the bytes of the copies that signal bar in this phase",)))
+register(OpDef(Op.ARRIVE, (("bar", "slot"),),
+               summary="Arrive on an mbarrier: one arrival per warpgroup of the executing role.",
+               example="arrive(empty[kt % S])",
+               preconditions=("the barrier's arrivals equal the arrivals made per phase",)))
+register(OpDef(Op.WAIT, (("bar", "slot"), ("phase", "expr")),
+               keyword_operands=("phase",),
+               summary="Block until the mbarrier phase of parity `phase` has completed (try_wait.parity).",
+               example="wait(full[kt % S], phase=(kt // S) % 2)",
+               preconditions=("phase is a parity: 0, 1 or an expression ending in % 2",
+                              "something arrives on the barrier, or the wait never returns")))
+register(OpDef(Op.TMA_LOAD, (("dst", "slot"), ("src", "view"), ("bar", "slot")),
+               {"multicast": AttrSpec(int, 0)},
+               keyword_operands=("bar",),
+               summary="TMA (cp.async.bulk.tensor) copy of a gmem box into an smem slot; elements past the "
+                       "tensor's edge are zero-filled; completes the box's bytes on `bar`. multicast: a "
+                       "mask of cluster CTAs that receive the box too (0: this CTA only).",
+               example="tma_load(a_s[kt % S], a[tile(bid.y, BM), tile(kt, BK)], bar=full[kt % S])",
+               preconditions=("box dims <= 256, inner box bytes <= swizzle span",
+                              "global inner dimension 16-byte aligned", "smem slot 128-byte aligned")))
+register(OpDef(Op.TMA_STORE, (("dst", "view"), ("src", "slot")),
+               summary="TMA store of an smem tile (slot) to a gmem box; elements past the edge are skipped. "
+                       "Completes before the next op (bulk group committed and waited).",
+               example="tma_store(c[tile(bid.y, BM), tile(bid.x, BN)], c_s)",
+               preconditions=("fence_async() after ordinary smem writes to src",)))
+register(OpDef(Op.CP_ASYNC, (("dst", "slot"), ("src", "view")),
+               summary="cp.async (Ampere-style, per-thread 16 B) copy of a gmem window into an smem slot, "
+                       "zero-filling past the edge; visible after cp_async_wait and a barrier.",
+               example="cp_async(a_s[kt % S], a[tile(bid.y, BM), tile(kt, BK)])",
+               preconditions=("dst shape equals the window",)))
+register(OpDef(Op.CP_ASYNC_WAIT, (("n", "expr"),),
+               summary="Wait until at most `n` cp.async groups of this thread are in flight.",
+               example="cp_async_wait(0)"))
+register(OpDef(Op.FENCE_ASYNC, (),
+               summary="fence.proxy.async: order ordinary smem writes before later TMA/wgmma reads.",
+               example="fence_async()"))
+register(OpDef(Op.CLUSTER, (("dims", "shape"),),
+               summary="Declare the thread-block cluster shape (CTAs along x, y, z); at most the target's "
+                       "max_cluster_size CTAs.",
+               example="cluster((2, 1, 1))",
+               preconditions=("static dims", "top level, first statement")))
+register(OpDef(Op.CLUSTER_SYNC, (),
+               summary="Cluster-wide barrier (barrier.cluster.arrive + wait).",
+               example="cluster_sync()"))
+register(OpDef(Op.WGMMA, (("acc", "buf"), ("a", "slot"), ("b", "slot")),
+               summary="Warpgroup MMA, issued asynchronously by the role: acc (rmem f32, 64 rows per "
+                       "warpgroup) += a (smem, M x K) @ b (smem, K x N), one commit group.",
+               example="wgmma(acc, a_s[kt % S], b_s[kt % S])",
+               preconditions=("inside a role of whole warpgroups", "M = 64 * warpgroups, N in 8..256 step 8, "
+                              "K a multiple of 16 (16-bit)", "a and b in smem with the same swizzle",
+                              "wgmma_wait before the slots are released")))
+register(OpDef(Op.WGMMA_WAIT, (("n", "expr"),),
+               summary="wgmma.wait_group: wait until at most `n` wgmma groups of the role are in flight.",
+               example="wgmma_wait(0)"))
+register(OpDef(Op.TCGEN05_MMA, (("acc", "buf"), ("a", "slot"), ("b", "slot")),
+               summary="Blackwell tcgen05 MMA (sm_100a only; declared, not lowered for sm_90a): acc += a @ b "
+                       "with the accumulator in tensor memory.",
+               example="tcgen05_mma(acc, a_s[s], b_s[s])",
+               preconditions=("target sm_100a",)))

@@ -55,7 +55,8 @@ def _redefined(ctx: Ctx) -> Iterable[Diagnostic]:
                 yield ctx.diag("types.redefined", n, f"`{name}` is already defined", path=path,
                                witness=[f"first defined at line {first.line}"] if first is not None else [],
                                hint="buffers are allocated once; give this one a new name")
-            seen[name] = n
+            if n.result:        # loop variables are scoped to their loop (sibling roles may both use `kt`)
+                seen[name] = n
 
 
 @rule("types.space", "types", "an operand lives in a memory space the op cannot use")
@@ -247,9 +248,9 @@ def _rmem_split(ctx: Ctx) -> Iterable[Diagnostic]:
                     break
                 numel *= v
             else:
-                if numel % ctx.program.threads:
+                if numel % ctx.threads_of(n):
                     yield ctx.diag("resources.rmem_split", n, f"`{n.result}` has {numel} elements, not a multiple "
-                                                              f"of threads={ctx.program.threads}", path=path,
+                                                              f"of threads={ctx.threads_of(n)}", path=path,
                                    hint="pick tile sizes whose product is a multiple of the thread count")
 
 

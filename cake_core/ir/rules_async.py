@@ -1,1 +1,505 @@
-"""Verifier rules for the async ops."""
+"""Verifier rules for the async ops (roles, setmaxnreg, TMA, wgmma, mbarriers, clusters) and the protocol checker.
+
+Every limit comes from the target data (``targets/<arch>.json``: ``setmaxnreg``,
+``regs_per_sm``, ``tma``, ``wgmma``, ``max_cluster_size``, ``warpgroup_warps``,
+``mma_atoms``). Families: role, setmaxnreg, control, tma, wgmma, mbarrier,
+resources, async, protocol (``ir.protocol`` simulates the roles).
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterable, Iterator
+
+from cake_core.ir.expr import Bin, symbols
+from cake_core.ir.ops import At, Node, Op, Tile, View
+from cake_core.ir.ops_async import Slot
+from cake_core.ir.protocol import RULE_IDS, check_protocol
+from cake_core.ir.types import DType, MemSpace
+from cake_core.ir.verify import Ctx, fmt_shape, rule, view_extent
+from cake_core.outcome import Diagnostic
+
+_SLOT_OPERANDS = {Op.EXPECT_TX: ("bar",), Op.ARRIVE: ("bar",), Op.WAIT: ("bar",), Op.TMA_LOAD: ("dst", "bar"),
+                  Op.TMA_STORE: ("src",), Op.CP_ASYNC: ("dst",), Op.WGMMA: ("a", "b"),
+                  Op.TCGEN05_MMA: ("a", "b")}
+_BAR_OPERANDS = {(Op.EXPECT_TX, "bar"), (Op.ARRIVE, "bar"), (Op.WAIT, "bar"), (Op.TMA_LOAD, "bar")}
+
+
+def _roles(ctx: Ctx) -> list[tuple[Node, str]]:
+    return [(n, p) for n, p, _ in ctx.nodes if n.op is Op.ROLE]
+
+
+def _barriers(ctx: Ctx) -> dict[str, Node]:
+    return {n.result: n for n, _, _ in ctx.nodes if n.op is Op.MBARRIER}
+
+
+def _wgs(ctx: Ctx, n: Node) -> int:
+    """Warpgroups that execute ``n`` (a partial warpgroup counts as one)."""
+    per = ctx.target["warpgroup_warps"] * ctx.target["warp_size"]
+    return max(-(-ctx.threads_of(n) // per), 1)
+
+
+def _swizzle(ctx: Ctx, name: str) -> int:
+    """The swizzle an smem tile was allocated with (0 for anything else)."""
+    n = ctx.defined_at.get(name)
+    return n.attr("swizzle") if n is not None and n.op is Op.SMEM else 0
+
+
+def _numel(ctx: Ctx, shape) -> int | None:
+    vals = [ctx.static(d) for d in shape]
+    return None if None in vals else math.prod(vals)
+
+
+def _blocks(nodes: tuple[Node, ...]) -> Iterator[tuple[Node, ...]]:
+    yield nodes
+    for n in nodes:
+        if n.body:
+            yield from _blocks(n.body)
+
+
+# -------------------------------------------------------------------- roles
+
+@rule("role.placement", "role", "roles sit at the kernel's top level and do not nest")
+def _role_placement(ctx: Ctx) -> Iterable[Diagnostic]:
+    top = {id(n) for n in ctx.program.body}
+    for n, path in _roles(ctx):
+        if id(n) not in top:
+            yield ctx.diag("role.placement", n, f"role `{n.args[0]}` is nested in another block", path=path,
+                           hint="write the roles as sibling `with role(...)` blocks at the kernel's top level")
+
+
+@rule("role.bounds", "role", "a role's warps must lie within the kernel's threads")
+def _role_bounds(ctx: Ctx) -> Iterable[Diagnostic]:
+    warps = ctx.program.threads // ctx.target["warp_size"]
+    for n, path in _roles(ctx):
+        lo, hi = n.args[1]
+        if not 0 <= lo < hi <= warps:
+            yield ctx.diag("role.bounds", n, f"role `{n.args[0]}` takes warps [{lo}, {hi}), but threads="
+                                             f"{ctx.program.threads} has warps [0, {warps})", path=path,
+                           hint=f"raise threads to {max(hi, 1) * ctx.target['warp_size']} or move the role's warps")
+
+
+@rule("role.overlap", "role", "two roles claim the same warp")
+def _role_overlap(ctx: Ctx) -> Iterable[Diagnostic]:
+    owner: dict[int, Node] = {}
+    for n, path in _roles(ctx):
+        lo, hi = n.args[1]
+        clash = next((owner[w] for w in range(lo, hi) if w in owner), None)
+        if clash is not None:
+            yield ctx.diag("role.overlap", n, f"role `{n.args[0]}` warps [{lo}, {hi}) overlap role "
+                                              f"`{clash.args[0]}` warps {clash.args[1]}", path=path,
+                           witness=[f"`{clash.args[0]}` declared at line {clash.line}"],
+                           hint="give each role its own warps, e.g. warps=(0, 4) and warps=(4, 12)")
+        for w in range(lo, hi):
+            owner.setdefault(w, n)
+
+
+# --------------------------------------------------------------- setmaxnreg
+
+@rule("setmaxnreg.value", "setmaxnreg", "a role's register budget is outside setmaxnreg's range or step")
+def _regs_value(ctx: Ctx) -> Iterable[Diagnostic]:
+    lim = ctx.target["setmaxnreg"]
+    for n, path in _roles(ctx):
+        r = n.attr("regs")
+        if r and not (lim["min"] <= r <= lim["max"] and r % lim["step"] == 0):
+            yield ctx.diag("setmaxnreg.value", n, f"regs={r}: setmaxnreg takes {lim['min']}..{lim['max']} in steps "
+                                                  f"of {lim['step']}", path=path,
+                           hint=f"use a multiple of {lim['step']}, e.g. {max(lim['min'], r - r % lim['step'])}")
+
+
+@rule("setmaxnreg.budget", "setmaxnreg", "the roles' register budgets exceed the register file")
+def _regs_budget(ctx: Ctx) -> Iterable[Diagnostic]:
+    roles = _roles(ctx)
+    if not any(n.attr("regs") for n, _ in roles):
+        return
+    total = sum(n.attr("regs") * ctx.threads_of(n.body[0] if n.body else n) for n, _ in roles if n.body)
+    limit = ctx.target["regs_per_sm"]
+    if total > limit:
+        last = max((n for n, _ in roles if n.attr("regs")), key=lambda n: n.line)
+        yield ctx.diag("setmaxnreg.budget", last, f"the roles ask for {total} registers (sum of regs * threads); "
+                                                  f"the register file holds {limit}", path="kernel",
+                       witness=[f"{n.args[0]}: {n.attr('regs')} x {ctx.threads_of(n.body[0])} threads"
+                                for n, _ in roles if n.body],
+                       hint="lower the producer's budget (24-40 is enough to issue TMA) or the consumers'")
+
+
+# ------------------------------------------------------------------ control
+
+@rule("control.sync_in_role", "control", "a CTA-wide barrier inside role-divergent code deadlocks")
+def _sync_in_role(ctx: Ctx) -> Iterable[Diagnostic]:
+    for n, path, _ in ctx.nodes:
+        if n.op is Op.SYNC and id(n) in ctx.role_of:
+            yield ctx.diag("control.sync_in_role", n, f"sync() inside role `{ctx.role_of[id(n)].args[0]}`: the "
+                                                      "other roles never reach it", path=path,
+                           hint="synchronise roles through mbarriers (arrive/wait), or move sync() out of the role")
+
+
+# ------------------------------------------------------------------ operands
+
+@rule("async.operands", "async", "an async op's operands name the wrong kind of buffer")
+def _async_operands(ctx: Ctx) -> Iterable[Diagnostic]:
+    bars = _barriers(ctx)
+    for n, path, _ in ctx.nodes:
+        for name in _SLOT_OPERANDS.get(n.op, ()):
+            s: Slot = n.arg(name)
+            is_bar = (n.op, name) in _BAR_OPERANDS
+            if is_bar and s.buf not in bars:
+                yield ctx.diag("async.operands", n, f"`{n.op.value}` operand `{name}` must be an mbarrier; `{s.buf}` "
+                                                    "is not", path=path,
+                               hint="allocate it with `bar = mbarrier(S, arrivals=1)`")
+            elif not is_bar:
+                t = ctx.buffers.get(s.buf)
+                if t is None or t.space is not MemSpace.SMEM:
+                    where = "not defined" if t is None else f"in {t.space.value}"
+                    yield ctx.diag("async.operands", n, f"`{n.op.value}` operand `{name}` must be an smem tile; "
+                                                        f"`{s.buf}` is {where}", path=path,
+                                   hint="allocate it with smem(..., stages=S) before this statement")
+        if n.op in (Op.TMA_LOAD, Op.CP_ASYNC, Op.TMA_STORE):
+            v: View = n.arg("dst" if n.op is Op.TMA_STORE else "src")
+            t = ctx.buffers.get(v.buf)
+            if t is None or t.space is not MemSpace.GMEM:
+                yield ctx.diag("async.operands", n, f"`{n.op.value}` needs a gmem view; `{v.buf}` is not a kernel "
+                                                    "parameter", path=path,
+                               hint=f"parameters: {', '.join(p.name for p in ctx.program.params)}")
+
+
+@rule("async.slot_index", "async", "a ring (stages > 1, or an mbarrier array) is used without a valid slot index")
+def _slot_index(ctx: Ctx) -> Iterable[Diagnostic]:
+    bars = _barriers(ctx)
+    for n, path, scope in ctx.nodes:
+        for name in _SLOT_OPERANDS.get(n.op, ()):
+            s: Slot = n.arg(name)
+            if s.buf in bars:
+                count = ctx.static(bars[s.buf].args[0])
+            elif s.buf in ctx.buffers:
+                count = ctx.buffers[s.buf].stages
+            else:
+                continue
+            if s.index is None:
+                if count is not None and count > 1:
+                    yield ctx.diag("async.slot_index", n, f"`{s.buf}` has {count} slots; pick one: {s.buf}[i]",
+                                   path=path, hint="index the ring with the trip, e.g. [kt % S]")
+                continue
+            bad = symbols(s.index) - set(ctx.consts) - ctx.dims - scope - {"bid.x", "bid.y", "bid.z"}
+            v = ctx.static(s.index)
+            if bad:
+                yield ctx.diag("async.slot_index", n, f"slot index of `{s.buf}` uses undefined `{sorted(bad)[0]}`",
+                               path=path, hint="index with loop variables and consts")
+            elif v is not None and count is not None and not 0 <= v < count:
+                yield ctx.diag("async.slot_index", n, f"slot {v} of `{s.buf}` is outside its {count} slots",
+                               path=path, hint=f"use an index in [0, {count}), e.g. kt % {count}")
+
+
+# ---------------------------------------------------------------------- TMA
+
+def _tma_nodes(ctx: Ctx) -> Iterator[tuple[Node, str, View, Slot]]:
+    for n, path, _ in ctx.nodes:
+        if n.op is Op.TMA_LOAD:
+            yield n, path, n.arg("src"), n.arg("dst")
+        elif n.op is Op.TMA_STORE:
+            yield n, path, n.arg("dst"), n.arg("src")
+
+
+def _box(ctx: Ctx, v: View) -> list[int | None] | None:
+    """Box dims in gmem order (single indices count as 1); None where not static."""
+    t = ctx.buffers.get(v.buf)
+    if t is None or len(v.index) != t.rank:
+        return None
+    out: list[int | None] = []
+    for i, d in zip(v.index, t.shape):
+        out.append(ctx.static(i.size) if isinstance(i, Tile) else 1 if isinstance(i, At) else ctx.static(d))
+    return out
+
+
+@rule("tma.box_dim", "tma", "a TMA box dimension exceeds the target's limit, or the box has too many dims")
+def _tma_box_dim(ctx: Ctx) -> Iterable[Diagnostic]:
+    lim, rank = ctx.target["tma"]["max_box_dim"], ctx.target["tma"]["max_rank"]
+    for n, path, v, _ in _tma_nodes(ctx):
+        box = _box(ctx, v)
+        if box is None:
+            continue
+        if len(box) > rank:
+            yield ctx.diag("tma.box_dim", n, f"`{v.buf}` has rank {len(box)}; TMA takes at most {rank}", path=path)
+        for b in box:
+            if b is not None and b > lim:
+                yield ctx.diag("tma.box_dim", n, f"box dimension {b} of `{v.buf}` exceeds {lim}", path=path,
+                               hint=f"tile by at most {lim} per dimension (issue several boxes)")
+                break
+
+
+@rule("tma.swizzle_span", "tma", "the inner box bytes must fit the smem swizzle span (16 B multiple unswizzled)")
+def _tma_swizzle(ctx: Ctx) -> Iterable[Diagnostic]:
+    mult = ctx.target["tma"]["no_swizzle_inner_bytes_multiple"]
+    for n, path, v, s in _tma_nodes(ctx):
+        box, t, g = _box(ctx, v), ctx.buffers.get(s.buf), ctx.buffers.get(v.buf)
+        if box is None or t is None or g is None or box[-1] is None:
+            continue
+        inner = box[-1] * g.dtype.bytes
+        span = _swizzle(ctx, s.buf)
+        if span and inner > span:
+            yield ctx.diag("tma.swizzle_span", n, f"the inner box dimension is {inner} B, more than `{s.buf}`'s "
+                                                  f"{span} B swizzle span", path=path,
+                           hint=f"make the inner tile {span // g.dtype.bytes} elements wide, or split the box")
+        elif not span and inner % mult:
+            yield ctx.diag("tma.swizzle_span", n, f"the inner box dimension is {inner} B; unswizzled TMA boxes "
+                                                  f"need a multiple of {mult} B", path=path)
+
+
+@rule("tma.global_align", "tma", "TMA needs the gmem tensor's strides 16-byte aligned")
+def _tma_global_align(ctx: Ctx) -> Iterable[Diagnostic]:
+    align = ctx.target["tma"]["global_align_bytes"]
+    for n, path, v, _ in _tma_nodes(ctx):
+        g = ctx.buffers.get(v.buf)
+        if g is None:
+            continue
+        for k in range(1, g.rank):
+            inner = _numel(ctx, g.shape[k:])
+            if inner is not None and inner * g.dtype.bytes % align:
+                yield ctx.diag("tma.global_align", n, f"rows of `{v.buf}` are {inner * g.dtype.bytes} B apart; TMA "
+                                                      f"needs strides that are multiples of {align} B", path=path,
+                               hint="pad the tensor's inner dimension, or use load()/cp_async()")
+                break
+
+
+@rule("tma.smem_align", "tma", "each smem slot a TMA copy writes must stay aligned (128 B; 1024 B with swizzle 128)")
+def _tma_smem_align(ctx: Ctx) -> Iterable[Diagnostic]:
+    tma = ctx.target["tma"]
+    for n, path, _, s in _tma_nodes(ctx):
+        t = ctx.buffers.get(s.buf)
+        size = _numel(ctx, t.shape) if t is not None else None
+        if size is None:
+            continue
+        align = tma["swizzle_smem_align_bytes"] if _swizzle(ctx, s.buf) == 128 else tma["smem_align_bytes"]
+        if t.stages > 1 and size * t.dtype.bytes % align:
+            yield ctx.diag("tma.smem_align", n, f"slots of `{s.buf}` are {size * t.dtype.bytes} B: slot 1 would start "
+                                                f"off the {align} B alignment TMA needs", path=path,
+                           hint=f"make one slot a multiple of {align} B")
+
+
+@rule("tma.box_shape", "tma", "the TMA box and the smem slot differ in shape")
+def _tma_box_shape(ctx: Ctx) -> Iterable[Diagnostic]:
+    for n, path, v, s in _tma_nodes(ctx):
+        t, ext = ctx.buffers.get(s.buf), view_extent(ctx, v)
+        if t is None or ext is None:
+            continue
+        a, b = _numel(ctx, t.shape), _numel(ctx, ext)
+        if a is not None and b is not None and ([ctx.static(d) for d in t.shape] != [ctx.static(d) for d in ext]):
+            yield ctx.diag("tma.box_shape", n, f"slot shape {fmt_shape(ctx, t.shape)} differs from the box "
+                                               f"{fmt_shape(ctx, ext)} of `{v.buf}`", path=path,
+                           hint="make the tile() sizes equal the smem tile's shape")
+
+
+# -------------------------------------------------------------------- wgmma
+
+def _mmas(ctx: Ctx) -> Iterator[tuple[Node, str]]:
+    for n, path, _ in ctx.nodes:
+        if n.op in (Op.WGMMA, Op.TCGEN05_MMA):
+            yield n, path
+
+
+@rule("async.atom_target", "async", "wgmma needs sm_90a; tcgen05_mma needs sm_100a")
+def _atom_target(ctx: Ctx) -> Iterable[Diagnostic]:
+    for n, path in _mmas(ctx):
+        atom = "wgmma" if n.op is Op.WGMMA else "tcgen05"
+        if atom not in ctx.target["mma_atoms"]:
+            yield ctx.diag("async.atom_target", n, f"`{n.op.value}` does not exist on {ctx.target['arch']}",
+                           path=path, hint=f"atoms on {ctx.target['arch']}: {', '.join(ctx.target['mma_atoms'])}")
+
+
+@rule("wgmma.role", "wgmma", "wgmma is issued by whole warpgroups that start at a warp index divisible by 4")
+def _wgmma_role(ctx: Ctx) -> Iterable[Diagnostic]:
+    per = ctx.target["warpgroup_warps"]
+    for n, path in _mmas(ctx):
+        r = ctx.role_of.get(id(n))
+        lo, hi = r.args[1] if r is not None else (0, ctx.program.threads // ctx.target["warp_size"])
+        if lo % per or (hi - lo) % per:
+            who = f"role `{r.args[0]}` (warps [{lo}, {hi}))" if r is not None else f"threads={ctx.program.threads}"
+            yield ctx.diag("wgmma.role", n, f"{n.op.value} issued by {who}: not whole warpgroups", path=path,
+                           hint="give the MMA role warps=(4*i, 4*j)")
+
+
+def _mma_tiles(ctx: Ctx, n: Node):
+    acc = ctx.buffers.get(n.arg("acc"))
+    a, b = ctx.buffers.get(n.arg("a").buf), ctx.buffers.get(n.arg("b").buf)
+    return acc, a, b
+
+
+@rule("wgmma.acc", "wgmma", "the wgmma accumulator is an rmem f32 tile")
+def _wgmma_acc(ctx: Ctx) -> Iterable[Diagnostic]:
+    for n, path in _mmas(ctx):
+        acc = ctx.buffers.get(n.arg("acc"))
+        if acc is not None and (acc.space is not MemSpace.RMEM or acc.dtype is not DType.F32 or acc.rank != 2):
+            yield ctx.diag("wgmma.acc", n, f"accumulator `{n.arg('acc')}` is {acc}; wgmma accumulates into a 2-D "
+                                           "rmem f32 tile", path=path, hint="allocate it as rmem(f32, (BM, BN))")
+
+
+@rule("wgmma.m", "wgmma", "wgmma computes M = 64 rows per warpgroup")
+def _wgmma_m(ctx: Ctx) -> Iterable[Diagnostic]:
+    m = ctx.target.get("wgmma", {}).get("m", 64)
+    for n, path in _mmas(ctx):
+        acc, a, _ = _mma_tiles(ctx, n)
+        if acc is None or a is None or acc.rank != 2 or a.rank != 2:
+            continue
+        rows, arows, wgs = ctx.static(acc.shape[0]), ctx.static(a.shape[0]), _wgs(ctx, n)
+        if rows != m * wgs or arows != rows:
+            yield ctx.diag("wgmma.m", n, f"acc has {rows} rows and a has {arows}; {wgs} warpgroup(s) compute "
+                                         f"{m * wgs} rows ({m} each)", path=path,
+                           hint=f"use BM = {m} * warpgroups of the role")
+
+
+@rule("wgmma.n", "wgmma", "wgmma's N is 8..256 in steps of 8, the same in acc and b")
+def _wgmma_n(ctx: Ctx) -> Iterable[Diagnostic]:
+    w = ctx.target.get("wgmma", {"n_min": 8, "n_max": 256, "n_step": 8})
+    for n, path in _mmas(ctx):
+        acc, _, b = _mma_tiles(ctx, n)
+        if acc is None or b is None or acc.rank != 2 or b.rank != 2:
+            continue
+        nn, bn = ctx.static(acc.shape[1]), ctx.static(b.shape[1])
+        if nn is None:
+            continue
+        if not (w["n_min"] <= nn <= w["n_max"] and nn % w["n_step"] == 0) or bn != nn:
+            yield ctx.diag("wgmma.n", n, f"N = {nn} (b has {bn} columns): wgmma takes N in {w['n_min']}..{w['n_max']}"
+                                         f", step {w['n_step']}, equal in acc and b", path=path,
+                           hint="pick BN among 64, 128, 256")
+
+
+@rule("wgmma.k", "wgmma", "wgmma's K tile is a multiple of 16 (16-bit) or 32 (8-bit) and a and b agree")
+def _wgmma_k(ctx: Ctx) -> Iterable[Diagnostic]:
+    w = ctx.target.get("wgmma", {"k_16bit": 16, "k_8bit": 32})
+    for n, path in _mmas(ctx):
+        _, a, b = _mma_tiles(ctx, n)
+        if a is None or b is None or a.rank != 2 or b.rank != 2:
+            continue
+        k, bk = ctx.static(a.shape[1]), ctx.static(b.shape[0])
+        step = w["k_8bit"] if a.dtype.bytes == 1 else w["k_16bit"]
+        if k is None or k % step or bk != k:
+            yield ctx.diag("wgmma.k", n, f"K = {k} (b has {bk} rows): wgmma steps K by {step} for "
+                                         f"{a.dtype.value}; a and b must agree", path=path,
+                           hint=f"use BK a multiple of {step}")
+
+
+@rule("wgmma.operands", "wgmma", "wgmma's a and b live in smem, share a 16-bit (or 8-bit) dtype and a swizzle")
+def _wgmma_operands(ctx: Ctx) -> Iterable[Diagnostic]:
+    for n, path in _mmas(ctx):
+        _, a, b = _mma_tiles(ctx, n)
+        if a is None or b is None:
+            continue
+        if a.space is not MemSpace.SMEM or b.space is not MemSpace.SMEM:
+            continue    # async.operands reports it
+        if a.dtype != b.dtype or a.dtype not in (DType.BF16, DType.F16, DType.E4M3, DType.E5M2):
+            yield ctx.diag("wgmma.operands", n, f"a is {a.dtype.value}, b is {b.dtype.value}: wgmma takes one "
+                                                "16-bit (bf16/f16) or 8-bit float dtype", path=path,
+                           hint="allocate both as bf16")
+        elif _swizzle(ctx, n.arg("a").buf) != _swizzle(ctx, n.arg("b").buf):
+            sa, sb = _swizzle(ctx, n.arg("a").buf), _swizzle(ctx, n.arg("b").buf)
+            yield ctx.diag("wgmma.operands", n, f"a has swizzle={sa}, b has swizzle={sb}: "
+                                                "the descriptors of one wgmma use one layout", path=path,
+                           hint="allocate both with swizzle=128 (and load them with TMA of the same swizzle)")
+
+
+# ----------------------------------------------------------------- mbarrier
+
+@rule("mbarrier.phase", "mbarrier", "a wait must name a reachable phase parity of a barrier that is arrived at")
+def _mbarrier_phase(ctx: Ctx) -> Iterable[Diagnostic]:
+    signalled = set()
+    for n, _, _ in ctx.nodes:
+        if n.op in (Op.ARRIVE, Op.EXPECT_TX, Op.TMA_LOAD):
+            signalled.add(n.arg("bar").buf)
+    for n, path, _ in ctx.nodes:
+        if n.op is not Op.WAIT:
+            continue
+        p, bar = n.arg("phase"), n.arg("bar").buf
+        parity = isinstance(p, int) and p in (0, 1) or isinstance(p, Bin) and p.op == "%" and p.b == 2
+        if not parity:
+            yield ctx.diag("mbarrier.phase", n, "the phase of a wait is a parity (0 or 1): completed phases are "
+                                                "only told apart modulo 2", path=path,
+                           hint="write phase=(kt // S) % 2 for a ring of S slots")
+        elif bar in _barriers(ctx) and bar not in signalled:
+            yield ctx.diag("mbarrier.phase", n, f"nothing arrives on `{bar}`: this wait's phase never completes",
+                           path=path, hint=f"arrive(...) or expect_tx(...) on `{bar}` in the role that releases it")
+
+
+@rule("mbarrier.arrivals", "mbarrier", "a barrier's arrival count must match the arrivals made per phase")
+def _mbarrier_arrivals(ctx: Ctx) -> Iterable[Diagnostic]:
+    made: dict[str, list[str]] = {}
+    count: dict[str, int] = {}
+    for n, _, _ in ctx.nodes:
+        if n.op in (Op.ARRIVE, Op.EXPECT_TX):
+            k = 1 if n.op is Op.EXPECT_TX else _wgs(ctx, n)
+            name = n.arg("bar").buf
+            count[name] = count.get(name, 0) + k
+            who = ctx.role_of[id(n)].args[0] if id(n) in ctx.role_of else "cta"
+            made.setdefault(name, []).append(f"{n.op.value} at line {n.line} ({who}): {k} arrival(s)")
+    for name, n in _barriers(ctx).items():
+        if name in count and count[name] != n.attr("arrivals"):
+            yield ctx.diag("mbarrier.arrivals", n, f"`{name}` expects {n.attr('arrivals')} arrival(s) per phase; "
+                                                   f"the program makes {count[name]}",
+                           path=next(p for m, p, _ in ctx.nodes if m is n), witness=made[name],
+                           hint=f"set arrivals={count[name]} (arrive counts one per warpgroup of its role; "
+                                "expect_tx counts one)")
+
+
+@rule("mbarrier.expect_tx", "mbarrier", "expect_tx bytes must equal the bytes of the TMA boxes that signal the barrier")
+def _mbarrier_expect_tx(ctx: Ctx) -> Iterable[Diagnostic]:
+    for block in _blocks(ctx.program.body):
+        for n in block:
+            if n.op is not Op.EXPECT_TX:
+                continue
+            loads = [m for m in block if m.op is Op.TMA_LOAD and m.arg("bar") == n.arg("bar")]
+            sizes = []
+            for m in loads:
+                t = ctx.buffers.get(m.arg("dst").buf)
+                sizes.append(_numel(ctx, t.shape) * t.dtype.bytes if t is not None and _numel(ctx, t.shape) else None)
+            want, got = ctx.static(n.arg("bytes")), sum(s for s in sizes if s is not None)
+            if not loads or None in sizes or want is None or want == got:
+                continue
+            yield ctx.diag("mbarrier.expect_tx", n, f"expect_tx announces {want} B, the TMA copies signalling "
+                                                    f"`{n.arg('bar').buf}` here land {got} B",
+                           path=next(p for m, p, _ in ctx.nodes if m is n),
+                           witness=[f"tma_load at line {m.line}: {s} B" for m, s in zip(loads, sizes)],
+                           hint=f"expect_tx {got} B (whole boxes count, zero-filled edges included)")
+
+
+# --------------------------------------------------------------- resources
+
+@rule("resources.cluster", "resources", "the cluster holds at most the target's max CTAs; multicast fits the cluster")
+def _cluster(ctx: Ctx) -> Iterable[Diagnostic]:
+    size = 1
+    for n, path, _ in ctx.nodes:
+        if n.op is Op.CLUSTER:
+            dims = [ctx.static(d) for d in n.arg("dims")]
+            if None in dims or len(dims) > 3:
+                yield ctx.diag("resources.cluster", n, "the cluster shape is 1 to 3 static dims", path=path)
+                continue
+            size = math.prod(dims)
+            if size > ctx.target["max_cluster_size"]:
+                yield ctx.diag("resources.cluster", n, f"a cluster of {size} CTAs; {ctx.target['arch']} allows "
+                                                       f"{ctx.target['max_cluster_size']}", path=path,
+                               hint="use at most 8 CTAs per cluster (2 or 4 is usual)")
+    for n, path, _ in ctx.nodes:
+        if n.op is Op.TMA_LOAD and n.attr("multicast") >> size:
+            yield ctx.diag("resources.cluster", n, f"multicast mask {n.attr('multicast'):#x} names CTAs beyond the "
+                                                   f"cluster of {size}", path=path,
+                           hint="declare cluster((n, 1, 1)) first, and use a mask below 1 << n")
+
+
+# ----------------------------------------------------------------- protocol
+
+def _protocol(ctx: Ctx) -> list[Diagnostic]:
+    found = ctx.__dict__.get("_protocol")
+    if found is None:
+        found = ctx.__dict__["_protocol"] = check_protocol(ctx)
+    return found
+
+
+def _protocol_rule(rule_id: str, summary: str) -> None:
+    @rule(rule_id, "protocol", summary)
+    def _check(ctx: Ctx) -> Iterable[Diagnostic]:
+        return [d for d in _protocol(ctx) if d.rule == rule_id]
+
+
+for _id, _summary in zip(RULE_IDS, (
+        "every role is blocked on a barrier phase that never completes",
+        "a barrier's expected transaction bytes differ from the bytes its copies land",
+        "a role reads an smem slot before waiting for the copy that fills it",
+        "a copy overwrites an smem slot before its readers released it")):
+    _protocol_rule(_id, _summary)

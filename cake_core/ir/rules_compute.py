@@ -1,1 +1,314 @@
-"""Verifier rules for the compute ops."""
+"""Verifier rules for the compute ops (families: compute, atomic).
+
+Each rule checks one thing the interpreter and the lowering rely on (see
+ops_compute.py for the semantics): operands defined and in a usable memory
+space, shapes that agree (broadcasts, reductions, running merges, scatter
+windows), axes in range, index tiles in i32, float running values, no
+aliasing where threads would race, atomics only into f32/i32 gmem, and the
+shared-memory scratch that cross-thread ops need within the target's budget.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Iterator
+
+from cake_core.ir.ops import REGISTRY, Node, Op, View
+from cake_core.ir.ops_compute import (ATOMIC_OPS, AXIS_OPS, COMPUTE_OPS, RUNNING_OPS, UNARY_INT_FNS,
+                                      broadcasts_to, norm_axis, reduced_shapes, scratch_bytes)
+from cake_core.ir.types import DType, MemSpace, TileType
+from cake_core.ir.verify import Ctx, fmt_shape, rule, same_extent, smem_bytes, view_extent
+from cake_core.outcome import Diagnostic
+
+_INDEX_OPERANDS = {Op.ARGMIN: "idx", Op.ARGMAX: "idx", Op.ARGMIN_UPDATE: "arg", Op.TOPK_MERGE: "idx",
+                   Op.SCATTER_ADD: "idx"}
+_SAME_SHAPE = (Op.CAST, Op.UNARY, Op.SCAN)
+
+
+def _compute_nodes(ctx: Ctx) -> Iterator[tuple[Node, str]]:
+    for n, path, _ in ctx.nodes:
+        if n.op in COMPUTE_OPS:
+            yield n, path
+
+
+def _tiles(n: Node) -> list[tuple[str, str]]:
+    """(operand name, buffer name) of the op's tile operands."""
+    return [(name, a) for (name, kind), a in zip(REGISTRY[n.op].operands, n.args) if kind == "buf"]
+
+
+def _shape(ctx: Ctx, t: TileType | None) -> tuple[int, ...] | None:
+    if t is None:
+        return None
+    out = []
+    for d in t.shape:
+        v = ctx.static(d)
+        if v is None:
+            return None
+        out.append(v)
+    return tuple(out)
+
+
+def _sh(ctx: Ctx, name: str) -> tuple[int, ...] | None:
+    return _shape(ctx, ctx.buffers.get(name))
+
+
+def _fmt(s: tuple[int, ...]) -> str:
+    return "(" + ", ".join(map(str, s)) + ("," if len(s) == 1 else "") + ")"
+
+
+# ------------------------------------------------------------------ compute
+
+@rule("compute.undefined", "compute", "a compute op names a tile or a gmem tensor that is not defined before it")
+def _undefined(ctx: Ctx) -> Iterable[Diagnostic]:
+    seen = {p.name for p in ctx.program.params}
+    for n, path, _ in ctx.nodes:
+        if n.op in COMPUTE_OPS:
+            for name, buf in _tiles(n):
+                if buf not in seen:
+                    yield ctx.diag("compute.undefined", n, f"`{buf}` ({n.op.value} operand `{name}`) is not defined "
+                                                           "here", path=path,
+                                   hint="allocate it with smem(...)/rmem(...) before use, or check the spelling")
+            for a in n.args:
+                if isinstance(a, View) and a.buf not in seen:
+                    yield ctx.diag("compute.undefined", n, f"`{a.buf}` is not a kernel parameter", path=path,
+                                   hint=f"parameters: {', '.join(p.name for p in ctx.program.params)}")
+        if n.result:
+            seen.add(n.result)
+
+
+@rule("compute.space", "compute", "compute ops take single-stage smem or rmem tiles, not gmem tensors or rings")
+def _space(ctx: Ctx) -> Iterable[Diagnostic]:
+    for n, path in _compute_nodes(ctx):
+        for name, buf in _tiles(n):
+            t = ctx.buffers.get(buf)
+            if t is None:
+                continue
+            if t.space is MemSpace.GMEM:
+                yield ctx.diag("compute.space", n, f"`{n.op.value}` operand `{name}` must be an smem or rmem tile; "
+                                                   f"`{buf}` is in gmem", path=path,
+                               hint=f"load(tile, {buf}[...]) into an smem/rmem tile first")
+            elif t.stages > 1:
+                yield ctx.diag("compute.space", n, f"`{buf}` is a ring of {t.stages} stages; `{n.op.value}` takes a "
+                                                   "single-stage tile", path=path,
+                               hint="allocate a separate single-stage tile for the compute")
+
+
+@rule("compute.shape", "compute", "cast/unary/scan need equal shapes; transpose needs a 2-D source and its reverse")
+def _same_shape(ctx: Ctx) -> Iterable[Diagnostic]:
+    for n, path in _compute_nodes(ctx):
+        if n.op not in _SAME_SHAPE and n.op is not Op.TRANSPOSE:
+            continue
+        d, s = _sh(ctx, n.args[0]), _sh(ctx, n.args[1])
+        if d is None or s is None:
+            continue
+        if n.op is Op.TRANSPOSE:
+            if len(s) != 2 or d != s[::-1]:
+                yield ctx.diag("compute.shape", n, f"transpose of {_fmt(s)} into {_fmt(d)}: dst must be the 2-D "
+                                                   "source's shape reversed", path=path,
+                               hint=f"allocate dst as {_fmt(s[::-1]) if len(s) == 2 else '(C, R)'}")
+        elif d != s:
+            yield ctx.diag("compute.shape", n, f"`{n.op.value}` of a {_fmt(s)} tile into a {_fmt(d)} tile", path=path,
+                           hint="dst and src must have the same shape (use reduce/transpose to change it)")
+
+
+@rule("compute.broadcast", "compute", "an ewise source does not broadcast to the destination's shape")
+def _broadcast(ctx: Ctx) -> Iterable[Diagnostic]:
+    for n, path in _compute_nodes(ctx):
+        if n.op is not Op.EWISE:
+            continue
+        d = _sh(ctx, n.args[0])
+        for name, buf in (("a", n.args[1]), ("b", n.args[2])):
+            s = _sh(ctx, buf)
+            if d is not None and s is not None and not broadcasts_to(s, d):
+                yield ctx.diag("compute.broadcast", n, f"ewise operand `{name}` = `{buf}` {_fmt(s)} does not "
+                                                       f"broadcast to dst {_fmt(d)}", path=path,
+                               hint="a source's dims, aligned right, must equal dst's or be 1: a row vector is "
+                                    "(C,), a column vector (R, 1)")
+
+
+@rule("compute.axis", "compute", "the axis of reduce/scan/argmin/argmax is not an axis of a 1-D or 2-D source")
+def _axis(ctx: Ctx) -> Iterable[Diagnostic]:
+    for n, path in _compute_nodes(ctx):
+        if n.op not in AXIS_OPS:
+            continue
+        s = _sh(ctx, n.args[-1] if n.op in (Op.ARGMIN, Op.ARGMAX) else n.args[1])
+        if s is None:
+            continue
+        if len(s) > 2:
+            yield ctx.diag("compute.axis", n, f"`{n.op.value}` works on 1-D or 2-D tiles; the source is {_fmt(s)}",
+                           path=path, hint="reduce a 2-D view of the data: allocate the tile as (rows, cols)")
+        elif norm_axis(n.attr("axis"), len(s)) is None:
+            yield ctx.diag("compute.axis", n, f"axis={n.attr('axis')} is not an axis of a {len(s)}-D tile "
+                                              f"{_fmt(s)}", path=path,
+                           hint="use axis=0 (or the default axis=-1) for a 1-D tile")
+
+
+@rule("compute.reduce_shape", "compute", "a reduction's or a running merge's result does not fit its source")
+def _reduce_shape(ctx: Ctx) -> Iterable[Diagnostic]:
+    for n, path in _compute_nodes(ctx):
+        if n.op in (Op.REDUCE, Op.ARGMIN, Op.ARGMAX):
+            src = _sh(ctx, n.args[-1] if n.op is not Op.REDUCE else n.args[1])
+            outs = n.args[:2] if n.op is not Op.REDUCE else n.args[:1]
+            if src is None or len(src) > 2 or norm_axis(n.attr("axis"), len(src)) is None:
+                continue      # compute.axis reports it
+            want = reduced_shapes(src, norm_axis(n.attr("axis"), len(src)))
+            for o in outs:
+                s = _sh(ctx, o)
+                if s is not None and s not in want:
+                    yield ctx.diag("compute.reduce_shape", n, f"`{o}` is {_fmt(s)}; reducing {_fmt(src)} along "
+                                                              f"axis {n.attr('axis')} gives {_fmt(want[0])}",
+                                   path=path, hint=f"allocate `{o}` as {_fmt(want[0])} or {_fmt(want[1])}")
+        elif n.op in RUNNING_OPS:
+            a, b, scores = (_sh(ctx, x) for x in n.args[:3])
+            if scores is None:
+                continue
+            if len(scores) != 2:
+                yield ctx.diag("compute.reduce_shape", n, f"scores must be 2-D (rows, candidates); it is "
+                                                          f"{_fmt(scores)}", path=path,
+                               hint="compute scores as a (rows, candidates) tile")
+                continue
+            rows = scores[0]
+            want = [(rows,), (rows, 1)] if n.op is Op.ARGMIN_UPDATE else None
+            for name, s in ((n.args[0], a), (n.args[1], b)):
+                if s is None:
+                    continue
+                bad = s not in want if want else (len(s) != 2 or s[0] != rows)
+                if bad:
+                    w = f"{_fmt(want[0])} or {_fmt(want[1])}" if want else f"({rows}, k)"
+                    yield ctx.diag("compute.reduce_shape", n, f"`{name}` is {_fmt(s)}; scores {_fmt(scores)} "
+                                                              f"need {w}", path=path,
+                                   hint="one running entry (or k) per row of scores")
+            if n.op is Op.TOPK_MERGE and a is not None and b is not None and a != b:
+                yield ctx.diag("compute.reduce_shape", n, f"vals {_fmt(a)} and idx {_fmt(b)} differ in shape",
+                               path=path, hint="allocate both as (rows, k)")
+
+
+@rule("compute.index_dtype", "compute", "index tiles (argmin/argmax/argmin_update/topk_merge/scatter_add) must be i32")
+def _index_dtype(ctx: Ctx) -> Iterable[Diagnostic]:
+    for n, path in _compute_nodes(ctx):
+        name = _INDEX_OPERANDS.get(n.op)
+        t = ctx.buffers.get(n.arg(name)) if name else None
+        if t is not None and t.dtype is not DType.I32:
+            yield ctx.diag("compute.index_dtype", n, f"`{n.op.value}` index operand `{name}` = `{n.arg(name)}` is "
+                                                     f"{t.dtype.value}", path=path,
+                           hint=f"allocate it as rmem(i32, ...) or smem(i32, ...)")
+
+
+@rule("compute.dtype", "compute", "float-only math on an integer tile, a non-f32 running value, or a fractional "
+                                  "integer scale")
+def _dtype(ctx: Ctx) -> Iterable[Diagnostic]:
+    for n, path in _compute_nodes(ctx):
+        t = ctx.buffers.get(n.args[0]) if isinstance(n.args[0], str) else None
+        if t is None:
+            continue
+        if n.op is Op.UNARY and not t.dtype.is_float and n.attr("fn") not in UNARY_INT_FNS:
+            yield ctx.diag("compute.dtype", n, f"unary fn=\"{n.attr('fn')}\" into an {t.dtype.value} tile",
+                           path=path, hint=f"write into an f32 tile; on integers only {', '.join(UNARY_INT_FNS)}")
+        if n.op is Op.EWISE and not t.dtype.is_float:
+            for k in ("alpha", "beta"):
+                if n.attr(k) != int(n.attr(k)):
+                    yield ctx.diag("compute.dtype", n, f"{k}={n.attr(k)} on an {t.dtype.value} destination",
+                                   path=path, hint="integer ewise takes whole-number alpha and beta; use an f32 dst")
+        if n.op in RUNNING_OPS and t.dtype is not DType.F32:
+            yield ctx.diag("compute.dtype", n, f"running values `{n.args[0]}` are {t.dtype.value}; "
+                                               f"`{n.op.value}` keeps them in f32", path=path,
+                           hint=f"allocate `{n.args[0]}` as rmem(f32, ...) filled with inf")
+
+
+@rule("compute.alias", "compute", "an op's outputs alias each other or a source that other threads still read")
+def _alias(ctx: Ctx) -> Iterable[Diagnostic]:
+    for n, path in _compute_nodes(ctx):
+        pairs: list[tuple[str, str]] = []
+        if n.op is Op.TRANSPOSE:
+            pairs = [("dst", "src")]
+        elif n.op in (Op.ARGMIN, Op.ARGMAX):
+            pairs = [("val", "idx"), ("idx", "src")]
+        elif n.op is Op.ARGMIN_UPDATE:
+            pairs = [("best", "arg"), ("best", "scores"), ("arg", "scores")]
+        elif n.op is Op.TOPK_MERGE:
+            pairs = [("vals", "idx"), ("vals", "scores"), ("idx", "scores")]
+        elif n.op is Op.REDUCE:
+            pairs = [("dst", "src")]
+        for x, y in pairs:
+            if n.arg(x) == n.arg(y):
+                yield ctx.diag("compute.alias", n, f"`{n.op.value}` operands `{x}` and `{y}` are the same tile "
+                                                   f"`{n.arg(x)}`", path=path,
+                               hint="give the result its own tile: threads would overwrite elements others read")
+
+
+@rule("compute.scratch_smem", "compute", "smem tiles plus the scratch a cross-thread compute op needs exceed the "
+                                         "target's shared memory")
+def _scratch(ctx: Ctx) -> Iterable[Diagnostic]:
+    base = smem_bytes(ctx)
+    limit = ctx.target["smem_per_cta_bytes"]
+    if base is None or base > limit:
+        return                     # resources.smem reports the tiles alone
+    align = ctx.target["smem_alloc_align_bytes"]
+    for n, path in _compute_nodes(ctx):
+        need = scratch_bytes(n, ctx.buffers.get, lambda t: _shape(ctx, t))
+        if need and -(-base // align) * align + need > limit:
+            yield ctx.diag("compute.scratch_smem", n, f"`{n.op.value}` exchanges rmem tiles through {need} B of "
+                                                      f"shared scratch; with {base} B of smem tiles the CTA needs "
+                                                      f"more than the {limit} B of {ctx.target['arch']}", path=path,
+                           hint="put the operands in smem tiles (no scratch needed), or shrink the tiles")
+
+
+# ------------------------------------------------------------------- atomic
+
+@rule("atomic.space", "atomic", "atomic_add/scatter_add must target a gmem kernel parameter")
+def _atomic_space(ctx: Ctx) -> Iterable[Diagnostic]:
+    for n, path in _compute_nodes(ctx):
+        if n.op in ATOMIC_OPS:
+            v = n.args[0]
+            t = ctx.buffers.get(v.buf)
+            if t is not None and t.space is not MemSpace.GMEM:
+                yield ctx.diag("atomic.space", n, f"`{n.op.value}` into `{v.buf}`, an {t.space.value} tile; atomics "
+                                                  "here add into gmem", path=path,
+                               hint="use ewise(dst, dst, src, fn=\"add\") for a tile, or name a gmem parameter")
+
+
+@rule("atomic.dtype", "atomic", "atomics add into f32 or i32 gmem only, and into i32 only from an i32 tile")
+def _atomic_dtype(ctx: Ctx) -> Iterable[Diagnostic]:
+    for n, path in _compute_nodes(ctx):
+        if n.op not in ATOMIC_OPS:
+            continue
+        d = ctx.buffers.get(n.args[0].buf)
+        s = ctx.buffers.get(n.arg("src"))
+        if d is None or d.space is not MemSpace.GMEM:
+            continue
+        if d.dtype not in (DType.F32, DType.I32):
+            yield ctx.diag("atomic.dtype", n, f"`{n.op.value}` into `{n.args[0].buf}` of dtype {d.dtype.value}",
+                           path=path, hint="accumulate into an f32 (or i32) output and convert afterwards")
+        elif d.dtype is DType.I32 and s is not None and s.dtype is not DType.I32:
+            yield ctx.diag("atomic.dtype", n, f"`{n.op.value}` adds a {s.dtype.value} tile into i32 "
+                                              f"`{n.args[0].buf}`", path=path,
+                           hint="cast(...) the tile into an i32 tile first")
+
+
+@rule("atomic.shape", "atomic", "the tile of an atomic add does not match its gmem window")
+def _atomic_shape(ctx: Ctx) -> Iterable[Diagnostic]:
+    for n, path in _compute_nodes(ctx):
+        if n.op not in ATOMIC_OPS:
+            continue
+        v = n.args[0]
+        ext = view_extent(ctx, v)
+        src = ctx.buffers.get(n.arg("src"))
+        if ext is None or src is None:
+            continue
+        if n.op is Op.ATOMIC_ADD:
+            if not same_extent(ctx, src.shape, ext):
+                yield ctx.diag("atomic.shape", n, f"tile {fmt_shape(ctx, src.shape)} does not match the window "
+                                                  f"{fmt_shape(ctx, ext)} of `{v.buf}`", path=path,
+                               hint="make the tile() sizes equal the tile's shape")
+            continue
+        idx = ctx.buffers.get(n.arg("idx"))
+        problems = []
+        if len(ext) not in (1, 2):
+            problems.append(f"the window of `{v.buf}` has rank {len(ext)}; 1 or 2 needed")
+        elif len(src.shape) != len(ext) or not same_extent(ctx, src.shape[1:], ext[1:]):
+            problems.append(f"src {fmt_shape(ctx, src.shape)} does not scatter into rows of the window "
+                            f"{fmt_shape(ctx, ext)}")
+        if idx is not None and (len(idx.shape) != 1 or not same_extent(ctx, idx.shape, src.shape[:1])):
+            problems.append(f"idx {fmt_shape(ctx, idx.shape)} must be ({fmt_shape(ctx, src.shape[:1])[1:-1]},): "
+                            "one index per src row")
+        for p in problems:
+            yield ctx.diag("atomic.shape", n, p, path=path,
+                           hint="window (E, C) takes src (R, C) and idx (R,); window (E,) takes src (R,)")

@@ -20,6 +20,7 @@ from typing import Any
 from cake_core.errors import CakeError
 from cake_core.ir.expr import BINOPS, FUNCS, Bin, Call, Expr, Sym, fmt_expr
 from cake_core.ir.ops import REGISTRY, At, Full, Node, Op, OpDef, Tile, View, make_attrs
+from cake_core.ir.ops_async import Slot
 from cake_core.ir.program import Param, Program
 from cake_core.ir.types import DType, MemSpace, TileType
 from cake_core.outcome import Diagnostic, Severity
@@ -32,6 +33,7 @@ _FALLBACK_HINT = {
     "parse.for": "loops read `for kt in range(cdiv(K, BK)):`",
     "parse.assign": "write `name = op(...)`",
     "parse.view": "views read a[tile(bid.y, BM), :]",
+    "parse.role": 'roles read `with role("producer", warps=(0, 4), regs=40):`',
 }
 
 
@@ -203,6 +205,8 @@ class _Parser:
             attrs = self.attrs(REGISTRY[Op.FOR], it.keywords, it)
             return Node(Op.FOR, (s.target.id, self.expr(it.args[0])), attrs, None,
                         self.block(s.body), s.lineno, s.col_offset + 1)
+        if isinstance(s, ast.With):
+            return self.with_role(s)
         if isinstance(s, ast.Assign):
             if len(s.targets) != 1 or not isinstance(s.targets[0], ast.Name):
                 raise _Bad("parse.assign", s, "assign to exactly one plain name")
@@ -211,6 +215,35 @@ class _Parser:
             return self.call(s.value, None, s)
         raise _Bad("parse.statement", s, f"`{type(s).__name__}` statements are not part of Cake IR",
                    "statements are op calls, `name = op(...)` and `for v in range(n):` loops")
+
+    def with_role(self, s: ast.With) -> Node:
+        """``with role("name", warps=(lo, hi), regs=R):`` — a block op like ``for``."""
+        hint = 'write `with role("producer", warps=(0, 4), regs=40):`'
+        if len(s.items) != 1 or s.items[0].optional_vars is not None:
+            raise _Bad("parse.role", s, "a with-statement holds exactly one role(...) and no `as`", hint)
+        c = s.items[0].context_expr
+        if not (isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id == "role"):
+            raise _Bad("parse.role", c, "only `with role(...):` blocks are part of Cake IR", hint)
+        d = REGISTRY[Op.ROLE]
+        return Node(Op.ROLE, self.operands(d, c), self.attrs(d, [k for k in c.keywords if k.arg not in
+                                                                 d.keyword_operands], c),
+                    None, self.block(s.body), s.lineno, s.col_offset + 1)
+
+    def operands(self, d: OpDef, c: ast.Call) -> tuple:
+        """Positional operands, then the keyword operands (``bar=``, ``phase=``) by name."""
+        npos = len(d.operands) - len(d.keyword_operands)
+        name = d.op.value
+        kw = {k.arg: k.value for k in c.keywords if k.arg in d.keyword_operands}
+        missing = [k for k in d.keyword_operands if k not in kw]
+        if len(c.args) != npos or missing:
+            want = ", ".join(n if n not in d.keyword_operands else f"{n}=..." for n, _ in d.operands)
+            got = f"{len(c.args)}" + (f", without {', '.join(m + '=' for m in missing)}" if missing else "")
+            raise _Bad("parse.arity", c, f"`{name}` takes {npos} operands then {len(d.keyword_operands)} keyword "
+                                         f"operands ({want}), got {got}" if d.keyword_operands else
+                       f"`{name}` takes {len(d.operands)} operands ({want}), got {len(c.args)}",
+                       f"example: {d.example}")
+        given = list(c.args) + [kw[k] for k in d.keyword_operands]
+        return tuple(self.operand(kind, a, name, oname) for (oname, kind), a in zip(d.operands, given))
 
     def call(self, c: ast.expr, result: str | None, s: ast.stmt) -> Node:
         if not (isinstance(c, ast.Call) and isinstance(c.func, ast.Name)):
@@ -229,12 +262,9 @@ class _Parser:
             raise _Bad("parse.result", c, f"`{name}` makes a value: bind it, `x = {name}(...)`")
         if not d.result and result is not None:
             raise _Bad("parse.result", c, f"`{name}` returns nothing; call it without `{result} =`")
-        if len(c.args) != len(d.operands):
-            want = ", ".join(n for n, _ in d.operands)
-            raise _Bad("parse.arity", c, f"`{name}` takes {len(d.operands)} operands ({want}), "
-                                         f"got {len(c.args)}", f"example: {d.example}")
-        args = tuple(self.operand(kind, a, name, oname) for (oname, kind), a in zip(d.operands, c.args))
-        return Node(d.op, args, self.attrs(d, c.keywords, c), result, (), s.lineno, s.col_offset + 1)
+        args = self.operands(d, c)
+        kws = [k for k in c.keywords if k.arg not in d.keyword_operands]
+        return Node(d.op, args, self.attrs(d, kws, c), result, (), s.lineno, s.col_offset + 1)
 
     def attrs(self, d: OpDef, keywords: list[ast.keyword], where: ast.AST) -> tuple:
         given: dict[str, Any] = {}
@@ -280,6 +310,23 @@ class _Parser:
             return self.view(a, op, oname)
         if kind == "expr":
             return self.expr(a)
+        if kind == "slot":
+            if isinstance(a, ast.Name):
+                return Slot(a.id)
+            if isinstance(a, ast.Subscript) and isinstance(a.value, ast.Name) and not isinstance(a.slice, ast.Tuple):
+                return Slot(a.value.id, self.expr(a.slice))
+            raise _Bad("parse.type", a, f"operand `{oname}` of `{op}` must be a buffer or a ring slot such as "
+                                        "a_s[kt % S]")
+        if kind == "str":
+            if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.isidentifier():
+                return a.value
+            raise _Bad("parse.type", a, f"operand `{oname}` of `{op}` must be a string naming it, e.g. \"producer\"")
+        if kind == "warps":
+            if (isinstance(a, ast.Tuple) and len(a.elts) == 2
+                    and all(isinstance(e, ast.Constant) and type(e.value) is int for e in a.elts)):
+                return (a.elts[0].value, a.elts[1].value)
+            raise _Bad("parse.type", a, f"`{oname}` of `{op}` is a pair of integers (first warp, end warp)",
+                       "e.g. warps=(0, 4) for warpgroup 0")
         raise AssertionError(kind)
 
     def dtype(self, a: ast.expr) -> DType:
@@ -380,6 +427,12 @@ def _fmt_operand(kind: str, a: Any) -> str:
         return a
     if kind == "view":
         return _fmt_view(a)
+    if kind == "slot":
+        return a.buf if a.index is None else f"{a.buf}[{fmt_expr(a.index)}]"
+    if kind == "str":
+        return f'"{a}"'
+    if kind == "warps":
+        return f"({a[0]}, {a[1]})"
     return fmt_expr(a)
 
 
@@ -401,6 +454,11 @@ def _print_block(nodes: tuple[Node, ...], depth: int, lines: list[str]) -> None:
             lines.append(f"{pad}for {n.args[0]} in range({rng}):")
             _print_block(n.body, depth + 1, lines)
             continue
-        args = [_fmt_operand(kind, a) for (_, kind), a in zip(d.operands, n.args)] + kws
+        args = [_fmt_operand(kind, a) if name not in d.keyword_operands else f"{name}={_fmt_operand(kind, a)}"
+                for (name, kind), a in zip(d.operands, n.args)] + kws
+        if d.block:      # `with role(...):`
+            lines.append(f"{pad}with {n.op.value}({', '.join(args)}):")
+            _print_block(n.body, depth + 1, lines)
+            continue
         call = f"{n.op.value}({', '.join(args)})"
         lines.append(f"{pad}{n.result} = {call}" if n.result else pad + call)

@@ -29,6 +29,7 @@ class Ctx:
     defined_at: dict[str, Node] = field(default_factory=dict)
     nodes: list[tuple[Node, str, frozenset[str]]] = field(default_factory=list)  # node, path, loop vars in scope
     dims: set[str] = field(default_factory=set)                      # problem dims (param shape symbols)
+    role_of: dict[int, Node] = field(default_factory=dict)           # id(node) -> the role block it runs in
 
     def diag(self, rule_id: str, node: Node | None, message: str, hint: str = "", path: str = "",
              witness: Sequence[str] = (), severity: Severity | None = None) -> Diagnostic:
@@ -46,6 +47,14 @@ class Ctx:
         v = try_evaluate(e, self.consts)
         return int(v) if v is not None else None
 
+    def threads_of(self, n: Node) -> int:
+        """Threads that execute ``n``: its role's warps, or the whole CTA outside roles."""
+        r = self.role_of.get(id(n))
+        if r is None:
+            return self.program.threads
+        lo, hi = r.args[1]
+        return max(hi - lo, 0) * self.target["warp_size"]
+
     def buf_of(self, operand: Any) -> TileType | None:
         name = operand.buf if isinstance(operand, View) else operand
         return self.buffers.get(name)
@@ -57,9 +66,13 @@ def build_ctx(program: Program, target: dict[str, Any]) -> Ctx:
         ctx.buffers[p.name] = p.type
         for d in p.type.shape:
             ctx.dims |= symbols(d) - set(program.const_env)
+    for top in program.body:
+        if top.op is Op.ROLE:
+            for n, _, _ in walk(top.body):
+                ctx.role_of[id(n)] = top
     for n, path, scope in walk(program.body):
         ctx.nodes.append((n, path, scope))
-        if n.result and n.result not in ctx.buffers:
+        if n.result and n.result not in ctx.buffers and n.op is not Op.MBARRIER:
             space = MemSpace.SMEM if n.op is Op.SMEM else MemSpace.RMEM
             stages = n.attr("stages") if n.op is Op.SMEM else 1
             ctx.buffers[n.result] = TileType(n.args[0], n.args[1], space, stages=stages)
@@ -186,7 +199,7 @@ def rmem_words_per_thread(ctx: Ctx) -> int | None:
                 if v is None:
                     return None
                 numel *= v
-            words += -(-numel * max(n.args[0].bytes, 4) // 4 // ctx.program.threads)
+            words += -(-numel * max(n.args[0].bytes, 4) // 4 // ctx.threads_of(n))
     return words
 
 

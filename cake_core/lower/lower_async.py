@@ -1,1 +1,380 @@
-"""Lowering hooks of the async ops (register with cake_core.lower.cuda.lowering)."""
+"""Lowering hooks of the async ops (registered in cake_core.lower.cuda.LOWERINGS), onto header/cake_async.cuh.
+
+- ``role``: sibling roles become one ``if / else if`` chain over thread ranges (what setmaxnreg needs),
+  each branch opening with ``setmaxnreg.inc`` (regs above the entry cap) or ``.dec``; the kernel then
+  gets ``__launch_bounds__(threads, 1)``.
+- ``mbarrier``: 8 bytes each in dynamic smem, initialised by thread 0, then ``__syncthreads()``.
+  ``arrive``: one elected thread per warpgroup of the role; ``expect_tx``: the role's first thread;
+  ``wait``: every thread spins on ``try_wait.parity``.
+- ``tma_load`` / ``tma_store``: ``cp.async.bulk.tensor`` from the role's first thread, through a tensor
+  map kernel argument (see :class:`TensorMapArg`; the host encodes it). Smem tiles with swizzle=128
+  are placed at 1024-byte aligned offsets (the swizzle pattern is address-based).
+- ``wgmma``: per warpgroup ``m64nNk16`` (bf16/f16 → f32), a K-major swizzle-128 A (64 rows per
+  warpgroup) and an N-major swizzle-128 B (N = 64: one swizzle atom), shared-memory descriptors, one
+  commit group; ``wgmma_wait(n)`` → ``wgmma.wait_group n``. The accumulator is an rmem tile in the
+  m64nNk16 fragment layout (``N / 2`` floats per thread); ``store`` of it is lowered here.
+- ``tcgen05_mma``: not lowered (``lower.unsupported_atom``) on any target yet.
+Inside roles, only ``rmem`` accumulators of wgmma and ``store`` of them are lowered among the v1 tile
+ops (the v1 helpers distribute tiles over all CTA threads): others get ``lower.unsupported_in_role``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from cake_core.ir.ops import At, Node, Op, Tile, View
+from cake_core.ir.ops_async import Slot
+from cake_core.ir.program import walk
+from cake_core.ir.types import DType, MemSpace, Swizzle, TileType
+from cake_core.lower.cuda import LOWERINGS, Buf, Ctx, Line, LowerError, _window, lowering
+
+SWIZZLE_ALIGN = 1024      # bytes: a swizzle-128 tile starts on a whole swizzle pattern
+_SWIZZLE_MODE = {Swizzle.B128: 1, Swizzle.B64: 2, Swizzle.B32: 3}
+
+
+@dataclass(frozen=True)
+class TensorMapArg:
+    """One TMA tensor map the kernel takes as a ``const __grid_constant__ cake::tensor_map`` argument.
+
+    The runtime encodes it with ``cuTensorMapEncodeTiled`` on the gmem parameter ``gmem``: data type
+    ``dtype``, rank = the parameter's rank, global dims innermost first, global strides in bytes
+    (each a multiple of 16), box dims ``box`` (given here in IR order, outermost first: reverse them for
+    the driver), element strides 1, interleave none, swizzle ``swizzle`` bytes (0/32/64/128),
+    L2 promotion any, and out-of-bounds fill NONE (zeros: the IR's semantics).
+    """
+
+    name: str
+    gmem: str
+    dtype: DType
+    box: tuple[int, ...]
+    swizzle: int
+
+
+def _st(ctx: Ctx) -> dict[str, Any]:
+    st = ctx.__dict__.get("async_state")
+    if st is None:
+        accs = {n.arg("acc") for n, _, _ in walk(ctx.program.body) if n.op is Op.WGMMA}
+        st = ctx.__dict__["async_state"] = {"role": None, "bars": {}, "maps": {}, "accs": accs, "frag": {},
+                                            "setmaxnreg": False, "cluster": None}
+    return st
+
+
+def _role(ctx: Ctx) -> tuple[int, int]:
+    """(first thread, threads) of the enclosing role, or the whole CTA."""
+    r = _st(ctx)["role"]
+    return r if r is not None else (0, ctx.threads)
+
+
+def _first(ctx: Ctx) -> str:
+    return f"threadIdx.x == {_role(ctx)[0]}"
+
+
+def _slot_ptr(ctx: Ctx, s: Slot, what: str) -> tuple[Buf, str]:
+    b = ctx.buf(s.buf, (MemSpace.SMEM,), what)
+    if s.index is None:
+        return b, s.buf
+    return b, f"({s.buf} + ({ctx.check_expr(s.index, 'a slot index')}) * {b.numel})"
+
+
+def _bar_ptr(ctx: Ctx, s: Slot) -> str:
+    if s.buf not in _st(ctx)["bars"]:
+        raise LowerError("lower.unknown_name", f"`{s.buf}` is not an mbarrier in scope",
+                         "allocate it with mbarrier(S) at the kernel's top level, before the roles")
+    return f"&{s.buf}[{ctx.check_expr(s.index, 'a barrier slot') if s.index is not None else 0}]"
+
+
+# --------------------------------------------------------------------- roles
+
+@lowering(Op.ROLE)
+def _lower_role(n: Node, ctx: Ctx) -> list[Line]:
+    st = _st(ctx)
+    if st["role"] is not None or ctx.loop_vars:
+        raise LowerError("lower.role_placement", "roles are lowered only at the kernel's top level")
+    body = ctx.program.body
+    i = next(k for k, m in enumerate(body) if m is n)
+    chained = i > 0 and body[i - 1].op is Op.ROLE
+    lo, hi = n.args[1]
+    t0, t1 = lo * 32, hi * 32
+    pad = "    " * ctx.depth
+    cond = f"threadIdx.x >= {t0}u && threadIdx.x < {t1}u" if t0 else f"threadIdx.x < {t1}u"
+    out: list[Line] = [(n.line, f"{pad}{'else if' if chained else 'if'} ({cond}) {{  // role {n.args[0]}")]
+    regs = n.attr("regs")
+    if regs:
+        st["setmaxnreg"] = True
+        cap = min(255, 65536 // ctx.threads) // 8 * 8
+        out.append((n.line, f"{pad}    cake::setmaxnreg_{'inc' if regs > cap else 'dec'}<{regs}>();"))
+    st["role"] = (t0, t1 - t0)
+    ctx.scopes.append({})
+    ctx.depth += 1
+    try:
+        out += ctx.lower_block(n.body)
+    finally:
+        ctx.depth -= 1
+        ctx.scopes.pop()
+        st["role"] = None
+    return out + [(n.line, pad + "}")]
+
+
+# ------------------------------------------------------------------ mbarriers
+
+@lowering(Op.MBARRIER)
+def _lower_mbarrier(n: Node, ctx: Ctx) -> list[Line]:
+    st = _st(ctx)
+    if st["role"] is not None or ctx.loop_vars:
+        raise LowerError("lower.role_placement", "allocate mbarriers at the kernel's top level, before the roles")
+    count = ctx.static(n.args[0], "the number of barriers")
+    off = -(-ctx.smem_top // 8) * 8
+    ctx.smem_top = off + 8 * count
+    st["bars"][n.result] = count
+    return [f"uint64_t* const {n.result} = reinterpret_cast<uint64_t*>(cake_smem + {off});  // {count} mbarriers",
+            f"if (threadIdx.x == 0) {{ for (int i = 0; i < {count}; ++i) cake::mbarrier_init(&{n.result}[i], "
+            f"{n.attr('arrivals')}); cake::fence_mbarrier_init(); }}",
+            "__syncthreads();"]
+
+
+@lowering(Op.EXPECT_TX)
+def _lower_expect_tx(n: Node, ctx: Ctx) -> list[Line]:
+    return [f"if ({_first(ctx)}) cake::mbarrier_arrive_expect_tx({_bar_ptr(ctx, n.arg('bar'))}, "
+            f"{ctx.check_expr(n.arg('bytes'), 'the byte count')});"]
+
+
+@lowering(Op.ARRIVE)
+def _lower_arrive(n: Node, ctx: Ctx) -> list[Line]:
+    first = _role(ctx)[0]
+    return [f"if ((threadIdx.x - {first}u) % 128u == 0u) cake::mbarrier_arrive({_bar_ptr(ctx, n.arg('bar'))});"
+            "  // one arrival per warpgroup"]
+
+
+@lowering(Op.WAIT)
+def _lower_wait(n: Node, ctx: Ctx) -> list[Line]:
+    return [f"cake::mbarrier_wait_parity({_bar_ptr(ctx, n.arg('bar'))}, "
+            f"{ctx.check_expr(n.arg('phase'), 'the phase')});"]
+
+
+# ----------------------------------------------------------------------- TMA
+
+def _tensor_map(ctx: Ctx, v: View, tile: Buf) -> tuple[str, list[str]]:
+    """The tensor map argument for a view (registered once per gmem, box, swizzle) and the
+    coordinates, innermost first."""
+    g = ctx.buf(v.buf, (MemSpace.GMEM,), "the gmem tensor")
+    if len(v.index) != len(g.type.shape) or len(v.index) > 5:
+        raise LowerError("lower.unsupported_rank", f"TMA views of `{v.buf}` need one index per dimension, "
+                                                   "rank at most 5")
+    box, coords = [], []
+    for ix, d in zip(v.index, g.type.shape):
+        if isinstance(ix, Tile):
+            size = ctx.static(ix.size, "a TMA box size")
+            box.append(size)
+            coords.append(f"({ctx.check_expr(ix.index, 'a tile index')}) * {size}")
+        elif isinstance(ix, At):
+            box.append(1)
+            coords.append(ctx.check_expr(ix.index, "an index"))
+        else:
+            box.append(ctx.static(d, "a `:` dimension of a TMA box"))
+            coords.append("0")
+    if math.prod(box) != tile.numel:
+        raise LowerError("lower.shape_mismatch", f"the TMA box {tuple(box)} of `{v.buf}` does not fill the smem "
+                                                 f"tile {tile.shape}")
+    maps = _st(ctx)["maps"]
+    key = (v.buf, tuple(box), int(tile.type.swizzle))
+    if key not in maps:
+        maps[key] = TensorMapArg(f"cake_tmap_{v.buf}_{len(maps)}", v.buf, g.type.dtype, tuple(box),
+                                 int(tile.type.swizzle))
+    return maps[key].name, coords[::-1]
+
+
+@lowering(Op.TMA_LOAD)
+def _lower_tma_load(n: Node, ctx: Ctx) -> list[Line]:
+    b, ptr = _slot_ptr(ctx, n.arg("dst"), "TMA destination")
+    tmap, coords = _tensor_map(ctx, n.arg("src"), b)
+    bar = _bar_ptr(ctx, n.arg("bar"))
+    mc = n.attr("multicast")
+    if mc:
+        return [f"if ({_first(ctx)}) cake::tma_load_{len(coords)}d_multicast({ptr}, &{tmap}, {bar}, "
+                f"(uint16_t){mc}, {', '.join(coords)});"]
+    return [f"if ({_first(ctx)}) cake::tma_load_{len(coords)}d({ptr}, &{tmap}, {bar}, {', '.join(coords)});"]
+
+
+@lowering(Op.TMA_STORE)
+def _lower_tma_store(n: Node, ctx: Ctx) -> list[Line]:
+    b, ptr = _slot_ptr(ctx, n.arg("src"), "TMA source")
+    tmap, coords = _tensor_map(ctx, n.arg("dst"), b)
+    return [f"if ({_first(ctx)}) cake::tma_store_{len(coords)}d(&{tmap}, {ptr}, {', '.join(coords)});"]
+
+
+@lowering(Op.CP_ASYNC)
+def _lower_cp_async(n: Node, ctx: Ctx) -> list[Line]:
+    b, ptr = _slot_ptr(ctx, n.arg("dst"), "cp.async destination")
+    w = _window(n.arg("src"), b.shape, ctx, "source")
+    first, count = _role(ctx)
+    return [f"cake::cp_async_smem_gmem<{w.rows}, {w.cols}, {count}>({ptr}, {w.base}, {w.ld_row}, {w.ld_col}, "
+            f"{w.rows_in}, {w.cols_in}, (int)threadIdx.x - {first});"]
+
+
+@lowering(Op.CP_ASYNC_WAIT)
+def _lower_cp_async_wait(n: Node, ctx: Ctx) -> list[Line]:
+    return [f"cake::cp_async_wait<{ctx.static(n.args[0], 'the groups left in flight') if n.args[0] else 0}>();"]
+
+
+@lowering(Op.FENCE_ASYNC)
+def _lower_fence(n: Node, ctx: Ctx) -> list[Line]:
+    return ["cake::fence_async();"]
+
+
+@lowering(Op.CLUSTER)
+def _lower_cluster(n: Node, ctx: Ctx) -> list[Line]:
+    dims = [ctx.static(d, "a cluster dimension") for d in n.args[0]]
+    _st(ctx)["cluster"] = tuple(dims + [1] * (3 - len(dims)))
+    return [f"// cluster {tuple(dims)}: __cluster_dims__ on the kernel"]
+
+
+@lowering(Op.CLUSTER_SYNC)
+def _lower_cluster_sync(n: Node, ctx: Ctx) -> list[Line]:
+    return ["cake::cluster_sync();"]
+
+
+# --------------------------------------------------------------------- wgmma
+
+def _wgmma_asm(n_cols: int, ab: str) -> str:
+    regs = n_cols // 2
+    d = ", ".join(f"%{i}" for i in range(regs))
+    outs = ", ".join(f'"+f"(ACC[{i}])' for i in range(regs))
+    return (f'asm volatile("{{\\n\\t.reg .pred p;\\n\\tsetp.ne.b32 p, %{regs + 2}, 0;\\n\\t'
+            f'wgmma.mma_async.sync.aligned.m64n{n_cols}k16.f32.{ab}.{ab} {{{d}}}, %{regs}, %{regs + 1}, p, 1, 1, 0, 1;'
+            f'\\n\\t}}" : {outs} : "l"(cake_da), "l"(cake_db), "n"(1));')
+
+
+@lowering(Op.WGMMA)
+def _lower_wgmma(n: Node, ctx: Ctx) -> list[Line]:
+    if ctx.program.target != "sm_90a":
+        raise LowerError("lower.unsupported_atom", f"wgmma exists on sm_90a only, not {ctx.program.target}")
+    acc_n = n.arg("acc")
+    frag = _st(ctx)["frag"].get(acc_n)
+    if frag is None:
+        raise LowerError("lower.unsupported_operand", f"`{acc_n}` is not a wgmma accumulator in scope")
+    a, pa = _slot_ptr(ctx, n.arg("a"), "operand a")
+    b, pb = _slot_ptr(ctx, n.arg("b"), "operand b")
+    (m, k), (bk, nn) = a.shape, b.shape
+    dt = a.type.dtype
+    if dt not in (DType.BF16, DType.F16) or b.type.dtype is not dt:
+        raise LowerError("lower.unsupported_operand", "wgmma is lowered for bf16/f16 operands")
+    if a.type.swizzle != Swizzle.B128 or b.type.swizzle != Swizzle.B128 or k * 2 != 128 or nn * 2 != 128:
+        raise LowerError("lower.unsupported_layout", "wgmma is lowered for swizzle=128 operands whose rows are one "
+                                                     "128-byte swizzle span (BK = BN = 64 for 16-bit types)",
+                         "allocate a (BM, 64) and b (64, 64) with swizzle=128")
+    if (m, nn) != frag[:2] or bk != k or k % 16:
+        raise LowerError("lower.shape_mismatch", f"wgmma shapes: acc {frag[:2]}, a {a.shape}, b {b.shape}")
+    first = _role(ctx)[0]
+    ab = "bf16" if dt is DType.BF16 else "f16"
+    asm = _wgmma_asm(nn, ab).replace("ACC", acc_n)
+    return [
+        "{",
+        "    cake::wgmma_fence();",
+        f"    const int cake_wg = ((int)threadIdx.x - {first}) / 128;",
+        f"    const {dt.c_type}* const cake_a = {pa} + cake_wg * {64 * k};  // 64 rows per warpgroup",
+        f"    const {dt.c_type}* const cake_b = {pb};",
+        "#pragma unroll",
+        f"    for (int cake_k = 0; cake_k < {k // 16}; ++cake_k) {{",
+        "        const uint64_t cake_da = cake::wgmma_desc(cake_a + cake_k * 16, 16, 1024, 1);  // K-major, 128B",
+        f"        const uint64_t cake_db = cake::wgmma_desc(cake_b + cake_k * {16 * nn}, {bk * 128}, 1024, 1);"
+        "  // N-major, 128B",
+        f"        {asm}",
+        "    }",
+        "    cake::wgmma_commit();",
+        "}",
+    ]
+
+
+@lowering(Op.WGMMA_WAIT)
+def _lower_wgmma_wait(n: Node, ctx: Ctx) -> list[Line]:
+    return [f"cake::wgmma_wait<{ctx.static(n.args[0], 'the groups left in flight') if n.args[0] else 0}>();"]
+
+
+@lowering(Op.TCGEN05_MMA)
+def _lower_tcgen05(n: Node, ctx: Ctx) -> list[Line]:
+    raise LowerError("lower.unsupported_atom", "tcgen05_mma is declared (sm_100a) but not lowered yet: tensor "
+                                               "memory allocation and tcgen05.mma are missing from the header",
+                     "use wgmma on sm_90a")
+
+
+# ------------------------------------- v1 tile ops: wgmma accumulators, role guards
+
+_BASE = {op: LOWERINGS[op] for op in (Op.SMEM, Op.RMEM, Op.STORE, Op.LOAD, Op.MMA)}
+
+
+@lowering(Op.SMEM)
+def _lower_smem(n: Node, ctx: Ctx) -> list[Line]:
+    if n.attr("swizzle") == 128:
+        ctx.smem_top = -(-ctx.smem_top // SWIZZLE_ALIGN) * SWIZZLE_ALIGN
+    out = _BASE[Op.SMEM](n, ctx)
+    b = ctx.scopes[-1][n.result]       # keep the swizzle in the buffer's type (wgmma descriptors read it)
+    ctx.scopes[-1][n.result] = Buf(b.name, replace(b.type, swizzle=Swizzle(n.attr("swizzle"))), b.shape,
+                                   b.smem_offset)
+    return out
+
+
+@lowering(Op.RMEM)
+def _lower_rmem(n: Node, ctx: Ctx) -> list[Line]:
+    st = _st(ctx)
+    if n.result not in st["accs"]:
+        if st["role"] is not None:
+            raise LowerError("lower.unsupported_in_role", f"rmem tile `{n.result}` inside a role: v1 lowers rmem "
+                                                          "inside roles only as a wgmma accumulator")
+        return _BASE[Op.RMEM](n, ctx)
+    dtype, shape = n.args
+    m, nn = (ctx.static(d, "an rmem shape") for d in shape)
+    first, count = _role(ctx)
+    if dtype is not DType.F32 or m != 64 * (count // 128) or count % 128:
+        raise LowerError("lower.shape_mismatch", f"wgmma accumulator `{n.result}` is {dtype.value} {(m, nn)} over "
+                                                 f"{count} threads; f32 with 64 rows per warpgroup needed")
+    ctx.scopes[-1][n.result] = Buf(n.result, TileType(dtype, tuple(shape), MemSpace.RMEM), (m, nn))
+    st["frag"][n.result] = (m, nn)
+    fill = n.attr("fill")
+    return [f"float {n.result}[{nn // 2}];  // wgmma accumulator ({m}, {nn}): m64n{nn} fragment per warpgroup",
+            f"cake::fill_rmem({n.result}, {float(fill)!r}f);"]
+
+
+@lowering(Op.STORE)
+def _lower_store(n: Node, ctx: Ctx) -> list[Line]:
+    st = _st(ctx)
+    view, src = n.args
+    frag = st["frag"].get(src)
+    if frag is None:
+        if st["role"] is not None:
+            raise LowerError("lower.unsupported_in_role", "store inside a role: v1 lowers it only for a wgmma "
+                                                          "accumulator")
+        return _BASE[Op.STORE](n, ctx)
+    w = _window(view, frag, ctx, "destination")
+    guard = "true" if n.attr("guard") else "false"
+    first = _role(ctx)[0]
+    return [f"cake::store_gmem_wgmma_acc<{frag[1]}, {guard}>({w.base}, {src}, {w.ld_row}, {w.ld_col}, "
+            f"{w.rows_in}, {w.cols_in}, (int)threadIdx.x - {first});"]
+
+
+def _guard_in_role(op: Op):
+    def hook(n: Node, ctx: Ctx) -> list[Line]:
+        if _st(ctx)["role"] is not None:
+            raise LowerError("lower.unsupported_in_role", f"`{op.value}` inside a role: the v1 helper spreads it over "
+                                                          "all CTA threads", "use tma_load/cp_async and wgmma in roles")
+        return _BASE[op](n, ctx)
+    return hook
+
+
+LOWERINGS[Op.LOAD] = _guard_in_role(Op.LOAD)
+LOWERINGS[Op.MMA] = _guard_in_role(Op.MMA)
+
+
+# --------------------------------------------------------------------- kernel
+
+def kernel_extras(ctx: Ctx) -> tuple[list[str], str, tuple[TensorMapArg, ...], tuple[int, ...]]:
+    """What the kernel declaration gains: tensor-map parameters, the launch-bounds minimum and cluster."""
+    st = ctx.__dict__.get("async_state")
+    if st is None:
+        return [], "", (), ()
+    maps = tuple(st["maps"].values())
+    params = [f"const __grid_constant__ cake::tensor_map {m.name}" for m in maps]
+    attrs = ""
+    if st["cluster"]:
+        attrs = "__cluster_dims__({}, {}, {}) ".format(*st["cluster"])
+    return params, attrs, maps, st["cluster"] or ()

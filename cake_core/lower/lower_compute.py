@@ -1,1 +1,432 @@
-"""Lowering hooks of the compute ops (register with cake_core.lower.cuda.lowering)."""
+"""Lowering hooks of the compute ops (register with cake_core.lower.cuda.lowering).
+
+Correctness first, all CTA-collective:
+- Elementwise ops (``fill``, ``cast``, ``unary``, ``ewise``, ``transpose``)
+  and ``atomic_add`` / ``scatter_add`` are emitted inline as one unrolled loop
+  over the destination elements each thread owns (e = s * THREADS + tid: slot
+  ``s`` of an rmem tile, element ``e`` of an smem tile). They add no barrier:
+  as with ``mma``, a ``sync()`` must separate them from smem writes of other
+  threads.
+- Ops that combine elements held by different threads (the axis ops, the
+  running merges, broadcasts and transposes of an rmem source, the scatter
+  index) stage their rmem operands into shared-memory scratch that the
+  lowering allocates (``ops_compute.staged_operands``), run one thread per
+  line (cake_compute.cuh) and read rmem results back; they begin and end with
+  ``__syncthreads()``.
+Scratch is one region reused by consecutive compute statements (grown to the
+largest need) and new when an smem tile was allocated after it.
+
+Limits (LowerError): tiles of rank > 2 (``lower.unsupported_rank``), smem rings
+(``lower.unsupported_operand``), scatter windows of rank > 2.
+"""
+from __future__ import annotations
+
+from cake_core.ir.expr import Expr, evaluate
+from cake_core.ir.ops import At, Node, Op, Tile, View
+from cake_core.ir.ops_compute import SCRATCH_ALIGN, broadcasts_to, norm_axis, staged_operands
+from cake_core.ir.types import DType, MemSpace, TileType
+from cake_core.lower.cuda import SMEM_ALIGN, Buf, Ctx, Line, LowerError, _c_literal, _window, lowering
+
+_TILE = (MemSpace.SMEM, MemSpace.RMEM)
+_FN_CODE = {"sum": 0, "max": 1, "min": 2}
+
+
+# ----------------------------------------------------------------- operands
+
+def _tile(ctx: Ctx, name: str, role: str) -> Buf:
+    b = ctx.buf(name, _TILE, role)
+    if b.type.stages > 1:
+        raise LowerError("lower.unsupported_operand", f"{role} `{name}` is a ring of {b.type.stages} stages; compute "
+                                                      "ops take single-stage tiles")
+    if len(b.shape) > 2:
+        raise LowerError("lower.unsupported_rank", f"{role} `{name}` has rank {len(b.shape)}; compute ops lower "
+                                                   "tiles of rank 1 or 2")
+    return b
+
+
+def _scratch(ctx: Ctx, nbytes: int) -> int:
+    """Offset of ``nbytes`` of smem scratch valid for one statement (see the module docstring)."""
+    region = getattr(ctx, "compute_scratch", None)
+    if region is None or region[0] + region[1] != ctx.smem_top:
+        region = (-(-ctx.smem_top // SMEM_ALIGN) * SMEM_ALIGN, 0)
+    off, size = region[0], max(region[1], nbytes)
+    ctx.compute_scratch = (off, size)         # lowering-private state on the context
+    ctx.smem_top = off + size
+    return off
+
+
+class _Staging:
+    """The rmem operands of one statement that go through smem scratch."""
+
+    def __init__(self, ctx: Ctx, n: Node):
+        def types(name: str) -> TileType | None:
+            try:
+                return ctx.buf(name, _TILE, "operand").type
+            except LowerError:
+                return None
+
+        def shape(t: TileType) -> tuple[int, ...]:
+            return tuple(int(evaluate(d, ctx.consts)) for d in t.shape)
+
+        self.ctx = ctx
+        self.names = staged_operands(n, types, shape)
+        self.ptr: dict[str, str] = {}
+        self.pre: list[str] = []
+        if not self.names:
+            return
+        sizes, total = {}, 0
+        for name in self.names:
+            b = _tile(ctx, name, "operand")
+            sizes[name] = total
+            total += -(-b.numel * b.type.dtype.bytes // SCRATCH_ALIGN) * SCRATCH_ALIGN
+        base = _scratch(ctx, total)
+        self.pre.append("__syncthreads();  // scratch and inputs free to overwrite / visible")
+        for name in self.names:
+            b = _tile(ctx, name, "operand")
+            c = b.type.dtype.c_type
+            p = f"cake_st_{name}"
+            self.ptr[name] = p
+            self.pre.append(f"{c}* const {p} = reinterpret_cast<{c}*>(cake_smem + {base + sizes[name]});")
+            self.pre.append(f"cake::stage_smem_rmem<{b.numel}, THREADS>({p}, {name});")
+        self.pre.append("__syncthreads();")
+
+    def smem_ptr(self, b: Buf) -> str:
+        """The smem pointer holding tile ``b`` (its scratch copy if staged)."""
+        if b.name in self.ptr:
+            return self.ptr[b.name]
+        if b.type.space is not MemSpace.SMEM:
+            raise AssertionError(f"{b.name} is rmem and not staged")
+        return b.name
+
+    def unstage(self, outs: list[Buf]) -> list[str]:
+        return [f"cake::unstage_rmem_smem<{b.numel}, THREADS>({b.name}, {self.ptr[b.name]});"
+                for b in outs if b.name in self.ptr]
+
+
+# ----------------------------------------------------------------- elementwise loops
+
+def _access(b: Buf, st: _Staging, offset: str | None) -> str:
+    """C lvalue of the element of ``b`` at ``offset`` (None: the element this thread owns, same layout as dst)."""
+    if offset is None and b.type.space is MemSpace.RMEM and b.name not in st.ptr:
+        return f"{b.name}[cake_s]"
+    if offset is None:
+        offset = "cake_e"
+    if b.type.space is MemSpace.RMEM and b.name not in st.ptr:
+        raise AssertionError(f"{b.name}: rmem read at another thread's element must be staged")
+    return f"{st.smem_ptr(b)}[{offset}]"
+
+
+def _broadcast_offset(src: tuple[int, ...], dst: tuple[int, ...]) -> str | None:
+    """Offset into a ``src`` tile broadcast to ``dst`` (rank ≤ 2) at (cake_r, cake_c); None if the identity."""
+    if src == dst:
+        return None
+    idx = ("cake_r", "cake_c")[2 - len(dst):] if len(dst) <= 2 else None
+    if idx is None:
+        raise LowerError("lower.unsupported_rank", "compute ops lower tiles of rank 1 or 2")
+    aligned = idx[len(idx) - len(src):]
+    terms, stride = [], 1
+    for i, d in zip(reversed(aligned), reversed(src)):
+        if d > 1:
+            terms.append(i if stride == 1 else f"{i} * {stride}")
+        stride *= d
+    return " + ".join(reversed(terms)) or "0"
+
+
+def _owned_loop(ctx: Ctx, numel: int, cols: int, body: list[str]) -> list[str]:
+    """A loop over the elements e = s * THREADS + tid this thread owns; body sees cake_s, cake_e, cake_r, cake_c."""
+    slots = -(-numel // ctx.threads)
+    inner = []
+    text = "\n".join(body)
+    if "cake_r" in text or "cake_c" in text:
+        inner.append(f"    [[maybe_unused]] const int cake_r = cake_e / {cols}, cake_c = cake_e % {cols};")
+    inner += ["    " + b for b in body]
+    if numel % ctx.threads:
+        inner = [f"    if (cake_e < {numel}) {{"] + ["    " + x for x in inner] + ["    }"]
+    return ["#pragma unroll",
+            f"for (int cake_s = 0; cake_s < {slots}; ++cake_s) {{",
+            "    [[maybe_unused]] const int cake_e = cake_s * THREADS + (int)threadIdx.x;"] + inner + ["}"]
+
+
+def _is_int(d: DType) -> bool:
+    return not d.is_float
+
+
+def _value(x: str, src: DType, float_math: bool) -> str:
+    """``x`` (an element of dtype ``src``) as the compute type: f32, or int."""
+    if float_math:
+        return f"cake::to_f32({x})"
+    return x if _is_int(src) else f"cake::f2i(cake::to_f32({x}))"
+
+
+def _scale(v: float, x: str, float_math: bool) -> str:
+    if v == 1:
+        return x
+    return f"{float(v)!r}f * {x}" if float_math else f"{int(v)} * {x}"
+
+
+def _block(pre: list[str], body: list[str], post: list[str] = ()) -> list[Line]:
+    return ["{"] + ["    " + x for x in list(pre) + list(body) + list(post)] + ["}"]
+
+
+@lowering(Op.FILL)
+def _lower_fill(n: Node, ctx: Ctx) -> list[Line]:
+    dst = _tile(ctx, n.args[0], "destination")
+    st = _Staging(ctx, n)
+    lit = _c_literal(n.attr("value"), dst.type.dtype)
+    body = [f"{_access(dst, st, None)} = cake::convert<{dst.type.dtype.c_type}>({lit});"]
+    return _block([], _owned_loop(ctx, dst.numel, dst.shape[-1], body))
+
+
+def _cast_expr(x: str, src: DType, dst: DType) -> str:
+    if _is_int(dst) and not _is_int(src):
+        return f"cake::f2i(cake::to_f32({x}))"
+    return f"cake::convert<{dst.c_type}>({x})"
+
+
+@lowering(Op.CAST)
+def _lower_cast(n: Node, ctx: Ctx) -> list[Line]:
+    dst, src = _tile(ctx, n.args[0], "destination"), _tile(ctx, n.args[1], "source")
+    if dst.shape != src.shape:
+        raise LowerError("lower.shape_mismatch", f"cast of {src.shape} into {dst.shape}")
+    st = _Staging(ctx, n)
+    body = [f"{_access(dst, st, None)} = {_cast_expr(_access(src, st, None), src.type.dtype, dst.type.dtype)};"]
+    return _block(st.pre, _owned_loop(ctx, dst.numel, dst.shape[-1], body))
+
+
+_UNARY_F = {"neg": "(-{x})", "abs": "fabsf({x})", "square": "({x} * {x})", "sqrt": "sqrtf({x})",
+            "rsqrt": "rsqrtf({x})", "exp": "expf({x})", "log": "logf({x})"}
+_UNARY_I = {"neg": "(-{x})", "abs": "abs({x})", "square": "({x} * {x})"}
+
+
+@lowering(Op.UNARY)
+def _lower_unary(n: Node, ctx: Ctx) -> list[Line]:
+    dst, src = _tile(ctx, n.args[0], "destination"), _tile(ctx, n.args[1], "source")
+    if dst.shape != src.shape:
+        raise LowerError("lower.shape_mismatch", f"unary of {src.shape} into {dst.shape}")
+    fl = dst.type.dtype.is_float
+    fn = n.attr("fn")
+    table = _UNARY_F if fl else _UNARY_I
+    if fn not in table:
+        raise LowerError("lower.unsupported_operand", f'unary fn="{fn}" needs a float destination')
+    st = _Staging(ctx, n)
+    body = [f"const auto cake_x = {_value(_access(src, st, None), src.type.dtype, fl)};",
+            f"{_access(dst, st, None)} = cake::convert<{dst.type.dtype.c_type}>({table[fn].format(x='cake_x')});"]
+    return _block(st.pre, _owned_loop(ctx, dst.numel, dst.shape[-1], body))
+
+
+_EWISE_F = {"add": "{a} + {b}", "sub": "{a} - {b}", "mul": "{a} * {b}", "div": "{a} / {b}",
+            "max": "fmaxf({a}, {b})", "min": "fminf({a}, {b})"}
+_EWISE_I = {"add": "{a} + {b}", "sub": "{a} - {b}", "mul": "{a} * {b}", "div": "{a} / {b}",
+            "max": "cake_max({a}, {b})", "min": "cake_min({a}, {b})"}
+
+
+@lowering(Op.EWISE)
+def _lower_ewise(n: Node, ctx: Ctx) -> list[Line]:
+    dst = _tile(ctx, n.args[0], "destination")
+    a, b = _tile(ctx, n.args[1], "operand a"), _tile(ctx, n.args[2], "operand b")
+    st = _Staging(ctx, n)
+    fl = dst.type.dtype.is_float
+    vals = []
+    for x, k in ((a, "alpha"), (b, "beta")):
+        if not broadcasts_to(x.shape, dst.shape):
+            raise LowerError("lower.shape_mismatch", f"`{x.name}` {x.shape} does not broadcast to {dst.shape}")
+        v = _value(_access(x, st, _broadcast_offset(x.shape, dst.shape)), x.type.dtype, fl)
+        vals.append(_scale(n.attr(k), v, fl))
+    expr = (_EWISE_F if fl else _EWISE_I)[n.attr("fn")].format(a="cake_a", b="cake_b")
+    body = [f"const auto cake_a = {vals[0]};", f"const auto cake_b = {vals[1]};",
+            f"{_access(dst, st, None)} = cake::convert<{dst.type.dtype.c_type}>({expr});"]
+    return _block(st.pre, _owned_loop(ctx, dst.numel, dst.shape[-1], body))
+
+
+@lowering(Op.TRANSPOSE)
+def _lower_transpose(n: Node, ctx: Ctx) -> list[Line]:
+    dst, src = _tile(ctx, n.args[0], "destination"), _tile(ctx, n.args[1], "source")
+    if len(src.shape) != 2 or dst.shape != src.shape[::-1]:
+        raise LowerError("lower.shape_mismatch", f"transpose of {src.shape} into {dst.shape}")
+    if dst.name == src.name:
+        raise LowerError("lower.unsupported_operand", "transpose in place races between threads")
+    st = _Staging(ctx, n)
+    rows = dst.shape[0]
+    x = _access(src, st, f"cake_c * {rows} + cake_r")
+    body = [f"{_access(dst, st, None)} = {_cast_expr(x, src.type.dtype, dst.type.dtype)};"]
+    return _block(st.pre, _owned_loop(ctx, dst.numel, dst.shape[-1], body))
+
+
+# ----------------------------------------------------------------- axis and running ops
+
+def _lines(n: Node, src: Buf) -> tuple[int, int, int, int]:
+    """(L, N, LS, JS) of src along the op's axis."""
+    axis = norm_axis(n.attr("axis"), len(src.shape))
+    if axis is None:
+        raise LowerError("lower.shape_mismatch", f"axis={n.attr('axis')} is not an axis of `{src.name}` {src.shape}")
+    if len(src.shape) == 1:
+        return 1, src.shape[0], 0, 1
+    r, c = src.shape
+    return (r, c, c, 1) if axis == 1 else (c, r, 1, c)
+
+
+def _line_op(st: _Staging, call: str, outs: list[Buf]) -> list[Line]:
+    pre = st.pre or ["__syncthreads();  // inputs written by other threads are visible"]
+    post = ["__syncthreads();  // results visible to every thread"] + st.unstage(outs)
+    return _block(pre, [call], post)
+
+
+def _check_reduced(src: Buf, outs: list[Buf], lines: int) -> None:
+    for o in outs:
+        if o.numel != lines:
+            raise LowerError("lower.shape_mismatch", f"`{o.name}` {o.shape} does not hold the {lines} results of "
+                                                     f"reducing `{src.name}` {src.shape}")
+
+
+@lowering(Op.REDUCE)
+def _lower_reduce(n: Node, ctx: Ctx) -> list[Line]:
+    dst, src = _tile(ctx, n.args[0], "destination"), _tile(ctx, n.args[1], "source")
+    L, N, LS, JS = _lines(n, src)
+    _check_reduced(src, [dst], L)
+    st = _Staging(ctx, n)
+    call = (f"cake::reduce_smem<{L}, {N}, {LS}, {JS}, {_FN_CODE[n.attr('fn')]}, THREADS>"
+            f"({st.smem_ptr(dst)}, {st.smem_ptr(src)});")
+    return _line_op(st, call, [dst])
+
+
+@lowering(Op.SCAN)
+def _lower_scan(n: Node, ctx: Ctx) -> list[Line]:
+    dst, src = _tile(ctx, n.args[0], "destination"), _tile(ctx, n.args[1], "source")
+    if dst.shape != src.shape:
+        raise LowerError("lower.shape_mismatch", f"scan of {src.shape} into {dst.shape}")
+    L, N, LS, JS = _lines(n, src)
+    st = _Staging(ctx, n)
+    excl = "true" if n.attr("exclusive") else "false"
+    call = (f"cake::scan_smem<{L}, {N}, {LS}, {JS}, {_FN_CODE[n.attr('fn')]}, {excl}, THREADS>"
+            f"({st.smem_ptr(dst)}, {st.smem_ptr(src)});")
+    return _line_op(st, call, [dst])
+
+
+@lowering(Op.ARGMIN)
+@lowering(Op.ARGMAX)
+def _lower_argreduce(n: Node, ctx: Ctx) -> list[Line]:
+    val, idx, src = (_tile(ctx, x, r) for x, r in zip(n.args, ("value", "index", "source")))
+    if idx.type.dtype is not DType.I32:
+        raise LowerError("lower.unsupported_operand", f"index tile `{idx.name}` must be i32")
+    L, N, LS, JS = _lines(n, src)
+    _check_reduced(src, [val, idx], L)
+    st = _Staging(ctx, n)
+    mx = "true" if n.op is Op.ARGMAX else "false"
+    call = (f"cake::argreduce_smem<{L}, {N}, {LS}, {JS}, {mx}, THREADS>"
+            f"({st.smem_ptr(val)}, {st.smem_ptr(idx)}, {st.smem_ptr(src)});")
+    return _line_op(st, call, [val, idx])
+
+
+def _running(ctx: Ctx, n: Node) -> tuple[Buf, Buf, Buf, str, str]:
+    a, b, scores = (_tile(ctx, x, r) for x, r in zip(n.args[:3], ("running values", "running indices", "scores")))
+    if len(scores.shape) != 2:
+        raise LowerError("lower.shape_mismatch", f"scores `{scores.name}` must be 2-D, it is {scores.shape}")
+    if a.type.dtype is not DType.F32 or b.type.dtype is not DType.I32:
+        raise LowerError("lower.unsupported_operand", f"`{n.op.value}` keeps f32 values and i32 indices")
+    base = ctx.check_expr(n.arg("base"), "base")
+    limit = ctx.check_expr(n.arg("limit"), "limit")
+    return a, b, scores, base, limit
+
+
+@lowering(Op.ARGMIN_UPDATE)
+def _lower_argmin_update(n: Node, ctx: Ctx) -> list[Line]:
+    best, arg, scores, base, limit = _running(ctx, n)
+    R, C = scores.shape
+    if best.numel != R or arg.numel != R:
+        raise LowerError("lower.shape_mismatch", f"best {best.shape} and arg {arg.shape} need {R} rows")
+    st = _Staging(ctx, n)
+    call = (f"cake::argmin_update_smem<{R}, {C}, THREADS>({st.smem_ptr(best)}, {st.smem_ptr(arg)}, "
+            f"{st.smem_ptr(scores)}, {base}, {limit});")
+    return _line_op(st, call, [best, arg])
+
+
+@lowering(Op.TOPK_MERGE)
+def _lower_topk_merge(n: Node, ctx: Ctx) -> list[Line]:
+    vals, idx, scores, base, limit = _running(ctx, n)
+    R, C = scores.shape
+    if len(vals.shape) != 2 or vals.shape != idx.shape or vals.shape[0] != R:
+        raise LowerError("lower.shape_mismatch", f"vals {vals.shape} and idx {idx.shape} must both be ({R}, k)")
+    k = vals.shape[1]
+    st = _Staging(ctx, n)
+    call = (f"cake::topk_merge_smem<{R}, {C}, {k}, THREADS>({st.smem_ptr(vals)}, {st.smem_ptr(idx)}, "
+            f"{st.smem_ptr(scores)}, {base}, {limit});")
+    return _line_op(st, call, [vals, idx])
+
+
+# ----------------------------------------------------------------- atomics
+
+def _gmem_dst(ctx: Ctx, view: View) -> Buf:
+    g = ctx.buf(view.buf, (MemSpace.GMEM,), "destination")
+    if g.type.dtype not in (DType.F32, DType.I32):
+        raise LowerError("lower.unsupported_operand", f"atomics add into f32 or i32 gmem; `{view.buf}` is "
+                                                      f"{g.type.dtype.value}")
+    return g
+
+
+def _atomic_value(x: str, src: DType, dst: DType) -> str:
+    return f"cake::to_f32({x})" if dst is DType.F32 else _value(x, src, False)
+
+
+@lowering(Op.ATOMIC_ADD)
+def _lower_atomic_add(n: Node, ctx: Ctx) -> list[Line]:
+    view, src_name = n.args
+    src = _tile(ctx, src_name, "source")
+    g = _gmem_dst(ctx, view)
+    w = _window(view, src.shape, ctx, "destination")
+    st = _Staging(ctx, n)
+    c = g.type.dtype.c_type
+    guard = "true" if n.attr("guard") else "false"
+    val = _atomic_value(_access(src, st, None), src.type.dtype, g.type.dtype)
+    pre = [f"{c}* const cake_dst = const_cast<{c}*>({w.base});  // atomics write a read-only-declared argument",
+           f"const cake::index_t cake_ldr = {w.ld_row}, cake_ldc = {w.ld_col};",
+           f"const int cake_rin = {w.rows_in}, cake_cin = {w.cols_in};"]
+    body = [f"if (!{guard} || (cake_r < cake_rin && cake_c < cake_cin)) "
+            f"cake::atomic_add_gmem(cake_dst + cake_r * cake_ldr + cake_c * cake_ldc, {val});"]
+    return _block(pre, _owned_loop(ctx, src.numel, w.cols, body))
+
+
+def _scatter_extent(ctx: Ctx, view: View, g: Buf) -> tuple[list[tuple[object, Expr]], str]:
+    kept = [(ix, d) for ix, d in zip(view.index, g.type.shape) if not isinstance(ix, At)]
+    if not kept or len(kept) > 2:
+        raise LowerError("lower.unsupported_rank", f"scatter_add into a rank-{len(kept)} window of `{view.buf}`; "
+                                                   "1 or 2 needed")
+    ix, d = kept[0]
+    e = (str(ctx.static(ix.size, "a tile size")) if isinstance(ix, Tile)
+         else f"({ctx.check_expr(d, 'a tensor dimension')})")
+    return kept, e
+
+
+@lowering(Op.SCATTER_ADD)
+def _lower_scatter_add(n: Node, ctx: Ctx) -> list[Line]:
+    view, idx_name, src_name = n.args[:3]
+    idx, src = _tile(ctx, idx_name, "index"), _tile(ctx, src_name, "source")
+    g = _gmem_dst(ctx, view)
+    kept, extent = _scatter_extent(ctx, view, g)
+    ix0 = kept[0][0]
+    e_static = ctx.static(ix0.size, "a tile size") if isinstance(ix0, Tile) else 1
+    rank2 = len(kept) == 2
+    if len(src.shape) != len(kept) or idx.numel != src.shape[0]:
+        raise LowerError("lower.shape_mismatch", f"scatter_add of src {src.shape} with idx {idx.shape} into a "
+                                                 f"rank-{len(kept)} window")
+    w = _window(view, (e_static, src.shape[1]) if rank2 else (e_static,), ctx, "destination")
+    st = _Staging(ctx, n)
+    c = g.type.dtype.c_type
+    guard = "true" if n.attr("guard") else "false"
+    cols = src.shape[1] if rank2 else 1
+    val = _atomic_value(_access(src, st, None), src.type.dtype, g.type.dtype)
+    ld_i, in_i = (w.ld_row, w.rows_in) if rank2 else (w.ld_col, w.cols_in)
+    ok = (f"(cake_i >= 0 && cake_i < {extent} && cake_i < cake_iin && cake_c < cake_cin)" if rank2 else
+          f"(cake_i >= 0 && cake_i < {extent} && cake_i < cake_iin && 0 < cake_rin)")
+    pre = st.pre + [
+        f"{c}* const cake_dst = const_cast<{c}*>({w.base});  // atomics write a read-only-declared argument",
+        f"[[maybe_unused]] const cake::index_t cake_ldi = {ld_i}, cake_ldc = {w.ld_col};",
+        f"[[maybe_unused]] const int cake_iin = {in_i}, cake_cin = {w.cols_in}, cake_rin = {w.rows_in};",
+        f"const int cake_valid = {ctx.check_expr(n.arg('limit'), 'limit')} - "
+        f"({ctx.check_expr(n.arg('base'), 'base')});"]
+    at = "cake_dst + cake_i * cake_ldi" + (" + cake_c * cake_ldc" if rank2 else "")
+    body = ["if (cake_r < cake_valid) {",
+            f"    const int cake_i = {st.smem_ptr(idx)}[cake_r];",
+            f"    if (!{guard} || {ok}) cake::atomic_add_gmem({at}, {val});",
+            "}"]
+    return _block(pre, _owned_loop(ctx, src.numel, cols, body))
+

@@ -4,8 +4,11 @@ from __future__ import annotations
 from cake_core.problems.base import (Problem, Shape, ShapeSet, ShapeSetError, UnknownProblem,
                                      load_shape_set, shape_key)
 from cake_core.problems.gemm import GEMM_BF16
+from cake_core.problems.kmeans_assign import KMEANS_ASSIGN
+from cake_core.problems.kmeans_update import KMEANS_UPDATE
+from cake_core.problems.knn_topk import KNN_TOPK
 
-PROBLEMS: dict[str, Problem] = {p.name: p for p in (GEMM_BF16,)}
+PROBLEMS: dict[str, Problem] = {p.name: p for p in (GEMM_BF16, KMEANS_ASSIGN, KMEANS_UPDATE, KNN_TOPK)}
 
 
 def list_problems() -> list[Problem]:

@@ -14,7 +14,8 @@ import numpy as np
 from cake_core.ir import interp
 from cake_core.ir.expr import evaluate
 from cake_core.ir.program import Program
-from cake_core.problems.base import Problem, Shape, shape_key
+from cake_core.ir.types import DType
+from cake_core.problems.base import Problem, Shape, bf16_round, shape_key
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,8 @@ def _poisoned(problem: Problem, program: Program, shape: Shape) -> dict[str, np.
     for name in problem.outputs:
         p = program.param(name)
         dims = tuple(int(evaluate(d, env)) for d in p.type.shape) if p else ()
-        out[name] = np.full(dims, np.nan, dtype=np.float32)
+        fill = 0.0 if name in problem.zeroed_outputs else np.nan   # atomics accumulate into zeroed outputs
+        out[name] = np.full(dims, fill, dtype=np.float32)
     return out
 
 
@@ -58,6 +60,9 @@ def check_on_cpu(program: Program, problem: Problem, shapes: list[Shape], seed: 
                 flat = x2[name].reshape(-1)
                 j = int(rng.integers(flat.size))
                 flat[j] = flat[j] + 2.0 if flat[j] < 0 else flat[j] - 2.0
+                param = program.param(name)
+                if param is not None and param.type.dtype is DType.BF16:
+                    x2[name] = bf16_round(x2[name])      # inputs are bf16 values, as on the GPU
                 ok2, err2, msg2 = _run_once(problem, program, shape, x2)
                 if not ok2:
                     ok, err, msg = False, err2, f"after perturbing {name}[{j}]: {msg2}"

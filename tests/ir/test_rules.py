@@ -34,7 +34,8 @@ EXTRA = {"mma.atom_target": ("mma(acc, a_s, b_s)", 'mma(acc, a_s, b_s, atom="wgm
 
 
 def test_every_rule_has_a_planted_failure():
-    assert set(RULES) | {"target.unknown"} == set(PLANTED)
+    core = {r for r in RULES if RULES[r].check.__module__ == "cake_core.ir.rules"}  # others: test_async_rules...
+    assert core | {"target.unknown"} == set(PLANTED)
 
 
 def test_the_seed_passes_every_rule():

@@ -160,3 +160,7 @@ __device__ __forceinline__ void mma_fma_rmem_smem(float (&acc)[SLOTS], const TA*
 }
 
 }  // namespace cake
+
+#include "cake_compute.cuh"  // compute ops: ewise math, reductions, running arg-min / top-k, atomics
+
+#include "cake_async.cuh"  // Hopper async vocabulary: mbarriers, TMA, cp.async, wgmma, setmaxnreg

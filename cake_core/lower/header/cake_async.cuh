@@ -1,0 +1,231 @@
+// cake_async.cuh: the Hopper async vocabulary that Cake IR lowers onto (sm_90a): mbarriers, TMA,
+// cp.async, fences, clusters, setmaxnreg, wgmma. Included from cake.cuh.
+//
+// Conventions as in cake.cuh: destination first, the memory space in every name, a short comment on
+// every static_assert. Inline PTX only: no CUTLASS/CuTe, no <cuda.h>.
+//
+// Tensor maps: a TMA copy reads a CUtensorMap (128 bytes, 64-byte aligned) that the host encodes with
+// cuTensorMapEncodeTiled and passes by value as a `const __grid_constant__ cake::tensor_map` kernel
+// argument; the kernel uses its generic address (the parameter space), never a copy.
+#pragma once
+
+#include <stdint.h>
+
+namespace cake {
+
+struct alignas(64) tensor_map { unsigned long long opaque[16]; };
+static_assert(sizeof(tensor_map) == 128, "a tensor map is the 128-byte CUtensorMap, passed by value");
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ----------------------------------------------------------------- setmaxnreg (sm_90a)
+// Takes effect only under a register cap at entry (__launch_bounds__(threads, 1)) with every
+// warpgroup's role one branch of a single if/else (else ptxas ignores it: warning C7508).
+template <int REGS> __device__ __forceinline__ void setmaxnreg_inc() {
+    static_assert(REGS >= 24 && REGS <= 256 && REGS % 8 == 0, "setmaxnreg takes 24..256 in steps of 8");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(REGS));
+}
+template <int REGS> __device__ __forceinline__ void setmaxnreg_dec() {
+    static_assert(REGS >= 24 && REGS <= 256 && REGS % 8 == 0, "setmaxnreg takes 24..256 in steps of 8");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(REGS));
+}
+
+// ----------------------------------------------------------------- mbarrier (smem, 8 B each)
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, int arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(smem_u32(bar)), "r"(arrivals) : "memory");
+}
+// make the inits visible to the async proxy (TMA) and the other threads (a __syncthreads follows)
+__device__ __forceinline__ void fence_mbarrier_init() {
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
+    asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" :: "r"(smem_u32(bar)) : "memory");
+}
+// one arrival plus `bytes` transaction bytes that async copies must complete before the phase ends
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;"
+                 :: "r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+// returns once the phase of this parity has completed (try_wait.parity in a loop)
+__device__ __forceinline__ void mbarrier_wait_parity(uint64_t* bar, int parity) {
+    const uint32_t addr = smem_u32(bar);
+    uint32_t done = 0;
+    do {
+        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(done) : "r"(addr), "r"(parity & 1) : "memory");
+    } while (!done);
+}
+
+// ----------------------------------------------------------------- fences, clusters
+// order this thread's ordinary smem writes before later reads by the async proxy (TMA store, wgmma)
+__device__ __forceinline__ void fence_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
+}
+
+// ----------------------------------------------------------------- TMA (cp.async.bulk.tensor)
+// Coordinates are element indices, innermost dimension first (c0); boxes past the tensor edge are
+// zero-filled by the hardware and still count their full bytes on the barrier.
+__device__ __forceinline__ void tma_load_1d(void* dst, const tensor_map* map, uint64_t* bar, int c0) {
+    asm volatile("cp.async.bulk.tensor.1d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2}], [%3];"
+                 :: "r"(smem_u32(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(smem_u32(bar))
+                 : "memory");
+}
+__device__ __forceinline__ void tma_load_1d_multicast(void* dst, const tensor_map* map, uint64_t* bar, uint16_t cta_mask, int c0) {
+    asm volatile("cp.async.bulk.tensor.1d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+                 " [%0], [%1, {%2}], [%3], %4;"
+                 :: "r"(smem_u32(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(smem_u32(bar)), "h"(cta_mask)
+                 : "memory");
+}
+__device__ __forceinline__ void tma_store_1d(const tensor_map* map, const void* src, int c0) {
+    asm volatile("cp.async.bulk.tensor.1d.global.shared::cta.tile.bulk_group [%0, {%1}], [%2];"
+                 :: "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(smem_u32(src)) : "memory");
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+}
+__device__ __forceinline__ void tma_load_2d(void* dst, const tensor_map* map, uint64_t* bar, int c0, int c1) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];"
+                 :: "r"(smem_u32(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_u32(bar))
+                 : "memory");
+}
+__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const tensor_map* map, uint64_t* bar, uint16_t cta_mask, int c0, int c1) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+                 " [%0], [%1, {%2, %3}], [%4], %5;"
+                 :: "r"(smem_u32(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_u32(bar)), "h"(cta_mask)
+                 : "memory");
+}
+__device__ __forceinline__ void tma_store_2d(const tensor_map* map, const void* src, int c0, int c1) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group [%0, {%1, %2}], [%3];"
+                 :: "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_u32(src)) : "memory");
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+}
+__device__ __forceinline__ void tma_load_3d(void* dst, const tensor_map* map, uint64_t* bar, int c0, int c1, int c2) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4}], [%5];"
+                 :: "r"(smem_u32(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(bar))
+                 : "memory");
+}
+__device__ __forceinline__ void tma_load_3d_multicast(void* dst, const tensor_map* map, uint64_t* bar, uint16_t cta_mask, int c0, int c1, int c2) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+                 " [%0], [%1, {%2, %3, %4}], [%5], %6;"
+                 :: "r"(smem_u32(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(bar)), "h"(cta_mask)
+                 : "memory");
+}
+__device__ __forceinline__ void tma_store_3d(const tensor_map* map, const void* src, int c0, int c1, int c2) {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3}], [%4];"
+                 :: "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(src)) : "memory");
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+}
+__device__ __forceinline__ void tma_load_4d(void* dst, const tensor_map* map, uint64_t* bar, int c0, int c1, int c2, int c3) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4, %5}], [%6];"
+                 :: "r"(smem_u32(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_u32(bar))
+                 : "memory");
+}
+__device__ __forceinline__ void tma_load_4d_multicast(void* dst, const tensor_map* map, uint64_t* bar, uint16_t cta_mask, int c0, int c1, int c2, int c3) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+                 " [%0], [%1, {%2, %3, %4, %5}], [%6], %7;"
+                 :: "r"(smem_u32(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_u32(bar)), "h"(cta_mask)
+                 : "memory");
+}
+__device__ __forceinline__ void tma_store_4d(const tensor_map* map, const void* src, int c0, int c1, int c2, int c3) {
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];"
+                 :: "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_u32(src)) : "memory");
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+}
+__device__ __forceinline__ void tma_load_5d(void* dst, const tensor_map* map, uint64_t* bar, int c0, int c1, int c2, int c3, int c4) {
+    asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];"
+                 :: "r"(smem_u32(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(smem_u32(bar))
+                 : "memory");
+}
+__device__ __forceinline__ void tma_load_5d_multicast(void* dst, const tensor_map* map, uint64_t* bar, uint16_t cta_mask, int c0, int c1, int c2, int c3, int c4) {
+    asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+                 " [%0], [%1, {%2, %3, %4, %5, %6}], [%7], %8;"
+                 :: "r"(smem_u32(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(smem_u32(bar)), "h"(cta_mask)
+                 : "memory");
+}
+__device__ __forceinline__ void tma_store_5d(const tensor_map* map, const void* src, int c0, int c1, int c2, int c3, int c4) {
+    asm volatile("cp.async.bulk.tensor.5d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3, %4, %5}], [%6];"
+                 :: "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(smem_u32(src)) : "memory");
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+}
+
+// ----------------------------------------------------------------- cp.async (per thread, 16 B)
+// cp_async_smem_gmem<ROWS, COLS, NTHREADS>(dst, src, ld_row, ld_col, rows_in, cols_in, tid): the
+// ROWS x COLS window into dst (row-major), zero past the edge. 16-byte chunks go through cp.async
+// when the window rows are contiguous and 16-byte aligned; edge chunks and other layouts are copied
+// synchronously. Visible after cp_async_wait<n>() and a barrier among the readers.
+template <int ROWS, int COLS, int NTHREADS, typename T>
+__device__ __forceinline__ void cp_async_smem_gmem(T* dst, const T* src, index_t ld_row, index_t ld_col,
+                                                   int rows_in, int cols_in, int tid) {
+    constexpr int CHUNK = 16 / (int)sizeof(T);
+    static_assert(16 % sizeof(T) == 0, "cp.async moves 16-byte chunks of whole elements");
+    const bool fast = COLS % CHUNK == 0 && ld_col == 1 && (reinterpret_cast<uintptr_t>(src) % 16) == 0
+                      && (ld_row * (index_t)sizeof(T)) % 16 == 0;
+    if (fast) {
+        for (int e = tid; e < ROWS * (COLS / CHUNK); e += NTHREADS) {
+            const int r = e / (COLS / CHUNK), c = (e % (COLS / CHUNK)) * CHUNK;
+            const int valid = r < rows_in ? (cols_in - c < 0 ? 0 : (cols_in - c > CHUNK ? CHUNK : cols_in - c)) : 0;
+            T* d = dst + r * COLS + c;
+            if (valid == CHUNK || valid == 0) {   // src-size 0 zero-fills the chunk without reading
+                const T* s = valid ? src + r * ld_row + c : src;
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                             :: "r"(smem_u32(d)), "l"(s), "r"(valid ? 16 : 0) : "memory");
+            } else {
+                for (int i = 0; i < CHUNK; ++i) d[i] = i < valid ? src[r * ld_row + c + i] : zero<T>();
+            }
+        }
+    } else {
+        for (int e = tid; e < ROWS * COLS; e += NTHREADS) {
+            const int r = e / COLS, c = e % COLS;
+            dst[e] = (r < rows_in && c < cols_in) ? src[r * ld_row + c * ld_col] : zero<T>();
+        }
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
+}
+
+// ----------------------------------------------------------------- wgmma (sm_90a)
+// Shared-memory matrix descriptor: start address, leading and stride byte offsets (>> 4), swizzle
+// mode in bits 62-63 (1 = 128B, 2 = 64B, 3 = 32B).
+__device__ __forceinline__ uint64_t wgmma_desc(const void* smem, uint32_t lbo_bytes, uint32_t sbo_bytes,
+                                               uint32_t swizzle_mode) {
+    const uint64_t addr = smem_u32(smem);
+    return ((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo_bytes & 0x3FFFF) >> 4) << 16)
+           | ((uint64_t)((sbo_bytes & 0x3FFFF) >> 4) << 32) | ((uint64_t)swizzle_mode << 62);
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory");
+}
+
+// store_gmem_wgmma_acc<N, GUARD>(dst, acc, ld_row, ld_col, rows_in, cols_in, tid): a wgmma f32
+// accumulator (64 rows per warpgroup, N columns; thread tid of the role holds N / 2 floats in the
+// m64nNk16 fragment layout) to a gmem window, converting to the gmem dtype.
+template <int N, bool GUARD, int SLOTS, typename TD>
+__device__ __forceinline__ void store_gmem_wgmma_acc(TD* dst, const float (&acc)[SLOTS], index_t ld_row,
+                                                     index_t ld_col, int rows_in, int cols_in, int tid) {
+    static_assert(SLOTS * 2 == N, "a wgmma accumulator holds N / 2 floats per thread");
+    const int wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
+    const int row0 = wg * 64 + warp * 16 + lane / 4;
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) {
+        const int r = row0 + ((s % 4) / 2) * 8;
+        const int c = (s / 4) * 8 + (lane % 4) * 2 + (s % 2);
+        if (!GUARD || (r < rows_in && c < cols_in)) dst[r * ld_row + c * ld_col] = convert<TD>(acc[s]);
+    }
+}
+
+}  // namespace cake

@@ -1,0 +1,156 @@
+// cake_compute.cuh: device helpers of the compute ops (ewise math, reductions, running
+// arg-min / top-k, atomics). Included from cake.cuh.
+//
+// The lowering emits the elementwise loops itself (each thread over the elements it
+// owns: e = s * THREADS + threadIdx.x). Ops that combine elements held by different
+// threads work on shared memory: rmem operands are first staged into smem scratch
+// (stage_smem_rmem), the *_smem helpers below run one thread per line (row or
+// column), and rmem results are read back (unstage_rmem_smem). A line of a tile is
+// L elements apart by LS and its elements JS apart: element j of line l is at
+// l * LS + j * JS.
+#pragma once
+
+namespace cake {
+
+// ----------------------------------------------------------------- scalar math
+// fn codes shared with the lowering: 0 sum/add, 1 max, 2 min.
+template <int OP, typename A> __device__ __forceinline__ A combine(A a, A b) {
+    if constexpr (OP == 0) return a + b;
+    else if constexpr (OP == 1) return a > b ? a : b;
+    else return a < b ? a : b;
+}
+
+template <int OP, typename A> __device__ __forceinline__ A identity();
+template <> __device__ __forceinline__ float identity<0, float>() { return 0.0f; }
+template <> __device__ __forceinline__ float identity<1, float>() { return __int_as_float(0xff800000); }
+template <> __device__ __forceinline__ float identity<2, float>() { return __int_as_float(0x7f800000); }
+template <> __device__ __forceinline__ int identity<0, int>() { return 0; }
+template <> __device__ __forceinline__ int identity<1, int>() { return -2147483647 - 1; }
+template <> __device__ __forceinline__ int identity<2, int>() { return 2147483647; }
+
+// acc_t<T>: what a tile of T computes in (f32 for every float, int for i32).
+template <typename T> struct acc_of { using type = float; };
+template <> struct acc_of<int> { using type = int; };
+template <typename T> using acc_t = typename acc_of<T>::type;
+
+// f2i(x): float -> int as a C cast (toward zero), saturating instead of undefined.
+__device__ __forceinline__ int f2i(float x) { return __float2int_rz(x); }
+
+// (value, index) lexicographic order of the running merges: ties go to the smaller index.
+__device__ __forceinline__ bool lex_less(float v, int i, float w, int j) { return v < w || (v == w && i < j); }
+
+// ----------------------------------------------------------------- staging rmem <-> smem
+// stage_smem_rmem<NUMEL, THREADS>(dst, src): dst[s * THREADS + threadIdx.x] := src[s].
+template <int NUMEL, int THREADS, int SLOTS, typename TD, typename TS>
+__device__ __forceinline__ void stage_smem_rmem(TD* dst, const TS (&src)[SLOTS]) {
+    static_assert(NUMEL == SLOTS * THREADS, "rmem tile elements must split evenly over the CTA's threads");
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) dst[s * THREADS + threadIdx.x] = src[s];
+}
+
+// unstage_rmem_smem<NUMEL, THREADS>(dst, src): dst[s] := src[s * THREADS + threadIdx.x].
+template <int NUMEL, int THREADS, int SLOTS, typename TD, typename TS>
+__device__ __forceinline__ void unstage_rmem_smem(TD (&dst)[SLOTS], const TS* src) {
+    static_assert(NUMEL == SLOTS * THREADS, "rmem tile elements must split evenly over the CTA's threads");
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) dst[s] = src[s * THREADS + threadIdx.x];
+}
+
+// ----------------------------------------------------------------- axis ops (one thread per line)
+// reduce_smem<L, N, LS, JS, OP, THREADS>(dst, src): dst[l] := src[l, 0] (+) ... (+) src[l, N-1].
+template <int L, int N, int LS, int JS, int OP, int THREADS, typename TD, typename TS>
+__device__ __forceinline__ void reduce_smem(TD* dst, const TS* src) {
+    static_assert(L > 0 && N > 0, "a reduction has at least one line of one element");
+    using A = acc_t<TS>;
+    for (int l = threadIdx.x; l < L; l += THREADS) {
+        A acc = convert<A>(src[l * LS]);
+        for (int j = 1; j < N; ++j) acc = combine<OP, A>(acc, convert<A>(src[l * LS + j * JS]));
+        dst[l] = convert<TD>(acc);
+    }
+}
+
+// scan_smem<L, N, LS, JS, OP, EXCLUSIVE, THREADS>(dst, src): running (+) along each line;
+// dst may be src (each element is read before it is written).
+template <int L, int N, int LS, int JS, int OP, bool EXCLUSIVE, int THREADS, typename TD, typename TS>
+__device__ __forceinline__ void scan_smem(TD* dst, const TS* src) {
+    static_assert(L > 0 && N > 0, "a scan has at least one line of one element");
+    using A = acc_t<TS>;
+    for (int l = threadIdx.x; l < L; l += THREADS) {
+        A acc = identity<OP, A>();
+        for (int j = 0; j < N; ++j) {
+            const int at = l * LS + j * JS;
+            const A x = convert<A>(src[at]);
+            const A next = j == 0 ? x : combine<OP, A>(acc, x);
+            dst[at] = convert<TD>(EXCLUSIVE ? acc : next);
+            acc = next;
+        }
+    }
+}
+
+// argreduce_smem<L, N, LS, JS, MAX, THREADS>(val, idx, src): the min (max) of each line and
+// its first position.
+template <int L, int N, int LS, int JS, bool MAX, int THREADS, typename TV, typename TS>
+__device__ __forceinline__ void argreduce_smem(TV* val, int* idx, const TS* src) {
+    static_assert(L > 0 && N > 0, "a reduction has at least one line of one element");
+    using A = acc_t<TS>;
+    for (int l = threadIdx.x; l < L; l += THREADS) {
+        A best = convert<A>(src[l * LS]);
+        int at = 0;
+        for (int j = 1; j < N; ++j) {
+            const A x = convert<A>(src[l * LS + j * JS]);
+            if (MAX ? x > best : x < best) { best = x; at = j; }
+        }
+        val[l] = convert<TV>(best);
+        idx[l] = at;
+    }
+}
+
+// argmin_update_smem<R, C, THREADS>(best, arg, scores, base, limit): for each row r, the
+// candidates j < min(C, limit - base) replace (best[r], arg[r]) when strictly smaller.
+template <int R, int C, int THREADS, typename TS>
+__device__ __forceinline__ void argmin_update_smem(float* best, int* arg, const TS* scores, int base, int limit) {
+    static_assert(R > 0 && C > 0, "scores has at least one row and one column");
+    const int n = limit - base < C ? limit - base : C;
+    for (int r = threadIdx.x; r < R; r += THREADS) {
+        float b = best[r];
+        int a = arg[r];
+        for (int j = 0; j < n; ++j) {
+            const float x = to_f32(scores[r * C + j]);
+            if (x < b) { b = x; a = base + j; }
+        }
+        best[r] = b;
+        arg[r] = a;
+    }
+}
+
+// topk_merge_smem<R, C, K, THREADS>(vals, idx, scores, base, limit): insert each candidate
+// (scores[r, j], base + j), j < min(C, limit - base), into row r's sorted list of K.
+template <int R, int C, int K, int THREADS, typename TS>
+__device__ __forceinline__ void topk_merge_smem(float* vals, int* idx, const TS* scores, int base, int limit) {
+    static_assert(R > 0 && C > 0 && K > 0, "scores and the running list are not empty");
+    const int n = limit - base < C ? limit - base : C;
+    for (int r = threadIdx.x; r < R; r += THREADS) {
+        float* v = vals + r * K;
+        int* ix = idx + r * K;
+        for (int j = 0; j < n; ++j) {
+            const float x = to_f32(scores[r * C + j]);
+            const int g = base + j;
+            if (!lex_less(x, g, v[K - 1], ix[K - 1])) continue;
+            int p = K - 1;
+            while (p > 0 && lex_less(x, g, v[p - 1], ix[p - 1])) {
+                v[p] = v[p - 1];
+                ix[p] = ix[p - 1];
+                --p;
+            }
+            v[p] = x;
+            ix[p] = g;
+        }
+    }
+}
+
+// ----------------------------------------------------------------- atomics to gmem
+// atomic_add_gmem(dst, v): *dst += v with a hardware atomic, v converted to dst's type.
+template <typename V> __device__ __forceinline__ void atomic_add_gmem(float* dst, V v) { atomicAdd(dst, to_f32(v)); }
+__device__ __forceinline__ void atomic_add_gmem(int* dst, int v) { atomicAdd(dst, v); }
+
+}  // namespace cake

@@ -1,0 +1,72 @@
+"""kmeans_assign: out[b, n] = argmin_k ||x[b, n] - c[b, k]||^2.
+
+x[B, N, D] bf16 points, c[B, K, D] bf16 centroids and c_sq[B, K] f32 their squared
+norms (given, so a kernel ranks by c_sq[k] - 2 x·c[k]); out[B, N] i32. Equal-distance
+ties may pick any of the tied centroids: the comparison accepts a centroid whose exact
+(fp64) distance is within ``rtol`` relative of the minimum.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from cake_core.problems._distance import check_indices, relative_gap, row_chunks, sq_dists, sq_norms
+from cake_core.problems.base import Problem, Shape, bf16_round
+
+
+def _inputs(s: Shape, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    B, N, K, D = s["B"], s["N"], s["K"], s["D"]
+    c = bf16_round(rng.standard_normal((B, K, D), dtype=np.float32))
+    # most points near a random centroid (the argmin is decided by more than noise); a quarter near the
+    # origin, where every c_sq[k] - 2 x·c[k] is positive, so a zero-padded tail centroid would win them
+    pick = rng.integers(0, K, size=(B, N))
+    near = np.take_along_axis(c, pick[..., None], axis=1) + 0.5 * rng.standard_normal((B, N, D), dtype=np.float32)
+    origin = 0.1 * rng.standard_normal((B, N, D), dtype=np.float32)
+    x = np.where(rng.random((B, N, 1)) < 0.25, origin, near)
+    return {"x": bf16_round(x), "c": c, "c_sq": sq_norms(c).astype(np.float32)}
+
+
+def _oracle(x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    B, N, _ = x["x"].shape
+    out = np.empty((B, N), np.int64)
+    dmin = np.empty((B, N), np.float64)
+    for b in range(B):
+        for lo, hi in row_chunks(N, x["c"].shape[1]):
+            d = sq_dists(x["x"][b, lo:hi], x["c"][b], x["c_sq"][b])
+            out[b, lo:hi] = np.argmin(d, axis=1)
+            dmin[b, lo:hi] = d[np.arange(hi - lo), out[b, lo:hi]]
+    return {"out": out, "_dmin": dmin, "_x": x["x"], "_c": x["c"], "_c_sq": x["c_sq"]}
+
+
+def _compare(got: dict[str, np.ndarray], want: dict[str, np.ndarray], rtol: float) -> tuple[bool, float, str]:
+    xs, cs, csq, dmin = want["_x"], want["_c"], want["_c_sq"], want["_dmin"]
+    g, msg = check_indices("out", got["out"], dmin.shape, cs.shape[1])
+    if g is None:
+        return False, float("inf"), msg
+    chosen_c = np.take_along_axis(cs, g[..., None], axis=1).astype(np.float64)          # (B, N, D)
+    chosen_sq = np.take_along_axis(csq, g, axis=1).astype(np.float64)
+    d_got = sq_norms(xs) + chosen_sq - 2.0 * np.einsum("bnd,bnd->bn", xs.astype(np.float64), chosen_c)
+    gap = relative_gap(d_got, dmin, float(np.mean(np.abs(dmin))))
+    worst = float(gap.max()) if gap.size else 0.0
+    if worst <= rtol:
+        return True, max(worst, 0.0), ""
+    idx = tuple(int(i) for i in np.unravel_index(np.argmax(gap), gap.shape))
+    return False, worst, (f"out: centroid {g[idx]} at {idx} is {worst:.3g} farther (relative) than the nearest, "
+                          f"centroid {int(want['out'][idx])} (distance {d_got[idx]:.6g} vs {dmin[idx]:.6g})")
+
+
+KMEANS_ASSIGN = Problem(
+    name="kmeans_assign",
+    description="out[b, n] = argmin_k ||x[b, n] - c[b, k]||^2 with x[B,N,D], c[B,K,D] bf16 and c_sq[B,K] f32 "
+                "= ||c[b, k]||^2 given; out i32; equal-distance ties may pick any tied centroid",
+    dims=("B", "N", "K", "D"),
+    inputs=("x", "c", "c_sq"),
+    outputs=("out",),
+    make_inputs=_inputs,
+    oracle=_oracle,
+    rtol=1e-3,   # chosen centroid's distance within 1e-3 relative of the nearest: fp32 scores pass, a wrong pick not
+    flops=lambda s: 2.0 * s["B"] * s["N"] * s["K"] * s["D"],
+    bytes=lambda s: 2.0 * s["B"] * (s["N"] + s["K"]) * s["D"] + 4.0 * s["B"] * (s["K"] + s["N"]),
+    seed_file="kmeans_assign.cake",
+    shape_sets=("kmeans_assign_small", "kmeans_assign_large"),
+    compare_fn=_compare,
+)

@@ -1,0 +1,106 @@
+"""The real `cake` command: bad input is one clear line; a killed run keeps what it recorded."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from warehouse import Warehouse
+
+CAKE = str(Path(sys.executable).parent / "cake")
+
+
+def _run(args, home, extra=None, timeout=120):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CAKE_")}
+    env.update({"CAKE_HOME": str(home), "CAKE_GPU": "off", **(extra or {})})
+    return subprocess.run([CAKE, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=home)
+
+
+def _one_line(p):
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, p.stderr
+    assert "Traceback" not in p.stderr + p.stdout
+    return lines[0]
+
+
+def test_unknown_problem(tmp_path):
+    p = _run(["evolve", "gemm_fp9"], tmp_path)
+    assert p.returncode == 2
+    line = _one_line(p)
+    assert "unknown problem `gemm_fp9`" in line and "gemm_bf16" in line
+
+
+def test_missing_shape_set(tmp_path):
+    p = _run(["evolve", "gemm_bf16", "--shapes", "nope"], tmp_path)
+    assert p.returncode == 2
+    assert "no shape set `nope`" in _one_line(p)
+
+
+def test_bad_shape_file(tmp_path, monkeypatch):
+    from cake_core.problems import base, get_problem
+    (tmp_path / "broken.csv").write_text("M,N,K,role\n64,64,x,headline\n")
+    (tmp_path / "short.csv").write_text("M,N,role\n64,64,headline\n")
+    monkeypatch.setattr(base, "SHAPES_DIR", tmp_path)
+    with pytest.raises(base.ShapeSetError, match=r"broken.csv:2: every dimension must be a positive integer"):
+        base.load_shape_set(get_problem("gemm_bf16"), "broken")
+    with pytest.raises(base.ShapeSetError, match=r"lacks column\(s\) K"):
+        base.load_shape_set(get_problem("gemm_bf16"), "short")
+
+
+def test_no_gpu_when_required(tmp_path):
+    p = _run(["evolve", "gemm_bf16"], tmp_path, {"CAKE_GPU": "require"})
+    assert p.returncode == 1
+    assert "no NVIDIA GPU found" in _one_line(p)
+
+
+def test_port_in_use(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        p = _run(["evolve", "gemm_bf16"], tmp_path, {"CAKE_PREFECT_PORT": str(port)})
+    assert p.returncode == 1
+    line = _one_line(p)
+    assert f"port {port} is in use by another program" in line and "CAKE_PREFECT_PORT=" in line
+
+
+def test_malformed_ir_file(tmp_path):
+    f = tmp_path / "k.cake"
+    f.write_text("@kernel(target=\"sm_90a\", grid=(1,), threads=128)\ndef k(a: gmem[bf16, (N,)]):\n    lod(a)\n")
+    p = _run(["check", str(f)], tmp_path)
+    assert p.returncode == 1
+    assert "k.cake:3:5: error[parse.unknown_op]: unknown op `lod`" in p.stdout
+    assert "hint:" in p.stdout and "Traceback" not in p.stdout + p.stderr
+
+
+@pytest.mark.services
+def test_killed_run_loses_nothing_it_recorded(tmp_path, services):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CAKE_")}
+    env.update({"CAKE_HOME": str(tmp_path), "CAKE_GPU": "off", "CAKE_PREFECT_API_URL": services["api_url"]})
+    proc = subprocess.Popen([CAKE, "evolve", "gemm_bf16", "--generations", "30", "--population", "6"],
+                            cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                            stderr=open(tmp_path / "stderr.txt", "w"), start_new_session=True)
+    wh_root = tmp_path / "warehouse"
+    seen, deadline = 0, time.monotonic() + 180
+    while time.monotonic() < deadline and seen < 8:
+        time.sleep(0.5)
+        if (wh_root / "SCHEMA_VERSION").exists():
+            seen = Warehouse(wh_root).query("select count(*) as n from attempts").to_pylist()[0]["n"]
+    assert seen >= 8, "the run recorded too little before the kill: " + (tmp_path / "stderr.txt").read_text()[-2000:]
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    after = Warehouse(wh_root).query("select count(*) as n, count(distinct attempt_id) as d from attempts").to_pylist()[0]
+    assert after["n"] >= seen and after["d"] == after["n"], "attempts lost or duplicated by the kill"
+    # the warehouse still answers through the CLI, and the next run appends to it
+    p = _run(["sql", "select outcome, count(*) from attempts group by 1"], tmp_path,
+             {"CAKE_PREFECT_API_URL": services["api_url"]})
+    assert p.returncode == 0, p.stderr
+    p = _run(["evolve", "gemm_bf16", "--generations", "1", "--population", "3"], tmp_path,
+             {"CAKE_PREFECT_API_URL": services["api_url"]}, timeout=300)
+    assert p.returncode == 0, p.stderr
+    final = Warehouse(wh_root).query("select count(*) as n from attempts").to_pylist()[0]["n"]
+    assert final >= after["n"] + 3

@@ -1,0 +1,80 @@
+"""Every async verifier rule: the ws GEMM seed passes it, and a planted mistake fails with its id at the right line."""
+from pathlib import Path
+
+import pytest
+
+from cake_core.ir.check import check_text
+from cake_core.ir.verify import RULES
+
+SEED = (Path(__file__).resolve().parents[2] / "cake_core/problems/seeds/gemm_bf16_ws.cake").read_text()
+LOAD_A = "tma_load(a_s[kt % S], a[tile(bid.y, BM), tile(kt, BK)], bar=full[kt % S])"
+WGMMA = "wgmma(acc, a_s[kt % S], b_s[kt % S])"
+
+# rule id -> (old, new, line of the diagnostic)
+PLANTED = {
+    "role.placement": ("        acc = rmem(f32, (BM, BN))\n",
+                       '        with role("inner", warps=(4, 8)):\n            pass\n        acc = rmem(f32, (BM, BN))\n',
+                       14),
+    "role.bounds": ("threads=384", "threads=256", 13),
+    "role.overlap": ("warps=(4, 12)", "warps=(2, 10)", 13),
+    "setmaxnreg.value": ("regs=40", "regs=44", 7),
+    "setmaxnreg.budget": ("regs=232", "regs=248", 13),
+    "control.sync_in_role": ("            wgmma_wait(0)\n", "            wgmma_wait(0)\n            sync()\n", 19),
+    "async.operands": (LOAD_A, LOAD_A.replace("bar=full", "bar=a_s"), 11),
+    "async.slot_index": (WGMMA, "wgmma(acc, a_s, b_s[kt % S])", 17),
+    "async.atom_target": ('target="sm_90a"', 'target="sm_100a"', 17),
+    "tma.box_dim": ('"BM": 128', '"BM": 512', 11),
+    "tma.swizzle_span": ('"BK": 64', '"BK": 128', 11),
+    "tma.global_align": ("a: gmem[bf16, (M, K)]", "a: gmem[bf16, (M, 100)]", 11),
+    "tma.smem_align": ('"BM": 128', '"BM": 100', 11),
+    "tma.box_shape": (LOAD_A, LOAD_A.replace("tile(bid.y, BM)", "tile(bid.y, BN)"), 11),
+    "wgmma.role": ("warps=(4, 12)", "warps=(4, 10)", 17),
+    "wgmma.acc": ("acc = rmem(f32, (BM, BN))", "acc = rmem(bf16, (BM, BN))", 17),
+    "wgmma.m": ("warps=(4, 12)", "warps=(4, 8)", 17),
+    "wgmma.n": ('"BN": 64', '"BN": 4', 17),
+    "wgmma.k": ('"BK": 64', '"BK": 40', 17),
+    "wgmma.operands": ("b_s = smem(bf16, (BK, BN), stages=4, swizzle=128)",
+                       "b_s = smem(bf16, (BK, BN), stages=4, swizzle=64)", 17),
+    "mbarrier.phase": ("phase=kt // S % 2", "phase=kt // S", 16),
+    "mbarrier.arrivals": ("empty = mbarrier(S, arrivals=2)", "empty = mbarrier(S, arrivals=1)", 6),
+    "mbarrier.expect_tx": ("(BM * BK + BK * BN) * 2", "BM * BK * 2", 10),
+    "resources.cluster": ("    a_s = smem(", "    cluster((16, 1, 1))\n    a_s = smem(", 3),
+    "protocol.deadlock": ("phase=(kt // S + 1) % 2", "phase=kt // S % 2", 9),
+    "protocol.tx_mismatch": ("(BM * BK + BK * BN) * 2", "BM * BK * 2", 10),
+    "protocol.read_before_ready": ("            wait(full[kt % S], phase=kt // S % 2)\n", "", 16),
+    "protocol.slot_reuse": (f"            {WGMMA}\n            wgmma_wait(0)\n            arrive(empty[kt % S])\n",
+                            f"            arrive(empty[kt % S])\n            {WGMMA}\n            wgmma_wait(0)\n", 11),
+}
+ASYNC_MODULES = ("cake_core.ir.rules_async",)
+
+
+def test_every_async_rule_has_a_planted_failure():
+    mine = {r for r in RULES if RULES[r].check.__module__ in ASYNC_MODULES}
+    assert mine == set(PLANTED)
+    assert len(mine) >= 12
+
+
+def test_the_ws_seed_passes_every_rule():
+    assert check_text(SEED, "gemm_bf16_ws.cake") == []
+
+
+@pytest.mark.parametrize("rule_id", sorted(PLANTED))
+def test_planted_mistake_fails_with_the_rule_at_its_line(rule_id):
+    old, new, line = PLANTED[rule_id]
+    assert old in SEED, old
+    text = SEED.replace(old, new, 1)
+    diags = check_text(text, "planted.cake")
+    hits = [d for d in diags if d.rule == rule_id]
+    assert hits, f"{rule_id} did not fire; got {[d.rule for d in diags]}"
+    assert hits[0].line == line, hits[0].format("planted.cake", text)
+    assert hits[0].hint and hits[0].path
+
+
+def test_rule_limits_come_from_the_target_data(monkeypatch):
+    from cake_core.ir import targets
+    data = dict(targets.load_target("sm_90a"))
+    data["setmaxnreg"] = {"min": 24, "max": 256, "step": 16}
+    monkeypatch.setattr(targets, "load_target", lambda arch: data)
+    import cake_core.ir.verify as verify_mod
+    monkeypatch.setattr(verify_mod, "load_target", lambda arch: data)
+    assert any(d.rule == "setmaxnreg.value" and d.line == 7 for d in check_text(SEED))   # 40 is not a step of 16

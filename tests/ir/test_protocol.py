@@ -1,0 +1,83 @@
+"""The protocol checker on the warp-specialized GEMM: planted deadlock, ring-slot race and tx mismatch, with witnesses."""
+from pathlib import Path
+
+from cake_core.ir.check import check_text
+from cake_core.ir.targets import load_target
+from cake_core.ir.protocol import check_protocol
+from cake_core.ir.text import parse_program
+from cake_core.ir.verify import build_ctx
+
+SEED = (Path(__file__).resolve().parents[2] / "cake_core/problems/seeds/gemm_bf16_ws.cake").read_text()
+WGMMA = "            wgmma(acc, a_s[kt % S], b_s[kt % S])\n"
+WAIT0 = "            wgmma_wait(0)\n"
+ARRIVE = "            arrive(empty[kt % S])\n"
+
+
+def _protocol(text: str):
+    return check_protocol(build_ctx(parse_program(text), load_target("sm_90a")))
+
+
+def _plant(old: str, new: str) -> str:
+    assert old in SEED
+    return SEED.replace(old, new, 1)
+
+
+def test_the_ws_gemm_passes():
+    assert _protocol(SEED) == []
+    assert [d.rule for d in check_text(SEED) if d.rule.startswith("protocol.")] == []
+
+
+def test_planted_deadlock_names_barrier_phase_roles_and_lines():
+    text = _plant("phase=(kt // S + 1) % 2", "phase=kt // S % 2")     # producer forgets the parity-1 start
+    (d,) = [d for d in _protocol(text) if d.rule == "protocol.deadlock"]
+    assert d.line == 9 and d.path == "role[producer].for[kt].wait"
+    assert "empty[0]" in d.message and "parity 0" in d.message
+    assert any("role producer: wait at line 9 (trip kt=0) on empty[0]" in w for w in d.witness)
+    assert any("role consumer: wait at line 16 (trip kt=0) on full[0] for the phase of parity 0" in w
+               for w in d.witness)
+
+
+def test_planted_write_after_read_race_on_a_ring_slot():
+    # the consumer releases the slot before its wgmma reads it
+    text = _plant(WGMMA + WAIT0 + ARRIVE, ARRIVE + WGMMA + WAIT0)
+    hits = [d for d in _protocol(text) if d.rule == "protocol.slot_reuse"]
+    assert hits and hits[0].line == 11 and "a_s[0]" in hits[0].message
+    assert "read: wgmma at line 18 (role consumer, trip kt=0)" in hits[0].witness
+    assert "write: tma_load at line 11 (role producer, trip kt=4)" in hits[0].witness
+
+
+def test_release_while_wgmma_in_flight_is_a_race():
+    text = _plant(WAIT0, "")
+    d = next(d for d in _protocol(text) if d.rule == "protocol.slot_reuse")
+    assert d.line == 11 and "in flight" in d.message
+    assert "read: wgmma at line 17 (role consumer, trip kt=0)" in d.witness
+
+
+def test_wrong_expect_tx_byte_count():
+    text = _plant("(BM * BK + BK * BN) * 2", "BM * BK * 2")
+    (d,) = [d for d in _protocol(text) if d.rule == "protocol.tx_mismatch"]
+    assert d.line == 10 and "expects 16384" in d.message and "24576" in d.message
+    assert "expect_tx: line 10 (role producer, trip kt=0) expects 16384 B" in d.witness
+    assert "copy: tma_load at line 12 (role producer, trip kt=0) lands 8192 B" in d.witness
+
+
+def test_too_many_expected_bytes_stall_the_phase():
+    text = _plant("(BM * BK + BK * BN) * 2", "(BM * BK + BK * BN) * 4")
+    (d,) = [d for d in _protocol(text) if d.rule == "protocol.tx_mismatch"]
+    assert d.line == 10 and "never completes" in d.message
+    assert any("wait at line 16" in d.message or "line 16" in w for w in d.witness + (d.message,))
+
+
+def test_read_before_the_full_wait():
+    text = _plant("            wait(full[kt % S], phase=kt // S % 2)\n", "")
+    d = next(d for d in _protocol(text) if d.rule == "protocol.read_before_ready")
+    assert d.line == 16 and "a_s[0]" in d.message
+    assert any("read: wgmma at line 16 (role consumer, trip kt=0)" in w for w in d.witness)
+
+
+def test_ring_wraps_in_the_simulation():
+    # 4 stages: the symbolic K gives (4 + 2) * 128 / 64 = 12 trips, so the ring wraps; a producer whose
+    # empty waits are right only for the first pass around the ring deadlocks on the wrap
+    text = _plant("phase=(kt // S + 1) % 2", "phase=1")
+    (d,) = [d for d in _protocol(text) if d.rule == "protocol.deadlock"]
+    assert d.line == 9 and any("role producer: wait at line 9 (trip kt=4) on empty[0]" in w for w in d.witness)
