@@ -15,7 +15,6 @@ import datetime as dt
 import enum
 import functools
 import getpass
-import inspect
 import io
 import json
 import logging
@@ -174,15 +173,6 @@ def _warehouse(settings: Settings):
 # ---------------------------------------------------------------- cake evolve
 
 
-def _accepts(fn: Any, name: str) -> bool:
-    target = getattr(fn, "fn", fn)   # a Prefect Flow keeps the function in .fn
-    try:
-        params = inspect.signature(target).parameters
-    except (TypeError, ValueError):
-        return False
-    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-
-
 def _quiet_prefect_console() -> None:
     """Keep Prefect's INFO lines off the terminal (they stay in the UI): the live display owns it."""
     os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
@@ -279,8 +269,10 @@ def evolve(
             problem=problem, shape_set=shape_set, generations=generations, population=population,
             seed=seed, run_id=run_id, warehouse_root=str(settings.warehouse_root),
             cache_dir=str(settings.cache_dir), gpu_models=list(gpu_models))
-        if _accepts(evolve_flow, "agent"):
-            kwargs["agent"] = agent
+        kwargs["agent"] = agent
+        if agent == "llm":
+            kwargs["llm"] = {"base_url": settings.llm_base_url, "model": settings.llm_model,
+                             "api_key_env": settings.llm_api_key_env}
 
         outcome: dict[str, Any] = {}
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import socket
 import uuid
 from typing import Any
@@ -40,7 +41,8 @@ def _run_row(run_id: str, status: str, **kw: Any) -> dict[str, Any]:
 def evolve_flow(problem: str, shape_set: str, generations: int = 3, population: int = 8, seed: int = 0,
                 run_id: str | None = None, warehouse_root: str = ".cake/warehouse",
                 cache_dir: str = ".cake/cache", gpu_models: list[str] | None = None,
-                timeout_s: float = 120.0, reps: int = 20) -> dict[str, Any]:
+                timeout_s: float = 120.0, reps: int = 20, agent: str = "tactic",
+                llm: dict[str, Any] | None = None) -> dict[str, Any]:
     """Evolve kernels for ``problem`` over the shapes of ``shape_set``; returns a summary."""
     log = get_run_logger()
     run_id = run_id or uuid.uuid4().hex[:12]
@@ -55,7 +57,7 @@ def evolve_flow(problem: str, shape_set: str, generations: int = 3, population: 
     wh = Warehouse(warehouse_root)
     harness = load_harness(warehouse_root)
     started = now()
-    base = dict(problem=problem, shape_set=shape_set, harness_version=harness.version, agent="tactic",
+    base = dict(problem=problem, shape_set=shape_set, harness_version=harness.version, agent=agent,
                 seed=seed, generations=generations, population=population,
                 gpu_model=gpus[0] if gpus else None, flow_run_id=str(flow_run.id) if flow_run.id else None,
                 started_at=started)
@@ -65,8 +67,7 @@ def evolve_flow(problem: str, shape_set: str, generations: int = 3, population: 
     log.info(f"run {run_id}: {problem} on {len(shapes)} shapes of {shape_set}, harness v{harness.version}, "
              f"{'GPU ' + gpus[0] if gpus else 'CPU interpreter (not timed)'}")
 
-    tactics = {k: v for k, v in TACTICS.items() if k not in harness.disabled_tactics}
-    agent = TacticAgent(seed, tactics)
+    proposer = _make_agent(agent, seed, harness.disabled_tactics, llm)
     model = CostModel(gpu_for_name(gpus[0] if gpus else None))
     model.eff.update(dict(harness.cost_eff))
     ctx = Context(harness.version, 0, population)
@@ -81,7 +82,7 @@ def evolve_flow(problem: str, shape_set: str, generations: int = 3, population: 
     try:
         for g in range(generations):
             ctx.generation = g
-            cands = generate(agent, problem, ctx)
+            cands = generate(proposer, problem, ctx)
             attempts = [Attempt(run_id, g, problem, harness.version, c) for c in cands]
             passed, stopped = verify(attempts, harness)
             record(warehouse_root, stopped)
@@ -103,6 +104,9 @@ def evolve_flow(problem: str, shape_set: str, generations: int = 3, population: 
             else:
                 done = []
             for a in attempts:
+                if a.outcome.failed and a.diagnostics:
+                    d = next((d for d in a.diagnostics if d.is_error), a.diagnostics[0])
+                    ctx.feedback.append(d.format("candidate.cake", a.candidate.text))
                 totals[a.outcome.value] = totals.get(a.outcome.value, 0) + 1
                 ctx.seen.add(a.ir_hash)
                 if a.candidate.tactic:
@@ -129,6 +133,20 @@ def evolve_flow(problem: str, shape_set: str, generations: int = 3, population: 
             "harness_version": harness.version,
             "best_score": best[0][0] if best else None,
             "best_score_kind": ("measured geomean ms" if gpus else "predicted geomean ms (CPU: not timed)")}
+
+
+def _make_agent(kind: str, seed: int, disabled: tuple[str, ...], llm: dict[str, Any] | None):
+    if kind == "tactic":
+        return TacticAgent(seed, {k: v for k, v in TACTICS.items() if k not in disabled})
+    if kind == "llm":
+        from cake_core.agents.llm_agent import LLMAgent, LLMConfig
+        from cake_core.ir.reference import render_reference
+        cfg = dict(llm or {})
+        if not cfg.get("model"):
+            raise CakeError("the llm agent needs a model: set CAKE_LLM_MODEL")
+        key = os.environ.get(cfg.pop("api_key_env", "OPENAI_API_KEY"), "")
+        return LLMAgent(LLMConfig(api_key=key, **cfg), render_reference())
+    raise CakeError(f"unknown agent `{kind}`; use tactic or llm")
 
 
 def _dispatch(wh: Warehouse, run_id: str, problem: str, shape_set: str) -> None:

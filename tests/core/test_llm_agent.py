@@ -1,0 +1,68 @@
+"""The LLM agent against a local OpenAI-compatible endpoint (a stub server on loopback)."""
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+
+from cake_core.agents.base import Context
+from cake_core.agents.llm_agent import LLMAgent, LLMConfig, LLMUnavailable, build_prompt, extract_program
+from cake_core.ir.text import parse_program
+from cake_core.problems import get_problem
+
+GEMM = get_problem("gemm_bf16")
+REPLY = "Here is a faster one:\n```python\n" + GEMM.seed_text().replace('"BK": 32', '"BK": 64') + "```\n"
+
+
+class _Endpoint(BaseHTTPRequestHandler):
+    prompts: list = []
+
+    def do_POST(self):  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        _Endpoint.prompts.append(body["messages"][-1]["content"])
+        out = {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+               "choices": [{"index": 0, "finish_reason": "stop",
+                            "message": {"role": "assistant", "content": REPLY}}],
+               "usage": {"prompt_tokens": 1200, "completion_tokens": 300, "total_tokens": 1500}}
+        data = json.dumps(out).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture
+def endpoint():
+    srv = HTTPServer(("127.0.0.1", 0), _Endpoint)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    srv.shutdown()
+
+
+def test_proposes_parsed_programs_and_counts_tokens(endpoint):
+    agent = LLMAgent(LLMConfig(endpoint, "stub-model", "k", token_budget=3500), reference="(reference)")
+    ctx = Context(0, 1, 4, feedback=["candidate.cake:7:9: error[races.smem]: read-after-write race"])
+    cands = agent.propose(GEMM, ctx)
+    assert len(cands) == 3, "the budget (3500 tokens at 1500 a reply) stops the fourth request"
+    assert all(c.prompt_tokens == 1200 and c.completion_tokens == 300 for c in cands)
+    assert parse_program(cands[0].text).const_env["BK"] == 64
+    prompt = _Endpoint.prompts[-1]
+    assert "(reference)" in prompt and "races.smem" in prompt and GEMM.description in prompt
+
+
+def test_unreachable_endpoint_is_one_clear_message():
+    agent = LLMAgent(LLMConfig("http://127.0.0.1:9/v1", "m", "k", timeout_s=2), reference="")
+    with pytest.raises(LLMUnavailable, match=r"does not answer .*CAKE_LLM_BASE_URL"):
+        agent.propose(GEMM, Context(0, 0, 1))
+
+
+def test_extract_program_and_prompt():
+    assert extract_program("```python\nx\n```") == "x\n"
+    assert extract_program("no fence") == "no fence\n"
+    p = build_prompt(GEMM, Context(0, 0, 1, best=[(GEMM.seed_text(), 1.5)]), "REF")
+    assert "score 1.5" in p and p.startswith("# Cake IR reference\nREF")

@@ -1,0 +1,109 @@
+"""Every compute/atomic verifier rule: a program using every compute op passes, and a planted
+mistake fails with the rule's id at the line of the statement at fault."""
+from __future__ import annotations
+
+import pytest
+
+from cake_core.ir.check import check_text
+from cake_core.ir.verify import RULES
+
+OPS = '''@kernel(target="sm_90a", grid=(cdiv(N, 128),), threads=128, consts={"BC": 64})
+def ops(x: gmem[f32, (N, C)], s: gmem[f32, (N, C)], cnt: gmem[i32, (C,)]):
+    a = rmem(f32, (128, BC))
+    b = smem(f32, (BC, 128))
+    v = rmem(f32, (128,))
+    col = rmem(f32, (128, 1))
+    i = rmem(i32, (128,), fill=-1.0)
+    ones = rmem(i32, (128,), fill=1.0)
+    best = rmem(f32, (128,), fill=inf)
+    top_v = rmem(f32, (128, 4), fill=inf)
+    top_i = rmem(i32, (128, 4), fill=-1.0)
+    h = rmem(bf16, (128, BC))
+    load(a, x[tile(bid.x, 128), tile(0, BC)])
+    unary(a, a, fn="exp")
+    cast(h, a)
+    transpose(b, a)
+    sync()
+    reduce(col, a, axis=1, fn="max")
+    ewise(a, a, col, fn="sub")
+    scan(a, a, axis=1)
+    argmin(v, i, a, axis=1)
+    argmax(v, i, a)
+    argmin_update(best, i, a, base=0, limit=C)
+    topk_merge(top_v, top_i, a, base=0, limit=C)
+    fill(v, value=1.0)
+    atomic_add(s[tile(bid.x, 128), tile(0, BC)], a)
+    scatter_add(cnt[:], i, ones, base=bid.x * 128, limit=N)
+'''
+
+# rule id -> (old, new, needle naming the line the diagnostic must point at)
+PLANTED = {
+    "compute.undefined": ("cast(h, a)", "cast(h, z)", "cast(h, z)"),
+    "compute.space": ('unary(a, a, fn="exp")', 'unary(a, x, fn="exp")', "unary("),
+    "compute.shape": ("h = rmem(bf16, (128, BC))", "h = rmem(bf16, (128, 32))", "cast(h, a)"),
+    "compute.broadcast": ('ewise(a, a, col, fn="sub")', 'ewise(a, a, v, fn="sub")', "ewise("),
+    "compute.axis": ('reduce(col, a, axis=1, fn="max")', 'reduce(col, v, axis=1, fn="max")', "reduce("),
+    "compute.reduce_shape": ('reduce(col, a, axis=1, fn="max")', 'reduce(col, a, axis=0, fn="max")', "reduce("),
+    "compute.index_dtype": ("i = rmem(i32, (128,), fill=-1.0)", "i = rmem(f32, (128,), fill=-1.0)", "argmin(v, i"),
+    "compute.dtype": ("top_v = rmem(f32, (128, 4), fill=inf)", "top_v = rmem(bf16, (128, 4), fill=inf)",
+                      "topk_merge("),
+    "compute.alias": ("argmin(v, i, a, axis=1)", "argmin(v, i, i, axis=1)", "argmin(v, i, i"),
+    "compute.scratch_smem": ("b = smem(f32, (BC, 128))", "b = smem(f32, (416, 128))", "transpose("),
+    "atomic.space": ("atomic_add(s[tile(bid.x, 128), tile(0, BC)], a)", "atomic_add(b[tile(0, BC), :], a)",
+                     "atomic_add("),
+    "atomic.dtype": ("s: gmem[f32, (N, C)]", "s: gmem[bf16, (N, C)]", "atomic_add("),
+    "atomic.shape": ("atomic_add(s[tile(bid.x, 128), tile(0, BC)], a)",
+                     "atomic_add(s[tile(bid.x, 128), tile(0, 32)], a)", "atomic_add("),
+}
+# a second planted failure for rules with several distinct checks
+MORE = [
+    ("compute.dtype", 'unary(a, a, fn="exp")', 'unary(i, i, fn="exp")', "unary("),
+    ("compute.dtype", 'ewise(a, a, col, fn="sub")', 'ewise(i, i, ones, beta=0.5, fn="sub")', "ewise("),
+    ("compute.shape", "transpose(b, a)", "transpose(a, a)", "transpose("),
+    ("compute.reduce_shape", "best = rmem(f32, (128,), fill=inf)", "best = rmem(f32, (64, 2), fill=inf)",
+     "argmin_update("),
+    ("atomic.dtype", "cnt: gmem[i32, (C,)]", "cnt: gmem[i32, (C,)], fones: gmem[f32, (N,)]", None),
+    ("atomic.shape", "scatter_add(cnt[:], i, ones,", "scatter_add(s[tile(bid.x, 128), :], i, ones,", "scatter_add("),
+]
+
+
+def _line_of(text: str, needle: str) -> int:
+    return next(i for i, ln in enumerate(text.splitlines(), 1) if needle in ln)
+
+
+def test_every_compute_rule_has_a_planted_failure():
+    ours = {r for r, v in RULES.items() if v.family in ("compute", "atomic")}
+    assert ours == set(PLANTED)
+
+
+def test_the_program_with_every_compute_op_passes():
+    assert check_text(OPS, "ops.cake") == []
+
+
+def _check(rule_id: str, old: str, new: str, needle: str | None):
+    assert old in OPS, old
+    text = OPS.replace(old, new)
+    diags = check_text(text, "planted.cake")
+    hits = [d for d in diags if d.rule == rule_id]
+    if needle is None:        # a variant that must stay clean
+        assert not hits, [d.format("planted.cake", text) for d in hits]
+        return
+    assert hits, f"{rule_id} did not fire; got {[d.rule for d in diags]}"
+    assert hits[0].line == _line_of(text, needle), hits[0].format("planted.cake", text)
+    assert hits[0].hint and hits[0].path
+
+
+@pytest.mark.parametrize("rule_id", sorted(PLANTED))
+def test_planted_mistake_fails_with_the_rule_at_its_line(rule_id):
+    _check(rule_id, *PLANTED[rule_id])
+
+
+@pytest.mark.parametrize("case", MORE, ids=lambda c: f"{c[0]}:{c[2][:24]}")
+def test_more_planted_mistakes(case):
+    _check(*case)
+
+
+def test_i32_atomics_need_an_i32_tile():
+    text = OPS.replace("ones = rmem(i32, (128,), fill=1.0)", "ones = rmem(f32, (128,), fill=1.0)")
+    d = next(d for d in check_text(text) if d.rule == "atomic.dtype")
+    assert "f32 tile into i32" in d.message and d.line == _line_of(text, "scatter_add(")
