@@ -514,5 +514,49 @@ def check(
         raise typer.Exit(1)
 
 
+# ---------------------------------------------------------------- cake run / cake ops
+
+
+@app.command(no_args_is_help=True)
+@cli_errors
+def run(
+    file: Path = typer.Argument(..., metavar="FILE.cake", help="Cake IR file to run."),
+    problem: str = typer.Option(..., "--problem", help="Problem whose oracle judges the output."),
+    shape: list[str] = typer.Option(..., "--shape", help="A shape such as M=96,N=80,K=72 (repeatable)."),
+    cpu: bool = typer.Option(True, "--cpu/--no-cpu", help="Run on the CPU interpreter (the only backend here)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the random inputs."),
+) -> None:
+    """Run an IR file on the CPU interpreter against a problem's oracle; exit 1 if any shape is wrong."""
+    if not cpu:
+        raise UsageError("only --cpu is available from `cake run`; GPU runs go through `cake evolve`")
+    if not file.is_file():
+        raise UsageError(f"{file}: no such file")
+    from cake_core.problems import get_problem
+    from cake_core.problems.base import parse_shape_key
+    from cake_core.runtime.cpu import run_file
+
+    prob = get_problem(problem)
+    shapes = [parse_shape_key(s, prob.dims) for s in shape]
+    checks = run_file(file, problem, shapes, seed=seed)
+    t = Table(title=f"{file} on {problem} (CPU interpreter)")
+    for col in ("shape", "correct", "max rel error", "message"):
+        t.add_column(col)
+    for c in checks:
+        t.add_row(c.shape, "yes" if c.correct else "NO", "" if c.max_error is None else f"{c.max_error:.3g}",
+                  c.message)
+    console.print(t)
+    if not all(c.correct for c in checks):
+        raise typer.Exit(1)
+
+
+@app.command()
+@cli_errors
+def ops() -> None:
+    """Print the Cake IR reference (every op, its types, preconditions, example and guarding rules)."""
+    from cake_core.ir.reference import render_reference
+
+    sys.stdout.write(render_reference())
+
+
 if __name__ == "__main__":
     app()

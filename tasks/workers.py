@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import ray
 
@@ -20,6 +20,13 @@ import ray
 class Fault:
     outcome: str          # runtime_fault | timeout
     message: str
+
+
+DEFAULT_KERNEL_TIMEOUT_S = 30.0     # GpuRunner's own watchdog per wait on the GPU (see runtime.gpu)
+
+
+def _ident() -> tuple[str, int]:
+    return ray.get_runtime_context().get_node_id(), os.getpid()
 
 
 @ray.remote(num_cpus=1)
@@ -35,28 +42,62 @@ class CpuChecker:
     def pid(self) -> int:
         return os.getpid()
 
+    def ident(self) -> tuple[str, int]:
+        """(node id, pid): the pool waits on it for readiness and, after a kill, for the process to exit."""
+        return _ident()
+
 
 @ray.remote(num_gpus=1)
 class GpuRunner:
-    """Checks and times candidates on one GPU. After a CUDA error it asks to be replaced."""
+    """Checks and times candidates on one GPU.
+
+    A CUDA fault (illegal address, trap) or a kernel that outlives the watchdog leaves this
+    process's CUDA context unusable: the result then says ``restart`` and the actor refuses any
+    further work (``poisoned``) so that nothing runs on a dead context by mistake; the pool kills
+    it and starts a fresh one. ``ident`` initialises CUDA, so a ready actor has a live context.
+    """
+
+    def __init__(self):
+        self.poisoned: str | None = None
+
+    def ident(self) -> tuple[str, int]:
+        try:
+            import cupy
+            cupy.cuda.runtime.getDeviceCount()
+            cupy.cuda.Device(0).use()
+            cupy.cuda.runtime.free(cupy.cuda.runtime.malloc(256))   # creates the context now, not mid-timing
+        except Exception:  # noqa: BLE001 - no GPU: run() reports it per candidate
+            pass
+        return _ident()
 
     def run(self, lowered: Any, cubin: bytes, kernel_name: str, problem: str, shapes: list[dict],
-            seed: int, reps: int) -> dict:
+            seed: int, reps: int, timeout_s: float | None = None) -> dict:
+        """Gate and time one candidate; ``timeout_s`` is the in-actor watchdog per GPU wait
+        (default ``DEFAULT_KERNEL_TIMEOUT_S``). Returns ``{"runs", "restart", "pid"}`` or
+        ``{"fault", "restart", "pid"}``."""
         import tempfile
 
         from cake_core.lower.compile import Compiled
         from cake_core.problems import get_problem
         from cake_core.runtime.gpu import check_and_time
+        if self.poisoned:
+            return {"fault": f"worker refused: its CUDA context is unusable after {self.poisoned}",
+                    "restart": True, "pid": os.getpid()}
         fd, path = tempfile.mkstemp(suffix=".cubin")
         with os.fdopen(fd, "wb") as f:
             f.write(cubin)
         try:
             compiled = Compiled(path, kernel_name, None, "", 0.0, True)
-            runs = check_and_time(compiled, lowered, get_problem(problem), shapes, seed=seed, time=True, reps=reps)
+            runs = check_and_time(compiled, lowered, get_problem(problem), shapes, seed=seed, time=True, reps=reps,
+                                  timeout_s=timeout_s or DEFAULT_KERNEL_TIMEOUT_S)
             # after a fault or a hang the CUDA context is unusable: this actor must be replaced
-            return {"runs": runs, "restart": any(r.outcome in ("runtime_fault", "timeout") for r in runs)}
+            broken = next((r for r in runs if r.outcome in ("runtime_fault", "timeout")), None)
+            if broken is not None:
+                self.poisoned = f"{broken.outcome}: {broken.message}"
+            return {"runs": runs, "restart": broken is not None, "pid": os.getpid()}
         except Exception as e:  # a CUDA error leaves the context unusable: report and get replaced
-            return {"fault": f"{type(e).__name__}: {e}", "restart": True}
+            self.poisoned = f"{type(e).__name__}: {e}"
+            return {"fault": f"{type(e).__name__}: {e}", "restart": True, "pid": os.getpid()}
         finally:
             os.unlink(path)
 
@@ -65,23 +106,78 @@ class GpuRunner:
         return gpu_model()
 
 
-class ActorPool:
-    """Runs jobs on a fixed number of actors with a per-job watchdog."""
+def _gone(pid: int) -> bool:
+    """True once process ``pid`` has exited (a zombie has already closed its files and GPU context)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
 
-    def __init__(self, factory: Callable[[], Any], size: int):
+
+class ActorPool:
+    """Runs jobs on a fixed number of actors with a per-job watchdog.
+
+    A job whose actor dies, asks for a restart (``{"restart": True}``) or outlives its timeout
+    gets its actor killed (``ray.kill``) and replaced. Before the replacement takes work, the pool
+    waits for the killed process to exit when it ran on this node (its CUDA context, and any kernel
+    still running in it, is gone only then: timings of later jobs must not share the GPU with it)
+    and for the fresh actor to answer ``ident`` (for GpuRunner: CUDA initialised), so a job's
+    watchdog clock never counts an actor's start. ``replaced`` counts the replacements.
+    """
+
+    def __init__(self, factory: Callable[[], Any], size: int, *, start_timeout_s: float = 180.0,
+                 exit_timeout_s: float = 60.0):
         self.factory = factory
+        self.start_timeout_s, self.exit_timeout_s = start_timeout_s, exit_timeout_s
+        self.replaced = 0
+        self.idents: dict[Any, tuple[str, int] | None] = {}
         self.actors = [factory() for _ in range(max(size, 1))]
+        for a in self.actors:
+            self._ready(a)
+
+    def _ready(self, actor: Any) -> None:
+        """Wait until ``actor`` answers (if it has ``ident``); remember its node and pid."""
+        try:
+            method = actor.ident
+        except AttributeError:
+            self.idents[actor] = None
+            return
+        try:
+            self.idents[actor] = tuple(ray.get(method.remote(), timeout=self.start_timeout_s))
+        except Exception:  # noqa: BLE001 - it may still come up; its first job's watchdog decides
+            self.idents[actor] = None
 
     def _replace(self, actor: Any) -> Any:
+        ident = self.idents.pop(actor, None)
         try:
             ray.kill(actor, no_restart=True)
         except Exception:
             pass
+        if ident is not None and ident[0] == ray.get_runtime_context().get_node_id():
+            t0 = time.monotonic()
+            while not _gone(ident[1]) and time.monotonic() - t0 < self.exit_timeout_s:
+                time.sleep(0.05)
         fresh = self.factory()
+        self._ready(fresh)
+        self.replaced += 1
         self.actors = [fresh if a is actor else a for a in self.actors]
         return fresh
 
-    def map(self, method: str, jobs: list[tuple], timeout_s: float) -> list[Any]:
+    def map(self, method: str, jobs: list[tuple], timeout_s: float | Sequence[float]) -> list[Any]:
+        """Run ``actor.<method>(*job)`` for every job; returns results in job order, a :class:`Fault`
+        for a job whose actor died or that ran past its timeout (``timeout_s``: one for all jobs,
+        or one per job)."""
+        limits = [float(timeout_s)] * len(jobs) if isinstance(timeout_s, (int, float)) else \
+            [float(t) for t in timeout_s]
+        if len(limits) != len(jobs):
+            raise ValueError(f"{len(limits)} timeouts for {len(jobs)} jobs")
         results: list[Any] = [None] * len(jobs)
         queue = list(enumerate(jobs))
         free = list(self.actors)
@@ -108,9 +204,10 @@ class ActorPool:
                 free.append(actor)
             now = time.monotonic()
             for ref, (i, actor, t0) in list(pending.items()):
-                if now - t0 > timeout_s:
+                if now - t0 > limits[i]:
                     pending.pop(ref)
-                    results[i] = Fault("timeout", f"no result after {timeout_s:.0f} s; the worker was ended")
+                    results[i] = Fault("timeout", f"no result after {limits[i]:g} s; the worker was killed "
+                                                  "and replaced")
                     free.append(self._replace(actor))
         return results
 

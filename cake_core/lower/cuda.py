@@ -17,8 +17,24 @@ What is lowered in v1 (and what is not, with its rule id):
   numel / threads slots, filled with ``fill``.
 - ``load`` / ``store``: gmem windows of rank ≤ 2 after dropped (single-index)
   dimensions (``lower.unsupported_rank`` beyond), guarded or not.
-- ``mma`` with ``atom="fma"``; ``mma_sync`` and ``wgmma`` are not lowered yet
-  (``lower.unsupported_atom``).
+- ``mma`` with ``atom="fma"`` (fp32 FMAs over the CTA-distributed acc) and ``atom="mma_sync"``
+  (tensor cores: ``mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}``, operands from smem through
+  ``ldmatrix`` / ``ldmatrix.trans``; ``header/cake_mma.cuh``). ``atom="wgmma"`` on ``mma`` is not
+  lowered (``lower.unsupported_atom``): use the ``wgmma`` op (lower_async).
+- The mma_sync accumulator layout. An rmem tile that ``mma(..., atom="mma_sync")`` accumulates
+  into is held in the mma.sync fragment layout, not in the IR's default distribution (element e in
+  thread e % threads): the CTA's warps form a WM x WN grid (warp w at (w // WN, w % WN)), each owns
+  an (M/WM) x (N/WN) block of m16n8 atoms, and slot (mi*NI + ni)*4 + j of lane l holds row
+  mi*16 + l//4 + 8*(j//2), column ni*8 + 2*(l%4) + j%2 of its block (cake_mma.cuh has the full
+  formula). WM, WN are chosen here (:func:`_warp_grid`: the fewest ldmatrix per 16 of K). The
+  per-thread slot count is numel / threads as for any rmem tile, so ``rmem(fill=...)`` and the
+  slot-wise elementwise ops (``fill``, ``cast``, ``unary``, ``ewise`` whose rmem operands all have the
+  acc's shape) are layout-agnostic; rmem tiles tied to an accumulator by such ops take its layout
+  too (:func:`_frag_names`). ``load`` into and ``store`` from a fragment-layout tile go through
+  ``mma_layout::coord``. Any other op that names such a tile is refused (``lower.acc_layout``), as is
+  an ``mma`` of another atom into it. Preconditions, each a ``LowerError`` at the IR line:
+  ``lower.mma_tiling`` (M = WM * 16 * i and N = WN * 8 * j for some warp grid WM * WN = threads/32;
+  K a multiple of 16), ``lower.unsupported_operand`` (bf16/f16 a and b in smem, f32 acc).
 - ``sync`` → ``__syncthreads()``; ``for`` → a C ``for`` loop (``#pragma unroll``).
 """
 from __future__ import annotations
@@ -111,6 +127,7 @@ class Buf:
     type: TileType
     shape: tuple[int, ...]      # static (evaluated with the consts); () for gmem
     smem_offset: int = -1
+    layout: tuple[int, int] | None = None   # rmem in the mma_sync fragment layout: its warp grid (WM, WN)
 
     @property
     def numel(self) -> int:
@@ -183,6 +200,7 @@ class Ctx:
             try:
                 if hook is None:
                     raise LowerError("lower.unknown_op", f"op `{n.op.value}` has no lowering")
+                _layout_guard(n, self)
                 lines = hook(n, self)
             except LowerError as e:
                 self.diags.append(Diagnostic(e.rule, Severity.ERROR, e.message, n.line, n.col,
@@ -307,8 +325,12 @@ def _lower_rmem(n: Node, ctx: Ctx) -> list[Line]:
         raise LowerError("lower.rmem_distribution", f"rmem tile `{n.result}` has {numel} elements, not a multiple "
                                                     f"of the CTA's {ctx.threads} threads",
                          "pick a shape whose element count divides evenly over the threads")
-    ctx.scopes[-1][n.result] = Buf(n.result, TileType(dtype, tuple(shape), MemSpace.RMEM), static)
-    return [f"{dtype.c_type} {n.result}[{numel // ctx.threads}];  // {static} over {ctx.threads} threads",
+    layout = None
+    if n.result in _frag_names(ctx):
+        layout = _warp_grid(static, ctx.threads, n.result)
+    ctx.scopes[-1][n.result] = Buf(n.result, TileType(dtype, tuple(shape), MemSpace.RMEM), static, layout=layout)
+    where = f"mma_sync fragments, {layout[0]}x{layout[1]} warps" if layout else f"over {ctx.threads} threads"
+    return [f"{dtype.c_type} {n.result}[{numel // ctx.threads}];  // {static} {where}",
             f"cake::fill_rmem({n.result}, {_c_literal(n.attr('fill'), dtype)});"]
 
 
@@ -318,6 +340,10 @@ def _lower_load(n: Node, ctx: Ctx) -> list[Line]:
     dst = ctx.buf(dst_name, (MemSpace.SMEM, MemSpace.RMEM), "destination")
     w = _window(view, dst.shape, ctx, "source")
     guard = "true" if n.attr("guard") else "false"
+    if dst.layout is not None:
+        m, nn = dst.shape
+        return [f"cake::load_mma_acc_gmem<{w.rows}, {w.cols}, {m}, {nn}, THREADS, {dst.layout[0]}, {dst.layout[1]}, "
+                f"{guard}>({dst_name}, {w.base}, {_box_args(w)});"]
     fn = "load_smem_gmem" if dst.type.space is MemSpace.SMEM else "load_rmem_gmem"
     return [f"cake::{fn}<{w.rows}, {w.cols}, THREADS, {guard}>({dst_name}, {w.base}, {_box_args(w)});"]
 
@@ -328,6 +354,10 @@ def _lower_store(n: Node, ctx: Ctx) -> list[Line]:
     src = ctx.buf(src_name, (MemSpace.SMEM, MemSpace.RMEM), "source")
     w = _window(view, src.shape, ctx, "destination")
     guard = "true" if n.attr("guard") else "false"
+    if src.layout is not None:
+        m, nn = src.shape
+        return [f"cake::store_gmem_mma_acc<{w.rows}, {w.cols}, {m}, {nn}, THREADS, {src.layout[0]}, {src.layout[1]}, "
+                f"{guard}>({w.base}, {src_name}, {_box_args(w)});"]
     fn = "store_gmem_smem" if src.type.space is MemSpace.SMEM else "store_gmem_rmem"
     return [f"cake::{fn}<{w.rows}, {w.cols}, THREADS, {guard}>({w.base}, {src_name}, {_box_args(w)});"]
 
@@ -340,9 +370,10 @@ def _lower_sync(n: Node, ctx: Ctx) -> list[Line]:
 @lowering(Op.MMA)
 def _lower_mma(n: Node, ctx: Ctx) -> list[Line]:
     atom = n.attr("atom")
-    if atom != "fma":
-        raise LowerError("lower.unsupported_atom", f'mma atom "{atom}" is not lowered yet; v1 lowers atom="fma"',
-                         'use atom="fma" until the mma_sync/wgmma lowerings land')
+    if atom not in ("fma", "mma_sync"):
+        raise LowerError("lower.unsupported_atom", f'mma atom "{atom}" is not lowered; mma lowers atom="fma" and '
+                                                   'atom="mma_sync"',
+                         'use atom="mma_sync" for tensor cores, or the wgmma op (sm_90a) for warpgroup MMA')
     acc_n, a_n, b_n = n.args
     acc = ctx.buf(acc_n, (MemSpace.RMEM,), "accumulator")
     a = ctx.buf(a_n, (MemSpace.SMEM,), "operand a")
@@ -356,7 +387,136 @@ def _lower_mma(n: Node, ctx: Ctx) -> list[Line]:
     if (am, bk, bn) != (m, k, nn):
         raise LowerError("lower.shape_mismatch", f"mma shapes disagree: acc {acc.shape}, a {a.shape}, b {b.shape}",
                          "acc is (M, N), a is (M, K), b is (K, N)")
-    return [f"cake::mma_fma_rmem_smem<{m}, {nn}, {k}, THREADS>({acc_n}, {a_n}, {b_n});"]
+    if atom == "fma":
+        if acc.layout is not None:
+            raise LowerError("lower.acc_layout", f'`{acc_n}` is an mma_sync accumulator (fragment layout); '
+                                                 'an mma with atom="fma" cannot accumulate into it',
+                             "use one atom per accumulator")
+        return [f"cake::mma_fma_rmem_smem<{m}, {nn}, {k}, THREADS>({acc_n}, {a_n}, {b_n});"]
+    # atom == "mma_sync"
+    arch = ctx.program.target
+    num = re.match(r"sm_(\d+)", arch or "")
+    if num is None or int(num.group(1)) < 80:
+        raise LowerError("lower.unsupported_atom", f'atom="mma_sync" (m16n8k16 bf16/f16) needs sm_80 or newer, '
+                                                   f"not {arch}")
+    if a.type.dtype is not b.type.dtype or a.type.dtype not in (DType.BF16, DType.F16):
+        raise LowerError("lower.unsupported_operand", f'atom="mma_sync" takes bf16 or f16 a and b of one dtype; '
+                                                      f"a is {a.type.dtype.value}, b is {b.type.dtype.value}",
+                         'allocate both smem tiles as bf16 (or f16), or use atom="fma"')
+    if a.type.swizzle.value or b.type.swizzle.value:
+        raise LowerError("lower.unsupported_layout", 'atom="mma_sync" reads plain row-major smem tiles; '
+                                                     f"`{a_n if a.type.swizzle.value else b_n}` is swizzled",
+                         "allocate the operands with swizzle=0")
+    if k % 16:
+        raise LowerError("lower.mma_tiling", f'atom="mma_sync" steps K by 16; K = {k} is not a multiple of 16',
+                         "make the K tile (e.g. BK) a multiple of 16")
+    if acc.layout is None:
+        raise LowerError("lower.acc_layout", f"accumulator `{acc_n}` is not in the mma_sync fragment layout",
+                         "allocate the accumulator with rmem(...) in this kernel")
+    wm, wn = acc.layout
+    return [f"cake::mma_sync_rmem_smem<{m}, {nn}, {k}, THREADS, {wm}, {wn}>({acc_n}, {a_n}, {b_n});"
+            f"  // {wm}x{wn} warps, {m // wm}x{nn // wn} per warp"]
+
+
+# ------------------------------------------------------- mma_sync fragment layout (see the module docstring)
+
+_SLOTWISE = (Op.FILL, Op.CAST, Op.UNARY, Op.EWISE)   # lowered slot by slot when operand shapes agree
+
+
+def _buf_operands(n: Node) -> list[str]:
+    """Names of the smem/rmem tiles a node reads or writes (views name gmem and are left out)."""
+    from cake_core.ir.ops import REGISTRY
+    out = []
+    for (_, kind), a in zip(REGISTRY[n.op].operands, n.args):
+        if kind == "buf" and isinstance(a, str):
+            out.append(a)
+        elif kind == "slot" and hasattr(a, "buf"):
+            out.append(a.buf)
+    return out
+
+
+def _frag_names(ctx: Ctx) -> frozenset[str]:
+    """rmem tiles in the mma_sync fragment layout: accumulators of mma(atom="mma_sync"), and rmem tiles of
+    the same shape tied to one by a slot-wise elementwise op (transitively)."""
+    cached = ctx.__dict__.get("mma_frag_names")
+    if cached is not None:
+        return cached
+    nodes = [w[0] for w in walk(ctx.program.body)]
+    rmem_shape: dict[str, tuple] = {}
+    for n in nodes:
+        if n.op is Op.RMEM and n.result:
+            try:
+                rmem_shape[n.result] = tuple(evaluate(d, ctx.consts) for d in n.args[1])
+            except Exception:  # noqa: BLE001 - a dynamic shape: the rmem lowering reports it
+                rmem_shape[n.result] = (None,)
+    frag = {n.arg("acc") for n in nodes if n.op is Op.MMA and n.attr("atom") == "mma_sync"}
+    changed = True
+    while changed:
+        changed = False
+        for n in nodes:
+            if n.op not in _SLOTWISE:
+                continue
+            names = [x for x in _buf_operands(n) if x in rmem_shape]
+            shapes = {rmem_shape[x] for x in names if x in frag}
+            for x in names:
+                if x not in frag and rmem_shape[x] in shapes:
+                    frag.add(x)
+                    changed = True
+    out = frozenset(frag)
+    ctx.__dict__["mma_frag_names"] = out
+    return out
+
+
+def _warp_grid(shape: tuple[int, ...], threads: int, name: str) -> tuple[int, int]:
+    """(WM, WN) warps tiling an (M, N) mma_sync accumulator with m16n8 atoms: the grid with the fewest
+    ldmatrix per warp per 16 of K (MI x4 for A, ceil(NI / 2) for B), ties to more warp rows."""
+    if len(shape) != 2:
+        raise LowerError("lower.shape_mismatch", f"mma_sync accumulator `{name}` has rank {len(shape)}; 2 needed")
+    m, nn = shape
+    warps = threads // 32
+    best = None
+    for wm in range(1, warps + 1):
+        if warps % wm:
+            continue
+        wn = warps // wm
+        if m % (16 * wm) or nn % (8 * wn):
+            continue
+        mi, ni = m // wm // 16, nn // wn // 8
+        cost = (mi + (ni + 1) // 2, -wm)
+        if best is None or cost < best[0]:
+            best = (cost, (wm, wn))
+    if best is None:
+        raise LowerError("lower.mma_tiling",
+                         f"mma_sync accumulator `{name}` ({m}, {nn}) cannot be tiled by the CTA's {warps} warps in "
+                         "m16n8 atoms: no warp grid WM x WN = "
+                         f"{warps} has M divisible by 16 * WM and N divisible by 8 * WN",
+                         f"e.g. make M a multiple of {16 * warps} or N a multiple of {8 * warps}, or use fewer threads")
+    return best[1]
+
+
+def _layout_guard(n: Node, ctx: Ctx) -> None:
+    """Refuse a node that touches a fragment-layout rmem tile unless its lowering follows that layout."""
+    if n.op in (Op.RMEM, Op.MMA, Op.LOAD, Op.STORE, Op.SMEM, Op.FOR, Op.SYNC):
+        return        # these hooks handle the layout themselves (or touch no tile)
+    names = _buf_operands(n)
+    frag = _frag_names(ctx)
+    hit = [x for x in names if x in frag]
+    if not hit:
+        return
+    if n.op in _SLOTWISE:
+        bufs = []
+        for x in names:
+            try:
+                bufs.append(ctx.buf(x, (MemSpace.SMEM, MemSpace.RMEM), "operand"))
+            except LowerError:
+                return    # the op's own hook reports it
+        if all(b.layout is not None and b.shape == bufs[0].shape and b.layout == bufs[0].layout for b in bufs):
+            return
+    raise LowerError("lower.acc_layout",
+                     f"`{hit[0]}` is an mma_sync accumulator (fragment layout: see the lowering's docstring); "
+                     f"`{n.op.value}` here would address its elements in the default distribution",
+                     "store it to gmem (or use fill/cast/unary/ewise with rmem operands of its shape only), "
+                     'or accumulate with atom="fma"')
 
 
 @lowering(Op.FOR)

@@ -8,9 +8,11 @@ one input element, run again, the output must follow the oracle).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
+from cake_core.errors import CakeError
 from cake_core.ir import interp
 from cake_core.ir.expr import evaluate
 from cake_core.ir.program import Program
@@ -71,3 +73,30 @@ def check_on_cpu(program: Program, problem: Problem, shapes: list[Shape], seed: 
             continue
         results.append(ShapeCheck(key, ok, err, "" if ok else msg))
     return results
+
+
+def run_file(path: str | Path, problem_name: str, shapes: list[Shape], seed: int = 0) -> list[ShapeCheck]:
+    """`cake run FILE --cpu`: parse and verify an IR file, then check it on the CPU interpreter.
+
+    Raises CakeError with every formatted diagnostic when the file does not parse or verify,
+    and for an unknown problem or a shape that does not name exactly the problem's dimensions.
+    """
+    from cake_core.ir.check import check_text
+    from cake_core.ir.text import parse_program
+    from cake_core.problems import get_problem
+
+    problem = get_problem(problem_name)
+    p = Path(path)
+    if not p.is_file():
+        raise CakeError(f"no IR file at {p}; pass the path of a .cake file")
+    text = p.read_text()
+    errors = [d for d in check_text(text, str(p)) if d.is_error]
+    if errors:
+        raise CakeError(f"{p} does not verify ({len(errors)} error{'s' if len(errors) > 1 else ''}):\n"
+                        + "\n".join(d.format(str(p), text) for d in errors))
+    for s in shapes:
+        if set(s) != set(problem.dims):
+            raise CakeError(f"shape {shape_key(s)} must give exactly {', '.join(problem.dims)} for problem "
+                            f"{problem.name}, e.g. --shape " + ",".join(f"{d}=64" for d in problem.dims))
+    ordered = [{d: int(s[d]) for d in problem.dims} for s in shapes]
+    return check_on_cpu(parse_program(text, str(p)), problem, ordered, seed)

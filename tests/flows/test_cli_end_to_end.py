@@ -104,3 +104,24 @@ def test_killed_run_loses_nothing_it_recorded(tmp_path, services):
     assert p.returncode == 0, p.stderr
     final = Warehouse(wh_root).query("select count(*) as n from attempts").to_pylist()[0]["n"]
     assert final >= after["n"] + 3
+
+
+def test_cake_run_on_the_cpu(tmp_path):
+    from cake_core.problems import get_problem
+    seed = get_problem("gemm_bf16").seed_text()
+    good, wrong = tmp_path / "good.cake", tmp_path / "wrong.cake"
+    good.write_text(seed)
+    wrong.write_text(seed.replace("tile(kt, BK), tile(bid.x, BN)", "tile(kt, BK), tile(bid.y, BN)"))
+    p = _run(["run", str(good), "--problem", "gemm_bf16", "--shape", "M=96,N=80,K=72", "--shape", "M=33,N=17,K=9"],
+             tmp_path)
+    assert p.returncode == 0 and p.stdout.count("yes") == 2, p.stdout + p.stderr
+    p = _run(["run", str(wrong), "--problem", "gemm_bf16", "--shape", "M=96,N=80,K=72"], tmp_path)
+    assert p.returncode == 1 and "NO" in p.stdout
+    p = _run(["run", str(good), "--problem", "gemm_bf16", "--shape", "M=96"], tmp_path)
+    assert p.returncode == 2 and "must give exactly M, N, K" in _one_line(p)
+
+
+def test_cake_ops_prints_the_reference(tmp_path):
+    p = _run(["ops"], tmp_path)
+    assert p.returncode == 0
+    assert "# Cake IR reference" in p.stdout and "`mma`" in p.stdout and "races.smem" in p.stdout

@@ -8,6 +8,8 @@
 // Distribution of an rmem tile over a CTA (the IR's semantics): element e of the
 // row-major flattened tile lives in thread e % THREADS, slot e / THREADS, so every
 // thread holds NUMEL / THREADS registers, indexed only by unrolled loop counters.
+// Exception: accumulators of mma(atom="mma_sync") (and rmem tiles tied to them by
+// slot-wise elementwise ops) use the mma.sync fragment layout: see cake_mma.cuh.
 //
 // A gmem window is described to the tile helpers as a 2-D (ROWS x COLS) box:
 // a base pointer (the window's first element), a row and a column stride in
@@ -164,3 +166,5 @@ __device__ __forceinline__ void mma_fma_rmem_smem(float (&acc)[SLOTS], const TA*
 #include "cake_compute.cuh"  // compute ops: ewise math, reductions, running arg-min / top-k, atomics
 
 #include "cake_async.cuh"  // Hopper async vocabulary: mbarriers, TMA, cp.async, wgmma, setmaxnreg
+
+#include "cake_mma.cuh"  // mma atom "mma_sync": tensor-core m16n8k16 with ldmatrix; its fragment-layout accumulators

@@ -1,0 +1,187 @@
+"""Fault isolation on the GPU: good, faulting, hanging and NaN candidates in one batch through
+`tasks.workers.ActorPool` with `GpuRunner` actors (local Ray, one GPU), then the good ones alone.
+
+    mkdir -p /tmp/site && tar -xJf .gpu/site.tar.xz -C /tmp/site \
+      && export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 \
+      && python3 bench/gpu_isolation.py --out $OUT
+
+Batch 1 (mixed): the gemm_bf16 seed, a retiled seed and the seed with atom="mma_sync" (good);
+an unguarded load offset by 1e8 tiles (illegal address: `runtime_fault`); the k-loop wrapped in
+a 2e9-iteration loop (`timeout`: the pool's watchdog kills the actor mid-kernel, a fresh one
+takes over); an accumulator filled with inf and then acc - acc (NaN: `wrong`, non-finite).
+Batch 2: the good ones alone. Their medians must agree with batch 1's within 10% or within the
+p10..p90 spreads. Writes gpu_isolation.json under --out; prints a short table last.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from cake_core.ir.text import parse_program  # noqa: E402
+from cake_core.lower import compile_kernel, lower  # noqa: E402
+from cake_core.problems import get_problem, shape_key  # noqa: E402
+
+PROBLEM = "gemm_bf16"
+
+
+def candidates() -> dict[str, str]:
+    """name -> IR text. Names starting with good_ are expected to be measured."""
+    seed = get_problem(PROBLEM).seed_text()
+    retile = seed.replace('consts={"BK": 32, "BM": 64, "BN": 64}', 'consts={"BK": 32, "BM": 128, "BN": 64}')
+    mma = seed.replace("mma(acc, a_s, b_s)", 'mma(acc, a_s, b_s, atom="mma_sync")')
+    fault = seed.replace("load(a_s, a[tile(bid.y, BM), tile(kt, BK)])",
+                         "load(a_s, a[tile(bid.y + 100000000, BM), tile(kt, BK)], guard=False)")
+    lines = seed.splitlines()
+    i = next(j for j, ln in enumerate(lines) if "for kt in range" in ln)
+    end = next(j for j, ln in enumerate(lines) if ln.strip().startswith("store("))
+    hang = "\n".join(lines[:i] + ["    for spin in range(2000000000):"] + ["    " + ln for ln in lines[i:end]]
+                     + lines[end:]) + "\n"
+    nan = seed.replace("acc = rmem(f32, (BM, BN))", "acc = rmem(f32, (BM, BN), fill=inf)").replace(
+        "    store(c[", '    ewise(acc, acc, acc, fn="sub")\n    store(c[')
+    out = {"good_seed": seed, "fault_illegal_address": fault, "good_retile": retile, "hang_spin": hang,
+           "good_mma_sync": mma, "nan_inf_minus_inf": nan}
+    for name, text in out.items():
+        assert name == "good_seed" or text != seed, f"{name}: the rewrite did not apply"
+    return out
+
+
+def build(texts: dict[str, str], cache: Path) -> dict[str, tuple]:
+    """name -> (lowered, cubin bytes, kernel name)."""
+    out = {}
+    for name, text in texts.items():
+        lr = lower(parse_program(text, "kernel.cake"))
+        if not lr.ok:
+            raise SystemExit(f"{name} does not lower: {[d.message for d in lr.diagnostics]}")
+        cr = compile_kernel(lr.value, cache_dir=cache)
+        if not cr.ok:
+            raise SystemExit(f"{name} does not compile: {[d.message for d in cr.diagnostics]}")
+        out[name] = (lr.value, Path(cr.value.cubin_path).read_bytes(), cr.value.kernel_name)
+    return out
+
+
+def summarize(result) -> dict:
+    """One candidate's verdict from a pool result (Fault or GpuRunner.run's dict)."""
+    from tasks.workers import Fault
+    if isinstance(result, Fault):
+        return {"outcome": result.outcome, "message": result.message}
+    if "fault" in result:
+        return {"outcome": "runtime_fault", "message": result["fault"], "pid": result.get("pid")}
+    runs = result["runs"]
+    broken = next((r for r in runs if r.outcome in ("runtime_fault", "timeout")), None)
+    bad = broken or next((r for r in runs if not r.correct), None)
+    row = {"outcome": (bad.outcome if bad else "measured"), "message": (bad.message if bad else "correct"),
+           "pid": result.get("pid"), "runs": [asdict(r) for r in runs]}
+    return row
+
+
+def run_batch(pool, built: dict[str, tuple], names: list[str], shapes: list[dict], *, seed: int, reps: int,
+              timeouts: dict[str, float], kernel_timeout_s: float) -> tuple[dict[str, dict], float]:
+    jobs = [(built[n][0], built[n][1], built[n][2], PROBLEM, shapes, seed, reps, kernel_timeout_s) for n in names]
+    t0 = time.monotonic()
+    results = pool.map("run", jobs, [timeouts.get(n, 180.0) for n in names])
+    wall = time.monotonic() - t0
+    return {n: summarize(r) for n, r in zip(names, results)}, wall
+
+
+def agree(a: dict, b: dict) -> bool:
+    """Medians within 10% of each other, or each inside the other's p10..p90 spread."""
+    if a["median_ms"] is None or b["median_ms"] is None:
+        return False
+    rel = abs(a["median_ms"] - b["median_ms"]) / min(a["median_ms"], b["median_ms"])
+    inside = a["p10_ms"] <= b["median_ms"] <= a["p90_ms"] and b["p10_ms"] <= a["median_ms"] <= b["p90_ms"]
+    return rel <= 0.10 or inside
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "bench/out")))
+    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--hang-timeout", type=float, default=20.0, help="pool watchdog for the hanging candidate (s)")
+    ap.add_argument("--kernel-timeout", type=float, default=60.0, help="GpuRunner's in-actor watchdog per wait (s)")
+    args = ap.parse_args()
+    import ray
+
+    from tasks.workers import ActorPool, GpuRunner
+    shapes = [{"M": 2048, "N": 2048, "K": 2048}, {"M": 1000, "N": 1000, "K": 1000}, {"M": 96, "N": 80, "K": 72}]
+    texts = candidates()
+    with tempfile.TemporaryDirectory(prefix="cake-iso-") as cache:
+        t0 = time.monotonic()
+        built = build(texts, Path(cache))
+        build_s = time.monotonic() - t0
+    ray.init(num_cpus=4, num_gpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        t0 = time.monotonic()
+        pool = ActorPool(lambda: GpuRunner.remote(), 1)
+        start_s = time.monotonic() - t0
+        model = ray.get(pool.actors[0].gpu_model.remote())
+        timeouts = {n: (args.hang_timeout if n.startswith("hang") else 180.0) for n in texts}
+        mixed, mixed_wall = run_batch(pool, built, list(texts), shapes, seed=args.seed, reps=args.reps,
+                                      timeouts=timeouts, kernel_timeout_s=args.kernel_timeout)
+        replaced_mixed = pool.replaced
+        good = [n for n in texts if n.startswith("good")]
+        alone, alone_wall = run_batch(pool, built, good, shapes, seed=args.seed, reps=args.reps, timeouts=timeouts,
+                                      kernel_timeout_s=args.kernel_timeout)
+        pool.shutdown()
+    finally:
+        ray.shutdown()
+
+    expect = {"good": "measured", "fault": "runtime_fault", "hang": "timeout", "nan": "wrong"}
+    checks, comparisons = [], []
+    for n, r in mixed.items():
+        want = expect[n.split("_")[0]]
+        checks.append({"candidate": n, "expected": want, "got": r["outcome"], "ok": r["outcome"] == want,
+                       "message": r["message"][:240]})
+    for n in good:
+        if mixed[n]["outcome"] != "measured" or alone[n]["outcome"] != "measured":
+            comparisons.append({"candidate": n, "shape": "-", "ok": False})
+            continue
+        for ra, rb in zip(mixed[n]["runs"], alone[n]["runs"]):
+            comparisons.append({"candidate": n, "shape": shape_key(ra["shape"]), "mixed_ms": ra["median_ms"],
+                                "mixed_p10": ra["p10_ms"], "mixed_p90": ra["p90_ms"], "alone_ms": rb["median_ms"],
+                                "alone_p10": rb["p10_ms"], "alone_p90": rb["p90_ms"],
+                                "diff_pct": 100 * (ra["median_ms"] - rb["median_ms"]) / rb["median_ms"],
+                                "ok": agree(ra, rb)})
+    summary = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": f"{model}; "
+               f"{platform.node()}", "command": " ".join(sys.argv), "shapes": shapes, "reps": args.reps,
+               "hang_timeout_s": args.hang_timeout, "kernel_timeout_s": args.kernel_timeout,
+               "build_s": round(build_s, 1), "pool_start_s": round(start_s, 1),
+               "mixed_wall_s": round(mixed_wall, 1), "alone_wall_s": round(alone_wall, 1),
+               "actors_replaced_in_mixed_batch": replaced_mixed, "actors_replaced_total": pool.replaced,
+               "checks": checks, "comparisons": comparisons, "mixed": mixed, "alone": alone}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "gpu_isolation.json").write_text(json.dumps(summary, indent=2, default=str))
+
+    print(f"\nisolation on {model}: mixed batch {mixed_wall:.1f} s ({replaced_mixed} actors replaced), "
+          f"good-only batch {alone_wall:.1f} s")
+    print(f"{'candidate':<24}{'expected':<15}{'got':<15}{'pid':>8}  message")
+    for c in checks:
+        print(f"{c['candidate']:<24}{c['expected']:<15}{c['got']:<15}{str(mixed[c['candidate']].get('pid', '-')):>8}  "
+              f"{'OK ' if c['ok'] else 'BAD'} {c['message'][:110]}")
+    print(f"{'good candidate':<16}{'shape':<20}{'mixed ms':>10}{'p10..p90':>18}{'alone ms':>10}{'p10..p90':>18}"
+          f"{'diff':>8}")
+    for c in comparisons:
+        if "mixed_ms" not in c:
+            print(f"{c['candidate']:<16}{'not measured in both batches':<40}  BAD")
+            continue
+        print(f"{c['candidate']:<16}{c['shape']:<20}{c['mixed_ms']:>10.4f}{c['mixed_p10']:>9.4f}..{c['mixed_p90']:<7.4f}"
+              f"{c['alone_ms']:>10.4f}{c['alone_p10']:>9.4f}..{c['alone_p90']:<7.4f}{c['diff_pct']:>+7.1f}%"
+              f"  {'OK' if c['ok'] else 'BAD'}")
+    ok = all(c["ok"] for c in checks) and all(c["ok"] for c in comparisons)
+    print("isolation: " + ("PASS" if ok else "FAIL"))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
