@@ -371,8 +371,8 @@ def _lower_sync(n: Node, ctx: Ctx) -> list[Line]:
 def _lower_mma(n: Node, ctx: Ctx) -> list[Line]:
     atom = n.attr("atom")
     if atom not in ("fma", "mma_sync"):
-        raise LowerError("lower.unsupported_atom", f'mma atom "{atom}" is not lowered; mma lowers atom="fma" and '
-                                                   'atom="mma_sync"',
+        raise LowerError("lower.unsupported_atom", f'mma atom "{atom}" is not lowered yet; mma lowers atom="fma" '
+                                                   'and atom="mma_sync"',
                          'use atom="mma_sync" for tensor cores, or the wgmma op (sm_90a) for warpgroup MMA')
     acc_n, a_n, b_n = n.args
     acc = ctx.buf(acc_n, (MemSpace.RMEM,), "accumulator")

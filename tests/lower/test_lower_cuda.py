@@ -67,7 +67,7 @@ def test_unknown_name_in_an_index_is_reported_at_its_line():
 
 
 def test_all_lowering_errors_are_collected():
-    r = lower(_seed(**{"mma(acc, a_s, b_s)": 'mma(acc, a_s, b_s, atom="mma_sync")',
+    r = lower(_seed(**{"mma(acc, a_s, b_s)": 'mma(acc, a_s, b_s, atom="wgmma")',
                        "store(c[": "store(d["}))
     assert sorted(d.rule for d in r.errors) == ["lower.unknown_name", "lower.unsupported_atom"]
 

@@ -266,14 +266,24 @@ left join attempts a on a.attempt_id = p.attempt_id;
 
 -- Per verifier rule (error severity): attempts it flagged and attempts it stopped.
 create or replace view rule_hits as
-select d.rule,
-       count(*)                                                     as n_diagnostics,
-       count(distinct d.attempt_id)                                 as n_attempts,
-       count(distinct d.attempt_id) filter (where a.outcome = 'verify_failed') as n_stopped,
+-- GPU time a rule saved: each attempt it stopped before the GPU is charged the mean GPU
+-- seconds that attempts of the same problem spent once they reached the GPU (an estimate).
+with gpu_cost as (
+    select problem, avg(gpu_seconds) as mean_gpu_s
+    from attempts where gpu_seconds > 0 group by problem
+), hits as (
+    select rule, attempt_id, count(*) as n_diag
+    from diagnostics where severity = 'error' group by rule, attempt_id
+)
+select h.rule,
+       sum(h.n_diag)                                                as n_diagnostics,
+       count(*)                                                     as n_attempts,
+       count(*) filter (where a.outcome = 'verify_failed')          as n_stopped,
+       coalesce(sum(g.mean_gpu_s) filter (where a.outcome = 'verify_failed'), 0) as est_gpu_seconds_saved,
        min(a.created_at)                                            as first_seen,
        max(a.created_at)                                            as last_seen
-from diagnostics d
+from hits h
 left join attempts a using (attempt_id)
-where d.severity = 'error'
-group by d.rule
+left join gpu_cost g on g.problem = a.problem
+group by h.rule
 order by n_stopped desc, n_attempts desc;
