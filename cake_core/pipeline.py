@@ -22,11 +22,11 @@ from cake_core.problems.base import Problem, Shape
 from cake_core.runtime.cpu import check_on_cpu
 
 
-def verify_stage(text: str, harness: HarnessSpec, problem: Problem) -> StageResult:
+def verify_stage(text: str, harness: HarnessSpec, problem: Problem, shapes: list[Shape] = ()) -> StageResult:
     r = parse(text, "candidate.cake")
     diags = list(r.diagnostics)
     if r.program is not None:
-        diags += verify(r.program, learned=harness.learned_rules)
+        diags += verify(r.program, learned=harness.learned_rules, shapes=shapes)
         dims = {d for p in r.program.params for d in _syms(p)} - set(r.program.const_env)
         missing = [p for p in problem.inputs + problem.outputs if r.program.param(p) is None]
         if missing:

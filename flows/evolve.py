@@ -84,7 +84,7 @@ def evolve_flow(problem: str, shape_set: str, generations: int = 3, population: 
             ctx.generation = g
             cands = generate(proposer, problem, ctx)
             attempts = [Attempt(run_id, g, problem, harness.version, c) for c in cands]
-            passed, stopped = verify(attempts, harness)
+            passed, stopped = verify(attempts, harness, shapes)
             record(warehouse_root, stopped)
             compiled = [f.result() for f in compile_one.map(passed, cache_dir)] if passed else []
             failed = [a for a in compiled if a.outcome is Outcome.COMPILE_FAILED]

@@ -50,12 +50,12 @@ def generate(agent: Any, problem: str, ctx: Context) -> list[Candidate]:
 
 
 @task(name="verify", **_TASK)
-def verify(attempts: list[Attempt], harness: HarnessSpec) -> tuple[list[Attempt], list[Attempt]]:
-    """Parse and verify; returns (passed, stopped)."""
+def verify(attempts: list[Attempt], harness: HarnessSpec, shapes: list[dict]) -> tuple[list[Attempt], list[Attempt]]:
+    """Parse and verify (shape rules see the run's shapes); returns (passed, stopped)."""
     problem = get_problem(attempts[0].problem) if attempts else None
     passed, stopped = [], []
     for a in attempts:
-        r = verify_stage(a.candidate.text, harness, problem)
+        r = verify_stage(a.candidate.text, harness, problem, shapes)
         a.diagnostics += r.diagnostics
         if r.value is not None:
             a.ir_hash, a.features = r.value.hash, features(r.value)

@@ -29,9 +29,19 @@ class Call:
     args: tuple["Expr", ...]
 
 
-Expr = Union[int, float, Sym, Bin, Call]
+@dataclass(frozen=True)
+class Cmp:
+    """A comparison of two index expressions: the condition of an ``if`` block."""
+
+    op: str          # one of < <= > >= == !=
+    a: "Expr"
+    b: "Expr"
+
+
+Expr = Union[int, float, Sym, Bin, Call, Cmp]
 
 BINOPS = ("+", "-", "*", "//", "%")
+CMPOPS = ("<", "<=", ">", ">=", "==", "!=")
 FUNCS = {"cdiv": 2, "min": 2, "max": 2}
 CTA_COORDS = ("bid.x", "bid.y", "bid.z")
 _PREC = {"+": 1, "-": 1, "*": 2, "//": 2, "%": 2}
@@ -62,6 +72,9 @@ def evaluate(e: Expr, env: Mapping[str, int | float]) -> int | float:
         if e.op == "//":
             return a // b
         return a % b
+    if isinstance(e, Cmp):
+        a, b = evaluate(e.a, env), evaluate(e.b, env)
+        return {"<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b, "==": a == b, "!=": a != b}[e.op]
     if isinstance(e, Call):
         vals = [evaluate(x, env) for x in e.args]
         if e.fn == "cdiv":
@@ -80,7 +93,7 @@ def try_evaluate(e: Expr, env: Mapping[str, int | float]) -> int | float | None:
 def symbols(e: Expr) -> set[str]:
     if isinstance(e, Sym):
         return {e.name}
-    if isinstance(e, Bin):
+    if isinstance(e, (Bin, Cmp)):
         return symbols(e.a) | symbols(e.b)
     if isinstance(e, Call):
         out: set[str] = set()
@@ -98,6 +111,8 @@ def fmt_expr(e: Expr, parent_prec: int = 0) -> str:
         return repr(e)
     if isinstance(e, Sym):
         return e.name
+    if isinstance(e, Cmp):
+        return f"{fmt_expr(e.a)} {e.op} {fmt_expr(e.b)}"
     if isinstance(e, Call):
         return f"{e.fn}({', '.join(fmt_expr(a) for a in e.args)})"
     if isinstance(e, Bin):
@@ -115,6 +130,8 @@ def c_expr(e: Expr) -> str:
         return repr(e)
     if isinstance(e, Sym):
         return e.name.replace("bid.", "blockIdx.")
+    if isinstance(e, Cmp):
+        return f"({c_expr(e.a)} {e.op} {c_expr(e.b)})"
     if isinstance(e, Call):
         return f"cake_{e.fn}({', '.join(c_expr(a) for a in e.args)})"
     if isinstance(e, Bin):

@@ -134,6 +134,11 @@ def _for(cta: _CTA, n: Node) -> None:
     cta.env.pop(var, None)
 
 
+def _if(cta: _CTA, n: Node) -> None:
+    if evaluate(n.args[0], cta.env):
+        cta.run(n.body)
+
+
 SEMANTICS: dict[Op, Callable[[_CTA, Node], None]] = {
     Op.SMEM: _alloc,
     Op.RMEM: _alloc,
@@ -142,6 +147,7 @@ SEMANTICS: dict[Op, Callable[[_CTA, Node], None]] = {
     Op.SYNC: lambda cta, n: None,      # tile ops are collective: the barrier has no effect in one CTA
     Op.MMA: _mma,
     Op.FOR: _for,
+    Op.IF: _if,
 }
 from cake_core.ir import interp_async, interp_compute  # noqa: E402,F401  (add to SEMANTICS)
 

@@ -193,6 +193,9 @@ def _steps(cta: _CTA, nodes: tuple[Node, ...], st: dict) -> Iterator[Node]:
                 cta.env[var] = i
                 yield from _steps(cta, n.body, st)
             cta.env.pop(var, None)
+        elif n.op is Op.IF:
+            if cta.ev(n.args[0]):
+                yield from _steps(cta, n.body, st)
         elif n.op is Op.WAIT:
             while not _bar(cta, n, n.arg("bar")).passed(cta.ev(n.arg("phase"))):
                 yield n

@@ -33,6 +33,7 @@ class Op(str, enum.Enum):
     MMA = "mma"
     # -- structure
     FOR = "for"
+    IF = "if"
     # -- async (Hopper: roles, mbarriers, TMA, wgmma; see ops_async.py)
     ROLE = "role"
     MBARRIER = "mbarrier"
@@ -146,6 +147,12 @@ register(OpDef(Op.FOR, (("var", "name"), ("extent", "expr")),
                summary="A sequential loop `for var in range(extent):` executed by the whole CTA.",
                example="for kt in range(cdiv(K, BK)):",
                preconditions=("extent is uniform across the CTA",)))
+register(OpDef(Op.IF, (("cond", "cond"),),
+               block=True,
+               summary="Run the body only when the condition holds: `if a < b:` over index expressions "
+                       "(uniform across the CTA: conditions see consts, dims, loop variables and bid only).",
+               example="if kt < cdiv(K, BK) - 1:",
+               preconditions=("one comparison (<, <=, >, >=, ==, !=); no else branch",)))
 
 
 # --------------------------------------------------------------------- views

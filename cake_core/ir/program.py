@@ -62,6 +62,8 @@ def walk(nodes: tuple[Node, ...], path: str = "",
         key = n.op.value
         if n.op is Op.FOR:
             key = f"for[{n.args[0]}]"
+        elif n.op is Op.IF:
+            key = "if"
         elif n.op is Op.ROLE:
             key = f"role[{n.args[0]}]"
         elif n.result:

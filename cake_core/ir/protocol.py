@@ -243,6 +243,10 @@ class _Sim:
                 r.loops.pop()
                 r.env.pop(var, None)
                 continue
+            if op is Op.IF:
+                if self.ev(r, n.args[0]):
+                    yield from self.steps_of(r, n.body)
+                continue
             if op is Op.WAIT:
                 key, b = self.bar(r, n.arg("bar"))
                 parity = self.ev(r, n.arg("phase")) % 2

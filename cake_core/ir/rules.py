@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import Iterable, Iterator
 
-from cake_core.ir.expr import CTA_COORDS, symbols
+from cake_core.ir.expr import CTA_COORDS, fmt_expr, symbols, try_evaluate
 from cake_core.ir.ops import REGISTRY, At, Full, Node, Op, Tile, View
 from cake_core.ir.types import DType, MemSpace
 from cake_core.ir.verify import (Ctx, fmt_shape, rmem_words_per_thread, rule, same_extent, smem_bytes,
                                  view_extent)
-from cake_core.outcome import Diagnostic
+from cake_core.outcome import Diagnostic, Severity
 
 _BUF_OPERANDS = {Op.LOAD: ("dst",), Op.STORE: ("src",), Op.MMA: ("acc", "a", "b")}
 _VIEW_OPERANDS = {Op.LOAD: "src", Op.STORE: "dst"}
@@ -161,6 +161,36 @@ def _symbols(ctx: Ctx) -> Iterable[Diagnostic]:
                            hint="index expressions may use consts, problem dims, loop variables and bid.x/y/z")
 
 
+@rule("shapes.tail_guard", "shapes", "an unguarded load/store tiles a dimension the tile may not divide",
+      Severity.WARNING)
+def _tail_guard(ctx: Ctx) -> Iterable[Diagnostic]:
+    """A warning, not an error: a kernel specialised for tile multiples is legitimate, and
+    the shape set decides. With the run's shapes known, the witness is a shape that breaks."""
+    for n, path, _ in ctx.nodes:
+        if n.op not in _VIEW_OPERANDS or n.attr("guard"):
+            continue
+        v = n.arg(_VIEW_OPERANDS[n.op])
+        t = ctx.buffers.get(v.buf)
+        if t is None or len(v.index) != t.rank:
+            continue
+        for i, dim in zip(v.index, t.shape):
+            size = ctx.static(i.size) if isinstance(i, Tile) else None
+            if size is None or size == 1 or ctx.static(dim) is not None:
+                continue
+            dname = fmt_expr(dim)
+            bad = next((s for s in ctx.shapes if (v_ := try_evaluate(dim, s)) is not None and v_ % size), None)
+            witness = ([f"shape {', '.join(f'{k}={x}' for k, x in bad.items())}: {dname} = "
+                        f"{try_evaluate(dim, bad)} is not a multiple of {size}; the last tile reaches past the "
+                        "edge"] if bad else [])
+            if ctx.shapes and bad is None:
+                continue     # every shape of the run is a multiple: the specialisation is sound here
+            yield ctx.diag("shapes.tail_guard", n,
+                           f"unguarded {n.op.value} of `{v.buf}` along `{dname}` in tiles of {size}: "
+                           f"wrong or out of bounds unless {dname} is a multiple of {size}",
+                           path=path, witness=witness, hint="drop guard=False, or run only on tile multiples")
+            break
+
+
 # ---------------------------------------------------------------------- mma
 
 @rule("mma.shape", "mma", "mma operand shapes do not chain: acc (M,N) += a (M,K) @ b (K,N)")
@@ -296,6 +326,8 @@ def _races(ctx: Ctx) -> Iterable[Diagnostic]:
             elif n.op is Op.FOR:
                 run(n.body, 1)
                 run(n.body, 2)
+            elif n.op is Op.IF:
+                run(n.body, trip)      # may run: its accesses count
             for kind, buf in accesses(n):
                 for pkind, pn, ptrip in pending.get(buf, []):
                     if "write" in (kind, pkind) and (pn.line, n.line) not in reported:

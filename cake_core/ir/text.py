@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cake_core.errors import CakeError
-from cake_core.ir.expr import BINOPS, FUNCS, Bin, Call, Expr, Sym, fmt_expr
+from cake_core.ir.expr import BINOPS, FUNCS, Bin, Call, Cmp, Expr, Sym, fmt_expr
 from cake_core.ir.ops import REGISTRY, At, Full, Node, Op, OpDef, Tile, View, make_attrs
 from cake_core.ir.ops_async import Slot
 from cake_core.ir.program import Param, Program
@@ -26,6 +26,7 @@ from cake_core.ir.types import DType, MemSpace, TileType
 from cake_core.outcome import Diagnostic, Severity
 
 _AST_BINOP = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "//", ast.Mod: "%"}
+_AST_CMP = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!="}
 _KERNEL_KEYS = ("target", "grid", "threads", "consts")
 _FALLBACK_HINT = {
     "parse.kernel": 'the header reads @kernel(target="sm_90a", grid=(cdiv(N, BN), cdiv(M, BM)), threads=256, '
@@ -207,6 +208,11 @@ class _Parser:
                         self.block(s.body), s.lineno, s.col_offset + 1)
         if isinstance(s, ast.With):
             return self.with_role(s)
+        if isinstance(s, ast.If):
+            if s.orelse:
+                raise _Bad("parse.if", s.orelse[0], "`else` is not part of Cake IR",
+                           "write a second `if` with the opposite comparison")
+            return Node(Op.IF, (self.cond(s.test),), (), None, self.block(s.body), s.lineno, s.col_offset + 1)
         if isinstance(s, ast.Assign):
             if len(s.targets) != 1 or not isinstance(s.targets[0], ast.Name):
                 raise _Bad("parse.assign", s, "assign to exactly one plain name")
@@ -362,6 +368,12 @@ class _Parser:
                 index.append(At(self.expr(p)))
         return View(a.value.id, tuple(index))
 
+    def cond(self, a: ast.expr) -> Cmp:
+        if not (isinstance(a, ast.Compare) and len(a.ops) == 1 and type(a.ops[0]) in _AST_CMP):
+            raise _Bad("parse.if", a, "an `if` condition is one comparison of index expressions",
+                       "e.g. `if kt < cdiv(K, BK) - 1:`; nest ifs for `and`")
+        return Cmp(_AST_CMP[type(a.ops[0])], self.expr(a.left), self.expr(a.comparators[0]))
+
     def expr(self, a: ast.expr) -> Expr:
         if isinstance(a, ast.Constant) and type(a.value) in (int, float):
             return a.value
@@ -452,6 +464,10 @@ def _print_block(nodes: tuple[Node, ...], depth: int, lines: list[str]) -> None:
         if n.op is Op.FOR:
             rng = ", ".join([fmt_expr(n.args[1])] + kws)
             lines.append(f"{pad}for {n.args[0]} in range({rng}):")
+            _print_block(n.body, depth + 1, lines)
+            continue
+        if n.op is Op.IF:
+            lines.append(f"{pad}if {fmt_expr(n.args[0])}:")
             _print_block(n.body, depth + 1, lines)
             continue
         args = [_fmt_operand(kind, a) if name not in d.keyword_operands else f"{name}={_fmt_operand(kind, a)}"

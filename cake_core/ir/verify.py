@@ -30,6 +30,7 @@ class Ctx:
     nodes: list[tuple[Node, str, frozenset[str]]] = field(default_factory=list)  # node, path, loop vars in scope
     dims: set[str] = field(default_factory=set)                      # problem dims (param shape symbols)
     role_of: dict[int, Node] = field(default_factory=dict)           # id(node) -> the role block it runs in
+    shapes: tuple[dict[str, int], ...] = ()                         # the run's shapes, when known
 
     def diag(self, rule_id: str, node: Node | None, message: str, hint: str = "", path: str = "",
              witness: Sequence[str] = (), severity: Severity | None = None) -> Diagnostic:
@@ -116,14 +117,18 @@ class LearnedRule:
 
 
 def verify(program: Program, target: str | None = None,
-           learned: Sequence[LearnedRule] = ()) -> list[Diagnostic]:
-    """All diagnostics of ``program`` (built-in rules, then learned rules), sorted by line."""
+           learned: Sequence[LearnedRule] = (), shapes: Sequence[dict[str, int]] = ()) -> list[Diagnostic]:
+    """All diagnostics of ``program`` (built-in rules, then learned rules), sorted by line.
+
+    ``shapes``, when given (the run's shape set), lets shape rules name a witness shape.
+    """
     arch = target or program.target
     tdata = load_target(arch)
     if tdata is None:
         return [Diagnostic("target.unknown", Severity.ERROR, f"unknown target `{arch}`", program.line, 1, "",
                            f"known targets: {', '.join(known_targets())}")]
     ctx = build_ctx(program, tdata)
+    ctx.shapes = tuple(shapes)
     out: list[Diagnostic] = []
     for r in RULES.values():
         out.extend(r.check(ctx))

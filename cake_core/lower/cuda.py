@@ -633,4 +633,4 @@ def lower(program: Program, ir_filename: str = "kernel.cake") -> StageResult:
     return StageResult(STAGE, Outcome.OK, ctx.diags, {"smem_bytes": smem, "source_lines": len(src)},
                        {"kernel.cu": source}, lk)
 
-from cake_core.lower import lower_async, lower_compute  # noqa: E402,F401  (more lowering hooks)
+from cake_core.lower import lower_async, lower_compute, lower_control  # noqa: E402,F401  (more lowering hooks)

@@ -28,6 +28,7 @@ PLANTED = {
     "resources.rmem_split": ("threads=256", "threads=96", 5),
     "target.grid": ("grid=(cdiv(N, BN), cdiv(M, BM))", "grid=(0, cdiv(M, BM))", 1),
     "target.unknown": ('target="sm_90a"', 'target="sm_80"', 1),
+    "shapes.tail_guard": (LOAD_A, "load(a_s, a[tile(bid.y, BM), tile(kt, BK)], guard=False)", 7),
     "races.smem": ("        mma(acc, a_s, b_s)\n        sync()\n", "        mma(acc, a_s, b_s)\n", 7),
 }
 EXTRA = {"mma.atom_target": ("mma(acc, a_s, b_s)", 'mma(acc, a_s, b_s, atom="wgmma")')}
@@ -62,3 +63,31 @@ def test_race_witness_names_both_sides():
     assert "write-after-read" in d.message
     assert any("read: mma at line 10 (trip 1)" in w for w in d.witness)
     assert any("write: load at line 7 (trip 2)" in w for w in d.witness)
+
+
+def test_tail_guard_names_a_witness_shape_and_stays_quiet_on_multiples():
+    from cake_core.ir.text import parse_program
+    from cake_core.ir.verify import verify
+    text = SEED.replace(LOAD_A, "load(a_s, a[tile(bid.y, BM), tile(kt, BK)], guard=False)")
+    prog = parse_program(text)
+    d = [d for d in verify(prog, shapes=[{"M": 64, "N": 64, "K": 64}, {"M": 96, "N": 80, "K": 72}])
+         if d.rule == "shapes.tail_guard"]
+    assert len(d) == 1 and d[0].line == 7 and d[0].severity.value == "warning"
+    assert "shape M=96, N=80, K=72: M = 96 is not a multiple of 64" in d[0].witness[0]
+    assert not [d for d in verify(prog, shapes=[{"M": 64, "N": 64, "K": 64}]) if d.rule == "shapes.tail_guard"]
+
+
+def test_if_block_round_trips_runs_and_lowers():
+    import numpy as np
+    from cake_core.ir.text import parse, parse_program
+    from cake_core.lower.cuda import lower
+    from cake_core.runtime.cpu import check_on_cpu
+    text = SEED.replace("        mma(acc, a_s, b_s)\n", "        if kt * BK < K:\n            mma(acc, a_s, b_s)\n")
+    prog = parse_program(text)
+    assert prog.text() == text and check_text(text) == []
+    assert check_on_cpu(prog, get_problem("gemm_bf16"), [{"M": 96, "N": 80, "K": 72}], 0)[0].correct
+    skip_all = parse_program(text.replace("if kt * BK < K:", "if kt < 0:"))
+    assert not check_on_cpu(skip_all, get_problem("gemm_bf16"), [{"M": 64, "N": 64, "K": 64}], 0)[0].correct
+    assert "if ((kt * BK) < K) {" in lower(prog).value.source
+    bad = parse(text.replace("if kt * BK < K:", "if kt < K and kt < M:"))
+    assert [d.rule for d in bad.diagnostics] == ["parse.if"] and bad.diagnostics[0].line == 10
