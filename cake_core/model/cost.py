@@ -1,7 +1,8 @@
 """Analytic cost model: ranks and filters candidates; the GPU is the ground truth.
 
-The estimate walks the IR: FLOPs of every ``mma`` and bytes of every gmem
-``load``/``store``, multiplied by loop trips and by the number of CTAs, so a
+The estimate walks the IR and asks each op's cost hook (``COSTS``, one per
+registered op): tensor-core FLOPs of MMA atoms, SIMT work of compute ops, gmem
+bytes of every copy, multiplied by loop trips and by the number of CTAs, so a
 small tile that re-reads its operands many times is charged for it. Time is
 ``max(flops / (peak * eff[atom]), bytes / bandwidth)`` stretched by wave
 quantisation (CTAs per SM from shared memory and threads). The efficiency
@@ -27,7 +28,7 @@ _GPUS = Path(__file__).resolve().parent / "gpus"
 MODEL_VERSION = "analytic-1"
 
 # Fraction of the unit's peak an op class reaches before calibration.
-DEFAULT_EFF = {"fma": 0.08, "mma_sync": 0.5, "wgmma": 0.75, "bytes": 0.8}
+DEFAULT_EFF = {"fma": 0.08, "mma_sync": 0.5, "wgmma": 0.75, "tcgen05_mma": 0.75, "simt": 0.25, "bytes": 0.8}
 LAUNCH_S = 4e-6
 
 
@@ -47,6 +48,62 @@ def gpu_for_name(device_name: str | None) -> str:
             if p.stem.upper() in device_name.upper():
                 return p.stem.upper()
     return "H200"
+
+
+@dataclass
+class Work:
+    """What one CTA does, summed over loop trips: FLOPs by the MMA atom seen, gmem bytes."""
+
+    flops: float = 0.0
+    simt_flops: float = 0.0
+    bytes: float = 0.0
+    atom: str = "fma"
+
+
+def _numel(ctx, name: str, env: dict[str, int]) -> int:
+    t = ctx.buffers.get(name)
+    return math.prod(int(evaluate(d, env)) for d in t.shape) if t is not None else 0
+
+
+def _name(x) -> str:
+    return getattr(x, "buf", x)
+
+
+def _mma_cost(n: Node, ctx, env, trips: float, w: Work) -> None:
+    acc, a = ctx.buffers[n.arg("acc")], ctx.buffers[_name(n.arg("a"))]
+    m, nn = (int(evaluate(d, env)) for d in acc.shape)
+    k = int(evaluate(a.shape[-1], env))
+    w.flops += 2.0 * m * nn * k * trips
+    w.atom = n.attr("atom") if n.op is Op.MMA else n.op.value
+
+
+def _move_cost(n: Node, ctx, env, trips: float, w: Work) -> None:
+    v = n.arg("src" if n.op in (Op.LOAD, Op.TMA_LOAD, Op.CP_ASYNC) else "dst")
+    ext = view_extent(ctx, v) or ()
+    w.bytes += math.prod(int(evaluate(d, env)) for d in ext) * ctx.buffers[v.buf].dtype.bytes * trips
+
+
+def _simt_cost(n: Node, ctx, env, trips: float, w: Work) -> None:
+    w.simt_flops += _numel(ctx, _name(n.args[0]), env) * trips
+
+
+def _free(n: Node, ctx, env, trips: float, w: Work) -> None:
+    """Allocation, barriers, fences, waits: no FLOPs and no gmem bytes."""
+
+
+# One cost hook per op (a test checks every registered op has one).
+COSTS = {
+    Op.SMEM: _free, Op.RMEM: _free, Op.SYNC: _free, Op.MBARRIER: _free, Op.EXPECT_TX: _free,
+    Op.ARRIVE: _free, Op.WAIT: _free, Op.CP_ASYNC_WAIT: _free, Op.FENCE_ASYNC: _free, Op.CLUSTER: _free,
+    Op.CLUSTER_SYNC: _free, Op.WGMMA_WAIT: _free,
+    Op.LOAD: _move_cost, Op.STORE: _move_cost, Op.TMA_LOAD: _move_cost, Op.TMA_STORE: _move_cost,
+    Op.CP_ASYNC: _move_cost, Op.ATOMIC_ADD: _move_cost, Op.SCATTER_ADD: _move_cost,
+    Op.MMA: _mma_cost, Op.WGMMA: _mma_cost, Op.TCGEN05_MMA: _mma_cost,
+    Op.FILL: _simt_cost, Op.CAST: _simt_cost, Op.UNARY: _simt_cost, Op.EWISE: _simt_cost,
+    Op.TRANSPOSE: _simt_cost, Op.REDUCE: _simt_cost, Op.SCAN: _simt_cost, Op.ARGMIN: _simt_cost,
+    Op.ARGMAX: _simt_cost, Op.ARGMIN_UPDATE: _simt_cost, Op.TOPK_MERGE: _simt_cost,
+    Op.FOR: _free, Op.IF: _free, Op.ROLE: _free,   # structure: walked by the estimator itself
+}
 
 
 @dataclass
@@ -71,26 +128,19 @@ class CostModel:
         grid = [int(evaluate(x, env)) for x in program.grid]
         ctas = math.prod(grid)
         ctx = build_ctx(program, load_target(program.target) or {})
-        flops, nbytes, atom = 0.0, 0.0, "fma"
+        work = Work()
 
         def walk(nodes: tuple[Node, ...], trips: float) -> None:
-            nonlocal flops, nbytes, atom
             for n in nodes:
                 if n.op is Op.FOR:
                     walk(n.body, trips * max(int(evaluate(n.args[1], env)), 0))
-                elif n.op is Op.MMA:
-                    acc, a = ctx.buffers[n.arg("acc")], ctx.buffers[n.arg("a")]
-                    m, nn = (int(evaluate(d, env)) for d in acc.shape)
-                    k = int(evaluate(a.shape[1], env))
-                    flops += 2.0 * m * nn * k * trips
-                    atom = n.attr("atom")
-                elif n.op in (Op.LOAD, Op.STORE):
-                    v = n.arg("src" if n.op is Op.LOAD else "dst")
-                    ext = view_extent(ctx, v) or ()
-                    numel = math.prod(int(evaluate(d, env)) for d in ext)
-                    nbytes += numel * ctx.buffers[v.buf].dtype.bytes * trips
+                elif n.body:                       # if (assumed taken), role
+                    walk(n.body, trips)
+                else:
+                    COSTS[n.op](n, ctx, env, trips, work)
 
         walk(program.body, 1.0)
+        flops, nbytes, atom = work.flops, work.bytes, work.atom
         flops *= ctas
         nbytes *= ctas
         smem = smem_bytes(ctx) or 0
@@ -100,8 +150,9 @@ class CostModel:
         per_sm = max(1, min(by_smem, by_threads, 32))
         waves = math.ceil(ctas / (g["sms"] * per_sm))
         fill = ctas / (waves * g["sms"] * per_sm) if ctas else 1.0
-        peak = g["bf16_tensor_flops"] if atom in ("mma_sync", "wgmma") else g["fp32_simt_flops"]
-        t_compute = flops / (peak * self.eff.get(atom, 0.05))
+        peak = g["bf16_tensor_flops"] if atom in ("mma_sync", "wgmma", "tcgen05_mma") else g["fp32_simt_flops"]
+        t_compute = flops / (peak * self.eff.get(atom, 0.05)) + \
+            work.simt_flops * ctas / (g["fp32_simt_flops"] * self.eff.get("simt", 0.25))
         t_memory = nbytes / (g["hbm_bytes_per_s"] * self.eff["bytes"])
         t = max(t_compute, t_memory) / max(fill, 1e-3) + LAUNCH_S
         return Estimate(t * 1e3, flops, nbytes, ctas, per_sm, "compute" if t_compute >= t_memory else "memory")

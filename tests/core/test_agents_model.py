@@ -66,3 +66,23 @@ def test_calibration_moves_prediction_toward_measurement():
     pred = m.estimate(SEED, shape).ms
     cal = calibrate(m, [(pred, pred * 2, "fma")])
     assert abs(cal.estimate(SEED, shape).ms - pred * 2) < abs(pred - pred * 2)
+
+
+def test_every_op_has_a_cost_hook():
+    from cake_core.ir.ops import REGISTRY
+    from cake_core.model.cost import COSTS
+    assert set(REGISTRY) == set(COSTS)
+
+
+def test_cost_model_covers_every_seed_and_wgmma_beats_fma():
+    from pathlib import Path
+    from cake_core.problems import list_problems
+    m = CostModel("H200")
+    for p in list_problems():
+        shape = dict(zip(p.dims, [97] * len(p.dims)))
+        if "k" in shape:
+            shape["k"] = 10
+        assert m.estimate(parse_program(p.seed_text()), shape).ms > 0
+    ws = parse_program((Path(__file__).parents[2] / "cake_core/problems/seeds/gemm_bf16_ws.cake").read_text())
+    big = {"M": 4096, "N": 4096, "K": 4096}
+    assert m.estimate(ws, big).ms < m.estimate(SEED, big).ms / 5
