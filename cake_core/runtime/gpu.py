@@ -148,7 +148,12 @@ class _Launcher:
 
     def args(self, dev_in: dict[str, Any]) -> tuple:
         bufs = [dev_in[a.name] if a.name in dev_in else self.outputs[a.name] for a in self.lowered.params]
-        return tuple(bufs) + tuple(np.int32(self.shape[d]) for d in self.lowered.dims)
+        args = tuple(bufs) + tuple(np.int32(self.shape[d]) for d in self.lowered.dims)
+        if self.lowered.tensor_maps:   # TMA: one 128-byte CUtensorMap by value per map, after the dims
+            from cake_core.runtime.tma import encode_tensor_maps  # noqa: PLC0415 - raises TMARefused, no launch
+            args += tuple(encode_tensor_maps(self.lowered, {a.name: b for a, b in zip(self.lowered.params, bufs)},
+                                             self.shape))
+        return args
 
     def launch(self, args: tuple) -> None:
         try:
