@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import secrets
+import signal
 import sys
 import threading
 import time
@@ -152,6 +153,14 @@ def _startup() -> None:
     # Validate the configuration before any command runs, so a typo fails first and alone.
     _settings_cache.clear()
     _settings()
+    # A SIGTERM (a scheduler, `timeout`) unwinds like Ctrl-C would: the services this process
+    # started (the Prefect server, Ray) are stopped on the way out instead of left running.
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminate)
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # the same orderly stop as Ctrl-C
 
 
 def _say(text: str) -> None:

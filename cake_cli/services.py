@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -276,8 +277,13 @@ def ray_runtime(settings: Settings, num_gpus: int | None = None) -> Iterator[Ray
         kwargs.update(num_cpus=os.cpu_count() or 1)
         if num_gpus is not None:
             kwargs["num_gpus"] = num_gpus
+    # ray.init installs a native SIGTERM handler that exits on the spot; keep the caller's, so a
+    # terminated `cake` still unwinds and stops the services it started
+    prev_term = signal.getsignal(signal.SIGTERM)
     try:
         ray.init(address=address or None, **kwargs)
+        if threading.current_thread() is threading.main_thread() and callable(prev_term):
+            signal.signal(signal.SIGTERM, prev_term)
     except (ConnectionError, TimeoutError, RuntimeError) as e:
         if address:
             raise ServiceError(f"Ray at {address} does not answer: {str(e).splitlines()[0]}; "

@@ -3,6 +3,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,7 @@ def test_two_flows_at_once_and_a_reader(services, tmp_path):
                             "--format", "csv"], capture_output=True, text=True, env=env, timeout=60)
         assert p.returncode == 0, p.stderr
         answers += 1
+        time.sleep(2)
     for t in threads:
         t.join()
     assert not errors, errors
