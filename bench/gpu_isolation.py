@@ -103,14 +103,105 @@ def agree(a: dict, b: dict) -> bool:
     return rel <= 0.10 or inside
 
 
+_PROBE_RAW = {   # name -> CUDA statement run by one thread; p is a valid float* of 1 MiB
+    "null_page_write": "*(volatile float*)16 = 1.0f;",
+    "plus_2e43_bytes": "*(volatile float*)((char*)p + (1ll << 43)) = 1.0f;",
+    "addr_2e48": "*(volatile float*)(1ll << 48) = 1.0f;",
+    "addr_2e56": "*(volatile float*)(1ll << 56) = 1.0f;",
+    "addr_all_ones": "*(volatile float*)(~0xfffull) = 1.0f;",
+    "misaligned": "*(volatile float*)((char*)p + 1) = 1.0f;",
+    "trap": "__trap();",
+}
+
+
+def _probe_one(kind: str, arg: str, timeout_s: float) -> dict:
+    """Run one faulting kernel in a fresh process; report what CUDA said and how long it took."""
+    import subprocess
+    code = f"""
+import time, cupy as cp, json, sys
+sys.path.insert(0, {str(ROOT)!r})
+t0 = time.monotonic()
+kind, arg = {kind!r}, {arg!r}
+try:
+    if kind == "raw":
+        k = cp.RawKernel('extern "C" __global__ void f(float* p) {{ if (threadIdx.x == 0 && blockIdx.x == 0) {{ ' + arg + ' }} }}', 'f')
+        p = cp.zeros(1 << 18, dtype=cp.float32)
+        k((1,), (32,), (p,))
+        cp.cuda.Device(0).synchronize()
+        print(json.dumps({{"result": "no error", "s": time.monotonic() - t0}}))
+    else:
+        from bench.gpu_isolation import fault_variants, build, PROBLEM
+        from cake_core.problems import get_problem
+        from cake_core.runtime.gpu import check_and_time
+        import tempfile, pathlib
+        text, shapes = fault_variants()[arg]
+        with tempfile.TemporaryDirectory() as d:
+            from cake_core.ir.text import parse_program
+            from cake_core.lower import lower, compile_kernel
+            lr = lower(parse_program(text, "kernel.cake")); cr = compile_kernel(lr.value, cache_dir=pathlib.Path(d))
+            runs = check_and_time(cr.value, lr.value, get_problem(PROBLEM), shapes, seed=1, time=False, timeout_s={timeout_s - 3})
+        print(json.dumps({{"result": runs[0].outcome + ": " + runs[0].message, "s": time.monotonic() - t0}}))
+except Exception as e:
+    print(json.dumps({{"result": type(e).__name__ + ": " + str(e)[:200], "s": time.monotonic() - t0}}))
+"""
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s,
+                           cwd=ROOT)
+        line = next((ln for ln in reversed(p.stdout.splitlines()) if ln.startswith("{")), None)
+        out = json.loads(line) if line else {"result": f"exit {p.returncode}: {p.stderr[-300:]}"}
+    except subprocess.TimeoutExpired:
+        out = {"result": f"HUNG: killed after {timeout_s:g} s"}
+    out["wall_s"] = round(time.monotonic() - t0, 2)
+    return out
+
+
+def fault_variants() -> dict[str, tuple[str, list[dict]]]:
+    """IR programs that address far outside `a` (unguarded), with the shapes to run them on."""
+    seed = get_problem(PROBLEM).seed_text()
+    std = "load(a_s, a[tile(bid.y, BM), tile(kt, BK)])"
+    return {
+        "ir_plus_1e8_tiles": (seed.replace(std, "load(a_s, a[tile(bid.y + 100000000, BM), tile(kt, BK)], guard=False)"),
+                              [{"M": 128, "N": 128, "K": 64}]),
+        "ir_minus_2e31_rows_bigK": (seed.replace(std, "load(a_s, a[tile(bid.y - 33554432, BM), tile(kt, BK)], "
+                                                      "guard=False)"), [{"M": 64, "N": 64, "K": 65536}]),
+        "ir_plus_2e31_rows_bigK": (seed.replace(std, "load(a_s, a[tile(bid.y + 33554430, BM), tile(kt, BK)], "
+                                                     "guard=False)"), [{"M": 64, "N": 64, "K": 65536}]),
+    }
+
+
+def probe_faults(out: Path, timeout_s: float = 12.0) -> int:
+    import subprocess
+    rows = {}
+    for name, stmt in _PROBE_RAW.items():
+        rows[name] = _probe_one("raw", stmt, timeout_s)
+        print(f"{name:<28}{rows[name]['wall_s']:>7.2f} s  {rows[name]['result']}", flush=True)
+    for name in fault_variants():
+        rows[name] = _probe_one("ir", name, timeout_s + 6)
+        print(f"{name:<28}{rows[name]['wall_s']:>7.2f} s  {rows[name]['result']}", flush=True)
+    try:
+        dmesg = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=10).stdout
+        xid = [ln for ln in dmesg.splitlines() if "Xid" in ln or "NVRM" in ln][-20:]
+    except Exception as e:  # noqa: BLE001
+        xid = [f"dmesg: {e}"]
+    print("\n".join(xid))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "fault_probe.json").write_text(json.dumps({"rows": rows, "dmesg": xid}, indent=2))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--probe-faults", action="store_true",
+                    help="only run raw and IR faulting kernels in subprocesses: does an illegal address fault or hang?")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "bench/out")))
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--hang-timeout", type=float, default=20.0, help="pool watchdog for the hanging candidate (s)")
     ap.add_argument("--kernel-timeout", type=float, default=60.0, help="GpuRunner's in-actor watchdog per wait (s)")
     args = ap.parse_args()
+    if args.probe_faults:
+        return probe_faults(args.out)
     import ray
 
     from tasks.workers import ActorPool, GpuRunner

@@ -16,11 +16,13 @@ are small; median, p10 and p90 over ``reps`` (≥ 20) launches. The timer name a
 the L2 state are recorded in every ``ShapeRun``.
 
 A fault poisons the CUDA context: after one, the remaining shapes are not run
-(the caller's worker process should be restarted).
+(the caller's worker process should be restarted). Waiting is a blocking device
+synchronize in a helper thread under the watchdog (``_Launcher.wait``): a fault
+surfaces as ``runtime_fault`` with CUDA's message, a kernel that outlives
+``timeout_s`` as ``timeout``.
 """
 from __future__ import annotations
 
-import time as _time
 from dataclasses import dataclass
 from typing import Any
 
@@ -163,19 +165,32 @@ class _Launcher:
             raise _Fault(Outcome.RUNTIME_FAULT, f"launch failed: {e}") from None
 
     def wait(self, what: str) -> None:
-        ev = self.cp.cuda.Event()
-        try:
-            ev.record(self.stream)
-            t0 = _time.monotonic()
-            while not ev.done:
-                if _time.monotonic() - t0 > self.timeout_s:
-                    raise _Fault(Outcome.TIMEOUT, f"{what}: the kernel did not finish within {self.timeout_s:g} s")
-                _time.sleep(0.0005)
-            self.stream.synchronize()
-        except _Fault:
-            raise
-        except Exception as e:  # noqa: BLE001 - CUDA errors surface here (illegal address, trap...)
-            raise _Fault(Outcome.RUNTIME_FAULT, f"{what}: {type(e).__name__}: {e}") from None
+        """Wait for everything launched so far, under the watchdog.
+
+        A blocking ``cudaDeviceSynchronize`` in a helper thread, joined with ``timeout_s``: it
+        returns the sticky error of a faulted kernel (illegal address, trap) at once, whereas
+        polling ``cudaEventQuery`` does not (seen on the H200, driver 580.159.04, 2026-11-29: after
+        an MMU fault, Xid 31, the event query kept answering "not ready" and the fault looked like
+        a hang). A kernel still running after ``timeout_s`` is reported as ``timeout``; the helper
+        thread stays blocked (a daemon), and the process must be replaced, as after any fault.
+        """
+        import threading
+        box: dict[str, Any] = {}
+
+        def sync() -> None:
+            try:
+                self.cp.cuda.runtime.deviceSynchronize()
+            except Exception as e:  # noqa: BLE001 - CUDA errors surface here (illegal address, trap...)
+                box["error"] = e
+
+        t = threading.Thread(target=sync, name="cake-gpu-wait", daemon=True)
+        t.start()
+        t.join(self.timeout_s)
+        if t.is_alive():
+            raise _Fault(Outcome.TIMEOUT, f"{what}: the kernel did not finish within {self.timeout_s:g} s")
+        if "error" in box:
+            e = box["error"]
+            raise _Fault(Outcome.RUNTIME_FAULT, f"{what}: {type(e).__name__}: {e}")
 
     def run_checked(self, dev_in: dict[str, Any], what: str) -> dict[str, np.ndarray]:
         for n, buf in self.outputs.items():
