@@ -74,7 +74,7 @@ def evolve_flow(problem: str, shape_set: str, generations: int = 3, population: 
     if gpus:
         pool = ActorPool(lambda: GpuRunner.remote(), len(gpus))
     else:
-        cpus = max(1, int(ray.available_resources().get("CPU", 1)))
+        cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
         pool = ActorPool(lambda: CpuChecker.remote(), min(cpus, 4))
     totals: dict[str, int] = {}
     best: list[tuple[float, str]] = []

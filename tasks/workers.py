@@ -29,7 +29,9 @@ def _ident() -> tuple[str, int]:
     return ray.get_runtime_context().get_node_id(), os.getpid()
 
 
-@ray.remote(num_cpus=1)
+# A quarter CPU each: checks are short numpy runs, and several flows on one machine must all get
+# workers (with 1 CPU each, a second flow's actors wait for the first flow to end).
+@ray.remote(num_cpus=0.25)
 class CpuChecker:
     """Checks candidates on the CPU interpreter."""
 

@@ -236,6 +236,26 @@ def _mma_atom(ctx: Ctx) -> Iterable[Diagnostic]:
                            hint=f"atoms on {ctx.target['arch']}: {', '.join(ctx.target['mma_atoms'])}")
 
 
+@rule("mma.sync_tiling", "mma", "an mma_sync accumulator must tile into m16n8k16 atoms over the CTA's warps")
+def _mma_sync_tiling(ctx: Ctx) -> Iterable[Diagnostic]:
+    for n, path, _ in ctx.nodes:
+        if n.op is not Op.MMA or n.attr("atom") != "mma_sync":
+            continue
+        acc, a = ctx.buf_of(n.arg("acc")), ctx.buf_of(n.arg("a"))
+        if not (acc and a) or acc.rank != 2 or a.rank != 2:
+            continue
+        m, nn, k = ctx.static(acc.shape[0]), ctx.static(acc.shape[1]), ctx.static(a.shape[1])
+        if None in (m, nn, k):
+            continue
+        warps = ctx.program.threads // ctx.target["warp_size"]
+        grids = [(wm, warps // wm) for wm in range(1, warps + 1) if warps % wm == 0]
+        if k % 16 or not any(m % (16 * wm) == 0 and nn % (8 * wn) == 0 for wm, wn in grids):
+            yield ctx.diag("mma.sync_tiling", n, f"acc ({m}, {nn}) with K = {k} cannot be tiled by {warps} warps in "
+                                                 "m16n8k16 atoms", path=path,
+                           hint=f"K must be a multiple of 16, and M, N multiples of 16·WM and 8·WN for a warp grid "
+                                f"WM × WN = {warps} (e.g. M a multiple of {16 * warps})")
+
+
 # ---------------------------------------------------------------- resources
 
 @rule("resources.smem", "resources", "shared memory per CTA exceeds the target's limit")

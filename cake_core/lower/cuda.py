@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Union
 
 from cake_core.ir.expr import CTA_COORDS, Expr, UnboundSymbol, c_expr, evaluate, symbols
-from cake_core.ir.ops import At, Full, Node, Op, Tile, View
+from cake_core.ir.ops import REGISTRY, At, Full, Node, Op, Tile, View
 from cake_core.ir.program import Program, walk
 from cake_core.ir.types import DType, MemSpace, TileType
 from cake_core.outcome import Diagnostic, Outcome, Severity, StageResult
@@ -603,7 +603,9 @@ def lower(program: Program, ir_filename: str = "kernel.cake") -> StageResult:
     if any(d.is_error for d in ctx.diags):
         return StageResult(STAGE, Outcome.COMPILE_FAILED, ctx.diags)
 
-    written = {w[0].args[0].buf for w in walk(program.body) if w[0].op is Op.STORE}
+    # every op whose destination operand is a gmem view writes that parameter (store, atomics, tma_store)
+    written = {w[0].arg("dst").buf for w in walk(program.body)
+               if dict(REGISTRY[w[0].op].operands).get("dst") == "view"}
     args = tuple(KernelArg(q.name, q.type.dtype, q.type.shape, q.name in written) for q in program.params)
     sig = [f"{'' if a.written else 'const '}{a.dtype.c_type}* __restrict__ {a.name}" for a in args]
     sig += [f"int {d}" for d in dims]

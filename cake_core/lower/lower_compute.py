@@ -377,7 +377,7 @@ def _lower_atomic_add(n: Node, ctx: Ctx) -> list[Line]:
     c = g.type.dtype.c_type
     guard = "true" if n.attr("guard") else "false"
     val = _atomic_value(_access(src, st, None), src.type.dtype, g.type.dtype)
-    pre = [f"{c}* const cake_dst = const_cast<{c}*>({w.base});  // atomics write a read-only-declared argument",
+    pre = [f"{c}* const cake_dst = {w.base};",
            f"const cake::index_t cake_ldr = {w.ld_row}, cake_ldc = {w.ld_col};",
            f"const int cake_rin = {w.rows_in}, cake_cin = {w.cols_in};"]
     body = [f"if (!{guard} || (cake_r < cake_rin && cake_c < cake_cin)) "
@@ -418,7 +418,7 @@ def _lower_scatter_add(n: Node, ctx: Ctx) -> list[Line]:
     ok = (f"(cake_i >= 0 && cake_i < {extent} && cake_i < cake_iin && cake_c < cake_cin)" if rank2 else
           f"(cake_i >= 0 && cake_i < {extent} && cake_i < cake_iin && 0 < cake_rin)")
     pre = st.pre + [
-        f"{c}* const cake_dst = const_cast<{c}*>({w.base});  // atomics write a read-only-declared argument",
+        f"{c}* const cake_dst = {w.base};",
         f"[[maybe_unused]] const cake::index_t cake_ldi = {ld_i}, cake_ldc = {w.ld_col};",
         f"[[maybe_unused]] const int cake_iin = {in_i}, cake_cin = {w.cols_in}, cake_rin = {w.rows_in};",
         f"const int cake_valid = {ctx.check_expr(n.arg('limit'), 'limit')} - "

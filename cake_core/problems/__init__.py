@@ -7,8 +7,10 @@ from cake_core.problems.gemm import GEMM_BF16
 from cake_core.problems.kmeans_assign import KMEANS_ASSIGN
 from cake_core.problems.kmeans_update import KMEANS_UPDATE
 from cake_core.problems.knn_topk import KNN_TOPK
+from cake_core.problems.tinygemm import TINYGEMM
 
-PROBLEMS: dict[str, Problem] = {p.name: p for p in (GEMM_BF16, KMEANS_ASSIGN, KMEANS_UPDATE, KNN_TOPK)}
+PROBLEMS: dict[str, Problem] = {p.name: p for p in (GEMM_BF16, KMEANS_ASSIGN, KMEANS_UPDATE, KNN_TOPK,
+                                                      TINYGEMM)}
 
 
 def list_problems() -> list[Problem]:

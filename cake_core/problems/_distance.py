@@ -14,8 +14,8 @@ def sq_norms(x: np.ndarray) -> np.ndarray:
 
 def sq_dists(a: np.ndarray, b: np.ndarray, b_sq: np.ndarray | None = None) -> np.ndarray:
     """||a_i - b_j||^2 for a (n, D), b (m, D), in fp64 (``b_sq`` replaces ||b_j||^2 when given)."""
-    a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    bs = sq_norms(b) if b_sq is None else b_sq.astype(np.float64)
+    a64, b64 = a.astype(np.float64, copy=False), b.astype(np.float64, copy=False)
+    bs = sq_norms(b) if b_sq is None else b_sq.astype(np.float64, copy=False)
     return sq_norms(a)[:, None] + bs[None, :] - 2.0 * (a64 @ b64.T)
 
 

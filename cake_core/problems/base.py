@@ -60,6 +60,24 @@ class ShapeSet:
 
 
 @dataclass(frozen=True)
+class RowOracle:
+    """Checking a large shape on a subset of its output rows.
+
+    What a "row" is depends on the problem (gemm: a row of C; knn: a query; kmeans_assign: a point,
+    numbered b*N + n; kmeans_update: a cluster, numbered b*K + k). ``count(shape)`` is how many rows
+    there are; ``oracle(inputs, rows)`` is the fp64 oracle for those rows alone, in a layout the
+    problem's ``compare`` accepts; ``take(outputs, rows)`` cuts the same rows out of a full output;
+    ``rows_of_input0(inputs, flat)`` names the rows that element ``flat`` of the first input feeds
+    (so a perturbation check can include the row it changed).
+    """
+
+    count: Callable[[Shape], int]
+    oracle: Callable[[dict[str, np.ndarray], np.ndarray], dict[str, np.ndarray]]
+    take: Callable[[dict[str, np.ndarray], np.ndarray], dict[str, np.ndarray]]
+    rows_of_input0: Callable[[dict[str, np.ndarray], np.ndarray], np.ndarray]
+
+
+@dataclass(frozen=True)
 class Problem:
     name: str
     description: str
@@ -81,6 +99,22 @@ class Problem:
     # compare_fn(got, want, rtol); ``want`` is what ``oracle`` returned (it may carry extra
     # `_`-prefixed entries for the comparison)
     compare_fn: Callable[[dict[str, np.ndarray], dict[str, np.ndarray], float], tuple[bool, float, str]] | None = None
+    # the oracle on a subset of rows, for headline shapes whose full fp64 oracle is too slow on a CPU
+    # (see :class:`RowOracle`); None where the full oracle is cheap enough or nobody needed one yet
+    rows: RowOracle | None = None
+
+    def oracle_rows(self, inputs: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
+        """The oracle for the output rows ``rows`` only (a 1-D index array, see :class:`RowOracle`);
+        compare its result with ``compare(take_rows(outputs, rows), ...)``."""
+        if self.rows is None:
+            raise NotImplementedError(f"problem {self.name} has no row-subset oracle; use the full oracle")
+        return self.rows.oracle(inputs, np.asarray(rows, dtype=np.int64))
+
+    def take_rows(self, outputs: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
+        """The rows ``rows`` of a full output (what a kernel wrote), in the layout ``oracle_rows`` gives."""
+        if self.rows is None:
+            raise NotImplementedError(f"problem {self.name} has no row-subset oracle")
+        return self.rows.take(outputs, np.asarray(rows, dtype=np.int64))
 
     def seed_text(self) -> str:
         return (SEEDS_DIR / self.seed_file).read_text()

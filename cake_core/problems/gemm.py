@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cake_core.problems.base import Problem, Shape, bf16_round
+from cake_core.problems.base import Problem, RowOracle, Shape, bf16_round
 
 
 def _inputs(s: Shape, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -15,6 +15,18 @@ def _inputs(s: Shape, rng: np.random.Generator) -> dict[str, np.ndarray]:
 def _oracle(x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {"c": x["a"].astype(np.float64) @ x["b"].astype(np.float64)}
 
+
+def _oracle_rows(x: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
+    return {"c": x["a"][rows].astype(np.float64) @ x["b"].astype(np.float64)}
+
+
+# a row is a row of C (of A); shared with tinygemm, which has the same operands
+GEMM_ROWS = RowOracle(
+    count=lambda s: s["M"],
+    oracle=_oracle_rows,
+    take=lambda out, rows: {"c": np.asarray(out["c"])[rows]},
+    rows_of_input0=lambda x, flat: np.unique(np.asarray(flat) // x["a"].shape[1]),
+)
 
 GEMM_BF16 = Problem(
     name="gemm_bf16",
@@ -29,4 +41,5 @@ GEMM_BF16 = Problem(
     bytes=lambda s: 2.0 * (s["M"] * s["K"] + s["K"] * s["N"]) + 4.0 * s["M"] * s["N"],
     seed_file="gemm_bf16.cake",
     shape_sets=("gemm_small", "gemm_square"),
+    rows=GEMM_ROWS,
 )

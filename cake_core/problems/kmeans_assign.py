@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from cake_core.problems._distance import check_indices, relative_gap, row_chunks, sq_dists, sq_norms
-from cake_core.problems.base import Problem, Shape, bf16_round
+from cake_core.problems.base import Problem, RowOracle, Shape, bf16_round
 
 
 def _inputs(s: Shape, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -37,13 +37,31 @@ def _oracle(x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {"out": out, "_dmin": dmin, "_x": x["x"], "_c": x["c"], "_c_sq": x["c_sq"]}
 
 
+def _oracle_rows(x: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
+    """The oracle for points ``rows`` (numbered b*N + n), laid out as one batch row (1, R)."""
+    B, N, D = x["x"].shape
+    b_of, n_of = rows // N, rows % N
+    out = np.empty(rows.size, np.int64)
+    dmin = np.empty(rows.size, np.float64)
+    for b in np.unique(b_of):
+        sel = np.nonzero(b_of == b)[0]
+        for lo, hi in row_chunks(sel.size, x["c"].shape[1]):
+            d = sq_dists(x["x"][b, n_of[sel[lo:hi]]], x["c"][b], x["c_sq"][b])
+            out[sel[lo:hi]] = np.argmin(d, axis=1)
+            dmin[sel[lo:hi]] = d[np.arange(hi - lo), out[sel[lo:hi]]]
+    return {"out": out[None], "_dmin": dmin[None], "_x": x["x"][b_of, n_of][None], "_c": x["c"],
+            "_c_sq": x["c_sq"], "_bidx": b_of[None]}
+
+
 def _compare(got: dict[str, np.ndarray], want: dict[str, np.ndarray], rtol: float) -> tuple[bool, float, str]:
     xs, cs, csq, dmin = want["_x"], want["_c"], want["_c_sq"], want["_dmin"]
     g, msg = check_indices("out", got["out"], dmin.shape, cs.shape[1])
     if g is None:
         return False, float("inf"), msg
-    chosen_c = np.take_along_axis(cs, g[..., None], axis=1).astype(np.float64)          # (B, N, D)
-    chosen_sq = np.take_along_axis(csq, g, axis=1).astype(np.float64)
+    # the batch of each point: its row in the full layout, `_bidx` in the row-subset one
+    bidx = want["_bidx"] if "_bidx" in want else np.arange(g.shape[0])[:, None]
+    chosen_c = cs[bidx, g].astype(np.float64)                                           # (B, N, D)
+    chosen_sq = csq[bidx, g].astype(np.float64)
     d_got = sq_norms(xs) + chosen_sq - 2.0 * np.einsum("bnd,bnd->bn", xs.astype(np.float64), chosen_c)
     gap = relative_gap(d_got, dmin, float(np.mean(np.abs(dmin))))
     worst = float(gap.max()) if gap.size else 0.0
@@ -69,4 +87,10 @@ KMEANS_ASSIGN = Problem(
     seed_file="kmeans_assign.cake",
     shape_sets=("kmeans_assign_small", "kmeans_assign_large"),
     compare_fn=_compare,
+    rows=RowOracle(
+        count=lambda s: s["B"] * s["N"],
+        oracle=_oracle_rows,
+        take=lambda out, rows: {"out": np.asarray(out["out"]).reshape(-1)[rows][None]},
+        rows_of_input0=lambda x, flat: np.unique(np.asarray(flat) // x["x"].shape[2]),
+    ),
 )

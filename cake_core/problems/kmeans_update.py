@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cake_core.problems.base import Problem, Shape, bf16_round
+from cake_core.problems.base import Problem, RowOracle, Shape, bf16_round
 
 
 def _inputs(s: Shape, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -31,6 +31,30 @@ def _oracle(x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {"sums": sums, "counts": counts}
 
 
+def _oracle_rows(x: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
+    """Sums and counts of the clusters ``rows`` (numbered b*K + k, each once): sums (R, D), counts (R,)."""
+    K = int(x["_K"])
+    B, N, D = x["x"].shape
+    rows = np.asarray(rows, np.int64)
+    sums = np.zeros((rows.size, D), np.float64)
+    counts = np.zeros(rows.size, np.int64)
+    for b in np.unique(rows // K):
+        pos = np.nonzero(rows // K == b)[0]
+        slot = np.full(K, -1, np.int64)
+        slot[rows[pos] % K] = pos
+        s = slot[x["assign"][b].astype(np.int64)]
+        m = s >= 0
+        np.add.at(sums, s[m], x["x"][b][m].astype(np.float64))
+        counts += np.bincount(s[m], minlength=rows.size)
+    return {"sums": sums, "counts": counts}
+
+
+def _rows_of_x(x: dict[str, np.ndarray], flat: np.ndarray) -> np.ndarray:
+    B, N, D = x["x"].shape
+    point = np.asarray(flat) // D
+    return np.unique((point // N) * int(x["_K"]) + x["assign"].reshape(-1)[point].astype(np.int64))
+
+
 KMEANS_UPDATE = Problem(
     name="kmeans_update",
     description="sums[b, k] = Σ x[b, n] and counts[b, k] = #n over the points with assign[b, n] = k; x[B,N,D] "
@@ -46,4 +70,11 @@ KMEANS_UPDATE = Problem(
     seed_file="kmeans_update.cake",
     shape_sets=("kmeans_update_small", "kmeans_update_large"),
     zeroed_outputs=("sums", "counts"),
+    rows=RowOracle(
+        count=lambda s: s["B"] * s["K"],
+        oracle=_oracle_rows,
+        take=lambda out, rows: {"sums": np.asarray(out["sums"]).reshape(-1, np.shape(out["sums"])[-1])[rows],
+                                "counts": np.asarray(out["counts"]).reshape(-1)[rows]},
+        rows_of_input0=_rows_of_x,
+    ),
 )

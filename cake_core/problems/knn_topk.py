@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from cake_core.problems._distance import check_indices, relative_gap, row_chunks, sq_dists, sq_norms
-from cake_core.problems.base import Problem, Shape, bf16_round
+from cake_core.problems.base import Problem, RowOracle, Shape, bf16_round
 
 
 def _inputs(s: Shape, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -19,20 +19,32 @@ def _inputs(s: Shape, rng: np.random.Generator) -> dict[str, np.ndarray]:
     return {"q": q, "db": db, "_k": np.array(s["k"])}     # `_k`: auxiliary, not a kernel argument
 
 
-def _oracle(x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    q, db, k = x["q"], x["db"], int(x["_k"])
+def _nearest(q: np.ndarray, db: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Indices and fp64 distances of the k nearest db rows of each query, nearest first."""
     Q, N = q.shape[0], db.shape[0]
     idx = np.empty((Q, k), np.int64)
     dk = np.empty((Q, k), np.float64)
-    db_sq = sq_norms(db)
+    db64 = db.astype(np.float64)                      # once, not per chunk
+    db_sq = np.einsum("nd,nd->n", db64, db64)
     for lo, hi in row_chunks(Q, N):
-        d = sq_dists(q[lo:hi], db, db_sq)
+        d = sq_dists(q[lo:hi], db64, db_sq)
         part = np.argpartition(d, k - 1, axis=1)[:, :k] if k < N else np.tile(np.arange(N), (hi - lo, 1))
         pd = np.take_along_axis(d, part, axis=1)
         order = np.argsort(pd, axis=1, kind="stable")
         idx[lo:hi] = np.take_along_axis(part, order, axis=1)
         dk[lo:hi] = np.take_along_axis(pd, order, axis=1)
-    return {"idx": idx, "_dk": dk, "_q": q, "_db": db}
+    return idx, dk
+
+
+def _oracle(x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    idx, dk = _nearest(x["q"], x["db"], int(x["_k"]))
+    return {"idx": idx, "_dk": dk, "_q": x["q"], "_db": x["db"]}
+
+
+def _oracle_rows(x: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
+    q = x["q"][rows]
+    idx, dk = _nearest(q, x["db"], int(x["_k"]))
+    return {"idx": idx, "_dk": dk, "_q": q, "_db": x["db"]}
 
 
 def _compare(got: dict[str, np.ndarray], want: dict[str, np.ndarray], rtol: float) -> tuple[bool, float, str]:
@@ -71,4 +83,10 @@ KNN_TOPK = Problem(
     seed_file="knn_topk.cake",
     shape_sets=("knn_topk_small", "knn_topk_large"),
     compare_fn=_compare,
+    rows=RowOracle(
+        count=lambda s: s["Q"],
+        oracle=_oracle_rows,
+        take=lambda out, rows: {"idx": np.asarray(out["idx"])[rows]},
+        rows_of_input0=lambda x, flat: np.unique(np.asarray(flat) // x["q"].shape[1]),
+    ),
 )

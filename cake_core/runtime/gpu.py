@@ -192,9 +192,17 @@ class _Launcher:
             e = box["error"]
             raise _Fault(Outcome.RUNTIME_FAULT, f"{what}: {type(e).__name__}: {e}")
 
-    def run_checked(self, dev_in: dict[str, Any], what: str) -> dict[str, np.ndarray]:
+    def reset_outputs(self) -> None:
+        """Poison every output (so unwritten elements fail the gate), except those the problem
+        declares zeroed: kernels accumulate into them with atomics across CTAs."""
         for n, buf in self.outputs.items():
-            _poison(buf, self.dtypes[n])
+            if n in self.problem.zeroed_outputs:
+                buf.fill(0)
+            else:
+                _poison(buf, self.dtypes[n])
+
+    def run_checked(self, dev_in: dict[str, Any], what: str) -> dict[str, np.ndarray]:
+        self.reset_outputs()
         self.launch(self.args(dev_in))
         self.wait(what)
         return self.got()
@@ -260,8 +268,7 @@ def _check_shape(cp, fn, lowered: LoweredKernel, problem: Problem, shape: Shape,
     for r in range(warmup):
         L.launch(arg_sets[r % len(arg_sets)])
     L.wait("warm-up")
-    for n, buf in L.outputs.items():
-        _poison(buf, L.dtypes[n])
+    L.reset_outputs()
     reps = max(reps, 20)
     starts = [cp.cuda.Event() for _ in range(reps)]
     ends = [cp.cuda.Event() for _ in range(reps)]

@@ -21,6 +21,7 @@ PLANTED = {
     "mma.shape": ("acc = rmem(f32, (BM, BN))", "acc = rmem(f32, (BM, BK))", 10),
     "mma.operand_dtype": ("a_s = smem(bf16, (BM, BK))", "a_s = smem(f16, (BM, BK))", 10),
     "mma.atom_target": ('target="sm_90a"', 'target="sm_100a"', 10),
+    "mma.sync_tiling": ('"BK": 32', '"BK": 24', 10),
     "resources.smem": ('"BK": 32', '"BK": 1024', 4),
     "resources.threads": ("threads=256", "threads=100", 1),
     "resources.registers": ('threads=256, consts={"BK": 32, "BM": 64, "BN": 64}',
@@ -31,7 +32,8 @@ PLANTED = {
     "shapes.tail_guard": (LOAD_A, "load(a_s, a[tile(bid.y, BM), tile(kt, BK)], guard=False)", 7),
     "races.smem": ("        mma(acc, a_s, b_s)\n        sync()\n", "        mma(acc, a_s, b_s)\n", 7),
 }
-EXTRA = {"mma.atom_target": ("mma(acc, a_s, b_s)", 'mma(acc, a_s, b_s, atom="wgmma")')}
+EXTRA = {"mma.atom_target": ("mma(acc, a_s, b_s)", 'mma(acc, a_s, b_s, atom="wgmma")'),
+         "mma.sync_tiling": ("mma(acc, a_s, b_s)", 'mma(acc, a_s, b_s, atom="mma_sync")')}
 
 
 def test_every_rule_has_a_planted_failure():
@@ -91,3 +93,8 @@ def test_if_block_round_trips_runs_and_lowers():
     assert "if ((kt * BK) < K) {" in lower(prog).value.source
     bad = parse(text.replace("if kt * BK < K:", "if kt < K and kt < M:"))
     assert [d.rule for d in bad.diagnostics] == ["parse.if"] and bad.diagnostics[0].line == 10
+
+
+def test_mma_sync_seed_passes_tiling():
+    text = SEED.replace("mma(acc, a_s, b_s)", 'mma(acc, a_s, b_s, atom="mma_sync")')
+    assert check_text(text) == []

@@ -29,7 +29,7 @@ def test_every_compute_op_lowers():
                  "cake::argreduce_smem<128, 64, 64, 1, false, THREADS>", "cake::argmin_update_smem<128, 64, THREADS>",
                  "cake::topk_merge_smem<128, 64, 4, THREADS>", "cake::stage_smem_rmem<8192, THREADS>",
                  "cake::unstage_rmem_smem<128, THREADS>(col, cake_st_col)", "cake::atomic_add_gmem(", "expf(",
-                 "const_cast<int*>(cnt"):
+                 "int* __restrict__ cnt"):
         assert call in src, call
     # broadcast of an rmem column vector goes through scratch; (r, c) -> r
     assert "cake_st_col[cake_r]" in src

@@ -1,0 +1,47 @@
+"""tinygemm: decode-style C[M, N] = A[M, K] @ B[K, N] with few rows (M ≤ 64), bf16 operands.
+
+A[M, K] holds the activations of a few tokens, B[K, N] the weights (row-major, K-major rows as
+in gemm_bf16); C is fp32 (accumulate and output), as in gemm_bf16, so the two problems take the
+same kernels and the same oracle. An fp32 C costs 4·M·N bytes, under 1 % of the weight read at
+every headline cell (M ≤ 64, N = K ≥ 4096), so the choice does not move the floor.
+
+The weight read dominates: K·N·2 bytes (32 MiB at N = K = 4096, 128 MiB at 8192) against
+2·M·N·K flops (≤ 8.6 GFLOP), about 4 flop per byte at M = 1 and 64 at M = 64, far under the
+H200's ~190 flop/byte ridge (790 TFLOP/s / 4.22 TB/s): the floor is bytes / 4.22 TB/s, 7.9 µs
+at 4096 and 31.8 µs at 8192.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from cake_core.problems.base import Problem, Shape, bf16_round
+from cake_core.problems.gemm import GEMM_ROWS
+
+
+def _inputs(s: Shape, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    a = bf16_round(rng.standard_normal((s["M"], s["K"]), dtype=np.float32))
+    # weights at a typical init scale (std 1/sqrt(K)); bf16 keeps the relative precision
+    b = bf16_round(rng.standard_normal((s["K"], s["N"]), dtype=np.float32) / np.float32(np.sqrt(s["K"])))
+    return {"a": a, "b": b}
+
+
+def _oracle(x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {"c": x["a"].astype(np.float64) @ x["b"].astype(np.float64)}
+
+
+TINYGEMM = Problem(
+    name="tinygemm",
+    description="C = A @ B for decode (M ≤ 64 rows of activations, B[K,N] weights), bf16 inputs "
+                "(row-major A[M,K], B[K,N]), fp32 accumulate and output; bound by the weight read",
+    dims=("M", "N", "K"),
+    inputs=("a", "b"),
+    outputs=("c",),
+    make_inputs=_inputs,
+    oracle=_oracle,
+    rtol=2e-3,   # fp32 accumulation of exact bf16 products: ~1e-6; a dropped K-tile or wrong index is ≥ 1e-2
+    flops=lambda s: 2.0 * s["M"] * s["N"] * s["K"],
+    bytes=lambda s: 2.0 * (s["M"] * s["K"] + s["K"] * s["N"]) + 4.0 * s["M"] * s["N"],
+    seed_file="tinygemm.cake",
+    shape_sets=("tinygemm_small", "tinygemm_decode"),
+    rows=GEMM_ROWS,
+)
