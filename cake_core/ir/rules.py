@@ -290,18 +290,11 @@ def _regs(ctx: Ctx) -> Iterable[Diagnostic]:
 @rule("resources.rmem_split", "resources", "an rmem tile must split evenly over the CTA's threads")
 def _rmem_split(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path, _ in ctx.nodes:
-        if n.op is Op.RMEM:
-            numel = 1
-            for d in n.args[1]:
-                v = ctx.static(d)
-                if v is None:
-                    break
-                numel *= v
-            else:
-                if numel % ctx.threads_of(n):
-                    yield ctx.diag("resources.rmem_split", n, f"`{n.result}` has {numel} elements, not a multiple "
-                                                              f"of threads={ctx.threads_of(n)}", path=path,
-                                   hint="pick tile sizes whose product is a multiple of the thread count")
+        numel = ctx.static_numel(n.args[1]) if n.op is Op.RMEM else None
+        if numel is not None and numel % ctx.threads_of(n):
+            yield ctx.diag("resources.rmem_split", n, f"`{n.result}` has {numel} elements, not a multiple "
+                                                      f"of threads={ctx.threads_of(n)}", path=path,
+                           hint="pick tile sizes whose product is a multiple of the thread count")
 
 
 # -------------------------------------------------------------------- target

@@ -48,6 +48,16 @@ class Ctx:
         v = try_evaluate(e, self.consts)
         return int(v) if v is not None else None
 
+    def static_numel(self, shape: Sequence[Expr]) -> int | None:
+        """Elements of a shape known at compile time; None if a dimension is not."""
+        numel = 1
+        for d in shape:
+            v = self.static(d)
+            if v is None:
+                return None
+            numel *= v
+        return numel
+
     def threads_of(self, n: Node) -> int:
         """Threads that execute ``n``: its role's warps, or the whole CTA outside roles."""
         r = self.role_of.get(id(n))
@@ -183,12 +193,9 @@ def smem_bytes(ctx: Ctx) -> int | None:
     total = 0
     for n, _, _ in ctx.nodes:
         if n.op is Op.SMEM:
-            numel = 1
-            for d in n.args[1]:
-                v = ctx.static(d)
-                if v is None:
-                    return None
-                numel *= v
+            numel = ctx.static_numel(n.args[1])
+            if numel is None:
+                return None
             size = numel * n.args[0].bytes * n.attr("stages")
             total = -(-total // align) * align + size
     return total
@@ -198,12 +205,9 @@ def rmem_words_per_thread(ctx: Ctx) -> int | None:
     words = 0
     for n, _, _ in ctx.nodes:
         if n.op is Op.RMEM:
-            numel = 1
-            for d in n.args[1]:
-                v = ctx.static(d)
-                if v is None:
-                    return None
-                numel *= v
+            numel = ctx.static_numel(n.args[1])
+            if numel is None:
+                return None
             words += -(-numel * max(n.args[0].bytes, 4) // 4 // ctx.threads_of(n))
     return words
 

@@ -193,6 +193,20 @@ class Ctx:
             raise LowerError("lower.dynamic_shape", f"{what} evaluates to {v!r}; a positive integer is needed")
         return v
 
+    def lower_nested(self, nodes: tuple[Node, ...], loop_var: str | None = None) -> list[tuple[int, str]]:
+        """Lower a block body one level deeper, in a scope of its own (and with ``loop_var`` bound)."""
+        if loop_var is not None:
+            self.loop_vars.append(loop_var)
+        self.scopes.append({})
+        self.depth += 1
+        try:
+            return self.lower_block(nodes)
+        finally:
+            self.depth -= 1
+            self.scopes.pop()
+            if loop_var is not None:
+                self.loop_vars.pop()
+
     def lower_block(self, nodes: tuple[Node, ...]) -> list[tuple[int, str]]:
         out: list[tuple[int, str]] = []
         for n in nodes:
@@ -531,15 +545,7 @@ def _lower_for(n: Node, ctx: Ctx) -> list[Line]:
     if unroll != 1:
         out.append(f"#pragma unroll {unroll}" if unroll > 1 else "#pragma unroll")
     out.append(f"for (int {var} = 0; {var} < {ext}; ++{var}) {{")
-    ctx.loop_vars.append(var)
-    ctx.scopes.append({})
-    ctx.depth += 1
-    try:
-        body = ctx.lower_block(n.body)
-    finally:
-        ctx.depth -= 1
-        ctx.scopes.pop()
-        ctx.loop_vars.pop()
+    body = ctx.lower_nested(n.body, loop_var=var)
     return [(n.line, pad + x) for x in out] + body + [(n.line, pad + "}")]
 
 

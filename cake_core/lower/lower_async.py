@@ -105,13 +105,9 @@ def _lower_role(n: Node, ctx: Ctx) -> list[Line]:
         cap = min(255, 65536 // ctx.threads) // 8 * 8
         out.append((n.line, f"{pad}    cake::setmaxnreg_{'inc' if regs > cap else 'dec'}<{regs}>();"))
     st["role"] = (t0, t1 - t0)
-    ctx.scopes.append({})
-    ctx.depth += 1
     try:
-        out += ctx.lower_block(n.body)
+        out += ctx.lower_nested(n.body)
     finally:
-        ctx.depth -= 1
-        ctx.scopes.pop()
         st["role"] = None
     return out + [(n.line, pad + "}")]
 

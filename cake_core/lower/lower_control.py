@@ -11,11 +11,5 @@ def _lower_if(n: Node, ctx: Ctx) -> list[Line]:
     # collective tile ops and __syncthreads() inside the body stay safe
     cond = ctx.check_expr(n.args[0], "the condition")
     pad = "    " * ctx.depth
-    ctx.scopes.append({})
-    ctx.depth += 1
-    try:
-        body = ctx.lower_block(n.body)
-    finally:
-        ctx.depth -= 1
-        ctx.scopes.pop()
+    body = ctx.lower_nested(n.body)
     return [(n.line, f"{pad}if {cond} {{")] + body + [(n.line, pad + "}")]

@@ -1,0 +1,419 @@
+"""Peers: the libraries each problem is measured against, run on the GPU on the problem's own inputs.
+
+For every problem, ``PEERS[problem]`` names its peers; ``make_peer(problem, peer, inputs)`` uploads
+the problem's numpy inputs (``Problem.make_inputs``) to the GPU and returns a :class:`PeerRun`: a
+``run(i)`` that runs the peer once on device copy ``i`` of the inputs (on torch's current stream),
+a ``fetch()`` that returns the last run's outputs as numpy arrays under the problem's output names
+(so ``Problem.compare`` checks them against the same oracle as our kernels), and ``reset()`` where
+the outputs are accumulators that must be zeroed before a run (kmeans_update). :func:`time_peer`
+times a peer with the protocol of ``cake_core.runtime.gpu.check_and_time``: CUDA events around each
+run on one stream, warm-up first, a 256 MiB buffer written before every timed run (cold L2), inputs
+rotated among up to 4 copies when they are small, median / p10 / p90 of at least 20 runs.
+
+Peers:
+  gemm_bf16, tinygemm  torch.matmul on bf16 tensors (cuBLAS; bf16 C) and torch.mm(out_dtype=float32)
+                       (cuBLAS; fp32 C, the problem's own output type)
+  kmeans_assign        flash-kmeans 0.3.1 ``euclid_assign_triton`` (Triton), and torch unfused
+                       (bmm with fp32 output, then c_sq - 2·dot and argmin)
+  kmeans_update        flash-kmeans ``triton_centroid_update_sorted_euclid`` (sort by cluster, then
+                       chunked sums; ``calculate_new=False`` leaves sums and counts, our outputs),
+                       flash-kmeans unsorted (its per-point atomic kernel ``_centroid_update_kernel``,
+                       launched as ``triton_centroid_update_euclid`` launches it, into our buffers:
+                       the public wrapper returns means only), and torch ``index_add_`` + ``bincount``
+  knn_topk             torch mm (fp32 output) + ``topk``
+
+torch and flash_kmeans are imported only when a peer is made, so this module imports on a machine
+with neither; a peer whose library is missing raises :class:`PeerUnavailable` with what to install.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from cake_core.errors import CakeError
+
+try:   # the timing protocol's constants, from the runtime that times our kernels
+    from cake_core.runtime.gpu import L2_FLUSH_BYTES, MAX_COPIES, ROTATE_BELOW_BYTES
+except Exception:  # noqa: BLE001 - keep the peers usable while the runtime is being changed
+    L2_FLUSH_BYTES, ROTATE_BELOW_BYTES, MAX_COPIES = 256 << 20, 64 << 20, 4
+
+FLASH_KMEANS_VERSION = "0.3.1"
+
+
+class PeerUnavailable(CakeError):
+    """The peer cannot run here: its library (torch, flash-kmeans) or a CUDA GPU is missing."""
+
+
+@dataclass
+class PeerRun:
+    problem: str
+    peer: str                                     # e.g. "torch.matmul (cuBLAS)"
+    library: str                                  # e.g. "torch 2.11.0+cu130"
+    run: Callable[[int], None]                    # one run on input copy i % copies, on the current stream
+    fetch: Callable[[], dict[str, np.ndarray]]    # outputs of the last run, host arrays, the problem's names
+    copies: int = 1
+    reset: Callable[[], None] | None = None       # zero accumulators before a run (outside the timed region)
+    note: str = ""
+    _keep: list = field(default_factory=list, repr=False)   # device tensors; ``release`` drops them
+
+    def release(self) -> None:
+        self._keep.clear()
+        self.run = self.fetch = self.reset = None   # type: ignore[assignment]
+
+
+# ---------------------------------------------------------------- imports, lazily
+
+def _torch():
+    try:
+        import torch  # noqa: PLC0415 - lazily: CPU CI has no torch
+    except Exception as e:  # noqa: BLE001
+        raise PeerUnavailable(f"the peers need PyTorch with CUDA, which does not import here ({type(e).__name__}: "
+                              f"{e}); run on the GPU machine, whose image has it") from None
+    if not torch.cuda.is_available():
+        raise PeerUnavailable("PyTorch sees no CUDA GPU here (torch.cuda.is_available() is False); run the peers "
+                              "on the GPU machine")
+    return torch
+
+
+def _flash_kmeans():
+    _torch()
+    try:   # the Triton modules themselves: the package's __init__ silently falls back to torch without Triton
+        import flash_kmeans  # noqa: PLC0415
+        from flash_kmeans import assign_euclid_triton, centroid_update_triton  # noqa: PLC0415
+    except Exception as e:  # noqa: BLE001
+        raise PeerUnavailable(
+            f"flash-kmeans (with its Triton kernels) does not import here ({type(e).__name__}: {e}). It is a "
+            f"pure-Python wheel: `pip download --no-deps flash-kmeans=={FLASH_KMEANS_VERSION}` where pip works, "
+            "carry the wheel, `pip install --no-deps --target DIR` it and put DIR on PYTHONPATH") from None
+    version = getattr(flash_kmeans, "__version__", "?")
+    return assign_euclid_triton, centroid_update_triton, f"flash-kmeans {version}"
+
+
+def _lib(torch) -> str:
+    return f"torch {torch.__version__}"
+
+
+# ---------------------------------------------------------------- helpers
+
+def _dev(torch, x: np.ndarray, dtype):
+    """Upload a numpy array; float32 arrays already rounded to bf16 convert to bf16 exactly."""
+    return torch.from_numpy(np.ascontiguousarray(x)).to("cuda").to(dtype)
+
+
+def _copies(torch, tensors: dict[str, Any], copies: int | None) -> list[dict[str, Any]]:
+    nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+    n = copies if copies is not None else (MAX_COPIES if nbytes < ROTATE_BELOW_BYTES else 1)
+    return [tensors] + [{k: v.clone() for k, v in tensors.items()} for _ in range(max(n, 1) - 1)]
+
+
+def _mm_f32(torch, a, b):
+    """a @ b (2-D or batched) of bf16 tensors with fp32 output, as cuBLAS computes it (bf16 products,
+    fp32 accumulation). torch ≥ 2.8 takes ``out_dtype``; older ones upcast and use TF32, which holds
+    bf16 values exactly, so the products are the same."""
+    f = torch.bmm if a.dim() == 3 else torch.mm
+    try:
+        return f(a, b, out_dtype=torch.float32)
+    except TypeError:
+        prev = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = True
+        try:
+            return f(a.float(), b.float())
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = prev
+
+
+def _host(t) -> np.ndarray:
+    return t.detach().cpu().numpy()
+
+
+# ---------------------------------------------------------------- gemm_bf16, tinygemm
+
+def _gemm_matmul(problem: str, inputs: dict[str, np.ndarray], copies: int | None) -> PeerRun:
+    torch = _torch()
+    sets = _copies(torch, {"a": _dev(torch, inputs["a"], torch.bfloat16),
+                           "b": _dev(torch, inputs["b"], torch.bfloat16)}, copies)
+    out = torch.empty((inputs["a"].shape[0], inputs["b"].shape[1]), device="cuda", dtype=torch.bfloat16)
+
+    def run(i: int) -> None:
+        s = sets[i % len(sets)]
+        torch.matmul(s["a"], s["b"], out=out)
+
+    return PeerRun(problem, "torch.matmul (cuBLAS, bf16 C)", _lib(torch), run,
+                   lambda: {"c": _host(out.float())}, len(sets),
+                   note="bf16 output (2 bytes/elem against our fp32 C): rounding error up to 2^-9 relative "
+                        "per element", _keep=[sets, out])
+
+
+def _gemm_mm_f32(problem: str, inputs: dict[str, np.ndarray], copies: int | None) -> PeerRun:
+    torch = _torch()
+    sets = _copies(torch, {"a": _dev(torch, inputs["a"], torch.bfloat16),
+                           "b": _dev(torch, inputs["b"], torch.bfloat16)}, copies)
+    try:
+        torch.mm(sets[0]["a"][:1, :8], sets[0]["b"][:8, :8], out_dtype=torch.float32)
+    except TypeError as e:
+        raise PeerUnavailable(f"this torch ({torch.__version__}) has no torch.mm(..., out_dtype=): {e}") from None
+    box: dict[str, Any] = {}
+
+    def run(i: int) -> None:
+        s = sets[i % len(sets)]
+        box["c"] = torch.mm(s["a"], s["b"], out_dtype=torch.float32)
+
+    return PeerRun(problem, "torch.mm out_dtype=f32 (cuBLAS)", _lib(torch), run,
+                   lambda: {"c": _host(box["c"])}, len(sets), note="fp32 output, as the problem",
+                   _keep=[sets, box])
+
+
+# ---------------------------------------------------------------- kmeans_assign
+
+def _assign_flash(problem: str, inputs: dict[str, np.ndarray], copies: int | None) -> PeerRun:
+    torch = _torch()
+    fk_assign, _, lib = _flash_kmeans()
+    x = _dev(torch, inputs["x"], torch.bfloat16)
+    t = {"x": x, "c": _dev(torch, inputs["c"], torch.bfloat16),
+         "c_sq": _dev(torch, inputs["c_sq"], torch.float32),
+         # its API takes ||x||^2 too (setup, not timed; the argmin does not depend on it)
+         "x_sq": (x.float() ** 2).sum(-1)}
+    sets = _copies(torch, t, copies)
+    out = torch.empty(inputs["x"].shape[:2], device="cuda", dtype=torch.int32)
+
+    def run(i: int) -> None:
+        s = sets[i % len(sets)]
+        fk_assign.euclid_assign_triton(s["x"], s["c"], s["x_sq"], out=out, c_sq=s["c_sq"])
+
+    return PeerRun(problem, "flash-kmeans euclid_assign_triton", f"{lib}, {_lib(torch)}", run,
+                   lambda: {"out": _host(out)}, len(sets),
+                   note="its heuristic config (use_heuristic=True); x_sq = ||x||^2 precomputed, not timed",
+                   _keep=[sets, out])
+
+
+def _assign_torch(problem: str, inputs: dict[str, np.ndarray], copies: int | None) -> PeerRun:
+    torch = _torch()
+    sets = _copies(torch, {"x": _dev(torch, inputs["x"], torch.bfloat16),
+                           "c": _dev(torch, inputs["c"], torch.bfloat16),
+                           "c_sq": _dev(torch, inputs["c_sq"], torch.float32)}, copies)
+    out = torch.empty(inputs["x"].shape[:2], device="cuda", dtype=torch.int32)
+
+    def run(i: int) -> None:
+        s = sets[i % len(sets)]
+        scores = _mm_f32(torch, s["x"], s["c"].mT)                    # (B, N, K) fp32
+        scores.mul_(-2.0).add_(s["c_sq"][:, None, :])
+        out.copy_(scores.argmin(dim=-1))
+
+    return PeerRun(problem, "torch unfused (bmm f32 + argmin)", _lib(torch), run,
+                   lambda: {"out": _host(out)}, len(sets),
+                   note="materialises the (B, N, K) fp32 score matrix", _keep=[sets, out])
+
+
+# ---------------------------------------------------------------- kmeans_update
+
+def _update_buffers(torch, inputs):
+    B, N, D = inputs["x"].shape
+    K = int(inputs["_K"])
+    return (torch.zeros((B, K, D), device="cuda", dtype=torch.float32),
+            torch.zeros((B, K), device="cuda", dtype=torch.int32), K)
+
+
+def _update_flash_sorted(problem: str, inputs: dict[str, np.ndarray], copies: int | None) -> PeerRun:
+    torch = _torch()
+    _, fk_update, lib = _flash_kmeans()
+    sets = _copies(torch, {"x": _dev(torch, inputs["x"], torch.bfloat16),
+                           "assign": _dev(torch, inputs["assign"], torch.int32)}, copies)
+    sums, counts, K = _update_buffers(torch, inputs)
+    old = torch.zeros((inputs["x"].shape[0], K, inputs["x"].shape[2]), device="cuda", dtype=torch.bfloat16)
+
+    def run(i: int) -> None:
+        s = sets[i % len(sets)]
+        fk_update.triton_centroid_update_sorted_euclid(s["x"], s["assign"], old, centroid_sums=sums,
+                                                       centroid_cnts=counts, calculate_new=False)
+
+    def reset() -> None:
+        sums.zero_()
+        counts.zero_()
+
+    return PeerRun(problem, "flash-kmeans sorted update", f"{lib}, {_lib(torch)}", run,
+                   lambda: {"sums": _host(sums), "counts": _host(counts)}, len(sets), reset,
+                   note="timed: its torch.sort of the assignments + the chunked-sum kernel; "
+                        "calculate_new=False (sums and counts, no division)", _keep=[sets, sums, counts, old])
+
+
+def _update_flash_unsorted(problem: str, inputs: dict[str, np.ndarray], copies: int | None) -> PeerRun:
+    torch = _torch()
+    _, fk_update, lib = _flash_kmeans()
+    kernel = getattr(fk_update, "_centroid_update_kernel", None)
+    if kernel is None:
+        raise PeerUnavailable(f"{lib} has no _centroid_update_kernel (the unsorted update's kernel)")
+    sets = _copies(torch, {"x": _dev(torch, inputs["x"], torch.bfloat16),
+                           "assign": _dev(torch, inputs["assign"], torch.int32)}, copies)
+    sums, counts, K = _update_buffers(torch, inputs)
+    B, N, D = inputs["x"].shape
+
+    def run(i: int) -> None:
+        s = sets[i % len(sets)]
+        x = s["x"]
+        # the launch triton_centroid_update_euclid makes (one program per point, 128 dims each),
+        # into our sums/counts; the wrapper itself allocates its own and returns only the means
+        kernel[(B * N,)](x, s["assign"], sums, counts,
+                         x.stride(0), x.stride(1), x.stride(2),
+                         sums.stride(0), sums.stride(1), sums.stride(2),
+                         counts.stride(0), counts.stride(1),
+                         B, N, D, K, BLOCK_D=128)
+
+    def reset() -> None:
+        sums.zero_()
+        counts.zero_()
+
+    return PeerRun(problem, "flash-kmeans unsorted update (atomics)", f"{lib}, {_lib(torch)}", run,
+                   lambda: {"sums": _host(sums), "counts": _host(counts)}, len(sets), reset,
+                   note="its _centroid_update_kernel launched as triton_centroid_update_euclid does",
+                   _keep=[sets, sums, counts])
+
+
+def _update_torch(problem: str, inputs: dict[str, np.ndarray], copies: int | None) -> PeerRun:
+    torch = _torch()
+    sets = _copies(torch, {"x": _dev(torch, inputs["x"], torch.bfloat16),
+                           "assign": _dev(torch, inputs["assign"], torch.int32)}, copies)
+    sums, counts, K = _update_buffers(torch, inputs)
+    B, N, D = inputs["x"].shape
+    base = (torch.arange(B, device="cuda", dtype=torch.int64) * K)[:, None]
+
+    def run(i: int) -> None:
+        s = sets[i % len(sets)]
+        flat = (s["assign"].long() + base).reshape(-1)
+        sums.view(B * K, D).index_add_(0, flat, s["x"].reshape(B * N, D).float())
+        counts.view(-1).add_(torch.bincount(flat, minlength=B * K).to(torch.int32))
+
+    def reset() -> None:
+        sums.zero_()
+        counts.zero_()
+
+    return PeerRun(problem, "torch index_add_ + bincount", _lib(torch), run,
+                   lambda: {"sums": _host(sums), "counts": _host(counts)}, len(sets), reset,
+                   note="timed: index arithmetic, the bf16→fp32 copy of x, index_add_ and bincount",
+                   _keep=[sets, sums, counts, base])
+
+
+# ---------------------------------------------------------------- knn_topk
+
+def _knn_torch(problem: str, inputs: dict[str, np.ndarray], copies: int | None) -> PeerRun:
+    torch = _torch()
+    k = int(inputs["_k"])
+    sets = _copies(torch, {"q": _dev(torch, inputs["q"], torch.bfloat16),
+                           "db": _dev(torch, inputs["db"], torch.bfloat16)}, copies)
+    out = torch.empty((inputs["q"].shape[0], k), device="cuda", dtype=torch.int32)
+
+    def run(i: int) -> None:
+        s = sets[i % len(sets)]
+        db_sq = (s["db"].float() ** 2).sum(-1)
+        scores = _mm_f32(torch, s["q"], s["db"].T)                    # (Q, N) fp32
+        scores.mul_(-2.0).add_(db_sq[None, :])
+        out.copy_(torch.topk(scores, k, dim=1, largest=False, sorted=True).indices)
+
+    return PeerRun(problem, "torch mm f32 + topk", _lib(torch), run, lambda: {"idx": _host(out)}, len(sets),
+                   note="materialises the (Q, N) fp32 score matrix; ||db||^2 computed in the timed run",
+                   _keep=[sets, out])
+
+
+# ---------------------------------------------------------------- checking large shapes on a row subset
+
+def pick_rows(problem, shape: dict, n: int, seed: int) -> np.ndarray:
+    """``n`` distinct rows (see ``RowOracle``) of ``shape``, sorted, drawn with ``seed``."""
+    count = problem.rows.count(shape)
+    return np.sort(np.random.default_rng(seed).choice(count, size=min(n, count), replace=False)).astype(np.int64)
+
+
+def row_subset_problem(problem, rows: np.ndarray):
+    """``problem`` with its oracle and comparison restricted to ``rows`` (for shapes whose full fp64
+    oracle is too slow on a CPU), usable by ``check_and_time`` unchanged.
+
+    The oracle returns ``oracle_rows`` for ``rows`` plus the rows fed by any element of the first input
+    that differs from the first inputs it saw (so the perturbation run checks the row it perturbed),
+    under ``_sub``/``_sel``; the output entries themselves are NaN scalars, which makes the runtime's
+    "did the output move with the oracle" test vacuous: the perturbed row's correctness is what
+    checks that the kernel read the new input. The comparison cuts the same rows out of the output.
+    """
+    if problem.rows is None:
+        raise CakeError(f"problem {problem.name} has no row-subset oracle")
+    rows = np.unique(np.asarray(rows, np.int64))
+    first: dict[str, np.ndarray] = {}
+    name0 = problem.inputs[0]
+
+    def oracle(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        sel = rows
+        if name0 not in first:
+            first[name0] = inputs[name0]
+        elif inputs[name0] is not first[name0]:
+            diff = np.flatnonzero(np.asarray(inputs[name0]).reshape(-1) != np.asarray(first[name0]).reshape(-1))
+            if diff.size:
+                sel = np.union1d(rows, problem.rows.rows_of_input0(inputs, diff))
+        return {**{n: np.float64("nan") for n in problem.outputs}, "_sel": sel,
+                "_sub": problem.oracle_rows(inputs, sel)}
+
+    def compare_fn(got: dict[str, np.ndarray], want: dict[str, np.ndarray], rtol: float) -> tuple[bool, float, str]:
+        ok, err, msg = problem.compare(problem.take_rows(got, want["_sel"]), want["_sub"])
+        return ok, err, (msg + f" [on {len(want['_sel'])} rows]" if msg else msg)
+
+    return dataclasses.replace(problem, oracle=oracle, compare_fn=compare_fn)
+
+
+# ---------------------------------------------------------------- registry
+
+_FACTORIES: dict[str, dict[str, Callable[[str, dict[str, np.ndarray], int | None], PeerRun]]] = {
+    "gemm_bf16": {"torch.matmul": _gemm_matmul, "torch.mm_f32": _gemm_mm_f32},
+    "tinygemm": {"torch.matmul": _gemm_matmul, "torch.mm_f32": _gemm_mm_f32},
+    "kmeans_assign": {"flash-kmeans": _assign_flash, "torch": _assign_torch},
+    "kmeans_update": {"flash-kmeans-sorted": _update_flash_sorted, "flash-kmeans-unsorted": _update_flash_unsorted,
+                      "torch": _update_torch},
+    "knn_topk": {"torch": _knn_torch},
+}
+PEERS: dict[str, tuple[str, ...]] = {p: tuple(f) for p, f in _FACTORIES.items()}
+
+
+def peer_names(problem: str) -> tuple[str, ...]:
+    return PEERS.get(problem, ())
+
+
+def make_peer(problem: str, peer: str, inputs: dict[str, np.ndarray], *, copies: int | None = None) -> PeerRun:
+    """Upload ``inputs`` (from ``Problem.make_inputs``) and return the peer ready to run.
+
+    ``copies``: how many device copies of the inputs to rotate among when timing; by default 4 when
+    the inputs are under 64 MiB (as our kernels are timed), else 1. Raises :class:`PeerUnavailable`
+    when the peer's library or a GPU is missing, ``KeyError``-free: an unknown peer is a CakeError.
+    """
+    if problem not in _FACTORIES:
+        raise CakeError(f"no peers for problem `{problem}`; problems with peers: {', '.join(_FACTORIES)}")
+    if peer not in _FACTORIES[problem]:
+        raise CakeError(f"no peer `{peer}` for {problem}; its peers: {', '.join(_FACTORIES[problem])}")
+    return _FACTORIES[problem][peer](problem, inputs, copies)
+
+
+def time_peer(peer: PeerRun, *, reps: int = 20, warmup: int = 3) -> dict[str, Any]:
+    """Median / p10 / p90 ms of ``peer.run`` with check_and_time's protocol (see the module doc).
+    The last timed run's outputs stay in place for ``peer.fetch()``."""
+    torch = _torch()
+    reps = max(reps, 20)
+    stream = torch.cuda.Stream()
+    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    with torch.cuda.stream(stream):
+        for r in range(warmup):
+            if peer.reset:
+                peer.reset()
+            peer.run(r)
+        stream.synchronize()
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        for r in range(reps):
+            if peer.reset:
+                peer.reset()
+            flush.fill_(r & 0xFF)
+            starts[r].record(stream)
+            peer.run(r)
+            ends[r].record(stream)
+        stream.synchronize()
+    ms = np.array([s.elapsed_time(e) for s, e in zip(starts, ends)], dtype=np.float64)
+    del flush
+    return {"median_ms": float(np.median(ms)), "p10_ms": float(np.percentile(ms, 10)),
+            "p90_ms": float(np.percentile(ms, 90)), "runs": reps, "copies": peer.copies,
+            "timer": "cuda_event (torch)", "l2": "cold"}
