@@ -28,6 +28,9 @@ class Toy:
 
 @pytest.fixture(scope="module")
 def local_ray():
+    if ray.is_initialized():      # the flow tests' session Ray: share it
+        yield
+        return
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()

@@ -1,0 +1,386 @@
+"""Our kernels against the peers (cuBLAS via torch, flash-kmeans, torch unfused), one process, one GPU.
+
+    PYTHONPATH=. python3 bench/corpus_vs_peers.py --out $OUT
+    PYTHONPATH=. python3 bench/corpus_vs_peers.py --problems tinygemm --shapes 'M=1,N=4096,K=4096'
+    PYTHONPATH=. python3 bench/corpus_vs_peers.py --problems gemm_bf16,tinygemm --program my_gemm.cake
+
+For each problem (``--problems``, default all) and each shape of its headline set (the last of its
+``shape_sets``, rows of the ``--roles`` given, default ``headline``; ``--shapes`` replaces them):
+compile our seed and every ``--program FILE`` whose parameters are the problem's (lower + nvcc,
+sm_90a), check and time each with ``cake_core.runtime.gpu.check_and_time`` (fresh seeded inputs,
+poisoned outputs, fp64 oracle, perturbation check, re-check after timing; CUDA events, warm-up,
+L2 flushed by a 256 MiB write before every timed run, median of ≥ 20); then run every peer of the
+problem (``cake_core.problems.peers``) on the same inputs, check its output against the same oracle
+(a wrong peer is reported, and not timed as if it were right), and time it with the same protocol.
+
+Large shapes: when a shape's fp64 oracle would take long on the CPU (over ``--full-oracle-flops``
+flops or ``--full-oracle-bytes`` bytes), ours and the peers are checked on a random subset of output
+rows (``--subset-rows``; kmeans_assign: points, kmeans_update: clusters, gemm/knn: rows/queries)
+against the oracle computed for those rows alone (``Problem.oracle_rows``); the row says so.
+
+Per row: shape, ours ms, peer ms, speed-up (peer / ours), the floor max(flops / 790 TFLOP/s,
+bytes / 4.22 TB/s) and the fraction of it each reaches. A short table is printed last; the rows go to
+``corpus_vs_peers.json`` and ``corpus_vs_peers.md`` under ``--out`` (default $OUT) after every shape,
+so a run cut short still leaves what it measured. ``--deadline-s`` skips shapes once it has passed.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cake_core.errors import CakeError  # noqa: E402
+from cake_core.ir.text import parse_program  # noqa: E402
+from cake_core.lower import compile_kernel, lower  # noqa: E402
+from cake_core.problems import PROBLEMS, get_problem, shape_key  # noqa: E402
+from cake_core.problems.base import parse_shape_key  # noqa: E402
+from cake_core.problems.peers import (PeerUnavailable, make_peer, peer_names, pick_rows,  # noqa: E402
+                                      row_subset_problem, time_peer)
+
+PEAK_BF16_FLOPS = 790e12      # DESIGN §10: cuBLAS bf16 8192³ on this H200, upper end
+PEAK_BYTES_PER_S = 4.22e12    # DESIGN §10: measured copy bandwidth (read + write)
+ORDER = ("tinygemm", "gemm_bf16", "kmeans_assign", "knn_topk", "kmeans_update")
+SUBSET_ROWS = {"kmeans_assign": 4096}    # default 256 (rows of C, queries, clusters)
+
+
+def floor_ms(problem, shape) -> float:
+    return 1e3 * max(problem.flops(shape) / PEAK_BF16_FLOPS, problem.bytes(shape) / PEAK_BYTES_PER_S)
+
+
+def compile_program(path: str, text: str, cache: Path) -> dict:
+    """{'ok', 'lowered', 'compiled', 'error', 'resources', 'seconds'} for one program text."""
+    try:
+        lr = lower(parse_program(text, path), path)
+    except Exception as e:  # noqa: BLE001 - a syntax error in a --program file is reported, not raised
+        return {"ok": False, "error": f"parse: {e}"}
+    if not lr.ok:
+        return {"ok": False, "error": "; ".join(d.format(path) for d in lr.diagnostics)}
+    cr = compile_kernel(lr.value, arch="sm_90a", cache_dir=cache)
+    if not cr.ok:
+        return {"ok": False, "error": "; ".join(d.format(path) for d in cr.diagnostics)}
+    return {"ok": True, "lowered": lr.value, "compiled": cr.value, "resources": asdict(cr.value.resources),
+            "seconds": cr.value.seconds, "kernel": cr.value.kernel_name}
+
+
+def fits(problem, lowered) -> bool:
+    names = {a.name for a in lowered.params}
+    return names <= set(problem.inputs) | set(problem.outputs) and set(problem.outputs) <= names \
+        and set(lowered.dims) <= set(problem.dims)
+
+
+def runtime_zeroes_outputs(gpu) -> bool:
+    """Does this runtime zero a problem's ``zeroed_outputs`` before its checked launches?"""
+    try:
+        return "zeroed_outputs" in inspect.getsource(gpu)
+    except (OSError, TypeError):
+        return False
+
+
+def time_ours_zeroed(gpu, comp, lowered, problem, shape, *, seed, reps, warmup, timeout_s) -> dict:
+    """Timing for an accumulating kernel when the runtime does not zero its outputs: the runtime's own
+    launcher, outputs zeroed before each launch outside the timed region, then the protocol of
+    check_and_time (cold L2 by a 256 MiB write, CUDA events, median of ≥ 20) and a re-check."""
+    cp = gpu._cupy()
+    mod = cp.RawModule(path=str(comp.cubin_path))
+    fn = mod.get_function(comp.kernel_name)
+    if lowered.smem_bytes > 48 * 1024:
+        fn.max_dynamic_shared_size_bytes = lowered.smem_bytes
+    stream = cp.cuda.Stream(non_blocking=True)
+    flush = cp.empty(gpu.L2_FLUSH_BYTES, dtype=np.uint8)
+    with stream:
+        L = gpu._Launcher(cp, fn, lowered, problem, shape, stream, timeout_s)
+        inputs = problem.make_inputs(shape, np.random.default_rng(seed))
+        want = problem.oracle(inputs)
+        dev = L.upload(inputs)
+        args = L.args(dev)
+
+        def zero():
+            for buf in L.outputs.values():
+                buf.fill(0)
+
+        for _ in range(warmup):
+            zero()
+            L.launch(args)
+        L.wait("warm-up")
+        reps = max(reps, 20)
+        starts = [cp.cuda.Event() for _ in range(reps)]
+        ends = [cp.cuda.Event() for _ in range(reps)]
+        for r in range(reps):
+            zero()
+            cp.cuda.runtime.memsetAsync(flush.data.ptr, r & 0xFF, flush.nbytes, stream.ptr)
+            starts[r].record(stream)
+            L.launch(args)
+            ends[r].record(stream)
+        L.wait("timed runs")
+        ms = np.array([cp.cuda.get_elapsed_time(s, e) for s, e in zip(starts, ends)])
+        ok, err, msg = problem.compare(L.got(), want)
+    return {"median_ms": float(np.median(ms)), "p10_ms": float(np.percentile(ms, 10)),
+            "p90_ms": float(np.percentile(ms, 90)), "runs": reps, "recheck_ok": ok, "recheck_err": err,
+            "recheck_msg": msg}
+
+
+def run_ours(gpu, prog: dict, problem, cproblem, shape, args) -> dict:
+    """Check and time one of our kernels on one shape; a dict for the JSON row."""
+    comp, lowered = prog["compiled"], prog["lowered"]
+    # accumulating kernels: check_and_time zeroes their outputs before its checked runs (or, in an older
+    # runtime, poisons them: then zero instead), but not between timed runs, so its re-check after timing
+    # would see the sums of every run: check with time=False, then time here, zeroing before each launch
+    zeroed = bool(problem.zeroed_outputs)
+    t0 = time.perf_counter()
+    try:
+        if zeroed:
+            real_poison = gpu._poison
+            if not runtime_zeroes_outputs(gpu):
+                gpu._poison = lambda buf, dtype: buf.fill(0)
+            try:
+                (r,) = gpu.check_and_time(comp, lowered, cproblem, [shape], seed=args.seed, time=False,
+                                          timeout_s=args.timeout_s)
+                res = asdict(r)
+                if r.correct:
+                    t = time_ours_zeroed(gpu, comp, lowered, cproblem, shape, seed=args.seed, reps=args.reps,
+                                         warmup=args.warmup, timeout_s=args.timeout_s)
+                    res.update(median_ms=t["median_ms"], p10_ms=t["p10_ms"], p90_ms=t["p90_ms"], runs=t["runs"],
+                               outcome="measured" if t["recheck_ok"] else "wrong",
+                               correct=bool(t["recheck_ok"]),
+                               message=r.message + "; timed with outputs zeroed before each launch (bench)"
+                               + ("" if t["recheck_ok"] else f"; wrong after timing: {t['recheck_msg']}"))
+                    if not t["recheck_ok"]:
+                        res["median_ms"] = None
+            finally:
+                gpu._poison = real_poison
+        else:
+            (r,) = gpu.check_and_time(comp, lowered, cproblem, [shape], seed=args.seed, reps=args.reps,
+                                      warmup=args.warmup, timeout_s=args.timeout_s)
+            res = asdict(r)
+    except Exception as e:  # noqa: BLE001 - one kernel's failure is a row, not the end of the run
+        res = {"correct": False, "outcome": "error", "message": f"{type(e).__name__}: {e}", "median_ms": None,
+               "max_error": None}
+    res["wall_s"] = round(time.perf_counter() - t0, 2)
+    return res
+
+
+def run_peer(problem, peer_name: str, shape, inputs, rows, want, args) -> dict:
+    """Check (against ``want``: the oracle, or its row subset ``rows``) and time one peer on one shape."""
+    t0 = time.perf_counter()
+    res: dict = {"peer": peer_name}
+    peer = None
+    try:
+        peer = make_peer(problem.name, peer_name, inputs)
+        res.update(peer=peer.peer, library=peer.library, note=peer.note, copies=peer.copies)
+
+        def check(tag: str) -> tuple[bool, float, str]:
+            got = peer.fetch()
+            return problem.compare(got if rows is None else problem.take_rows(got, rows), want)
+
+        import torch  # noqa: PLC0415 - make_peer succeeded, so torch is there
+        if peer.reset:
+            peer.reset()
+        peer.run(0)
+        torch.cuda.synchronize()
+        ok, err, msg = check("first run")
+        res.update(correct=ok, max_error=err, message=("" if ok else f"PEER WRONG: {msg}"))
+        t = time_peer(peer, reps=args.reps, warmup=args.warmup)
+        res.update(t)
+        ok2, err2, msg2 = check("after timing")
+        if not ok2:
+            res.update(correct=False, message=res["message"] + f"; PEER WRONG after timing: {msg2}")
+        res["max_error"] = max(err, err2)
+        res["outcome"] = "measured" if (ok and ok2) else "peer_wrong"
+    except PeerUnavailable as e:
+        res.update(correct=None, outcome="unavailable", message=str(e), median_ms=None)
+    except Exception as e:  # noqa: BLE001 - a peer that crashes is reported, the run goes on
+        res.update(correct=False, outcome="error", message=f"{type(e).__name__}: {e}", median_ms=None,
+                   traceback=traceback.format_exc(limit=4))
+    finally:
+        if peer is not None:
+            peer.release()
+        try:
+            import torch  # noqa: PLC0415
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+        except Exception:  # noqa: BLE001
+            pass
+    res["wall_s"] = round(time.perf_counter() - t0, 2)
+    return res
+
+
+def fmt_ms(v) -> str:
+    return "-" if v is None else (f"{v:.4f}" if v < 10 else f"{v:.1f}")
+
+
+def table(rows: list[dict]) -> list[str]:
+    """Markdown lines: one per (shape, our program, peer)."""
+    out = ["| problem | shape | check | ours | ours ms | peer | peer ms | peer/ours | floor ms | ours %floor "
+           "| peer %floor |", "|---|---|---|---|---:|---|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        if row.get("skipped"):
+            out.append(f"| {row['problem']} | {row['shape_key']} | skipped: {row['skipped']} | | | | | | | | |")
+            continue
+        fl = row["floor_ms"]
+        for o in row["ours"] or [{"program": "-", "median_ms": None, "correct": None}]:
+            for p in row["peers"] or [{"peer": "-", "median_ms": None}]:
+                om, pm = o.get("median_ms"), p.get("median_ms")
+                ok_o = "ok" if o.get("correct") else ("WRONG" if o.get("outcome") == "wrong"
+                                                      else o.get("outcome") or "-")
+                ok_p = "ok" if p.get("correct") else {"peer_wrong": "PEER WRONG", "unavailable": "n/a"}.get(
+                    p.get("outcome"), p.get("outcome") or "-")
+                out.append(
+                    f"| {row['problem']} | {row['shape_key']} | {row['check']} | {o['program']} ({ok_o}) | {fmt_ms(om)}"
+                    f" | {p['peer']} ({ok_p}) | {fmt_ms(pm)} | {(pm / om) if om and pm else float('nan'):.3g}x"
+                    f" | {fl:.4f} | {100 * fl / om if om else float('nan'):.2f}% "
+                    f"| {100 * fl / pm if pm else float('nan'):.1f}% |")
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--problems", default=",".join(p for p in ORDER if p in PROBLEMS))
+    ap.add_argument("--shapes", default="", help="';'-separated shape keys (one problem), e.g. 'M=1,N=4096,K=4096'")
+    ap.add_argument("--roles", default="headline", help="shape roles of the headline set to run")
+    ap.add_argument("--program", action="append", default=[], help="another Cake IR file to run (repeatable)")
+    ap.add_argument("--no-seed", action="store_true", help="run only the --program files")
+    ap.add_argument("--peers", default="", help="only these peers (names from cake_core.problems.peers.PEERS)")
+    ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--timeout-s", type=float, default=240.0, help="watchdog per wait of our kernels")
+    ap.add_argument("--subset-rows", type=int, default=0, help="rows checked on large shapes (default per problem)")
+    ap.add_argument("--full-oracle-flops", type=float, default=2e10)
+    ap.add_argument("--full-oracle-bytes", type=float, default=2.5e8)
+    ap.add_argument("--deadline-s", type=float, default=0, help="skip shapes once this many seconds have passed")
+    ap.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
+    args = ap.parse_args()
+    t_start = time.perf_counter()
+
+    from cake_core.runtime import gpu  # noqa: PLC0415
+    model = gpu.gpu_model()
+    print(f"gpu: {model}; runtime zeroes accumulating outputs itself: {runtime_zeroes_outputs(gpu)}", flush=True)
+    try:
+        import torch  # noqa: PLC0415
+        print(f"torch {torch.__version__}, cuda {torch.version.cuda}", flush=True)
+    except Exception as e:  # noqa: BLE001
+        print(f"torch: not importable ({e}); peers will be reported unavailable", flush=True)
+
+    problems = [get_problem(n) for n in args.problems.split(",") if n]
+    if args.shapes and len(problems) != 1:
+        print("--shapes needs exactly one problem in --problems", file=sys.stderr)
+        return 2
+    extra = [(p, Path(p).read_text()) for p in args.program]
+    cache = Path(tempfile.mkdtemp(prefix="cake-cubins-"))
+    rows: list[dict] = []
+    programs: dict = {}
+    record = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "gpu": model, "command": " ".join(sys.argv),
+              "floor": {"bf16_flops_per_s": PEAK_BF16_FLOPS, "bytes_per_s": PEAK_BYTES_PER_S},
+              "protocol": "CUDA events; warm-up; 256 MiB write before each timed run (cold L2); inputs rotated "
+                          "among up to 4 copies when under 64 MiB; median of >= reps",
+              "programs": programs, "rows": rows}
+
+    def save() -> None:
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "corpus_vs_peers.json").write_text(json.dumps(record, indent=1, default=str))
+            (args.out / "corpus_vs_peers.md").write_text("\n".join(table(rows)) + "\n")
+
+    for problem in problems:
+        progs = []
+        for label, text in ([] if args.no_seed else [(f"seed:{problem.seed_file}", problem.seed_text())]) + extra:
+            key = f"{problem.name}/{label}"
+            c = compile_program(label, text, cache)
+            if c["ok"] and not fits(problem, c["lowered"]):
+                continue     # a --program for another problem
+            programs[key] = {k: v for k, v in c.items() if k not in ("lowered", "compiled")}
+            print(f"[{problem.name}] {label}: " + (f"compiled {c['kernel']} in {c['seconds']:.1f} s, "
+                                                   f"{c['resources']}" if c["ok"] else f"FAILED {c['error']}"),
+                  flush=True)
+            if c["ok"]:
+                progs.append((Path(label).stem if not label.startswith("seed:") else "seed", c))
+        if args.shapes:
+            shapes = [(parse_shape_key(k, problem.dims), "given") for k in args.shapes.split(";") if k]
+        else:
+            ss = problem.shape_set(problem.shape_sets[-1])
+            roles = set(args.roles.split(","))
+            shapes = [(s, r) for s, r in zip(ss.shapes, ss.roles) if r in roles]
+        peers = [] if args.no_peers else [p for p in peer_names(problem.name)
+                                          if not args.peers or p in args.peers.split(",")]
+        for shape, role in shapes:
+            row = {"problem": problem.name, "shape": shape, "shape_key": shape_key(shape), "role": role,
+                   "flops": problem.flops(shape), "bytes": problem.bytes(shape), "floor_ms": floor_ms(problem, shape),
+                   "ours": [], "peers": []}
+            rows.append(row)
+            if args.deadline_s and time.perf_counter() - t_start > args.deadline_s:
+                row["skipped"] = f"deadline ({args.deadline_s:g} s) passed"
+                print(f"[{problem.name}] {row['shape_key']}: skipped, deadline passed", flush=True)
+                save()
+                continue
+            big = problem.flops(shape) > args.full_oracle_flops or problem.bytes(shape) > args.full_oracle_bytes
+            rows_sel = None
+            if big and problem.rows is not None:
+                n = args.subset_rows or SUBSET_ROWS.get(problem.name, 256)
+                rows_sel = pick_rows(problem, shape, n, args.seed + 1)
+                row["check"] = f"{rows_sel.size} of {problem.rows.count(shape)} rows"
+                cproblem = row_subset_problem(problem, rows_sel)
+            else:
+                row["check"] = "full oracle"
+                cproblem = problem
+            # one draw of the inputs per shape, shared by our checks and the peers (the same seed would
+            # draw the same values; drawing a 1 GiB kmeans input takes ~15 s of CPU)
+            drawn: dict = {}
+
+            def make_inputs(s, rng, _draw=problem.make_inputs, _drawn=drawn):
+                if "x" not in _drawn:
+                    _drawn["x"] = _draw(s, rng)
+                return _drawn["x"]
+
+            cproblem = dataclasses.replace(cproblem, make_inputs=make_inputs)
+            ts = time.perf_counter()
+            for name, c in progs:
+                r = run_ours(gpu, c, problem, cproblem, shape, args)
+                r["program"] = name
+                row["ours"].append(r)
+                print(f"[{problem.name}] {row['shape_key']} ours/{name}: {r.get('outcome')} "
+                      f"{fmt_ms(r.get('median_ms'))} ms ({row['check']}; {r['wall_s']} s) {r.get('message', '')}",
+                      flush=True)
+            try:
+                gpu._cupy().get_default_memory_pool().free_all_blocks()
+            except Exception:  # noqa: BLE001
+                pass
+            if peers:
+                inputs = drawn.get("x") or problem.make_inputs(shape, np.random.default_rng(args.seed))
+                want = problem.oracle(inputs) if rows_sel is None else problem.oracle_rows(inputs, rows_sel)
+                for pn in peers:
+                    r = run_peer(problem, pn, shape, inputs, rows_sel, want, args)
+                    row["peers"].append(r)
+                    print(f"[{problem.name}] {row['shape_key']} peer/{r['peer']}: {r.get('outcome')} "
+                          f"{fmt_ms(r.get('median_ms'))} ms ({r['wall_s']} s) {r.get('message', '')}", flush=True)
+                del inputs, want
+            drawn.clear()
+            row["wall_s"] = round(time.perf_counter() - ts, 1)
+            save()
+
+    print(f"\ntotal {time.perf_counter() - t_start:.0f} s; gpu {model}; floor = max(flops / 790 TFLOP/s, "
+          f"bytes / 4.22 TB/s); peer/ours > 1 means ours is faster\n")
+    print("\n".join(table(rows)))
+    save()
+    ours_bad = any(o.get("correct") is False for r in rows for o in r["ours"])
+    return 2 if ours_bad else 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except CakeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

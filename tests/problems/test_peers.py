@@ -1,0 +1,145 @@
+"""Peers and the row-subset oracle, on the CPU: the adapters refuse cleanly without torch, and the
+oracle on a subset of rows agrees with the full oracle (and catches a wrong row)."""
+from __future__ import annotations
+
+import builtins
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cake_core.errors import CakeError
+from cake_core.problems import PROBLEMS, get_problem
+from cake_core.problems.peers import PEERS, PeerUnavailable, make_peer, pick_rows, row_subset_problem
+
+SMALL = {"gemm_bf16": {"M": 40, "N": 33, "K": 50}, "tinygemm": {"M": 9, "N": 70, "K": 40},
+         "kmeans_assign": {"B": 3, "N": 77, "K": 20, "D": 9}, "kmeans_update": {"B": 3, "N": 200, "K": 13, "D": 7},
+         "knn_topk": {"Q": 30, "N": 90, "D": 8, "k": 5}}
+
+
+def _outputs(p, want):
+    return {n: np.asarray(want[n]).copy() for n in p.outputs}
+
+
+def test_every_problem_has_peers_and_a_small_shape_here():
+    assert set(PEERS) == set(PROBLEMS) == set(SMALL)
+    assert all(PEERS[n] for n in PEERS)
+
+
+@pytest.fixture
+def no_torch(monkeypatch):
+    real = builtins.__import__
+
+    def imp(name, *a, **k):
+        if name == "torch" or name.startswith("torch.") or name.startswith("flash_kmeans"):
+            raise ImportError(f"No module named '{name}' (test)")
+        return real(name, *a, **k)
+
+    for m in [m for m in sys.modules if m == "torch" or m.startswith(("torch.", "flash_kmeans"))]:
+        monkeypatch.delitem(sys.modules, m)
+    monkeypatch.setattr(builtins, "__import__", imp)
+
+
+@pytest.mark.parametrize("problem,peer", [(p, n) for p, names in sorted(PEERS.items()) for n in names])
+def test_peers_refuse_cleanly_without_torch(no_torch, problem, peer):
+    p = get_problem(problem)
+    x = p.make_inputs(SMALL[problem], np.random.default_rng(0))
+    with pytest.raises(PeerUnavailable) as e:
+        make_peer(problem, peer, x)
+    msg = str(e.value)
+    assert "PyTorch" in msg and "GPU machine" in msg
+
+
+def test_unknown_problem_or_peer_is_a_cake_error():
+    with pytest.raises(CakeError, match="no peers for problem"):
+        make_peer("nope", "torch", {})
+    with pytest.raises(CakeError, match="its peers: torch"):
+        make_peer("knn_topk", "faiss", {})
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_subset_oracle_agrees_with_the_full_oracle(name):
+    p = PROBLEMS[name]
+    assert p.rows is not None
+    shape = SMALL[name]
+    x = p.make_inputs(shape, np.random.default_rng(3))
+    full = p.oracle(x)
+    got = _outputs(p, full)
+    rows = pick_rows(p, shape, 7, seed=4)
+    assert rows.size == min(7, p.rows.count(shape)) and np.all(np.diff(rows) > 0)
+    sub = p.oracle_rows(x, rows)
+    cut = p.take_rows(got, rows)
+    for n in p.outputs:   # the same values the full oracle gives for those rows
+        np.testing.assert_array_equal(np.asarray(cut[n], np.float64), np.asarray(sub[n], np.float64))
+    ok, err, msg = p.compare(cut, sub)
+    assert ok and err <= p.rtol, msg
+    # all rows at once: the whole output
+    every = np.arange(p.rows.count(shape))
+    assert p.compare(p.take_rows(got, every), p.oracle_rows(x, every))[0]
+
+
+def _corrupt_row(p, got, row, shape):
+    """Make output row ``row`` (RowOracle numbering) wrong."""
+    bad = {n: np.array(v, dtype=np.float64) for n, v in got.items()}
+    if p.name in ("gemm_bf16", "tinygemm"):
+        bad["c"][row] += 10.0
+    elif p.name == "knn_topk":
+        bad["idx"][row] = bad["idx"][row][::-1]
+    elif p.name == "kmeans_assign":
+        flat = bad["out"].reshape(-1)
+        flat[row] = (flat[row] + 1) % shape["K"]
+    elif p.name == "kmeans_update":
+        bad["counts"].reshape(-1)[row] += 1
+    return bad
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_subset_problem_checks_the_selected_rows_and_the_perturbed_one(name):
+    p = PROBLEMS[name]
+    shape = SMALL[name]
+    x = p.make_inputs(shape, np.random.default_rng(5))
+    got = _outputs(p, p.oracle(x))
+    rows = pick_rows(p, shape, 4, seed=6)
+    sp = row_subset_problem(p, rows)
+    want = sp.oracle(x)
+    assert np.array_equal(want["_sel"], rows)
+    assert sp.compare(got, want)[0]
+    bad = _corrupt_row(p, got, int(rows[1]), shape)
+    if name == "kmeans_assign":   # a wrong centroid may be an exact tie only by accident: check it is farther
+        assert not sp.compare(bad, want)[0] or p.compare(bad, p.oracle(x))[0]
+    else:
+        ok, _, msg = sp.compare(bad, want)
+        assert not ok and "rows]" in msg
+    # the runtime's "did the output move" test compares NaN scalars: vacuous, never an index error
+    assert all(np.isnan(want[n]) for n in p.outputs)
+
+    # a perturbation of the first input: the rows it feeds join the selection
+    name0 = p.inputs[0]
+    px = {**x, name0: x[name0].copy()}
+    flat = px[name0].reshape(-1)
+    i = int(np.setdiff1d(np.arange(flat.size), [0])[-1])
+    flat[i] += 7.0
+    p_want = sp.oracle(px)
+    fed = p.rows.rows_of_input0(px, np.array([i]))
+    assert set(fed.tolist()) <= set(p_want["_sel"].tolist()) and set(rows.tolist()) <= set(p_want["_sel"].tolist())
+    assert sp.compare(_outputs(p, p.oracle(px)), p_want)[0]
+    assert not sp.compare(got, p_want)[0] or name == "kmeans_assign"   # the old output misses the change
+
+
+def test_bench_table_and_floor_import_on_cpu():
+    path = Path(__file__).resolve().parents[2] / "bench" / "corpus_vs_peers.py"
+    spec = importlib.util.spec_from_file_location("corpus_vs_peers", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    p = get_problem("tinygemm")
+    s = {"M": 1, "N": 8192, "K": 8192}
+    assert mod.floor_ms(p, s) == pytest.approx(1e3 * p.bytes(s) / 4.22e12)       # the weight read
+    assert mod.floor_ms(p, s) == pytest.approx(0.0318, rel=0.01)
+    row = {"problem": "tinygemm", "shape_key": "M=1,N=8192,K=8192", "check": "full oracle", "floor_ms": 0.0318,
+           "ours": [{"program": "seed", "median_ms": 0.5, "correct": True}],
+           "peers": [{"peer": "torch.matmul", "median_ms": 0.05, "correct": True}]}
+    lines = mod.table([row, {"problem": "knn_topk", "shape_key": "Q=1", "skipped": "deadline"}])
+    assert "0.1x" in lines[2] and "6.36%" in lines[2] and "63.6%" in lines[2]
+    assert "skipped: deadline" in lines[3]
