@@ -11,7 +11,7 @@ sm_90a), check and time each with ``cake_core.runtime.gpu.check_and_time`` (fres
 poisoned outputs, fp64 oracle, perturbation check, re-check after timing; CUDA events, warm-up,
 L2 flushed by a 256 MiB write before every timed run, median of ≥ 20); then run every peer of the
 problem (``cake_core.problems.peers``) on the same inputs, check its output against the same oracle
-(a wrong peer is reported, and not timed as if it were right), and time it with the same protocol.
+(a wrong peer is timed but marked PEER WRONG, with the error), and time it with the same protocol.
 
 Large shapes: when a shape's fp64 oracle would take long on the CPU (over ``--full-oracle-flops``
 flops or ``--full-oracle-bytes`` bytes), ours and the peers are checked on a random subset of output
@@ -178,7 +178,10 @@ def run_peer(problem, peer_name: str, shape, inputs, rows, want, args) -> dict:
     peer = None
     try:
         peer = make_peer(problem.name, peer_name, inputs)
-        res.update(peer=peer.peer, library=peer.library, note=peer.note, copies=peer.copies)
+        res.update(peer=peer.peer, library=peer.library, note=peer.note, copies=peer.copies,
+                   rtol=peer.rtol or problem.rtol)
+        if peer.rtol is not None:    # e.g. a bf16 C where the problem's is fp32
+            problem = dataclasses.replace(problem, rtol=peer.rtol)
 
         def check(tag: str) -> tuple[bool, float, str]:
             got = peer.fetch()

@@ -12,7 +12,9 @@ import pytest
 
 from cake_core.errors import CakeError
 from cake_core.problems import PROBLEMS, get_problem
-from cake_core.problems.peers import PEERS, PeerUnavailable, make_peer, pick_rows, row_subset_problem
+from cake_core.problems.base import bf16_round
+from cake_core.problems.peers import (BF16_C_RTOL, PEERS, PeerUnavailable, make_peer, pick_rows,
+                                      row_subset_problem)
 
 SMALL = {"gemm_bf16": {"M": 40, "N": 33, "K": 50}, "tinygemm": {"M": 9, "N": 70, "K": 40},
          "kmeans_assign": {"B": 3, "N": 77, "K": 20, "D": 9}, "kmeans_update": {"B": 3, "N": 200, "K": 13, "D": 7},
@@ -143,3 +145,17 @@ def test_bench_table_and_floor_import_on_cpu():
     lines = mod.table([row, {"problem": "knn_topk", "shape_key": "Q=1", "skipped": "deadline"}])
     assert "0.1x" in lines[2] and "6.36%" in lines[2] and "63.6%" in lines[2]
     assert "skipped: deadline" in lines[3]
+
+
+def test_a_bf16_c_passes_at_the_bf16_tolerance_not_at_the_fp32_one():
+    """torch.matmul's bf16 C is right up to bf16 rounding: the fp32 tolerance calls it wrong."""
+    p = get_problem("tinygemm")
+    x = p.make_inputs({"M": 16, "N": 512, "K": 256}, np.random.default_rng(0))
+    want = p.oracle(x)
+    c_bf16 = bf16_round(want["c"].astype(np.float32))
+    assert not p.compare({"c": c_bf16}, want)[0]
+    import dataclasses
+    assert dataclasses.replace(p, rtol=BF16_C_RTOL).compare({"c": c_bf16}, want)[0]
+    wrong = c_bf16.copy()
+    wrong[3, 7] += 0.05 * np.abs(want["c"]).max()
+    assert not dataclasses.replace(p, rtol=BF16_C_RTOL).compare({"c": wrong}, want)[0]
