@@ -41,8 +41,8 @@ def verify_stage(text: str, harness: HarnessSpec, problem: Problem, shapes: list
                                     f"`{problem.name}`", r.program.line, 1, "kernel",
                                     f"its dimensions: {', '.join(problem.dims)}"))
     failed = r.program is None or any(d.is_error for d in diags)
-    return StageResult("verify", Outcome.VERIFY_FAILED if failed else Outcome.OK, diags,
-                       value=None if failed else r.program)
+    # value: the parsed program whenever it parsed (a failed one still has a hash and features)
+    return StageResult("verify", Outcome.VERIFY_FAILED if failed else Outcome.OK, diags, value=r.program)
 
 
 def _syms(p) -> set[str]:

@@ -24,6 +24,7 @@ from cake_core.agents.tactics import TACTICS
 from cake_core.errors import CakeError
 from cake_core.model.cost import CostModel, gpu_for_name
 from cake_core.outcome import Outcome
+from cake_core.pipeline import nvcc_available
 from cake_core.problems import get_problem, load_shape_set, shape_key
 from tasks.harness import load_harness
 from tasks.record import Attempt, now
@@ -50,6 +51,9 @@ def evolve_flow(problem: str, shape_set: str, generations: int = 3, population: 
     ss = load_shape_set(prob, shape_set)
     gpus = list(gpu_models or [])
     shapes = list(ss.shapes) if gpus else ss.cpu_shapes(prob.cpu_limit)
+    if gpus and not nvcc_available():
+        raise CakeError("a GPU run builds cubins with nvcc, which is not on PATH; install the CUDA toolkit "
+                        "(nvcc) or run with CAKE_GPU=off to check on the CPU")
     if not shapes:
         raise CakeError(f"shape set `{shape_set}` has no shape small enough for the CPU interpreter (every "
                         f"dimension ≤ {prob.cpu_limit}); pick a smaller set such as "
@@ -78,7 +82,7 @@ def evolve_flow(problem: str, shape_set: str, generations: int = 3, population: 
         pool = ActorPool(lambda: CpuChecker.remote(), min(cpus, 4))
     totals: dict[str, int] = {}
     best: list[tuple[float, str]] = []
-    status = "crashed"
+    status = "failed"
     try:
         for g in range(generations):
             ctx.generation = g
@@ -90,8 +94,6 @@ def evolve_flow(problem: str, shape_set: str, generations: int = 3, population: 
             failed = [a for a in compiled if a.outcome is Outcome.COMPILE_FAILED]
             record(warehouse_root, failed)
             ok = [a for a in compiled if a.outcome is not Outcome.COMPILE_FAILED]
-            if gpus:
-                ok = [a for a in ok if a.compiled is not None]
             keep = max(2, math.ceil(population / 2))
             kept, filtered = cost_filter(ok, shapes, keep, 1, seed + g, model) if ok else ([], [])
             record(warehouse_root, filtered)
@@ -103,25 +105,7 @@ def evolve_flow(problem: str, shape_set: str, generations: int = 3, population: 
                 record(warehouse_root, done)
             else:
                 done = []
-            for a in attempts:
-                if a.outcome.failed and a.diagnostics:
-                    d = next((d for d in a.diagnostics if d.is_error), a.diagnostics[0])
-                    ctx.feedback.append(d.format("candidate.cake", a.candidate.text))
-                totals[a.outcome.value] = totals.get(a.outcome.value, 0) + 1
-                ctx.seen.add(a.ir_hash)
-                if a.candidate.tactic:
-                    for t in a.candidate.tactic.split("+"):
-                        tried, won = ctx.tactic_stats.get(t, (0, 0))
-                        good = a.outcome in (Outcome.MEASURED, Outcome.CHECKED)
-                        ctx.tactic_stats[t] = (tried + 1, won + int(good))
-            for a in done:
-                if a.outcome is Outcome.MEASURED:
-                    score = math.exp(sum(math.log(m["median_ms"]) for m in a.measurements) / len(a.measurements))
-                    best.append((score, a.candidate.text))
-                elif a.outcome is Outcome.CHECKED:
-                    best.append((a.predicted_ms or float("inf"), a.candidate.text))
-            best.sort(key=lambda x: x[0])
-            ctx.best = [(t, s) for s, t in best[:4]]
+            _learn(ctx, attempts, done, totals, best)
             log.info(f"generation {g}: " + ", ".join(f"{k}={v}" for k, v in sorted(totals.items())))
         status = "completed"
     finally:
@@ -133,6 +117,29 @@ def evolve_flow(problem: str, shape_set: str, generations: int = 3, population: 
             "harness_version": harness.version,
             "best_score": best[0][0] if best else None,
             "best_score_kind": ("measured geomean ms" if gpus else "predicted geomean ms (CPU: not timed)")}
+
+
+def _learn(ctx: Context, attempts: list[Attempt], done: list[Attempt], totals: dict[str, int],
+           best: list[tuple[float, str]]) -> None:
+    """What the agent sees next generation: feedback of failures, tactic track records, the best so far."""
+    for a in attempts:
+        if a.outcome.failed and a.diagnostics:
+            d = next((d for d in a.diagnostics if d.is_error), a.diagnostics[0])
+            ctx.feedback.append(d.format("candidate.cake", a.candidate.text))
+        totals[a.outcome.value] = totals.get(a.outcome.value, 0) + 1
+        ctx.seen.add(a.ir_hash)
+        for t in (a.candidate.tactic or "").split("+"):
+            if t:
+                tried, won = ctx.tactic_stats.get(t, (0, 0))
+                ctx.tactic_stats[t] = (tried + 1, won + int(a.outcome in (Outcome.MEASURED, Outcome.CHECKED)))
+    for a in done:
+        if a.outcome is Outcome.MEASURED:
+            best.append((math.exp(sum(math.log(m["median_ms"]) for m in a.measurements) / len(a.measurements)),
+                         a.candidate.text))
+        elif a.outcome is Outcome.CHECKED:
+            best.append((a.predicted_ms or float("inf"), a.candidate.text))
+    best.sort(key=lambda x: x[0])
+    ctx.best = [(t, s) for s, t in best[:4]]
 
 
 def _make_agent(kind: str, seed: int, disabled: tuple[str, ...], llm: dict[str, Any] | None):

@@ -56,19 +56,13 @@ def verify(attempts: list[Attempt], harness: HarnessSpec, shapes: list[dict]) ->
     passed, stopped = [], []
     for a in attempts:
         r = verify_stage(a.candidate.text, harness, problem, shapes)
-        a.diagnostics += r.diagnostics
         if r.value is not None:
-            a.ir_hash, a.features = r.value.hash, features(r.value)
-            a.program = r.value
+            a.program, a.ir_hash, a.features = r.value, r.value.hash, features(r.value)
         if r.outcome is Outcome.VERIFY_FAILED:
             a.stop(r)
-            if r.value is None:
-                from cake_core.ir.text import parse
-                prog = parse(a.candidate.text).program
-                if prog is not None:
-                    a.ir_hash, a.features = prog.hash, features(prog)
             stopped.append(a)
         else:
+            a.diagnostics += r.diagnostics     # warnings and hints travel with the attempt
             passed.append(a)
     return passed, stopped
 
@@ -77,11 +71,11 @@ def verify(attempts: list[Attempt], harness: HarnessSpec, shapes: list[dict]) ->
 def compile_one(attempt: Attempt, cache_dir: str) -> Attempt:
     """Lower to CUDA C++ and compile with nvcc (cached by source hash)."""
     r = compile_stage(attempt.program, Path(cache_dir))
-    attempt.diagnostics += r.diagnostics
     if r.outcome is not Outcome.OK:
         attempt.stop(r)
         attempt.compile = _compile_row(r, ok=False)
         return attempt
+    attempt.diagnostics += r.diagnostics     # warnings (nvcc, ptxas) of a kernel that compiled
     lowered, compiled = r.value
     attempt.lowered, attempt.compiled = lowered, compiled
     if compiled is not None:

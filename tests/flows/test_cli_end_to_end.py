@@ -125,3 +125,11 @@ def test_cake_ops_prints_the_reference(tmp_path):
     p = _run(["ops"], tmp_path)
     assert p.returncode == 0
     assert "# Cake IR reference" in p.stdout and "`mma`" in p.stdout and "races.smem" in p.stdout
+
+
+@pytest.mark.services
+def test_harness_review_with_nothing_to_propose(tmp_path, services):
+    Warehouse(tmp_path / "warehouse")
+    p = _run(["harness", "review"], tmp_path, {"CAKE_PREFECT_API_URL": services["api_url"]})
+    assert p.returncode == 0, p.stderr
+    assert "no cluster yielded a proposal" in p.stdout
