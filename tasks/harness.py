@@ -11,8 +11,9 @@ from prefect.cache_policies import NO_CACHE
 
 from cake_core.errors import CakeError
 from cake_core.harness.gate import corpus_gate
-from cake_core.harness.miners import Proposal, mine_rule
+from cake_core.harness.miners import Proposal, mine_calibration, mine_rule
 from cake_core.harness.version import HarnessSpec
+from cake_core.model.cost import CostModel
 from cake_core.problems import list_problems
 from tasks.record import now
 from warehouse import Warehouse
@@ -56,7 +57,23 @@ def mine_proposals(warehouse_root: str, min_support: int) -> list[tuple[Proposal
         proposed = current.apply(prop.kind, prop.payload, current.version + 1)
         gate = corpus_gate(current, proposed, corpus, [(f["ir_text"], f["gpu_seconds"] or 0.0) for f in failing])
         out.append((prop, gate.to_dict()))
+    cal = _mine_calibration(wh, current)
+    if cal is not None and cal.signature not in seen:
+        # a refit changes no verdict: its gate is the held-out error it would remove
+        out.append((cal, {"passed": True, "kind": "calibration", **cal.evidence}))
     return out
+
+
+def _mine_calibration(wh: Warehouse, current: HarnessSpec) -> Proposal | None:
+    rows = wh.query("""
+        select e.predicted_ms, e.measured_ms, json_extract_string(a.features, '$.mma_atom') as atom
+        from cost_model_error e join attempts a using (attempt_id)
+        where e.kind = 'search' order by a.created_at""").to_pylist()
+    if not rows:
+        return None
+    model = CostModel()
+    model.eff.update(dict(current.cost_eff))
+    return mine_calibration([(r["predicted_ms"], r["measured_ms"], r["atom"] or "fma") for r in rows], model)
 
 
 def record_proposal(warehouse_root: str, prop: Proposal, gate: dict[str, Any], flow_run_id: str | None) -> str:

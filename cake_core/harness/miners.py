@@ -6,12 +6,21 @@ cluster and for no attempt that passed: a verifier rule with that predicate
 would have rejected the whole cluster before the GPU and no passing kernel.
 Structural features are preferred over tile constants, so the rule names a
 construct rather than a size.
+
+``mine_calibration`` refits the cost model's efficiency factors where its
+prediction error clusters (median |log(predicted/measured)| above a threshold
+for an MMA atom), fitting on half of the measurements and reporting the error
+and rank correlation on the other half, before and after.
 """
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Any
+
+from cake_core.model.cost import CostModel, calibrate
+from cake_core.model.quality import median_abs_log_error, rank_correlation
 
 
 @dataclass
@@ -46,3 +55,34 @@ def mine_rule(signature: str, failing: list[dict[str, Any]], passing: list[dict[
                                 "never passed", "hint": f"avoid {what}"},
                     {"failing": len(failing), "passing_checked": len(passing), "predicate": pred})
     return None
+
+
+def mine_calibration(samples: list[tuple[float, float, str]], model: CostModel, threshold: float = math.log(2),
+                     min_samples: int = 6) -> Proposal | None:
+    """samples: (predicted_ms, measured_ms, atom), in time order. Propose refit factors for the atoms
+    whose median |log error| exceeds ``threshold``, if the refit also helps on held-out samples."""
+    by_atom: dict[str, list[tuple[float, float, str]]] = {}
+    for s in samples:
+        by_atom.setdefault(s[2], []).append(s)
+    bad = {a: rows for a, rows in by_atom.items()
+           if len(rows) >= min_samples and (median_abs_log_error([r[0] for r in rows], [r[1] for r in rows]) or 0)
+           > threshold}
+    if not bad:
+        return None
+    fit = [r for rows in bad.values() for r in rows[0::2]]
+    held = [r for rows in bad.values() for r in rows[1::2]]
+    refit = calibrate(model, fit)
+    scale = {a: refit.eff[a] / model.eff.get(a, refit.eff[a]) for a in bad}
+    after = [(p * model.eff.get(a, 1) / refit.eff[a], m, a) for p, m, a in held]  # time ∝ 1/eff
+    err_before = median_abs_log_error([r[0] for r in held], [r[1] for r in held])
+    err_after = median_abs_log_error([r[0] for r in after], [r[1] for r in after])
+    if err_before is None or err_after is None or err_after >= err_before:
+        return None
+    atoms = ", ".join(sorted(bad))
+    return Proposal(
+        "calibration", f"cost_model:{atoms}", f"refit cost-model efficiency for {atoms}",
+        {"eff": {a: refit.eff[a] for a in bad}},
+        {"samples": len(fit) + len(held), "fit": len(fit), "held_out": len(held),
+         "held_out_median_abs_log_error": {"before": err_before, "after": err_after},
+         "held_out_rank_correlation": rank_correlation([r[0] for r in held], [r[1] for r in held]),
+         "scale": scale})

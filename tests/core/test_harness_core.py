@@ -1,5 +1,6 @@
 """Signatures, the rule miner, harness versions and the corpus gate."""
 import numpy as np
+import pytest
 
 from cake_core.agents.tactics import drop_guards, retile
 from cake_core.harness.gate import corpus_gate
@@ -58,3 +59,29 @@ def test_gate_fails_a_rule_that_breaks_a_passing_kernel():
     spec = HarnessSpec().apply("rule", {"id": "r", "predicate": [["threads", 256]], "message": "m"}, 1)
     gate = corpus_gate(HarnessSpec(), spec, [("seed", SEED.text())], [])
     assert not gate.passed and gate.newly_failing == ["seed"]
+
+
+def test_quality_measures():
+    from cake_core.model.quality import best_survives, median_abs_log_error, rank_correlation
+    assert rank_correlation([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert rank_correlation([1, 2, 3, 4], [40, 30, 20, 10]) == pytest.approx(-1.0)
+    assert rank_correlation([1, 2], [1, 2]) is None
+    rows = [("g1", 1.0, 5.0), ("g1", 2.0, 1.0), ("g1", 3.0, 9.0), ("g2", 1.0, 1.0), ("g2", 2.0, 2.0)]
+    assert best_survives(rows, k=1) == 0.5 and best_survives(rows, k=2) == 1.0
+    assert abs(median_abs_log_error([2.0, 1.0, 4.0], [1.0, 1.0, 1.0]) - 0.6931) < 1e-3
+
+
+def test_calibration_miner_refits_a_biased_atom_and_leaves_a_good_one():
+    from cake_core.harness.miners import mine_calibration
+    from cake_core.model.cost import CostModel
+    m = CostModel("H200")
+    biased = [(1.0 * (1 + 0.05 * i), 4.0 * (1 + 0.05 * i), "fma") for i in range(8)]   # 4x optimistic
+    good = [(1.0 + i, 1.05 * (1.0 + i), "wgmma") for i in range(8)]
+    prop = mine_calibration(biased + good, m)
+    assert prop is not None and prop.kind == "calibration" and set(prop.payload["eff"]) == {"fma"}
+    assert prop.payload["eff"]["fma"] < m.eff["fma"]        # slower than predicted: lower efficiency
+    ev = prop.evidence["held_out_median_abs_log_error"]
+    assert ev["after"] < 0.05 < 1.3 < ev["before"]
+    assert mine_calibration(good, m) is None
+    spec = HarnessSpec().apply(prop.kind, prop.payload, 1)
+    assert dict(spec.cost_eff)["fma"] == prop.payload["eff"]["fma"]

@@ -29,3 +29,40 @@ def test_verify_records_each_diagnostic_once_and_keeps_the_hash_of_a_failed_prog
     rows = race.rows()
     assert rows["attempts"][0]["signature"] == "verify:verify_failed:races.smem"
     assert len(rows["diagnostics"]) == len(race.diagnostics)
+
+
+def test_calibration_proposal_from_measured_error_and_its_approval(tmp_path):
+    import json
+    from datetime import datetime, timedelta
+
+    from tasks.harness import apply_decision, load_harness, mine_proposals, record_proposal
+    from warehouse import Warehouse
+
+    wh = Warehouse(tmp_path / "warehouse")
+    t0 = datetime(2026, 11, 29, 9)
+    attempts, preds, meas = [], [], []
+    for i in range(10):
+        aid = f"a{i}"
+        attempts.append({"attempt_id": aid, "run_id": "r", "generation": 0, "problem": "gemm_bf16",
+                         "ir_hash": f"h{i}", "ir_text": SEED, "parents": [], "agent": "tactic",
+                         "harness_version": 0, "stage": "time", "outcome": "measured",
+                         "features": json.dumps({"mma_atom": "fma"}), "prompt_tokens": 0,
+                         "completion_tokens": 0, "gpu_seconds": 0.01, "created_at": t0 + timedelta(seconds=i)})
+        preds.append({"attempt_id": aid, "model_version": "analytic-1", "shape": "M=64,N=64,K=64",
+                      "predicted_ms": 0.01 * (1 + i)})
+        meas.append({"attempt_id": aid, "run_id": "r", "shape": "M=64,N=64,K=64", "gpu_model": "NVIDIA H200",
+                     "timer": "cuda_event", "l2": "cold", "median_ms": 0.04 * (1 + i), "p10_ms": 0.039 * (1 + i),
+                     "p90_ms": 0.041 * (1 + i), "runs": 20, "correct": True, "max_error": 1e-7, "kind": "search",
+                     "measured_at": t0})
+    wh.append("predictions", preds)
+    wh.append("measurements", meas)
+    wh.append("attempts", attempts)
+    found = mine_proposals.fn(str(tmp_path / "warehouse"), 3)
+    cal = [(p, g) for p, g in found if p.kind == "calibration"]
+    assert len(cal) == 1
+    prop, gate = cal[0]
+    assert gate["passed"] and gate["held_out_median_abs_log_error"]["after"] < 0.1
+    pid = record_proposal(str(tmp_path / "warehouse"), prop, gate, None)
+    assert apply_decision(str(tmp_path / "warehouse"), pid, True, "model was 4x optimistic", "test") == 1
+    spec = load_harness(str(tmp_path / "warehouse"))
+    assert dict(spec.cost_eff)["fma"] < 0.08 / 3
