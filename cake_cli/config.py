@@ -153,6 +153,9 @@ def _read_file(path: Path) -> dict[str, Any]:
                           f"create it or unset {CONFIG_ENV}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {e.start}); "
+                          f"TOML files must be UTF-8") from None
     except OSError as e:
         raise ConfigError(f"config file {path} cannot be read: {e.strerror}") from None
     unknown = sorted(set(data) - set(Settings.model_fields))

@@ -168,6 +168,24 @@ def _say(text: str) -> None:
     console.print(text, markup=False, soft_wrap=True)
 
 
+def _ir_file(file: Path) -> None:
+    """A UsageError unless ``file`` is a readable file (a directory is not one)."""
+    if file.is_dir():
+        raise UsageError(f"{file} is a directory; pass a .cake file")
+    if not file.is_file():
+        raise UsageError(f"{file}: no such file")
+
+
+def _out_file(out: Path | None) -> None:
+    """A UsageError if ``--out`` cannot be written: a directory, or in a folder that does not exist."""
+    if out is None:
+        return
+    if out.is_dir():
+        raise UsageError(f"--out {out} is a directory; name a file")
+    if not out.absolute().parent.is_dir():
+        raise UsageError(f"--out {out}: folder {out.absolute().parent} does not exist")
+
+
 def _warehouse(settings: Settings):
     """The warehouse under settings.home; a UsageError if no run has created it yet."""
     from warehouse import Warehouse
@@ -350,6 +368,7 @@ def sql(
     settings = _settings()
     if fmt is Format.parquet and out is None:
         raise UsageError("--format parquet writes a binary file; add --out FILE.parquet")
+    _out_file(out)
     result = _warehouse(settings).query(query)
 
     if fmt is Format.parquet:
@@ -502,8 +521,7 @@ def check(
 
     Runs the parser, the type checks and the verifier rules for --target.
     """
-    if not file.is_file():
-        raise UsageError(f"{file}: no such file")
+    _ir_file(file)
     from cake_core.ir.check import check_file
 
     diagnostics = list(check_file(str(file), target=target))
@@ -538,8 +556,7 @@ def run(
     """Run an IR file on the CPU interpreter against a problem's oracle; exit 1 if any shape is wrong."""
     if not cpu:
         raise UsageError("only --cpu is available from `cake run`; GPU runs go through `cake evolve`")
-    if not file.is_file():
-        raise UsageError(f"{file}: no such file")
+    _ir_file(file)
     from cake_core.problems import get_problem
     from cake_core.problems.base import parse_shape_key
     from cake_core.runtime.cpu import run_file

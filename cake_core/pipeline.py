@@ -28,11 +28,9 @@ def verify_stage(text: str, harness: HarnessSpec, problem: Problem, shapes: list
     if r.program is not None:
         diags += verify(r.program, learned=harness.learned_rules, shapes=shapes)
         dims = {d for p in r.program.params for d in _syms(p)} - set(r.program.const_env)
-        missing = [p for p in problem.inputs + problem.outputs if r.program.param(p) is None]
-        if missing:
-            diags.append(Diagnostic("problem.params", Severity.ERROR,
-                                    f"problem `{problem.name}` needs parameters {', '.join(missing)}",
-                                    r.program.line, 1, "kernel",
+        mismatch = problem.param_mismatch([p.name for p in r.program.params])
+        if mismatch:
+            diags.append(Diagnostic("problem.params", Severity.ERROR, mismatch, r.program.line, 1, "kernel",
                                     f"the kernel's parameters must be {', '.join(problem.inputs + problem.outputs)}"))
         unknown = dims - set(problem.dims)
         if unknown:

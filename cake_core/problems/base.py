@@ -44,6 +44,8 @@ def parse_shape_key(key: str, dims: tuple[str, ...]) -> Shape:
         raise ShapeSetError(f"bad shape `{key}`: write it as " + ",".join(f"{d}=<int>" for d in dims)) from None
     if set(got) != set(dims):
         raise ShapeSetError(f"shape `{key}` must give exactly {', '.join(dims)}")
+    if min(got.values()) < 1:
+        raise ShapeSetError(f"shape `{key}`: dimensions must be ≥ 1")
     return {d: got[d] for d in dims}
 
 
@@ -115,6 +117,16 @@ class Problem:
         if self.rows is None:
             raise NotImplementedError(f"problem {self.name} has no row-subset oracle")
         return self.rows.take(outputs, np.asarray(rows, dtype=np.int64))
+
+    def param_mismatch(self, names: list[str] | tuple[str, ...]) -> str:
+        """What keeps a kernel with gmem parameters ``names`` from running on this problem ('' if
+        nothing): every input and output must be a parameter, and every parameter one of them."""
+        wanted = self.inputs + self.outputs
+        missing = [n for n in wanted if n not in names]
+        extra = [n for n in names if n not in wanted]
+        parts = ([f"problem `{self.name}` needs parameters {', '.join(missing)}"] if missing else []) + \
+                ([f"parameters {', '.join(extra)} are not inputs or outputs of `{self.name}`"] if extra else [])
+        return "; ".join(parts)
 
     def seed_text(self) -> str:
         return (SEEDS_DIR / self.seed_file).read_text()

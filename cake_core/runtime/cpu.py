@@ -98,5 +98,11 @@ def run_file(path: str | Path, problem_name: str, shapes: list[Shape], seed: int
         if set(s) != set(problem.dims):
             raise CakeError(f"shape {shape_key(s)} must give exactly {', '.join(problem.dims)} for problem "
                             f"{problem.name}, e.g. --shape " + ",".join(f"{d}=64" for d in problem.dims))
+        if min(s.values()) < 1:
+            raise CakeError(f"shape {shape_key(s)}: dimensions must be ≥ 1")
+    program = parse_program(text, str(p))
+    mismatch = problem.param_mismatch([q.name for q in program.params])
+    if mismatch:
+        raise CakeError(f"{p} does not fit problem {problem.name}: {mismatch}")
     ordered = [{d: int(s[d]) for d in problem.dims} for s in shapes]
-    return check_on_cpu(parse_program(text, str(p)), problem, ordered, seed)
+    return check_on_cpu(program, problem, ordered, seed)

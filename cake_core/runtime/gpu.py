@@ -201,6 +201,12 @@ class _Launcher:
             else:
                 _poison(buf, self.dtypes[n])
 
+    def zero_accumulators(self) -> None:
+        """Zero the outputs the kernel accumulates into (on the current stream), so that each
+        launch, timed ones included, starts from zero as the oracle assumes."""
+        for n in self.problem.zeroed_outputs:
+            self.outputs[n].fill(0)
+
     def run_checked(self, dev_in: dict[str, Any], what: str) -> dict[str, np.ndarray]:
         self.reset_outputs()
         self.launch(self.args(dev_in))
@@ -273,6 +279,7 @@ def _check_shape(cp, fn, lowered: LoweredKernel, problem: Problem, shape: Shape,
     starts = [cp.cuda.Event() for _ in range(reps)]
     ends = [cp.cuda.Event() for _ in range(reps)]
     for r in range(reps):
+        L.zero_accumulators()     # outside the timed region: atomics must not add up across launches
         cp.cuda.runtime.memsetAsync(flush.data.ptr, r & 0xFF, flush.nbytes, stream.ptr)
         starts[r].record(stream)
         L.launch(arg_sets[r % len(arg_sets)])

@@ -75,6 +75,9 @@ def test_missing_named_file_and_bad_toml(tmp_path, monkeypatch):
     (tmp_path / "cake.toml").write_text("gpu = \n")
     with pytest.raises(ConfigError, match=r"cake.toml is not valid TOML"):
         load_settings()
+    (tmp_path / "cake.toml").write_bytes(b"\xff\xfegpu = 'off'\n")
+    with pytest.raises(ConfigError, match=r"cake.toml is not UTF-8 text"):
+        load_settings()
 
 
 def test_empty_env_counts_as_unset_and_urls_are_checked(monkeypatch):

@@ -307,6 +307,19 @@ def test_check_missing_file_is_usage_error(tmp_path):
     assert result.exit_code == 2 and "no such file" in one_error_line(result)
 
 
+def test_check_and_run_on_a_directory_say_so(tmp_path):
+    for argv in (["check", str(tmp_path)], ["run", str(tmp_path), "--problem", "tinygemm", "--shape", "M=1,N=1,K=1"]):
+        result = run(*argv)
+        assert result.exit_code == 2 and "is a directory" in one_error_line(result), argv
+
+
+def test_sql_out_that_cannot_be_written_is_a_usage_error(counts, tmp_path):
+    for out in (tmp_path / "no" / "such" / "x.csv", tmp_path):
+        result = run("sql", "select * from attempts", "-f", "csv", "-o", str(out))
+        line = one_error_line(result)
+        assert result.exit_code == 2 and "internal" not in line and str(out) in line, line
+
+
 # ---------------------------------------------------------------- evolve
 
 

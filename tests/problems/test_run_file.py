@@ -31,3 +31,21 @@ def test_run_file_refuses_a_wrong_shape_and_a_missing_file(tmp_path):
         run_file(f, "knn_topk", [{"Q": 8, "N": 8}])
     with pytest.raises(CakeError, match="no IR file"):
         run_file(tmp_path / "nope.cake", "knn_topk", [])
+
+
+def test_run_file_refuses_a_kernel_for_another_problem_and_a_non_positive_shape(tmp_path):
+    f = tmp_path / "k.cake"
+    f.write_text(get_problem("tinygemm").seed_text())
+    with pytest.raises(CakeError, match="does not fit problem kmeans_assign: problem `kmeans_assign` needs "
+                                        "parameters x, c_sq, out; parameters a, b are not inputs or outputs"):
+        run_file(f, "kmeans_assign", [{"B": 1, "N": 4, "K": 4, "D": 4}])
+    with pytest.raises(CakeError, match="dimensions must be ≥ 1"):
+        run_file(f, "tinygemm", [{"M": -1, "N": 8, "K": 8}])
+
+
+def test_a_shape_key_with_a_non_positive_dimension_is_refused():
+    from cake_core.problems import ShapeSetError
+    from cake_core.problems.base import parse_shape_key
+    assert parse_shape_key("M=1,N=2,K=3", ("M", "N", "K")) == {"M": 1, "N": 2, "K": 3}
+    with pytest.raises(ShapeSetError, match="dimensions must be ≥ 1"):
+        parse_shape_key("M=0,N=2,K=3", ("M", "N", "K"))

@@ -76,3 +76,15 @@ def test_a_kernel_that_skips_the_k_tail_fails_the_gate(tmp_path):
     ok, tail = check_and_time(compiled, lowered, GEMM, [{"M": 128, "N": 128, "K": 64},
                                                         {"M": 96, "N": 80, "K": 72}], seed=3, time=False)
     assert ok.correct and not tail.correct and "max rel error" in tail.message
+
+
+@pytest.mark.gpu
+def test_an_accumulating_kernel_is_timed_and_still_correct_after_timing(tmp_path):
+    # kmeans_update accumulates into zeroed outputs with atomics: every timed launch must start from
+    # zero, or the re-check after timing sees the sums of all the launches and calls a correct kernel wrong
+    from cake_core.runtime.gpu import check_and_time
+    upd = get_problem("kmeans_update")
+    compiled, lowered = _build(upd.seed_text(), tmp_path)
+    (r,) = check_and_time(compiled, lowered, upd, [{"B": 2, "N": 150, "K": 20, "D": 40}], seed=2, reps=20)
+    assert r.correct and r.outcome == "measured", r.message
+    assert r.median_ms is not None and r.median_ms > 0
