@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import inspect
 import json
 import os
 import sys
@@ -80,90 +79,15 @@ def fits(problem, lowered) -> bool:
         and set(lowered.dims) <= set(problem.dims)
 
 
-def runtime_zeroes_outputs(gpu) -> bool:
-    """Does this runtime zero a problem's ``zeroed_outputs`` before its checked launches?"""
-    try:
-        return "zeroed_outputs" in inspect.getsource(gpu)
-    except (OSError, TypeError):
-        return False
-
-
-def time_ours_zeroed(gpu, comp, lowered, problem, shape, *, seed, reps, warmup, timeout_s) -> dict:
-    """Timing for an accumulating kernel when the runtime does not zero its outputs: the runtime's own
-    launcher, outputs zeroed before each launch outside the timed region, then the protocol of
-    check_and_time (cold L2 by a 256 MiB write, CUDA events, median of ≥ 20) and a re-check."""
-    cp = gpu._cupy()
-    mod = cp.RawModule(path=str(comp.cubin_path))
-    fn = mod.get_function(comp.kernel_name)
-    if lowered.smem_bytes > 48 * 1024:
-        fn.max_dynamic_shared_size_bytes = lowered.smem_bytes
-    stream = cp.cuda.Stream(non_blocking=True)
-    flush = cp.empty(gpu.L2_FLUSH_BYTES, dtype=np.uint8)
-    with stream:
-        L = gpu._Launcher(cp, fn, lowered, problem, shape, stream, timeout_s)
-        inputs = problem.make_inputs(shape, np.random.default_rng(seed))
-        want = problem.oracle(inputs)
-        dev = L.upload(inputs)
-        args = L.args(dev)
-
-        def zero():
-            for buf in L.outputs.values():
-                buf.fill(0)
-
-        for _ in range(warmup):
-            zero()
-            L.launch(args)
-        L.wait("warm-up")
-        reps = max(reps, 20)
-        starts = [cp.cuda.Event() for _ in range(reps)]
-        ends = [cp.cuda.Event() for _ in range(reps)]
-        for r in range(reps):
-            zero()
-            cp.cuda.runtime.memsetAsync(flush.data.ptr, r & 0xFF, flush.nbytes, stream.ptr)
-            starts[r].record(stream)
-            L.launch(args)
-            ends[r].record(stream)
-        L.wait("timed runs")
-        ms = np.array([cp.cuda.get_elapsed_time(s, e) for s, e in zip(starts, ends)])
-        ok, err, msg = problem.compare(L.got(), want)
-    return {"median_ms": float(np.median(ms)), "p10_ms": float(np.percentile(ms, 10)),
-            "p90_ms": float(np.percentile(ms, 90)), "runs": reps, "recheck_ok": ok, "recheck_err": err,
-            "recheck_msg": msg}
-
-
 def run_ours(gpu, prog: dict, problem, cproblem, shape, args) -> dict:
     """Check and time one of our kernels on one shape; a dict for the JSON row."""
     comp, lowered = prog["compiled"], prog["lowered"]
-    # accumulating kernels: check_and_time zeroes their outputs before its checked runs (or, in an older
-    # runtime, poisons them: then zero instead), but not between timed runs, so its re-check after timing
-    # would see the sums of every run: check with time=False, then time here, zeroing before each launch
-    zeroed = bool(problem.zeroed_outputs)
     t0 = time.perf_counter()
     try:
-        if zeroed:
-            real_poison = gpu._poison
-            if not runtime_zeroes_outputs(gpu):
-                gpu._poison = lambda buf, dtype: buf.fill(0)
-            try:
-                (r,) = gpu.check_and_time(comp, lowered, cproblem, [shape], seed=args.seed, time=False,
-                                          timeout_s=args.timeout_s)
-                res = asdict(r)
-                if r.correct:
-                    t = time_ours_zeroed(gpu, comp, lowered, cproblem, shape, seed=args.seed, reps=args.reps,
-                                         warmup=args.warmup, timeout_s=args.timeout_s)
-                    res.update(median_ms=t["median_ms"], p10_ms=t["p10_ms"], p90_ms=t["p90_ms"], runs=t["runs"],
-                               outcome="measured" if t["recheck_ok"] else "wrong",
-                               correct=bool(t["recheck_ok"]),
-                               message=r.message + "; timed with outputs zeroed before each launch (bench)"
-                               + ("" if t["recheck_ok"] else f"; wrong after timing: {t['recheck_msg']}"))
-                    if not t["recheck_ok"]:
-                        res["median_ms"] = None
-            finally:
-                gpu._poison = real_poison
-        else:
-            (r,) = gpu.check_and_time(comp, lowered, cproblem, [shape], seed=args.seed, reps=args.reps,
-                                      warmup=args.warmup, timeout_s=args.timeout_s)
-            res = asdict(r)
+        # accumulating kernels (kmeans_update) are zeroed by the runtime before every launch, timed or not
+        (r,) = gpu.check_and_time(comp, lowered, cproblem, [shape], seed=args.seed, reps=args.reps,
+                                  warmup=args.warmup, timeout_s=args.timeout_s)
+        res = asdict(r)
     except Exception as e:  # noqa: BLE001 - one kernel's failure is a row, not the end of the run
         res = {"correct": False, "outcome": "error", "message": f"{type(e).__name__}: {e}", "median_ms": None,
                "max_error": None}
@@ -270,7 +194,7 @@ def main() -> int:
 
     from cake_core.runtime import gpu  # noqa: PLC0415
     model = gpu.gpu_model()
-    print(f"gpu: {model}; runtime zeroes accumulating outputs itself: {runtime_zeroes_outputs(gpu)}", flush=True)
+    print(f"gpu: {model}", flush=True)
     try:
         import torch  # noqa: PLC0415
         print(f"torch {torch.__version__}, cuda {torch.version.cuda}", flush=True)

@@ -105,8 +105,10 @@ class RunProgress:
                 "group by all order by all", [self.run_id]))
             self.counts = {(int(g), str(o)): int(n) for g, o, n in rows if g is not None}
             _, best = columns_rows(wh.query(
-                "select min(median_ms) from measurements where run_id = ? and correct",
-                [self.run_id]))
+                "select min(g) from (select exp(avg(ln(median_ms))) as g from measurements "
+                "where run_id = ? and correct and kind = 'search' group by attempt_id "
+                "having count(*) = (select count(distinct shape) from measurements where run_id = ?))",
+                [self.run_id, self.run_id]))
             self.best_ms = best[0][0] if best and best[0] else None
             self.note = None
         except Exception as e:  # noqa: BLE001 - the display must outlive a busy or empty warehouse
@@ -138,7 +140,8 @@ def best_text(progress: RunProgress, timed: bool) -> str:
     """The best median so far, or why there is none (CPU-only runs are checked, never timed)."""
     if not timed:
         return "checked on CPU, not timed"
-    return f"{progress.best_ms:.4g} ms (median)" if progress.best_ms is not None else "none yet"
+    return (f"{progress.best_ms:.4g} ms (geomean over the shapes of the best kernel's medians)"
+            if progress.best_ms is not None else "none yet")
 
 
 def live_view(progress: RunProgress, problem: str, generations: int, timed: bool,

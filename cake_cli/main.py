@@ -476,7 +476,7 @@ def harness_reject(
 def harness_review(
     min_support: int = typer.Option(3, "--min-support", min=1,
                                     help="Failing attempts a cluster needs before a proposal is mined."),
-    timeout_h: float = typer.Option(24.0, "--timeout-h", help="How long each proposal waits for a person."),
+    timeout_h: float = typer.Option(24.0, "--timeout-h", min=0.01, help="How long each proposal waits for a person."),
 ) -> None:
     """Mine failure clusters into proposals and pause on each until a person decides.
 

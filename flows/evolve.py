@@ -28,7 +28,7 @@ from cake_core.pipeline import nvcc_available
 from cake_core.problems import get_problem, load_shape_set, shape_key
 from tasks.harness import load_harness
 from tasks.record import Attempt, now
-from tasks.stages import check_cpu, compile_one, cost_filter, generate, record, time_gpu, verify
+from tasks.stages import check_cpu, compile_one, confirm_gpu, cost_filter, generate, record, time_gpu, verify
 from tasks.workers import ActorPool, CpuChecker, GpuRunner
 from warehouse import Warehouse
 
@@ -73,7 +73,9 @@ def evolve_flow(problem: str, shape_set: str, generations: int = 3, population: 
 
     proposer = _make_agent(agent, seed, harness.disabled_tactics, llm)
     model = CostModel(gpu_for_name(gpus[0] if gpus else None))
-    model.eff.update(dict(harness.cost_eff))
+    if harness.cost_eff:   # a calibrated model is another model: its predictions say so
+        model.eff.update(dict(harness.cost_eff))
+        model.version = f"{model.version}+harness-v{harness.version}"
     ctx = Context(harness.version, 0, population)
     if gpus:
         pool = ActorPool(lambda: GpuRunner.remote(), len(gpus))
@@ -82,6 +84,7 @@ def evolve_flow(problem: str, shape_set: str, generations: int = 3, population: 
         pool = ActorPool(lambda: CpuChecker.remote(), min(cpus, 4))
     totals: dict[str, int] = {}
     best: list[tuple[float, str]] = []
+    measured: list[Attempt] = []
     status = "failed"
     try:
         for g in range(generations):
@@ -106,7 +109,10 @@ def evolve_flow(problem: str, shape_set: str, generations: int = 3, population: 
             else:
                 done = []
             _learn(ctx, attempts, done, totals, best)
+            measured += [a for a in done if a.outcome is Outcome.MEASURED]
             log.info(f"generation {g}: " + ", ".join(f"{k}={v}" for k, v in sorted(totals.items())))
+        if gpus:
+            confirm_gpu(warehouse_root, pool, measured, problem, shapes, seed, timeout_s, gpus[0], reps)
         status = "completed"
     finally:
         pool.shutdown()
@@ -157,14 +163,18 @@ def _make_agent(kind: str, seed: int, disabled: tuple[str, ...], llm: dict[str, 
 
 
 def _dispatch(wh: Warehouse, run_id: str, problem: str, shape_set: str) -> None:
-    """Per shape, the fastest correct kernel of this run: the table an inference engine dispatches on."""
+    """Per shape, this run's kernel for an inference engine to dispatch on: the confirmed winner with
+    its confirmatory median (the fastest search figure where nothing was confirmed)."""
     rows = wh.query("""
-        select m.shape, arg_min(m.attempt_id, m.median_ms) as attempt_id, min(m.median_ms) as median_ms
-        from measurements m where m.run_id = ? and m.correct group by m.shape""", [run_id]).to_pylist()
+        with u as (
+            select shape, attempt_id, median_ms, case kind when 'confirm' then 0 else 1 end as pref
+            from measurements where run_id = ? and correct
+        ), chosen as (select shape, min(pref) as pref from u group by shape)
+        select u.shape, arg_min(u.attempt_id, u.median_ms) as attempt_id, min(u.median_ms) as median_ms
+        from u join chosen using (shape, pref) group by u.shape""", [run_id]).to_pylist()
     hashes = {r["attempt_id"]: r["ir_hash"] for r in wh.query(
         "select attempt_id, ir_hash from attempts where run_id = ?", [run_id]).to_pylist()}
     if rows:
         wh.append("dispatch", [{"problem": problem, "shape_set": shape_set, "shape": r["shape"],
                                 "attempt_id": r["attempt_id"], "ir_hash": hashes.get(r["attempt_id"], ""),
                                 "median_ms": r["median_ms"], "created_at": now()} for r in rows])
-

@@ -33,6 +33,7 @@ class Attempt:
     diagnostics: list[Diagnostic] = field(default_factory=list)
     compile: dict[str, Any] | None = None
     predictions: dict[str, float] = field(default_factory=dict)     # shape key -> ms
+    model_version: str = ""                                         # the cost model that predicted
     checks: list[dict[str, Any]] = field(default_factory=list)
     measurements: list[dict[str, Any]] = field(default_factory=list)
     gpu_seconds: float = 0.0
@@ -73,7 +74,7 @@ class Attempt:
                               for d in self.diagnostics]
         if self.compile:
             out["compiles"] = [{"attempt_id": self.attempt_id, **self.compile}]
-        out["predictions"] = [{"attempt_id": self.attempt_id, "model_version": "analytic-1", "shape": k,
+        out["predictions"] = [{"attempt_id": self.attempt_id, "model_version": self.model_version, "shape": k,
                                "predicted_ms": v} for k, v in self.predictions.items()]
         out["checks"] = [{"attempt_id": self.attempt_id, **c} for c in self.checks]
         out["measurements"] = [{"attempt_id": self.attempt_id, "run_id": self.run_id, **m}

@@ -139,6 +139,7 @@ class ActorPool:
         self.factory = factory
         self.start_timeout_s, self.exit_timeout_s = start_timeout_s, exit_timeout_s
         self.replaced = 0
+        self.elapsed: list[float] = []
         self.idents: dict[Any, tuple[str, int] | None] = {}
         self.actors = [factory() for _ in range(max(size, 1))]
         for a in self.actors:
@@ -175,12 +176,14 @@ class ActorPool:
     def map(self, method: str, jobs: list[tuple], timeout_s: float | Sequence[float]) -> list[Any]:
         """Run ``actor.<method>(*job)`` for every job; returns results in job order, a :class:`Fault`
         for a job whose actor died or that ran past its timeout (``timeout_s``: one for all jobs,
-        or one per job)."""
+        or one per job). ``self.elapsed[i]`` is the wall time job ``i`` held its worker (until its
+        result, its worker's death or the watchdog), so failures are charged too."""
         limits = [float(timeout_s)] * len(jobs) if isinstance(timeout_s, (int, float)) else \
             [float(t) for t in timeout_s]
         if len(limits) != len(jobs):
             raise ValueError(f"{len(limits)} timeouts for {len(jobs)} jobs")
         results: list[Any] = [None] * len(jobs)
+        self.elapsed = [0.0] * len(jobs)
         queue = list(enumerate(jobs))
         free = list(self.actors)
         pending: dict[Any, tuple[int, Any, float]] = {}
@@ -191,7 +194,8 @@ class ActorPool:
                 pending[getattr(actor, method).remote(*args)] = (i, actor, time.monotonic())
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.2)
             for ref in ready:
-                i, actor, _ = pending.pop(ref)
+                i, actor, t0 = pending.pop(ref)
+                self.elapsed[i] = time.monotonic() - t0
                 try:
                     out = ray.get(ref)
                     results[i] = out
@@ -208,6 +212,7 @@ class ActorPool:
             for ref, (i, actor, t0) in list(pending.items()):
                 if now - t0 > limits[i]:
                     pending.pop(ref)
+                    self.elapsed[i] = now - t0
                     results[i] = Fault("timeout", f"no result after {limits[i]:g} s; the worker was killed "
                                                   "and replaced")
                     free.append(self._replace(actor))

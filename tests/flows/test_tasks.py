@@ -66,3 +66,23 @@ def test_calibration_proposal_from_measured_error_and_its_approval(tmp_path):
     assert apply_decision(str(tmp_path / "warehouse"), pid, True, "model was 4x optimistic", "test") == 1
     spec = load_harness(str(tmp_path / "warehouse"))
     assert dict(spec.cost_eff)["fma"] < 0.08 / 3
+
+
+def test_dispatch_prefers_confirmed_figures(tmp_path):
+    from datetime import datetime
+
+    from flows.evolve import _dispatch
+    from warehouse import Warehouse
+
+    wh = Warehouse(tmp_path / "warehouse")
+    t = datetime(2026, 11, 29, 10)
+
+    def m(aid, shape, ms, kind):
+        return {"attempt_id": aid, "run_id": "r", "shape": shape, "gpu_model": "NVIDIA H200", "timer": "cuda_event",
+                "l2": "cold", "median_ms": ms, "p10_ms": ms * 0.99, "p90_ms": ms * 1.01, "runs": 20,
+                "correct": True, "max_error": 0.0, "kind": kind, "measured_at": t}
+    wh.append("measurements", [m("lucky", "S1", 1.0, "search"), m("lucky", "S1", 1.3, "confirm"),
+                               m("other", "S1", 1.1, "search"), m("other", "S2", 2.0, "search")])
+    _dispatch(wh, "r", "gemm_bf16", "set")
+    got = {r["shape"]: (r["attempt_id"], r["median_ms"]) for r in wh.query("select * from dispatch").to_pylist()}
+    assert got == {"S1": ("lucky", 1.3), "S2": ("other", 2.0)}

@@ -51,6 +51,9 @@ def test_hang_die_and_poison_are_isolated_and_replaced(local_ray):
     assert out[4]["value"] == "c" and out[4]["pid"] != out[2]["pid"]
     assert out[6]["value"] == "d" and out[6]["pid"] != out[5]["pid"]     # restarted after the poison answer
     assert pool.replaced == 3
+    # every job is charged the time it held its worker, the hang its whole watchdog bound
+    assert len(pool.elapsed) == len(jobs) and 2.0 <= pool.elapsed[1] < 5.0
+    assert all(0.0 < pool.elapsed[i] < 2.0 for i in (0, 2, 4, 6))
     pool.shutdown()
 
 
