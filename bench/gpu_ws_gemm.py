@@ -1,22 +1,25 @@
 #!/usr/bin/env python3
-"""Check and time the warp-specialized Hopper GEMM seed (gemm_bf16_ws.cake) against cuBLAS, on the H200.
+"""Check and time the warp-specialized Hopper GEMM seeds (gemm_bf16_ws*.cake) against cuBLAS, on the H200.
 
 Run on the GPU machine (its python3 has cupy, cuda-bindings, torch):
 
-    PYTHONPATH=$PWD PYTHONUNBUFFERED=1 python3 bench/gpu_ws_gemm.py
+    PYTHONPATH=$PWD PYTHONUNBUFFERED=1 python3 bench/gpu_ws_gemm.py [--variants n64,n256,...] [--out DIR]
 
-Phases, each in this one process:
-1. build: lower + nvcc (sm_90a), registers / spills from ptxas, HGMMA / UTMALDG counted in the SASS.
+Every variant (VARIANTS: a seed file plus text substitutions, e.g. BN=128 or wgmma_wait(0) instead of 1)
+runs in its own subprocess (`--one NAME`), so that a variant that faults or hangs cannot take the others
+down with it. Phases of one variant, each in that process:
+1. build: lower + nvcc (sm_90a), registers / spills / C75xx remarks from ptxas, HGMMA / UTMALDG counted in
+   the SASS.
 2. probes: structured inputs on one CTA (identity x index-coded operands, then random with the ring
    wrapping), launched through the runtime's launcher; a mismatch prints the corner of the tile and
-   saves everything to $OUT/probes.npz (layout bugs show up as permutations there).
+   saves everything to $OUT/probes_NAME.npz (layout bugs show up as permutations there).
 3. gate: cake_core.runtime.gpu.check_and_time (fp64 CPU oracle, poisoned outputs, perturbation) on
    ragged shapes, and an unaligned K that must be refused before launch.
 4. timing: the ws kernel and torch.matmul (cuBLAS, bf16 out; and fp32 out where torch offers it) on one
    stream, CUDA events around each launch, a 256 MiB L2 flush before every timed launch, median of 30
-   after 5 warm-ups; every ws output checked against an fp32 cuBLAS product first. 1024/2048 are also
-   timed through check_and_time, to show the two harnesses agree.
-Writes $OUT/gpu_ws_gemm.json (and probes.npz); prints a short table last.
+   after 5 warm-ups; every ws output checked against an fp32 cuBLAS product first. A wrong variant is
+   not timed.
+Writes $OUT/gpu_ws_gemm_NAME.json per variant and $OUT/gpu_ws_gemm.json (all); prints a table last.
 """
 from __future__ import annotations
 
@@ -41,28 +44,54 @@ from cake_core.problems import get_problem  # noqa: E402
 from cake_core.runtime import gpu, tma  # noqa: E402
 
 OUT = Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="ws-gemm-"))
-SEED = ROOT / "cake_core/problems/seeds/gemm_bf16_ws.cake"
+SEEDS = ROOT / "cake_core/problems/seeds"
+SEED = SEEDS / "gemm_bf16_ws.cake"
+N256 = SEEDS / "gemm_bf16_ws_n256.cake"
+_WAIT1 = "wgmma_wait(1)\n            if kt > 0:\n                arrive(empty[(kt + S - 1) % S])"
+_WAIT0 = "wgmma_wait(0)\n            arrive(empty[kt % S])"
+# name -> (seed file, ((old, new), ...)): each variant is the seed's text with these substitutions
+VARIANTS = {
+    "n64": (SEED, ()),                                                    # the first seed: m64n64, wait(0)
+    "n256": (N256, ()),                                                   # m64n256, wait(1), grouped raster G=16
+    "n256_rowmajor": (N256, (('"G": 16', '"G": 1'),)),                    # raster off (G=1: row-major tiles)
+    "n256_g8": (N256, (('"G": 16', '"G": 8'),)),
+    "n256_wait0": (N256, ((_WAIT1, _WAIT0),)),                            # no wgmma overlap across k-tiles
+    "n128": (N256, (('"BN": 256', '"BN": 128'),)),                        # m64n128
+}
 GEMM = get_problem("gemm_bf16")
 GATE = [{"M": 128, "N": 64, "K": 64}, {"M": 64, "N": 8, "K": 8}, {"M": 200, "N": 72, "K": 136},
         {"M": 129, "N": 136, "K": 520}, {"M": 1000, "N": 1000, "K": 1000}, {"M": 2047, "N": 1032, "K": 520},
-        {"M": 333, "N": 512, "K": 1288}]
+        {"M": 333, "N": 512, "K": 1288}, {"M": 129, "N": 264, "K": 520}, {"M": 2100, "N": 520, "K": 72}]
 TIMED = [(1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192),
          (1000, 1000, 1000), (4168, 4104, 4104), (3000, 5000, 2056)]
 REPS, WARMUP = 30, 5
-PREDICTED_FRACTION_4096 = 0.4     # written down before the first run: see bench/results/gpu-ws-gemm-*.md
 
 
 def log(*a):
     print(*a, flush=True)
 
 
-def build():
-    lk = lower(parse_program(SEED.read_text(), SEED.name), SEED.name).value
+def variant_text(name: str) -> tuple[str, str]:
+    path, subs = VARIANTS[name]
+    text = path.read_text()
+    for old, new in subs:
+        assert old in text, (name, old)
+        text = text.replace(old, new)
+    return text, path.name
+
+
+def build(name: str = "n64"):
+    text, fname = variant_text(name)
+    r = lower(parse_program(text, fname), fname)
+    assert r.ok, [d.message for d in r.diagnostics]
+    lk = r.value
     cr = compile_kernel(lk, arch="sm_90a", cache_dir=Path(tempfile.mkdtemp(prefix="cake-cubin-")))
     assert cr.ok, [d.message for d in cr.diagnostics]
     c = cr.value
-    info = {"registers": c.resources.registers, "spill_bytes": c.resources.spill_bytes,
-            "smem_bytes": lk.smem_bytes, "threads": lk.threads}
+    remarks = [ln.strip() for ln in cr.artifacts.get("nvcc.log", "").splitlines() if "(C75" in ln]
+    info = {"variant": name, "registers": c.resources.registers, "spill_bytes": c.resources.spill_bytes,
+            "smem_bytes": lk.smem_bytes, "threads": lk.threads, "ptxas_remarks": remarks,
+            "consts": {k: v for k, v in lk.consts}}
     tool = shutil.which("cuobjdump")
     if tool:
         sass = subprocess.run([tool, "-sass", str(c.cubin_path)], capture_output=True, text=True).stdout
@@ -71,10 +100,10 @@ def build():
     return c, lk, info
 
 
-def probes(cp, fn, lk, stream):
+def probes(cp, fn, lk, stream, tag="n64"):
     """One CTA, structured inputs. Returns {name: (ok, max_abs_err)}."""
     res, saved = {}, {}
-    M, N = 128, 64
+    M, N = 128, dict(lk.consts).get("BN", 64)
     eye = lambda r, c: (np.arange(r)[:, None] % c == np.arange(c)[None, :]).astype(np.float32)  # noqa: E731
     rng = np.random.default_rng(0)
     cases = {
@@ -104,7 +133,8 @@ def probes(cp, fn, lk, stream):
             np.set_printoptions(linewidth=200, precision=2, suppress=True)
             log("  got[0:8, 0:10]\n", got[:8, :10], "\n  want[0:8, 0:10]\n", want[:8, :10])
             log("  got[64:68, 0:10]\n", got[64:68, :10])
-    np.savez_compressed(OUT / "probes.npz", **saved)
+            log("  got[0:4, 60:68]\n", got[:4, 60:68], "\n  want[0:4, 60:68]\n", want[:4, 60:68])
+    np.savez_compressed(OUT / f"probes_{tag}.npz", **saved)
     return res, False
 
 
@@ -203,62 +233,125 @@ def runtime_timing(compiled, lk):
     return out
 
 
-def main():
+DEFAULT_VARIANTS = ("n64", "n256", "n256_rowmajor", "n256_wait0", "n128")
+
+
+def run_one(name: str, with_runtime_timing: bool) -> dict:
+    """Every phase for one variant, in this process; writes $OUT/gpu_ws_gemm_NAME.json."""
     import cupy as cp
-    if len(sys.argv) > 2 and sys.argv[1] == "--timing-only":   # e.g. --timing-only 4096x4096x4104,4160x4160x4160
-        global TIMED
-        TIMED = [tuple(int(x) for x in s.split("x")) for s in sys.argv[2].split(",")]
-        compiled, lk, _ = build()
-        rows = timing(compiled, lk)
-        (OUT / "gpu_ws_gemm_timing_only.json").write_text(json.dumps(rows, indent=1))
-        for r in rows:
-            log(f"{r['M']}x{r['N']}x{r['K']}: ws {r.get('ws_ms', float('nan')):.3f} ms {r.get('ws_tflops', 0):.0f} TF/s, "
-                f"cuBLAS {r['cublas_ms']:.3f} ms {r['cublas_tflops']:.0f} TF/s, ratio {r.get('fraction_of_cublas', 0):.2f}, "
-                f"correct {r['ws_correct']}")
-        return 0
-    report = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "gpu": gpu.gpu_model(), "seed": SEED.name,
-              "reps": REPS, "warmup": WARMUP, "predicted_fraction_of_cublas_4096": PREDICTED_FRACTION_4096}
+    report = {"variant": name, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "gpu": gpu.gpu_model(),
+              "seed": VARIANTS[name][0].name, "substitutions": VARIANTS[name][1], "reps": REPS, "warmup": WARMUP}
+    path = OUT / f"gpu_ws_gemm_{name}.json"
     try:
         import torch
         report["torch"], report["cupy"] = torch.__version__, cp.__version__
     except Exception:  # noqa: BLE001
         pass
-    compiled, lk, report["build"] = build()
+    compiled, lk, report["build"] = build(name)
     stream = cp.cuda.Stream(non_blocking=True)
     fn = cp.RawModule(path=str(compiled.cubin_path)).get_function(compiled.kernel_name)
     fn.max_dynamic_shared_size_bytes = lk.smem_bytes
     with stream:
-        report["probes"], dead = probes(cp, fn, lk, stream)
+        report["probes"], dead = probes(cp, fn, lk, stream, name)
     if dead:
-        (OUT / "gpu_ws_gemm.json").write_text(json.dumps(report, indent=1, default=str))
-        log("a probe faulted or hung: stopping (the context is unusable)")
-        return 1
+        path.write_text(json.dumps(report, indent=1, default=str))
+        log(f"[{name}] a probe faulted or hung: stopping (the context is unusable)")
+        return report
     report["gate"], report["unaligned_k"] = gate(compiled, lk)
-    if not all(g["outcome"] == "checked" for g in report["gate"]):
-        log("gate failed: timing anyway for information, but the kernel is WRONG")
-    try:
-        report["runtime_timing"] = runtime_timing(compiled, lk)
-    except Exception as e:  # noqa: BLE001
-        report["runtime_timing_error"] = traceback.format_exc()
-        log("runtime timing failed:", e)
+    report["correct"] = all(ok for ok, _ in report["probes"].values()) and \
+        all(g["outcome"] == "checked" for g in report["gate"])
+    if not report["correct"]:
+        log(f"[{name}] WRONG (probes or gate): not timed")
+        path.write_text(json.dumps(report, indent=1, default=str))
+        return report
+    if with_runtime_timing:
+        try:
+            report["runtime_timing"] = runtime_timing(compiled, lk)
+        except Exception as e:  # noqa: BLE001
+            report["runtime_timing_error"] = traceback.format_exc()
+            log("runtime timing failed:", e)
     try:
         report["timing"] = timing(compiled, lk)
     except Exception:  # noqa: BLE001
         report["timing"] = []
         report["timing_error"] = traceback.format_exc()
         log(report["timing_error"])
-    (OUT / "gpu_ws_gemm.json").write_text(json.dumps(report, indent=1, default=str))
+    path.write_text(json.dumps(report, indent=1, default=str))
+    return report
 
-    log("\n=== ws GEMM seed vs cuBLAS (torch.matmul bf16), H200, median of", REPS, "cold-L2 launches ===")
-    log(f"{'M x N x K':>20} {'ws ms':>8} {'ws TF/s':>8} {'cuBLAS ms':>9} {'cuBLAS TF/s':>11} {'ws/cuBLAS':>9} "
-        f"{'f32out TF/s':>11} {'rel err':>8}")
-    for r in report["timing"]:
-        f32 = r.get("cublas_f32out_tflops")
-        log(f"{r['M']:>6}x{r['N']:>6}x{r['K']:>6} {r.get('ws_ms', float('nan')):8.3f} {r.get('ws_tflops', float('nan')):8.1f} "
-            f"{r['cublas_ms']:9.3f} {r['cublas_tflops']:11.1f} {r.get('fraction_of_cublas', float('nan')):9.2f} "
-            f"{(f32 if f32 else float('nan')):11.1f} {r['ws_rel_err']:8.1e}{'' if r['ws_correct'] else ' WRONG'}")
-    log("gate:", sum(g["outcome"] == "checked" for g in report["gate"]), "/", len(report["gate"]), "shapes correct;",
-        "unaligned K refused" if "K % 8" in report["unaligned_k"] else "unaligned K NOT refused")
+
+def main():
+    import argparse
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), help=f"any of {', '.join(VARIANTS)}")
+    ap.add_argument("--one", help="run one variant in this process (what the parent spawns)")
+    ap.add_argument("--runtime-timing", action="store_true", help="with --one: time 1024/2048 via check_and_time too")
+    ap.add_argument("--timing-only", help="shapes MxNxK,... : timing only, no probes / gate")
+    ap.add_argument("--out", help="output folder (default $OUT)")
+    ap.add_argument("--child-timeout", type=float, default=60.0)
+    args = ap.parse_args()
+    global OUT, TIMED
+    if args.out:
+        OUT = Path(args.out)
+    OUT.mkdir(parents=True, exist_ok=True)
+    if args.timing_only:
+        TIMED = [tuple(int(x) for x in t.split("x")) for t in args.timing_only.split(",")]
+    if args.one:
+        if args.timing_only:
+            compiled, lk, _ = build(args.one)
+            rows = timing(compiled, lk)
+            (OUT / f"gpu_ws_gemm_{args.one}_timing_only.json").write_text(json.dumps(rows, indent=1))
+            return 0
+        run_one(args.one, args.runtime_timing)
+        return 0
+
+    names = [v for v in args.variants.split(",") if v]
+    unknown = [v for v in names if v not in VARIANTS]
+    if unknown:
+        ap.error(f"unknown variants {unknown}")
+    reports = {}
+    for k, name in enumerate(names):
+        cmd = [sys.executable, __file__, "--one", name, "--out", str(OUT)]
+        if args.timing_only:
+            cmd += ["--timing-only", args.timing_only]
+        elif k == 0:
+            cmd.append("--runtime-timing")
+        t0 = time.time()
+        try:
+            rc = subprocess.run(cmd, timeout=args.child_timeout).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        log(f"[{name}] exit {rc} after {time.time() - t0:.1f} s")
+        f = OUT / (f"gpu_ws_gemm_{name}_timing_only.json" if args.timing_only else f"gpu_ws_gemm_{name}.json")
+        if f.exists():
+            rep = json.loads(f.read_text())
+            reports[name] = {"timing": rep} if args.timing_only else rep
+        else:
+            reports[name] = {"variant": name, "error": f"no report (exit {rc})", "timing": []}
+    (OUT / "gpu_ws_gemm.json").write_text(json.dumps(reports, indent=1, default=str))
+
+    log(f"\n=== ws GEMM variants vs cuBLAS (torch.matmul bf16 out), {gpu.gpu_model()}, median of {REPS} "
+        "cold-L2 launches; ratio = cuBLAS ms / variant ms (same process) ===")
+    for name, rep in reports.items():
+        b = rep.get("build", {})
+        log(f"[{name}] regs {b.get('registers')} smem {b.get('smem_bytes')} HGMMA {b.get('HGMMA')} "
+            f"UTMALDG {b.get('UTMALDG')} LDL/STL {b.get('LDL/STL')} remarks {b.get('ptxas_remarks')} "
+            f"probes {'ok' if all(v[0] for v in rep.get('probes', {}).values()) and rep.get('probes') else rep.get('probes')} "
+            f"gate {sum(g['outcome'] == 'checked' for g in rep.get('gate', []))}/{len(rep.get('gate', []))}"
+            + (f" ERROR {rep['error']}" if "error" in rep else ""))
+    shapes = [(r["M"], r["N"], r["K"]) for r in next((rep["timing"] for rep in reports.values() if rep.get("timing")), [])]
+    log(f"{'M x N x K':>20} {'cuBLAS ms':>9} {'TF/s':>6} " + " ".join(f"{n[:14]:>22}" for n in reports))
+    for shp in shapes:
+        cells, cub = [], None
+        for name, rep in reports.items():
+            r = next((r for r in rep.get("timing", []) if (r["M"], r["N"], r["K"]) == shp), None)
+            if r is None or not r.get("ws_ms"):
+                cells.append(f"{'-' if r is None else 'WRONG':>22}")
+                continue
+            cub = cub or r
+            cells.append(f"{r['ws_ms']:7.3f} {r['ws_tflops']:5.0f} {r['fraction_of_cublas']:5.2f}x".rjust(22))
+        log(f"{shp[0]:>6}x{shp[1]:>6}x{shp[2]:>6} {cub['cublas_ms'] if cub else float('nan'):9.3f} "
+            f"{cub['cublas_tflops'] if cub else float('nan'):6.0f} " + " ".join(cells))
     return 0
 
 

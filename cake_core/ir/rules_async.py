@@ -229,16 +229,22 @@ def _tma_box_dim(ctx: Ctx) -> Iterable[Diagnostic]:
 @rule("tma.swizzle_span", "tma", "the inner box bytes must fit the smem swizzle span (16 B multiple unswizzled)")
 def _tma_swizzle(ctx: Ctx) -> Iterable[Diagnostic]:
     mult = ctx.target["tma"]["no_swizzle_inner_bytes_multiple"]
+    # the smem tiles read as wgmma's b (N-major): a tma_load into one of those may be a whole multiple of the
+    # span wide; it is lowered as inner / span boxes, one span-wide column block each, stacked in smem
+    # (swizzle atoms side by side, which the wgmma descriptor walks with its leading byte offset)
+    wide_ok = {m.arg("b").buf for m, _, _ in ctx.nodes if m.op is Op.WGMMA}
     for n, path, v, s in _tma_nodes(ctx):
         box, t, g = _box(ctx, v), ctx.buffers.get(s.buf), ctx.buffers.get(v.buf)
         if box is None or t is None or g is None or box[-1] is None:
             continue
         inner = box[-1] * g.dtype.bytes
         span = _swizzle(ctx, s.buf)
-        if span and inner > span:
+        split = n.op is Op.TMA_LOAD and s.buf in wide_ok and span and inner % span == 0
+        if span and inner > span and not split:
             yield ctx.diag("tma.swizzle_span", n, f"the inner box dimension is {inner} B, more than `{s.buf}`'s "
                                                   f"{span} B swizzle span", path=path,
-                           hint=f"make the inner tile {span // g.dtype.bytes} elements wide, or split the box")
+                           hint=f"make the inner tile {span // g.dtype.bytes} elements wide, or split the box "
+                                "(a tma_load into wgmma's b may be a whole multiple of the span wide)")
         elif not span and inner % mult:
             yield ctx.diag("tma.swizzle_span", n, f"the inner box dimension is {inner} B; unswizzled TMA boxes "
                                                   f"need a multiple of {mult} B", path=path)

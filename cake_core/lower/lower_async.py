@@ -10,8 +10,9 @@
   map kernel argument (see :class:`TensorMapArg`; the host encodes it). Smem tiles with swizzle=128
   are placed at 1024-byte aligned offsets (the swizzle pattern is address-based).
 - ``wgmma``: per warpgroup ``m64nNk16`` (bf16/f16 → f32), a K-major swizzle-128 A (64 rows per
-  warpgroup) and an N-major swizzle-128 B (N = 64: one swizzle atom), shared-memory descriptors, one
-  commit group; ``wgmma_wait(n)`` → ``wgmma.wait_group n``. The accumulator is an rmem tile in the
+  warpgroup) and an N-major swizzle-128 B (N = 64, 128, 192 or 256: N / 64 swizzle atoms side by side,
+  stored as 64-column blocks that the descriptor's leading byte offset steps over; a tma_load into such
+  a tile issues one box per block), shared-memory descriptors, one commit group; ``wgmma_wait(n)`` → ``wgmma.wait_group n``. The accumulator is an rmem tile in the
   m64nNk16 fragment layout (``N / 2`` floats per thread); ``store`` of it is lowered here.
 - ``tcgen05_mma``: not lowered (``lower.unsupported_atom``) on any target yet.
 Inside roles, only ``rmem`` accumulators of wgmma and ``store`` of them are lowered among the v1 tile
@@ -150,9 +151,10 @@ def _lower_wait(n: Node, ctx: Ctx) -> list[Line]:
 
 # ----------------------------------------------------------------------- TMA
 
-def _tensor_map(ctx: Ctx, v: View, tile: Buf) -> tuple[str, list[str]]:
+def _tensor_map(ctx: Ctx, v: View, tile: Buf, split: int = 1) -> tuple[str, list[str]]:
     """The tensor map argument for a view (registered once per gmem, box, swizzle) and the
-    coordinates, innermost first."""
+    coordinates, innermost first. ``split`` > 1: the box's innermost dimension is copied as ``split``
+    column boxes (the map's box is that much narrower; the coordinates are those of the first)."""
     g = ctx.buf(v.buf, (MemSpace.GMEM,), "the gmem tensor")
     if len(v.index) != len(g.type.shape) or len(v.index) > 5:
         raise LowerError("lower.unsupported_rank", f"TMA views of `{v.buf}` need one index per dimension, "
@@ -169,7 +171,12 @@ def _tensor_map(ctx: Ctx, v: View, tile: Buf) -> tuple[str, list[str]]:
         else:
             box.append(ctx.static(d, "a `:` dimension of a TMA box"))
             coords.append("0")
-    if math.prod(box) != tile.numel:
+    if split > 1:
+        if box[-1] % split:
+            raise LowerError("lower.shape_mismatch", f"the TMA box {tuple(box)} of `{v.buf}` does not split into "
+                                                     f"{split} column boxes")
+        box[-1] //= split
+    if math.prod(box) * split != tile.numel:
         raise LowerError("lower.shape_mismatch", f"the TMA box {tuple(box)} of `{v.buf}` does not fill the smem "
                                                  f"tile {tile.shape}")
     maps = _st(ctx)["maps"]
@@ -180,21 +187,51 @@ def _tensor_map(ctx: Ctx, v: View, tile: Buf) -> tuple[str, list[str]]:
     return maps[key].name, coords[::-1]
 
 
+def _column_blocks(b: Buf) -> int:
+    """How many swizzle-span-wide column blocks a swizzled smem tile is stored as (1: plain rows).
+
+    A swizzled tile whose rows are wider than the swizzle span (a (64, 256) bf16 wgmma b with
+    swizzle=128: 512-byte rows) is stored as row-major blocks of span-wide columns side by side:
+    block j holds columns [j * w, (j + 1) * w), w = span / element bytes, as a (rows, w) swizzled tile at
+    element offset j * rows * w. TMA fills it one block per box; wgmma's N-major descriptor steps from
+    block to block with its leading byte offset."""
+    span = int(b.type.swizzle)
+    row_bytes = b.shape[-1] * b.type.dtype.bytes
+    if not span or row_bytes <= span:
+        return 1
+    if row_bytes % span:
+        raise LowerError("lower.unsupported_layout", f"smem tile {b.name} {b.shape} has {row_bytes}-byte rows: wider "
+                                                     f"than its {span} B swizzle span and not a multiple of it")
+    return row_bytes // span
+
+
 @lowering(Op.TMA_LOAD)
 def _lower_tma_load(n: Node, ctx: Ctx) -> list[Line]:
     b, ptr = _slot_ptr(ctx, n.arg("dst"), "TMA destination")
-    tmap, coords = _tensor_map(ctx, n.arg("src"), b)
+    split = _column_blocks(b)
+    tmap, coords = _tensor_map(ctx, n.arg("src"), b, split)
     bar = _bar_ptr(ctx, n.arg("bar"))
     mc = n.attr("multicast")
-    if mc:
-        return [f"if ({_first(ctx)}) cake::tma_load_{len(coords)}d_multicast({ptr}, &{tmap}, {bar}, "
-                f"(uint16_t){mc}, {', '.join(coords)});"]
-    return [f"if ({_first(ctx)}) cake::tma_load_{len(coords)}d({ptr}, &{tmap}, {bar}, {', '.join(coords)});"]
+    out = []
+    for j in range(split):      # one box per swizzle-span column block (split == 1: the whole tile)
+        dst = ptr if split == 1 else f"{ptr} + {j * b.numel // split}"
+        cs = list(coords)
+        if j:
+            cs[0] = f"{cs[0]} + {j * b.shape[-1] // split}"
+        if mc:
+            out.append(f"if ({_first(ctx)}) cake::tma_load_{len(cs)}d_multicast({dst}, &{tmap}, {bar}, "
+                       f"(uint16_t){mc}, {', '.join(cs)});")
+        else:
+            out.append(f"if ({_first(ctx)}) cake::tma_load_{len(cs)}d({dst}, &{tmap}, {bar}, {', '.join(cs)});")
+    return out
 
 
 @lowering(Op.TMA_STORE)
 def _lower_tma_store(n: Node, ctx: Ctx) -> list[Line]:
     b, ptr = _slot_ptr(ctx, n.arg("src"), "TMA source")
+    if _column_blocks(b) > 1:
+        raise LowerError("lower.unsupported_layout", f"tma_store from {b.name} {b.shape}: rows wider than the "
+                                                     "swizzle span are lowered for tma_load into wgmma's b only")
     tmap, coords = _tensor_map(ctx, n.arg("dst"), b)
     return [f"if ({_first(ctx)}) cake::tma_store_{len(coords)}d(&{tmap}, {ptr}, {', '.join(coords)});"]
 
@@ -202,6 +239,9 @@ def _lower_tma_store(n: Node, ctx: Ctx) -> list[Line]:
 @lowering(Op.CP_ASYNC)
 def _lower_cp_async(n: Node, ctx: Ctx) -> list[Line]:
     b, ptr = _slot_ptr(ctx, n.arg("dst"), "cp.async destination")
+    if _column_blocks(b) > 1:
+        raise LowerError("lower.unsupported_layout", f"cp_async into {b.name} {b.shape}: rows wider than the "
+                                                     "swizzle span are lowered for tma_load into wgmma's b only")
     w = _window(n.arg("src"), b.shape, ctx, "source")
     first, count = _role(ctx)
     return [f"cake::cp_async_smem_gmem<{w.rows}, {w.cols}, {count}>({ptr}, {w.base}, {w.ld_row}, {w.ld_col}, "
@@ -232,13 +272,14 @@ def _lower_cluster_sync(n: Node, ctx: Ctx) -> list[Line]:
 
 # --------------------------------------------------------------------- wgmma
 
-def _wgmma_asm(n_cols: int, ab: str) -> str:
+def _wgmma_asm(n_cols: int, ab: str, scale_d: str = '"n"(1)') -> str:
+    """The wgmma asm statement; ``scale_d`` is the operand of its scale-d predicate (0: D = A @ B)."""
     regs = n_cols // 2
     d = ", ".join(f"%{i}" for i in range(regs))
     outs = ", ".join(f'"+f"(ACC[{i}])' for i in range(regs))
     return (f'asm volatile("{{\\n\\t.reg .pred p;\\n\\tsetp.ne.b32 p, %{regs + 2}, 0;\\n\\t'
             f'wgmma.mma_async.sync.aligned.m64n{n_cols}k16.f32.{ab}.{ab} {{{d}}}, %{regs}, %{regs + 1}, p, 1, 1, 0, 1;'
-            f'\\n\\t}}" : {outs} : "l"(cake_da), "l"(cake_db), "n"(1));')
+            f'\\n\\t}}" : {outs} : "l"(cake_da), "l"(cake_db), {scale_d});')
 
 
 @lowering(Op.WGMMA)
@@ -255,15 +296,18 @@ def _lower_wgmma(n: Node, ctx: Ctx) -> list[Line]:
     dt = a.type.dtype
     if dt not in (DType.BF16, DType.F16) or b.type.dtype is not dt:
         raise LowerError("lower.unsupported_operand", "wgmma is lowered for bf16/f16 operands")
-    if a.type.swizzle != Swizzle.B128 or b.type.swizzle != Swizzle.B128 or k * 2 != 128 or nn * 2 != 128:
-        raise LowerError("lower.unsupported_layout", "wgmma is lowered for swizzle=128 operands whose rows are one "
-                                                     "128-byte swizzle span (BK = BN = 64 for 16-bit types)",
-                         "allocate a (BM, 64) and b (64, 64) with swizzle=128")
+    if a.type.swizzle != Swizzle.B128 or b.type.swizzle != Swizzle.B128 or k * 2 != 128 or nn * 2 % 128:
+        raise LowerError("lower.unsupported_layout", "wgmma is lowered for swizzle=128 operands: a's rows one "
+                                                     "128-byte swizzle span (BK = 64 for 16-bit types), b's rows a "
+                                                     "whole number of spans (BN = 64, 128, 192 or 256)",
+                         "allocate a (BM, 64) and b (64, BN) with swizzle=128")
     if (m, nn) != frag[:2] or bk != k or k % 16:
         raise LowerError("lower.shape_mismatch", f"wgmma shapes: acc {frag[:2]}, a {a.shape}, b {b.shape}")
     first = _role(ctx)[0]
     ab = "bf16" if dt is DType.BF16 else "f16"
-    asm = _wgmma_asm(nn, ab).replace("ACC", acc_n)
+    fresh = frag[2] if len(frag) > 2 else None
+    scale_d = f'"r"((int)(cake_k > 0 || !{fresh}))' if fresh else '"n"(1)'
+    asm = _wgmma_asm(nn, ab, scale_d).replace("ACC", acc_n)
     return [
         "{",
         "    cake::wgmma_fence();",
@@ -273,11 +317,12 @@ def _lower_wgmma(n: Node, ctx: Ctx) -> list[Line]:
         "#pragma unroll",
         f"    for (int cake_k = 0; cake_k < {k // 16}; ++cake_k) {{",
         "        const uint64_t cake_da = cake::wgmma_desc(cake_a + cake_k * 16, 16, 1024, 1);  // K-major, 128B",
-        f"        const uint64_t cake_db = cake::wgmma_desc(cake_b + cake_k * {16 * nn}, {bk * 128}, 1024, 1);"
-        "  // N-major, 128B",
+        f"        const uint64_t cake_db = cake::wgmma_desc(cake_b + cake_k * {16 * 64}, {bk * 128}, 1024, 1);"
+        f"  // N-major, 128B: {nn // 64} column block(s) {bk * 128} B apart (LBO), 8-row groups 1024 B apart (SBO)",
         f"        {asm}",
         "    }",
         "    cake::wgmma_commit();",
+        *([f"    {fresh} = 0;"] if fresh else []),
         "}",
     ]
 
@@ -327,8 +372,19 @@ def _lower_rmem(n: Node, ctx: Ctx) -> list[Line]:
     ctx.scopes[-1][n.result] = Buf(n.result, TileType(dtype, tuple(shape), MemSpace.RMEM), (m, nn))
     st["frag"][n.result] = (m, nn)
     fill = n.attr("fill")
-    return [f"float {n.result}[{nn // 2}];  // wgmma accumulator ({m}, {nn}): m64n{nn} fragment per warpgroup",
-            f"cake::fill_rmem({n.result}, {float(fill)!r}f);"]
+    decl = f"float {n.result}[{nn // 2}];  // wgmma accumulator ({m}, {nn}): m64n{nn} fragment per warpgroup"
+    if float(fill) == 0.0:
+        # zero lazily: the first wgmma into it runs with scale-d = 0 (D = A @ B), and a store that no wgmma
+        # preceded zero-fills then. Zero-filling up front would put ordinary writes of the accumulator in
+        # front of a wgmma pipeline that spans loop trips (wgmma_wait(1)), and ptxas then serialises
+        # every wgmma (C7515).
+        st["frag"][n.result] = (m, nn, _fresh(n.result))
+        return [decl, f"int {_fresh(n.result)} = 1;  // {n.result} is all zeros until a wgmma writes it"]
+    return [decl, f"cake::fill_rmem({n.result}, {float(fill)!r}f);"]
+
+
+def _fresh(acc: str) -> str:
+    return f"cake_{acc}_fresh"
 
 
 @lowering(Op.STORE)
@@ -341,11 +397,12 @@ def _lower_store(n: Node, ctx: Ctx) -> list[Line]:
             raise LowerError("lower.unsupported_in_role", "store inside a role: v1 lowers it only for a wgmma "
                                                           "accumulator")
         return _BASE[Op.STORE](n, ctx)
-    w = _window(view, frag, ctx, "destination")
+    w = _window(view, frag[:2], ctx, "destination")
     guard = "true" if n.attr("guard") else "false"
     first = _role(ctx)[0]
-    return [f"cake::store_gmem_wgmma_acc<{frag[1]}, {guard}>({w.base}, {src}, {w.ld_row}, {w.ld_col}, "
-            f"{w.rows_in}, {w.cols_in}, (int)threadIdx.x - {first});"]
+    zero = [f"if ({frag[2]}) cake::fill_rmem({src}, 0.0f);  // no wgmma wrote it"] if len(frag) > 2 else []
+    return zero + [f"cake::store_gmem_wgmma_acc<{frag[1]}, {guard}>({w.base}, {src}, {w.ld_row}, {w.ld_col}, "
+                   f"{w.rows_in}, {w.cols_in}, (int)threadIdx.x - {first});"]
 
 
 def _guard_in_role(op: Op):

@@ -78,3 +78,67 @@ def test_ws_gemm_ptx_holds_the_async_instructions(tmp_path):
     for needle in ("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16", "cp.async.bulk.tensor.2d",
                    "mbarrier.try_wait.parity", "setmaxnreg.inc.sync.aligned.u32 232", "wgmma.wait_group.sync.aligned 0"):
         assert needle in ptx, needle
+
+
+# ------------------------------------------------ the m64n256 seed: wide B, wgmma_wait(1), grouped raster
+
+N256 = (Path(__file__).resolve().parents[2] / "cake_core/problems/seeds/gemm_bf16_ws_n256.cake").read_text()
+
+
+def _lower_n256(text: str = N256):
+    return lower(parse_program(text, "gemm_bf16_ws_n256.cake"), "gemm_bf16_ws_n256.cake")
+
+
+def test_n256_seed_splits_b_into_swizzle_span_boxes():
+    r = _lower_n256()
+    assert r.outcome is Outcome.OK, r.diagnostics
+    lk = r.value
+    # b's (64, 256) tile is four (64, 64) boxes: one 128-byte swizzle atom wide each
+    assert [(m.gmem, m.box, m.swizzle) for m in lk.tensor_maps] == [("a", (128, 64), 128), ("b", (64, 64), 128)]
+    src = lk.source
+    b_loads = re.findall(r"cake::tma_load_2d\(\(b_s \+ \(\(kt % S\)\) \* 16384\)( \+ \d+)?, &cake_tmap_b_1, [^;]*\* 256"
+                         r"( \+ \d+)?, \(kt\) \* 64\);", src)
+    assert b_loads == [(" + 0", ""), (" + 4096", " + 64"), (" + 8192", " + 128"), (" + 12288", " + 192")]
+    assert "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16" in src
+    # N-major descriptor: K advances 16 rows of one 64-column block, LBO steps block to block (64 x 128 B)
+    assert "cake::wgmma_desc(cake_b + cake_k * 1024, 8192, 1024, 1)" in src
+    assert "float acc[128];" in src and "cake::wgmma_wait<1>();" in src
+    # lazily zeroed accumulator: scale-d = 0 on the first wgmma, no fill in front of the pipeline
+    assert "int cake_acc_fresh = 1;" in src and '"r"((int)(cake_k > 0 || !cake_acc_fresh))' in src
+    assert "if (cake_acc_fresh) cake::fill_rmem(acc, 0.0f);" in src
+    assert lk.smem_bytes == 4 * (16384 + 32768) + 128
+    assert lk.grid_for({"M": 4096, "N": 4096, "K": 4096}) == (512,)
+
+
+@pytest.mark.parametrize("bn, ok", [(128, True), (192, True), (96, False)])
+def test_wide_b_needs_whole_swizzle_spans(bn, ok):
+    r = _lower_n256(N256.replace('"BN": 256', f'"BN": {bn}'))
+    assert r.ok is ok, r.diagnostics
+    if not ok:
+        assert any(d.rule in ("tma.swizzle_span", "lower.unsupported_layout") for d in r.diagnostics)
+
+
+def test_wide_swizzled_a_is_still_refused_by_the_verifier():
+    from cake_core.ir.check import check_text
+    assert check_text(N256, "gemm_bf16_ws_n256.cake") == []
+    diags = check_text(N256.replace('"BK": 64', '"BK": 128'), "x.cake")
+    assert [d.line for d in diags if d.rule == "tma.swizzle_span"] == [11]     # a's load only, not b's
+    assert not _lower_n256(N256.replace('"BK": 64', '"BK": 128')).ok
+
+
+@pytest.mark.skipif(compile_mod.nvcc_path() is None, reason="nvcc not installed")
+@pytest.mark.parametrize("bn", [256, 128])
+def test_n256_seed_compiles_with_the_wgmma_pipeline_intact(tmp_path, bn):
+    lk = _lower_n256(N256.replace('"BN": 256', f'"BN": {bn}')).value
+    r = compile_kernel(lk, arch="sm_90a", cache_dir=tmp_path)
+    assert r.outcome is Outcome.OK, [d.message for d in r.diagnostics]
+    log = r.artifacts["nvcc.log"]
+    # C7508: setmaxnreg ignored; C7510 / C7515: wgmma serialised (C7515 is what an up-front zero fill of the
+    # accumulator caused once wgmma_wait(1) let the pipeline span loop trips)
+    assert "C7508" not in log and "C7510" not in log and "C7515" not in log, log
+    res = r.value.resources
+    assert res.spill_bytes == 0 and res.stack_bytes == 0
+    cuobjdump = shutil.which("cuobjdump")
+    if cuobjdump:
+        sass = subprocess.run([cuobjdump, "-sass", str(r.value.cubin_path)], capture_output=True, text=True).stdout
+        assert "HGMMA" in sass and "UTMALDG" in sass and "LDL" not in sass

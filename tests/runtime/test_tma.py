@@ -19,16 +19,22 @@ from cake_core.runtime import tma
 
 ROOT = Path(__file__).resolve().parents[2]
 WS = (ROOT / "cake_core/problems/seeds/gemm_bf16_ws.cake").read_text()
+N256 = (ROOT / "cake_core/problems/seeds/gemm_bf16_ws_n256.cake").read_text()
 GEMM = get_problem("gemm_bf16")
 # ragged in M, N and K against BM=128, BN=64, BK=64 (N and K multiples of 8: TMA's 16-byte strides);
 # K > 4 * BK wraps the 4-stage ring several times
 WS_SHAPES = [{"M": 128, "N": 64, "K": 64}, {"M": 64, "N": 8, "K": 8}, {"M": 200, "N": 72, "K": 136},
              {"M": 129, "N": 136, "K": 520}, {"M": 1000, "N": 1000, "K": 1000},
              {"M": 2047, "N": 1032, "K": 520}, {"M": 333, "N": 512, "K": 1288}]
+# the n256 seed (BN=256, grouped raster of G=16 tile rows): N ragged inside and past the 64-column blocks,
+# a partial last group of tile rows (M = 2100: 17 tile rows)
+N256_SHAPES = [{"M": 128, "N": 256, "K": 64}, {"M": 64, "N": 8, "K": 8}, {"M": 200, "N": 72, "K": 136},
+               {"M": 129, "N": 264, "K": 520}, {"M": 333, "N": 520, "K": 392}, {"M": 2100, "N": 520, "K": 72},
+               {"M": 300, "N": 1000, "K": 24}]
 
 
-def _lowered(text: str = WS):
-    r = lower(parse_program(text, "gemm_bf16_ws.cake"), "gemm_bf16_ws.cake")
+def _lowered(text: str = WS, name: str = "gemm_bf16_ws.cake"):
+    r = lower(parse_program(text, name), name)
     assert r.ok, r.diagnostics
     return r.value
 
@@ -146,6 +152,20 @@ def test_module_imports_without_cuda_bindings():
     assert tma.pack_words(list(range(16))).tobytes()[:8] == (0).to_bytes(8, "little")
 
 
+def test_n256_seed_matches_the_oracle_in_the_interpreter():
+    from cake_core.runtime.cpu import check_on_cpu
+    checks = check_on_cpu(parse_program(N256, "gemm_bf16_ws_n256.cake"), GEMM, N256_SHAPES[:5] + N256_SHAPES[6:],
+                          seed=11)
+    assert all(c.correct for c in checks), [(c.shape, c.message) for c in checks if not c.correct]
+
+
+def test_n256_encodes_one_narrow_box_map_for_b():
+    lk = _lowered(N256, "gemm_bf16_ws_n256.cake")
+    specs = tma.tensor_map_specs(lk, {"a": 1024, "b": 2048}, {"M": 300, "N": 520, "K": 136})
+    assert [(s.gmem, s.global_dims, s.box_dims, s.swizzle) for s in specs] == [
+        ("a", (136, 300), (64, 128), "CU_TENSOR_MAP_SWIZZLE_128B"), ("b", (520, 136), (64, 64), "CU_TENSOR_MAP_SWIZZLE_128B")]
+
+
 # ------------------------------------------------------------------ GPU: the ws seed runs
 
 
@@ -200,3 +220,15 @@ def test_a_wrong_ws_kernel_fails_the_gate(tmp_path):
     runs = check_and_time(cr.value, lk, GEMM, [{"M": 256, "N": 128, "K": 64}, {"M": 96, "N": 80, "K": 72}],
                           seed=3, time=False, timeout_s=20)
     assert [r.outcome for r in runs] == ["wrong", "wrong"]
+
+
+@pytest.mark.gpu
+def test_n256_seed_passes_the_gate_on_ragged_shapes(tmp_path):
+    from cake_core.runtime.gpu import check_and_time
+    lk = _lowered(N256, "gemm_bf16_ws_n256.cake")
+    cr = compile_kernel(lk, arch="sm_90a", cache_dir=tmp_path)
+    assert cr.ok, [d.message for d in cr.diagnostics]
+    runs = check_and_time(cr.value, lk, GEMM, N256_SHAPES + [{"M": 1000, "N": 1000, "K": 1000}], seed=12,
+                          time=False, timeout_s=20)
+    bad = [(r.shape, r.outcome, r.message) for r in runs if not r.correct]
+    assert not bad, bad

@@ -213,18 +213,34 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
 
 // store_gmem_wgmma_acc<N, GUARD>(dst, acc, ld_row, ld_col, rows_in, cols_in, tid): a wgmma f32
 // accumulator (64 rows per warpgroup, N columns; thread tid of the role holds N / 2 floats in the
-// m64nNk16 fragment layout) to a gmem window, converting to the gmem dtype.
+// m64nNk16 fragment layout) to a gmem window, converting to the gmem dtype. Each thread's two
+// neighbouring columns (acc[2i], acc[2i + 1]) go out as one 2-element vector store when the window's
+// rows are contiguous and every pair lands aligned (ld_col == 1, even ld_row, dst aligned to two
+// elements); otherwise, and at a ragged right edge, element by element.
+template <typename T> struct alignas(2 * sizeof(T)) elem_pair { T x, y; };
+
 template <int N, bool GUARD, int SLOTS, typename TD>
 __device__ __forceinline__ void store_gmem_wgmma_acc(TD* dst, const float (&acc)[SLOTS], index_t ld_row,
                                                      index_t ld_col, int rows_in, int cols_in, int tid) {
     static_assert(SLOTS * 2 == N, "a wgmma accumulator holds N / 2 floats per thread");
     const int wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
     const int row0 = wg * 64 + warp * 16 + lane / 4;
+    const bool pairs = ld_col == 1 && ld_row % 2 == 0 && reinterpret_cast<uintptr_t>(dst) % (2 * sizeof(TD)) == 0;
 #pragma unroll
-    for (int s = 0; s < SLOTS; ++s) {
+    for (int s = 0; s < SLOTS; s += 2) {
         const int r = row0 + ((s % 4) / 2) * 8;
-        const int c = (s / 4) * 8 + (lane % 4) * 2 + (s % 2);
-        if (!GUARD || (r < rows_in && c < cols_in)) dst[r * ld_row + c * ld_col] = convert<TD>(acc[s]);
+        const int c = (s / 4) * 8 + (lane % 4) * 2;
+        if (GUARD && r >= rows_in) continue;
+        TD* const p = dst + r * ld_row + c * ld_col;
+        if (pairs && (!GUARD || c + 1 < cols_in)) {
+            elem_pair<TD> v;
+            v.x = convert<TD>(acc[s]);
+            v.y = convert<TD>(acc[s + 1]);
+            *reinterpret_cast<elem_pair<TD>*>(p) = v;
+        } else {
+            if (!GUARD || c < cols_in) p[0] = convert<TD>(acc[s]);
+            if (!GUARD || c + 1 < cols_in) p[ld_col] = convert<TD>(acc[s + 1]);
+        }
     }
 }
 
