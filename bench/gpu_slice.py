@@ -56,11 +56,17 @@ def main() -> int:
     sys.path.insert(0, str(ROOT))
     from warehouse import Warehouse
     wh = Warehouse(home / "warehouse")
-    outcomes = wh.query("select outcome, count(*) as n from attempts group by 1 order by 2 desc").to_pylist()
+    outcomes = wh.query("select outcome, count(*) as n, round(sum(gpu_seconds), 2) as gpu_s from attempts "
+                        "group by 1 order by 2 desc").to_pylist()
+    confirmed = wh.query("""
+        select c.shape, s.median_ms as search_ms, c.median_ms as confirm_ms
+        from measurements c join measurements s on s.attempt_id = c.attempt_id and s.shape = c.shape
+        where c.kind = 'confirm' and s.kind = 'search' order by c.shape""").to_pylist()
     best = wh.query("""
         select m.shape, m.gpu_model, m.timer, m.l2, m.median_ms, m.p10_ms, m.p90_ms, m.runs, m.max_error,
                a.tactic, a.ir_hash
         from measurements m join attempts a using (attempt_id)
+        where m.kind = 'search'
         qualify row_number() over (partition by m.shape order by m.median_ms) = 1
         order by m.shape""").to_pylist()
     wh.export("select * from attempts", out / "attempts.csv", "csv")
@@ -69,11 +75,13 @@ def main() -> int:
     gpu = best[0]["gpu_model"] if best else None
     summary = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "command": " ".join(cmd[3:]),
                "machine": f"{gpu or 'no GPU'}; {platform.node()}", "wall_s": round(wall, 1),
-               "outcomes": outcomes, "best_per_shape": best}
+               "outcomes": outcomes, "best_per_shape": best, "confirmed": confirmed}
     (out / "gpu_slice.json").write_text(json.dumps(summary, indent=2, default=str))
 
     print(f"\nslice on {gpu}: cake evolve finished in {wall:.0f} s")
-    print("outcomes: " + ", ".join(f"{r['outcome']}={r['n']}" for r in outcomes))
+    print("outcomes (GPU s held): " + ", ".join(f"{r['outcome']}={r['n']} ({r['gpu_s']} s)" for r in outcomes))
+    print("confirmed winners (search → confirm ms): " +
+          ", ".join(f"{r['shape']} {r['search_ms']:.4f}→{r['confirm_ms']:.4f}" for r in confirmed))
     print(f"{'shape':<22}{'median ms':>11}{'p10':>10}{'p90':>10}{'runs':>6}  tactic")
     for r in best:
         print(f"{r['shape']:<22}{r['median_ms']:>11.4f}{r['p10_ms']:>10.4f}{r['p90_ms']:>10.4f}{r['runs']:>6}  "
