@@ -1,6 +1,6 @@
 """The default agent: offline, deterministic under a seed.
 
-Generation 0 is the problem's seed program. Later generations take parents
+Generation 0 is the problem's seed program and its best-known programs. Later generations take parents
 from the best candidates so far and apply one or two tactics, each chosen with
 a weight from its track record (Laplace-smoothed success rate), skipping
 programs already tried.
@@ -31,8 +31,10 @@ class TacticAgent:
     def propose(self, problem: Problem, ctx: Context) -> list[Candidate]:
         seed = parse_program(problem.seed_text(), problem.seed_file)
         if ctx.generation == 0:
-            return [Candidate(seed.text(), (), self.name, "seed")][: ctx.population] + \
-                self._mutants([(seed.text(), 0.0)], ctx, ctx.population - 1)
+            known = [Candidate(seed.text(), (), self.name, "seed")] + \
+                [Candidate(parse_program(t).text(), (), self.name, "best-known") for t in problem.best_texts()]
+            known = known[: ctx.population]
+            return known + self._mutants([(seed.text(), 0.0)], ctx, ctx.population - len(known))
         return self._mutants(ctx.best or [(seed.text(), 0.0)], ctx, ctx.population)
 
     def _mutants(self, parents: list[tuple[str, float]], ctx: Context, n: int) -> list[Candidate]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Iterable, Iterator
 
-from cake_core.ir.expr import Bin, symbols
+from cake_core.ir.expr import Bin, symbols, try_evaluate
 from cake_core.ir.ops import At, Node, Op, Tile, View
 from cake_core.ir.ops_async import Slot
 from cake_core.ir.protocol import RULE_IDS, check_protocol
@@ -264,6 +264,29 @@ def _tma_global_align(ctx: Ctx) -> Iterable[Diagnostic]:
                                                       f"needs strides that are multiples of {align} B", path=path,
                                hint="pad the tensor's inner dimension, or use load()/cp_async()")
                 break
+            if inner is None:      # symbolic: the run's shapes, when known, decide (with a witness)
+                bad = next(((sh, st) for sh in ctx.shapes
+                            if (st := _stride_bytes(ctx, g.shape[k:], g.dtype.bytes, sh)) is not None
+                            and st % align), None)
+                if bad is not None:
+                    sh, st = bad
+                    yield ctx.diag("tma.global_align", n, f"rows of `{v.buf}` are {st} B apart on a shape of this "
+                                                          f"run; TMA needs strides that are multiples of {align} B",
+                                   path=path, witness=[f"shape {', '.join(f'{a}={b}' for a, b in sh.items())}"],
+                                   hint="run this kernel on shapes whose inner dimensions are multiples of "
+                                        f"{align // g.dtype.bytes} elements, or use load()/cp_async()")
+                    break
+
+
+def _stride_bytes(ctx: Ctx, dims, nbytes: int, shape: dict[str, int]) -> int | None:
+    env = {**shape, **ctx.consts}
+    total = 1
+    for d in dims:
+        v = try_evaluate(d, env)
+        if v is None:
+            return None
+        total *= int(v)
+    return total * nbytes
 
 
 @rule("tma.smem_align", "tma", "each smem slot a TMA copy writes must stay aligned (128 B; 1024 B with swizzle 128)")

@@ -104,6 +104,9 @@ class Problem:
     # the oracle on a subset of rows, for headline shapes whose full fp64 oracle is too slow on a CPU
     # (see :class:`RowOracle`); None where the full oracle is cheap enough or nobody needed one yet
     rows: RowOracle | None = None
+    # the best programs known for the problem (files in seeds/), offered beside the naive seed;
+    # they may need shapes the seed does not (e.g. TMA's 16-byte-aligned rows): the verifier says so
+    best_files: tuple[str, ...] = ()
 
     def oracle_rows(self, inputs: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
         """The oracle for the output rows ``rows`` only (a 1-D index array, see :class:`RowOracle`);
@@ -130,6 +133,9 @@ class Problem:
 
     def seed_text(self) -> str:
         return (SEEDS_DIR / self.seed_file).read_text()
+
+    def best_texts(self) -> list[str]:
+        return [(SEEDS_DIR / f).read_text() for f in self.best_files]
 
     def shape_set(self, name: str) -> ShapeSet:
         return load_shape_set(self, name)

@@ -86,3 +86,10 @@ def test_cost_model_covers_every_seed_and_wgmma_beats_fma():
     ws = parse_program((Path(__file__).parents[2] / "cake_core/problems/seeds/gemm_bf16_ws.cake").read_text())
     big = {"M": 4096, "N": 4096, "K": 4096}
     assert m.estimate(ws, big).ms < m.estimate(SEED, big).ms / 5
+
+
+def test_generation_zero_offers_the_best_known_programs():
+    cands = TacticAgent(0).propose(GEMM, Context(0, 0, 6))
+    assert [c.tactic for c in cands[:3]] == ["seed", "best-known", "best-known"]
+    assert {parse_program(c.text).name for c in cands[1:3]} == {"gemm_bf16_ws_n256", "gemm_bf16_ws"}
+    assert len(cands) == 6

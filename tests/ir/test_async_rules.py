@@ -78,3 +78,18 @@ def test_rule_limits_come_from_the_target_data(monkeypatch):
     import cake_core.ir.verify as verify_mod
     monkeypatch.setattr(verify_mod, "load_target", lambda arch: data)
     assert any(d.rule == "setmaxnreg.value" and d.line == 7 for d in check_text(SEED))   # 40 is not a step of 16
+
+
+def test_tma_global_align_judges_symbolic_strides_on_the_runs_shapes():
+    from pathlib import Path
+
+    from cake_core.ir.text import parse_program
+    from cake_core.ir.verify import verify
+    seeds = Path(__file__).resolve().parents[2] / "cake_core" / "problems" / "seeds"
+    prog = parse_program((seeds / "gemm_bf16_ws_n256.cake").read_text())
+    assert not [d for d in verify(prog, shapes=[{"M": 1000, "N": 1000, "K": 1000}]) if d.is_error]
+    hits = [d for d in verify(prog, shapes=[{"M": 64, "N": 64, "K": 64}, {"M": 2047, "N": 1024, "K": 513}])
+            if d.rule == "tma.global_align"]
+    assert len(hits) == 1 and "1026 B apart" in hits[0].message      # a's rows: K = 513 bf16
+    assert hits[0].witness == ("shape M=2047, N=1024, K=513",)
+    assert hits[0].line == next(i for i, ln in enumerate(prog.text().splitlines(), 1) if "tma_load(a_s" in ln)
