@@ -51,6 +51,10 @@ def test_planted_failure_becomes_an_approved_rule_used_by_the_next_run(services,
     # Plant a recurring failure: an agent that keeps dropping tail guards on ragged shapes.
     planted = {"drop_guards": tactics_mod.drop_guards, "retile": tactics_mod.retile}
     monkeypatch.setattr(flows.evolve, "TACTICS", planted)
+    from dataclasses import replace
+
+    from cake_core.problems import PROBLEMS
+    monkeypatch.setitem(PROBLEMS, "gemm_bf16", replace(PROBLEMS["gemm_bf16"], best_files=()))  # mutants only
     first = _evolve(services, wh_root, "run-1", generations=2, population=5, seed=11)
     assert first["outcomes"].get("runtime_fault", 0) >= 3, first
 
