@@ -162,3 +162,31 @@ def test_stale_temp_file_is_ignored_and_cleaned(wh):
     assert wh.query("select count(*) n from attempts").to_pylist() == [{"n": 1}]
     Warehouse(wh.root)
     assert not tmp.exists()
+
+
+def test_an_additive_migration_upgrades_and_keeps_old_batches(tmp_path, monkeypatch):
+    import shutil
+    from datetime import datetime
+
+    from warehouse import schema as schema_mod
+    old = Warehouse(tmp_path / "wh")
+    row = {"run_id": "r1", "problem": "gemm_bf16", "shape_set": "gemm_small", "harness_version": 0,
+           "agent": "tactic", "seed": 0, "generations": 1, "population": 1, "host": "h",
+           "started_at": datetime(2026, 11, 29), "status": "running"}
+    old.append("runs", [row])
+    sql = tmp_path / "schema"
+    shutil.copytree(schema_mod.SCHEMA_DIR, sql)
+    (sql / "002_run_notes.sql").write_text("alter table runs add column note VARCHAR;\n")
+    monkeypatch.setattr(schema_mod, "SCHEMA_DIR", sql)
+    schema_mod.load_schema.cache_clear()
+    try:
+        new = Warehouse(tmp_path / "wh")
+        assert (tmp_path / "wh" / "SCHEMA_VERSION").read_text().strip() == "2"
+        new.append("runs", [{**row, "run_id": "r2", "note": "after the migration"}])
+        got = new.query("select run_id, note from runs order by run_id").to_pylist()
+        assert got == [{"run_id": "r1", "note": None}, {"run_id": "r2", "note": "after the migration"}]
+    finally:
+        monkeypatch.undo()
+        schema_mod.load_schema.cache_clear()
+    with pytest.raises(WarehouseError, match="schema version 2 but this code knows only up to version 1"):
+        Warehouse(tmp_path / "wh")
