@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 from cake_core.harness.version import HarnessSpec
+from cake_core.ir.expr import symbols
 from cake_core.ir.program import Program
 from cake_core.ir.text import parse
 from cake_core.ir.verify import verify
@@ -44,7 +45,6 @@ def verify_stage(text: str, harness: HarnessSpec, problem: Problem, shapes: list
 
 
 def _syms(p) -> set[str]:
-    from cake_core.ir.expr import symbols
     out: set[str] = set()
     for d in p.type.shape:
         out |= symbols(d)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -49,7 +50,6 @@ class Attempt:
     def predicted_ms(self) -> float | None:
         if not self.predictions:
             return None
-        import math
         v = list(self.predictions.values())
         return math.exp(sum(math.log(x) for x in v) / len(v))
 

@@ -12,14 +12,14 @@ from typing import Any
 
 import numpy as np
 from prefect import task
-from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 from prefect.cache_policies import NO_CACHE
+from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from cake_core.agents.base import Candidate, Context
 from cake_core.harness.version import HarnessSpec
 from cake_core.ir.features import features
 from cake_core.model.cost import CostModel
-from cake_core.outcome import Outcome, StageResult
+from cake_core.outcome import Diagnostic, Outcome, Severity, StageResult
 from cake_core.pipeline import check_stage, compile_stage, predict_stage, verify_stage
 from cake_core.problems import get_problem
 from cake_core.problems.base import shape_key
@@ -169,7 +169,6 @@ def time_gpu(pool: ActorPool, attempts: list[Attempt], problem: str, shapes: lis
                      "message": s.message or None} for s in runs]
         bad = next((s for s in runs if not s.correct), None)
         if bad is not None:
-            from cake_core.outcome import Diagnostic, Severity
             a.stop(StageResult("time", Outcome.WRONG, [Diagnostic(
                 "check.mismatch", Severity.ERROR, f"{shape_key(bad.shape)}: {bad.message}", 0, 0, "",
                 "compare the indexing of loads and stores with the problem's semantics")]))
@@ -213,6 +212,5 @@ def confirm_gpu(warehouse_root: str, pool: ActorPool, measured: list[Attempt], p
 
 
 def _fault_result(stage: str, f: Fault) -> StageResult:
-    from cake_core.outcome import Diagnostic, Severity
     rule = "runtime.timeout" if f.outcome == "timeout" else "runtime.fault"
     return StageResult(stage, Outcome(f.outcome), [Diagnostic(rule, Severity.ERROR, f.message)])

@@ -133,23 +133,30 @@ __device__ __forceinline__ void mma_sync_rmem_smem(float (&acc)[SLOTS], const T*
 // The gmem window is ROWS x COLS (as for load_rmem_gmem / store_gmem_rmem); the tile is M x N
 // with the same elements in the same row-major order (ROWS * COLS == M * N).
 
+// mma_window_coord<COLS, ...>(s, r, c): the window position of slot s of this thread; a window of
+// another shape than the tile holds the same elements in the same row-major order.
+template <int COLS, int M, int N, int THREADS, int WM, int WN>
+__device__ __forceinline__ void mma_window_coord(int s, int& r, int& c) {
+    mma_layout<M, N, THREADS, WM, WN>::coord(s, r, c);
+    if constexpr (COLS != N) {
+        const int e = r * N + c;
+        r = e / COLS;
+        c = e % COLS;
+    }
+}
+
 // store_gmem_mma_acc<...>(dst, src, ...): the window's element at the tile's (r, c) := slot s.
 template <int ROWS, int COLS, int M, int N, int THREADS, int WM, int WN, bool GUARD, int SLOTS, typename TD,
           typename TR>
 __device__ __forceinline__ void store_gmem_mma_acc(TD* dst, const TR (&src)[SLOTS], index_t ld_row,
                                                    index_t ld_col, int rows_in, int cols_in) {
-    using L = mma_layout<M, N, THREADS, WM, WN>;
-    static_assert(SLOTS == L::SLOTS, "the accumulator holds M * N / THREADS slots per thread");
+    static_assert(SLOTS == mma_layout<M, N, THREADS, WM, WN>::SLOTS,
+                  "the accumulator holds M * N / THREADS slots per thread");
     static_assert(ROWS * COLS == M * N, "the window holds the tile's elements");
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
         int r, c;
-        L::coord(s, r, c);
-        if constexpr (COLS != N) {   // a window of another shape: same elements, row-major order
-            const int e = r * N + c;
-            r = e / COLS;
-            c = e % COLS;
-        }
+        mma_window_coord<COLS, M, N, THREADS, WM, WN>(s, r, c);
         if (!GUARD || (r < rows_in && c < cols_in)) dst[r * ld_row + c * ld_col] = convert<TD>(src[s]);
     }
 }
@@ -159,18 +166,13 @@ template <int ROWS, int COLS, int M, int N, int THREADS, int WM, int WN, bool GU
           typename TS>
 __device__ __forceinline__ void load_mma_acc_gmem(TR (&dst)[SLOTS], const TS* src, index_t ld_row,
                                                   index_t ld_col, int rows_in, int cols_in) {
-    using L = mma_layout<M, N, THREADS, WM, WN>;
-    static_assert(SLOTS == L::SLOTS, "the accumulator holds M * N / THREADS slots per thread");
+    static_assert(SLOTS == mma_layout<M, N, THREADS, WM, WN>::SLOTS,
+                  "the accumulator holds M * N / THREADS slots per thread");
     static_assert(ROWS * COLS == M * N, "the window holds the tile's elements");
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
         int r, c;
-        L::coord(s, r, c);
-        if constexpr (COLS != N) {
-            const int e = r * N + c;
-            r = e / COLS;
-            c = e % COLS;
-        }
+        mma_window_coord<COLS, M, N, THREADS, WM, WN>(s, r, c);
         dst[s] = (!GUARD || (r < rows_in && c < cols_in)) ? convert<TR>(src[r * ld_row + c * ld_col]) : zero<TR>();
     }
 }
