@@ -6,7 +6,8 @@
 
 For each problem (``--problems``, default all) and each shape of its headline set (the last of its
 ``shape_sets``, rows of the ``--roles`` given, default ``headline``; ``--shapes`` replaces them):
-compile our seed and every ``--program FILE`` whose parameters are the problem's (lower + nvcc,
+compile our seed, the problem's best-known programs (``Problem.best_files``; ``--no-best`` leaves
+them out) and every ``--program FILE`` whose parameters are the problem's (lower + nvcc,
 sm_90a), check and time each with ``cake_core.runtime.gpu.check_and_time`` (fresh seeded inputs,
 poisoned outputs, fp64 oracle, perturbation check, re-check after timing; CUDA events, warm-up,
 L2 flushed by a 256 MiB write before every timed run, median of ≥ 20); then run every peer of the
@@ -22,6 +23,10 @@ Per row: shape, ours ms, peer ms, speed-up (peer / ours), the floor max(flops / 
 bytes / 4.22 TB/s) and the fraction of it each reaches. A short table is printed last; the rows go to
 ``corpus_vs_peers.json`` and ``corpus_vs_peers.md`` under ``--out`` (default $OUT) after every shape,
 so a run cut short still leaves what it measured. ``--deadline-s`` skips shapes once it has passed.
+
+Last, the targets (``TARGETS``: the reference peer of each problem, the speed-up asked for, or the
+fraction of the floor that also counts): per shape, our fastest correct program against the faster
+of the reference peers, and per problem the geometric mean of those ratios over the shapes run.
 """
 from __future__ import annotations
 
@@ -35,6 +40,7 @@ import time
 import traceback
 from dataclasses import asdict
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -44,7 +50,7 @@ from cake_core.errors import CakeError  # noqa: E402
 from cake_core.ir.text import parse_program  # noqa: E402
 from cake_core.lower import compile_kernel, lower  # noqa: E402
 from cake_core.problems import PROBLEMS, get_problem, shape_key  # noqa: E402
-from cake_core.problems.base import parse_shape_key  # noqa: E402
+from cake_core.problems.base import SEEDS_DIR, parse_shape_key  # noqa: E402
 from cake_core.problems.peers import (PeerUnavailable, make_peer, peer_names, pick_rows,  # noqa: E402
                                       row_subset_problem, time_peer)
 
@@ -52,6 +58,74 @@ PEAK_BF16_FLOPS = 790e12      # DESIGN §10: cuBLAS bf16 8192³ on this H200, up
 PEAK_BYTES_PER_S = 4.22e12    # DESIGN §10: measured copy bandwidth (read + write)
 ORDER = ("tinygemm", "gemm_bf16", "kmeans_assign", "knn_topk", "kmeans_update")
 SUBSET_ROWS = {"kmeans_assign": 4096}    # default 256 (rows of C, queries, clusters)
+
+
+class Target(NamedTuple):
+    """What a problem's row must reach: ``speedup`` x the fastest of ``peers`` on ``shapes`` (all the
+    shapes run when empty), or a time within ``floor_slack`` x the weight-read floor where given."""
+    peers: tuple[str, ...]
+    speedup: float
+    shapes: tuple[str, ...] = ()
+    geomean: float | None = None          # over every shape run, when the problem asks for it
+    floor_slack: float | None = None      # e.g. 1.15: within 15 % of ``floor_fn``'s floor also counts
+    floor_fn: str = ""                    # "weights": N*K*2 bytes at the measured bandwidth
+
+
+TARGETS = {
+    "kmeans_assign": Target(("flash-kmeans",), 1.3, ("B=32,N=65536,K=1024,D=128",), geomean=1.1),
+    "gemm_bf16": Target(("torch.matmul", "torch.mm_f32"), 0.9, ("M=4096,N=4096,K=4096", "M=8192,N=8192,K=8192")),
+    "tinygemm": Target(("torch.matmul", "torch.mm_f32"), 1.3, floor_slack=1.15, floor_fn="weights"),
+    "knn_topk": Target(("torch",), 10.0, ("Q=4096,N=1048576,D=128,k=10",)),
+    "kmeans_update": Target(("flash-kmeans-sorted",), 1.5, ("B=32,N=65536,K=1024,D=128",)),
+}
+
+
+def weight_floor_ms(shape) -> float:
+    return 1e3 * shape["N"] * shape["K"] * 2 / PEAK_BYTES_PER_S
+
+
+def verdicts(rows: list[dict]) -> tuple[list[str], dict]:
+    """The target table (markdown lines) and its rows as data: per shape our fastest correct program
+    against the fastest correct reference peer."""
+    out = ["| problem | shape | ours (best) | ours ms | reference | ref ms | ref/ours | target | % floor | met |",
+           "|---|---|---|---:|---|---:|---:|---|---:|---|"]
+    data: dict = {}
+    for row in rows:
+        t = TARGETS.get(row["problem"])
+        if t is None or row.get("skipped"):
+            continue
+        ours = [o for o in row["ours"] if o.get("correct") and o.get("median_ms")]
+        refs = [p for p in row["peers"] if p.get("correct") and p.get("median_ms") and p["peer"] in t.peers]
+        if not ours or not refs:
+            out.append(f"| {row['problem']} | {row['shape_key']} | {'-' if not ours else ''} | | "
+                       f"{'no correct reference peer' if not refs else ''} | | | | | no |")
+            continue
+        o = min(ours, key=lambda r: r["median_ms"])
+        p = min(refs, key=lambda r: r["median_ms"])
+        ratio = p["median_ms"] / o["median_ms"]
+        counted = not t.shapes or row["shape_key"] in t.shapes
+        want = f">= {t.speedup:g}x"
+        met = ratio >= t.speedup
+        if t.floor_slack:
+            wf = weight_floor_ms(row["shape"])
+            want += f" or <= {t.floor_slack * wf:.4f} ms"
+            met = met or o["median_ms"] <= t.floor_slack * wf
+        d = data.setdefault(row["problem"], {"ratios": [], "rows": []})
+        d["ratios"].append(ratio)
+        d["rows"].append({"shape": row["shape_key"], "ours": o["program"], "ours_ms": o["median_ms"],
+                          "ref": p["peer"], "ref_ms": p["median_ms"], "ratio": ratio, "counted": counted,
+                          "met": met if counted else None, "pct_floor": 100 * row["floor_ms"] / o["median_ms"]})
+        out.append(f"| {row['problem']} | {row['shape_key']} | {o['program']} | {fmt_ms(o['median_ms'])} | {p['peer']} "
+                   f"| {fmt_ms(p['median_ms'])} | {ratio:.3g}x | {want if counted else '(not a target row)'} "
+                   f"| {100 * row['floor_ms'] / o['median_ms']:.1f}% | {('yes' if met else 'NO') if counted else '-'} |")
+    for name, d in data.items():
+        g = float(np.exp(np.mean(np.log(d["ratios"]))))
+        d["geomean"] = g
+        t = TARGETS[name]
+        if t.geomean is not None:
+            out.append(f"| {name} | geomean of {len(d['ratios'])} shapes | | | | | {g:.3g}x | >= {t.geomean:g}x | "
+                       f"| {'yes' if g >= t.geomean else 'NO'} |")
+    return out, data
 
 
 def floor_ms(problem, shape) -> float:
@@ -177,7 +251,8 @@ def main() -> int:
     ap.add_argument("--shapes", default="", help="';'-separated shape keys (one problem), e.g. 'M=1,N=4096,K=4096'")
     ap.add_argument("--roles", default="headline", help="shape roles of the headline set to run")
     ap.add_argument("--program", action="append", default=[], help="another Cake IR file to run (repeatable)")
-    ap.add_argument("--no-seed", action="store_true", help="run only the --program files")
+    ap.add_argument("--no-seed", action="store_true", help="leave the naive seed out")
+    ap.add_argument("--no-best", action="store_true", help="leave the problems' best-known programs out")
     ap.add_argument("--peers", default="", help="only these peers (names from cake_core.problems.peers.PEERS)")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--reps", type=int, default=20)
@@ -219,11 +294,14 @@ def main() -> int:
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / "corpus_vs_peers.json").write_text(json.dumps(record, indent=1, default=str))
-            (args.out / "corpus_vs_peers.md").write_text("\n".join(table(rows)) + "\n")
+            lines, record["targets"] = verdicts(rows)
+            (args.out / "corpus_vs_peers.md").write_text("\n".join(table(rows) + [""] + lines) + "\n")
 
     for problem in problems:
         progs = []
-        for label, text in ([] if args.no_seed else [(f"seed:{problem.seed_file}", problem.seed_text())]) + extra:
+        best = [] if args.no_best else [(f"best:{f}", (SEEDS_DIR / f).read_text()) for f in problem.best_files]
+        seed = [] if args.no_seed else [(f"seed:{problem.seed_file}", problem.seed_text())]
+        for label, text in seed + best + extra:
             key = f"{problem.name}/{label}"
             c = compile_program(label, text, cache)
             if c["ok"] and not fits(problem, c["lowered"]):
@@ -233,7 +311,7 @@ def main() -> int:
                                                    f"{c['resources']}" if c["ok"] else f"FAILED {c['error']}"),
                   flush=True)
             if c["ok"]:
-                progs.append((Path(label).stem if not label.startswith("seed:") else "seed", c))
+                progs.append(("seed" if label.startswith("seed:") else Path(label.split(":")[-1]).stem, c))
         if args.shapes:
             shapes = [(parse_shape_key(k, problem.dims), "given") for k in args.shapes.split(";") if k]
         else:
@@ -300,6 +378,8 @@ def main() -> int:
     print(f"\ntotal {time.perf_counter() - t_start:.0f} s; gpu {model}; floor = max(flops / 790 TFLOP/s, "
           f"bytes / 4.22 TB/s); peer/ours > 1 means ours is faster\n")
     print("\n".join(table(rows)))
+    print()
+    print("\n".join(verdicts(rows)[0]))
     save()
     ours_bad = any(o.get("correct") is False for r in rows for o in r["ours"])
     return 2 if ours_bad else 0

@@ -147,6 +147,47 @@ def test_bench_table_and_floor_import_on_cpu():
     assert "skipped: deadline" in lines[3]
 
 
+def _bench_module():
+    path = Path(__file__).resolve().parents[2] / "bench" / "corpus_vs_peers.py"
+    spec = importlib.util.spec_from_file_location("corpus_vs_peers", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_bench_targets_take_our_fastest_correct_program_against_the_fastest_reference():
+    mod = _bench_module()
+    key = "B=32,N=65536,K=1024,D=128"
+
+    def row(ours, peers, shape_key=key, problem="kmeans_assign"):
+        return {"problem": problem, "shape_key": shape_key, "shape": {}, "floor_ms": 0.7,
+                "ours": [{"program": n, "median_ms": ms, "correct": ok} for n, ms, ok in ours],
+                "peers": [{"peer": n, "median_ms": ms, "correct": ok} for n, ms, ok in peers]}
+    # a wrong program is never the best, however fast; the torch peer is not the reference
+    lines, data = mod.verdicts([row([("seed", 30.0, True), ("fast_but_wrong", 0.1, False), ("ws", 1.0, True)],
+                                    [("flash-kmeans", 1.58, True), ("torch", 0.5, True)])])
+    r = data["kmeans_assign"]["rows"][0]
+    assert (r["ours"], r["ref"], r["met"]) == ("ws", "flash-kmeans", True) and r["ratio"] == pytest.approx(1.58)
+    assert r["pct_floor"] == pytest.approx(70.0)
+    lines, data = mod.verdicts([row([("ws", 1.3, True)], [("flash-kmeans", 1.58, True)]),
+                                row([("ws", 1.0, True)], [("flash-kmeans", 0.9, True)], shape_key="B=1,N=2,K=3,D=4")])
+    assert data["kmeans_assign"]["rows"][0]["met"] is False          # 1.22x < 1.3x
+    assert data["kmeans_assign"]["rows"][1]["met"] is None           # not a target row, still in the geomean
+    assert data["kmeans_assign"]["geomean"] == pytest.approx((1.58 / 1.3 * 0.9) ** 0.5)
+    assert "NO" in lines[-1] and "geomean" in lines[-1]
+    # tinygemm: within 15 % of the weight-read floor counts even below 1.3x cuBLAS
+    s = {"M": 1, "N": 4096, "K": 4096}
+    wf = mod.weight_floor_ms(s)
+    near = row([("splitk", 1.1 * wf, True)], [("torch.mm_f32", 1.2 * wf, True)], "M=1,N=4096,K=4096", "tinygemm")
+    far = row([("splitk", 1.3 * wf, True)], [("torch.mm_f32", 1.4 * wf, True)], "M=1,N=4096,K=4096", "tinygemm")
+    near["shape"] = far["shape"] = s
+    _, data = mod.verdicts([near, far])
+    assert [r["met"] for r in data["tinygemm"]["rows"]] == [True, False]
+    # no correct reference peer: the row says so and is not met
+    lines, _ = mod.verdicts([row([("ws", 1.0, True)], [("flash-kmeans", 1.0, False)])])
+    assert "no correct reference peer" in lines[-1] and lines[-1].endswith("no |")
+
+
 def test_a_bf16_c_passes_at_the_bf16_tolerance_not_at_the_fp32_one():
     """torch.matmul's bf16 C is right up to bf16 rounding: the fp32 tolerance calls it wrong."""
     p = get_problem("tinygemm")
