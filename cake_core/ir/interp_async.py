@@ -152,7 +152,34 @@ def _tma_store(cta: _CTA, n: Node) -> None:
 def _mma_slots(cta: _CTA, n: Node) -> None:
     acc = cta.tiles[n.arg("acc")]
     a, b = _slot(cta, n, n.arg("a")), _slot(cta, n, n.arg("b"))
-    acc += a.astype(np.float32) @ b.astype(np.float32)
+    if n.op is Op.WGMMA and n.attr("b_major") == "k":
+        b = b.T
+    prod = a.astype(np.float32) @ b.astype(np.float32)
+    if prod.shape != acc.shape:
+        raise InterpFault(n, f"a {a.shape} @ b {b.shape} gives {prod.shape}, the accumulator is {acc.shape}")
+    if n.op is Op.WGMMA and not n.attr("accumulate"):
+        acc[...] = prod
+    else:
+        acc += prod
+
+
+def _argmin_bias(cta: _CTA, n: Node) -> None:
+    """scores = bias - beta * dots (f32), then argmin_update's running merge (strictly smaller wins)."""
+    dots, bias = cta.tiles[n.arg("dots")], _slot(cta, n, n.arg("bias")).reshape(-1)
+    if dots.ndim != 2 or bias.size != dots.shape[1]:
+        raise InterpFault(n, f"dots {dots.shape} needs a bias of {dots.shape[-1]} values, got {bias.shape}")
+    base, limit = cta.ev(n.arg("base")), cta.ev(n.arg("limit"))
+    m = max(0, min(dots.shape[1], limit - base))
+    if m == 0:
+        return
+    with np.errstate(all="ignore"):
+        s = bias[None, :m].astype(np.float32) - np.float32(n.attr("beta")) * dots[:, :m].astype(np.float32)
+    best, arg = cta.tiles[n.arg("best")].reshape(-1), cta.tiles[n.arg("arg")].reshape(-1)
+    j = np.argmin(s, axis=1)
+    v = s[np.arange(s.shape[0]), j]
+    better = v < best.astype(np.float32)
+    best[better] = v[better]
+    arg[better] = base + j[better]
 
 
 def _nothing(cta: _CTA, n: Node) -> None:
@@ -178,6 +205,7 @@ SEMANTICS.update({
     Op.CLUSTER_SYNC: _nothing,
     Op.WGMMA: _mma_slots,
     Op.WGMMA_WAIT: _nothing,
+    Op.ARGMIN_BIAS: _argmin_bias,
     Op.TCGEN05_MMA: _mma_slots,
 })
 

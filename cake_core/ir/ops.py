@@ -49,6 +49,7 @@ class Op(str, enum.Enum):
     CLUSTER_SYNC = "cluster_sync"
     WGMMA = "wgmma"
     WGMMA_WAIT = "wgmma_wait"
+    ARGMIN_BIAS = "argmin_bias"
     TCGEN05_MMA = "tcgen05_mma"
     # -- compute (tile math, reductions, running arg-min / top-k, atomics; see ops_compute.py)
     FILL = "fill"

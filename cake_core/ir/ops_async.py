@@ -28,7 +28,17 @@ lowering) agrees on:
   zero) and completes the box's bytes on ``bar``, out-of-bounds bytes included.
 - ``wgmma`` is asynchronous: ``acc += a @ b`` is issued as one commit group;
   ``wgmma_wait(n)`` waits until at most ``n`` groups are in flight. The operand
-  slots are read until then.
+  slots are read until then. ``b_major="n"`` (the default) takes b as (K, N),
+  each row along N; ``b_major="k"`` takes b as (N, K), each row along K (the
+  reduction dim), like a: ``acc += a @ b.T``. ``accumulate=False`` drops acc's old
+  value: ``acc = a @ b`` (a fresh tile in a loop without a separate fill).
+- ``argmin_bias`` is the fused epilogue of a distance kernel on a wgmma
+  accumulator: scores ``bias[j] - beta * dots[r, j]`` (bias an smem slot of
+  per-column values, e.g. squared centroid norms) feed a running arg-min like
+  ``argmin_update``. Its ``best`` / ``arg`` tiles are row state of the
+  accumulator's fragment: the lowering keeps a private partial per thread for the
+  rows it owns and merges the 4 lanes of a quad when the tile is stored, so
+  ``store`` is the only other op that may read them.
 """
 from __future__ import annotations
 
@@ -48,7 +58,8 @@ class Slot:
 
 ASYNC_OPS = (Op.ROLE, Op.MBARRIER, Op.EXPECT_TX, Op.ARRIVE, Op.WAIT, Op.TMA_LOAD, Op.TMA_STORE, Op.CP_ASYNC,
              Op.CP_ASYNC_WAIT, Op.FENCE_ASYNC, Op.CLUSTER, Op.CLUSTER_SYNC, Op.WGMMA, Op.WGMMA_WAIT,
-             Op.TCGEN05_MMA)
+             Op.ARGMIN_BIAS, Op.TCGEN05_MMA)
+FRAGMENT_EPILOGUES = (Op.ARGMIN_BIAS,)     # running merges on a wgmma accumulator (row state per fragment)
 
 
 register(OpDef(Op.ROLE, (("name", "str"), ("warps", "warps")),
@@ -117,15 +128,33 @@ register(OpDef(Op.CLUSTER_SYNC, (),
                summary="Cluster-wide barrier (barrier.cluster.arrive + wait).",
                example="cluster_sync()"))
 register(OpDef(Op.WGMMA, (("acc", "buf"), ("a", "slot"), ("b", "slot")),
+               {"b_major": AttrSpec(str, "n", ("n", "k")), "accumulate": AttrSpec(bool, True)},
                summary="Warpgroup MMA, issued asynchronously by the role: acc (rmem f32, 64 rows per "
-                       "warpgroup) += a (smem, M x K) @ b (smem, K x N), one commit group.",
-               example="wgmma(acc, a_s[kt % S], b_s[kt % S])",
+                       "warpgroup) += a (smem, M x K) @ b (smem, K x N), one commit group. b_major=\"k\": b is "
+                       "(N, K), rows along the reduction dim like a (e.g. centroid or database rows), and acc += "
+                       "a @ b.T. accumulate=False: acc = a @ b (acc's old value dropped).",
+               example='wgmma(acc, x_s[0], c_s[kt % S], b_major="k", accumulate=False)',
                preconditions=("inside a role of whole warpgroups", "M = 64 * warpgroups, N in 8..256 step 8, "
                               "K a multiple of 16 (16-bit)", "a and b in smem with the same swizzle",
+                              "b_major=\"k\": b is (N, K) with swizzle=128 rows of one span (K = 64 for 16-bit)",
                               "wgmma_wait before the slots are released")))
 register(OpDef(Op.WGMMA_WAIT, (("n", "expr"),),
                summary="wgmma.wait_group: wait until at most `n` wgmma groups of the role are in flight.",
                example="wgmma_wait(0)"))
+register(OpDef(Op.ARGMIN_BIAS, (("best", "buf"), ("arg", "buf"), ("dots", "buf"), ("bias", "slot"),
+                                 ("base", "expr"), ("limit", "expr")),
+               {"beta": AttrSpec(float, 2.0)},
+               keyword_operands=("base", "limit"),
+               summary="Running arg-min on a wgmma accumulator: for each row r of dots (R, C), the scores "
+                       "bias[j] - beta * dots[r, j] over columns with base + j < limit; the smallest replaces "
+                       "(best[r], arg[r]) with (score, base + j) when strictly smaller than best[r] (ties keep the "
+                       "smaller candidate index). bias is an smem slot of C f32 values (e.g. ||c_j||^2, with "
+                       "beta=2 the scores rank squared L2 distances). best and arg are fragment row state: store "
+                       "is the only other op that reads them.",
+               example="argmin_bias(best, arg, acc, csq_s[kt % S], base=kt * BN, limit=K)",
+               preconditions=("dots is the role's wgmma accumulator (R, C), f32", "best (R,) f32 filled with inf, "
+                              "arg (R,) i32, both rmem in the same role", "bias is an smem f32 slot of C elements",
+                              "wgmma_wait before it: dots complete")))
 register(OpDef(Op.TCGEN05_MMA, (("acc", "buf"), ("a", "slot"), ("b", "slot")),
                summary="Blackwell tcgen05 MMA (sm_100a only; declared, not lowered for sm_90a): acc += a @ b "
                        "with the accumulator in tensor memory.",

@@ -300,6 +300,8 @@ class _Sim:
                 self.read(r, n, n.arg("b"), None)
             elif op is Op.STORE:
                 self.read(r, n, n.arg("src"), None)
+            elif op is Op.ARGMIN_BIAS:
+                self.read(r, n, n.arg("bias"), None)
             elif op is Op.TMA_STORE:
                 self.read(r, n, n.arg("src"), None)
             elif op is Op.ROLE:

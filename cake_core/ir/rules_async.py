@@ -20,7 +20,7 @@ from cake_core.outcome import Diagnostic
 
 _SLOT_OPERANDS = {Op.EXPECT_TX: ("bar",), Op.ARRIVE: ("bar",), Op.WAIT: ("bar",), Op.TMA_LOAD: ("dst", "bar"),
                   Op.TMA_STORE: ("src",), Op.CP_ASYNC: ("dst",), Op.WGMMA: ("a", "b"),
-                  Op.TCGEN05_MMA: ("a", "b")}
+                  Op.TCGEN05_MMA: ("a", "b"), Op.ARGMIN_BIAS: ("bias",)}
 _BAR_OPERANDS = {(Op.EXPECT_TX, "bar"), (Op.ARRIVE, "bar"), (Op.WAIT, "bar"), (Op.TMA_LOAD, "bar")}
 
 
@@ -352,6 +352,12 @@ def _mma_tiles(ctx: Ctx, n: Node):
     return acc, a, b
 
 
+def _b_kn(ctx: Ctx, n: Node, b) -> tuple[int | None, int | None]:
+    """(K, N) of wgmma's b: (rows, columns) N-major, (columns, rows) with b_major="k"."""
+    k, nn = ctx.static(b.shape[0]), ctx.static(b.shape[1])
+    return (nn, k) if n.op is Op.WGMMA and n.attr("b_major") == "k" else (k, nn)
+
+
 @rule("wgmma.acc", "wgmma", "the wgmma accumulator is an rmem f32 tile")
 def _wgmma_acc(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path in _mmas(ctx):
@@ -382,13 +388,15 @@ def _wgmma_n(ctx: Ctx) -> Iterable[Diagnostic]:
         acc, _, b = _mma_tiles(ctx, n)
         if acc is None or b is None or acc.rank != 2 or b.rank != 2:
             continue
-        nn, bn = ctx.static(acc.shape[1]), ctx.static(b.shape[1])
+        nn, bn = ctx.static(acc.shape[1]), _b_kn(ctx, n, b)[1]
         if nn is None:
             continue
         if not (w["n_min"] <= nn <= w["n_max"] and nn % w["n_step"] == 0) or bn != nn:
-            yield ctx.diag("wgmma.n", n, f"N = {nn} (b has {bn} columns): wgmma takes N in {w['n_min']}..{w['n_max']}"
-                                         f", step {w['n_step']}, equal in acc and b", path=path,
-                           hint="pick BN among 64, 128, 256")
+            kmaj = n.op is Op.WGMMA and n.attr("b_major") == "k"
+            yield ctx.diag("wgmma.n", n, f"N = {nn} (b has {bn} {'rows' if kmaj else 'columns'}): wgmma takes N in "
+                                         f"{w['n_min']}..{w['n_max']}, step {w['n_step']}, equal in acc and b",
+                           path=path, hint="pick BN among 64, 128, 256" + (
+                               "; with b_major=\"k\" b is (BN, BK)" if kmaj else ""))
 
 
 @rule("wgmma.k", "wgmma", "wgmma's K tile is a multiple of 16 (16-bit) or 32 (8-bit) and a and b agree")
@@ -398,10 +406,10 @@ def _wgmma_k(ctx: Ctx) -> Iterable[Diagnostic]:
         _, a, b = _mma_tiles(ctx, n)
         if a is None or b is None or a.rank != 2 or b.rank != 2:
             continue
-        k, bk = ctx.static(a.shape[1]), ctx.static(b.shape[0])
+        k, bk = ctx.static(a.shape[1]), _b_kn(ctx, n, b)[0]
         step = w["k_8bit"] if a.dtype.bytes == 1 else w["k_16bit"]
         if k is None or k % step or bk != k:
-            yield ctx.diag("wgmma.k", n, f"K = {k} (b has {bk} rows): wgmma steps K by {step} for "
+            yield ctx.diag("wgmma.k", n, f"K = {k} (b has {bk} along K): wgmma steps K by {step} for "
                                          f"{a.dtype.value}; a and b must agree", path=path,
                            hint=f"use BK a multiple of {step}")
 
@@ -423,6 +431,91 @@ def _wgmma_operands(ctx: Ctx) -> Iterable[Diagnostic]:
             yield ctx.diag("wgmma.operands", n, f"a has swizzle={sa}, b has swizzle={sb}: "
                                                 "the descriptors of one wgmma use one layout", path=path,
                            hint="allocate both with swizzle=128 (and load them with TMA of the same swizzle)")
+
+
+@rule("wgmma.b_major", "wgmma", "a K-major b (b_major=\"k\") is an (N, K) smem tile with swizzle=128 rows of one "
+                              "span, like a")
+def _wgmma_b_major(ctx: Ctx) -> Iterable[Diagnostic]:
+    for n, path in _mmas(ctx):
+        if n.op is not Op.WGMMA or n.attr("b_major") != "k":
+            continue
+        _, _, b = _mma_tiles(ctx, n)
+        if b is None or b.rank != 2 or b.space is not MemSpace.SMEM:
+            continue
+        span, row = _swizzle(ctx, n.arg("b").buf), ctx.static(b.shape[1])
+        if span != 128 or row is None or row * b.dtype.bytes != span:
+            yield ctx.diag("wgmma.b_major", n, f"b_major=\"k\" reads `{n.arg('b').buf}` {fmt_shape(ctx, b.shape)} "
+                                               f"(swizzle={span}) as N rows of K: each row must be one 128-byte "
+                                               "swizzle span", path=path,
+                           hint=f"allocate b as smem({b.dtype.value}, (BN, {128 // b.dtype.bytes}), swizzle=128) and "
+                                "split a wider K into several wgmma calls")
+
+
+# ----------------------------------------------------------- fragment epilogues
+
+def _epilogues(ctx: Ctx) -> Iterator[tuple[Node, str]]:
+    for n, path, _ in ctx.nodes:
+        if n.op is Op.ARGMIN_BIAS:
+            yield n, path
+
+
+@rule("argmin_bias.acc", "wgmma", "argmin_bias reads a wgmma accumulator of its own role and keeps row state in rmem "
+                                  "tiles of that role")
+def _argmin_bias_acc(ctx: Ctx) -> Iterable[Diagnostic]:
+    accs: dict[str, Node | None] = {}
+    for m, _, _ in ctx.nodes:
+        if m.op is Op.WGMMA:
+            accs[m.arg("acc")] = ctx.role_of.get(id(m))
+    for n, path in _epilogues(ctx):
+        role = ctx.role_of.get(id(n))
+        dots = n.arg("dots")
+        if dots not in accs or accs[dots] is not role:
+            yield ctx.diag("argmin_bias.acc", n, f"`{dots}` is not the accumulator of a wgmma in this role",
+                           path=path, hint="pass the wgmma accumulator itself (after wgmma_wait), not a copy")
+        for name in ("best", "arg"):
+            b = n.arg(name)
+            t, at = ctx.buffers.get(b), ctx.defined_at.get(b)
+            if t is not None and (t.space is not MemSpace.RMEM or at is None or ctx.role_of.get(id(at)) is not role):
+                yield ctx.diag("argmin_bias.acc", n, f"{name} `{b}` must be an rmem tile allocated in the same role "
+                                                     "(it is per-thread row state of the fragment)", path=path,
+                               hint=f"allocate `{b}` with rmem(...) inside the role, before the loop")
+
+
+@rule("argmin_bias.shape", "wgmma", "argmin_bias: dots (R, C), best and arg (R,) or (R, 1), bias C values")
+def _argmin_bias_shape(ctx: Ctx) -> Iterable[Diagnostic]:
+    for n, path in _epilogues(ctx):
+        dots, bias = ctx.buffers.get(n.arg("dots")), ctx.buffers.get(n.arg("bias").buf)
+        if dots is None or dots.rank != 2:
+            if dots is not None:
+                yield ctx.diag("argmin_bias.shape", n, f"dots `{n.arg('dots')}` is {fmt_shape(ctx, dots.shape)}; "
+                                                       "a 2-D accumulator (rows, candidates) is needed", path=path)
+            continue
+        rows, cols = ctx.static(dots.shape[0]), ctx.static(dots.shape[1])
+        for name in ("best", "arg"):
+            t = ctx.buffers.get(n.arg(name))
+            if t is not None and [ctx.static(d) for d in t.shape] not in ([rows], [rows, 1]):
+                yield ctx.diag("argmin_bias.shape", n, f"{name} `{n.arg(name)}` is {fmt_shape(ctx, t.shape)}; dots "
+                                                       f"{fmt_shape(ctx, dots.shape)} needs ({rows},)", path=path,
+                               hint="one running entry per row of the accumulator")
+        if bias is not None and _numel(ctx, bias.shape) != cols:
+            yield ctx.diag("argmin_bias.shape", n, f"bias `{n.arg('bias').buf}` holds {_numel(ctx, bias.shape)} "
+                                                   f"values per slot; dots has {cols} columns", path=path,
+                           hint=f"allocate the bias as smem(f32, ({cols},), stages=S)")
+
+
+@rule("argmin_bias.dtype", "wgmma", "argmin_bias keeps f32 values and i32 indices and reads an f32 bias")
+def _argmin_bias_dtype(ctx: Ctx) -> Iterable[Diagnostic]:
+    want = {"best": DType.F32, "arg": DType.I32, "dots": DType.F32}
+    for n, path in _epilogues(ctx):
+        for name, dt in want.items():
+            t = ctx.buffers.get(n.arg(name))
+            if t is not None and t.dtype is not dt:
+                yield ctx.diag("argmin_bias.dtype", n, f"{name} `{n.arg(name)}` is {t.dtype.value}; {dt.value} "
+                                                       "needed", path=path, hint=f"allocate it as {dt.value}")
+        t = ctx.buffers.get(n.arg("bias").buf)
+        if t is not None and t.dtype is not DType.F32:
+            yield ctx.diag("argmin_bias.dtype", n, f"bias `{n.arg('bias').buf}` is {t.dtype.value}; f32 needed",
+                           path=path, hint="load the per-column values into an smem(f32, ...) tile")
 
 
 # ----------------------------------------------------------------- mbarrier

@@ -14,6 +14,12 @@
   stored as 64-column blocks that the descriptor's leading byte offset steps over; a tma_load into such
   a tile issues one box per block), shared-memory descriptors, one commit group; ``wgmma_wait(n)`` → ``wgmma.wait_group n``. The accumulator is an rmem tile in the
   m64nNk16 fragment layout (``N / 2`` floats per thread); ``store`` of it is lowered here.
+- ``wgmma(..., b_major="k")``: b is an (N, 64) K-major swizzle-128 tile, described like a (rows of one
+  128-byte span, 8-row groups 1024 B apart) with the instruction's transpose-b immediate 0.
+  ``accumulate=False`` sets scale-d to 0 on the first k step (acc = a @ b).
+- ``argmin_bias``: on the accumulator's fragment (``cake::argmin_bias_rmem_wgmma_acc``): each thread keeps
+  (best, arg) for the 2 rows it owns per warpgroup (``float best[2]; int arg[2]``) over its own columns;
+  ``store`` of either tile merges the 4 lanes of each quad (shuffles) and writes one value per row.
 - ``tcgen05_mma``: not lowered (``lower.unsupported_atom``) on any target yet.
 Inside roles, only ``rmem`` accumulators of wgmma and ``store`` of them are lowered among the v1 tile
 ops (the v1 helpers distribute tiles over all CTA threads): others get ``lower.unsupported_in_role``.
@@ -55,9 +61,16 @@ class TensorMapArg:
 def _st(ctx: Ctx) -> dict[str, Any]:
     st = ctx.__dict__.get("async_state")
     if st is None:
-        accs = {n.arg("acc") for n, _, _ in walk(ctx.program.body) if n.op is Op.WGMMA}
+        nodes = [w[0] for w in walk(ctx.program.body)]
+        accs = {n.arg("acc") for n in nodes if n.op is Op.WGMMA}
+        # fragment row state of argmin_bias: name -> (0 best / 1 arg, the partner tile)
+        rowstate = {}
+        for n in nodes:
+            if n.op is Op.ARGMIN_BIAS:
+                rowstate[n.arg("best")] = (0, n.arg("arg"))
+                rowstate[n.arg("arg")] = (1, n.arg("best"))
         st = ctx.__dict__["async_state"] = {"role": None, "bars": {}, "maps": {}, "accs": accs, "frag": {},
-                                            "setmaxnreg": False, "cluster": None}
+                                            "rowstate": rowstate, "rows": {}, "setmaxnreg": False, "cluster": None}
     return st
 
 
@@ -272,13 +285,14 @@ def _lower_cluster_sync(n: Node, ctx: Ctx) -> list[Line]:
 
 # --------------------------------------------------------------------- wgmma
 
-def _wgmma_asm(n_cols: int, ab: str, scale_d: str = '"n"(1)') -> str:
-    """The wgmma asm statement; ``scale_d`` is the operand of its scale-d predicate (0: D = A @ B)."""
+def _wgmma_asm(n_cols: int, ab: str, scale_d: str = '"n"(1)', tnsp_b: int = 1) -> str:
+    """The wgmma asm statement; ``scale_d`` is the operand of its scale-d predicate (0: D = A @ B);
+    ``tnsp_b`` the transpose-b immediate (1: b is N-major, 0: K-major)."""
     regs = n_cols // 2
     d = ", ".join(f"%{i}" for i in range(regs))
     outs = ", ".join(f'"+f"(ACC[{i}])' for i in range(regs))
     return (f'asm volatile("{{\\n\\t.reg .pred p;\\n\\tsetp.ne.b32 p, %{regs + 2}, 0;\\n\\t'
-            f'wgmma.mma_async.sync.aligned.m64n{n_cols}k16.f32.{ab}.{ab} {{{d}}}, %{regs}, %{regs + 1}, p, 1, 1, 0, 1;'
+            f'wgmma.mma_async.sync.aligned.m64n{n_cols}k16.f32.{ab}.{ab} {{{d}}}, %{regs}, %{regs + 1}, p, 1, 1, 0, {tnsp_b};'
             f'\\n\\t}}" : {outs} : "l"(cake_da), "l"(cake_db), {scale_d});')
 
 
@@ -292,11 +306,18 @@ def _lower_wgmma(n: Node, ctx: Ctx) -> list[Line]:
         raise LowerError("lower.unsupported_operand", f"`{acc_n}` is not a wgmma accumulator in scope")
     a, pa = _slot_ptr(ctx, n.arg("a"), "operand a")
     b, pb = _slot_ptr(ctx, n.arg("b"), "operand b")
-    (m, k), (bk, nn) = a.shape, b.shape
+    kmajor = n.attr("b_major") == "k"
+    (m, k), (bk, nn) = a.shape, (b.shape[::-1] if kmajor else b.shape)
     dt = a.type.dtype
     if dt not in (DType.BF16, DType.F16) or b.type.dtype is not dt:
         raise LowerError("lower.unsupported_operand", "wgmma is lowered for bf16/f16 operands")
-    if a.type.swizzle != Swizzle.B128 or b.type.swizzle != Swizzle.B128 or k * 2 != 128 or nn * 2 % 128:
+    if kmajor and (b.type.swizzle != Swizzle.B128 or bk * 2 != 128 or nn % 8):
+        raise LowerError("lower.unsupported_layout", "a K-major wgmma b (b_major=\"k\") is lowered as an (N, 64) "
+                                                     "16-bit tile with swizzle=128 (one 128-byte span per row), "
+                                                     "N a multiple of 8", "allocate b as smem(bf16, (BN, 64), "
+                                                                          "swizzle=128)")
+    if a.type.swizzle != Swizzle.B128 or b.type.swizzle != Swizzle.B128 or k * 2 != 128 or (nn * 2 % 128
+                                                                                             and not kmajor):
         raise LowerError("lower.unsupported_layout", "wgmma is lowered for swizzle=128 operands: a's rows one "
                                                      "128-byte swizzle span (BK = 64 for 16-bit types), b's rows a "
                                                      "whole number of spans (BN = 64, 128, 192 or 256)",
@@ -306,8 +327,18 @@ def _lower_wgmma(n: Node, ctx: Ctx) -> list[Line]:
     first = _role(ctx)[0]
     ab = "bf16" if dt is DType.BF16 else "f16"
     fresh = frag[2] if len(frag) > 2 else None
-    scale_d = f'"r"((int)(cake_k > 0 || !{fresh}))' if fresh else '"n"(1)'
-    asm = _wgmma_asm(nn, ab, scale_d).replace("ACC", acc_n)
+    if not n.attr("accumulate"):
+        scale_d = '"r"((int)(cake_k > 0))'          # acc = a @ b: the first k step drops acc's old value
+    else:
+        scale_d = f'"r"((int)(cake_k > 0 || !{fresh}))' if fresh else '"n"(1)'
+    asm = _wgmma_asm(nn, ab, scale_d, 0 if kmajor else 1).replace("ACC", acc_n)
+    if kmajor:      # like a: rows of 64 K-elements in one 128-byte span, 8-row groups 1024 B apart
+        db = (f"        const uint64_t cake_db = cake::wgmma_desc(cake_b + cake_k * 16, 16, 1024, 1);"
+              f"  // K-major, 128B: {nn} rows of 64")
+    else:
+        db = (f"        const uint64_t cake_db = cake::wgmma_desc(cake_b + cake_k * {16 * 64}, {bk * 128}, 1024, 1);"
+              f"  // N-major, 128B: {nn // 64} column block(s) {bk * 128} B apart (LBO), 8-row groups 1024 B apart "
+              "(SBO)")
     return [
         "{",
         "    cake::wgmma_fence();",
@@ -317,8 +348,7 @@ def _lower_wgmma(n: Node, ctx: Ctx) -> list[Line]:
         "#pragma unroll",
         f"    for (int cake_k = 0; cake_k < {k // 16}; ++cake_k) {{",
         "        const uint64_t cake_da = cake::wgmma_desc(cake_a + cake_k * 16, 16, 1024, 1);  // K-major, 128B",
-        f"        const uint64_t cake_db = cake::wgmma_desc(cake_b + cake_k * {16 * 64}, {bk * 128}, 1024, 1);"
-        f"  // N-major, 128B: {nn // 64} column block(s) {bk * 128} B apart (LBO), 8-row groups 1024 B apart (SBO)",
+        db,
         f"        {asm}",
         "    }",
         "    cake::wgmma_commit();",
@@ -358,6 +388,8 @@ def _lower_smem(n: Node, ctx: Ctx) -> list[Line]:
 @lowering(Op.RMEM)
 def _lower_rmem(n: Node, ctx: Ctx) -> list[Line]:
     st = _st(ctx)
+    if n.result in st["rowstate"] and st["role"] is not None:
+        return _lower_rowstate(n, ctx)
     if n.result not in st["accs"]:
         if st["role"] is not None:
             raise LowerError("lower.unsupported_in_role", f"rmem tile `{n.result}` inside a role: v1 lowers rmem "
@@ -387,10 +419,75 @@ def _fresh(acc: str) -> str:
     return f"cake_{acc}_fresh"
 
 
+def _lower_rowstate(n: Node, ctx: Ctx) -> list[Line]:
+    """best / arg of argmin_bias: 2 slots per thread, the fragment rows it owns (see cake_async.cuh)."""
+    st = _st(ctx)
+    dtype, shape = n.args
+    dims = [ctx.static(d, "an rmem shape") for d in shape]
+    first, count = _role(ctx)
+    which = st["rowstate"][n.result][0]
+    if count % 128 or dims not in ([64 * (count // 128)], [64 * (count // 128), 1]) or \
+            dtype is not (DType.I32 if which else DType.F32):
+        raise LowerError("lower.shape_mismatch", f"argmin_bias row state `{n.result}` is {dtype.value} {tuple(dims)} "
+                                                 f"over {count} threads; ({64 * (count // 128)},) "
+                                                 f"{'i32' if which else 'f32'} (64 rows per warpgroup) needed")
+    ctx.scopes[-1][n.result] = Buf(n.result, TileType(dtype, tuple(shape), MemSpace.RMEM), tuple(dims))
+    st["rows"][n.result] = dims[0]
+    c = dtype.c_type
+    fill = n.attr("fill")
+    lit = "__int_as_float(0x7f800000)" if math.isinf(fill) and fill > 0 else \
+        "__int_as_float(0xff800000)" if math.isinf(fill) else (f"{float(fill)!r}f" if not which else str(int(fill)))
+    return [f"{c} {n.result}[2];  // argmin_bias row state: this thread's 2 fragment rows (a partial of its quad)",
+            f"cake::fill_rmem({n.result}, {lit});"]
+
+
+@lowering(Op.ARGMIN_BIAS)
+def _lower_argmin_bias(n: Node, ctx: Ctx) -> list[Line]:
+    st = _st(ctx)
+    if st["role"] is None:
+        raise LowerError("lower.unsupported_operand", "argmin_bias is lowered inside a role, on a wgmma accumulator")
+    dots = n.arg("dots")
+    frag = st["frag"].get(dots)
+    if frag is None:
+        raise LowerError("lower.unsupported_operand", f"`{dots}` is not a wgmma accumulator in scope")
+    for x in (n.arg("best"), n.arg("arg")):
+        if x not in st["rows"]:
+            raise LowerError("lower.unsupported_operand", f"`{x}` is not argmin_bias row state allocated in this role")
+    bias, pb = _slot_ptr(ctx, n.arg("bias"), "bias")
+    if bias.type.dtype is not DType.F32 or bias.numel != frag[1]:
+        raise LowerError("lower.shape_mismatch", f"bias {bias.shape} {bias.type.dtype.value}: {frag[1]} f32 values "
+                                                 "needed")
+    first = _role(ctx)[0]
+    beta = float(n.attr("beta"))
+    return [f"cake::argmin_bias_rmem_wgmma_acc<{frag[1]}>({n.arg('best')}, {n.arg('arg')}, {dots}, {pb}, "
+            f"{beta!r}f, {ctx.check_expr(n.arg('base'), 'base')}, {ctx.check_expr(n.arg('limit'), 'limit')}, "
+            f"(int)threadIdx.x - {first});"]
+
+
+def _store_rowstate(n: Node, ctx: Ctx) -> list[Line]:
+    st = _st(ctx)
+    view, src = n.args
+    which, partner = st["rowstate"][src]
+    best, arg = (src, partner) if which == 0 else (partner, src)
+    if partner not in st["rows"]:
+        raise LowerError("lower.unsupported_operand", f"`{partner}`, the partner of `{src}`, is not in scope")
+    rows = st["rows"][src]
+    w = _window(view, (rows,), ctx, "destination")
+    if w.rows != 1 or w.cols != rows:
+        raise LowerError("lower.shape_mismatch", f"argmin_bias row state `{src}` ({rows},) stores into a 1-D window "
+                                                 f"of {rows}, not {w.rows} x {w.cols}")
+    n_in = f"(({w.rows_in}) > 0 ? (int)({w.cols_in}) : 0)" if n.attr("guard") else str(rows)
+    first = _role(ctx)[0]
+    return [f"cake::store_gmem_rowstate<{which}>({w.base}, {best}, {arg}, {w.ld_col}, {n_in}, "
+            f"(int)threadIdx.x - {first});  // merges each row's quad"]
+
+
 @lowering(Op.STORE)
 def _lower_store(n: Node, ctx: Ctx) -> list[Line]:
     st = _st(ctx)
     view, src = n.args
+    if src in st["rows"]:
+        return _store_rowstate(n, ctx)
     frag = st["frag"].get(src)
     if frag is None:
         if st["role"] is not None:

@@ -244,4 +244,67 @@ __device__ __forceinline__ void store_gmem_wgmma_acc(TD* dst, const float (&acc)
     }
 }
 
+// ----------------------------------------------------------------- fragment epilogues (argmin_bias)
+// Row state of a wgmma accumulator (64 rows per warpgroup, N columns): thread tid of the role owns
+// rows wg * 64 + warp * 16 + lane / 4 + 8 * h, h = 0, 1 (slot s of the m64nNk16 fragment is row half
+// h = (s % 4) / 2, column (s / 4) * 8 + (lane % 4) * 2 + s % 2), and keeps a private running
+// (best[h], arg[h]) over the columns it holds. The 4 lanes of a quad share a row; store merges them.
+
+// argmin_bias_rmem_wgmma_acc<N>(best, arg, acc, bias, beta, base, limit, tid): for each owned row,
+// score = bias[c] - beta * acc[c] over the thread's columns with base + c < limit; the smallest
+// (the first on ties: columns are scanned in increasing order) replaces (best, arg) when strictly
+// smaller. A tile wholly inside the limit takes the unguarded path (no per-column test).
+template <int N, bool GUARD, int SLOTS>
+__device__ __forceinline__ void argmin_bias_tile(float (&best)[2], int (&arg)[2], const float (&acc)[SLOTS],
+                                                 const float* bias, float beta, int base, int limit, int lane) {
+    float tv[2] = {__int_as_float(0x7f800000), __int_as_float(0x7f800000)};
+    int tj[2] = {0, 0};
+    const int q = (lane % 4) * 2;
+#pragma unroll
+    for (int b = 0; b < N / 8; ++b) {
+        const float2 w = *reinterpret_cast<const float2*>(bias + b * 8 + q);   // this thread's 2 columns
+#pragma unroll
+        for (int s = b * 4; s < b * 4 + 4; ++s) {
+            const int h = (s % 4) / 2, j = b * 8 + s % 2;                       // j: column less the lane's q
+            float v = fmaf(-beta, acc[s], s % 2 ? w.y : w.x);
+            if (GUARD && base + j + q >= limit) v = __int_as_float(0x7f800000);
+            if (v < tv[h]) { tv[h] = v; tj[h] = j; }
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+        if (tv[h] < best[h]) { best[h] = tv[h]; arg[h] = base + q + tj[h]; }
+}
+
+template <int N, int SLOTS>
+__device__ __forceinline__ void argmin_bias_rmem_wgmma_acc(float (&best)[2], int (&arg)[2], const float (&acc)[SLOTS],
+                                                           const float* bias, float beta, int base, int limit,
+                                                           int tid) {
+    static_assert(SLOTS * 2 == N && N % 8 == 0, "a wgmma accumulator holds N / 2 floats per thread, N % 8 == 0");
+    if (base + N <= limit) argmin_bias_tile<N, false>(best, arg, acc, bias, beta, base, limit, tid % 32);
+    else argmin_bias_tile<N, true>(best, arg, acc, bias, beta, base, limit, tid % 32);
+}
+
+// store_gmem_rowstate<WHICH>(dst, best, arg, ld, n_in, tid): merge the quad's partials of each owned
+// row (smaller value wins, the smaller index on ties) and write row r's arg (WHICH = 1) or best
+// (WHICH = 0) to dst[r * ld] for r < n_in, from lane % 4 == 0. Called by whole warps.
+template <int WHICH, typename TD>
+__device__ __forceinline__ void store_gmem_rowstate(TD* dst, const float (&best)[2], const int (&arg)[2], index_t ld,
+                                                    int n_in, int tid) {
+    const int lane = tid % 32, row0 = (tid / 128) * 64 + ((tid % 128) / 32) * 16 + lane / 4;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float v = best[h];
+        int i = arg[h];
+#pragma unroll
+        for (int m = 1; m <= 2; m *= 2) {
+            const float ov = __shfl_xor_sync(0xffffffffu, v, m);
+            const int oi = __shfl_xor_sync(0xffffffffu, i, m);
+            if (ov < v || (ov == v && oi < i)) { v = ov; i = oi; }
+        }
+        const int r = row0 + 8 * h;
+        if (lane % 4 == 0 && r < n_in) dst[r * ld] = WHICH ? convert<TD>(i) : convert<TD>(v);
+    }
+}
+
 }  // namespace cake

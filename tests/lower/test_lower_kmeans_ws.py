@@ -1,0 +1,86 @@
+"""Lowering kmeans_assign_ws: K-major wgmma b, argmin_bias on the accumulator fragment and its quad-merged
+store; compiled for sm_90a with nvcc (no GPU)."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from cake_core.ir.text import parse_program
+from cake_core.lower import compile_kernel, lower
+from cake_core.lower import compile as compile_mod
+from cake_core.outcome import Outcome
+
+SEED = (Path(__file__).resolve().parents[2] / "cake_core/problems/seeds/kmeans_assign_ws.cake").read_text()
+C_B = "c_b = smem(bf16, (BN, BK), stages=4, swizzle=128)"
+
+
+def _lower(text: str = SEED):
+    return lower(parse_program(text, "kmeans_assign_ws.cake"), "kmeans_assign_ws.cake")
+
+
+def test_kmeans_ws_lowers_with_k_major_b_and_the_fused_argmin():
+    r = _lower()
+    assert r.outcome is Outcome.OK, r.diagnostics
+    lk = r.value
+    assert [(m.gmem, m.box, m.swizzle) for m in lk.tensor_maps] == [
+        ("x", (1, 128, 64), 128), ("c", (1, 128, 64), 128), ("c_sq", (1, 128), 0)]
+    src = lk.source
+    # K-major b: descriptor like a's, transpose-b immediate 0; accumulate=False: scale-d 0 on the first k step
+    assert "cake_db = cake::wgmma_desc(cake_b + cake_k * 16, 16, 1024, 1);  // K-major, 128B: 128 rows of 64" in src
+    assert src.count("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16") == 4
+    assert src.count("p, 1, 1, 0, 0;") == 4 and "p, 1, 1, 0, 1;" not in src
+    assert src.count('"r"((int)(cake_k > 0)));') == 2
+    assert "float best[2];" in src and "int arg[2];" in src
+    assert src.count("cake::argmin_bias_rmem_wgmma_acc<128>(best, arg, acc") == 2
+    assert "cake::store_gmem_rowstate<1>(" in src
+    assert lk.smem_bytes == 166016        # x 2 x 16 KiB, c 8 x 16 KiB, c_sq 4 x 512 B, mbarriers
+
+
+def test_n_major_b_keeps_the_transpose_flag():
+    src = lower(parse_program((Path(__file__).resolve().parents[2] / "cake_core/problems/seeds/gemm_bf16_ws.cake")
+                              .read_text())).value.source
+    assert "p, 1, 1, 0, 1;" in src and "p, 1, 1, 0, 0;" not in src
+
+
+def test_k_major_b_of_two_spans_is_refused_at_its_line():
+    r = _lower(SEED.replace(C_B, C_B.replace("(BN, BK)", "(BN, 2 * BK)")))
+    assert r.outcome is Outcome.COMPILE_FAILED
+    assert any(d.rule == "lower.unsupported_layout" and d.line == 39 for d in r.diagnostics), r.diagnostics
+
+
+def test_row_state_of_the_wrong_shape_is_refused():
+    r = _lower(SEED.replace("best = rmem(f32, (BM,), fill=inf)", "best = rmem(f32, (BM // 2,), fill=inf)"))
+    assert any(d.rule == "lower.shape_mismatch" and d.line == 31 for d in r.diagnostics), r.diagnostics
+
+
+@pytest.mark.skipif(compile_mod.nvcc_path() is None, reason="nvcc not installed")
+def test_kmeans_ws_compiles_for_sm_90a_with_the_wgmma_pipeline_intact(tmp_path):
+    r = compile_kernel(_lower().value, arch="sm_90a", cache_dir=tmp_path)
+    assert r.outcome is Outcome.OK, [d.message for d in r.diagnostics]
+    log = r.artifacts["nvcc.log"]
+    assert "for 'sm_90a'" in log
+    # setmaxnreg honoured; wgmma not serialised (C7514: the epilogue reads an accumulator in flight)
+    for code in ("C7508", "C7510", "C7514", "C7515"):
+        assert code not in log, log
+    res = r.value.resources
+    assert res.spill_bytes == 0 and res.stack_bytes == 0
+    cuobjdump = shutil.which("cuobjdump")
+    if cuobjdump:
+        sass = subprocess.run([cuobjdump, "-sass", str(r.value.cubin_path)], capture_output=True, text=True).stdout
+        assert "HGMMA" in sass and "UTMALDG" in sass and "SHFL.BFLY" in sass
+
+
+@pytest.mark.skipif(compile_mod.nvcc_path() is None, reason="nvcc not installed")
+def test_kmeans_ws_ptx_holds_the_quad_merge(tmp_path):
+    cu = tmp_path / "k.cu"
+    cu.write_text(_lower().value.source)
+    out = tmp_path / "k.ptx"
+    subprocess.run([compile_mod.nvcc_path(), "-ptx", *compile_mod.arch_flags("sm_90a"), "-std=c++17", "-I",
+                    str(compile_mod.HEADER_DIR), "-o", str(out), str(cu)], check=True, capture_output=True)
+    ptx = out.read_text()
+    for needle in ("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16", "cp.async.bulk.tensor.3d",
+                   "cp.async.bulk.tensor.2d", "shfl.sync.bfly.b32", "wgmma.wait_group.sync.aligned 2"):
+        assert needle in ptx, needle

@@ -1,0 +1,92 @@
+"""kmeans_assign_ws, the best-known kmeans_assign program: the interpreter reproduces the oracle on the small
+aligned shapes (CPU), its tensor maps, and the GPU gate on ragged aligned shapes and the headline shape
+(marked `gpu`; no timing assertions, the headline median is printed).
+
+    PYTHONPATH=$PWD python3 -m pytest -m gpu tests/runtime/test_kmeans_ws.py -q -s -p no:cacheprovider -o addopts=""
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cake_core.ir.text import parse_program
+from cake_core.ir.verify import verify
+from cake_core.lower import compile_kernel, lower
+from cake_core.problems import get_problem
+from cake_core.runtime import tma
+
+ROOT = Path(__file__).resolve().parents[2]
+WS = (ROOT / "cake_core/problems/seeds/kmeans_assign_ws.cake").read_text()
+KM = get_problem("kmeans_assign")
+ALIGNED = KM.shape_set("kmeans_assign_aligned")
+HEADLINE = {"B": 32, "N": 65536, "K": 1024, "D": 128}
+# beyond the shape set: N = 1 (one point, a 127-row zero-filled tail), K < 128 with an empty second tile,
+# K = 4 * BN exactly, D = 8 (one 16-byte row)
+EXTRA = [{"B": 1, "N": 1, "K": 4, "D": 8}, {"B": 3, "N": 129, "K": 60, "D": 32}, {"B": 2, "N": 384, "K": 512, "D": 128}]
+
+
+def _program():
+    return parse_program(WS, "kmeans_assign_ws.cake")
+
+
+def test_it_is_the_problems_best_known_program():
+    assert WS in KM.best_texts() and "kmeans_assign_aligned" in KM.shape_sets
+
+
+def test_the_verifier_accepts_it_on_the_aligned_shapes_and_refuses_unaligned_d():
+    assert not [d for d in verify(_program(), shapes=list(ALIGNED.shapes) + [HEADLINE]) if d.is_error]
+    hits = [d for d in verify(_program(), shapes=[{"B": 1, "N": 33, "K": 7, "D": 9}]) if d.rule == "tma.global_align"]
+    assert hits and "D=9" in hits[0].witness[0]
+
+
+def test_the_interpreter_reproduces_the_oracle_on_the_small_aligned_shapes():
+    from cake_core.runtime.cpu import check_on_cpu
+    shapes = ALIGNED.cpu_shapes(KM.cpu_limit) + EXTRA
+    assert len(shapes) >= 6 and "held_out" in ALIGNED.roles
+    checks = check_on_cpu(_program(), KM, shapes, seed=7)
+    assert all(c.correct for c in checks), [(c.shape, c.message) for c in checks if not c.correct]
+
+
+def test_a_missing_tail_guard_fails_in_the_interpreter():
+    from cake_core.runtime.cpu import check_on_cpu
+    wrong = WS.replace("limit=K)", "limit=K + BN)")
+    checks = check_on_cpu(parse_program(wrong), KM, [{"B": 1, "N": 100, "K": 100, "D": 64}], seed=1)
+    assert not checks[0].correct
+
+
+def test_tensor_maps_of_the_three_inputs():
+    lk = lower(_program(), "kmeans_assign_ws.cake").value
+    specs = tma.tensor_map_specs(lk, {"x": 1024, "c": 2048, "c_sq": 4096}, {"B": 2, "N": 300, "K": 100, "D": 40})
+    assert [(s.gmem, s.global_dims, s.box_dims) for s in specs] == [
+        ("x", (40, 300, 2), (64, 128, 1)), ("c", (40, 100, 2), (64, 128, 1)), ("c_sq", (100, 2), (128, 1))]
+
+
+# ------------------------------------------------------------------ GPU
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    lk = lower(_program(), "kmeans_assign_ws.cake").value
+    cr = compile_kernel(lk, arch="sm_90a", cache_dir=tmp_path_factory.mktemp("cubins"))
+    assert cr.ok, [d.message for d in cr.diagnostics]
+    return cr.value, lk
+
+
+@pytest.mark.gpu
+def test_kmeans_ws_passes_the_gate_on_ragged_aligned_shapes(built):
+    from cake_core.runtime.gpu import check_and_time
+    compiled, lk = built
+    runs = check_and_time(compiled, lk, KM, list(ALIGNED.shapes) + EXTRA, seed=21, time=False, timeout_s=20)
+    bad = [(r.shape, r.outcome, r.message) for r in runs if not r.correct]
+    assert not bad, bad
+
+
+@pytest.mark.gpu
+def test_kmeans_ws_passes_the_gate_at_the_headline_shape(built):
+    from cake_core.runtime.gpu import check_and_time
+    compiled, lk = built
+    (r,) = check_and_time(compiled, lk, KM, [HEADLINE], seed=22, reps=20, timeout_s=60)
+    assert r.correct, r.message
+    print(f"\nkmeans_assign_ws {HEADLINE}: median {r.median_ms} ms (p10 {r.p10_ms}, p90 {r.p90_ms}, {r.timer}, "
+          f"L2 {r.l2})")
