@@ -4,8 +4,7 @@
     PYTHONPATH=. python3 bench/corpus_vs_peers.py --problems tinygemm --shapes 'M=1,N=4096,K=4096'
     PYTHONPATH=. python3 bench/corpus_vs_peers.py --problems gemm_bf16,tinygemm --program my_gemm.cake
 
-For each problem (``--problems``, default all) and each shape of its headline set (the last of its
-``shape_sets``, rows of the ``--roles`` given, default ``headline``; ``--shapes`` replaces them):
+For each problem (``--problems``, default all) and each shape of its bench set (``BENCH_SETS``, rows of the ``--roles`` given, default ``headline``; ``--shapes`` replaces them):
 compile our seed, the problem's best-known programs (``Problem.best_files``; ``--no-best`` leaves
 them out) and every ``--program FILE`` whose parameters are the problem's (lower + nvcc,
 sm_90a), check and time each with ``cake_core.runtime.gpu.check_and_time`` (fresh seeded inputs,
@@ -57,6 +56,8 @@ from cake_core.problems.peers import (PeerUnavailable, make_peer, peer_names, pi
 PEAK_BF16_FLOPS = 790e12      # DESIGN §10: cuBLAS bf16 8192³ on this H200, upper end
 PEAK_BYTES_PER_S = 4.22e12    # DESIGN §10: measured copy bandwidth (read + write)
 ORDER = ("tinygemm", "gemm_bf16", "kmeans_assign", "knn_topk", "kmeans_update")
+BENCH_SETS = {"tinygemm": "tinygemm_decode", "gemm_bf16": "gemm_aligned", "kmeans_assign": "kmeans_assign_large",
+              "knn_topk": "knn_topk_large", "kmeans_update": "kmeans_update_large"}
 SUBSET_ROWS = {"kmeans_assign": 4096}    # default 256 (rows of C, queries, clusters)
 
 
@@ -315,7 +316,7 @@ def main() -> int:
         if args.shapes:
             shapes = [(parse_shape_key(k, problem.dims), "given") for k in args.shapes.split(";") if k]
         else:
-            ss = problem.shape_set(problem.shape_sets[-1])
+            ss = problem.shape_set(BENCH_SETS.get(problem.name, problem.shape_sets[-1]))
             roles = set(args.roles.split(","))
             shapes = [(s, r) for s, r in zip(ss.shapes, ss.roles) if r in roles]
         peers = [] if args.no_peers else [p for p in peer_names(problem.name)
