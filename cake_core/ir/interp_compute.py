@@ -213,10 +213,16 @@ def _atomic_add(cta, n: Node) -> None:
     _add_into(cta, view, sub, x.reshape(ext)[t])
 
 
+def _smem_window(cta, view: View):
+    """A scatter target in shared memory: the whole tile (atomic.smem_target), as _gmem_window returns it."""
+    tile = cta.tiles[view.buf]
+    return tile, tuple(slice(0, d) for d in tile.shape), tile.shape
+
+
 def _scatter_add(cta, n: Node) -> None:
     view, idx, src = n.args[:3]
     guard = n.attr("guard")
-    sub, t, ext = _gmem_window(cta, n, view, guard)
+    sub, t, ext = _smem_window(cta, view) if view.buf in cta.tiles else _gmem_window(cta, n, view, guard)
     x, ix = _tile(cta, src), _tile(cta, idx).reshape(-1)
     rows = _valid_columns(cta, n, x.shape[0])
     lo, hi = t[0].start, t[0].stop

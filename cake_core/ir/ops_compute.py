@@ -132,9 +132,12 @@ register(OpDef(Op.SCATTER_ADD, (("dst", "view"), ("idx", "buf"), ("src", "buf"))
                keyword_operands=("base", "limit"),
                summary="Scatter-add rows: for each row r of src with base + r < limit, window row idx[r] of dst "
                        "+= src[r] with atomic adds (a 1-D window adds the element src[r]). With guard, rows whose "
-                       "index is outside the window and columns past the tensor's edge are skipped.",
+                       "index is outside the window and columns past the tensor's edge are skipped. dst may be a "
+                       "whole smem tile `acc_s[:, :]` (a per-CTA privatised accumulator, shared-memory atomics: "
+                       "conflict-free when C = 32 and threads is a multiple of 32); sync() before and after it.",
                example="scatter_add(sums[bid.y, :, tile(dt, BD)], a_r, x_r, base=bid.x * BN, limit=N)",
-               preconditions=("dst is a gmem parameter of dtype f32 or i32 (i32 takes an i32 src)",
+               preconditions=("dst is a gmem parameter or a whole single-stage smem tile, of dtype f32 or i32 "
+                              "(i32 takes an i32 src)",
                               "window (E, C) with src (R, C), or window (E,) with src (R,); idx is (R,) i32")))
 
 

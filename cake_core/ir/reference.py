@@ -35,7 +35,7 @@ RULE_OPS: dict[str, tuple[str, ...]] = {
     "resources.smem": ("smem",),
     "resources.registers": ("rmem",),
     "resources.rmem_split": ("rmem",),
-    "races.smem": ("load", "store", "mma", "sync"),
+    "races.smem": ("load", "store", "mma", "sync", "fill", "atomic_add", "scatter_add", "cp_async"),
     "compute.undefined": _C + _A,
     "compute.space": _C + _A,
     "compute.shape": ("cast", "unary", "scan", "transpose"),
@@ -50,6 +50,7 @@ RULE_OPS: dict[str, tuple[str, ...]] = {
     "atomic.space": _A,
     "atomic.dtype": _A,
     "atomic.shape": _A,
+    "atomic.smem_target": ("scatter_add",),
 }
 
 _KINDS = {

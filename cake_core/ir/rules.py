@@ -330,7 +330,7 @@ def _races(ctx: Ctx) -> Iterable[Diagnostic]:
             return [("read", n.arg("src"))]
         if n.op is Op.MMA:
             return [("read", n.arg(x)) for x in ("a", "b") if n.arg(x) in smem]
-        return []
+        return _compute_accesses(n, smem, ctx)
 
     out: list[Diagnostic] = []
 
@@ -345,9 +345,9 @@ def _races(ctx: Ctx) -> Iterable[Diagnostic]:
                 run(n.body, trip)      # may run: its accesses count
             for kind, buf in accesses(n):
                 for pkind, pn, ptrip in pending.get(buf, []):
-                    if "write" in (kind, pkind) and (pn.line, n.line) not in reported:
+                    if _conflict(kind, pkind) and (pn.line, n.line) not in reported:
                         reported.add((pn.line, n.line))
-                        what = "read-after-write" if pkind == "write" else "write-after-read"
+                        what = f"{kind}-after-{pkind}"
                         out.append(ctx.diag(
                             "races.smem", n, f"{what} race on smem tile `{buf}`: no sync() between the "
                                              f"{pkind} at line {pn.line} and this {kind}",
@@ -359,3 +359,26 @@ def _races(ctx: Ctx) -> Iterable[Diagnostic]:
 
     run(ctx.program.body, 1)
     return out
+
+
+def _compute_accesses(n: Node, smem: set[str], ctx: Ctx) -> list[tuple[str, str]]:
+    """smem accesses of fill, atomic_add, scatter_add and (outside roles, where sync() orders it) cp_async.
+    A scatter_add into an smem tile is an "atomic" access: atomics of several threads into one tile do
+    not race with each other, only with plain reads and writes."""
+    if n.op is Op.FILL and n.arg("dst") in smem:
+        return [("write", n.arg("dst"))]
+    if n.op is Op.CP_ASYNC and n.arg("dst").buf in smem and id(n) not in ctx.role_of:
+        return [("write", n.arg("dst").buf)]
+    if n.op is Op.ATOMIC_ADD and n.arg("src") in smem:
+        return [("read", n.arg("src"))]
+    if n.op is Op.SCATTER_ADD:
+        out = [("read", n.arg(x)) for x in ("idx", "src") if n.arg(x) in smem]
+        if n.arg("dst").buf in smem:
+            out.append(("atomic", n.arg("dst").buf))
+        return out
+    return []
+
+
+def _conflict(a: str, b: str) -> bool:
+    """Two unordered accesses to one smem tile race unless both only read or both are atomic adds."""
+    return a != b or a == "write"

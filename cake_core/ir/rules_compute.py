@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Iterable, Iterator
 
-from cake_core.ir.ops import REGISTRY, Node, Op, View
+from cake_core.ir.ops import REGISTRY, Full, Node, Op, View
 from cake_core.ir.ops_compute import (ATOMIC_OPS, AXIS_OPS, COMPUTE_OPS, RUNNING_OPS, UNARY_INT_FNS,
                                       broadcasts_to, norm_axis, reduced_shapes, scratch_bytes)
 from cake_core.ir.types import DType, MemSpace, TileType
@@ -253,26 +253,30 @@ def _scratch(ctx: Ctx) -> Iterable[Diagnostic]:
 
 # ------------------------------------------------------------------- atomic
 
-@rule("atomic.space", "atomic", "atomic_add/scatter_add must target a gmem kernel parameter")
+@rule("atomic.space", "atomic", "atomic_add must target a gmem kernel parameter; scatter_add a gmem parameter or "
+                                "an smem tile")
 def _atomic_space(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path in _compute_nodes(ctx):
         if n.op in ATOMIC_OPS:
             v = n.args[0]
             t = ctx.buffers.get(v.buf)
-            if t is not None and t.space is not MemSpace.GMEM:
-                yield ctx.diag("atomic.space", n, f"`{n.op.value}` into `{v.buf}`, an {t.space.value} tile; atomics "
-                                                  "here add into gmem", path=path,
-                               hint="use ewise(dst, dst, src, fn=\"add\") for a tile, or name a gmem parameter")
+            if t is None or t.space is MemSpace.GMEM or (n.op is Op.SCATTER_ADD and t.space is MemSpace.SMEM):
+                continue
+            where = "gmem or an smem tile" if n.op is Op.SCATTER_ADD else "gmem"
+            yield ctx.diag("atomic.space", n, f"`{n.op.value}` into `{v.buf}`, an {t.space.value} tile; atomics "
+                                              f"here add into {where}", path=path,
+                           hint="use ewise(dst, dst, src, fn=\"add\") for a tile, or name a gmem parameter")
 
 
-@rule("atomic.dtype", "atomic", "atomics add into f32 or i32 gmem only, and into i32 only from an i32 tile")
+@rule("atomic.dtype", "atomic", "atomics add into f32 or i32 gmem (or smem) only, and into i32 only from an i32 "
+                                "tile")
 def _atomic_dtype(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path in _compute_nodes(ctx):
         if n.op not in ATOMIC_OPS:
             continue
         d = ctx.buffers.get(n.args[0].buf)
         s = ctx.buffers.get(n.arg("src"))
-        if d is None or d.space is not MemSpace.GMEM:
+        if d is None or d.space is MemSpace.RMEM:
             continue
         if d.dtype not in (DType.F32, DType.I32):
             yield ctx.diag("atomic.dtype", n, f"`{n.op.value}` into `{n.args[0].buf}` of dtype {d.dtype.value}",
@@ -312,3 +316,26 @@ def _atomic_shape(ctx: Ctx) -> Iterable[Diagnostic]:
         for p in problems:
             yield ctx.diag("atomic.shape", n, p, path=path,
                            hint="window (E, C) takes src (R, C) and idx (R,); window (E,) takes src (R,)")
+
+
+@rule("atomic.smem_target", "atomic", "a scatter_add into shared memory takes a whole single-stage smem tile")
+def _atomic_smem_target(ctx: Ctx) -> Iterable[Diagnostic]:
+    """The privatised accumulator: the lowering adds into the tile itself (``t[:, :]``), with shared-memory
+    atomics; a window of it or a ring slot would need index arithmetic that the op does not define."""
+    for n, path in _compute_nodes(ctx):
+        if n.op is not Op.SCATTER_ADD:
+            continue
+        v = n.args[0]
+        t = ctx.buffers.get(v.buf)
+        if t is None or t.space is not MemSpace.SMEM:
+            continue
+        if t.stages > 1:
+            yield ctx.diag("atomic.smem_target", n, f"scatter_add into `{v.buf}`, a ring of {t.stages} stages",
+                           path=path, hint="accumulate into a single-stage smem tile: smem(f32, (K, C))")
+        elif len(v.index) != t.rank or not all(isinstance(i, Full) for i in v.index):
+            yield ctx.diag("atomic.smem_target", n, f"scatter_add into a window of smem tile `{v.buf}`; the "
+                                                    "target is the whole tile", path=path,
+                           hint=f"write `{v.buf}[{', '.join([':'] * t.rank)}]`; scatter rows are the tile's rows")
+        elif t.rank not in (1, 2):
+            yield ctx.diag("atomic.smem_target", n, f"scatter_add into the rank-{t.rank} smem tile `{v.buf}`",
+                           path=path, hint="accumulate into an (E, C) or (E,) tile")

@@ -22,7 +22,7 @@ Limits (LowerError): tiles of rank > 2 (``lower.unsupported_rank``), smem rings
 from __future__ import annotations
 
 from cake_core.ir.expr import Expr, evaluate
-from cake_core.ir.ops import At, Node, Op, Tile, View
+from cake_core.ir.ops import At, Full, Node, Op, Tile, View
 from cake_core.ir.ops_compute import SCRATCH_ALIGN, broadcasts_to, norm_axis, staged_operands
 from cake_core.ir.types import DType, MemSpace, TileType
 from cake_core.lower.cuda import SMEM_ALIGN, Buf, Ctx, Line, LowerError, _c_literal, _window, lowering
@@ -400,6 +400,8 @@ def _scatter_extent(ctx: Ctx, view: View, g: Buf) -> tuple[list[tuple[object, Ex
 def _lower_scatter_add(n: Node, ctx: Ctx) -> list[Line]:
     view, idx_name, src_name = n.args[:3]
     idx, src = _tile(ctx, idx_name, "index"), _tile(ctx, src_name, "source")
+    if view.buf not in ctx.gmem:
+        return _lower_scatter_add_smem(n, ctx, idx, src)
     g = _gmem_dst(ctx, view)
     kept, extent = _scatter_extent(ctx, view, g)
     ix0 = kept[0][0]
@@ -430,3 +432,29 @@ def _lower_scatter_add(n: Node, ctx: Ctx) -> list[Line]:
             "}"]
     return _block(pre, _owned_loop(ctx, src.numel, cols, body))
 
+
+
+def _lower_scatter_add_smem(n: Node, ctx: Ctx, idx: Buf, src: Buf) -> list[Line]:
+    """scatter_add into a whole smem tile (privatised accumulator): shared-memory atomics, see
+    ``cake::scatter_add_smem``. No barrier is added: as for other tile ops, ``sync()`` orders the
+    tile's zeroing before and its readers after."""
+    view = n.args[0]
+    dst = _tile(ctx, view.buf, "scatter target")
+    if dst.type.space is not MemSpace.SMEM or any(not isinstance(i, Full) for i in view.index) \
+            or len(view.index) != len(dst.shape):
+        raise LowerError("lower.unsupported_operand", f"scatter_add into `{view.buf}`: a target in shared memory is "
+                                                      f"the whole tile, `{view.buf}[{', '.join([':'] * len(dst.shape))}]`")
+    if dst.type.dtype not in (DType.F32, DType.I32):
+        raise LowerError("lower.unsupported_operand", f"atomics add into f32 or i32 smem; `{view.buf}` is "
+                                                      f"{dst.type.dtype.value}")
+    cols = dst.shape[1] if len(dst.shape) == 2 else 1
+    if src.shape[1:] != dst.shape[1:] or idx.numel != src.shape[0]:
+        raise LowerError("lower.shape_mismatch", f"scatter_add of src {src.shape} with idx {idx.shape} into "
+                                                 f"`{view.buf}` {dst.shape}")
+    st = _Staging(ctx, n)
+    guard = "true" if n.attr("guard") else "false"
+    src_ptr = st.smem_ptr(src) if src.type.space is MemSpace.SMEM else src.name
+    valid = (f"{ctx.check_expr(n.arg('limit'), 'limit')} - ({ctx.check_expr(n.arg('base'), 'base')})")
+    call = (f"cake::scatter_add_smem<{src.shape[0]}, {cols}, THREADS, {guard}>({view.buf}, {dst.shape[0]}, "
+            f"{st.smem_ptr(idx)}, {src_ptr}, {valid});")
+    return _block(st.pre, [call])

@@ -68,6 +68,7 @@ KMEANS_UPDATE = Problem(
     flops=lambda s: 1.0 * s["B"] * s["N"] * (s["D"] + 1),
     bytes=lambda s: 2.0 * s["B"] * s["N"] * s["D"] + 4.0 * s["B"] * s["N"] + 4.0 * s["B"] * s["K"] * (s["D"] + 1),
     seed_file="kmeans_update.cake",
+    best_files=("kmeans_update_smem.cake",),
     shape_sets=("kmeans_update_small", "kmeans_update_large"),
     zeroed_outputs=("sums", "counts"),
     rows=RowOracle(

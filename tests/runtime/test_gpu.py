@@ -88,3 +88,24 @@ def test_an_accumulating_kernel_is_timed_and_still_correct_after_timing(tmp_path
     (r,) = check_and_time(compiled, lowered, upd, [{"B": 2, "N": 150, "K": 20, "D": 40}], seed=2, reps=20)
     assert r.correct and r.outcome == "measured", r.message
     assert r.median_ms is not None and r.median_ms > 0
+
+
+@pytest.mark.gpu
+def test_the_smem_privatised_kmeans_update_is_correct_on_ragged_and_headline_shapes(tmp_path):
+    # the best-known program: per-CTA shared-memory sums (smem scatter_add), cp.async ring, plain
+    # stores when one CTA owns a (batch, D-slice) and atomic merges when points are split across CTAs
+    from cake_core.runtime.gpu import check_and_time
+    upd = get_problem("kmeans_update")
+    (text,) = upd.best_texts()
+    compiled, lowered = _build(text, tmp_path)
+    small = list(upd.shape_set("kmeans_update_small").shapes)
+    odd = [{"B": 1, "N": 5000, "K": 1500, "D": 72},       # K > KMAX: the global-atomic branch
+           {"B": 40, "N": 3001, "K": 1024, "D": 128}]     # one CTA per (batch, D-slice): plain stores
+    runs = check_and_time(compiled, lowered, upd, small + odd, seed=5, time=False)
+    bad = [(r.shape, r.message) for r in runs if not r.correct]
+    assert not bad, bad
+    head = list(upd.shape_set("kmeans_update_large").shapes)
+    runs = check_and_time(compiled, lowered, upd, head, seed=6, reps=20)
+    bad = [(r.shape, r.message) for r in runs if not r.correct]
+    assert not bad, bad
+    assert all(r.outcome == "measured" for r in runs)

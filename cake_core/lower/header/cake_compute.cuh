@@ -153,4 +153,69 @@ __device__ __forceinline__ void topk_merge_smem(float* vals, int* idx, const TS*
 template <typename V> __device__ __forceinline__ void atomic_add_gmem(float* dst, V v) { atomicAdd(dst, to_f32(v)); }
 __device__ __forceinline__ void atomic_add_gmem(int* dst, int v) { atomicAdd(dst, v); }
 
+// ----------------------------------------------------------------- atomics to smem (privatised accumulators)
+// atomic_add_smem_batch<G>(dst, at, v): dst[at[g]] += v[g] for every g with at[g] >= 0, with
+// shared-memory atomics. An f32 atomicAdd on shared memory is a CAS loop on sm_90 (one compare-and-
+// swap per try): written out, the G reads and the G compare-and-swaps are each issued back to back
+// (no dependency between them), and only a lost race retries with atomicAdd. i32 adds are native.
+template <int G> __device__ __forceinline__ void atomic_add_smem_batch(float* dst, const int (&at)[G],
+                                                                      const float (&v)[G]) {
+    int seen[G], want[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) want[g] = at[g] >= 0 ? __float_as_int(((volatile float*)dst)[at[g]]) : 0;
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+        if (at[g] >= 0) seen[g] = atomicCAS(reinterpret_cast<int*>(dst) + at[g], want[g],
+                                            __float_as_int(__int_as_float(want[g]) + v[g]));
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+        if (at[g] >= 0 && seen[g] != want[g]) atomicAdd(dst + at[g], v[g]);
+}
+template <int G> __device__ __forceinline__ void atomic_add_smem_batch(int* dst, const int (&at)[G], const int (&v)[G]) {
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+        if (at[g] >= 0) atomicAdd(dst + at[g], v[g]);
+}
+
+// The element a thread scatters: e of an smem src (a pointer), its own slot s of an rmem src (an array).
+template <typename T> struct is_ptr { static constexpr bool value = false; };
+template <typename T> struct is_ptr<T*> { static constexpr bool value = true; };
+template <typename Src> __device__ __forceinline__ auto scatter_elem(const Src& src, int s, unsigned e) {
+    if constexpr (is_ptr<Src>::value) return src[e];
+    else return src[s];
+}
+
+// scatter_add_smem<R, C, THREADS, GUARD>(dst, rows, idx, src, valid): for each src row r < valid
+// (src is R x C, C = 1 for a 1-D scatter), dst[idx[r] * C + c] += src[r * C + c] with shared-memory
+// atomics; with GUARD, rows whose index lies outside [0, rows) are skipped. Thread t takes elements
+// e = s * THREADS + t (an rmem src's own slots), so with THREADS % C == 0 a thread stays on one column
+// and a warp's lanes on consecutive columns of one row: conflict-free for C = 32. Slots go in batches
+// of up to 4, their index and value reads issued together, then their atomics.
+template <int R, int C, int THREADS, bool GUARD, typename TD, typename TI, typename Src>
+__device__ __forceinline__ void scatter_add_smem(TD* dst, int rows, const TI* idx, const Src& src, int valid) {
+    static_assert(R > 0 && C > 0, "a scatter has at least one row of one element");
+    constexpr int NUMEL = R * C, SLOTS = (NUMEL + THREADS - 1) / THREADS, G = SLOTS < 4 ? SLOTS : 4;
+#pragma unroll
+    for (int s0 = 0; s0 < SLOTS; s0 += G) {
+        int at[G];
+        TD v[G];
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+            const int s = s0 + g;
+            const unsigned e = (unsigned)(s * THREADS) + threadIdx.x;
+            const int r = (int)(e / C), c = (int)(e % C);
+            at[g] = -1;
+            v[g] = TD(0);
+            if (s < SLOTS && (NUMEL % THREADS == 0 || e < (unsigned)NUMEL) && r < valid) {
+                const int i = idx[r];
+                if (!GUARD || (unsigned)i < (unsigned)rows) {
+                    at[g] = i * C + c;
+                    v[g] = convert<TD>(scatter_elem(src, s < SLOTS ? s : 0, e));
+                }
+            }
+        }
+        atomic_add_smem_batch(dst, at, v);
+    }
+}
+
 }  // namespace cake
