@@ -642,3 +642,4 @@ def lower(program: Program, ir_filename: str = "kernel.cake") -> StageResult:
                        {"kernel.cu": source}, lk)
 
 from cake_core.lower import lower_async, lower_compute, lower_control  # noqa: E402,F401  (more lowering hooks)
+from cake_core.lower import lower_splitk  # noqa: E402,F401  (after lower_compute: it wraps its atomic_add)

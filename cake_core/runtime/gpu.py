@@ -12,7 +12,9 @@ oracle changed); after timing, compare the last timed output again.
 Timing protocol: CUDA events around each launch on one stream, ``warmup``
 launches first, L2 flushed before every timed launch by writing a 256 MiB
 buffer (the H200's L2 is 50 MiB), inputs rotated among up to 4 copies when they
-are small; median, p10 and p90 over ``reps`` (≥ 20) launches. The timer name and
+are small; median, p10 and p90 over ``reps`` (≥ 20) launches. Outputs the problem
+declares zeroed (atomics accumulate into them) are zeroed inside each timed region,
+after the start event: the zeroing is charged to the kernel. The timer name and
 the L2 state are recorded in every ``ShapeRun``.
 
 A fault poisons the CUDA context: after one, the remaining shapes are not run
@@ -235,6 +237,24 @@ def _stats(ms: list[float]) -> tuple[float, float, float]:
     return float(np.median(a)), float(np.percentile(a, 10)), float(np.percentile(a, 90))
 
 
+def _timed_launches(cp, L: _Launcher, arg_sets: list[tuple], reps: int, stream, flush) -> list[float]:
+    """``reps`` launches, each after an L2 flush, each timed by its own pair of CUDA events (ms).
+
+    The zeroing of the outputs the problem declares zeroed is inside the timed region: it is part of
+    what an accumulating (split-K) kernel costs against one that stores each element once, and it
+    keeps atomics from adding up across launches."""
+    starts = [cp.cuda.Event() for _ in range(reps)]
+    ends = [cp.cuda.Event() for _ in range(reps)]
+    for r in range(reps):
+        cp.cuda.runtime.memsetAsync(flush.data.ptr, r & 0xFF, flush.nbytes, stream.ptr)
+        starts[r].record(stream)
+        L.zero_accumulators()
+        L.launch(arg_sets[r % len(arg_sets)])
+        ends[r].record(stream)
+    L.wait("timed runs")
+    return [float(cp.cuda.get_elapsed_time(s, e)) for s, e in zip(starts, ends)]
+
+
 def _check_shape(cp, fn, lowered: LoweredKernel, problem: Problem, shape: Shape, *, seed: int, time: bool,
                  reps: int, warmup: int, timeout_s: float, stream, flush) -> ShapeRun:
     rng = np.random.default_rng(seed)
@@ -276,16 +296,7 @@ def _check_shape(cp, fn, lowered: LoweredKernel, problem: Problem, shape: Shape,
     L.wait("warm-up")
     L.reset_outputs()
     reps = max(reps, 20)
-    starts = [cp.cuda.Event() for _ in range(reps)]
-    ends = [cp.cuda.Event() for _ in range(reps)]
-    for r in range(reps):
-        L.zero_accumulators()     # outside the timed region: atomics must not add up across launches
-        cp.cuda.runtime.memsetAsync(flush.data.ptr, r & 0xFF, flush.nbytes, stream.ptr)
-        starts[r].record(stream)
-        L.launch(arg_sets[r % len(arg_sets)])
-        ends[r].record(stream)
-    L.wait("timed runs")
-    ms = [float(cp.cuda.get_elapsed_time(s, e)) for s, e in zip(starts, ends)]
+    ms = _timed_launches(cp, L, arg_sets, reps, stream, flush)
 
     ok2, err2, msg2 = problem.compare(L.got(), want)
     if not ok2:

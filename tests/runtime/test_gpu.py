@@ -109,3 +109,43 @@ def test_the_smem_privatised_kmeans_update_is_correct_on_ragged_and_headline_sha
     bad = [(r.shape, r.message) for r in runs if not r.correct]
     assert not bad, bad
     assert all(r.outcome == "measured" for r in runs)
+
+
+def test_zeroing_of_accumulated_outputs_is_inside_the_timed_region():
+    # split-K kernels add into a C the harness zeroes: that zeroing is part of their cost, so it must
+    # fall between the start and end events of every timed launch (and after the L2 flush)
+    import types
+
+    from cake_core.runtime import gpu
+    reps, log = 3, []
+
+    class Event:
+        def __init__(self, name):
+            self.name = name
+
+        def record(self, stream):
+            log.append(self.name)
+
+    # _timed_launches makes the `reps` start events first, then the `reps` end events
+    events = iter([Event("start") for _ in range(reps)] + [Event("end") for _ in range(reps)])
+    cp = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        Event=lambda: next(events), get_elapsed_time=lambda s, e: 1.0,
+        runtime=types.SimpleNamespace(memsetAsync=lambda *a: log.append("flush"))))
+    L = types.SimpleNamespace(zero_accumulators=lambda: log.append("zero"), launch=lambda args: log.append("launch"),
+                              wait=lambda what: log.append("wait"))
+    flush = types.SimpleNamespace(data=types.SimpleNamespace(ptr=0), nbytes=1)
+    ms = gpu._timed_launches(cp, L, [()], reps, types.SimpleNamespace(ptr=0), flush)
+    assert ms == [1.0] * reps
+    assert log == ["flush", "start", "zero", "launch", "end"] * reps + ["wait"]
+
+
+def test_a_kernel_that_writes_nothing_fails_the_gate_of_a_zeroed_output():
+    # tinygemm's c is zeroed, not poisoned, before each launch (kernels may accumulate with atomics):
+    # an untouched c is all zeros, which random inputs never produce, so the oracle check fails it
+    import numpy as np
+    tiny = get_problem("tinygemm")
+    assert "c" in tiny.zeroed_outputs
+    shape = {"M": 3, "N": 40, "K": 24}
+    x = tiny.make_inputs(shape, np.random.default_rng(0))
+    ok, err, msg = tiny.compare({"c": np.zeros((3, 40), np.float32)}, tiny.oracle(x))
+    assert not ok and err >= 0.99 and "max rel error" in msg
