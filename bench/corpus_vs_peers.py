@@ -9,7 +9,7 @@ compile our seed, the problem's best-known programs (``Problem.best_files``; ``-
 them out) and every ``--program FILE`` whose parameters are the problem's (lower + nvcc,
 sm_90a), check and time each with ``cake_core.runtime.gpu.check_and_time`` (fresh seeded inputs,
 poisoned outputs, fp64 oracle, perturbation check, re-check after timing; CUDA events, warm-up,
-L2 flushed by a 256 MiB write before every timed run, median of ≥ 20); then run every peer of the
+L2 flushed by a 256 MiB read before every timed run, median of ≥ 20); then run every peer of the
 problem (``cake_core.problems.peers``) on the same inputs, check its output against the same oracle
 (a wrong peer is timed but marked PEER WRONG, with the error), and time it with the same protocol.
 
@@ -96,7 +96,7 @@ def verdicts(rows: list[dict]) -> tuple[list[str], dict]:
         if t is None or row.get("skipped"):
             continue
         ours = [o for o in row["ours"] if o.get("correct") and o.get("median_ms")]
-        refs = [p for p in row["peers"] if p.get("correct") and p.get("median_ms") and p["peer"] in t.peers]
+        refs = [p for p in row["peers"] if p.get("correct") and p.get("median_ms") and p.get("key", p["peer"]) in t.peers]
         if not ours or not refs:
             out.append(f"| {row['problem']} | {row['shape_key']} | {'-' if not ours else ''} | | "
                        f"{'no correct reference peer' if not refs else ''} | | | | | no |")
@@ -173,7 +173,7 @@ def run_ours(gpu, prog: dict, problem, cproblem, shape, args) -> dict:
 def run_peer(problem, peer_name: str, shape, inputs, rows, want, args) -> dict:
     """Check (against ``want``: the oracle, or its row subset ``rows``) and time one peer on one shape."""
     t0 = time.perf_counter()
-    res: dict = {"peer": peer_name}
+    res: dict = {"peer": peer_name, "key": peer_name}
     peer = None
     try:
         peer = make_peer(problem.name, peer_name, inputs)
@@ -287,7 +287,7 @@ def main() -> int:
     programs: dict = {}
     record = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "gpu": model, "command": " ".join(sys.argv),
               "floor": {"bf16_flops_per_s": PEAK_BF16_FLOPS, "bytes_per_s": PEAK_BYTES_PER_S},
-              "protocol": "CUDA events; warm-up; 256 MiB write before each timed run (cold L2); inputs rotated "
+              "protocol": "CUDA events; warm-up; 256 MiB read before each timed run (cold, clean L2); inputs rotated "
                           "among up to 4 copies when under 64 MiB; median of >= reps",
               "programs": programs, "rows": rows}
 

@@ -16,7 +16,7 @@ down with it. Phases of one variant, each in that process:
 3. gate: cake_core.runtime.gpu.check_and_time (fp64 CPU oracle, poisoned outputs, perturbation) on
    ragged shapes, and an unaligned K that must be refused before launch.
 4. timing: the ws kernel and torch.matmul (cuBLAS, bf16 out; and fp32 out where torch offers it) on one
-   stream, CUDA events around each launch, a 256 MiB L2 flush before every timed launch, median of 30
+   stream, CUDA events around each launch, a 256 MiB L2 flush (write) before every timed launch, median of 30
    after 5 warm-ups; every ws output checked against an fp32 cuBLAS product first. A wrong variant is
    not timed.
 Writes $OUT/gpu_ws_gemm_NAME.json per variant and $OUT/gpu_ws_gemm.json (all); prints a table last.

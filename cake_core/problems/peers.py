@@ -7,7 +7,7 @@ a ``fetch()`` that returns the last run's outputs as numpy arrays under the prob
 (so ``Problem.compare`` checks them against the same oracle as our kernels), and ``reset()`` where
 the outputs are accumulators that must be zeroed before a run (kmeans_update). :func:`time_peer`
 times a peer with the protocol of ``cake_core.runtime.gpu.check_and_time``: CUDA events around each
-run on one stream, warm-up first, a 256 MiB buffer written before every timed run (cold L2), inputs
+run on one stream, warm-up first, a 256 MiB buffer read before every timed run (cold, clean L2), inputs
 rotated among up to 4 copies when they are small, median / p10 / p90 of at least 20 runs.
 
 Peers:
@@ -401,7 +401,7 @@ def time_peer(peer: PeerRun, *, reps: int = 20, warmup: int = 3) -> dict[str, An
     torch = _torch()
     reps = max(reps, 20)
     stream = torch.cuda.Stream()
-    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    flush = torch.zeros(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")   # read, as runtime.gpu.L2Flush
     with torch.cuda.stream(stream):
         for r in range(warmup):
             if peer.reset:
@@ -413,7 +413,7 @@ def time_peer(peer: PeerRun, *, reps: int = 20, warmup: int = 3) -> dict[str, An
         for r in range(reps):
             if peer.reset:
                 peer.reset()
-            flush.fill_(r & 0xFF)
+            flush.sum()
             starts[r].record(stream)
             peer.run(r)
             ends[r].record(stream)
@@ -422,4 +422,4 @@ def time_peer(peer: PeerRun, *, reps: int = 20, warmup: int = 3) -> dict[str, An
     del flush
     return {"median_ms": float(np.median(ms)), "p10_ms": float(np.percentile(ms, 10)),
             "p90_ms": float(np.percentile(ms, 90)), "runs": reps, "copies": peer.copies,
-            "timer": "cuda_event (torch)", "l2": "cold"}
+            "timer": "cuda_event (torch)", "l2": "cold-clean"}
