@@ -20,7 +20,7 @@ from typing import Iterator
 
 import numpy as np
 
-from cake_core.ir.interp import SEMANTICS, InterpFault, _clip, _CTA, _round
+from cake_core.ir.interp import SEMANTICS, InterpFault, _clip, _CTA, _round, loop_values
 from cake_core.ir.ops import Node, Op, Tile, View
 from cake_core.ir.ops_async import Slot
 from cake_core.ir.program import walk
@@ -189,7 +189,7 @@ def _steps(cta: _CTA, nodes: tuple[Node, ...], st: dict) -> Iterator[Node]:
     for n in nodes:
         if n.op is Op.FOR:
             var = n.args[0]
-            for i in range(cta.ev(n.args[1])):
+            for i in loop_values(cta, n):
                 cta.env[var] = i
                 yield from _steps(cta, n.body, st)
             cta.env.pop(var, None)

@@ -4,7 +4,10 @@ No data moves. Each role is a coroutine over its ops; the scheduler gives
 every unfinished role one op per turn (a fair interleaving, so a producer
 that does not wait cannot run arbitrarily far ahead and hide a race). Problem
 dimensions get small values, ``(stages + 2) * largest const``, so that every
-ring wraps at least once; grid coordinates are 0.
+ring wraps at least once (with loops in loops, a second run adds 1 to every
+dimension: odd inner trip counts); grid coordinates are 0, and a grid sized by
+``num_sms`` is launched on 2 SMs (``ncta.x`` = 2 for a persistent kernel:
+CTA 0 walks every second tile, its ring phases carried across tiles).
 
 State tracked:
 - mbarrier slots: completed phases, pending arrivals, transaction bytes, and
@@ -29,11 +32,12 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from cake_core.ir.expr import UnboundSymbol, evaluate
-from cake_core.ir.ops import Node, Op
+from cake_core.ir.ops import Node, Op, loop_range
 from cake_core.ir.ops_async import Slot
 from cake_core.outcome import Diagnostic, Severity
 
 MAX_STEPS = 200_000     # ops simulated at most (a bound on the checker's time, not a finding)
+PROTOCOL_NUM_SMS = 2    # num_sms in the simulated launch: a persistent CTA walks every second tile
 RULE_IDS = ("protocol.deadlock", "protocol.tx_mismatch", "protocol.read_before_ready", "protocol.slot_reuse")
 
 
@@ -97,15 +101,20 @@ class _Role:
 
 
 class _Sim:
-    def __init__(self, ctx: Any):
+    def __init__(self, ctx: Any, ragged: int = 0):
         self.ctx = ctx
         prog = ctx.program
         consts = prog.const_env
         stages = [n.attr("stages") for n, _, _ in ctx.nodes if n.op is Op.SMEM]
         stages += [self._static(n.args[0], consts) for n, _, _ in ctx.nodes if n.op is Op.MBARRIER]
         big = max([v for v in consts.values() if isinstance(v, int)] + [1])
-        dim = (max(stages + [1]) + 2) * big
+        dim = (max(stages + [1]) + 2) * big + ragged
         self.env0: dict[str, Any] = {**{d: dim for d in ctx.dims}, **consts, "bid.x": 0, "bid.y": 0, "bid.z": 0}
+        # a persistent grid (min(tiles, num_sms)) on PROTOCOL_NUM_SMS SMs: CTA 0 walks several tiles, so
+        # ring phases are followed across tile boundaries
+        grid = [self._static(g, {**self.env0, "num_sms": PROTOCOL_NUM_SMS}) for g in prog.grid]
+        grid += [1] * (3 - len(grid))
+        self.env0.update({"ncta.x": grid[0], "ncta.y": grid[1], "ncta.z": grid[2]})
         self.bars: dict[str, list[_Bar]] = {}
         self.stages: dict[str, int] = {n.result: n.attr("stages") for n, _, _ in ctx.nodes if n.op is Op.SMEM}
         self.fills: dict[tuple[str, int], _Fill] = {}
@@ -237,7 +246,10 @@ class _Sim:
             if op is Op.FOR:
                 var = n.args[0]
                 r.loops.append(var)
-                for i in range(self.ev(r, n.args[1])):
+                start, stop, step = (self.ev(r, x) for x in loop_range(n))
+                if step < 1:
+                    raise _Abort()      # control.loop_step reports it
+                for i in range(start, stop, step):
                     r.env[var] = i
                     yield from self.steps_of(r, n.body)
                 r.loops.pop()
@@ -395,14 +407,23 @@ def check_protocol(ctx: Any) -> list[Diagnostic]:
     """All protocol findings of a verifier context (``verify.Ctx``); silent where other rules must speak first."""
     if not any(n.op in (Op.MBARRIER, Op.ROLE, Op.TMA_LOAD) for n, _, _ in ctx.nodes):
         return []
-    try:
-        sim = _Sim(ctx)
-    except _Abort:
-        return []
-    try:
-        sim.run(ctx.program.body)
-    except _Stop:
-        pass
-    except (_Abort, KeyError, IndexError, TypeError, ValueError, ZeroDivisionError):
-        return []
-    return sim.diags
+    # Loops in loops (a persistent tile loop around the k-loop): run again with every dimension one
+    # past a tile multiple, so that the inner trip count is odd and a ring phase that restarts with
+    # each outer trip, instead of carrying a running count, falls out of step with the ring.
+    found: list[Diagnostic] = []
+    for ragged in (0, 1) if _nested_loops(ctx) else (0,):
+        try:
+            sim = _Sim(ctx, ragged)
+            sim.run(ctx.program.body)
+        except _Stop:
+            pass
+        except (_Abort, KeyError, IndexError, TypeError, ValueError, ZeroDivisionError):
+            return found
+        found = sim.diags
+        if found:
+            break
+    return found
+
+
+def _nested_loops(ctx: Any) -> bool:
+    return any(n.op is Op.FOR and any(m.op is Op.FOR for m in n.body) for n, _, _ in ctx.nodes)

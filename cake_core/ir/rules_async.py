@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Iterable, Iterator
 
-from cake_core.ir.expr import Bin, symbols, try_evaluate
+from cake_core.ir.expr import CTA_COORDS, CTA_COUNTS, Bin, symbols, try_evaluate
 from cake_core.ir.ops import At, Node, Op, Tile, View
 from cake_core.ir.ops_async import Slot
 from cake_core.ir.protocol import RULE_IDS, check_protocol
@@ -179,7 +179,7 @@ def _slot_index(ctx: Ctx) -> Iterable[Diagnostic]:
                     yield ctx.diag("async.slot_index", n, f"`{s.buf}` has {count} slots; pick one: {s.buf}[i]",
                                    path=path, hint="index the ring with the trip, e.g. [kt % S]")
                 continue
-            bad = symbols(s.index) - set(ctx.consts) - ctx.dims - scope - {"bid.x", "bid.y", "bid.z"}
+            bad = symbols(s.index) - set(ctx.consts) - ctx.dims - scope - set(CTA_COORDS) - set(CTA_COUNTS)
             v = ctx.static(s.index)
             if bad:
                 yield ctx.diag("async.slot_index", n, f"slot index of `{s.buf}` uses undefined `{sorted(bad)[0]}`",
@@ -449,15 +449,25 @@ def _mbarrier_phase(ctx: Ctx) -> Iterable[Diagnostic]:
 
 @rule("mbarrier.arrivals", "mbarrier", "a barrier's arrival count must match the arrivals made per phase")
 def _mbarrier_arrivals(ctx: Ctx) -> Iterable[Diagnostic]:
+    """Arrivals per phase: every role arrives each phase, so roles add up; within a role, arrive sites in
+    one block add up, while sites in different blocks are alternatives (a persistent consumer releases a
+    ring slot inside its k-loop, and the tile's last slot after it), so the role counts its largest block."""
     made: dict[str, list[str]] = {}
-    count: dict[str, int] = {}
-    for n, _, _ in ctx.nodes:
+    per_block: dict[str, dict[tuple[str, str], int]] = {}
+    for n, path, _ in ctx.nodes:
         if n.op in (Op.ARRIVE, Op.EXPECT_TX):
             k = 1 if n.op is Op.EXPECT_TX else _wgs(ctx, n)
             name = n.arg("bar").buf
-            count[name] = count.get(name, 0) + k
             who = ctx.role_of[id(n)].args[0] if id(n) in ctx.role_of else "cta"
+            block = (who, path.rsplit(".", 1)[0] if "." in path else "")
+            per_block.setdefault(name, {})[block] = per_block.get(name, {}).get(block, 0) + k
             made.setdefault(name, []).append(f"{n.op.value} at line {n.line} ({who}): {k} arrival(s)")
+    count: dict[str, int] = {}
+    for name, blocks in per_block.items():
+        by_role: dict[str, int] = {}
+        for (who, _), k in blocks.items():
+            by_role[who] = max(by_role.get(who, 0), k)
+        count[name] = sum(by_role.values())
     for name, n in _barriers(ctx).items():
         if name in count and count[name] != n.attr("arrivals"):
             yield ctx.diag("mbarrier.arrivals", n, f"`{name}` expects {n.attr('arrivals')} arrival(s) per phase; "

@@ -223,6 +223,9 @@ template <int N, bool GUARD, int SLOTS, typename TD>
 __device__ __forceinline__ void store_gmem_wgmma_acc(TD* dst, const float (&acc)[SLOTS], index_t ld_row,
                                                      index_t ld_col, int rows_in, int cols_in, int tid) {
     static_assert(SLOTS * 2 == N, "a wgmma accumulator holds N / 2 floats per thread");
+    // opaque to the optimiser: inside a persistent tile loop it would hoist the N / 2 per-thread store
+    // offsets out of the loop, and those registers on top of the accumulator spill (seen: 856 B)
+    asm volatile("" : "+r"(tid));
     const int wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
     const int row0 = wg * 64 + warp * 16 + lane / 4;
     const bool pairs = ld_col == 1 && ld_row % 2 == 0 && reinterpret_cast<uintptr_t>(dst) % (2 * sizeof(TD)) == 0;
