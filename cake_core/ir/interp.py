@@ -180,10 +180,22 @@ def run(program: Program, shape: dict[str, int], inputs: dict[str, np.ndarray],
             raise KeyError(f"no array for parameter `{p.name}`")
     grid = list(grid_size(program, shape, num_sms)) + [1] * (3 - len(program.grid))
     env0 = {**shape, **program.const_env, "ncta.x": grid[0], "ncta.y": grid[1], "ncta.z": grid[2]}
+    cl = cluster_dims(program)
+    if cl != (1, 1, 1):
+        return interp_async.run_clusters(program, gmem, env0, grid, cl, outputs)
     for z, y, x in itertools.product(range(grid[2]), range(grid[1]), range(grid[0])):
         cta = _CTA(program, gmem, {**env0, "bid.x": x, "bid.y": y, "bid.z": z})
         cta.run(program.body)
     return outputs
+
+
+def cluster_dims(program: Program) -> tuple[int, int, int]:
+    """The declared cluster shape (CTAs along x, y, z), (1, 1, 1) without one."""
+    for n in program.body:
+        if n.op is Op.CLUSTER:
+            dims = [int(evaluate(d, program.const_env)) for d in n.args[0]]
+            return tuple(dims + [1] * (3 - len(dims)))  # type: ignore[return-value]
+    return (1, 1, 1)
 
 
 def grid_size(program: Program, shape: dict[str, int], num_sms: int = INTERP_NUM_SMS) -> tuple[int, ...]:

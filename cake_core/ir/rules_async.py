@@ -49,6 +49,15 @@ def _numel(ctx: Ctx, shape) -> int | None:
     return None if None in vals else math.prod(vals)
 
 
+def _cluster_size(ctx: Ctx) -> int:
+    """CTAs per cluster (1 without a static cluster declaration)."""
+    for n, _, _ in ctx.nodes:
+        if n.op is Op.CLUSTER:
+            dims = [ctx.static(d) for d in n.arg("dims")]
+            return math.prod(dims) if None not in dims else 1
+    return 1
+
+
 def _blocks(nodes: tuple[Node, ...]) -> Iterator[tuple[Node, ...]]:
     yield nodes
     for n in nodes:
@@ -457,6 +466,8 @@ def _mbarrier_arrivals(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path, _ in ctx.nodes:
         if n.op in (Op.ARRIVE, Op.EXPECT_TX):
             k = 1 if n.op is Op.EXPECT_TX else _wgs(ctx, n)
+            if n.op is Op.ARRIVE and n.attr("multicast"):
+                k *= _cluster_size(ctx)   # every CTA of the cluster arrives on each barrier of the mask
             name = n.arg("bar").buf
             who = ctx.role_of[id(n)].args[0] if id(n) in ctx.role_of else "cta"
             block = (who, path.rsplit(".", 1)[0] if "." in path else "")
@@ -484,6 +495,8 @@ def _mbarrier_expect_tx(ctx: Ctx) -> Iterable[Diagnostic]:
             if n.op is not Op.EXPECT_TX:
                 continue
             loads = [m for m in block if m.op is Op.TMA_LOAD and m.arg("bar") == n.arg("bar")]
+            if any(m.op is Op.TMA_LOAD and m.attr("multicast") for m in _nested(block)):
+                continue    # peers' multicast boxes land here too: the protocol checker counts them per CTA
             sizes = []
             for m in loads:
                 t = ctx.buffers.get(m.arg("dst").buf)
@@ -515,10 +528,49 @@ def _cluster(ctx: Ctx) -> Iterable[Diagnostic]:
                                                        f"{ctx.target['max_cluster_size']}", path=path,
                                hint="use at most 8 CTAs per cluster (2 or 4 is usual)")
     for n, path, _ in ctx.nodes:
-        if n.op is Op.TMA_LOAD and n.attr("multicast") >> size:
+        if n.op in (Op.TMA_LOAD, Op.ARRIVE) and n.attr("multicast") >> size:
             yield ctx.diag("resources.cluster", n, f"multicast mask {n.attr('multicast'):#x} names CTAs beyond the "
                                                    f"cluster of {size}", path=path,
                            hint="declare cluster((n, 1, 1)) first, and use a mask below 1 << n")
+
+
+@rule("cluster.sync", "resources", "a kernel that writes into other CTAs of its cluster synchronises the cluster "
+                                   "after its mbarriers are initialised and again before it exits")
+def _cluster_sync(ctx: Ctx) -> Iterable[Diagnostic]:
+    remote = [(n, p) for n, p, _ in ctx.nodes if n.op in (Op.TMA_LOAD, Op.ARRIVE) and n.attr("multicast")]
+    if not remote:
+        return
+    body = ctx.program.body
+    roles = [i for i, n in enumerate(body) if n.op is Op.ROLE]
+    first_remote = min((i for i, n in enumerate(body) if any(m is r for m, _, _ in _walk_one(n) for r, _ in remote)),
+                       default=len(body))
+    last_bar = max((i for i, n in enumerate(body) if n.op is Op.MBARRIER), default=-1)
+    syncs = [i for i, n in enumerate(body) if n.op is Op.CLUSTER_SYNC]
+    end = (roles[-1] if roles else first_remote)
+    if not any(last_bar < i < first_remote for i in syncs):
+        n, path = remote[0]
+        yield ctx.diag("cluster.sync", n, f"`{n.op.value}` writes into other CTAs of the cluster, but no "
+                                          "cluster_sync() separates it from their mbarrier initialisation",
+                       path=path, hint="put cluster_sync() at the top level after the mbarrier allocations, "
+                                       "before the roles")
+    if not any(i > end for i in syncs):
+        n, path = remote[-1]
+        yield ctx.diag("cluster.sync", n, f"`{n.op.value}` writes into other CTAs of the cluster, but the kernel "
+                                          "may exit before they do: no cluster_sync() after the roles",
+                       path=path, hint="end the kernel with cluster_sync() at the top level, after the roles")
+
+
+def _nested(nodes: tuple[Node, ...]) -> Iterator[Node]:
+    for n in nodes:
+        yield n
+        yield from _nested(n.body)
+
+
+def _walk_one(n: Node):
+    """``n`` and every node nested in it."""
+    yield n, "", frozenset()
+    for m in n.body:
+        yield from _walk_one(m)
 
 
 # ----------------------------------------------------------------- protocol

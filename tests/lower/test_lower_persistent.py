@@ -53,3 +53,24 @@ def test_persistent_seed_compiles_without_spills(tmp_path):
     assert r.metrics["spill_bytes"] == 0, log
     assert "C75" not in log, log            # no wgmma serialisation remark
     assert r.metrics["registers"] <= 168    # 384 threads, one CTA per SM
+
+
+MC = (ROOT / "cake_core/problems/seeds/gemm_bf16_persistent_mc.cake").read_text()
+
+
+def test_multicast_seed_lowers_cluster_dims_multicast_copies_and_remote_arrivals():
+    lk = _lowered(MC)
+    src = lk.source
+    assert "__cluster_dims__(2, 1, 1)" in src and lk.cluster == (2, 1, 1)
+    assert src.count("cake::tma_load_2d_multicast(") == 4 and ", (uint16_t)3, " in src   # B: 4 column boxes
+    assert src.count("cake::mbarrier_arrive_cluster(") == 4          # 2 release sites x 2 CTAs
+    assert src.count("cake::cluster_sync();") == 2
+    assert lk.grid_for({"M": 4096, "N": 4096, "K": 4096}, num_sms=132) == (132,)
+    assert lk.grid_for({"M": 128, "N": 256, "K": 64}, num_sms=132) == (2,)   # one tile: a whole cluster
+
+
+@pytest.mark.skipif(compile_mod.nvcc_path() is None, reason="nvcc not installed")
+def test_multicast_seed_compiles_without_spills(tmp_path):
+    r = compile_kernel(_lowered(MC), arch="sm_90a", cache_dir=tmp_path)
+    assert r.ok, [d.message for d in r.diagnostics]
+    assert r.metrics["spill_bytes"] == 0 and "C75" not in r.artifacts["nvcc.log"], r.artifacts["nvcc.log"]

@@ -1,5 +1,5 @@
-"""The persistent GEMM seed (gemm_bf16_persistent.cake) through the runtime's correctness gate on the H200
-(marked `gpu`; correctness only, no timing assertions). CPU parts: the interpreter (tests/ir/test_persistent.py)
+"""The persistent GEMM seeds through the runtime's correctness gate on the H200 (marked `gpu`; correctness only,
+no timing assertions): gemm_bf16_persistent.cake, and gemm_bf16_persistent_mc.cake (2-CTA clusters, B multicast). CPU parts: the interpreter (tests/ir/test_persistent.py)
 and compile-only nvcc (tests/lower/test_lower_persistent.py).
 
     PYTHONPATH=$PWD python3 -m pytest -m gpu tests/runtime/test_gemm_persistent.py -q -p no:cacheprovider -o addopts=""
@@ -15,7 +15,7 @@ from cake_core.lower import compile_kernel, lower
 from cake_core.problems import get_problem
 
 ROOT = Path(__file__).resolve().parents[2]
-SEED = (ROOT / "cake_core/problems/seeds/gemm_bf16_persistent.cake").read_text()
+SEEDS = ("gemm_bf16_persistent.cake", "gemm_bf16_persistent_mc.cake")
 GEMM = get_problem("gemm_bf16")
 # ragged against 128 x 256 x 64 tiles (N, K multiples of 8 for TMA's 16-byte strides); few tiles (fewer CTAs
 # than SMs) and many (several tiles per CTA, K / BK odd and even so ring phases cross tiles both ways)
@@ -32,9 +32,10 @@ def _aligned_shapes() -> list[dict]:
     return shapes
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    lk = lower(parse_program(SEED, "gemm_bf16_persistent.cake"), "gemm_bf16_persistent.cake")
+@pytest.fixture(scope="module", params=SEEDS)
+def built(request, tmp_path_factory):
+    text = (ROOT / "cake_core/problems/seeds" / request.param).read_text()
+    lk = lower(parse_program(text, request.param), request.param)
     assert lk.ok, lk.diagnostics
     cr = compile_kernel(lk.value, arch="sm_90a", cache_dir=tmp_path_factory.mktemp("cubins"))
     assert cr.ok, [d.message for d in cr.diagnostics]

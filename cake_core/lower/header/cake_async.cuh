@@ -48,6 +48,13 @@ __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_
     asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;"
                  :: "r"(smem_u32(bar)), "r"(bytes) : "memory");
 }
+// one arrival on the mbarrier at the same smem offset in cluster CTA `cta_rank` (itself included):
+// mapa turns the local address into that CTA's shared::cluster address
+__device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, uint32_t cta_rank) {
+    uint32_t remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(bar)), "r"(cta_rank));
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" :: "r"(remote) : "memory");
+}
 // returns once the phase of this parity has completed (try_wait.parity in a loop)
 __device__ __forceinline__ void mbarrier_wait_parity(uint64_t* bar, int parity) {
     const uint32_t addr = smem_u32(bar);
