@@ -60,6 +60,7 @@ VARIANTS = {
     "n128": (N256, (('"BN": 256', '"BN": 128'),)),                        # m64n128
     "persistent": (PERSISTENT, ()),                                       # n256, grid = min(tiles, num_sms)
     "persistent_g8": (PERSISTENT, (('"G": 16', '"G": 8'),)),
+    "persistent_mc": (SEEDS / "gemm_bf16_persistent_mc.cake", ()),      # 2-CTA clusters, B multicast
 }
 GEMM = get_problem("gemm_bf16")
 GATE = [{"M": 128, "N": 64, "K": 64}, {"M": 64, "N": 8, "K": 8}, {"M": 200, "N": 72, "K": 136},
