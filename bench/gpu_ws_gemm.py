@@ -47,6 +47,7 @@ OUT = Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="ws-gemm-"))
 SEEDS = ROOT / "cake_core/problems/seeds"
 SEED = SEEDS / "gemm_bf16_ws.cake"
 N256 = SEEDS / "gemm_bf16_ws_n256.cake"
+PERSISTENT = SEEDS / "gemm_bf16_persistent.cake"
 _WAIT1 = "wgmma_wait(1)\n            if kt > 0:\n                arrive(empty[(kt + S - 1) % S])"
 _WAIT0 = "wgmma_wait(0)\n            arrive(empty[kt % S])"
 # name -> (seed file, ((old, new), ...)): each variant is the seed's text with these substitutions
@@ -57,6 +58,9 @@ VARIANTS = {
     "n256_g8": (N256, (('"G": 16', '"G": 8'),)),
     "n256_wait0": (N256, ((_WAIT1, _WAIT0),)),                            # no wgmma overlap across k-tiles
     "n128": (N256, (('"BN": 256', '"BN": 128'),)),                        # m64n128
+    "persistent": (PERSISTENT, ()),                                       # n256, grid = min(tiles, num_sms)
+    "persistent_g8": (PERSISTENT, (('"G": 16', '"G": 8'),)),
+    "persistent_mc": (SEEDS / "gemm_bf16_persistent_mc.cake", ()),      # 2-CTA clusters, B multicast
 }
 GEMM = get_problem("gemm_bf16")
 GATE = [{"M": 128, "N": 64, "K": 64}, {"M": 64, "N": 8, "K": 8}, {"M": 200, "N": 72, "K": 136},
@@ -187,7 +191,7 @@ def timing(compiled, lk):
         arrays = {"a": ca, "b": cb, "c": cc}
         args = tuple(arrays[p.name] for p in lk.params) + tuple(np.int32(shape[d]) for d in lk.dims) \
             + tuple(tma.encode_tensor_maps(lk, arrays, shape))
-        grid = lk.grid_for(shape)
+        grid = lk.grid_for(shape, num_sms=gpu._num_sms(cp))
 
         def ws():
             with cstream:

@@ -1,9 +1,14 @@
 """Index expressions: integers, symbols and a few arithmetic forms.
 
 Symbols are problem dimensions (``M``, ``K``: known at run time), program
-constants (``BM``: known at compile time), loop variables and the CTA
-coordinates ``bid.x``, ``bid.y``, ``bid.z``. Expressions are immutable and
-hashable; ``evaluate`` folds them under an environment.
+constants (``BM``: known at compile time), loop variables, the CTA
+coordinates ``bid.x``, ``bid.y``, ``bid.z`` and the grid's CTA counts
+``ncta.x``, ``ncta.y``, ``ncta.z`` (``gridDim``: what a persistent kernel's
+tile loop steps by). The launch symbol ``num_sms`` (the SM count of the GPU
+the kernel is launched on, supplied by the runtime) may appear in the grid
+only: ``grid=(min(tiles, num_sms),)`` sizes a persistent kernel to the GPU.
+Expressions are immutable and hashable; ``evaluate`` folds them under an
+environment.
 """
 from __future__ import annotations
 
@@ -44,6 +49,8 @@ BINOPS = ("+", "-", "*", "//", "%")
 CMPOPS = ("<", "<=", ">", ">=", "==", "!=")
 FUNCS = {"cdiv": 2, "min": 2, "max": 2}
 CTA_COORDS = ("bid.x", "bid.y", "bid.z")
+CTA_COUNTS = ("ncta.x", "ncta.y", "ncta.z")     # gridDim: known per launch, uniform over the grid
+LAUNCH_SYMBOLS = ("num_sms",)                    # supplied by the runtime at launch; grid expressions only
 _PREC = {"+": 1, "-": 1, "*": 2, "//": 2, "%": 2}
 
 
@@ -129,7 +136,7 @@ def c_expr(e: Expr) -> str:
     if isinstance(e, (int, float)):
         return repr(e)
     if isinstance(e, Sym):
-        return e.name.replace("bid.", "blockIdx.")
+        return e.name.replace("bid.", "blockIdx.").replace("ncta.", "gridDim.")
     if isinstance(e, Cmp):
         return f"({c_expr(e.a)} {e.op} {c_expr(e.b)})"
     if isinstance(e, Call):

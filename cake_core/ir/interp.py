@@ -14,7 +14,7 @@ from typing import Any, Callable
 import numpy as np
 
 from cake_core.ir.expr import evaluate
-from cake_core.ir.ops import REGISTRY, At, Full, Node, Op, Tile, View
+from cake_core.ir.ops import REGISTRY, At, Full, Node, Op, Tile, View, loop_range
 from cake_core.ir.program import Program
 from cake_core.ir.types import DType
 
@@ -126,9 +126,17 @@ def _mma(cta: _CTA, n: Node) -> None:
     acc += a.astype(np.float32) @ b.astype(np.float32)
 
 
+def loop_values(cta: _CTA, n: Node) -> range:
+    """The values a ``for`` node's variable takes in this CTA."""
+    start, stop, step = (cta.ev(x) for x in loop_range(n))
+    if step < 1:
+        raise InterpFault(n, f"loop step {step}: a for loop steps by a positive amount")
+    return range(start, stop, step)
+
+
 def _for(cta: _CTA, n: Node) -> None:
     var = n.args[0]
-    for i in range(cta.ev(n.args[1])):
+    for i in loop_values(cta, n):
         cta.env[var] = i
         cta.run(n.body)
     cta.env.pop(var, None)
@@ -154,25 +162,43 @@ from cake_core.ir import interp_async, interp_compute  # noqa: E402,F401  (add t
 assert set(SEMANTICS) == set(REGISTRY), "every registered op needs interpreter semantics"
 
 
+# The SM count the interpreter launches on (``num_sms`` in a grid): small, so that a persistent
+# kernel's CTAs each walk several tiles (and an uneven share) on the small shapes checked on a CPU.
+INTERP_NUM_SMS = 3
+
+
 def run(program: Program, shape: dict[str, int], inputs: dict[str, np.ndarray],
-        outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        outputs: dict[str, np.ndarray], num_sms: int = INTERP_NUM_SMS) -> dict[str, np.ndarray]:
     """Run every CTA of the grid over ``inputs``; writes into ``outputs`` (pre-poisoned by the caller).
 
-    Raises InterpFault for what would fault on a GPU.
+    ``num_sms`` is the launch symbol of that name (see ``ir.expr``). Raises InterpFault for what
+    would fault on a GPU.
     """
     gmem = {**{k: np.asarray(v) for k, v in inputs.items()}, **outputs}
     for p in program.params:
         if p.name not in gmem:
             raise KeyError(f"no array for parameter `{p.name}`")
-    env0 = {**shape, **program.const_env}
-    grid = [int(evaluate(g, env0)) for g in program.grid] + [1] * (3 - len(program.grid))
+    grid = list(grid_size(program, shape, num_sms)) + [1] * (3 - len(program.grid))
+    env0 = {**shape, **program.const_env, "ncta.x": grid[0], "ncta.y": grid[1], "ncta.z": grid[2]}
+    cl = cluster_dims(program)
+    if cl != (1, 1, 1):
+        return interp_async.run_clusters(program, gmem, env0, grid, cl, outputs)
     for z, y, x in itertools.product(range(grid[2]), range(grid[1]), range(grid[0])):
         cta = _CTA(program, gmem, {**env0, "bid.x": x, "bid.y": y, "bid.z": z})
         cta.run(program.body)
     return outputs
 
 
-def grid_size(program: Program, shape: dict[str, int]) -> tuple[int, ...]:
-    env = {**shape, **program.const_env}
+def cluster_dims(program: Program) -> tuple[int, int, int]:
+    """The declared cluster shape (CTAs along x, y, z), (1, 1, 1) without one."""
+    for n in program.body:
+        if n.op is Op.CLUSTER:
+            dims = [int(evaluate(d, program.const_env)) for d in n.args[0]]
+            return tuple(dims + [1] * (3 - len(dims)))  # type: ignore[return-value]
+    return (1, 1, 1)
+
+
+def grid_size(program: Program, shape: dict[str, int], num_sms: int = INTERP_NUM_SMS) -> tuple[int, ...]:
+    env = {**shape, **program.const_env, "num_sms": num_sms}
     return tuple(int(evaluate(g, env)) for g in program.grid)
 

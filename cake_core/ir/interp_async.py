@@ -20,10 +20,10 @@ from typing import Iterator
 
 import numpy as np
 
-from cake_core.ir.interp import SEMANTICS, InterpFault, _clip, _CTA, _round
+from cake_core.ir.interp import SEMANTICS, InterpFault, _clip, _CTA, _round, loop_values
 from cake_core.ir.ops import Node, Op, Tile, View
 from cake_core.ir.ops_async import Slot
-from cake_core.ir.program import walk
+from cake_core.ir.program import Program, walk
 
 
 class Barrier:
@@ -66,11 +66,13 @@ def _state(cta: _CTA) -> dict:
     return st
 
 
-def _slot(cta: _CTA, n: Node, s: Slot) -> np.ndarray:
-    """The array of one ring slot (or the whole tile when it has one stage)."""
-    if s.buf not in cta.tiles:
+def _slot(cta: _CTA, n: Node, s: Slot, owner: _CTA | None = None) -> np.ndarray:
+    """The array of one ring slot (or the whole tile when it has one stage); the index is evaluated in
+    ``cta``, the slot taken from ``owner`` (a cluster peer: the same slot in another CTA)."""
+    owner = owner or cta
+    if s.buf not in owner.tiles:
         raise InterpFault(n, f"`{s.buf}` is not allocated")
-    arr = cta.tiles[s.buf]
+    arr = owner.tiles[s.buf]
     stages = _state(cta)["stages"].get(s.buf, 1)
     if s.index is None:
         if stages > 1:
@@ -86,8 +88,8 @@ def _slot(cta: _CTA, n: Node, s: Slot) -> np.ndarray:
     return arr[i]
 
 
-def _bar(cta: _CTA, n: Node, s: Slot) -> Barrier:
-    bars = _state(cta)["bars"].get(s.buf)
+def _bar(cta: _CTA, n: Node, s: Slot, owner: _CTA | None = None) -> Barrier:
+    bars = _state(owner or cta)["bars"].get(s.buf)
     if bars is None:
         raise InterpFault(n, f"`{s.buf}` is not an mbarrier")
     i = cta.ev(s.index) if s.index is not None else 0
@@ -115,9 +117,22 @@ def _mbarrier(cta: _CTA, n: Node) -> None:
     _state(cta)["bars"][n.result] = [Barrier(n.attr("arrivals")) for _ in range(cta.ev(n.args[0]))]
 
 
+def _peers(cta: _CTA, n: Node, mask: int) -> list[_CTA]:
+    """The CTAs of ``cta``'s cluster that a multicast mask names."""
+    cluster = getattr(cta, "cluster", None)
+    if cluster is None:
+        raise InterpFault(n, f"multicast={mask:#x} outside a cluster: declare cluster((n, 1, 1))")
+    if mask >> len(cluster):
+        raise InterpFault(n, f"multicast mask {mask:#x} names CTAs beyond the cluster of {len(cluster)}")
+    return [c for r, c in enumerate(cluster) if mask >> r & 1]
+
+
 def _arrive(cta: _CTA, n: Node) -> None:
     wgs = _state(cta)["role_wgs"]
-    _bar(cta, n, n.arg("bar")).arrive(wgs if wgs is not None else -(-cta.prog.threads // 128))
+    count = wgs if wgs is not None else -(-cta.prog.threads // 128)
+    mask = n.attr("multicast")
+    for dst in _peers(cta, n, mask) if mask else [cta]:
+        _bar(cta, n, n.arg("bar"), dst).arrive(count)
 
 
 def _expect_tx(cta: _CTA, n: Node) -> None:
@@ -131,8 +146,10 @@ def _wait(cta: _CTA, n: Node) -> None:
 
 def _tma_load(cta: _CTA, n: Node) -> None:
     dst = n.arg("dst")
-    nbytes = _box(cta, n, n.arg("src"), _slot(cta, n, dst), cta.dtypes[dst.buf])
-    _bar(cta, n, n.arg("bar")).complete_tx(nbytes)
+    mask = n.attr("multicast")
+    for c in _peers(cta, n, mask) if mask else [cta]:      # the box and its bytes land in every CTA of the mask
+        nbytes = _box(cta, n, n.arg("src"), _slot(cta, n, dst, c), cta.dtypes[dst.buf])
+        _bar(cta, n, n.arg("bar"), c).complete_tx(nbytes)
 
 
 def _cp_async(cta: _CTA, n: Node) -> None:
@@ -217,7 +234,7 @@ def _steps(cta: _CTA, nodes: tuple[Node, ...], st: dict) -> Iterator[Node]:
     for n in nodes:
         if n.op is Op.FOR:
             var = n.args[0]
-            for i in range(cta.ev(n.args[1])):
+            for i in loop_values(cta, n):
                 cta.env[var] = i
                 yield from _steps(cta, n.body, st)
             cta.env.pop(var, None)
@@ -237,34 +254,74 @@ def _steps(cta: _CTA, nodes: tuple[Node, ...], st: dict) -> Iterator[Node]:
 
 def run_roles(cta: _CTA, roles: tuple[Node, ...]) -> None:
     """Run sibling roles concurrently (round-robin until each blocks); InterpFault on a deadlock."""
-    st = _state(cta)
-    outer = cta.env
-    tasks = []
-    for r in roles:
-        lo, hi = r.args[1]
-        env = dict(outer)
-        cta.env = env
-        tasks.append([r, env, _steps(cta, r.body, st), -(-(hi - lo) // 4), None])
+    _run_tasks([(cta, roles)])
+
+
+def _run_tasks(groups: list[tuple[_CTA, tuple[Node, ...]]]) -> None:
+    """Run the roles of one or more CTAs (the CTAs of a cluster) concurrently, round-robin."""
+    tasks, outer = [], {}
+    for cta, roles in groups:
+        outer[id(cta)] = cta.env
+        st = _state(cta)
+        for r in roles:
+            lo, hi = r.args[1]
+            env = dict(cta.env)
+            cta.env = env
+            tasks.append([r, env, _steps(cta, r.body, st), -(-(hi - lo) // 4), None, cta])
+            cta.env = outer[id(cta)]
     live = list(tasks)
+    ctas = [c for c, _ in groups]
     try:
         while live:
-            before = st["steps"]
+            before = sum(_state(c)["steps"] for c in ctas)
             for t in list(live):
-                cta.env, st["role_wgs"] = t[1], t[3]
+                cta = t[5]
+                cta.env, _state(cta)["role_wgs"] = t[1], t[3]
                 try:
                     t[4] = next(t[2])
                 except StopIteration:
                     live.remove(t)
-            if live and st["steps"] == before:
+            if live and sum(_state(c)["steps"] for c in ctas) == before:
                 first = live[0][4]
                 parts = []
                 for t in live:
+                    cta = t[5]
                     cta.env = t[1]
                     b = t[4].arg("bar")
                     slot = cta.ev(b.index) if b.index is not None else 0
-                    parts.append(f"role {t[0].args[0]} waits on {b.buf}[{slot}] for parity "
+                    where = f" (CTA {cta.env['bid.x']})" if len(groups) > 1 else ""
+                    parts.append(f"role {t[0].args[0]}{where} waits on {b.buf}[{slot}] for parity "
                                  f"{cta.ev(t[4].arg('phase')) % 2} at line {t[4].line}")
                 stuck = "; ".join(parts)
                 raise InterpFault(first, f"deadlock: every unfinished role is blocked ({stuck})")
     finally:
-        cta.env, st["role_wgs"] = outer, None
+        for cta in ctas:
+            cta.env, _state(cta)["role_wgs"] = outer[id(cta)], None
+
+
+def run_clusters(program: Program, gmem: dict, env0: dict, grid: list[int], cl: tuple[int, int, int],
+                 outputs: dict) -> dict:
+    """Run the grid cluster by cluster, the CTAs of a cluster concurrently: each runs its statements up to its
+    roles, then the roles of all of them round-robin (multicast copies and remote arrivals reach the peers),
+    then what follows the roles."""
+    import itertools
+    if any(g % c for g, c in zip(grid, cl)):
+        raise InterpFault(next(n for n in program.body if n.op is Op.CLUSTER),
+                          f"the grid {tuple(grid)} is not a whole number of clusters {cl}: the launch fails")
+    for cz, cy, cx in itertools.product(range(grid[2] // cl[2]), range(grid[1] // cl[1]), range(grid[0] // cl[0])):
+        members = []
+        for z, y, x in itertools.product(range(cl[2]), range(cl[1]), range(cl[0])):
+            env = {**env0, "bid.x": cx * cl[0] + x, "bid.y": cy * cl[1] + y, "bid.z": cz * cl[2] + z}
+            members.append(_CTA(program, gmem, env))
+        for c in members:
+            c.cluster = members
+        body = program.body
+        first = next((i for i, n in enumerate(body) if n.op is Op.ROLE), len(body))
+        last = max((i for i, n in enumerate(body) if n.op is Op.ROLE), default=first - 1)
+        for c in members:
+            c.run(body[:first])
+        if first <= last:
+            _run_tasks([(c, body[first:last + 1]) for c in members])
+        for c in members:
+            c.run(body[last + 1:])
+    return outputs

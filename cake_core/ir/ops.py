@@ -142,12 +142,27 @@ register(OpDef(Op.MMA, (("acc", "buf"), ("a", "buf"), ("b", "buf")),
                example='mma(acc, a_s, b_s, atom="fma")',
                preconditions=("acc is rmem f32 (M, N); a is (M, K); b is (K, N)",
                               "a and b share a 16-bit dtype (or f32 with atom=fma)")))
-register(OpDef(Op.FOR, (("var", "name"), ("extent", "expr")),
+register(OpDef(Op.FOR, (("var", "name"), ("extent", "expr"), ("start", "expr"), ("step", "expr")),
                {"unroll": AttrSpec(int, 1)},
                block=True,
-               summary="A sequential loop `for var in range(extent):` executed by the whole CTA.",
-               example="for kt in range(cdiv(K, BK)):",
-               preconditions=("extent is uniform across the CTA",)))
+               summary="A sequential loop `for var in range(extent):`, or `range(start, stop, step)` (var = start, "
+                       "start + step, ... while var < stop), executed by the whole CTA (or role). A persistent "
+                       "kernel's tile loop reads `for t in range(bid.x, tiles, ncta.x):` with "
+                       "`grid=(min(tiles, num_sms),)`: each CTA walks every ncta.x-th tile, and ring phases "
+                       "continue across tiles through a running k-tile count such as "
+                       "`(t - bid.x) // ncta.x * cdiv(K, BK) + kt`.",
+               example="for t in range(bid.x, cdiv(M, BM) * cdiv(N, BN), ncta.x):",
+               preconditions=("bounds are uniform across the CTA", "step is positive")))
+
+
+def for_args(var: str, stop: Expr, start: Expr = 0, step: Expr = 1) -> tuple:
+    """The canonical operands of a ``for``: ``(var, stop)`` for ``range(stop)``, else ``(var, stop, start, step)``."""
+    return (var, stop) if start == 0 and step == 1 else (var, stop, start, step)
+
+
+def loop_range(n: "Node") -> tuple[Expr, Expr, Expr]:
+    """``(start, stop, step)`` of a ``for`` node (``range(stop)`` is ``(0, stop, 1)``)."""
+    return (0, n.args[1], 1) if len(n.args) == 2 else (n.args[2], n.args[1], n.args[3])
 register(OpDef(Op.IF, (("cond", "cond"),),
                block=True,
                summary="Run the body only when the condition holds: `if a < b:` over index expressions "

@@ -25,7 +25,14 @@ lowering) agrees on:
   of completed phases ``c`` has ``c % 2 != p`` (so parity 1 passes on a fresh
   barrier: the producer's first trips over an empty ring).
 - ``tma_load`` copies the whole box (elements past the tensor edge read as
-  zero) and completes the box's bytes on ``bar``, out-of-bounds bytes included.
+  zero) and completes the box's bytes on ``bar``, out-of-bounds bytes included;
+  with ``multicast=mask`` it does so in every cluster CTA of the mask (the slot
+  and the barrier at the same place in each), and ``arrive(multicast=mask)``
+  arrives on the barrier of every CTA of the mask. A CTA's rank in a
+  ``cluster((n, 1, 1))`` is ``bid.x % n``. Every CTA of a cluster runs
+  concurrently; before the first remote write and before exiting, the
+  cluster synchronises (``cluster_sync()``), else a peer may write into a
+  barrier not yet initialised or a CTA that has already exited.
 - ``wgmma`` is asynchronous: ``acc += a @ b`` is issued as one commit group;
   ``wgmma_wait(n)`` waits until at most ``n`` groups are in flight. The operand
   slots are read until then. ``b_major="n"`` (the default) takes b as (K, N),
@@ -85,9 +92,14 @@ register(OpDef(Op.EXPECT_TX, (("bar", "slot"), ("bytes", "expr")),
                example="expect_tx(full[kt % S], (BM * BK + BK * BN) * 2)",
                preconditions=("bytes equals the bytes of the copies that signal bar in this phase",)))
 register(OpDef(Op.ARRIVE, (("bar", "slot"),),
-               summary="Arrive on an mbarrier: one arrival per warpgroup of the executing role.",
+               {"multicast": AttrSpec(int, 0)},
+               summary="Arrive on an mbarrier: one arrival per warpgroup of the executing role. multicast: a "
+                       "mask of cluster CTAs (this one included if its bit is set) on whose barrier at the same "
+                       "slot the role arrives instead (mapa + mbarrier.arrive.shared::cluster): how consumers "
+                       "release a ring slot that a multicast TMA copy refills in every CTA of the mask.",
                example="arrive(empty[kt % S])",
-               preconditions=("the barrier's arrivals equal the arrivals made per phase",)))
+               preconditions=("the barrier's arrivals equal the arrivals made per phase",
+                              "multicast names CTAs of the declared cluster")))
 register(OpDef(Op.WAIT, (("bar", "slot"), ("phase", "expr")),
                keyword_operands=("phase",),
                summary="Block until the mbarrier phase of parity `phase` has completed (try_wait.parity).",

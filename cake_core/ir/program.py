@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterator
 
 from cake_core.ir.expr import Expr
-from cake_core.ir.ops import Node, Op, make_attrs
+from cake_core.ir.ops import Node, Op, for_args, make_attrs
 from cake_core.ir.types import DType, MemSpace, TileType
 
 
@@ -99,8 +99,9 @@ class Builder:
         self._stack[-1].append(Node(op, tuple(args), make_attrs(op, attrs), result))
         return result
 
-    def loop(self, var: str, extent: Expr, **attrs: Any) -> "_Loop":
-        return _Loop(self, var, extent, attrs)
+    def loop(self, var: str, extent: Expr, start: Expr = 0, step: Expr = 1, **attrs: Any) -> "_Loop":
+        """``for var in range(extent)``, or ``range(start, extent, step)``."""
+        return _Loop(self, var, (extent, start, step), attrs)
 
     def build(self) -> Program:
         assert len(self._stack) == 1, "unclosed loop"
@@ -109,8 +110,8 @@ class Builder:
 
 
 class _Loop:
-    def __init__(self, b: Builder, var: str, extent: Expr, attrs: dict[str, Any]):
-        self.b, self.var, self.extent, self.attrs = b, var, extent, attrs
+    def __init__(self, b: Builder, var: str, bounds: tuple[Expr, Expr, Expr], attrs: dict[str, Any]):
+        self.b, self.var, self.bounds, self.attrs = b, var, bounds, attrs    # (stop, start, step)
 
     def __enter__(self) -> str:
         self.b._stack.append([])
@@ -118,5 +119,5 @@ class _Loop:
 
     def __exit__(self, *exc: object) -> None:
         body = tuple(self.b._stack.pop())
-        self.b._stack[-1].append(Node(Op.FOR, (self.var, self.extent), make_attrs(Op.FOR, self.attrs),
+        self.b._stack[-1].append(Node(Op.FOR, for_args(self.var, *self.bounds), make_attrs(Op.FOR, self.attrs),
                                       None, body))

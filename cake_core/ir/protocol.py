@@ -4,7 +4,16 @@ No data moves. Each role is a coroutine over its ops; the scheduler gives
 every unfinished role one op per turn (a fair interleaving, so a producer
 that does not wait cannot run arbitrarily far ahead and hide a race). Problem
 dimensions get small values, ``(stages + 2) * largest const``, so that every
-ring wraps at least once; grid coordinates are 0.
+ring wraps at least once (with loops in loops, a second run adds 1 to every
+dimension: odd inner trip counts); grid coordinates are 0, and a grid sized by
+``num_sms`` is launched on 2 SMs (``ncta.x`` = 2 for a persistent kernel:
+CTA 0 walks every second tile, its ring phases carried across tiles).
+
+A kernel with a ``cluster((n, 1, 1))`` is simulated as the n CTAs of one
+cluster (bid.x = rank), every role of every CTA in the same fair turn order:
+a multicast ``tma_load`` fills the slot and lands its bytes on the barrier of
+each CTA in its mask, an ``arrive(multicast=mask)`` arrives on each, and keys
+in witnesses carry the CTA (``empty[0]@1``).
 
 State tracked:
 - mbarrier slots: completed phases, pending arrivals, transaction bytes, and
@@ -29,11 +38,12 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from cake_core.ir.expr import UnboundSymbol, evaluate
-from cake_core.ir.ops import Node, Op
+from cake_core.ir.ops import Node, Op, loop_range
 from cake_core.ir.ops_async import Slot
 from cake_core.outcome import Diagnostic, Severity
 
 MAX_STEPS = 200_000     # ops simulated at most (a bound on the checker's time, not a finding)
+PROTOCOL_NUM_SMS = 2    # num_sms in the simulated launch: a persistent CTA walks every second tile
 RULE_IDS = ("protocol.deadlock", "protocol.tx_mismatch", "protocol.read_before_ready", "protocol.slot_reuse")
 
 
@@ -68,7 +78,7 @@ class _Read:
     role: str
     node: Node
     trip: str
-    release: tuple[str, int, Node, str] | None = None   # (barrier key, phase, arrive node, trip)
+    releases: list = field(default_factory=list)   # (barrier key, phase, arrive node, trip) of each release
 
 
 @dataclass
@@ -85,6 +95,7 @@ class _Role:
     name: str
     wgs: int
     env: dict[str, Any]
+    rank: int = 0            # the CTA's rank in its cluster
     gen: Iterator[Node | None] | None = None
     seen: dict[str, int] = field(default_factory=dict)
     inflight: list[list[_Read]] = field(default_factory=list)   # wgmma groups not yet waited for
@@ -97,16 +108,22 @@ class _Role:
 
 
 class _Sim:
-    def __init__(self, ctx: Any):
+    def __init__(self, ctx: Any, ragged: int = 0):
         self.ctx = ctx
         prog = ctx.program
         consts = prog.const_env
         stages = [n.attr("stages") for n, _, _ in ctx.nodes if n.op is Op.SMEM]
         stages += [self._static(n.args[0], consts) for n, _, _ in ctx.nodes if n.op is Op.MBARRIER]
         big = max([v for v in consts.values() if isinstance(v, int)] + [1])
-        dim = (max(stages + [1]) + 2) * big
+        dim = (max(stages + [1]) + 2) * big + ragged
         self.env0: dict[str, Any] = {**{d: dim for d in ctx.dims}, **consts, "bid.x": 0, "bid.y": 0, "bid.z": 0}
-        self.bars: dict[str, list[_Bar]] = {}
+        # a persistent grid (min(tiles, num_sms)) on PROTOCOL_NUM_SMS SMs: CTA 0 walks several tiles, so
+        # ring phases are followed across tile boundaries
+        grid = [self._static(g, {**self.env0, "num_sms": PROTOCOL_NUM_SMS}) for g in prog.grid]
+        grid += [1] * (3 - len(grid))
+        self.env0.update({"ncta.x": grid[0], "ncta.y": grid[1], "ncta.z": grid[2]})
+        self.bars: dict[str, list[_Bar]] = {}      # mbarrier name (@rank in a cluster) -> slots
+        self.cluster = _cluster_size(ctx)
         self.stages: dict[str, int] = {n.result: n.attr("stages") for n, _, _ in ctx.nodes if n.op is Op.SMEM}
         self.fills: dict[tuple[str, int], _Fill] = {}
         self.reads: dict[tuple[str, int], list[_Read]] = {}
@@ -134,24 +151,40 @@ class _Sim:
                                      self.paths.get(id(node), ""), hint, tuple(witness)))
 
     # ------------------------------------------------------------ operands
-    def bar(self, r: _Role, s: Slot) -> tuple[str, _Bar]:
-        bars = self.bars.get(s.buf)
+    def at(self, rank: int) -> str:
+        """The suffix naming a CTA of the cluster in barrier and slot keys ('' without a cluster)."""
+        return f"@{rank}" if self.cluster > 1 else ""
+
+    def targets(self, r: _Role, n: Node) -> list[int]:
+        """The CTAs a copy or an arrive reaches: the multicast mask's, else the role's own."""
+        mask = n.attr("multicast")
+        if not mask:
+            return [r.rank]
+        if mask >> self.cluster:
+            raise _Abort()          # resources.cluster reports it
+        return [k for k in range(self.cluster) if mask >> k & 1]
+
+    def bar(self, r: _Role, s: Slot, rank: int | None = None) -> tuple[str, _Bar]:
+        """A barrier slot, indexed in ``r``'s environment, of CTA ``rank`` (default: ``r``'s own)."""
+        at = self.at(r.rank if rank is None else rank)
+        bars = self.bars.get(s.buf + at)
         if bars is None:
             raise _Abort()
         i = self.ev(r, s.index) if s.index is not None else 0
         if not 0 <= i < len(bars):
             raise _Abort()
-        return f"{s.buf}[{i}]", bars[i]
+        return f"{s.buf}[{i}]{at}", bars[i]
 
-    def slot(self, r: _Role, s: Slot | str) -> tuple[str, int]:
+    def slot(self, r: _Role, s: Slot | str, rank: int | None = None) -> tuple[str, int]:
+        at = self.at(r.rank if rank is None else rank)
         if isinstance(s, str):
-            return s, 0
+            return s + at, 0
         if s.index is None:
-            return s.buf, 0
+            return s.buf + at, 0
         i = self.ev(r, s.index)
         if not 0 <= i < max(self.stages.get(s.buf, 1), 1):
             raise _Abort()
-        return s.buf, i
+        return s.buf + at, i
 
     def is_smem(self, name: str) -> bool:
         t = self.ctx.buffers.get(name)
@@ -195,16 +228,16 @@ class _Sim:
         self.reads.setdefault(key, []).append(rd)
         (inflight if inflight is not None else r.done_reads).append(rd)
 
-    def write(self, r: _Role, n: Node, s: Slot | str, bar: str | None, phase: int) -> None:
+    def write(self, r: _Role, n: Node, s: Slot | str, bar: str | None, phase: int, rank: int | None = None) -> None:
         if isinstance(s, str) and not self.is_smem(s):
             return
-        key = self.slot(r, s)
+        key = self.slot(r, s, rank)
         for rd in self.reads.get(key, []):
             if rd.role == r.name:
                 continue
-            rel = rd.release
-            if rel is not None and r.seen.get(rel[0], 0) > rel[1]:
+            if any(r.seen.get(k, 0) > ph for k, ph, _, _ in rd.releases):
                 continue
+            rel = rd.releases[0] if rd.releases else None
             if rel is None:
                 why = "it was never released (no arrive after the read completed" + \
                       (": a wgmma is still in flight, wgmma_wait first)" if any(rd in g for rr in self.roles
@@ -222,9 +255,10 @@ class _Sim:
         self.reads[key] = []
         self.fills[key] = _Fill(r.name, n, r.trip(), bar, phase)
 
-    def release(self, r: _Role, key: str, phase: int, n: Node) -> None:
+    def release(self, r: _Role, phases: list[tuple[str, int]], n: Node) -> None:
+        """The role's completed reads are released through these (barrier key, phase) pairs."""
         for rd in r.done_reads:
-            rd.release = (key, phase, n, r.trip())
+            rd.releases += [(key, phase, n, r.trip()) for key, phase in phases]
         r.done_reads = []
 
     # ------------------------------------------------------------ execution
@@ -237,7 +271,10 @@ class _Sim:
             if op is Op.FOR:
                 var = n.args[0]
                 r.loops.append(var)
-                for i in range(self.ev(r, n.args[1])):
+                start, stop, step = (self.ev(r, x) for x in loop_range(n))
+                if step < 1:
+                    raise _Abort()      # control.loop_step reports it
+                for i in range(start, stop, step):
                     r.env[var] = i
                     yield from self.steps_of(r, n.body)
                 r.loops.pop()
@@ -257,31 +294,35 @@ class _Sim:
                 r.seen[key] = max(r.seen.get(key, 0), b.done)
             elif op is Op.MBARRIER:
                 cnt = self.ev(r, n.args[0])
-                self.bars[n.result] = [_Bar(n.attr("arrivals"), n.attr("arrivals")) for _ in range(cnt)]
-            elif op is Op.ARRIVE:
-                key, b = self.bar(r, n.arg("bar"))
-                self.release(r, key, b.done, n)
-                b.pending -= r.wgs
-                b.settle()
+                self.bars[n.result + self.at(r.rank)] = [_Bar(n.attr("arrivals"), n.attr("arrivals"))
+                                                         for _ in range(cnt)]
+            elif op is Op.ARRIVE:      # on the role's own barrier, or on each of the multicast mask's
+                hit = [self.bar(r, n.arg("bar"), k) for k in self.targets(r, n)]
+                self.release(r, [(key, b.done) for key, b in hit], n)
+                for _, b in hit:
+                    b.pending -= r.wgs
+                    b.settle()
             elif op is Op.EXPECT_TX:
                 key, b = self.bar(r, n.arg("bar"))
                 nbytes = self.ev(r, n.arg("bytes"))
-                self.release(r, key, b.done, n)
+                self.release(r, [(key, b.done)], n)
                 b.expects.append((n, r.name, r.trip(), nbytes))
                 b.tx += nbytes
                 b.pending -= 1
                 b.settle()
-            elif op is Op.TMA_LOAD:
-                key, b = self.bar(r, n.arg("bar"))
+            elif op is Op.TMA_LOAD:    # into the role's own CTA, or into each CTA of the multicast mask
                 nbytes = self.box_bytes(n)
-                pe, pl = b.prev
-                if not b.expects and pe and pe[-1][1] == r.name and pe[-1][2] == r.trip():
-                    self.tx_mismatch(key, b.done - 1, pe, pl + [(n, r.name, r.trip(), nbytes)],
-                                     f"the phase completed early, and this copy's {nbytes} B land in phase {b.done}")
-                self.write(r, n, n.arg("dst"), key, b.done)
-                b.landed.append((n, r.name, r.trip(), nbytes))
-                b.tx -= nbytes
-                b.settle()
+                for rank in self.targets(r, n):
+                    key, b = self.bar(r, n.arg("bar"), rank)
+                    pe, pl = b.prev
+                    if not b.expects and pe and pe[-1][1] == r.name and pe[-1][2] == r.trip():
+                        self.tx_mismatch(key, b.done - 1, pe, pl + [(n, r.name, r.trip(), nbytes)],
+                                         f"the phase completed early, and this copy's {nbytes} B land in phase "
+                                         f"{b.done}")
+                    self.write(r, n, n.arg("dst"), key, b.done, rank)
+                    b.landed.append((n, r.name, r.trip(), nbytes))
+                    b.tx -= nbytes
+                    b.settle()
             elif op is Op.CP_ASYNC:
                 self.write(r, n, n.arg("dst"), None, 0)
             elif op is Op.LOAD:
@@ -366,30 +407,40 @@ class _Sim:
             raise _Stop()
 
     def run(self, body: tuple[Node, ...]) -> None:
+        """The kernel's top level; in a cluster, one CTA per rank (cluster 0: bid.x = rank for a
+        cluster((n, 1, 1))), their roles all concurrent."""
         i = 0
-        cta = _Role("cta", -(-self.ctx.program.threads // 128), dict(self.env0))
+        ctas = []
+        for rank in range(self.cluster):
+            env = dict(self.env0)
+            env["bid.x"] = rank         # CTAs of one cluster((n, 1, 1)) are neighbours along x
+            ctas.append(_Role("cta" + self.at(rank), -(-self.ctx.program.threads // 128), env, rank))
         while i < len(body):
             if body[i].op is Op.ROLE:
                 j = i
                 while j < len(body) and body[j].op is Op.ROLE:
                     j += 1
                 group = []
-                for rn in body[i:j]:
-                    lo, hi = rn.args[1]
-                    r = _Role(rn.args[0], max(-(-(hi - lo) // 4), 1), dict(cta.env))
-                    r.seen = dict(cta.seen)
-                    r.gen = self.steps_of(r, rn.body)
-                    group.append(r)
+                for cta in ctas:
+                    for rn in body[i:j]:
+                        lo, hi = rn.args[1]
+                        r = _Role(rn.args[0] + self.at(cta.rank), max(-(-(hi - lo) // 4), 1), dict(cta.env),
+                                  cta.rank)
+                        r.seen = dict(cta.seen)
+                        r.gen = self.steps_of(r, rn.body)
+                        group.append(r)
                 if not self.run_group(group):
                     return
                 for r in group:
+                    cta = ctas[r.rank]
                     for k, v in r.seen.items():
                         cta.seen[k] = max(cta.seen.get(k, 0), v)
                 i = j
                 continue
-            cta.gen = self.steps_of(cta, (body[i],))
-            if not self.run_group([cta]):
-                return
+            for cta in ctas:
+                cta.gen = self.steps_of(cta, (body[i],))
+                if not self.run_group([cta]):
+                    return
             i += 1
 
 
@@ -397,14 +448,35 @@ def check_protocol(ctx: Any) -> list[Diagnostic]:
     """All protocol findings of a verifier context (``verify.Ctx``); silent where other rules must speak first."""
     if not any(n.op in (Op.MBARRIER, Op.ROLE, Op.TMA_LOAD) for n, _, _ in ctx.nodes):
         return []
-    try:
-        sim = _Sim(ctx)
-    except _Abort:
-        return []
-    try:
-        sim.run(ctx.program.body)
-    except _Stop:
-        pass
-    except (_Abort, KeyError, IndexError, TypeError, ValueError, ZeroDivisionError):
-        return []
-    return sim.diags
+    # Loops in loops (a persistent tile loop around the k-loop): run again with every dimension one
+    # past a tile multiple, so that the inner trip count is odd and a ring phase that restarts with
+    # each outer trip, instead of carrying a running count, falls out of step with the ring.
+    found: list[Diagnostic] = []
+    for ragged in (0, 1) if _nested_loops(ctx) else (0,):
+        try:
+            sim = _Sim(ctx, ragged)
+            sim.run(ctx.program.body)
+        except _Stop:
+            pass
+        except (_Abort, KeyError, IndexError, TypeError, ValueError, ZeroDivisionError):
+            return found
+        found = sim.diags
+        if found:
+            break
+    return found
+
+
+def _cluster_size(ctx: Any) -> int:
+    """CTAs per cluster: a cluster((n, 1, 1)) is simulated as n CTAs; 1 without one (or another shape)."""
+    for n in ctx.program.body:
+        if n.op is Op.CLUSTER:
+            try:
+                dims = [int(evaluate(d, ctx.consts)) for d in n.args[0]]
+            except (UnboundSymbol, TypeError):
+                return 1
+            return dims[0] if 1 <= dims[0] <= 16 and all(d == 1 for d in dims[1:]) else 1
+    return 1
+
+
+def _nested_loops(ctx: Any) -> bool:
+    return any(n.op is Op.FOR and any(m.op is Op.FOR for m in n.body) for n, _, _ in ctx.nodes)

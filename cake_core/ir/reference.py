@@ -32,6 +32,8 @@ RULE_OPS: dict[str, tuple[str, ...]] = {
     "shapes.extent": ("load", "store"),
     "shapes.static": ("smem", "rmem"),
     "shapes.symbols": ("load", "store", "for"),
+    "shapes.launch_symbols": ("for",),
+    "control.loop_step": ("for",),
     "resources.smem": ("smem",),
     "resources.registers": ("rmem",),
     "resources.rmem_split": ("rmem",),
@@ -58,7 +60,8 @@ _KINDS = {
     "shape": "a tuple of index expressions, e.g. (BM, BK)",
     "buf": "the name of an smem/rmem tile (or a gmem parameter where the op allows it)",
     "view": "a window of a gmem parameter: `a[tile(i, n), :, j]`",
-    "expr": "an index expression (ints, consts, dims, loop variables, bid.x/y/z, + - * // %, cdiv/min/max)",
+    "expr": "an index expression (ints, consts, dims, loop variables, bid.x/y/z, ncta.x/y/z (the grid's CTA "
+            "counts), + - * // %, cdiv/min/max); a grid may also use num_sms (the GPU's SM count, given at launch)",
     "name": "a new loop variable name",
     "slot": "a buffer name, or a ring slot `name[expr]` of a staged smem tile or an mbarrier array",
     "str": "a string literal naming something (a role)",

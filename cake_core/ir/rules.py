@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Iterable, Iterator
 
-from cake_core.ir.expr import CTA_COORDS, fmt_expr, symbols, try_evaluate
-from cake_core.ir.ops import REGISTRY, At, Full, Node, Op, Tile, View
+from cake_core.ir.expr import CTA_COORDS, CTA_COUNTS, LAUNCH_SYMBOLS, fmt_expr, symbols, try_evaluate
+from cake_core.ir.ops import REGISTRY, At, Full, Node, Op, Tile, View, loop_range
 from cake_core.ir.types import DType, MemSpace
 from cake_core.ir.verify import (Ctx, fmt_shape, rmem_words_per_thread, rule, same_extent, smem_bytes,
                                  view_extent)
@@ -136,7 +136,8 @@ def _static(ctx: Ctx) -> Iterable[Diagnostic]:
 
 @rule("shapes.symbols", "shapes", "an index expression uses a name that is not defined")
 def _symbols(ctx: Ctx) -> Iterable[Diagnostic]:
-    base = set(ctx.consts) | ctx.dims | set(CTA_COORDS)
+    # launch symbols out of place (num_sms in the body, ncta in the grid) are shapes.launch_symbols' to report
+    base = set(ctx.consts) | ctx.dims | set(CTA_COORDS) | set(CTA_COUNTS) | set(LAUNCH_SYMBOLS)
     grid_syms = set().union(*(symbols(g) for g in ctx.program.grid)) if ctx.program.grid else set()
     for s in sorted(grid_syms - base):
         yield ctx.diag("shapes.symbols", None, f"the grid uses `{s}`, which is neither a const nor a "
@@ -159,6 +160,52 @@ def _symbols(ctx: Ctx) -> Iterable[Diagnostic]:
         for s in sorted(bad):
             yield ctx.diag("shapes.symbols", n, f"`{s}` is not defined", path=path,
                            hint="index expressions may use consts, problem dims, loop variables and bid.x/y/z")
+
+
+def _node_exprs(n: Node) -> list:
+    """The index expressions a node's operands hold (expr and shape operands, view indices)."""
+    exprs: list = []
+    for name, a in _operands(n):
+        kind = dict(REGISTRY[n.op].operands)[name]
+        if kind == "expr":
+            exprs.append(a)
+        elif kind == "shape":
+            exprs.extend(a)
+        elif kind == "view":
+            for i in a.index:
+                if isinstance(i, Tile):
+                    exprs += [i.index, i.size]
+                elif isinstance(i, At):
+                    exprs.append(i.index)
+        elif kind == "slot" and getattr(a, "index", None) is not None:
+            exprs.append(a.index)
+    return exprs
+
+
+@rule("shapes.launch_symbols", "shapes", "num_sms appears in the grid only; ncta.x/y/z in the body only")
+def _launch_symbols(ctx: Ctx) -> Iterable[Diagnostic]:
+    for g in ctx.program.grid:
+        for s in sorted(symbols(g) & set(CTA_COUNTS)):
+            yield ctx.diag("shapes.launch_symbols", None, f"the grid uses `{s}`, the grid's own CTA count",
+                           path="kernel.grid", hint="size a persistent grid as min(tiles, num_sms)")
+    for n, path, _ in ctx.nodes:
+        used = set().union(*(symbols(e) for e in _node_exprs(n)))
+        for s in sorted(used & set(LAUNCH_SYMBOLS)):
+            yield ctx.diag("shapes.launch_symbols", n, f"`{s}` is a launch symbol of the grid only; the kernel "
+                                                       "body does not see it", path=path,
+                           hint="step a persistent tile loop by the CTA count: range(bid.x, tiles, ncta.x)")
+
+
+@rule("control.loop_step", "control", "a for loop's step must be positive")
+def _loop_step(ctx: Ctx) -> Iterable[Diagnostic]:
+    for n, path, _ in ctx.nodes:
+        if n.op is not Op.FOR:
+            continue
+        step = ctx.static(loop_range(n)[2])
+        if step is not None and step < 1:
+            yield ctx.diag("control.loop_step", n, f"loop `{n.args[0]}` steps by {step}: the loop would never "
+                                                   "end or never run", path=path,
+                           hint="step by a positive amount, e.g. range(bid.x, tiles, ncta.x)")
 
 
 @rule("shapes.tail_guard", "shapes", "an unguarded load/store tiles a dimension the tile may not divide",

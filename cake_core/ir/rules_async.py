@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Iterable, Iterator
 
-from cake_core.ir.expr import Bin, symbols, try_evaluate
+from cake_core.ir.expr import CTA_COORDS, CTA_COUNTS, Bin, symbols, try_evaluate
 from cake_core.ir.ops import At, Node, Op, Tile, View
 from cake_core.ir.ops_async import Slot
 from cake_core.ir.protocol import RULE_IDS, check_protocol
@@ -47,6 +47,15 @@ def _swizzle(ctx: Ctx, name: str) -> int:
 def _numel(ctx: Ctx, shape) -> int | None:
     vals = [ctx.static(d) for d in shape]
     return None if None in vals else math.prod(vals)
+
+
+def _cluster_size(ctx: Ctx) -> int:
+    """CTAs per cluster (1 without a static cluster declaration)."""
+    for n, _, _ in ctx.nodes:
+        if n.op is Op.CLUSTER:
+            dims = [ctx.static(d) for d in n.arg("dims")]
+            return math.prod(dims) if None not in dims else 1
+    return 1
 
 
 def _blocks(nodes: tuple[Node, ...]) -> Iterator[tuple[Node, ...]]:
@@ -179,7 +188,7 @@ def _slot_index(ctx: Ctx) -> Iterable[Diagnostic]:
                     yield ctx.diag("async.slot_index", n, f"`{s.buf}` has {count} slots; pick one: {s.buf}[i]",
                                    path=path, hint="index the ring with the trip, e.g. [kt % S]")
                 continue
-            bad = symbols(s.index) - set(ctx.consts) - ctx.dims - scope - {"bid.x", "bid.y", "bid.z"}
+            bad = symbols(s.index) - set(ctx.consts) - ctx.dims - scope - set(CTA_COORDS) - set(CTA_COUNTS)
             v = ctx.static(s.index)
             if bad:
                 yield ctx.diag("async.slot_index", n, f"slot index of `{s.buf}` uses undefined `{sorted(bad)[0]}`",
@@ -542,15 +551,27 @@ def _mbarrier_phase(ctx: Ctx) -> Iterable[Diagnostic]:
 
 @rule("mbarrier.arrivals", "mbarrier", "a barrier's arrival count must match the arrivals made per phase")
 def _mbarrier_arrivals(ctx: Ctx) -> Iterable[Diagnostic]:
+    """Arrivals per phase: every role arrives each phase, so roles add up; within a role, arrive sites in
+    one block add up, while sites in different blocks are alternatives (a persistent consumer releases a
+    ring slot inside its k-loop, and the tile's last slot after it), so the role counts its largest block."""
     made: dict[str, list[str]] = {}
-    count: dict[str, int] = {}
-    for n, _, _ in ctx.nodes:
+    per_block: dict[str, dict[tuple[str, str], int]] = {}
+    for n, path, _ in ctx.nodes:
         if n.op in (Op.ARRIVE, Op.EXPECT_TX):
             k = 1 if n.op is Op.EXPECT_TX else _wgs(ctx, n)
+            if n.op is Op.ARRIVE and n.attr("multicast"):
+                k *= _cluster_size(ctx)   # every CTA of the cluster arrives on each barrier of the mask
             name = n.arg("bar").buf
-            count[name] = count.get(name, 0) + k
             who = ctx.role_of[id(n)].args[0] if id(n) in ctx.role_of else "cta"
+            block = (who, path.rsplit(".", 1)[0] if "." in path else "")
+            per_block.setdefault(name, {})[block] = per_block.get(name, {}).get(block, 0) + k
             made.setdefault(name, []).append(f"{n.op.value} at line {n.line} ({who}): {k} arrival(s)")
+    count: dict[str, int] = {}
+    for name, blocks in per_block.items():
+        by_role: dict[str, int] = {}
+        for (who, _), k in blocks.items():
+            by_role[who] = max(by_role.get(who, 0), k)
+        count[name] = sum(by_role.values())
     for name, n in _barriers(ctx).items():
         if name in count and count[name] != n.attr("arrivals"):
             yield ctx.diag("mbarrier.arrivals", n, f"`{name}` expects {n.attr('arrivals')} arrival(s) per phase; "
@@ -567,6 +588,8 @@ def _mbarrier_expect_tx(ctx: Ctx) -> Iterable[Diagnostic]:
             if n.op is not Op.EXPECT_TX:
                 continue
             loads = [m for m in block if m.op is Op.TMA_LOAD and m.arg("bar") == n.arg("bar")]
+            if any(m.op is Op.TMA_LOAD and m.attr("multicast") for m in _nested(block)):
+                continue    # peers' multicast boxes land here too: the protocol checker counts them per CTA
             sizes = []
             for m in loads:
                 t = ctx.buffers.get(m.arg("dst").buf)
@@ -598,10 +621,49 @@ def _cluster(ctx: Ctx) -> Iterable[Diagnostic]:
                                                        f"{ctx.target['max_cluster_size']}", path=path,
                                hint="use at most 8 CTAs per cluster (2 or 4 is usual)")
     for n, path, _ in ctx.nodes:
-        if n.op is Op.TMA_LOAD and n.attr("multicast") >> size:
+        if n.op in (Op.TMA_LOAD, Op.ARRIVE) and n.attr("multicast") >> size:
             yield ctx.diag("resources.cluster", n, f"multicast mask {n.attr('multicast'):#x} names CTAs beyond the "
                                                    f"cluster of {size}", path=path,
                            hint="declare cluster((n, 1, 1)) first, and use a mask below 1 << n")
+
+
+@rule("cluster.sync", "resources", "a kernel that writes into other CTAs of its cluster synchronises the cluster "
+                                   "after its mbarriers are initialised and again before it exits")
+def _cluster_sync(ctx: Ctx) -> Iterable[Diagnostic]:
+    remote = [(n, p) for n, p, _ in ctx.nodes if n.op in (Op.TMA_LOAD, Op.ARRIVE) and n.attr("multicast")]
+    if not remote:
+        return
+    body = ctx.program.body
+    roles = [i for i, n in enumerate(body) if n.op is Op.ROLE]
+    first_remote = min((i for i, n in enumerate(body) if any(m is r for m, _, _ in _walk_one(n) for r, _ in remote)),
+                       default=len(body))
+    last_bar = max((i for i, n in enumerate(body) if n.op is Op.MBARRIER), default=-1)
+    syncs = [i for i, n in enumerate(body) if n.op is Op.CLUSTER_SYNC]
+    end = (roles[-1] if roles else first_remote)
+    if not any(last_bar < i < first_remote for i in syncs):
+        n, path = remote[0]
+        yield ctx.diag("cluster.sync", n, f"`{n.op.value}` writes into other CTAs of the cluster, but no "
+                                          "cluster_sync() separates it from their mbarrier initialisation",
+                       path=path, hint="put cluster_sync() at the top level after the mbarrier allocations, "
+                                       "before the roles")
+    if not any(i > end for i in syncs):
+        n, path = remote[-1]
+        yield ctx.diag("cluster.sync", n, f"`{n.op.value}` writes into other CTAs of the cluster, but the kernel "
+                                          "may exit before they do: no cluster_sync() after the roles",
+                       path=path, hint="end the kernel with cluster_sync() at the top level, after the roles")
+
+
+def _nested(nodes: tuple[Node, ...]) -> Iterator[Node]:
+    for n in nodes:
+        yield n
+        yield from _nested(n.body)
+
+
+def _walk_one(n: Node):
+    """``n`` and every node nested in it."""
+    yield n, "", frozenset()
+    for m in n.body:
+        yield from _walk_one(m)
 
 
 # ----------------------------------------------------------------- protocol

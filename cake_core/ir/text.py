@@ -19,7 +19,7 @@ from typing import Any
 
 from cake_core.errors import CakeError
 from cake_core.ir.expr import BINOPS, FUNCS, Bin, Call, Cmp, Expr, Sym, fmt_expr
-from cake_core.ir.ops import REGISTRY, At, Full, Node, Op, OpDef, Tile, View, make_attrs
+from cake_core.ir.ops import REGISTRY, At, Full, Node, Op, OpDef, Tile, View, for_args, loop_range, make_attrs
 from cake_core.ir.ops_async import Slot
 from cake_core.ir.program import Param, Program
 from cake_core.ir.types import DType, MemSpace, TileType
@@ -198,14 +198,19 @@ class _Parser:
                 raise _Bad("parse.for", s.target, "a loop variable must be a plain name")
             it = s.iter
             if not (isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "range"
-                    and len(it.args) == 1):
-                raise _Bad("parse.for", it, "loops are `for v in range(extent):`",
-                           "write the extent as an index expression, e.g. range(cdiv(K, BK))")
+                    and 1 <= len(it.args) <= 3):
+                raise _Bad("parse.for", it, "loops are `for v in range(extent):` or `range(start, stop, step)`",
+                           "write the extent as an index expression, e.g. range(cdiv(K, BK)); a persistent "
+                           "tile loop reads range(bid.x, tiles, ncta.x)")
             if s.orelse:
                 raise _Bad("parse.for", s, "for-else is not part of Cake IR")
             attrs = self.attrs(REGISTRY[Op.FOR], it.keywords, it)
-            return Node(Op.FOR, (s.target.id, self.expr(it.args[0])), attrs, None,
-                        self.block(s.body), s.lineno, s.col_offset + 1)
+            bounds = [self.expr(x) for x in it.args]
+            if len(bounds) == 1:
+                args = (s.target.id, bounds[0])
+            else:
+                args = for_args(s.target.id, bounds[1], bounds[0], bounds[2] if len(bounds) == 3 else 1)
+            return Node(Op.FOR, args, attrs, None, self.block(s.body), s.lineno, s.col_offset + 1)
         if isinstance(s, ast.With):
             return self.with_role(s)
         if isinstance(s, ast.If):
@@ -384,9 +389,9 @@ class _Parser:
             return Bin("-", 0, v)
         if isinstance(a, ast.Name):
             return Sym(a.id)
-        if isinstance(a, ast.Attribute) and isinstance(a.value, ast.Name) and a.value.id == "bid" \
+        if isinstance(a, ast.Attribute) and isinstance(a.value, ast.Name) and a.value.id in ("bid", "ncta") \
                 and a.attr in ("x", "y", "z"):
-            return Sym(f"bid.{a.attr}")
+            return Sym(f"{a.value.id}.{a.attr}")
         if isinstance(a, ast.BinOp) and type(a.op) in _AST_BINOP:
             return Bin(_AST_BINOP[type(a.op)], self.expr(a.left), self.expr(a.right))
         if isinstance(a, ast.Call) and isinstance(a.func, ast.Name) and a.func.id in FUNCS:
@@ -394,7 +399,7 @@ class _Parser:
                 raise _Bad("parse.arity", a, f"{a.func.id} takes {FUNCS[a.func.id]} operands")
             return Call(a.func.id, tuple(self.expr(x) for x in a.args))
         raise _Bad("parse.expr", a, f"`{ast.unparse(a)}` is not an index expression",
-                   f"use integers, names, bid.x/y/z, {' '.join(BINOPS)} and {', '.join(FUNCS)}()")
+                   f"use integers, names, bid.x/y/z, ncta.x/y/z, {' '.join(BINOPS)} and {', '.join(FUNCS)}()")
 
 
 # --------------------------------------------------------------------- print
@@ -462,7 +467,10 @@ def _print_block(nodes: tuple[Node, ...], depth: int, lines: list[str]) -> None:
         d = REGISTRY[n.op]
         kws = [f"{k}={_fmt_attr(v)}" for k, v in n.attrs]
         if n.op is Op.FOR:
-            rng = ", ".join([fmt_expr(n.args[1])] + kws)
+            start, stop, step = loop_range(n)
+            bounds = [fmt_expr(stop)] if len(n.args) == 2 else \
+                [fmt_expr(start), fmt_expr(stop)] + ([fmt_expr(step)] if step != 1 else [])
+            rng = ", ".join(bounds + kws)
             lines.append(f"{pad}for {n.args[0]} in range({rng}):")
             _print_block(n.body, depth + 1, lines)
             continue

@@ -35,7 +35,9 @@ What is lowered in v1 (and what is not, with its rule id):
   an ``mma`` of another atom into it. Preconditions, each a ``LowerError`` at the IR line:
   ``lower.mma_tiling`` (M = WM * 16 * i and N = WN * 8 * j for some warp grid WM * WN = threads/32;
   K a multiple of 16), ``lower.unsupported_operand`` (bf16/f16 a and b in smem, f32 acc).
-- ``sync`` → ``__syncthreads()``; ``for`` → a C ``for`` loop (``#pragma unroll``).
+- ``sync`` → ``__syncthreads()``; ``for`` → a C ``for`` loop (``#pragma unroll``); ``range(start, stop,
+  step)`` keeps its bounds (``ncta.x`` → ``gridDim.x``). A grid that uses ``num_sms`` is evaluated at launch
+  with the GPU's SM count (``LoweredKernel.grid_for(shape, num_sms)``).
 """
 from __future__ import annotations
 
@@ -44,8 +46,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Union
 
-from cake_core.ir.expr import CTA_COORDS, Expr, UnboundSymbol, c_expr, evaluate, symbols
-from cake_core.ir.ops import REGISTRY, At, Full, Node, Op, Tile, View
+from cake_core.ir.expr import CTA_COORDS, CTA_COUNTS, LAUNCH_SYMBOLS, Expr, UnboundSymbol, c_expr, evaluate, symbols
+from cake_core.ir.ops import REGISTRY, At, Full, Node, Op, Tile, View, loop_range
 from cake_core.ir.program import Program, walk
 from cake_core.ir.types import DType, MemSpace, TileType
 from cake_core.outcome import Diagnostic, Outcome, Severity, StageResult
@@ -106,9 +108,23 @@ class LoweredKernel:
     tensor_maps: tuple = ()          # lower_async.TensorMapArg, in kernel-argument order
     cluster: tuple[int, ...] = ()
 
-    def grid_for(self, shape: dict[str, int]) -> tuple[int, ...]:
+    def grid_for(self, shape: dict[str, int], num_sms: int | None = None) -> tuple[int, ...]:
+        """The launch grid for ``shape``; ``num_sms`` (the GPU's SM count) is needed when the grid uses it."""
         env = {**dict(self.consts), **shape}
-        return tuple(int(evaluate(g, env)) for g in self.grid)
+        if num_sms is not None:
+            env["num_sms"] = num_sms
+        try:
+            return tuple(int(evaluate(g, env)) for g in self.grid)
+        except UnboundSymbol as u:
+            if u.name in LAUNCH_SYMBOLS:
+                raise ValueError(f"the grid of {self.kernel_name} uses `{u.name}`: pass num_sms, the SM count of "
+                                 "the GPU it is launched on") from None
+            raise
+
+    @property
+    def persistent(self) -> bool:
+        """The grid is sized by the GPU (``num_sms``), not by the problem alone."""
+        return any(s in LAUNCH_SYMBOLS for g in self.grid for s in symbols(g))
 
 
 class LowerError(Exception):
@@ -174,14 +190,15 @@ class Ctx:
         return b
 
     def check_expr(self, e: Expr, what: str) -> str:
-        known = set(self.consts) | set(self.dims) | set(self.loop_vars) | set(CTA_COORDS)
+        known = set(self.consts) | set(self.dims) | set(self.loop_vars) | set(CTA_COORDS) | set(CTA_COUNTS)
         unknown = sorted(symbols(e) - known)
         if unknown:
             raise LowerError("lower.unknown_name", f"{what} uses `{unknown[0]}`, which is not a const, a problem "
-                                                   "dimension, a loop variable in scope or bid.x/y/z",
-                             "declare it in consts={...} or use a dimension of a gmem parameter")
-        # blockIdx is unsigned: as int, `M - bid.y * BM` stays signed (guards compare against it)
-        return re.sub(r"blockIdx\.([xyz])", r"((int)blockIdx.\1)", c_expr(e))
+                                                   "dimension, a loop variable in scope, bid.x/y/z or ncta.x/y/z",
+                             "declare it in consts={...} or use a dimension of a gmem parameter (num_sms: in "
+                             "the grid only)")
+        # blockIdx and gridDim are unsigned: as int, `M - bid.y * BM` stays signed (guards compare against it)
+        return re.sub(r"(blockIdx|gridDim)\.([xyz])", r"((int)\1.\2)", c_expr(e))
 
     def static(self, e: Expr, what: str) -> int:
         try:
@@ -535,16 +552,21 @@ def _layout_guard(n: Node, ctx: Ctx) -> None:
 
 @lowering(Op.FOR)
 def _lower_for(n: Node, ctx: Ctx) -> list[Line]:
-    var, extent = n.args
+    var = n.args[0]
     if var in ctx.loop_vars or var in ctx.consts or var in ctx.dims:
         raise LowerError("lower.shadowed_name", f"loop variable `{var}` shadows a name already in scope")
-    ext = ctx.check_expr(extent, "the loop extent")
+    start, stop, step = loop_range(n)
+    ext = ctx.check_expr(stop, "the loop extent")
     pad = "    " * ctx.depth
     out: list[Line] = []
     unroll = n.attr("unroll")
     if unroll != 1:
         out.append(f"#pragma unroll {unroll}" if unroll > 1 else "#pragma unroll")
-    out.append(f"for (int {var} = 0; {var} < {ext}; ++{var}) {{")
+    if len(n.args) == 2:
+        out.append(f"for (int {var} = 0; {var} < {ext}; ++{var}) {{")
+    else:     # range(start, stop, step): a persistent tile loop steps by ncta.x (gridDim.x)
+        first, by = ctx.check_expr(start, "the loop start"), ctx.check_expr(step, "the loop step")
+        out.append(f"for (int {var} = {first}; {var} < {ext}; {var} += {by}) {{")
     body = ctx.lower_nested(n.body, loop_var=var)
     return [(n.line, pad + x) for x in out] + body + [(n.line, pad + "}")]
 
@@ -600,7 +622,7 @@ def lower(program: Program, ir_filename: str = "kernel.cake") -> StageResult:
                                         f"`{name}` is reserved in the generated CUDA", line, 0, "",
                                         "rename it"))
     for g in program.grid:
-        unknown = sorted(symbols(g) - set(program.const_env) - set(dims))
+        unknown = sorted(symbols(g) - set(program.const_env) - set(dims) - set(LAUNCH_SYMBOLS))
         if unknown:
             ctx.diags.append(Diagnostic("lower.unknown_name", Severity.ERROR,
                                         f"grid uses `{unknown[0]}`, which is neither a const nor a problem dimension",

@@ -152,6 +152,12 @@ def _lower_expect_tx(n: Node, ctx: Ctx) -> list[Line]:
 @lowering(Op.ARRIVE)
 def _lower_arrive(n: Node, ctx: Ctx) -> list[Line]:
     first = _role(ctx)[0]
+    mc = n.attr("multicast")
+    if mc:      # one remote arrival per warpgroup on each cluster CTA of the mask
+        ranks = [r for r in range(16) if mc >> r & 1]
+        return [f"if ((threadIdx.x - {first}u) % 128u == 0u) {{  // one arrival per warpgroup on cluster CTAs "
+                f"{ranks}"] + [f"    cake::mbarrier_arrive_cluster({_bar_ptr(ctx, n.arg('bar'))}, {r}u);"
+                               for r in ranks] + ["}"]
     return [f"if ((threadIdx.x - {first}u) % 128u == 0u) cake::mbarrier_arrive({_bar_ptr(ctx, n.arg('bar'))});"
             "  // one arrival per warpgroup"]
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cake_core.ir.expr import evaluate
-from cake_core.ir.ops import Node, Op
+from cake_core.ir.ops import Node, Op, loop_range
 from cake_core.ir.program import Program
 from cake_core.ir.targets import load_target
 from cake_core.ir.verify import build_ctx, smem_bytes, view_extent
@@ -130,16 +130,20 @@ class CostModel:
 
     def estimate(self, program: Program, shape: dict[str, int]) -> Estimate:
         g = load_gpu(self.gpu)
-        env = {**shape, **program.const_env}
+        env = {**shape, **program.const_env, "num_sms": g["sms"]}
         grid = [int(evaluate(x, env)) for x in program.grid]
         ctas = math.prod(grid)
+        # CTA 0 stands for every CTA: a persistent tile loop walks its (largest) share of the tiles
+        env.update({f"ncta.{a}": v for a, v in zip("xyz", grid + [1, 1])})
+        env.update({"bid.x": 0, "bid.y": 0, "bid.z": 0})
         ctx = build_ctx(program, load_target(program.target) or {})
         work = Work()
 
         def walk(nodes: tuple[Node, ...], trips: float) -> None:
             for n in nodes:
                 if n.op is Op.FOR:
-                    walk(n.body, trips * max(int(evaluate(n.args[1], env)), 0))
+                    start, stop, step = (int(evaluate(x, env)) for x in loop_range(n))
+                    walk(n.body, trips * len(range(start, stop, max(step, 1))))
                 elif n.body:                       # if (assumed taken), role
                     walk(n.body, trips)
                 else:

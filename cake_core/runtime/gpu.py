@@ -85,6 +85,11 @@ def gpu_model() -> str | None:
 
 # ---------------------------------------------------------------- host <-> device
 
+def _num_sms(cp) -> int:
+    """The current GPU's SM count: the launch symbol ``num_sms`` of a persistent kernel's grid."""
+    return int(cp.cuda.Device().attributes["MultiProcessorCount"])
+
+
 def _to_device(cp, x: np.ndarray, dtype: DType):
     if dtype is DType.BF16:   # inputs are float32 already rounded to bf16: keep the top 16 bits
         bits = (np.ascontiguousarray(bf16_round(x), dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
@@ -129,7 +134,7 @@ class _Launcher:
     def __init__(self, cp, fn, lowered: LoweredKernel, problem: Problem, shape: Shape, stream, timeout_s: float):
         self.cp, self.fn, self.lowered, self.problem, self.shape = cp, fn, lowered, problem, shape
         self.stream, self.timeout_s = stream, timeout_s
-        self.grid = lowered.grid_for(shape)
+        self.grid = lowered.grid_for(shape, num_sms=_num_sms(cp) if lowered.persistent else None)
         self.shapes = {a.name: tuple(int(evaluate(d, {**dict(lowered.consts), **shape})) for d in a.shape)
                        for a in lowered.params}
         self.dtypes = {a.name: a.dtype for a in lowered.params}

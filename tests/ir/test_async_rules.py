@@ -39,6 +39,8 @@ PLANTED = {
     "mbarrier.arrivals": ("empty = mbarrier(S, arrivals=2)", "empty = mbarrier(S, arrivals=1)", 6),
     "mbarrier.expect_tx": ("(BM * BK + BK * BN) * 2", "BM * BK * 2", 10),
     "resources.cluster": ("    a_s = smem(", "    cluster((16, 1, 1))\n    a_s = smem(", 3),
+    # a multicast copy with no cluster_sync between the peers' barrier init and it, nor before exit
+    "cluster.sync": (LOAD_A, LOAD_A.replace("bar=full[kt % S])", "bar=full[kt % S], multicast=1)"), 11),
     "protocol.deadlock": ("phase=(kt // S + 1) % 2", "phase=kt // S % 2", 9),
     "protocol.tx_mismatch": ("(BM * BK + BK * BN) * 2", "BM * BK * 2", 10),
     "protocol.read_before_ready": ("            wait(full[kt % S], phase=kt // S % 2)\n", "", 16),

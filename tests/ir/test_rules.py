@@ -31,6 +31,8 @@ PLANTED = {
     "target.unknown": ('target="sm_90a"', 'target="sm_80"', 1),
     "shapes.tail_guard": (LOAD_A, "load(a_s, a[tile(bid.y, BM), tile(kt, BK)], guard=False)", 7),
     "races.smem": ("        mma(acc, a_s, b_s)\n        sync()\n", "        mma(acc, a_s, b_s)\n", 7),
+    "control.loop_step": ("for kt in range(cdiv(K, BK)):", "for kt in range(0, cdiv(K, BK), 0):", 6),
+    "shapes.launch_symbols": (LOAD_A, "load(a_s, a[tile(bid.y, BM), tile(kt % num_sms, BK)])", 7),
 }
 EXTRA = {"mma.atom_target": ("mma(acc, a_s, b_s)", 'mma(acc, a_s, b_s, atom="wgmma")'),
          "mma.sync_tiling": ("mma(acc, a_s, b_s)", 'mma(acc, a_s, b_s, atom="mma_sync")')}

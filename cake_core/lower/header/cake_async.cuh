@@ -48,6 +48,13 @@ __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_
     asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;"
                  :: "r"(smem_u32(bar)), "r"(bytes) : "memory");
 }
+// one arrival on the mbarrier at the same smem offset in cluster CTA `cta_rank` (itself included):
+// mapa turns the local address into that CTA's shared::cluster address
+__device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, uint32_t cta_rank) {
+    uint32_t remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(bar)), "r"(cta_rank));
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" :: "r"(remote) : "memory");
+}
 // returns once the phase of this parity has completed (try_wait.parity in a loop)
 __device__ __forceinline__ void mbarrier_wait_parity(uint64_t* bar, int parity) {
     const uint32_t addr = smem_u32(bar);
@@ -223,6 +230,9 @@ template <int N, bool GUARD, int SLOTS, typename TD>
 __device__ __forceinline__ void store_gmem_wgmma_acc(TD* dst, const float (&acc)[SLOTS], index_t ld_row,
                                                      index_t ld_col, int rows_in, int cols_in, int tid) {
     static_assert(SLOTS * 2 == N, "a wgmma accumulator holds N / 2 floats per thread");
+    // opaque to the optimiser: inside a persistent tile loop it would hoist the N / 2 per-thread store
+    // offsets out of the loop, and those registers on top of the accumulator spill (seen: 856 B)
+    asm volatile("" : "+r"(tid));
     const int wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
     const int row0 = wg * 64 + warp * 16 + lane / 4;
     const bool pairs = ld_col == 1 && ld_row % 2 == 0 && reinterpret_cast<uintptr_t>(dst) % (2 * sizeof(TD)) == 0;
