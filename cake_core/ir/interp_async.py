@@ -199,6 +199,40 @@ def _argmin_bias(cta: _CTA, n: Node) -> None:
     arg[better] = base + j[better]
 
 
+def _topk_bias(cta: _CTA, n: Node) -> None:
+    """scores = bias - beta * dots (f32) merged into each row's KMAX smallest (score, index), ascending by
+    score, then index (a candidate equal in both to a kept pair cannot occur: indices are unique)."""
+    dots, bias = cta.tiles[n.arg("dots")], _slot(cta, n, n.arg("bias")).reshape(-1)
+    if dots.ndim != 2 or bias.size != dots.shape[1]:
+        raise InterpFault(n, f"dots {dots.shape} needs a bias of {dots.shape[-1]} values, got {bias.shape}")
+    tv, ti = cta.tiles[n.arg("top_v")], cta.tiles[n.arg("top_i")]
+    if tv.ndim != 2 or tv.shape != ti.shape or tv.shape[0] != dots.shape[0]:
+        raise InterpFault(n, f"top_v {tv.shape} / top_i {ti.shape} must both be ({dots.shape[0]}, KMAX)")
+    base, limit = cta.ev(n.arg("base")), cta.ev(n.arg("limit"))
+    m = max(0, min(dots.shape[1], limit - base))
+    if m == 0:
+        return
+    with np.errstate(all="ignore"):
+        s = bias[None, :m].astype(np.float32) - np.float32(n.attr("beta")) * dots[:, :m].astype(np.float32)
+    kmax = tv.shape[1]
+    cand = np.arange(base, base + m, dtype=np.int64)
+    for r in range(s.shape[0]):
+        allv = np.concatenate([tv[r].astype(np.float32), s[r]])
+        alli = np.concatenate([ti[r].astype(np.int64), cand])
+        order = np.lexsort((alli, allv))[:kmax]
+        tv[r], ti[r] = allv[order], alli[order]
+
+
+def _sqnorm_rows(cta: _CTA, n: Node) -> None:
+    """dst[r] (+)= sum_c src[r, c]^2 in f32."""
+    dst, src = _slot(cta, n, n.arg("dst")).reshape(-1), _slot(cta, n, n.arg("src"))
+    if src.ndim != 2 or dst.size != src.shape[0]:
+        raise InterpFault(n, f"dst of {dst.size} values for src {src.shape}: one value per row needed")
+    x = src.astype(np.float64)
+    part = np.einsum("rc,rc->r", x, x)
+    dst[...] = (dst.astype(np.float64) + part if n.attr("accumulate") else part).astype(np.float32)
+
+
 def _nothing(cta: _CTA, n: Node) -> None:
     """Ordering ops: copies and MMAs complete at issue here, so there is nothing to wait for."""
 
@@ -223,6 +257,8 @@ SEMANTICS.update({
     Op.WGMMA: _mma_slots,
     Op.WGMMA_WAIT: _nothing,
     Op.ARGMIN_BIAS: _argmin_bias,
+    Op.TOPK_BIAS: _topk_bias,
+    Op.SQNORM_ROWS: _sqnorm_rows,
     Op.TCGEN05_MMA: _mma_slots,
 })
 

@@ -50,6 +50,8 @@ class Op(str, enum.Enum):
     WGMMA = "wgmma"
     WGMMA_WAIT = "wgmma_wait"
     ARGMIN_BIAS = "argmin_bias"
+    TOPK_BIAS = "topk_bias"
+    SQNORM_ROWS = "sqnorm_rows"
     TCGEN05_MMA = "tcgen05_mma"
     # -- compute (tile math, reductions, running arg-min / top-k, atomics; see ops_compute.py)
     FILL = "fill"

@@ -46,6 +46,15 @@ lowering) agrees on:
   accumulator's fragment: the lowering keeps a private partial per thread for the
   rows it owns and merges the 4 lanes of a quad when the tile is stored, so
   ``store`` is the only other op that may read them.
+- ``topk_bias`` is the k-smallest analogue of ``argmin_bias``: ``top_v`` /
+  ``top_i`` (R, KMAX) hold each row's KMAX smallest (score, index) pairs in
+  ascending (score, index) order; the lowering keeps a sorted list per thread for
+  the rows it owns (over its own columns) and merges the quad's 4 lists when
+  ``top_i`` or ``top_v`` is stored (the first k columns of the window).
+- ``sqnorm_rows`` writes the squared norm of each row of an smem tile into an smem
+  vector (f32), e.g. ||db_j||^2 from the landed database tile; it completes its
+  writes among the role's threads before returning, so the role's next ``arrive``
+  publishes them (the protocol checker counts the slot filled by that arrival).
 """
 from __future__ import annotations
 
@@ -65,8 +74,8 @@ class Slot:
 
 ASYNC_OPS = (Op.ROLE, Op.MBARRIER, Op.EXPECT_TX, Op.ARRIVE, Op.WAIT, Op.TMA_LOAD, Op.TMA_STORE, Op.CP_ASYNC,
              Op.CP_ASYNC_WAIT, Op.FENCE_ASYNC, Op.CLUSTER, Op.CLUSTER_SYNC, Op.WGMMA, Op.WGMMA_WAIT,
-             Op.ARGMIN_BIAS, Op.TCGEN05_MMA)
-FRAGMENT_EPILOGUES = (Op.ARGMIN_BIAS,)     # running merges on a wgmma accumulator (row state per fragment)
+             Op.ARGMIN_BIAS, Op.TOPK_BIAS, Op.SQNORM_ROWS, Op.TCGEN05_MMA)
+FRAGMENT_EPILOGUES = (Op.ARGMIN_BIAS, Op.TOPK_BIAS)     # running merges on a wgmma accumulator (row state per fragment)
 
 
 register(OpDef(Op.ROLE, (("name", "str"), ("warps", "warps")),
@@ -167,6 +176,30 @@ register(OpDef(Op.ARGMIN_BIAS, (("best", "buf"), ("arg", "buf"), ("dots", "buf")
                preconditions=("dots is the role's wgmma accumulator (R, C), f32", "best (R,) f32 filled with inf, "
                               "arg (R,) i32, both rmem in the same role", "bias is an smem f32 slot of C elements",
                               "wgmma_wait before it: dots complete")))
+register(OpDef(Op.TOPK_BIAS, (("top_v", "buf"), ("top_i", "buf"), ("dots", "buf"), ("bias", "slot"),
+                               ("base", "expr"), ("limit", "expr")),
+               {"beta": AttrSpec(float, 2.0)},
+               keyword_operands=("base", "limit"),
+               summary="Running top-k (smallest) on a wgmma accumulator: for each row r of dots (R, C), the "
+                       "scores bias[j] - beta * dots[r, j] over columns with base + j < limit merge into the "
+                       "row's KMAX smallest (score, index) pairs kept in top_v[r, :] / top_i[r, :] (R, KMAX), "
+                       "ascending by score, then by index. bias is an smem slot of C f32 values (e.g. ||db_j||^2: "
+                       "with beta=2 the scores rank squared L2 distances). top_v and top_i are fragment row state: "
+                       "store is the only other op that reads them, writing the first k <= KMAX columns.",
+               example="topk_bias(top_v, top_i, acc, nrm_s[t % S], base=t * BN, limit=N)",
+               preconditions=("dots is the role's wgmma accumulator (R, C), f32", "top_v (R, KMAX) f32 filled with "
+                              "inf, top_i (R, KMAX) i32, both rmem in the same role, KMAX <= 32",
+                              "bias is an smem f32 slot of C elements", "wgmma_wait before it: dots complete")))
+register(OpDef(Op.SQNORM_ROWS, (("dst", "slot"), ("src", "slot")),
+               {"accumulate": AttrSpec(bool, False)},
+               summary="dst[r] = sum_c src[r, c]^2 in f32 (accumulate=True: dst[r] += ...) for an smem tile src "
+                       "(R, C) of 16-bit rows (swizzled or not: a row's sum does not depend on the order of its "
+                       "chunks) and an smem f32 slot dst of R values; one thread per row. The role's threads "
+                       "synchronise before it returns, so an arrive after it publishes dst.",
+               example="sqnorm_rows(nrm_s[t % S], db_s[t % S * 2], accumulate=False)",
+               preconditions=("inside a role (every thread of the role runs it)", "src (R, C) bf16/f16 smem, each "
+                              "row at most one swizzle span when swizzled", "dst an smem f32 slot of R values",
+                              "src landed (wait on its full barrier first)")))
 register(OpDef(Op.TCGEN05_MMA, (("acc", "buf"), ("a", "slot"), ("b", "slot")),
                summary="Blackwell tcgen05 MMA (sm_100a only; declared, not lowered for sm_90a): acc += a @ b "
                        "with the accumulator in tensor memory.",

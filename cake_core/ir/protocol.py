@@ -102,6 +102,7 @@ class _Role:
     done_reads: list[_Read] = field(default_factory=list)       # completed, not yet released
     blocked: Node | None = None
     loops: list[str] = field(default_factory=list)
+    published: list[tuple[str, int]] = field(default_factory=list)   # smem written by the role's threads
 
     def trip(self) -> str:
         return ", ".join(f"{v}={self.env[v]}" for v in self.loops) or "-"
@@ -255,6 +256,14 @@ class _Sim:
         self.reads[key] = []
         self.fills[key] = _Fill(r.name, n, r.trip(), bar, phase)
 
+    def publish(self, r: _Role, key: str, phase: int) -> None:
+        """Slots the role's threads wrote (sqnorm_rows) count as filled by this arrival's phase."""
+        for slot in r.published:
+            f = self.fills.get(slot)
+            if f is not None and f.role == r.name and f.bar is None:
+                self.fills[slot] = _Fill(f.role, f.node, f.trip, key, phase)
+        r.published = []
+
     def release(self, r: _Role, phases: list[tuple[str, int]], n: Node) -> None:
         """The role's completed reads are released through these (barrier key, phase) pairs."""
         for rd in r.done_reads:
@@ -299,6 +308,8 @@ class _Sim:
             elif op is Op.ARRIVE:      # on the role's own barrier, or on each of the multicast mask's
                 hit = [self.bar(r, n.arg("bar"), k) for k in self.targets(r, n)]
                 self.release(r, [(key, b.done) for key, b in hit], n)
+                for key, b in hit[:1] if self.cluster == 1 else [h for h in hit if h[0].endswith(self.at(r.rank))]:
+                    self.publish(r, key, b.done)      # smem the role's threads wrote is ready with this phase
                 for _, b in hit:
                     b.pending -= r.wgs
                     b.settle()
@@ -341,8 +352,14 @@ class _Sim:
                 self.read(r, n, n.arg("b"), None)
             elif op is Op.STORE:
                 self.read(r, n, n.arg("src"), None)
-            elif op is Op.ARGMIN_BIAS:
+            elif op in (Op.ARGMIN_BIAS, Op.TOPK_BIAS):
                 self.read(r, n, n.arg("bias"), None)
+            elif op is Op.SQNORM_ROWS:
+                self.read(r, n, n.arg("src"), None)
+                if n.attr("accumulate"):
+                    self.read(r, n, n.arg("dst"), None)
+                self.write(r, n, n.arg("dst"), None, 0)
+                r.published.append(self.slot(r, n.arg("dst")))
             elif op is Op.TMA_STORE:
                 self.read(r, n, n.arg("src"), None)
             elif op is Op.ROLE:

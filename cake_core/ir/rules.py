@@ -336,8 +336,8 @@ def _regs(ctx: Ctx) -> Iterable[Diagnostic]:
 
 @rule("resources.rmem_split", "resources", "an rmem tile must split evenly over the CTA's threads")
 def _rmem_split(ctx: Ctx) -> Iterable[Diagnostic]:
-    # the row state of a fragment epilogue (argmin_bias best/arg) is held per fragment row, not split
-    rowstate = {m.args[i] for m, _, _ in ctx.nodes if m.op is Op.ARGMIN_BIAS for i in (0, 1)}
+    # the row state of a fragment epilogue (argmin_bias best/arg, topk_bias top_v/top_i) is held per fragment row, not split
+    rowstate = {m.args[i] for m, _, _ in ctx.nodes if m.op in (Op.ARGMIN_BIAS, Op.TOPK_BIAS) for i in (0, 1)}
     for n, path, _ in ctx.nodes:
         numel = ctx.static_numel(n.args[1]) if n.op is Op.RMEM and n.result not in rowstate else None
         if numel is not None and numel % ctx.threads_of(n):

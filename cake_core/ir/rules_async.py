@@ -20,7 +20,8 @@ from cake_core.outcome import Diagnostic
 
 _SLOT_OPERANDS = {Op.EXPECT_TX: ("bar",), Op.ARRIVE: ("bar",), Op.WAIT: ("bar",), Op.TMA_LOAD: ("dst", "bar"),
                   Op.TMA_STORE: ("src",), Op.CP_ASYNC: ("dst",), Op.WGMMA: ("a", "b"),
-                  Op.TCGEN05_MMA: ("a", "b"), Op.ARGMIN_BIAS: ("bias",)}
+                  Op.TCGEN05_MMA: ("a", "b"), Op.ARGMIN_BIAS: ("bias",),
+                  Op.TOPK_BIAS: ("bias",), Op.SQNORM_ROWS: ("dst", "src")}
 _BAR_OPERANDS = {(Op.EXPECT_TX, "bar"), (Op.ARRIVE, "bar"), (Op.WAIT, "bar"), (Op.TMA_LOAD, "bar")}
 
 

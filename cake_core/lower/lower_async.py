@@ -20,6 +20,7 @@
 - ``argmin_bias``: on the accumulator's fragment (``cake::argmin_bias_rmem_wgmma_acc``): each thread keeps
   (best, arg) for the 2 rows it owns per warpgroup (``float best[2]; int arg[2]``) over its own columns;
   ``store`` of either tile merges the 4 lanes of each quad (shuffles) and writes one value per row.
+- ``topk_bias`` / ``sqnorm_rows``: see lower_topk.py (its lists' ``rmem`` and ``store`` are routed there).
 - ``tcgen05_mma``: not lowered (``lower.unsupported_atom``) on any target yet.
 Inside roles, only ``rmem`` accumulators of wgmma and ``store`` of them are lowered among the v1 tile
 ops (the v1 helpers distribute tiles over all CTA threads): others get ``lower.unsupported_in_role``.
@@ -34,6 +35,7 @@ from cake_core.ir.ops import At, Node, Op, Tile, View
 from cake_core.ir.ops_async import Slot
 from cake_core.ir.program import walk
 from cake_core.ir.types import DType, MemSpace, Swizzle, TileType
+from cake_core.lower import lower_topk
 from cake_core.lower.cuda import LOWERINGS, Buf, Ctx, Line, LowerError, _window, lowering
 
 SWIZZLE_ALIGN = 1024      # bytes: a swizzle-128 tile starts on a whole swizzle pattern
@@ -396,6 +398,8 @@ def _lower_rmem(n: Node, ctx: Ctx) -> list[Line]:
     st = _st(ctx)
     if n.result in st["rowstate"] and st["role"] is not None:
         return _lower_rowstate(n, ctx)
+    if st["role"] is not None and n.result in lower_topk.topk_rowstate(ctx):
+        return lower_topk.lower_topk_rmem(n, ctx)
     if n.result not in st["accs"]:
         if st["role"] is not None:
             raise LowerError("lower.unsupported_in_role", f"rmem tile `{n.result}` inside a role: v1 lowers rmem "
@@ -494,6 +498,8 @@ def _lower_store(n: Node, ctx: Ctx) -> list[Line]:
     view, src = n.args
     if src in st["rows"]:
         return _store_rowstate(n, ctx)
+    if st["role"] is not None and src in lower_topk.topk_rowstate(ctx):
+        return lower_topk.lower_topk_store(n, ctx)
     frag = st["frag"].get(src)
     if frag is None:
         if st["role"] is not None:

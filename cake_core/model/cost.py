@@ -92,6 +92,11 @@ def _epilogue_cost(n: Node, ctx, env, trips: float, w: Work) -> None:
     w.simt_flops += 3 * _numel(ctx, n.arg("dots"), env) * trips
 
 
+def _sqnorm_cost(n: Node, ctx, env, trips: float, w: Work) -> None:
+    """Row norms of an smem tile: a multiply-add per source element."""
+    w.simt_flops += 2 * _numel(ctx, _name(n.arg("src")), env) * trips
+
+
 def _free(n: Node, ctx, env, trips: float, w: Work) -> None:
     """Allocation, barriers, fences, waits: no FLOPs and no gmem bytes."""
 
@@ -107,7 +112,7 @@ COSTS = {
     Op.FILL: _simt_cost, Op.CAST: _simt_cost, Op.UNARY: _simt_cost, Op.EWISE: _simt_cost,
     Op.TRANSPOSE: _simt_cost, Op.REDUCE: _simt_cost, Op.SCAN: _simt_cost, Op.ARGMIN: _simt_cost,
     Op.ARGMAX: _simt_cost, Op.ARGMIN_UPDATE: _simt_cost, Op.TOPK_MERGE: _simt_cost,
-    Op.ARGMIN_BIAS: _epilogue_cost,
+    Op.ARGMIN_BIAS: _epilogue_cost, Op.TOPK_BIAS: _epilogue_cost, Op.SQNORM_ROWS: _sqnorm_cost,
     Op.FOR: _free, Op.IF: _free, Op.ROLE: _free,   # structure: walked by the estimator itself
 }
 

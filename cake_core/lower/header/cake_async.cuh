@@ -317,4 +317,130 @@ __device__ __forceinline__ void store_gmem_rowstate(TD* dst, const float (&best)
     }
 }
 
+// ----------------------------------------------------------------- fragment epilogues (topk_bias)
+// Like argmin_bias's row state, but each thread keeps, for each of its 2 fragment rows, a list of
+// KMAX (value, index) pairs ascending by value (then index: columns arrive in increasing order and
+// an equal value does not pass the one kept), in registers: every index below is a constant after
+// unrolling, so nothing goes to local memory. A candidate enters only when below the list's last
+// value (the row's current worst), which is rare once the list has warmed up.
+
+// topk_insert<KMAX>(v, ix, x, j): x < v[KMAX - 1]; shift the larger entries up one and place (x, j).
+template <int KMAX>
+__device__ __forceinline__ void topk_insert(float (&v)[KMAX], int (&ix)[KMAX], float x, int j) {
+#pragma unroll
+    for (int p = KMAX - 1; p > 0; --p) {
+        const bool up = x < v[p - 1], here = x < v[p];
+        v[p] = up ? v[p - 1] : (here ? x : v[p]);
+        ix[p] = up ? ix[p - 1] : (here ? j : ix[p]);
+    }
+    if (x < v[0]) { v[0] = x; ix[0] = j; }
+}
+
+template <int N, int KMAX, bool GUARD, int SLOTS>
+__device__ __forceinline__ void topk_bias_tile(float (&tv)[2][KMAX], int (&ti)[2][KMAX], const float (&acc)[SLOTS],
+                                               const float* bias, float beta, int base, int limit, int lane) {
+    const int q = (lane % 4) * 2;
+#pragma unroll
+    for (int b = 0; b < N / 8; ++b) {
+        const float2 w = *reinterpret_cast<const float2*>(bias + b * 8 + q);   // this thread's 2 columns
+#pragma unroll
+        for (int s = b * 4; s < b * 4 + 4; ++s) {
+            const int h = (s % 4) / 2, j = base + b * 8 + q + s % 2;
+            const float v = fmaf(-beta, acc[s], s % 2 ? w.y : w.x);
+            if (__builtin_expect(v < tv[h][KMAX - 1] && (!GUARD || j < limit), 0)) topk_insert(tv[h], ti[h], v, j);
+        }
+    }
+}
+
+// topk_bias_rmem_wgmma_acc<N>(tv, ti, acc, bias, beta, base, limit, tid): merge the scores
+// bias[c] - beta * acc[c] (columns base + c < limit) into the thread's lists. Reads of bias end at a
+// warpgroup barrier (named barrier 1 + warpgroup of the CTA), so the arrive that releases the slot
+// follows every thread's reads.
+template <int N, int KMAX, int SLOTS>
+__device__ __forceinline__ void topk_bias_rmem_wgmma_acc(float (&tv)[2][KMAX], int (&ti)[2][KMAX],
+                                                         const float (&acc)[SLOTS], const float* bias, float beta,
+                                                         int base, int limit, int tid) {
+    static_assert(SLOTS * 2 == N && N % 8 == 0, "a wgmma accumulator holds N / 2 floats per thread, N % 8 == 0");
+    if (base + N <= limit) topk_bias_tile<N, KMAX, false>(tv, ti, acc, bias, beta, base, limit, tid % 32);
+    else topk_bias_tile<N, KMAX, true>(tv, ti, acc, bias, beta, base, limit, tid % 32);
+    asm volatile("bar.sync %0, 128;" :: "r"(1 + (int)(threadIdx.x / 128)) : "memory");
+}
+
+// store_gmem_topk<WHICH>(dst, tv, ti, ld_row, ld_col, n_rows, n_cols, tid): for each owned row, merge
+// the quad's 4 sorted lists (k rounds: the quad's smallest head by (value, index), 2 shuffles; its
+// owner pops it) and write the first n_cols of the row's indices (WHICH = 1) or values (WHICH = 0) to
+// dst[r * ld_row + c * ld_col], r < n_rows, from lane % 4 == 0. The lists are copied: both tiles may
+// be stored. Called by whole warps.
+template <int WHICH, int KMAX, typename TD>
+__device__ __forceinline__ void store_gmem_topk(TD* dst, const float (&tv)[2][KMAX], const int (&ti)[2][KMAX],
+                                                index_t ld_row, index_t ld_col, int n_rows, int n_cols, int tid) {
+    const int lane = tid % 32, row0 = (tid / 128) * 64 + ((tid % 128) / 32) * 16 + lane / 4;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float v[KMAX];
+        int ix[KMAX];
+#pragma unroll
+        for (int p = 0; p < KMAX; ++p) { v[p] = tv[h][p]; ix[p] = ti[h][p]; }
+        const int r = row0 + 8 * h;
+#pragma unroll
+        for (int c = 0; c < KMAX; ++c) {
+            if (c >= n_cols) break;                                  // uniform: n_cols is the same in the warp
+            float bv = v[0];
+            int bi = ix[0];
+#pragma unroll
+            for (int m = 1; m <= 2; m *= 2) {
+                const float ov = __shfl_xor_sync(0xffffffffu, bv, m);
+                const int oi = __shfl_xor_sync(0xffffffffu, bi, m);
+                if (ov < bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+            }
+            const bool pop = ix[0] == bi && !(v[0] != bv);          // this lane held the quad's smallest
+#pragma unroll
+            for (int p = 0; p + 1 < KMAX; ++p) { v[p] = pop ? v[p + 1] : v[p]; ix[p] = pop ? ix[p + 1] : ix[p]; }
+            if (pop) { v[KMAX - 1] = __int_as_float(0x7f800000); ix[KMAX - 1] = -1; }
+            if (lane % 4 == 0 && r < n_rows) dst[r * ld_row + c * ld_col] = WHICH ? convert<TD>(bi) : convert<TD>(bv);
+        }
+    }
+}
+
+// ----------------------------------------------------------------- row norms of an smem tile
+// unpack2_f32(lo, hi, w, tag): the two 16-bit values packed in w (low half first) as floats.
+__device__ __forceinline__ void unpack2_f32(float& lo, float& hi, uint32_t w, const __nv_bfloat16*) {
+    lo = __uint_as_float(w << 16);
+    hi = __uint_as_float(w & 0xffff0000u);
+}
+__device__ __forceinline__ void unpack2_f32(float& lo, float& hi, uint32_t w, const __half*) {
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w));
+    lo = f.x;
+    hi = f.y;
+}
+
+// sqnorm_rows_smem<R, C, THREADS, ACC>(dst, src, tid): dst[r] (+)= sum_c src[r, c]^2 (f32), one thread
+// per row, 16-byte chunks: a swizzled row keeps its chunks inside its own span, so the sum ignores the
+// swizzle (and the XOR pattern keeps 8 consecutive rows' reads on distinct banks). Ends with a barrier
+// of the role's threads (named barrier BAR), so the role's next arrive publishes dst.
+template <int R, int C, int THREADS, bool ACC, int BAR, typename TS>
+__device__ __forceinline__ void sqnorm_rows_smem(float* dst, const TS* src, int tid) {
+    static_assert(sizeof(TS) == 2 && C % 8 == 0, "16-bit rows of whole 16-byte chunks");
+    static_assert(THREADS % 32 == 0, "whole warps");
+#pragma unroll 1
+    for (int r = tid; r < R; r += THREADS) {
+        const int4* row = reinterpret_cast<const int4*>(src + r * C);
+        float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+        for (int c = 0; c < C / 8; ++c) {
+            const int4 u = row[c];
+            const uint32_t w[4] = {(uint32_t)u.x, (uint32_t)u.y, (uint32_t)u.z, (uint32_t)u.w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                float lo, hi;
+                unpack2_f32(lo, hi, w[e], (const TS*)nullptr);
+                s0 = fmaf(lo, lo, s0);
+                s1 = fmaf(hi, hi, s1);
+            }
+        }
+        dst[r] = (ACC ? dst[r] : 0.f) + (s0 + s1);
+    }
+    asm volatile("bar.sync %0, %1;" :: "r"(BAR), "r"(THREADS) : "memory");
+}
+
 }  // namespace cake

@@ -1,0 +1,130 @@
+"""Verifier rules of the distance-kernel ops on Hopper: the ``topk_bias`` fragment epilogue and
+``sqnorm_rows`` (row norms of a landed smem tile). Family: wgmma (they live beside wgmma in roles).
+
+Limits: KMAX (the kept list per row) is at most ``KMAX_LIMIT``: the lowering keeps each thread's lists
+in registers, fully unrolled, and a longer list would spill to local memory.
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterable, Iterator
+
+from cake_core.ir.ops import Node, Op
+from cake_core.ir.types import DType, MemSpace
+from cake_core.ir.verify import Ctx, fmt_shape, rule
+from cake_core.outcome import Diagnostic
+
+KMAX_LIMIT = 32
+
+
+def _nodes(ctx: Ctx, op: Op) -> Iterator[tuple[Node, str]]:
+    for n, path, _ in ctx.nodes:
+        if n.op is op:
+            yield n, path
+
+
+def _smem_slot(ctx: Ctx, name: str):
+    """The type of an smem tile, or None."""
+    t = ctx.buffers.get(name)
+    if t is None or t.space is not MemSpace.SMEM:
+        return None
+    return t
+
+
+@rule("topk_bias.acc", "wgmma", "topk_bias reads a wgmma accumulator of its own role and keeps its lists in rmem "
+                                "tiles of that role")
+def _topk_bias_acc(ctx: Ctx) -> Iterable[Diagnostic]:
+    accs: dict[str, Node | None] = {}
+    for m, _ in _nodes(ctx, Op.WGMMA):
+        accs[m.arg("acc")] = ctx.role_of.get(id(m))
+    for n, path in _nodes(ctx, Op.TOPK_BIAS):
+        role = ctx.role_of.get(id(n))
+        dots = n.arg("dots")
+        if role is None or dots not in accs or accs[dots] is not role:
+            yield ctx.diag("topk_bias.acc", n, f"`{dots}` is not the accumulator of a wgmma in this role", path=path,
+                           hint="pass the wgmma accumulator itself (after wgmma_wait), not a copy")
+        for name in ("top_v", "top_i"):
+            b = n.arg(name)
+            t, at = ctx.buffers.get(b), ctx.defined_at.get(b)
+            if t is not None and (t.space is not MemSpace.RMEM or at is None or ctx.role_of.get(id(at)) is not role):
+                yield ctx.diag("topk_bias.acc", n, f"{name} `{b}` must be an rmem tile allocated in the same role "
+                                                   "(per-thread lists of the fragment rows)", path=path,
+                               hint=f"allocate `{b}` with rmem(...) inside the role, before the loop")
+
+
+@rule("topk_bias.shape", "wgmma", "topk_bias: dots (R, C), top_v and top_i (R, KMAX) with KMAX <= 32, bias C values")
+def _topk_bias_shape(ctx: Ctx) -> Iterable[Diagnostic]:
+    for n, path in _nodes(ctx, Op.TOPK_BIAS):
+        dots = ctx.buffers.get(n.arg("dots"))
+        if dots is None or dots.rank != 2:
+            if dots is not None:
+                yield ctx.diag("topk_bias.shape", n, f"dots `{n.arg('dots')}` is {fmt_shape(ctx, dots.shape)}; a 2-D "
+                                                     "accumulator (rows, candidates) is needed", path=path)
+            continue
+        rows, cols = ctx.static(dots.shape[0]), ctx.static(dots.shape[1])
+        shapes = []
+        for name in ("top_v", "top_i"):
+            t = ctx.buffers.get(n.arg(name))
+            if t is None:
+                continue
+            dims = [ctx.static(d) for d in t.shape]
+            shapes.append(dims)
+            if len(dims) != 2 or dims[0] != rows or dims[1] is None or not 1 <= dims[1] <= KMAX_LIMIT:
+                yield ctx.diag("topk_bias.shape", n, f"{name} `{n.arg(name)}` is {fmt_shape(ctx, t.shape)}; dots "
+                                                     f"{fmt_shape(ctx, dots.shape)} needs ({rows}, KMAX), "
+                                                     f"1 <= KMAX <= {KMAX_LIMIT}", path=path,
+                               hint="one sorted list of KMAX (a static const >= k) per accumulator row")
+        if len(shapes) == 2 and shapes[0] != shapes[1]:
+            yield ctx.diag("topk_bias.shape", n, f"top_v {tuple(shapes[0])} and top_i {tuple(shapes[1])} differ",
+                           path=path, hint="allocate both as (BM, KMAX)")
+        bias = ctx.buffers.get(n.arg("bias").buf)
+        if bias is not None:
+            vals = [ctx.static(d) for d in bias.shape]
+            numel = None if None in vals else math.prod(vals)
+            if numel != cols:
+                yield ctx.diag("topk_bias.shape", n, f"bias `{n.arg('bias').buf}` holds {numel} values per slot; "
+                                                     f"dots has {cols} columns", path=path,
+                               hint=f"allocate the bias as smem(f32, ({cols},), stages=S)")
+
+
+@rule("topk_bias.dtype", "wgmma", "topk_bias keeps f32 values and i32 indices and reads an f32 bias")
+def _topk_bias_dtype(ctx: Ctx) -> Iterable[Diagnostic]:
+    want = {"top_v": DType.F32, "top_i": DType.I32, "dots": DType.F32}
+    for n, path in _nodes(ctx, Op.TOPK_BIAS):
+        for name, dt in want.items():
+            t = ctx.buffers.get(n.arg(name))
+            if t is not None and t.dtype is not dt:
+                yield ctx.diag("topk_bias.dtype", n, f"{name} `{n.arg(name)}` is {t.dtype.value}; {dt.value} needed",
+                               path=path, hint=f"allocate it as {dt.value}")
+        t = ctx.buffers.get(n.arg("bias").buf)
+        if t is not None and t.dtype is not DType.F32:
+            yield ctx.diag("topk_bias.dtype", n, f"bias `{n.arg('bias').buf}` is {t.dtype.value}; f32 needed",
+                           path=path, hint="compute the norms into an smem(f32, ...) tile (sqnorm_rows)")
+
+
+@rule("sqnorm_rows.operands", "wgmma", "sqnorm_rows runs in a role: src an smem (R, C) 16-bit tile with rows of at "
+                                       "most one swizzle span, dst an smem f32 slot of R values")
+def _sqnorm_rows_operands(ctx: Ctx) -> Iterable[Diagnostic]:
+    for n, path in _nodes(ctx, Op.SQNORM_ROWS):
+        if ctx.role_of.get(id(n)) is None:
+            yield ctx.diag("sqnorm_rows.operands", n, "sqnorm_rows outside a role", path=path,
+                           hint="run it in the producer role after the wait on the tile's full barrier")
+        src, dst = _smem_slot(ctx, n.arg("src").buf), _smem_slot(ctx, n.arg("dst").buf)
+        if src is None or dst is None:
+            yield ctx.diag("sqnorm_rows.operands", n, "src and dst must be smem tiles", path=path,
+                           hint="src: the landed smem tile; dst: smem(f32, (R,), stages=S)")
+            continue
+        rows, cols = (ctx.static(d) for d in src.shape) if src.rank == 2 else (None, None)
+        at = ctx.defined_at.get(n.arg("src").buf)
+        span = at.attr("swizzle") if at is not None and at.op is Op.SMEM else 0
+        if src.rank != 2 or src.dtype not in (DType.BF16, DType.F16) or (span and cols is not None
+                                                                           and cols * 2 > span):
+            yield ctx.diag("sqnorm_rows.operands", n, f"src `{n.arg('src').buf}` {src.dtype.value} "
+                                                      f"{fmt_shape(ctx, src.shape)} (swizzle={span}): a 2-D bf16/f16 "
+                                                      "tile whose rows fit one swizzle span is needed", path=path,
+                           hint="call it once per (R, 64) K-block, accumulate=True after the first")
+        dvals = [ctx.static(d) for d in dst.shape]
+        if dst.dtype is not DType.F32 or len(dvals) != 1 or (rows is not None and dvals[0] != rows):
+            yield ctx.diag("sqnorm_rows.operands", n, f"dst `{n.arg('dst').buf}` {dst.dtype.value} "
+                                                      f"{fmt_shape(ctx, dst.shape)}: f32 ({rows},) needed", path=path,
+                           hint=f"allocate it as smem(f32, ({rows},), stages=S)")

@@ -1,0 +1,139 @@
+"""Lowering hooks of the distance-kernel ops on Hopper, onto header/cake_async.cuh.
+
+- ``topk_bias``: on a wgmma accumulator's fragment (``cake::topk_bias_rmem_wgmma_acc``): each thread keeps,
+  for the 2 rows it owns per warpgroup, a sorted list of KMAX (value, index) pairs over its own columns
+  (``float top_v[2][KMAX]; int top_i[2][KMAX]``, constant indices only: registers, no local memory);
+  ``store`` of either tile merges the quad's 4 lists (2 shuffles per output column) and writes the first
+  k columns of each row. The op ends with a warpgroup barrier, so an ``arrive`` after it releases the bias
+  slot only once every thread has read it.
+- ``sqnorm_rows``: ``cake::sqnorm_rows_smem``: one thread of the role per row, 16-byte smem reads, f32
+  sums, then a named barrier over the role's threads (id 1 + the role's first warpgroup; ids 1..4 are
+  the warpgroups' own barriers, never ``__syncthreads``'s 0).
+Hooked from lower_async: ``rmem`` and ``store`` of a topk_bias list inside a role come here.
+"""
+from __future__ import annotations
+
+import math
+
+from cake_core.ir.ops import Node, Op
+from cake_core.ir.program import walk
+from cake_core.ir.types import DType, MemSpace, TileType
+from cake_core.lower.cuda import Buf, Ctx, Line, LowerError, _window, lowering
+
+
+def topk_rowstate(ctx: Ctx) -> dict[str, tuple[int, str]]:
+    """topk_bias lists: name -> (0 values / 1 indices, the partner tile)."""
+    st = ctx.__dict__.get("topk_state")
+    if st is None:
+        st = ctx.__dict__["topk_state"] = {"lists": {}, "kmax": {}}
+        for n, _, _ in walk(ctx.program.body):
+            if n.op is Op.TOPK_BIAS:
+                st["lists"][n.arg("top_v")] = (0, n.arg("top_i"))
+                st["lists"][n.arg("top_i")] = (1, n.arg("top_v"))
+    return st["lists"]
+
+
+def _kmax(ctx: Ctx) -> dict[str, int]:
+    topk_rowstate(ctx)
+    return ctx.__dict__["topk_state"]["kmax"]
+
+
+def _role(ctx: Ctx) -> tuple[int, int]:
+    r = ctx.__dict__["async_state"]["role"]
+    return r if r is not None else (0, ctx.threads)
+
+
+def lower_topk_rmem(n: Node, ctx: Ctx) -> list[Line]:
+    """top_v / top_i of topk_bias: 2 sorted lists of KMAX per thread, the fragment rows it owns."""
+    dtype, shape = n.args
+    dims = [ctx.static(d, "an rmem shape") for d in shape]
+    first, count = _role(ctx)
+    which = topk_rowstate(ctx)[n.result][0]
+    rows = 64 * (count // 128)
+    if count % 128 or len(dims) != 2 or dims[0] != rows or not 1 <= dims[1] <= 32 or \
+            dtype is not (DType.I32 if which else DType.F32):
+        raise LowerError("lower.shape_mismatch", f"topk_bias list `{n.result}` is {dtype.value} {tuple(dims)} over "
+                                                 f"{count} threads; ({rows}, KMAX) {'i32' if which else 'f32'} "
+                                                 "(64 rows per warpgroup, KMAX <= 32) needed")
+    ctx.scopes[-1][n.result] = Buf(n.result, TileType(dtype, tuple(shape), MemSpace.RMEM), tuple(dims))
+    _kmax(ctx)[n.result] = dims[1]
+    fill = n.attr("fill")
+    if which:
+        lit = str(int(fill)) if fill is not None and math.isfinite(fill) else "-1"
+    else:
+        lit = "__int_as_float(0x7f800000)" if fill is None or (math.isinf(fill) and fill > 0) else \
+            "__int_as_float(0xff800000)" if math.isinf(fill) else f"{float(fill)!r}f"
+    c = dtype.c_type
+    return [f"{c} {n.result}[2][{dims[1]}];  // topk_bias lists: this thread's 2 fragment rows (a quarter of its quad)",
+            f"for (int cake_h = 0; cake_h < 2; ++cake_h) for (int cake_p = 0; cake_p < {dims[1]}; ++cake_p) "
+            f"{n.result}[cake_h][cake_p] = {lit};"]
+
+
+@lowering(Op.TOPK_BIAS)
+def _lower_topk_bias(n: Node, ctx: Ctx) -> list[Line]:
+    st = ctx.__dict__.get("async_state")
+    if st is None or st["role"] is None:
+        raise LowerError("lower.unsupported_operand", "topk_bias is lowered inside a role, on a wgmma accumulator")
+    dots = n.arg("dots")
+    frag = st["frag"].get(dots)
+    if frag is None:
+        raise LowerError("lower.unsupported_operand", f"`{dots}` is not a wgmma accumulator in scope")
+    kmax = _kmax(ctx)
+    tv, ti = n.arg("top_v"), n.arg("top_i")
+    for x in (tv, ti):
+        if x not in kmax:
+            raise LowerError("lower.unsupported_operand", f"`{x}` is not a topk_bias list allocated in this role")
+    if kmax[tv] != kmax[ti]:
+        raise LowerError("lower.shape_mismatch", f"`{tv}` keeps {kmax[tv]} and `{ti}` {kmax[ti]} per row")
+    from cake_core.lower.lower_async import _slot_ptr
+    bias, pb = _slot_ptr(ctx, n.arg("bias"), "bias")
+    if bias.type.dtype is not DType.F32 or bias.numel != frag[1]:
+        raise LowerError("lower.shape_mismatch", f"bias {bias.shape} {bias.type.dtype.value}: {frag[1]} f32 values "
+                                                 "needed")
+    first = _role(ctx)[0]
+    return [f"cake::topk_bias_rmem_wgmma_acc<{frag[1]}, {kmax[tv]}>({tv}, {ti}, {dots}, {pb}, "
+            f"{float(n.attr('beta'))!r}f, {ctx.check_expr(n.arg('base'), 'base')}, "
+            f"{ctx.check_expr(n.arg('limit'), 'limit')}, (int)threadIdx.x - {first});"]
+
+
+@lowering(Op.SQNORM_ROWS)
+def _lower_sqnorm_rows(n: Node, ctx: Ctx) -> list[Line]:
+    st = ctx.__dict__.get("async_state")
+    if st is None or st["role"] is None:
+        raise LowerError("lower.unsupported_operand", "sqnorm_rows is lowered inside a role")
+    from cake_core.lower.lower_async import _slot_ptr
+    src, ps = _slot_ptr(ctx, n.arg("src"), "sqnorm_rows source")
+    dst, pd = _slot_ptr(ctx, n.arg("dst"), "sqnorm_rows destination")
+    if len(src.shape) != 2 or src.type.dtype not in (DType.BF16, DType.F16) or src.shape[1] % 8 or \
+            (int(src.type.swizzle) and src.shape[1] * 2 > int(src.type.swizzle)):
+        raise LowerError("lower.unsupported_layout", f"sqnorm_rows reads {src.name} {src.shape}: a 16-bit (R, C) tile, "
+                                                     "C % 8 == 0, rows within one swizzle span",
+                         "call it once per (R, 64) block with accumulate=True after the first")
+    if dst.type.dtype is not DType.F32 or dst.numel != src.shape[0]:
+        raise LowerError("lower.shape_mismatch", f"sqnorm_rows writes {dst.name} {dst.shape}: {src.shape[0]} f32 "
+                                                 "values needed")
+    first, count = _role(ctx)
+    if count % 32:
+        raise LowerError("lower.shape_mismatch", "sqnorm_rows runs on a role of whole warps")
+    acc = "true" if n.attr("accumulate") else "false"
+    return [f"cake::sqnorm_rows_smem<{src.shape[0]}, {src.shape[1]}, {count}, {acc}, {1 + first // 128}>({pd}, {ps}, "
+            f"(int)threadIdx.x - {first});"]
+
+
+def lower_topk_store(n: Node, ctx: Ctx) -> list[Line]:
+    view, src = n.args
+    which, partner = topk_rowstate(ctx)[src]
+    kmax = _kmax(ctx)
+    if src not in kmax or partner not in kmax:
+        raise LowerError("lower.unsupported_operand", f"`{src}` and its partner `{partner}` must be allocated in this "
+                                                      "role")
+    tv, ti = (src, partner) if which == 0 else (partner, src)
+    first, count = _role(ctx)
+    rows, k = 64 * (count // 128), kmax[src]
+    w = _window(view, (rows, k), ctx, "destination")
+    if (w.rows, w.cols) != (rows, k):
+        raise LowerError("lower.shape_mismatch", f"topk_bias list `{src}` ({rows}, {k}) stores into a window of "
+                                                 f"{w.rows} x {w.cols}")
+    n_rows, n_cols = (f"(int)({w.rows_in})", f"(int)({w.cols_in})") if n.attr("guard") else (str(rows), str(k))
+    return [f"cake::store_gmem_topk<{which}, {k}>({w.base}, {tv}, {ti}, {w.ld_row}, {w.ld_col}, {n_rows}, {n_cols}, "
+            f"(int)threadIdx.x - {first});  // merges each row's quad, first k columns"]
