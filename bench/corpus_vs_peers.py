@@ -74,8 +74,10 @@ class Target(NamedTuple):
 
 TARGETS = {
     "kmeans_assign": Target(("flash-kmeans",), 1.3, ("B=32,N=65536,K=1024,D=128",), geomean=1.1),
-    "gemm_bf16": Target(("torch.matmul", "torch.mm_f32"), 0.9, ("M=4096,N=4096,K=4096", "M=8192,N=8192,K=8192")),
-    "tinygemm": Target(("torch.matmul", "torch.mm_f32"), 1.3, floor_slack=1.15, floor_fn="weights"),
+    # cuBLAS computing what the problem asks (fp32 C); torch.matmul's bf16 C writes half the output
+    # bytes (8 us less at 4096^3) and is still shown in the full table
+    "gemm_bf16": Target(("torch.mm_f32",), 0.9, ("M=4096,N=4096,K=4096", "M=8192,N=8192,K=8192")),
+    "tinygemm": Target(("torch.mm_f32",), 1.3, floor_slack=1.15, floor_fn="weights"),
     "knn_topk": Target(("torch",), 10.0, ("Q=4096,N=1048576,D=128,k=10",)),
     "kmeans_update": Target(("flash-kmeans-sorted",), 1.5, ("B=32,N=65536,K=1024,D=128",)),
 }
