@@ -336,18 +336,50 @@ __device__ __forceinline__ void topk_insert(float (&v)[KMAX], int (&ix)[KMAX], f
     if (x < v[0]) { v[0] = x; ix[0] = j; }
 }
 
+// topk_bias_tile: per owned row h, a branch-free pass takes the minimum score of the row's N / 4
+// columns (an FMA and a min each); only when it beats the list's last entry (rare once the list has
+// filled) does a loop take the row's candidates in (value, index) order and insert them one by one,
+// so the code holds one insertion per row instead of one per column (an inlined insertion per column
+// does not fit the instruction cache).
 template <int N, int KMAX, bool GUARD, int SLOTS>
 __device__ __forceinline__ void topk_bias_tile(float (&tv)[2][KMAX], int (&ti)[2][KMAX], const float (&acc)[SLOTS],
                                                const float* bias, float beta, int base, int limit, int lane) {
     const int q = (lane % 4) * 2;
+    const float inf = __int_as_float(0x7f800000);
+    float2 w[N / 8];                                                     // this thread's 2 columns per 8
 #pragma unroll
-    for (int b = 0; b < N / 8; ++b) {
-        const float2 w = *reinterpret_cast<const float2*>(bias + b * 8 + q);   // this thread's 2 columns
+    for (int b = 0; b < N / 8; ++b) w[b] = *reinterpret_cast<const float2*>(bias + b * 8 + q);
 #pragma unroll
-        for (int s = b * 4; s < b * 4 + 4; ++s) {
-            const int h = (s % 4) / 2, j = base + b * 8 + q + s % 2;
-            const float v = fmaf(-beta, acc[s], s % 2 ? w.y : w.x);
-            if (__builtin_expect(v < tv[h][KMAX - 1] && (!GUARD || j < limit), 0)) topk_insert(tv[h], ti[h], v, j);
+    for (int h = 0; h < 2; ++h) {
+        float m = inf;
+#pragma unroll
+        for (int b = 0; b < N / 8; ++b) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const float v = fmaf(-beta, acc[b * 4 + h * 2 + e], e ? w[b].y : w[b].x);
+                m = (!GUARD || base + b * 8 + q + e < limit) ? fminf(m, v) : m;
+            }
+        }
+        if (__builtin_expect(!(m < tv[h][KMAX - 1]), 1)) continue;
+        float lo_v = -inf;
+        int lo_j = -1;                                                  // the last candidate taken
+        for (;;) {
+            float bv = inf;
+            int bj = 0x7fffffff;
+#pragma unroll
+            for (int b = 0; b < N / 8; ++b) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int j = base + b * 8 + q + e;                 // ascending: ties keep the lower index
+                    const float v = fmaf(-beta, acc[b * 4 + h * 2 + e], e ? w[b].y : w[b].x);
+                    const bool after = v > lo_v || (v == lo_v && j > lo_j);
+                    if (after && v < bv && (!GUARD || j < limit)) { bv = v; bj = j; }
+                }
+            }
+            if (!(bv < tv[h][KMAX - 1])) break;
+            topk_insert(tv[h], ti[h], bv, bj);
+            lo_v = bv;
+            lo_j = bj;
         }
     }
 }
