@@ -16,8 +16,8 @@ from cake_core.outcome import Outcome
 SEEDS = Path(__file__).resolve().parents[2] / "cake_core/problems/seeds"
 SEED = (SEEDS / "kmeans_assign_ws.cake").read_text()
 # variants of the best-known program: persistent CTAs (x double-buffered across tiles); two consumer warpgroup
-# roles taking turns on the tensor cores (ping-pong)
-VARIANTS = ["kmeans_assign_ws", "kmeans_assign_persistent", "kmeans_assign_pingpong"]
+# roles taking turns on the tensor cores (ping-pong); and that with centroid tiles multicast to a 2-CTA cluster
+VARIANTS = ["kmeans_assign_ws", "kmeans_assign_persistent", "kmeans_assign_pingpong", "kmeans_assign_pingpong_mc"]
 C_B = "c_b = smem(bf16, (BN, BK), stages=4, swizzle=128)"
 
 

@@ -18,8 +18,9 @@ from cake_core.runtime import tma
 
 ROOT = Path(__file__).resolve().parents[2]
 WS = (ROOT / "cake_core/problems/seeds/kmeans_assign_ws.cake").read_text()
-# variants of it, timed against it: persistent CTAs; two consumer warpgroup roles taking turns (ping-pong)
-VARIANTS = ["kmeans_assign_persistent", "kmeans_assign_pingpong"]
+# variants of it, timed against it: persistent CTAs; two consumer warpgroup roles taking turns (ping-pong);
+# ping-pong with the centroid tiles multicast to a 2-CTA cluster
+VARIANTS = ["kmeans_assign_persistent", "kmeans_assign_pingpong", "kmeans_assign_pingpong_mc"]
 KM = get_problem("kmeans_assign")
 ALIGNED = KM.shape_set("kmeans_assign_aligned")
 HEADLINE = {"B": 32, "N": 65536, "K": 1024, "D": 128}
