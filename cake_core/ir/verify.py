@@ -202,14 +202,21 @@ def smem_bytes(ctx: Ctx) -> int | None:
 
 
 def rmem_words_per_thread(ctx: Ctx) -> int | None:
-    words = 0
+    """Register words per thread of the rmem tiles: roles run on disjoint warps, so the most any one role holds,
+    plus the tiles allocated outside the roles (held by every thread)."""
+    shared, per_role = 0, {}
     for n, _, _ in ctx.nodes:
         if n.op is Op.RMEM:
             numel = ctx.static_numel(n.args[1])
             if numel is None:
                 return None
-            words += -(-numel * max(n.args[0].bytes, 4) // 4 // ctx.threads_of(n))
-    return words
+            words = -(-numel * max(n.args[0].bytes, 4) // 4 // ctx.threads_of(n))
+            r = ctx.role_of.get(id(n))
+            if r is None:
+                shared += words
+            else:
+                per_role[id(r)] = per_role.get(id(r), 0) + words
+    return shared + max(per_role.values(), default=0)
 
 
 from cake_core.ir import rules as _rules  # noqa: E402,F401  (registers the built-in rules)

@@ -13,7 +13,11 @@ from cake_core.lower import compile_kernel, lower
 from cake_core.lower import compile as compile_mod
 from cake_core.outcome import Outcome
 
-SEED = (Path(__file__).resolve().parents[2] / "cake_core/problems/seeds/kmeans_assign_ws.cake").read_text()
+SEEDS = Path(__file__).resolve().parents[2] / "cake_core/problems/seeds"
+SEED = (SEEDS / "kmeans_assign_ws.cake").read_text()
+# variants of the best-known program: persistent CTAs (x double-buffered across tiles); two consumer warpgroup
+# roles taking turns on the tensor cores (ping-pong); and that with centroid tiles multicast to a 2-CTA cluster
+VARIANTS = ["kmeans_assign_ws", "kmeans_assign_persistent", "kmeans_assign_pingpong", "kmeans_assign_pingpong_mc"]
 C_B = "c_b = smem(bf16, (BN, BK), stages=4, swizzle=128)"
 
 
@@ -57,8 +61,11 @@ def test_row_state_of_the_wrong_shape_is_refused():
 
 
 @pytest.mark.skipif(compile_mod.nvcc_path() is None, reason="nvcc not installed")
-def test_kmeans_ws_compiles_for_sm_90a_with_the_wgmma_pipeline_intact(tmp_path):
-    r = compile_kernel(_lower().value, arch="sm_90a", cache_dir=tmp_path)
+@pytest.mark.parametrize("name", VARIANTS)
+def test_kmeans_ws_compiles_for_sm_90a_with_the_wgmma_pipeline_intact(tmp_path, name):
+    lowered = lower(parse_program((SEEDS / f"{name}.cake").read_text(), f"{name}.cake"), f"{name}.cake")
+    assert lowered.outcome is Outcome.OK, lowered.diagnostics
+    r = compile_kernel(lowered.value, arch="sm_90a", cache_dir=tmp_path)
     assert r.outcome is Outcome.OK, [d.message for d in r.diagnostics]
     log = r.artifacts["nvcc.log"]
     assert "for 'sm_90a'" in log

@@ -18,6 +18,9 @@ from cake_core.runtime import tma
 
 ROOT = Path(__file__).resolve().parents[2]
 WS = (ROOT / "cake_core/problems/seeds/kmeans_assign_ws.cake").read_text()
+# variants of it, timed against it: persistent CTAs; two consumer warpgroup roles taking turns (ping-pong);
+# ping-pong with the centroid tiles multicast to a 2-CTA cluster
+VARIANTS = ["kmeans_assign_persistent", "kmeans_assign_pingpong", "kmeans_assign_pingpong_mc"]
 KM = get_problem("kmeans_assign")
 ALIGNED = KM.shape_set("kmeans_assign_aligned")
 HEADLINE = {"B": 32, "N": 65536, "K": 1024, "D": 128}
@@ -62,21 +65,42 @@ def test_tensor_maps_of_the_three_inputs():
         ("x", (40, 300, 2), (64, 128, 1)), ("c", (40, 100, 2), (64, 128, 1)), ("c_sq", (100, 2), (128, 1))]
 
 
+@pytest.mark.parametrize("name", VARIANTS)
+def test_variants_pass_the_verifier_and_the_interpreter(name):
+    from cake_core.runtime.cpu import check_on_cpu
+    prog = parse_program((ROOT / f"cake_core/problems/seeds/{name}.cake").read_text(), f"{name}.cake")
+    assert not [d for d in verify(prog, shapes=list(ALIGNED.shapes) + [HEADLINE]) if d.is_error]
+    checks = check_on_cpu(prog, KM, ALIGNED.cpu_shapes(KM.cpu_limit) + EXTRA, seed=7)
+    assert all(c.correct for c in checks), [(c.shape, c.message) for c in checks if not c.correct]
+
+
+def test_registers_are_counted_per_role():
+    # the ping-pong roles hold 2 x 64 accumulator words each on disjoint warps: 132 per thread, not 260;
+    # a third accumulator pair in one role is over the limit
+    pp = (ROOT / "cake_core/problems/seeds/kmeans_assign_pingpong.cake").read_text()
+    assert "resources.registers" not in [d.rule for d in verify(parse_program(pp))]
+    extra = "            acc0 = rmem(f32, (BM // 2, BN))\n"
+    more = pp.replace(extra, extra + extra.replace("acc0", "acc4") + extra.replace("acc0", "acc5"))
+    assert "resources.registers" in [d.rule for d in verify(parse_program(more))]
+
+
 # ------------------------------------------------------------------ GPU
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    lk = lower(_program(), "kmeans_assign_ws.cake").value
+@pytest.fixture(scope="module", params=["kmeans_assign_ws"] + VARIANTS)
+def built(request, tmp_path_factory):
+    name = request.param
+    lk = lower(parse_program((ROOT / f"cake_core/problems/seeds/{name}.cake").read_text(), f"{name}.cake"),
+               f"{name}.cake").value
     cr = compile_kernel(lk, arch="sm_90a", cache_dir=tmp_path_factory.mktemp("cubins"))
     assert cr.ok, [d.message for d in cr.diagnostics]
-    return cr.value, lk
+    return cr.value, lk, name
 
 
 @pytest.mark.gpu
 def test_kmeans_ws_passes_the_gate_on_ragged_aligned_shapes(built):
     from cake_core.runtime.gpu import check_and_time
-    compiled, lk = built
+    compiled, lk, _ = built
     runs = check_and_time(compiled, lk, KM, list(ALIGNED.shapes) + EXTRA, seed=21, time=False, timeout_s=20)
     bad = [(r.shape, r.outcome, r.message) for r in runs if not r.correct]
     assert not bad, bad
@@ -85,8 +109,8 @@ def test_kmeans_ws_passes_the_gate_on_ragged_aligned_shapes(built):
 @pytest.mark.gpu
 def test_kmeans_ws_passes_the_gate_at_the_headline_shape(built):
     from cake_core.runtime.gpu import check_and_time
-    compiled, lk = built
+    compiled, lk, name = built
     (r,) = check_and_time(compiled, lk, KM, [HEADLINE], seed=22, reps=20, timeout_s=60)
     assert r.correct, r.message
-    print(f"\nkmeans_assign_ws {HEADLINE}: median {r.median_ms} ms (p10 {r.p10_ms}, p90 {r.p90_ms}, {r.timer}, "
+    print(f"\n{name} {HEADLINE}: median {r.median_ms} ms (p10 {r.p10_ms}, p90 {r.p90_ms}, {r.timer}, "
           f"L2 {r.l2})")
