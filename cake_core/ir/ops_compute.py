@@ -47,6 +47,8 @@ EWISE_FNS = ("add", "sub", "mul", "div", "max", "min")
 UNARY_FNS = ("neg", "abs", "square", "sqrt", "rsqrt", "exp", "log")
 UNARY_INT_FNS = ("neg", "abs", "square")          # also defined on i32 tiles
 REDUCE_FNS = ("sum", "max", "min")
+# who adds a scatter row into an smem target: any thread with an atomic, or the warp that owns the row
+SCATTER_OWNERS = ("atomic", "warp")
 _AXIS = AttrSpec(int, -1, (-1, 0, 1))
 _BASE_LIMIT = (("base", "expr"), ("limit", "expr"))
 
@@ -128,17 +130,21 @@ register(OpDef(Op.ATOMIC_ADD, (("dst", "view"), ("src", "buf")),
                preconditions=("dst is a gmem parameter of dtype f32 or i32 (i32 takes an i32 src)",
                               "src's shape equals the window's extent")))
 register(OpDef(Op.SCATTER_ADD, (("dst", "view"), ("idx", "buf"), ("src", "buf")) + _BASE_LIMIT,
-               {"guard": AttrSpec(bool, True)},
+               {"guard": AttrSpec(bool, True), "owner": AttrSpec(str, "atomic", SCATTER_OWNERS)},
                keyword_operands=("base", "limit"),
                summary="Scatter-add rows: for each row r of src with base + r < limit, window row idx[r] of dst "
                        "+= src[r] with atomic adds (a 1-D window adds the element src[r]). With guard, rows whose "
                        "index is outside the window and columns past the tensor's edge are skipped. dst may be a "
                        "whole smem tile `acc_s[:, :]` (a per-CTA privatised accumulator, shared-memory atomics: "
-                       "conflict-free when C = 32 and threads is a multiple of 32); sync() before and after it.",
+                       "conflict-free when C = 32 and threads is a multiple of 32); sync() before and after it. "
+                       "owner=\"warp\" (smem target and src only): warp w of the CTA adds the rows idx[r] with "
+                       "idx[r] % warps == w, with plain loads and stores instead of atomics (the sum is the same, "
+                       "its f32 rounding order differs).",
                example="scatter_add(sums[bid.y, :, tile(dt, BD)], a_r, x_r, base=bid.x * BN, limit=N)",
                preconditions=("dst is a gmem parameter or a whole single-stage smem tile, of dtype f32 or i32 "
                               "(i32 takes an i32 src)",
-                              "window (E, C) with src (R, C), or window (E,) with src (R,); idx is (R,) i32")))
+                              "window (E, C) with src (R, C), or window (E,) with src (R,); idx is (R,) i32",
+                              "owner=\"warp\" takes a whole smem tile target and an smem src")))
 
 
 # ------------------------------------------------------------------ shapes

@@ -53,6 +53,7 @@ RULE_OPS: dict[str, tuple[str, ...]] = {
     "atomic.dtype": _A,
     "atomic.shape": _A,
     "atomic.smem_target": ("scatter_add",),
+    "atomic.owner": ("scatter_add",),
 }
 
 _KINDS = {

@@ -318,6 +318,22 @@ def _atomic_shape(ctx: Ctx) -> Iterable[Diagnostic]:
                            hint="window (E, C) takes src (R, C) and idx (R,); window (E,) takes src (R,)")
 
 
+@rule("atomic.owner", "atomic", "a warp-owned scatter_add (owner=\"warp\") adds an smem src into an smem tile")
+def _atomic_owner(ctx: Ctx) -> Iterable[Diagnostic]:
+    """Ownership splits the target rows between the CTA's warps, so the target is one CTA's tile; each warp
+    reads every source row it owns, so the source is in shared memory, not spread over other threads' registers."""
+    for n, path in _compute_nodes(ctx):
+        if n.op is not Op.SCATTER_ADD or n.attr("owner") != "warp":
+            continue
+        for role, name in (("target", n.args[0].buf), ("source", n.args[2])):
+            t = ctx.buffers.get(name)
+            if t is not None and t.space is not MemSpace.SMEM:
+                yield ctx.diag("atomic.owner", n, f"owner=\"warp\" scatter_add with the {role} `{name}` in "
+                                                  f"{t.space.value}; warps own rows of an smem tile",
+                               path=path, hint="stage the source with cp_async/load into an smem tile and "
+                                               "accumulate into smem(f32, (K, C)); or drop owner=\"warp\"")
+
+
 @rule("atomic.smem_target", "atomic", "a scatter_add into shared memory takes a whole single-stage smem tile")
 def _atomic_smem_target(ctx: Ctx) -> Iterable[Diagnostic]:
     """The privatised accumulator: the lowering adds into the tile itself (``t[:, :]``), with shared-memory

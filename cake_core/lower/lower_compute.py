@@ -436,7 +436,8 @@ def _lower_scatter_add(n: Node, ctx: Ctx) -> list[Line]:
 
 def _lower_scatter_add_smem(n: Node, ctx: Ctx, idx: Buf, src: Buf) -> list[Line]:
     """scatter_add into a whole smem tile (privatised accumulator): shared-memory atomics, see
-    ``cake::scatter_add_smem``. No barrier is added: as for other tile ops, ``sync()`` orders the
+    ``cake::scatter_add_smem``, or with owner="warp" plain adds by the warp owning each target row
+    (``cake::scatter_add_smem_owned``). No barrier is added: as for other tile ops, ``sync()`` orders the
     tile's zeroing before and its readers after."""
     view = n.args[0]
     dst = _tile(ctx, view.buf, "scatter target")
@@ -455,6 +456,11 @@ def _lower_scatter_add_smem(n: Node, ctx: Ctx, idx: Buf, src: Buf) -> list[Line]
     guard = "true" if n.attr("guard") else "false"
     src_ptr = st.smem_ptr(src) if src.type.space is MemSpace.SMEM else src.name
     valid = (f"{ctx.check_expr(n.arg('limit'), 'limit')} - ({ctx.check_expr(n.arg('base'), 'base')})")
-    call = (f"cake::scatter_add_smem<{src.shape[0]}, {cols}, THREADS, {guard}>({view.buf}, {dst.shape[0]}, "
+    owned = n.attr("owner") == "warp"
+    if owned and src.type.space is not MemSpace.SMEM:
+        raise LowerError("lower.unsupported_operand", f"owner=\"warp\" scatter_add reads its source from smem; "
+                                                      f"`{src.name}` is {src.type.space.value}")
+    helper = "scatter_add_smem_owned" if owned else "scatter_add_smem"
+    call = (f"cake::{helper}<{src.shape[0]}, {cols}, THREADS, {guard}>({view.buf}, {dst.shape[0]}, "
             f"{st.smem_ptr(idx)}, {src_ptr}, {valid});")
     return _block(st.pre, [call])

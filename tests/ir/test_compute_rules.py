@@ -54,6 +54,8 @@ PLANTED = {
     "atomic.dtype": ("s: gmem[f32, (N, C)]", "s: gmem[bf16, (N, C)]", "atomic_add("),
     "atomic.shape": ("atomic_add(s[tile(bid.x, 128), tile(0, BC)], a)",
                      "atomic_add(s[tile(bid.x, 128), tile(0, 32)], a)", "atomic_add("),
+    "atomic.owner": ("scatter_add(cnt[:], i, ones, base=bid.x * 128, limit=N)",
+                     'scatter_add(cnt[:], i, ones, base=bid.x * 128, limit=N, owner="warp")', "scatter_add("),
     "atomic.smem_target": ("scatter_add(cnt[:], i, ones, base=bid.x * 128, limit=N)",
                            "scatter_add(b[tile(0, 32), :], i, v, base=bid.x * 128, limit=N)", "scatter_add("),
 }
@@ -69,6 +71,11 @@ MORE = [
     ("atomic.space", "scatter_add(cnt[:], i, ones,", "scatter_add(v[:], i, ones,", "scatter_add("),
     ("atomic.space", "fill(v, value=1.0)", "fill(v, value=1.0)\n    p = smem(f32, (16, BC))\n"
      "    scatter_add(p[:, :], i, a, base=0, limit=N)", None),   # a whole smem tile: a privatised accumulator
+    ("atomic.owner", "fill(v, value=1.0)", "fill(v, value=1.0)\n    p = smem(f32, (16, BC))\n"   # an rmem src
+     '    scatter_add(p[:, :], i, a, base=0, limit=N, owner="warp")', "scatter_add(p"),
+    ("atomic.owner", "fill(v, value=1.0)", "fill(v, value=1.0)\n    p = smem(f32, (16, BC))\n"   # smem -> smem
+     "    q = smem(f32, (128, BC))\n    sync()\n"
+     '    scatter_add(p[:, :], i, q, base=0, limit=N, owner="warp")', None),
     ("atomic.smem_target", "fill(v, value=1.0)", "fill(v, value=1.0)\n    p = smem(f32, (16, BC), stages=2)\n"
      "    scatter_add(p[:, :], i, a, base=0, limit=N)", "scatter_add(p"),
 ]

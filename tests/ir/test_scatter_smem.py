@@ -2,6 +2,8 @@
 races around it) and the interpreter against the kmeans_update oracle, best-known program included."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -101,3 +103,22 @@ def test_the_best_known_program_with_small_tiles_covers_every_branch(shape):
     assert small != text
     ok, err, msg = _interp(small, shape)
     assert ok, msg
+
+
+SEEDS = Path(__file__).resolve().parents[2] / "cake_core" / "problems" / "seeds"
+OWNED = ("kmeans_update_owned.cake", "kmeans_update_owned_w32.cake", "kmeans_update_owned_w8.cake")
+
+
+@pytest.mark.parametrize("name", OWNED)
+def test_the_warp_owned_variants_verify_and_match_the_oracle(name):
+    # owner="warp" changes who adds a row, not the sum: the interpreter checks the program around it
+    # (ring, branches, merges); the GPU test checks the helper itself
+    text = (SEEDS / name).read_text()
+    assert check_text(text, name) == [] and 'owner="warp"' in text
+    small = text.replace('"BN": 384, "KMAX": 1024, "SMS": 132', '"BN": 32, "KMAX": 64, "SMS": 4')
+    assert small != text
+    for shape in ({"B": 2, "N": 150, "K": 20, "D": 40},    # one CTA per (batch, D-slice), ragged tail
+                  {"B": 1, "N": 301, "K": 70, "D": 33},    # K > KMAX: the global-atomic loop
+                  {"B": 1, "N": 1000, "K": 5, "D": 8}):    # points split across CTAs, atomic merges
+        ok, err, msg = _interp(small, shape)
+        assert ok, (shape, msg)

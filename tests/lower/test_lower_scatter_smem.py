@@ -46,3 +46,39 @@ def test_smem_scatter_programs_compile_for_sm_90a(which, tmp_path):
     assert c.value.arch == "sm_90a" and c.value.resources.smem_bytes <= 232448
     if which == "best":
         assert r.value.smem_bytes > 128 * 1024     # the K x BD f32 accumulator plus the cp.async ring
+
+
+SEEDS = Path(__file__).resolve().parents[2] / "cake_core" / "problems" / "seeds"
+OWNED = ("kmeans_update_owned.cake", "kmeans_update_owned_w32.cake", "kmeans_update_owned_w8.cake")
+# PRIV with x staged in smem, so that a warp can read every row it owns
+PRIV_S = PRIV.replace("    x_r = rmem(bf16, (BN, BD))\n", "    x_r = smem(bf16, (BN, BD))\n").replace(
+    "        load(x_r, x[bid.y, tile(bid.x, BN), tile(dt, BD)])\n",
+    "        load(x_r, x[bid.y, tile(bid.x, BN), tile(dt, BD)])\n        sync()\n")
+
+
+def test_a_warp_owned_scatter_lowers_to_plain_adds_by_the_owning_warp():
+    text = PRIV_S.replace("scatter_add(acc_s[:, :], a_s, x_r, base=bid.x * BN, limit=N)",
+                          'scatter_add(acc_s[:, :], a_s, x_r, base=bid.x * BN, limit=N, owner="warp")')
+    assert text != PRIV_S
+    r = lower(parse_program(text, "priv.cake"), "priv.cake")
+    assert r.ok, [d.format("priv.cake") for d in r.diagnostics]
+    assert "cake::scatter_add_smem_owned<128, 32, THREADS, true>(acc_s, 64, a_s, x_r, " in r.value.source
+    assert "cake::scatter_add_smem<128, 1, THREADS, true>(cnt_s, 64, a_s, ones, " in r.value.source
+
+
+def test_a_warp_owned_scatter_of_an_rmem_source_is_refused_by_the_lowering():
+    text = PRIV.replace("scatter_add(acc_s[:, :], a_s, x_r, base=bid.x * BN, limit=N)",
+                        'scatter_add(acc_s[:, :], a_s, x_r, base=bid.x * BN, limit=N, owner="warp")')
+    r = lower(parse_program(text, "priv.cake"), "priv.cake")
+    assert not r.ok and any(d.rule == "lower.unsupported_operand" and "x_r" in d.message for d in r.diagnostics)
+
+
+@pytest.mark.skipif(compile_mod.nvcc_path() is None, reason="nvcc not installed")
+@pytest.mark.parametrize("name", OWNED)
+def test_the_warp_owned_variants_compile_for_sm_90a_without_spills(name, tmp_path):
+    r = lower(parse_program((SEEDS / name).read_text(), name), name)
+    assert r.ok, r.diagnostics
+    assert "cake::scatter_add_smem_owned<384, 32, THREADS, true>(acc_s, 1024, " in r.value.source
+    c = compile_kernel(r.value, cache_dir=tmp_path)
+    assert c.ok, [d.message for d in c.diagnostics]
+    assert c.value.resources.spill_bytes == 0 and c.value.resources.stack_bytes == 0, c.value.resources

@@ -4,6 +4,8 @@
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from cake_core.ir.text import parse_program
@@ -109,6 +111,25 @@ def test_the_smem_privatised_kmeans_update_is_correct_on_ragged_and_headline_sha
     bad = [(r.shape, r.message) for r in runs if not r.correct]
     assert not bad, bad
     assert all(r.outcome == "measured" for r in runs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["kmeans_update_owned.cake", "kmeans_update_owned_w32.cake",
+                                  "kmeans_update_owned_w8.cake"])
+def test_the_warp_owned_kmeans_update_variants_are_correct(name, tmp_path):
+    # scatter_add(owner="warp"): each warp adds the rows it owns with plain smem loads and stores; the
+    # CPU interpreter cannot see a lost update between warps, this does
+    from cake_core.runtime.gpu import check_and_time
+    upd = get_problem("kmeans_update")
+    text = (Path(__file__).resolve().parents[2] / "cake_core" / "problems" / "seeds" / name).read_text()
+    compiled, lowered = _build(text, tmp_path)
+    shapes = list(upd.shape_set("kmeans_update_small").shapes) + [
+        {"B": 1, "N": 5000, "K": 1500, "D": 72}, {"B": 40, "N": 3001, "K": 1024, "D": 128},
+        {"B": 2, "N": 20000, "K": 3, "D": 128}]     # few clusters: most owned pairs share a row
+    runs = check_and_time(compiled, lowered, upd, shapes + list(upd.shape_set("kmeans_update_large").shapes),
+                          seed=7, time=False)
+    bad = [(r.shape, r.message) for r in runs if not r.correct]
+    assert not bad, bad
 
 
 def test_zeroing_of_accumulated_outputs_is_inside_the_timed_region():

@@ -218,4 +218,48 @@ __device__ __forceinline__ void scatter_add_smem(TD* dst, int rows, const TI* id
     }
 }
 
+// scatter_add_smem_owned<R, C, THREADS, GUARD>(dst, rows, idx, src, valid): the same sum as
+// scatter_add_smem without atomics. Warp w owns the dst rows k with k % WARPS == w: it ballots the
+// source rows r < valid whose index it owns (32 at a time) and adds each of them into its dst row, lane
+// l on columns l, l + 32, ...; no other warp writes that row, so a plain load and store suffice (f32
+// atomics on shared memory are CAS loops on sm_90). Owned rows go in pairs so that two read-add-write
+// chains overlap; a pair with one dst row is summed in registers first. src is a shared-memory tile.
+template <int R, int C, int THREADS, bool GUARD, typename TD, typename TI, typename TS>
+__device__ __forceinline__ void scatter_add_smem_owned(TD* dst, int rows, const TI* idx, const TS* src, int valid) {
+    static_assert(THREADS % 32 == 0, "rows are owned by whole warps");
+    static_assert(R > 0 && C > 0, "a scatter has at least one row of one element");
+    constexpr int WARPS = THREADS / 32, CS = (C + 31) / 32;
+    const int warp = (int)(threadIdx.x / 32), lane = (int)(threadIdx.x % 32);
+#pragma unroll 1
+    for (int r0 = 0; r0 < R; r0 += 32) {
+        const int r = r0 + lane;
+        const int i = r < R && r < valid ? (int)idx[r] : -1;
+        const bool mine = i >= 0 && i % WARPS == warp && (!GUARD || i < rows);
+        unsigned m = __ballot_sync(0xffffffffu, mine);
+#pragma unroll 1
+        while (m) {
+            const int j0 = __ffs(m) - 1;
+            m &= m - 1;
+            const int j1 = m ? __ffs(m) - 1 : j0;
+            m &= m - 1;
+            const int k0 = __shfl_sync(0xffffffffu, i, j0), k1 = __shfl_sync(0xffffffffu, i, j1);
+            const bool two = j1 != j0;
+#pragma unroll
+            for (int cs = 0; cs < CS; ++cs) {
+                const int c = cs * 32 + lane;
+                if (C % 32 != 0 && c >= C) break;
+                TD v0 = convert<TD>(src[(r0 + j0) * C + c]);
+                const TD v1 = two ? convert<TD>(src[(r0 + j1) * C + c]) : TD(0);
+                if (!two || k1 == k0) {
+                    dst[k0 * C + c] += v0 + v1;
+                } else {
+                    const TD d0 = dst[k0 * C + c], d1 = dst[k1 * C + c];
+                    dst[k0 * C + c] = d0 + v0;
+                    dst[k1 * C + c] = d1 + v1;
+                }
+            }
+        }
+    }
+}
+
 }  // namespace cake
