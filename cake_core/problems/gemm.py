@@ -41,9 +41,9 @@ GEMM_BF16 = Problem(
     bytes=lambda s: 2.0 * (s["M"] * s["K"] + s["K"] * s["N"]) + 4.0 * s["M"] * s["N"],
     seed_file="gemm_bf16.cake",
     shape_sets=("gemm_small", "gemm_square", "gemm_aligned"),
-    # warp-specialized TMA + wgmma: persistent 128x256 tiles (grid = min(tiles, num_sms), the producer runs
-    # ahead into the next tile during the epilogue), the same non-persistent (0.89x cuBLAS at 4096^3 on
-    # the H200), 128x64 tiles
-    best_files=("gemm_bf16_persistent.cake", "gemm_bf16_ws_n256.cake", "gemm_bf16_ws.cake"),
+    # warp-specialized TMA + wgmma, fastest first on the H200 (bench/results/corpus-vs-peers-2026-11-29b.md):
+    # 128x256 tiles (0.93x cuBLAS at 4096^3, 0.96x at 8192^3), the same persistent (grid = min(tiles,
+    # num_sms); within 1-3 % of it), 128x64 tiles (fastest at 1024^3)
+    best_files=("gemm_bf16_ws_n256.cake", "gemm_bf16_persistent.cake", "gemm_bf16_ws.cake"),
     rows=GEMM_ROWS,
 )
