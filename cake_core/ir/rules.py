@@ -143,27 +143,16 @@ def _symbols(ctx: Ctx) -> Iterable[Diagnostic]:
         yield ctx.diag("shapes.symbols", None, f"the grid uses `{s}`, which is neither a const nor a "
                                                "problem dimension", hint="grid extents may use consts and dims")
     for n, path, scope in ctx.nodes:
-        exprs = []
-        for name, a in _operands(n):
-            kind = dict(REGISTRY[n.op].operands)[name]
-            if kind == "expr":
-                exprs.append(a)
-            elif kind == "shape":
-                exprs.extend(a)
-            elif kind == "view":
-                for i in a.index:
-                    if isinstance(i, Tile):
-                        exprs += [i.index, i.size]
-                    elif isinstance(i, At):
-                        exprs.append(i.index)
+        exprs = _node_exprs(n, slots=False)
         bad = set().union(*(symbols(e) for e in exprs)) - base - scope if exprs else set()
         for s in sorted(bad):
             yield ctx.diag("shapes.symbols", n, f"`{s}` is not defined", path=path,
                            hint="index expressions may use consts, problem dims, loop variables and bid.x/y/z")
 
 
-def _node_exprs(n: Node) -> list:
-    """The index expressions a node's operands hold (expr and shape operands, view indices)."""
+def _node_exprs(n: Node, slots: bool = True) -> list:
+    """The index expressions a node's operands hold (expr and shape operands, view indices and, with
+    ``slots``, ring-slot indices)."""
     exprs: list = []
     for name, a in _operands(n):
         kind = dict(REGISTRY[n.op].operands)[name]
@@ -177,7 +166,7 @@ def _node_exprs(n: Node) -> list:
                     exprs += [i.index, i.size]
                 elif isinstance(i, At):
                     exprs.append(i.index)
-        elif kind == "slot" and getattr(a, "index", None) is not None:
+        elif slots and kind == "slot" and getattr(a, "index", None) is not None:
             exprs.append(a.index)
     return exprs
 

@@ -8,6 +8,7 @@ import pytest
 from cake_core.ir import interp
 from cake_core.ir.check import check_text
 from cake_core.ir.text import parse_program
+from planting import assert_fires_at_its_line
 
 SEED = (Path(__file__).resolve().parents[2] / "cake_core/problems/seeds/kmeans_assign_ws.cake").read_text()
 C_B = "c_b = smem(bf16, (BN, BK), stages=4, swizzle=128)"
@@ -25,27 +26,13 @@ PLANTED = {
 _RENAME = {"argmin_bias.acc": (EPI0, EPI0.replace("acc0", "acc2"))}
 
 
-def _planted(rule_id: str) -> str:
-    old, new, _ = PLANTED[rule_id]
-    assert old in SEED, old
-    text = SEED.replace(old, new, 1)
-    if rule_id in _RENAME:
-        text = text.replace(*_RENAME[rule_id])
-    return text
-
-
 def test_the_kmeans_ws_seed_passes_every_rule():
     assert check_text(SEED, "kmeans_assign_ws.cake") == []
 
 
 @pytest.mark.parametrize("rule_id", sorted(PLANTED))
 def test_planted_mistake_fails_with_the_rule_at_its_line(rule_id):
-    text = _planted(rule_id)
-    diags = check_text(text, "planted.cake")
-    hits = [d for d in diags if d.rule == rule_id]
-    assert hits, f"{rule_id} did not fire; got {[d.rule for d in diags]}"
-    assert hits[0].line == PLANTED[rule_id][2], hits[0].format("planted.cake", text)
-    assert hits[0].hint and hits[0].path
+    assert_fires_at_its_line(SEED, PLANTED, _RENAME, rule_id)
 
 
 def test_k_major_b_counts_n_from_its_rows():

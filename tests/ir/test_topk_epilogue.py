@@ -9,6 +9,7 @@ import pytest
 from cake_core.ir import interp
 from cake_core.ir.check import check_text
 from cake_core.ir.text import parse_program
+from planting import assert_fires_at_its_line
 
 SEED = (Path(__file__).resolve().parents[2] / "cake_core/problems/seeds/knn_topk_ws.cake").read_text()
 EPI = "topk_bias(top_v, top_i, acc, nrm_s[t % S], base=t * BN, limit=N)"
@@ -26,27 +27,13 @@ PLANTED = {
 _RENAME = {"topk_bias.acc": (EPI, EPI.replace("acc,", "acc2,"))}
 
 
-def _planted(rule_id: str) -> str:
-    old, new, _ = PLANTED[rule_id]
-    assert old in SEED, old
-    text = SEED.replace(old, new, 1)
-    if rule_id in _RENAME:
-        text = text.replace(*_RENAME[rule_id])
-    return text
-
-
 def test_the_knn_ws_seed_passes_every_rule():
     assert check_text(SEED, "knn_topk_ws.cake") == []
 
 
 @pytest.mark.parametrize("rule_id", sorted(PLANTED))
 def test_planted_mistake_fails_with_the_rule_at_its_line(rule_id):
-    text = _planted(rule_id)
-    diags = check_text(text, "planted.cake")
-    hits = [d for d in diags if d.rule == rule_id]
-    assert hits, f"{rule_id} did not fire; got {[d.rule for d in diags]}"
-    assert hits[0].line == PLANTED[rule_id][2], hits[0].format("planted.cake", text)
-    assert hits[0].hint and hits[0].path
+    assert_fires_at_its_line(SEED, PLANTED, _RENAME, rule_id)
 
 
 def test_sqnorm_rows_of_a_two_span_row_is_refused():
