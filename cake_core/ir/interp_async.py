@@ -180,17 +180,24 @@ def _mma_slots(cta: _CTA, n: Node) -> None:
         acc += prod
 
 
-def _argmin_bias(cta: _CTA, n: Node) -> None:
-    """scores = bias - beta * dots (f32), then argmin_update's running merge (strictly smaller wins)."""
+def _bias_scores(cta: _CTA, n: Node) -> tuple[np.ndarray, int]:
+    """(scores, base) of a fused epilogue: bias[j] - beta * dots[r, j] in f32 over the columns j with
+    base + j < limit (R, m)."""
     dots, bias = cta.tiles[n.arg("dots")], _slot(cta, n, n.arg("bias")).reshape(-1)
     if dots.ndim != 2 or bias.size != dots.shape[1]:
         raise InterpFault(n, f"dots {dots.shape} needs a bias of {dots.shape[-1]} values, got {bias.shape}")
     base, limit = cta.ev(n.arg("base")), cta.ev(n.arg("limit"))
     m = max(0, min(dots.shape[1], limit - base))
-    if m == 0:
-        return
     with np.errstate(all="ignore"):
         s = bias[None, :m].astype(np.float32) - np.float32(n.attr("beta")) * dots[:, :m].astype(np.float32)
+    return s, base
+
+
+def _argmin_bias(cta: _CTA, n: Node) -> None:
+    """scores = bias - beta * dots (f32), then argmin_update's running merge (strictly smaller wins)."""
+    s, base = _bias_scores(cta, n)
+    if s.shape[1] == 0:
+        return
     best, arg = cta.tiles[n.arg("best")].reshape(-1), cta.tiles[n.arg("arg")].reshape(-1)
     j = np.argmin(s, axis=1)
     v = s[np.arange(s.shape[0]), j]
@@ -202,18 +209,13 @@ def _argmin_bias(cta: _CTA, n: Node) -> None:
 def _topk_bias(cta: _CTA, n: Node) -> None:
     """scores = bias - beta * dots (f32) merged into each row's KMAX smallest (score, index), ascending by
     score, then index (a candidate equal in both to a kept pair cannot occur: indices are unique)."""
-    dots, bias = cta.tiles[n.arg("dots")], _slot(cta, n, n.arg("bias")).reshape(-1)
-    if dots.ndim != 2 or bias.size != dots.shape[1]:
-        raise InterpFault(n, f"dots {dots.shape} needs a bias of {dots.shape[-1]} values, got {bias.shape}")
+    s, base = _bias_scores(cta, n)
     tv, ti = cta.tiles[n.arg("top_v")], cta.tiles[n.arg("top_i")]
-    if tv.ndim != 2 or tv.shape != ti.shape or tv.shape[0] != dots.shape[0]:
-        raise InterpFault(n, f"top_v {tv.shape} / top_i {ti.shape} must both be ({dots.shape[0]}, KMAX)")
-    base, limit = cta.ev(n.arg("base")), cta.ev(n.arg("limit"))
-    m = max(0, min(dots.shape[1], limit - base))
+    if tv.ndim != 2 or tv.shape != ti.shape or tv.shape[0] != s.shape[0]:
+        raise InterpFault(n, f"top_v {tv.shape} / top_i {ti.shape} must both be ({s.shape[0]}, KMAX)")
+    m = s.shape[1]
     if m == 0:
         return
-    with np.errstate(all="ignore"):
-        s = bias[None, :m].astype(np.float32) - np.float32(n.attr("beta")) * dots[:, :m].astype(np.float32)
     kmax = tv.shape[1]
     cand = np.arange(base, base + m, dtype=np.int64)
     for r in range(s.shape[0]):
