@@ -451,22 +451,29 @@ def _lower_rowstate(n: Node, ctx: Ctx) -> list[Line]:
             f"cake::fill_rmem({n.result}, {lit});"]
 
 
-@lowering(Op.ARGMIN_BIAS)
-def _lower_argmin_bias(n: Node, ctx: Ctx) -> list[Line]:
+def epilogue_operands(n: Node, ctx: Ctx) -> tuple[str, tuple, str]:
+    """(dots, its wgmma fragment, the bias pointer) of a fused epilogue on a wgmma accumulator
+    (argmin_bias, topk_bias): inside a role, dots an accumulator in scope, bias C f32 values in smem."""
     st = _st(ctx)
     if st["role"] is None:
-        raise LowerError("lower.unsupported_operand", "argmin_bias is lowered inside a role, on a wgmma accumulator")
+        raise LowerError("lower.unsupported_operand", f"{n.op.value} is lowered inside a role, on a wgmma accumulator")
     dots = n.arg("dots")
     frag = st["frag"].get(dots)
     if frag is None:
         raise LowerError("lower.unsupported_operand", f"`{dots}` is not a wgmma accumulator in scope")
-    for x in (n.arg("best"), n.arg("arg")):
-        if x not in st["rows"]:
-            raise LowerError("lower.unsupported_operand", f"`{x}` is not argmin_bias row state allocated in this role")
     bias, pb = _slot_ptr(ctx, n.arg("bias"), "bias")
     if bias.type.dtype is not DType.F32 or bias.numel != frag[1]:
         raise LowerError("lower.shape_mismatch", f"bias {bias.shape} {bias.type.dtype.value}: {frag[1]} f32 values "
                                                  "needed")
+    return dots, frag, pb
+
+
+@lowering(Op.ARGMIN_BIAS)
+def _lower_argmin_bias(n: Node, ctx: Ctx) -> list[Line]:
+    dots, frag, pb = epilogue_operands(n, ctx)
+    for x in (n.arg("best"), n.arg("arg")):
+        if x not in _st(ctx)["rows"]:
+            raise LowerError("lower.unsupported_operand", f"`{x}` is not argmin_bias row state allocated in this role")
     first = _role(ctx)[0]
     beta = float(n.attr("beta"))
     return [f"cake::argmin_bias_rmem_wgmma_acc<{frag[1]}>({n.arg('best')}, {n.arg('arg')}, {dots}, {pb}, "

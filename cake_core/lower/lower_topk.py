@@ -71,13 +71,8 @@ def lower_topk_rmem(n: Node, ctx: Ctx) -> list[Line]:
 
 @lowering(Op.TOPK_BIAS)
 def _lower_topk_bias(n: Node, ctx: Ctx) -> list[Line]:
-    st = ctx.__dict__.get("async_state")
-    if st is None or st["role"] is None:
-        raise LowerError("lower.unsupported_operand", "topk_bias is lowered inside a role, on a wgmma accumulator")
-    dots = n.arg("dots")
-    frag = st["frag"].get(dots)
-    if frag is None:
-        raise LowerError("lower.unsupported_operand", f"`{dots}` is not a wgmma accumulator in scope")
+    from cake_core.lower.lower_async import epilogue_operands
+    dots, frag, pb = epilogue_operands(n, ctx)
     kmax = _kmax(ctx)
     tv, ti = n.arg("top_v"), n.arg("top_i")
     for x in (tv, ti):
@@ -85,11 +80,6 @@ def _lower_topk_bias(n: Node, ctx: Ctx) -> list[Line]:
             raise LowerError("lower.unsupported_operand", f"`{x}` is not a topk_bias list allocated in this role")
     if kmax[tv] != kmax[ti]:
         raise LowerError("lower.shape_mismatch", f"`{tv}` keeps {kmax[tv]} and `{ti}` {kmax[ti]} per row")
-    from cake_core.lower.lower_async import _slot_ptr
-    bias, pb = _slot_ptr(ctx, n.arg("bias"), "bias")
-    if bias.type.dtype is not DType.F32 or bias.numel != frag[1]:
-        raise LowerError("lower.shape_mismatch", f"bias {bias.shape} {bias.type.dtype.value}: {frag[1]} f32 values "
-                                                 "needed")
     first = _role(ctx)[0]
     return [f"cake::topk_bias_rmem_wgmma_acc<{frag[1]}, {kmax[tv]}>({tv}, {ti}, {dots}, {pb}, "
             f"{float(n.attr('beta'))!r}f, {ctx.check_expr(n.arg('base'), 'base')}, "
