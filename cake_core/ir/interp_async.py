@@ -235,6 +235,40 @@ def _sqnorm_rows(cta: _CTA, n: Node) -> None:
     dst[...] = (dst.astype(np.float64) + part if n.attr("accumulate") else part).astype(np.float32)
 
 
+def _topk_publish(cta: _CTA, n: Node) -> None:
+    """pub_v / pub_i = the rows' lists (already merged here: the interpreter keeps one list per row)."""
+    tv, ti = cta.tiles[n.arg("top_v")], cta.tiles[n.arg("top_i")]
+    pv, pi = cta.tiles[n.arg("pub_v")], cta.tiles[n.arg("pub_i")]
+    if pv.shape != tv.shape or pi.shape != ti.shape:
+        raise InterpFault(n, f"pub_v {pv.shape} / pub_i {pi.shape} must have the lists' shape {tv.shape}")
+    pv[...], pi[...] = tv, ti
+
+
+def _topk_cluster_merge(cta: _CTA, n: Node) -> None:
+    """CTA rank c of n: rows [c * ceil(R / n), (c + 1) * ceil(R / n)) of the cluster's published lists,
+    merged by (value, index); the first k (the window's columns) to dst, rows past the edge skipped."""
+    peers = getattr(cta, "cluster", None) or [cta]
+    rank = next(i for i, c in enumerate(peers) if c is cta)
+    pv = [c.tiles[n.arg("pub_v")] for c in peers]
+    pi = [c.tiles[n.arg("pub_i")] for c in peers]
+    rows, kmax = pv[0].shape
+    v = n.arg("dst")
+    win, shape = cta.window(n, v)
+    if len(win) != 2 or not all(kept for _, _, kept in win) or win[0][1] != rows or not 1 <= win[1][1] <= kmax:
+        raise InterpFault(n, f"the window of `{v.buf}` must be ({rows}, k <= {kmax}) for lists {pv[0].shape}")
+    k, out = win[1][1], cta.gmem[v.buf]
+    share = -(-rows // len(peers))
+    for r in range(rank * share, min(rows, (rank + 1) * share)):
+        allv = np.concatenate([p[r].astype(np.float32) for p in pv])
+        alli = np.concatenate([p[r].astype(np.int64) for p in pi])
+        order = np.lexsort((alli, allv))[:k]
+        g = win[0][0] + r
+        lo, hi = max(win[1][0], 0), min(win[1][0] + k, shape[1])
+        if 0 <= g < shape[0] and lo < hi:
+            vals = allv[order] if cta.dtypes[v.buf].is_float else alli[order]
+            out[g, lo:hi] = _round(cta.dtypes[v.buf], vals[lo - win[1][0]:hi - win[1][0]])
+
+
 def _nothing(cta: _CTA, n: Node) -> None:
     """Ordering ops: copies and MMAs complete at issue here, so there is nothing to wait for."""
 
@@ -261,6 +295,8 @@ SEMANTICS.update({
     Op.ARGMIN_BIAS: _argmin_bias,
     Op.TOPK_BIAS: _topk_bias,
     Op.SQNORM_ROWS: _sqnorm_rows,
+    Op.TOPK_PUBLISH: _topk_publish,
+    Op.TOPK_CLUSTER_MERGE: _topk_cluster_merge,
     Op.TCGEN05_MMA: _mma_slots,
 })
 

@@ -52,6 +52,8 @@ class Op(str, enum.Enum):
     ARGMIN_BIAS = "argmin_bias"
     TOPK_BIAS = "topk_bias"
     SQNORM_ROWS = "sqnorm_rows"
+    TOPK_PUBLISH = "topk_publish"
+    TOPK_CLUSTER_MERGE = "topk_cluster_merge"
     TCGEN05_MMA = "tcgen05_mma"
     # -- compute (tile math, reductions, running arg-min / top-k, atomics; see ops_compute.py)
     FILL = "fill"

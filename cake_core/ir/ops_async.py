@@ -55,6 +55,16 @@ lowering) agrees on:
   vector (f32), e.g. ||db_j||^2 from the landed database tile; it completes its
   writes among the role's threads before returning, so the role's next ``arrive``
   publishes them (the protocol checker counts the slot filled by that arrival).
+- ``topk_publish`` / ``topk_cluster_merge`` split a top-k over the CTAs of a
+  cluster (each streams a share of the database): inside the role,
+  ``topk_publish`` writes each row's merged list (the value ``store`` would
+  write, all KMAX columns) into smem tiles of the CTA; after the roles, a
+  ``cluster_sync()`` makes them visible to the cluster, and
+  ``topk_cluster_merge`` has CTA rank c of n merge, for rows [c * ceil(R / n),
+  (c + 1) * ceil(R / n)), the lists of every CTA of the cluster (read through
+  distributed shared memory) and write the first k to gmem. A second
+  ``cluster_sync()`` must follow before the kernel exits: a peer's smem is
+  gone once it has (the protocol checker reports both missing syncs).
 """
 from __future__ import annotations
 
@@ -74,7 +84,7 @@ class Slot:
 
 ASYNC_OPS = (Op.ROLE, Op.MBARRIER, Op.EXPECT_TX, Op.ARRIVE, Op.WAIT, Op.TMA_LOAD, Op.TMA_STORE, Op.CP_ASYNC,
              Op.CP_ASYNC_WAIT, Op.FENCE_ASYNC, Op.CLUSTER, Op.CLUSTER_SYNC, Op.WGMMA, Op.WGMMA_WAIT,
-             Op.ARGMIN_BIAS, Op.TOPK_BIAS, Op.SQNORM_ROWS, Op.TCGEN05_MMA)
+             Op.ARGMIN_BIAS, Op.TOPK_BIAS, Op.SQNORM_ROWS, Op.TOPK_PUBLISH, Op.TOPK_CLUSTER_MERGE, Op.TCGEN05_MMA)
 FRAGMENT_EPILOGUES = (Op.ARGMIN_BIAS, Op.TOPK_BIAS)     # running merges on a wgmma accumulator (row state per fragment)
 
 
@@ -200,6 +210,24 @@ register(OpDef(Op.SQNORM_ROWS, (("dst", "slot"), ("src", "slot")),
                preconditions=("inside a role (every thread of the role runs it)", "src (R, C) bf16/f16 smem, each "
                               "row at most one swizzle span when swizzled", "dst an smem f32 slot of R values",
                               "src landed (wait on its full barrier first)")))
+register(OpDef(Op.TOPK_PUBLISH, (("pub_v", "buf"), ("pub_i", "buf"), ("top_v", "buf"), ("top_i", "buf")),
+               summary="Publish topk_bias lists to the cluster: write each row's merged (R, KMAX) list, ascending "
+                       "by (value, index), into smem tiles pub_v (f32) and pub_i (i32) of this CTA (the quad merge "
+                       "of store, every column). Visible to the cluster's CTAs after the next cluster_sync().",
+               example="topk_publish(pub_v, pub_i, top_v, top_i)",
+               preconditions=("inside the role of the topk_bias that fills top_v / top_i, after its loop",
+                              "pub_v (R, KMAX) f32 and pub_i (R, KMAX) i32 smem tiles of one stage, the "
+                              "lists' shape")))
+register(OpDef(Op.TOPK_CLUSTER_MERGE, (("dst", "view"), ("pub_v", "buf"), ("pub_i", "buf")),
+               summary="Merge published top-k lists across the cluster: CTA rank c of n takes rows [c * ceil(R / n), "
+                       "(c + 1) * ceil(R / n)) of the (R, KMAX) tiles pub_v / pub_i, merges the lists of every CTA "
+                       "of the cluster (mapa + ld.shared::cluster) by (value, index) and writes the first k "
+                       "(the window's columns) of each row to dst: indices for an i32 dst, values for f32. Rows "
+                       "past the tensor's edge are skipped.",
+               example="topk_cluster_merge(idx[tile(bid.x, BM), tile(0, k)], pub_v, pub_i)",
+               preconditions=("top level, after the roles: every thread of the CTA runs it",
+                              "cluster_sync() between the topk_publish and it, and again before the kernel exits",
+                              "dst a (R, k) window, k <= KMAX; the CTAs of a cluster share the window's rows")))
 register(OpDef(Op.TCGEN05_MMA, (("acc", "buf"), ("a", "slot"), ("b", "slot")),
                summary="Blackwell tcgen05 MMA (sm_100a only; declared, not lowered for sm_90a): acc += a @ b "
                        "with the accumulator in tensor memory.",

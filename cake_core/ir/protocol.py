@@ -9,11 +9,16 @@ dimension: odd inner trip counts); grid coordinates are 0, and a grid sized by
 ``num_sms`` is launched on 2 SMs (``ncta.x`` = 2 for a persistent kernel:
 CTA 0 walks every second tile, its ring phases carried across tiles).
 
-A kernel with a ``cluster((n, 1, 1))`` is simulated as the n CTAs of one
-cluster (bid.x = rank), every role of every CTA in the same fair turn order:
-a multicast ``tma_load`` fills the slot and lands its bytes on the barrier of
-each CTA in its mask, an ``arrive(multicast=mask)`` arrives on each, and keys
-in witnesses carry the CTA (``empty[0]@1``).
+A kernel with a ``cluster((cx, cy, cz))`` is simulated as the CTAs of one
+cluster (rank = x + cx * (y + cy * z), bid = (x, y, z)), every role of every
+CTA in the same fair turn order: a multicast ``tma_load`` fills the slot and
+lands its bytes on the barrier of each CTA in its mask, an
+``arrive(multicast=mask)`` arrives on each, and keys in witnesses carry the
+CTA (``empty[0]@1``). Each CTA counts the ``cluster_sync()`` it has passed:
+``topk_publish`` writes its smem tiles in the writer's count, and a
+``topk_cluster_merge`` that reads them from any CTA of the cluster must come
+after a later one (the barrier orders the writes before the reads), and the
+owner must pass one more after the read before exiting.
 
 State tracked:
 - mbarrier slots: completed phases, pending arrivals, transaction bytes, and
@@ -29,7 +34,9 @@ Findings (rule ids, all errors): ``protocol.deadlock`` (every unfinished role
 blocked), ``protocol.tx_mismatch`` (a blocked barrier has its arrivals but its
 transaction bytes do not balance), ``protocol.read_before_ready`` (a read of a
 slot whose filling copy the reader has not waited for), ``protocol.slot_reuse``
-(a copy into a slot whose earlier reads the writer has not seen released).
+(a copy into a slot whose earlier reads the writer has not seen released),
+``protocol.cluster_read`` (a read of a cluster CTA's smem not ordered after its
+write, or its owner free to exit before it, by a ``cluster_sync()``).
 Each carries a witness naming both sides: op, line, role and trip.
 """
 from __future__ import annotations
@@ -44,7 +51,8 @@ from cake_core.outcome import Diagnostic, Severity
 
 MAX_STEPS = 200_000     # ops simulated at most (a bound on the checker's time, not a finding)
 PROTOCOL_NUM_SMS = 2    # num_sms in the simulated launch: a persistent CTA walks every second tile
-RULE_IDS = ("protocol.deadlock", "protocol.tx_mismatch", "protocol.read_before_ready", "protocol.slot_reuse")
+RULE_IDS = ("protocol.deadlock", "protocol.tx_mismatch", "protocol.read_before_ready", "protocol.slot_reuse",
+            "protocol.cluster_read")
 
 
 class _Abort(Exception):
@@ -124,7 +132,11 @@ class _Sim:
         grid += [1] * (3 - len(grid))
         self.env0.update({"ncta.x": grid[0], "ncta.y": grid[1], "ncta.z": grid[2]})
         self.bars: dict[str, list[_Bar]] = {}      # mbarrier name (@rank in a cluster) -> slots
-        self.cluster = _cluster_size(ctx)
+        self.cluster_dims = _cluster_dims(ctx)
+        self.cluster = self.cluster_dims[0] * self.cluster_dims[1] * self.cluster_dims[2]
+        self.syncs: dict[int, int] = {}                          # rank -> cluster_sync()s passed
+        self.published: dict[tuple[str, int], tuple[int, Node, str]] = {}   # (tile, rank) -> (syncs, op, role)
+        self.remote: list[tuple[int, int, int, Node]] = []       # (owner, reader, reader's syncs, op)
         self.stages: dict[str, int] = {n.result: n.attr("stages") for n, _, _ in ctx.nodes if n.op is Op.SMEM}
         self.fills: dict[tuple[str, int], _Fill] = {}
         self.reads: dict[tuple[str, int], list[_Read]] = {}
@@ -362,9 +374,46 @@ class _Sim:
                 r.published.append(self.slot(r, n.arg("dst")))
             elif op is Op.TMA_STORE:
                 self.read(r, n, n.arg("src"), None)
+            elif op is Op.CLUSTER_SYNC:
+                self.syncs[r.rank] = self.syncs.get(r.rank, 0) + 1
+            elif op is Op.TOPK_PUBLISH:
+                for name in ("pub_v", "pub_i"):
+                    self.published[(n.arg(name), r.rank)] = (self.syncs.get(r.rank, 0), n, r.name)
+            elif op is Op.TOPK_CLUSTER_MERGE:
+                self.cluster_read(r, n)
             elif op is Op.ROLE:
                 raise _Abort()      # nested roles: rules report them
             yield None
+
+    def cluster_read(self, r: _Role, n: Node) -> None:
+        """topk_cluster_merge reads pub_v / pub_i of every CTA of the cluster: each must have been written
+        before a cluster_sync() that the reader has passed since."""
+        mine = self.syncs.get(r.rank, 0)
+        for owner in range(self.cluster):
+            self.remote.append((owner, r.rank, mine, n))
+            for name in ("pub_v", "pub_i"):
+                w = self.published.get((name, owner))
+                if w is None or w[0] < mine:
+                    continue
+                self.report("protocol.cluster_read", n, (n.line, "sync"),
+                            f"{n.op.value} reads `{name}` of cluster CTA {owner} with no cluster_sync() between "
+                            f"its write and the read: the writing threads may not have finished",
+                            [f"write: {w[1].op.value} at line {w[1].line} (role {w[2]}) after {w[0]} cluster_sync()",
+                             f"read: {n.op.value} at line {n.line} (CTA {r.rank}) after {mine} cluster_sync()"],
+                            "put cluster_sync() at the top level between the roles and the merge")
+                return
+
+    def exits(self) -> None:
+        """Every CTA exits after its last cluster_sync(): one past each read of its smem by a peer."""
+        for owner, reader, at, n in self.remote:
+            if owner != reader and self.syncs.get(owner, 0) <= at:
+                self.report("protocol.cluster_read", n, (n.line, "exit"),
+                            f"{n.op.value} in CTA {reader} reads the smem of cluster CTA {owner}, which may exit "
+                            f"(and free it) before the read: no cluster_sync() after the read",
+                            [f"read: {n.op.value} at line {n.line} (CTA {reader}) after {at} cluster_sync()",
+                             f"CTA {owner} exits after {self.syncs.get(owner, 0)} cluster_sync()"],
+                            "end the kernel with cluster_sync() after the merge")
+                return
 
     def run_group(self, roles: list[_Role]) -> bool:
         """Run roles concurrently, one op each per turn; False after a deadlock was reported."""
@@ -428,9 +477,10 @@ class _Sim:
         cluster((n, 1, 1))), their roles all concurrent."""
         i = 0
         ctas = []
+        cx, cy, _ = self.cluster_dims
         for rank in range(self.cluster):
             env = dict(self.env0)
-            env["bid.x"] = rank         # CTAs of one cluster((n, 1, 1)) are neighbours along x
+            env["bid.x"], env["bid.y"], env["bid.z"] = rank % cx, rank // cx % cy, rank // (cx * cy)
             ctas.append(_Role("cta" + self.at(rank), -(-self.ctx.program.threads // 128), env, rank))
         while i < len(body):
             if body[i].op is Op.ROLE:
@@ -459,6 +509,7 @@ class _Sim:
                 if not self.run_group([cta]):
                     return
             i += 1
+        self.exits()
 
 
 def check_protocol(ctx: Any) -> list[Diagnostic]:
@@ -483,16 +534,18 @@ def check_protocol(ctx: Any) -> list[Diagnostic]:
     return found
 
 
-def _cluster_size(ctx: Any) -> int:
-    """CTAs per cluster: a cluster((n, 1, 1)) is simulated as n CTAs; 1 without one (or another shape)."""
+def _cluster_dims(ctx: Any) -> tuple[int, int, int]:
+    """The cluster shape simulated (its CTAs, at most 16); (1, 1, 1) without one or for a malformed one."""
     for n in ctx.program.body:
         if n.op is Op.CLUSTER:
             try:
-                dims = [int(evaluate(d, ctx.consts)) for d in n.args[0]]
+                dims = [int(evaluate(d, ctx.consts)) for d in n.args[0]] + [1, 1]
             except (UnboundSymbol, TypeError):
-                return 1
-            return dims[0] if 1 <= dims[0] <= 16 and all(d == 1 for d in dims[1:]) else 1
-    return 1
+                return (1, 1, 1)
+            cx, cy, cz = dims[:3]
+            ok = len(n.args[0]) <= 3 and min(cx, cy, cz) >= 1 and cx * cy * cz <= 16
+            return (cx, cy, cz) if ok else (1, 1, 1)
+    return (1, 1, 1)
 
 
 def _nested_loops(ctx: Any) -> bool:

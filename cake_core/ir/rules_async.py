@@ -686,5 +686,6 @@ for _id, _summary in zip(RULE_IDS, (
         "every role is blocked on a barrier phase that never completes",
         "a barrier's expected transaction bytes differ from the bytes its copies land",
         "a role reads an smem slot before waiting for the copy that fills it",
-        "a copy overwrites an smem slot before its readers released it")):
+        "a copy overwrites an smem slot before its readers released it",
+        "a read of a cluster CTA's smem is not ordered after its write, or before its exit, by cluster_sync()")):
     _protocol_rule(_id, _summary)

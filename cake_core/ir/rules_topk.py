@@ -11,7 +11,7 @@ from typing import Iterable, Iterator
 
 from cake_core.ir.ops import Node, Op
 from cake_core.ir.types import DType, MemSpace
-from cake_core.ir.verify import Ctx, fmt_shape, rule
+from cake_core.ir.verify import Ctx, fmt_shape, rule, view_extent
 from cake_core.outcome import Diagnostic
 
 KMAX_LIMIT = 32
@@ -128,3 +128,79 @@ def _sqnorm_rows_operands(ctx: Ctx) -> Iterable[Diagnostic]:
             yield ctx.diag("sqnorm_rows.operands", n, f"dst `{n.arg('dst').buf}` {dst.dtype.value} "
                                                       f"{fmt_shape(ctx, dst.shape)}: f32 ({rows},) needed", path=path,
                            hint=f"allocate it as smem(f32, ({rows},), stages=S)")
+
+
+def _stages(ctx: Ctx, name: str) -> int:
+    at = ctx.defined_at.get(name)
+    return at.attr("stages") if at is not None and at.op is Op.SMEM else 1
+
+
+def _pub_shape(ctx: Ctx, n: Node) -> tuple[list | None, list[str]]:
+    """The static (R, KMAX) of pub_v / pub_i and what is wrong with them (dtypes, spaces, stages, shapes)."""
+    bad, shapes = [], []
+    for name, dt in (("pub_v", DType.F32), ("pub_i", DType.I32)):
+        b = n.arg(name)
+        t = _smem_slot(ctx, b)
+        if t is None:
+            bad.append(f"{name} `{b}` is not an smem tile")
+            continue
+        dims = [ctx.static(d) for d in t.shape]
+        shapes.append(dims)
+        if t.dtype is not dt or len(dims) != 2 or _stages(ctx, b) != 1:
+            bad.append(f"{name} `{b}` is {t.dtype.value} {fmt_shape(ctx, t.shape)} with {_stages(ctx, b)} stages; "
+                       f"a one-stage {dt.value} (R, KMAX) tile is needed")
+    if len(shapes) == 2 and shapes[0] != shapes[1]:
+        bad.append(f"pub_v {tuple(shapes[0])} and pub_i {tuple(shapes[1])} differ")
+    return (shapes[0] if shapes and not bad else None), bad
+
+
+@rule("topk_publish.operands", "wgmma", "topk_publish runs in the role of a topk_bias, on its top_v / top_i lists, "
+                                        "into one-stage smem tiles pub_v (f32) / pub_i (i32) of the lists' shape")
+def _topk_publish_operands(ctx: Ctx) -> Iterable[Diagnostic]:
+    lists = {(m.arg("top_v"), m.arg("top_i")): ctx.role_of.get(id(m)) for m, _ in _nodes(ctx, Op.TOPK_BIAS)}
+    for n, path in _nodes(ctx, Op.TOPK_PUBLISH):
+        role, pair = ctx.role_of.get(id(n)), (n.arg("top_v"), n.arg("top_i"))
+        if role is None or pair not in lists or lists[pair] is not role:
+            yield ctx.diag("topk_publish.operands", n, f"`{pair[0]}` / `{pair[1]}` are not the top_v / top_i of a "
+                                                       "topk_bias in this role", path=path,
+                           hint="publish the lists inside the role that runs topk_bias, after its loop")
+        shape, bad = _pub_shape(ctx, n)
+        for msg in bad:
+            yield ctx.diag("topk_publish.operands", n, msg, path=path,
+                           hint="allocate pub_v = smem(f32, (BM, KMAX)) and pub_i = smem(i32, (BM, KMAX))")
+        t = ctx.buffers.get(pair[0])
+        if shape is not None and t is not None and [ctx.static(d) for d in t.shape] != shape:
+            yield ctx.diag("topk_publish.operands", n, f"the lists are {fmt_shape(ctx, t.shape)}, pub_v "
+                                                       f"{tuple(shape)}", path=path,
+                           hint="give pub_v and pub_i the lists' shape (BM, KMAX)")
+
+
+@rule("topk_cluster_merge.operands", "wgmma", "topk_cluster_merge runs at the top level, after the roles, on tiles "
+                                              "a topk_publish wrote, into an (R, k <= KMAX) i32 or f32 window")
+def _topk_cluster_merge_operands(ctx: Ctx) -> Iterable[Diagnostic]:
+    published = {(m.arg("pub_v"), m.arg("pub_i")) for m, _ in _nodes(ctx, Op.TOPK_PUBLISH)}
+    for n, path in _nodes(ctx, Op.TOPK_CLUSTER_MERGE):
+        if ctx.role_of.get(id(n)) is not None or not any(m is n for m in ctx.program.body):
+            yield ctx.diag("topk_cluster_merge.operands", n, "topk_cluster_merge inside a role or a block: every "
+                                                             "thread of the CTA runs it", path=path,
+                           hint="put it at the top level between two cluster_sync()")
+        if (n.arg("pub_v"), n.arg("pub_i")) not in published:
+            yield ctx.diag("topk_cluster_merge.operands", n, f"no topk_publish writes `{n.arg('pub_v')}` / "
+                                                             f"`{n.arg('pub_i')}`", path=path,
+                           hint="topk_publish(pub_v, pub_i, top_v, top_i) in the role, after its loop")
+        shape, bad = _pub_shape(ctx, n)
+        for msg in bad:
+            yield ctx.diag("topk_cluster_merge.operands", n, msg, path=path,
+                           hint="pass the tiles that topk_publish wrote")
+        v = n.arg("dst")
+        g, ext = ctx.buffers.get(v.buf), view_extent(ctx, v)
+        if g is None:
+            continue
+        dims = [ctx.static(d) for d in ext] if ext is not None else []
+        if g.dtype not in (DType.I32, DType.F32) or len(dims) != 2 or (shape is not None and (
+                dims[0] != shape[0] or dims[1] is None or not 1 <= dims[1] <= shape[1])):
+            yield ctx.diag("topk_cluster_merge.operands", n, f"dst `{v.buf}` {g.dtype.value} window "
+                                                             f"{tuple(dims)}: an i32 (indices) or f32 (values) "
+                                                             f"window of ({shape[0] if shape else 'R'}, k <= KMAX) "
+                                                             "is needed", path=path,
+                           hint="e.g. idx[tile(bid.x, BM), tile(0, KMAX)] (columns past k are skipped)")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from cake_core.ir.ops import Node, Op
+from cake_core.ir.ops import Node, Op, Tile
 from cake_core.ir.program import walk
 from cake_core.ir.types import DType, MemSpace, TileType
 from cake_core.lower.cuda import Buf, Ctx, Line, LowerError, _window, lowering
@@ -127,3 +127,54 @@ def lower_topk_store(n: Node, ctx: Ctx) -> list[Line]:
     n_rows, n_cols = (f"(int)({w.rows_in})", f"(int)({w.cols_in})") if n.attr("guard") else (str(rows), str(k))
     return [f"cake::store_gmem_topk<{which}, {k}>({w.base}, {tv}, {ti}, {w.ld_row}, {w.ld_col}, {n_rows}, {n_cols}, "
             f"(int)threadIdx.x - {first});  // merges each row's quad, first k columns"]
+
+
+def _pub_tiles(n: Node, ctx: Ctx, rows: int | None, kmax: int | None) -> tuple[Buf, Buf]:
+    """pub_v (rows, KMAX) f32 and pub_i (rows, KMAX) i32: single-stage smem tiles of the same shape."""
+    pv = ctx.buf(n.arg("pub_v"), (MemSpace.SMEM,), "pub_v")
+    pi = ctx.buf(n.arg("pub_i"), (MemSpace.SMEM,), "pub_i")
+    want = (rows, kmax) if rows is not None else pv.shape
+    for b, dt in ((pv, DType.F32), (pi, DType.I32)):
+        if b.type.dtype is not dt or len(b.shape) != 2 or tuple(b.shape) != tuple(want) or b.numel != math.prod(want):
+            raise LowerError("lower.shape_mismatch", f"`{b.name}` is {b.type.dtype.value} {b.shape}; "
+                                                     f"{dt.value} {tuple(want)} (one stage) needed")
+    return pv, pi
+
+
+@lowering(Op.TOPK_PUBLISH)
+def _lower_topk_publish(n: Node, ctx: Ctx) -> list[Line]:
+    st = ctx.__dict__.get("async_state")
+    if st is None or st["role"] is None:
+        raise LowerError("lower.unsupported_operand", "topk_publish is lowered inside the role of its topk_bias")
+    kmax = _kmax(ctx)
+    tv, ti = n.arg("top_v"), n.arg("top_i")
+    if tv not in kmax or ti not in kmax or topk_rowstate(ctx)[tv][0] != 0 or topk_rowstate(ctx)[ti][0] != 1:
+        raise LowerError("lower.unsupported_operand", f"`{tv}` / `{ti}` are not the top_v / top_i lists of a "
+                                                      "topk_bias allocated in this role")
+    first, count = _role(ctx)
+    _pub_tiles(n, ctx, 64 * (count // 128), kmax[tv])
+    return [f"cake::store_smem_topk<{kmax[tv]}>({n.arg('pub_v')}, {n.arg('pub_i')}, {tv}, {ti}, "
+            f"(int)threadIdx.x - {first});  // the quad-merged lists, published to the cluster"]
+
+
+@lowering(Op.TOPK_CLUSTER_MERGE)
+def _lower_topk_cluster_merge(n: Node, ctx: Ctx) -> list[Line]:
+    st = ctx.__dict__.get("async_state")
+    if st is not None and st["role"] is not None:
+        raise LowerError("lower.unsupported_in_role", "topk_cluster_merge inside a role: it runs at the top level, "
+                                                      "between two cluster_sync()")
+    pv, pi = _pub_tiles(n, ctx, None, None)
+    rows, kmax = pv.shape
+    view = n.arg("dst")
+    last = view.index[-1] if view.index else None
+    cols = ctx.static(last.size, "a tile size") if isinstance(last, Tile) else None
+    if cols is None or not 1 <= cols <= kmax:
+        raise LowerError("lower.shape_mismatch", f"the window of `{view.buf}` must end in a tile of at most "
+                                                 f"KMAX = {kmax} columns")
+    w = _window(view, (rows, cols), ctx, "destination")
+    g = ctx.buf(view.buf, (MemSpace.GMEM,), "destination")
+    which = 0 if g.type.dtype.is_float else 1
+    cl = (st or {}).get("cluster") or (1, 1, 1)
+    return [f"cake::topk_cluster_merge_gmem<{rows}, {kmax}, {math.prod(cl)}, {which}>({w.base}, {w.ld_row}, "
+            f"{w.ld_col}, (int)({w.rows_in}), (int)({w.cols_in}), {pv.name}, {pi.name}, (int)threadIdx.x, "
+            f"{ctx.threads});  // this CTA's share of the rows, merged over the cluster"]

@@ -58,7 +58,7 @@ def test_every_async_rule_has_a_planted_failure():
     spec.loader.exec_module(mod)
     KMEANS_PLANTED = mod.PLANTED
     mine = {r for r in RULES if RULES[r].check.__module__ in ASYNC_MODULES}
-    assert mine == set(PLANTED) | set(KMEANS_PLANTED)
+    assert mine == set(PLANTED) | set(KMEANS_PLANTED) | {"protocol.cluster_read"}   # in test_topk_cluster.py
     assert len(mine) >= 12
 
 

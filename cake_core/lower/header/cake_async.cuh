@@ -398,14 +398,13 @@ __device__ __forceinline__ void topk_bias_rmem_wgmma_acc(float (&tv)[2][KMAX], i
     asm volatile("bar.sync %0, 128;" :: "r"(1 + (int)(threadIdx.x / 128)) : "memory");
 }
 
-// store_gmem_topk<WHICH>(dst, tv, ti, ld_row, ld_col, n_rows, n_cols, tid): for each owned row, merge
-// the quad's 4 sorted lists (k rounds: the quad's smallest head by (value, index), 2 shuffles; its
-// owner pops it) and write the first n_cols of the row's indices (WHICH = 1) or values (WHICH = 0) to
-// dst[r * ld_row + c * ld_col], r < n_rows, from lane % 4 == 0. The lists are copied: both tiles may
-// be stored. Called by whole warps.
-template <int WHICH, int KMAX, typename TD>
-__device__ __forceinline__ void store_gmem_topk(TD* dst, const float (&tv)[2][KMAX], const int (&ti)[2][KMAX],
-                                                index_t ld_row, index_t ld_col, int n_rows, int n_cols, int tid) {
+// topk_merge_quad<KMAX>(tv, ti, n_cols, tid, sink): for each owned row, merge the quad's 4 sorted lists
+// (n_cols rounds: the quad's smallest head by (value, index), 2 shuffles; its owner pops it) and hand
+// column c of row r to sink(r, c, value, index) on lane % 4 == 0. The lists are copied: both tiles may be
+// stored. Called by whole warps.
+template <int KMAX, typename SINK>
+__device__ __forceinline__ void topk_merge_quad(const float (&tv)[2][KMAX], const int (&ti)[2][KMAX], int n_cols,
+                                                int tid, SINK&& sink) {
     const int lane = tid % 32, row0 = (tid / 128) * 64 + ((tid % 128) / 32) * 16 + lane / 4;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -429,7 +428,97 @@ __device__ __forceinline__ void store_gmem_topk(TD* dst, const float (&tv)[2][KM
 #pragma unroll
             for (int p = 0; p + 1 < KMAX; ++p) { v[p] = pop ? v[p + 1] : v[p]; ix[p] = pop ? ix[p + 1] : ix[p]; }
             if (pop) { v[KMAX - 1] = __int_as_float(0x7f800000); ix[KMAX - 1] = -1; }
-            if (lane % 4 == 0 && r < n_rows) dst[r * ld_row + c * ld_col] = WHICH ? convert<TD>(bi) : convert<TD>(bv);
+            if (lane % 4 == 0) sink(r, c, bv, bi);
+        }
+    }
+}
+
+// store_gmem_topk<WHICH>(dst, tv, ti, ld_row, ld_col, n_rows, n_cols, tid): the quad-merged lists' first
+// n_cols indices (WHICH = 1) or values (WHICH = 0) of each owned row r < n_rows to dst[r * ld_row + c * ld_col].
+template <int WHICH, int KMAX, typename TD>
+__device__ __forceinline__ void store_gmem_topk(TD* dst, const float (&tv)[2][KMAX], const int (&ti)[2][KMAX],
+                                                index_t ld_row, index_t ld_col, int n_rows, int n_cols, int tid) {
+    topk_merge_quad<KMAX>(tv, ti, n_cols, tid, [&](int r, int c, float bv, int bi) {
+        if (r < n_rows) dst[r * ld_row + c * ld_col] = WHICH ? convert<TD>(bi) : convert<TD>(bv);
+    });
+}
+
+// store_smem_topk<KMAX>(pv, pi, tv, ti, tid): every column of the quad-merged lists of each owned row r
+// into the row-major (rows, KMAX) smem tiles pv (values) and pi (indices): a CTA's lists, published to
+// its cluster (topk_publish); a cluster barrier orders them before the peers' reads.
+template <int KMAX>
+__device__ __forceinline__ void store_smem_topk(float* pv, int* pi, const float (&tv)[2][KMAX],
+                                                const int (&ti)[2][KMAX], int tid) {
+    topk_merge_quad<KMAX>(tv, ti, KMAX, tid, [&](int r, int c, float bv, int bi) {
+        pv[r * KMAX + c] = bv;
+        pi[r * KMAX + c] = bi;
+    });
+}
+
+// ----------------------------------------------------------------- distributed smem (cluster peers)
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+// the shared::cluster address of the same smem offset in cluster CTA `cta_rank` (itself included)
+__device__ __forceinline__ uint32_t mapa_shared_cluster(const void* p, uint32_t cta_rank) {
+    uint32_t remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(p)), "r"(cta_rank));
+    return remote;
+}
+__device__ __forceinline__ float ld_shared_cluster_f32(uint32_t addr) {
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
+    return v;
+}
+__device__ __forceinline__ int ld_shared_cluster_s32(uint32_t addr) {
+    int v;
+    asm volatile("ld.shared::cluster.s32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
+    return v;
+}
+
+// topk_cluster_merge_gmem<R, KMAX, NC, WHICH>(dst, ld_row, ld_col, n_rows, n_cols, pv, pi, tid, threads):
+// CTA rank c of the NC-CTA cluster takes rows [c * ceil(R / NC), ...) of the published (R, KMAX) lists
+// pv / pi, one thread per row: an NC-way merge by (value, index) of the lists at the same smem offset in
+// every CTA of the cluster (ld.shared::cluster; each list's head kept in registers, every array index a
+// constant after unrolling), writing the first n_cols indices (WHICH = 1) or values of rows r < n_rows
+// to dst[r * ld_row + c * ld_col]. Between cluster barriers: after the publishing, before any CTA exits.
+template <int R, int KMAX, int NC, int WHICH, typename TD>
+__device__ __forceinline__ void topk_cluster_merge_gmem(TD* dst, index_t ld_row, index_t ld_col, int n_rows,
+                                                        int n_cols, const float* pv, const int* pi, int tid,
+                                                        int threads) {
+    static_assert(NC >= 1 && NC <= 16, "a cluster holds 1 to 16 CTAs");
+    constexpr int SHARE = (R + NC - 1) / NC;                         // rows per CTA of the cluster
+    const int lo = (int)cluster_ctarank() * SHARE, hi = lo + SHARE < R ? lo + SHARE : R;
+#pragma unroll 1
+    for (int r = lo + tid; r < hi; r += threads) {
+        uint32_t av[NC], ai[NC];
+        float hv[NC];
+        int hx[NC], pos[NC];
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+            av[c] = mapa_shared_cluster(pv + r * KMAX, (uint32_t)c);
+            ai[c] = mapa_shared_cluster(pi + r * KMAX, (uint32_t)c);
+            hv[c] = ld_shared_cluster_f32(av[c]);
+            hx[c] = ld_shared_cluster_s32(ai[c]);
+            pos[c] = 0;
+        }
+#pragma unroll 1
+        for (int p = 0; p < n_cols && p < KMAX; ++p) {
+            float bv = hv[0];
+            int bi = hx[0], bc = 0;
+#pragma unroll
+            for (int c = 1; c < NC; ++c)
+                if (hv[c] < bv || (hv[c] == bv && hx[c] < bi)) { bv = hv[c]; bi = hx[c]; bc = c; }
+            if (r < n_rows) dst[r * ld_row + p * ld_col] = WHICH ? convert<TD>(bi) : convert<TD>(bv);
+#pragma unroll
+            for (int c = 0; c < NC; ++c) {
+                if (c != bc) continue;
+                ++pos[c];
+                hv[c] = pos[c] < KMAX ? ld_shared_cluster_f32(av[c] + 4u * pos[c]) : __int_as_float(0x7f800000);
+                hx[c] = pos[c] < KMAX ? ld_shared_cluster_s32(ai[c] + 4u * pos[c]) : 0x7fffffff;
+            }
         }
     }
 }

@@ -1,0 +1,55 @@
+"""Lowering knn_topk_split: __cluster_dims__(1, 4, 1), the quad-merged lists published to smem, the
+cross-CTA merge through distributed shared memory between two cluster barriers; compiled for sm_90a with
+nvcc (no GPU): no spills, no stack, no local memory, within the smem of one CTA per SM."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from cake_core.ir.text import parse_program
+from cake_core.lower import compile_kernel, lower
+from cake_core.lower import compile as compile_mod
+from cake_core.outcome import Outcome
+
+SEED = (Path(__file__).resolve().parents[2] / "cake_core/problems/seeds/knn_topk_split.cake").read_text()
+
+
+def _lower(text: str = SEED):
+    return lower(parse_program(text, "knn_topk_split.cake"), "knn_topk_split.cake")
+
+
+def test_knn_split_lowers_with_the_cluster_merge_between_two_cluster_barriers():
+    r = _lower()
+    assert r.outcome is Outcome.OK, r.diagnostics
+    src = r.value.source
+    assert "__cluster_dims__(1, 4, 1)" in src
+    assert "cake::store_smem_topk<16>(pub_v, pub_i, top_v, top_i, (int)threadIdx.x - 128);" in src
+    merge = src.index("cake::topk_cluster_merge_gmem<128, 16, 4, 1>(idx + ")
+    assert src.rindex("cake::cluster_sync();", 0, merge) > src.index("store_smem_topk")
+    assert src.index("cake::cluster_sync();", merge) > merge
+    assert "(int)(((k) - (0 * KMAX)))" in src[merge:]                      # the first k columns
+    assert src.count("cake::topk_bias_rmem_wgmma_acc<128, 16>(") == 1
+    assert r.value.smem_bytes == 215680      # knn_topk_ws's 199296 B + pub_v and pub_i, 8 KiB each
+
+
+def test_a_merge_inside_the_role_is_refused():
+    text = SEED.replace("        topk_publish(pub_v, pub_i, top_v, top_i)\n",
+                        "        topk_publish(pub_v, pub_i, top_v, top_i)\n"
+                        "        topk_cluster_merge(idx[tile(bid.x, BM), tile(0, KMAX)], pub_v, pub_i)\n")
+    r = _lower(text)
+    assert any(d.rule == "lower.unsupported_in_role" for d in r.diagnostics), r.diagnostics
+
+
+@pytest.mark.skipif(compile_mod.nvcc_path() is None, reason="nvcc not installed")
+def test_knn_split_compiles_for_sm_90a_without_local_memory(tmp_path):
+    r = compile_kernel(_lower().value, arch="sm_90a", cache_dir=tmp_path)
+    assert r.outcome is Outcome.OK, [d.message for d in r.diagnostics]
+    log = r.artifacts["nvcc.log"]
+    assert "for 'sm_90a'" in log
+    assert not re.search(r"C75\d\d", log), log
+    res = r.value.resources
+    assert res.spill_bytes == 0 and res.stack_bytes == 0, log
+    assert not re.search(r"[1-9]\d* bytes lmem", log), log
+    assert res.smem_bytes <= 232448        # the H200's opt-in smem per block: one CTA per SM
