@@ -29,7 +29,9 @@ Findings (rule ids, all errors): ``protocol.deadlock`` (every unfinished role
 blocked), ``protocol.tx_mismatch`` (a blocked barrier has its arrivals but its
 transaction bytes do not balance), ``protocol.read_before_ready`` (a read of a
 slot whose filling copy the reader has not waited for), ``protocol.slot_reuse``
-(a copy into a slot whose earlier reads the writer has not seen released).
+(a copy into a slot whose earlier reads the writer has not seen released),
+``protocol.proxy_fence`` (a wgmma reads a slot that ``cp_async_bar`` filled, generic-proxy
+writes, without a ``fence_async`` between the reader's wait and the read).
 Each carries a witness naming both sides: op, line, role and trip.
 """
 from __future__ import annotations
@@ -44,7 +46,10 @@ from cake_core.outcome import Diagnostic, Severity
 
 MAX_STEPS = 200_000     # ops simulated at most (a bound on the checker's time, not a finding)
 PROTOCOL_NUM_SMS = 2    # num_sms in the simulated launch: a persistent CTA walks every second tile
-RULE_IDS = ("protocol.deadlock", "protocol.tx_mismatch", "protocol.read_before_ready", "protocol.slot_reuse")
+PERSISTENT_TRIPS = 4    # tiles a persistent CTA walks here: ring phases carry across them, and the roles'
+                        # op count stays within MAX_STEPS (every role's tile loop is cut at the same trip)
+RULE_IDS = ("protocol.deadlock", "protocol.tx_mismatch", "protocol.read_before_ready", "protocol.slot_reuse",
+            "protocol.proxy_fence")
 
 
 class _Abort(Exception):
@@ -88,6 +93,7 @@ class _Fill:
     trip: str
     bar: str | None          # barrier key the bytes complete on (None: an ordinary write)
     phase: int
+    generic: bool = False    # generic-proxy writes (cp_async_bar): async-proxy readers fence after the wait
 
 
 @dataclass
@@ -98,6 +104,7 @@ class _Role:
     rank: int = 0            # the CTA's rank in its cluster
     gen: Iterator[Node | None] | None = None
     seen: dict[str, int] = field(default_factory=dict)
+    fenced: dict[str, int] = field(default_factory=dict)       # seen as of the role's last fence_async
     inflight: list[list[_Read]] = field(default_factory=list)   # wgmma groups not yet waited for
     done_reads: list[_Read] = field(default_factory=list)       # completed, not yet released
     blocked: Node | None = None
@@ -205,7 +212,7 @@ class _Sim:
         return f"{key[0]}[{key[1]}]"
 
     # ------------------------------------------------------------ accesses
-    def read(self, r: _Role, n: Node, s: Slot | str, inflight: list[_Read] | None) -> None:
+    def read(self, r: _Role, n: Node, s: Slot | str, inflight: list[_Read] | None, async_proxy: bool = False) -> None:
         if isinstance(s, str) and not self.is_smem(s):
             return
         key = self.slot(r, s)
@@ -226,6 +233,16 @@ class _Sim:
                          f"read: {n.op.value} at line {n.line} (role {r.name}, trip {rd.trip}) has seen "
                          f"{r.seen.get(fill.bar, 0)} completed phases of {fill.bar}"],
                         f"wait(…, phase=…) on {fill.bar.split('[')[0]} for this slot before the read")
+        elif async_proxy and fill.generic and r.fenced.get(fill.bar, 0) <= fill.phase:
+            self.report("protocol.proxy_fence", n, (n.line, fill.node.line),
+                        f"{n.op.value} reads smem slot {self.sname(key)} through the async proxy, but the "
+                        f"{fill.node.op.value} that filled it wrote through the generic proxy and no fence_async() "
+                        f"follows the wait on {fill.bar}",
+                        [f"copy: {fill.node.op.value} at line {fill.node.line} (role {fill.role}, trip {fill.trip}) "
+                         f"completes on {fill.bar} phase {fill.phase}",
+                         f"read: {n.op.value} at line {n.line} (role {r.name}, trip {rd.trip}) without a "
+                         "fence_async() since that phase was seen"],
+                        "fence_async() after the wait on the full barrier, before the wgmma")
         self.reads.setdefault(key, []).append(rd)
         (inflight if inflight is not None else r.done_reads).append(rd)
 
@@ -283,7 +300,10 @@ class _Sim:
                 start, stop, step = (self.ev(r, x) for x in loop_range(n))
                 if step < 1:
                     raise _Abort()      # control.loop_step reports it
-                for i in range(start, stop, step):
+                trips = range(start, stop, step)
+                if _persistent(n):
+                    trips = trips[:PERSISTENT_TRIPS]
+                for i in trips:
                     r.env[var] = i
                     yield from self.steps_of(r, n.body)
                 r.loops.pop()
@@ -336,12 +356,18 @@ class _Sim:
                     b.settle()
             elif op is Op.CP_ASYNC:
                 self.write(r, n, n.arg("dst"), None, 0)
+            elif op is Op.CP_ASYNC_BAR:    # lands with the phase the role's arrive completes (no tx bytes)
+                key, b = self.bar(r, n.arg("bar"))
+                self.write(r, n, n.arg("dst"), key, b.done)
+                self.fills[self.slot(r, n.arg("dst"))].generic = True
+            elif op is Op.FENCE_ASYNC:
+                r.fenced = dict(r.seen)
             elif op is Op.LOAD:
                 self.write(r, n, n.arg("dst"), None, 0)
             elif op in (Op.WGMMA, Op.TCGEN05_MMA):
                 group: list[_Read] = []
-                self.read(r, n, n.arg("a"), group)
-                self.read(r, n, n.arg("b"), group)
+                self.read(r, n, n.arg("a"), group, True)
+                self.read(r, n, n.arg("b"), group, True)
                 r.inflight.append(group)
             elif op is Op.WGMMA_WAIT:
                 keep = max(self.ev(r, n.args[0]), 0)
@@ -361,7 +387,7 @@ class _Sim:
                 self.write(r, n, n.arg("dst"), None, 0)
                 r.published.append(self.slot(r, n.arg("dst")))
             elif op is Op.TMA_STORE:
-                self.read(r, n, n.arg("src"), None)
+                self.read(r, n, n.arg("src"), None, True)
             elif op is Op.ROLE:
                 raise _Abort()      # nested roles: rules report them
             yield None
@@ -493,6 +519,12 @@ def _cluster_size(ctx: Any) -> int:
                 return 1
             return dims[0] if 1 <= dims[0] <= 16 and all(d == 1 for d in dims[1:]) else 1
     return 1
+
+
+def _persistent(n: Node) -> bool:
+    """A persistent tile loop: ``for t in range(bid.x, tiles, ncta.x)``."""
+    start, _, step = loop_range(n)
+    return getattr(step, "name", None) == "ncta.x" and getattr(start, "name", None) == "bid.x"
 
 
 def _nested_loops(ctx: Any) -> bool:
