@@ -11,6 +11,8 @@ from cake_core.problems import get_problem
 
 SEED = (Path(__file__).resolve().parents[2] / "cake_core/problems/seeds/kmeans_assign_unaligned.cake").read_text()
 KM = get_problem("kmeans_assign")
+# the async rules planted here (test_async_rules checks every async rule is planted somewhere)
+PLANTED = ("cp_async_bar.role", "cp_async_bar.shape", "cp_async_bar.layout", "protocol.proxy_fence")
 
 SMALL = '''@kernel(target="sm_90a", grid=(cdiv(N, BM),), threads=256, consts={"BM": 64, "BK": 64})
 def copy_rows(x: gmem[bf16, (N, D)], y: gmem[f32, (N, BK)]):
