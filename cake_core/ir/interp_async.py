@@ -157,6 +157,13 @@ def _cp_async(cta: _CTA, n: Node) -> None:
     _box(cta, n, n.arg("src"), _slot(cta, n, dst), cta.dtypes[dst.buf])
 
 
+def _cp_async_bar(cta: _CTA, n: Node) -> None:
+    """The window lands at once; its completion adds nothing to the barrier's phase (the role arrives)."""
+    dst = n.arg("dst")
+    _bar(cta, n, n.arg("bar"))
+    _box(cta, n, n.arg("src"), _slot(cta, n, dst), cta.dtypes[dst.buf])
+
+
 def _tma_store(cta: _CTA, n: Node) -> None:
     v, src = n.arg("dst"), _slot(cta, n, n.arg("src"))
     win, shape = cta.window(n, v)
@@ -287,6 +294,7 @@ SEMANTICS.update({
     Op.TMA_STORE: _tma_store,
     Op.CP_ASYNC: _cp_async,
     Op.CP_ASYNC_WAIT: _nothing,
+    Op.CP_ASYNC_BAR: _cp_async_bar,
     Op.FENCE_ASYNC: _nothing,
     Op.CLUSTER: _nothing,
     Op.CLUSTER_SYNC: _nothing,

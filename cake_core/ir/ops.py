@@ -44,6 +44,7 @@ class Op(str, enum.Enum):
     TMA_STORE = "tma_store"
     CP_ASYNC = "cp_async"
     CP_ASYNC_WAIT = "cp_async_wait"
+    CP_ASYNC_BAR = "cp_async_bar"
     FENCE_ASYNC = "fence_async"
     CLUSTER = "cluster"
     CLUSTER_SYNC = "cluster_sync"

@@ -33,6 +33,14 @@ lowering) agrees on:
   concurrently; before the first remote write and before exiting, the
   cluster synchronises (``cluster_sync()``), else a peer may write into a
   barrier not yet initialised or a CTA that has already exited.
+- ``cp_async_bar`` is the TMA-free producer copy for windows whose rows are not
+  16-byte aligned (a (B, N, D) tensor with D % 8 != 0 for 16-bit types): it
+  writes the window into the slot (in the slot's swizzle; zero past the
+  tensor's edge) and completes on ``bar`` without an arrival of its own: the
+  barrier's phase also waits for these copies, so the role ``arrive``s on
+  ``bar`` after them (instead of ``expect_tx``). The copies are ordinary
+  (generic-proxy) smem writes: an async-proxy reader (``wgmma``) runs
+  ``fence_async()`` after its ``wait`` on ``bar`` and before reading.
 - ``wgmma`` is asynchronous: ``acc += a @ b`` is issued as one commit group;
   ``wgmma_wait(n)`` waits until at most ``n`` groups are in flight. The operand
   slots are read until then. ``b_major="n"`` (the default) takes b as (K, N),
@@ -83,7 +91,7 @@ class Slot:
 
 
 ASYNC_OPS = (Op.ROLE, Op.MBARRIER, Op.EXPECT_TX, Op.ARRIVE, Op.WAIT, Op.TMA_LOAD, Op.TMA_STORE, Op.CP_ASYNC,
-             Op.CP_ASYNC_WAIT, Op.FENCE_ASYNC, Op.CLUSTER, Op.CLUSTER_SYNC, Op.WGMMA, Op.WGMMA_WAIT,
+             Op.CP_ASYNC_WAIT, Op.CP_ASYNC_BAR, Op.FENCE_ASYNC, Op.CLUSTER, Op.CLUSTER_SYNC, Op.WGMMA, Op.WGMMA_WAIT,
              Op.ARGMIN_BIAS, Op.TOPK_BIAS, Op.SQNORM_ROWS, Op.TOPK_PUBLISH, Op.TOPK_CLUSTER_MERGE, Op.TCGEN05_MMA)
 FRAGMENT_EPILOGUES = (Op.ARGMIN_BIAS, Op.TOPK_BIAS)     # running merges on a wgmma accumulator (row state per fragment)
 
@@ -147,6 +155,20 @@ register(OpDef(Op.CP_ASYNC, (("dst", "slot"), ("src", "view")),
 register(OpDef(Op.CP_ASYNC_WAIT, (("n", "expr"),),
                summary="Wait until at most `n` cp.async groups of this thread are in flight.",
                example="cp_async_wait(0)"))
+register(OpDef(Op.CP_ASYNC_BAR, (("dst", "slot"), ("src", "view"), ("bar", "slot")),
+               keyword_operands=("bar",),
+               summary="cp.async copy of a gmem window into an smem slot (laid out in the slot's swizzle, "
+                       "zero past the tensor's edge) in 16, 8 or 4-byte chunks, as the window's row alignment "
+                       "allows (element by element otherwise): the TMA-free producer for rows that are not "
+                       "16-byte aligned. The copies complete on `bar` (cp.async.mbarrier.arrive) without an "
+                       "arrival of their own: the role arrives on `bar` after them; a wgmma reader runs "
+                       "fence_async() after its wait (the copies are generic-proxy writes).",
+               example="cp_async_bar(c_s[s], c[bid.y, tile(kt, BN), tile(0, BK)], bar=full[s])",
+               preconditions=("inside a role (the role's threads synchronise before it returns)",
+                              "dst shape and dtype equal the window's",
+                              "a swizzled dst has rows of exactly one 128-byte span",
+                              "arrive(bar) after it in the same phase; wait(bar) and fence_async() before "
+                              "a wgmma reads dst")))
 register(OpDef(Op.FENCE_ASYNC, (),
                summary="fence.proxy.async: order ordinary smem writes before later TMA/wgmma reads.",
                example="fence_async()"))

@@ -37,6 +37,8 @@ slot whose filling copy the reader has not waited for), ``protocol.slot_reuse``
 (a copy into a slot whose earlier reads the writer has not seen released),
 ``protocol.cluster_read`` (a read of a cluster CTA's smem not ordered after its
 write, or its owner free to exit before it, by a ``cluster_sync()``).
+and ``protocol.proxy_fence`` (a wgmma reads a slot that ``cp_async_bar`` filled, generic-proxy
+writes, without a ``fence_async`` between the reader's wait and the read).
 Each carries a witness naming both sides: op, line, role and trip.
 """
 from __future__ import annotations
@@ -51,8 +53,10 @@ from cake_core.outcome import Diagnostic, Severity
 
 MAX_STEPS = 200_000     # ops simulated at most (a bound on the checker's time, not a finding)
 PROTOCOL_NUM_SMS = 2    # num_sms in the simulated launch: a persistent CTA walks every second tile
+PERSISTENT_TRIPS = 4    # tiles a persistent CTA walks here: ring phases carry across them, and the roles'
+                        # op count stays within MAX_STEPS (every role's tile loop is cut at the same trip)
 RULE_IDS = ("protocol.deadlock", "protocol.tx_mismatch", "protocol.read_before_ready", "protocol.slot_reuse",
-            "protocol.cluster_read")
+            "protocol.cluster_read", "protocol.proxy_fence")
 
 
 class _Abort(Exception):
@@ -96,6 +100,7 @@ class _Fill:
     trip: str
     bar: str | None          # barrier key the bytes complete on (None: an ordinary write)
     phase: int
+    generic: bool = False    # generic-proxy writes (cp_async_bar): async-proxy readers fence after the wait
 
 
 @dataclass
@@ -106,6 +111,7 @@ class _Role:
     rank: int = 0            # the CTA's rank in its cluster
     gen: Iterator[Node | None] | None = None
     seen: dict[str, int] = field(default_factory=dict)
+    fenced: dict[str, int] = field(default_factory=dict)       # seen as of the role's last fence_async
     inflight: list[list[_Read]] = field(default_factory=list)   # wgmma groups not yet waited for
     done_reads: list[_Read] = field(default_factory=list)       # completed, not yet released
     blocked: Node | None = None
@@ -217,7 +223,7 @@ class _Sim:
         return f"{key[0]}[{key[1]}]"
 
     # ------------------------------------------------------------ accesses
-    def read(self, r: _Role, n: Node, s: Slot | str, inflight: list[_Read] | None) -> None:
+    def read(self, r: _Role, n: Node, s: Slot | str, inflight: list[_Read] | None, async_proxy: bool = False) -> None:
         if isinstance(s, str) and not self.is_smem(s):
             return
         key = self.slot(r, s)
@@ -238,6 +244,16 @@ class _Sim:
                          f"read: {n.op.value} at line {n.line} (role {r.name}, trip {rd.trip}) has seen "
                          f"{r.seen.get(fill.bar, 0)} completed phases of {fill.bar}"],
                         f"wait(…, phase=…) on {fill.bar.split('[')[0]} for this slot before the read")
+        elif async_proxy and fill.generic and r.fenced.get(fill.bar, 0) <= fill.phase:
+            self.report("protocol.proxy_fence", n, (n.line, fill.node.line),
+                        f"{n.op.value} reads smem slot {self.sname(key)} through the async proxy, but the "
+                        f"{fill.node.op.value} that filled it wrote through the generic proxy and no fence_async() "
+                        f"follows the wait on {fill.bar}",
+                        [f"copy: {fill.node.op.value} at line {fill.node.line} (role {fill.role}, trip {fill.trip}) "
+                         f"completes on {fill.bar} phase {fill.phase}",
+                         f"read: {n.op.value} at line {n.line} (role {r.name}, trip {rd.trip}) without a "
+                         "fence_async() since that phase was seen"],
+                        "fence_async() after the wait on the full barrier, before the wgmma")
         self.reads.setdefault(key, []).append(rd)
         (inflight if inflight is not None else r.done_reads).append(rd)
 
@@ -295,7 +311,10 @@ class _Sim:
                 start, stop, step = (self.ev(r, x) for x in loop_range(n))
                 if step < 1:
                     raise _Abort()      # control.loop_step reports it
-                for i in range(start, stop, step):
+                trips = range(start, stop, step)
+                if _persistent(n):
+                    trips = trips[:PERSISTENT_TRIPS]
+                for i in trips:
                     r.env[var] = i
                     yield from self.steps_of(r, n.body)
                 r.loops.pop()
@@ -348,12 +367,18 @@ class _Sim:
                     b.settle()
             elif op is Op.CP_ASYNC:
                 self.write(r, n, n.arg("dst"), None, 0)
+            elif op is Op.CP_ASYNC_BAR:    # lands with the phase the role's arrive completes (no tx bytes)
+                key, b = self.bar(r, n.arg("bar"))
+                self.write(r, n, n.arg("dst"), key, b.done)
+                self.fills[self.slot(r, n.arg("dst"))].generic = True
+            elif op is Op.FENCE_ASYNC:
+                r.fenced = dict(r.seen)
             elif op is Op.LOAD:
                 self.write(r, n, n.arg("dst"), None, 0)
             elif op in (Op.WGMMA, Op.TCGEN05_MMA):
                 group: list[_Read] = []
-                self.read(r, n, n.arg("a"), group)
-                self.read(r, n, n.arg("b"), group)
+                self.read(r, n, n.arg("a"), group, True)
+                self.read(r, n, n.arg("b"), group, True)
                 r.inflight.append(group)
             elif op is Op.WGMMA_WAIT:
                 keep = max(self.ev(r, n.args[0]), 0)
@@ -373,7 +398,7 @@ class _Sim:
                 self.write(r, n, n.arg("dst"), None, 0)
                 r.published.append(self.slot(r, n.arg("dst")))
             elif op is Op.TMA_STORE:
-                self.read(r, n, n.arg("src"), None)
+                self.read(r, n, n.arg("src"), None, True)
             elif op is Op.CLUSTER_SYNC:
                 self.syncs[r.rank] = self.syncs.get(r.rank, 0) + 1
             elif op is Op.TOPK_PUBLISH:
@@ -546,6 +571,12 @@ def _cluster_dims(ctx: Any) -> tuple[int, int, int]:
             ok = len(n.args[0]) <= 3 and min(cx, cy, cz) >= 1 and cx * cy * cz <= 16
             return (cx, cy, cz) if ok else (1, 1, 1)
     return (1, 1, 1)
+
+
+def _persistent(n: Node) -> bool:
+    """A persistent tile loop: ``for t in range(bid.x, tiles, ncta.x)``."""
+    start, _, step = loop_range(n)
+    return getattr(step, "name", None) == "ncta.x" and getattr(start, "name", None) == "bid.x"
 
 
 def _nested_loops(ctx: Any) -> bool:

@@ -19,10 +19,11 @@ from cake_core.ir.verify import Ctx, fmt_shape, rule, view_extent
 from cake_core.outcome import Diagnostic
 
 _SLOT_OPERANDS = {Op.EXPECT_TX: ("bar",), Op.ARRIVE: ("bar",), Op.WAIT: ("bar",), Op.TMA_LOAD: ("dst", "bar"),
-                  Op.TMA_STORE: ("src",), Op.CP_ASYNC: ("dst",), Op.WGMMA: ("a", "b"),
+                  Op.TMA_STORE: ("src",), Op.CP_ASYNC: ("dst",), Op.CP_ASYNC_BAR: ("dst", "bar"), Op.WGMMA: ("a", "b"),
                   Op.TCGEN05_MMA: ("a", "b"), Op.ARGMIN_BIAS: ("bias",),
                   Op.TOPK_BIAS: ("bias",), Op.SQNORM_ROWS: ("dst", "src")}
-_BAR_OPERANDS = {(Op.EXPECT_TX, "bar"), (Op.ARRIVE, "bar"), (Op.WAIT, "bar"), (Op.TMA_LOAD, "bar")}
+_BAR_OPERANDS = {(Op.EXPECT_TX, "bar"), (Op.ARRIVE, "bar"), (Op.WAIT, "bar"), (Op.TMA_LOAD, "bar"),
+                (Op.CP_ASYNC_BAR, "bar")}
 
 
 def _roles(ctx: Ctx) -> list[tuple[Node, str]]:
@@ -163,7 +164,7 @@ def _async_operands(ctx: Ctx) -> Iterable[Diagnostic]:
                     yield ctx.diag("async.operands", n, f"`{n.op.value}` operand `{name}` must be an smem tile; "
                                                         f"`{s.buf}` is {where}", path=path,
                                    hint="allocate it with smem(..., stages=S) before this statement")
-        if n.op in (Op.TMA_LOAD, Op.CP_ASYNC, Op.TMA_STORE):
+        if n.op in (Op.TMA_LOAD, Op.CP_ASYNC, Op.CP_ASYNC_BAR, Op.TMA_STORE):
             v: View = n.arg("dst" if n.op is Op.TMA_STORE else "src")
             t = ctx.buffers.get(v.buf)
             if t is None or t.space is not MemSpace.GMEM:
@@ -325,6 +326,57 @@ def _tma_box_shape(ctx: Ctx) -> Iterable[Diagnostic]:
             yield ctx.diag("tma.box_shape", n, f"slot shape {fmt_shape(ctx, t.shape)} differs from the box "
                                                f"{fmt_shape(ctx, ext)} of `{v.buf}`", path=path,
                            hint="make the tile() sizes equal the smem tile's shape")
+
+
+# ------------------------------------------------------------- cp_async_bar
+
+def _cp_async_bars(ctx: Ctx) -> Iterator[tuple[Node, str]]:
+    for n, path, _ in ctx.nodes:
+        if n.op is Op.CP_ASYNC_BAR:
+            yield n, path
+
+
+@rule("cp_async_bar.role", "async", "cp_async_bar runs inside a role (its threads synchronise before it returns)")
+def _cp_async_bar_role(ctx: Ctx) -> Iterable[Diagnostic]:
+    for n, path in _cp_async_bars(ctx):
+        if id(n) not in ctx.role_of:
+            yield ctx.diag("cp_async_bar.role", n, "cp_async_bar outside a role: it ends with a barrier of the "
+                                                   "role's threads, and its barrier is released by the role's "
+                                                   "arrive", path=path,
+                           hint="issue it from the producer role: with role(\"producer\", warps=(0, 4)):")
+
+
+@rule("cp_async_bar.shape", "async", "cp_async_bar's window has the smem slot's shape and dtype")
+def _cp_async_bar_shape(ctx: Ctx) -> Iterable[Diagnostic]:
+    for n, path in _cp_async_bars(ctx):
+        v: View = n.arg("src")
+        t, g, ext = ctx.buffers.get(n.arg("dst").buf), ctx.buffers.get(v.buf), view_extent(ctx, v)
+        if t is None or g is None or ext is None:
+            continue
+        if [ctx.static(d) for d in t.shape] != [ctx.static(d) for d in ext]:
+            yield ctx.diag("cp_async_bar.shape", n, f"slot shape {fmt_shape(ctx, t.shape)} differs from the window "
+                                                    f"{fmt_shape(ctx, ext)} of `{v.buf}`", path=path,
+                           hint="make the tile() sizes equal the smem tile's shape")
+        elif t.dtype is not g.dtype:
+            yield ctx.diag("cp_async_bar.shape", n, f"`{v.buf}` is {g.dtype.value}, the slot "
+                                                    f"`{n.arg('dst').buf}` is {t.dtype.value}: cp.async copies "
+                                                    "bytes", path=path, hint=f"allocate the slot as {g.dtype.value}")
+
+
+@rule("cp_async_bar.layout", "async", "a swizzled cp_async_bar slot has swizzle=128 and rows of one 128-byte span")
+def _cp_async_bar_layout(ctx: Ctx) -> Iterable[Diagnostic]:
+    for n, path in _cp_async_bars(ctx):
+        s = n.arg("dst")
+        t, span = ctx.buffers.get(s.buf), _swizzle(ctx, s.buf)
+        if t is None or not span:
+            continue
+        row = ctx.static(t.shape[-1])
+        if span != 128 or row is None or row * t.dtype.bytes != span:
+            yield ctx.diag("cp_async_bar.layout", n, f"`{s.buf}` {fmt_shape(ctx, t.shape)} has swizzle={span}: "
+                                                     "cp_async_bar writes swizzled tiles whose rows are one "
+                                                     "128-byte span (wgmma's K-major operands)", path=path,
+                           hint=f"allocate it as smem({t.dtype.value}, (rows, {128 // t.dtype.bytes}), swizzle=128) "
+                                "and copy wider rows as several column tiles")
 
 
 # -------------------------------------------------------------------- wgmma
@@ -687,5 +739,6 @@ for _id, _summary in zip(RULE_IDS, (
         "a barrier's expected transaction bytes differ from the bytes its copies land",
         "a role reads an smem slot before waiting for the copy that fills it",
         "a copy overwrites an smem slot before its readers released it",
-        "a read of a cluster CTA's smem is not ordered after its write, or before its exit, by cluster_sync()")):
+        "a read of a cluster CTA's smem is not ordered after its write, or before its exit, by cluster_sync()",
+        "a wgmma reads a slot filled by generic-proxy copies without a fence_async after its wait")):
     _protocol_rule(_id, _summary)

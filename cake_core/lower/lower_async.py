@@ -9,6 +9,9 @@
 - ``tma_load`` / ``tma_store``: ``cp.async.bulk.tensor`` from the role's first thread, through a tensor
   map kernel argument (see :class:`TensorMapArg`; the host encodes it). Smem tiles with swizzle=128
   are placed at 1024-byte aligned offsets (the swizzle pattern is address-based).
+- ``cp_async_bar``: every thread of the role copies its chunks of the window (cp.async of 16/8/4 bytes
+  as the row alignment allows, into the slot's swizzle-128 layout), then cp.async.mbarrier.arrive on the
+  barrier and a named barrier of the role (``cake::cp_async_bar_smem_gmem``).
 - ``wgmma``: per warpgroup ``m64nNk16`` (bf16/f16 → f32), a K-major swizzle-128 A (64 rows per
   warpgroup) and an N-major swizzle-128 B (N = 64, 128, 192 or 256: N / 64 swizzle atoms side by side,
   stored as 64-column blocks that the descriptor's leading byte offset steps over; a tma_load into such
@@ -267,6 +270,24 @@ def _lower_cp_async(n: Node, ctx: Ctx) -> list[Line]:
     first, count = _role(ctx)
     return [f"cake::cp_async_smem_gmem<{w.rows}, {w.cols}, {count}>({ptr}, {w.base}, {w.ld_row}, {w.ld_col}, "
             f"{w.rows_in}, {w.cols_in}, (int)threadIdx.x - {first});"]
+
+
+@lowering(Op.CP_ASYNC_BAR)
+def _lower_cp_async_bar(n: Node, ctx: Ctx) -> list[Line]:
+    if _st(ctx)["role"] is None:
+        raise LowerError("lower.role_placement", "cp_async_bar is lowered inside a role (it ends with a named "
+                                                 "barrier of the role's threads)")
+    b, ptr = _slot_ptr(ctx, n.arg("dst"), "cp.async destination")
+    swz = int(b.type.swizzle)
+    if swz and (swz != 128 or b.shape[-1] * b.type.dtype.bytes != 128):
+        raise LowerError("lower.unsupported_layout", f"cp_async_bar into {b.name} {b.shape} with swizzle={swz}: "
+                                                     "swizzled slots are lowered with rows of one 128-byte span")
+    w = _window(n.arg("src"), b.shape, ctx, "source")
+    first, count = _role(ctx)
+    bar_id = 1 + first // 128     # named barrier of the role (as sqnorm_rows; 0 is __syncthreads)
+    return [f"cake::cp_async_bar_smem_gmem<{w.rows}, {w.cols}, {'true' if swz else 'false'}, {count}, {bar_id}>("
+            f"{ptr}, {w.base}, {w.ld_row}, {w.ld_col}, {w.rows_in}, {w.cols_in}, (int)threadIdx.x - {first}, "
+            f"{_bar_ptr(ctx, n.arg('bar'))});"]
 
 
 @lowering(Op.CP_ASYNC_WAIT)

@@ -78,7 +78,7 @@ def _mma_cost(n: Node, ctx, env, trips: float, w: Work) -> None:
 
 
 def _move_cost(n: Node, ctx, env, trips: float, w: Work) -> None:
-    v = n.arg("src" if n.op in (Op.LOAD, Op.TMA_LOAD, Op.CP_ASYNC) else "dst")
+    v = n.arg("src" if n.op in (Op.LOAD, Op.TMA_LOAD, Op.CP_ASYNC, Op.CP_ASYNC_BAR) else "dst")
     ext = view_extent(ctx, v) or ()
     w.bytes += math.prod(int(evaluate(d, env)) for d in ext) * ctx.buffers[v.buf].dtype.bytes * trips
 
@@ -107,7 +107,7 @@ COSTS = {
     Op.ARRIVE: _free, Op.WAIT: _free, Op.CP_ASYNC_WAIT: _free, Op.FENCE_ASYNC: _free, Op.CLUSTER: _free,
     Op.CLUSTER_SYNC: _free, Op.WGMMA_WAIT: _free,
     Op.LOAD: _move_cost, Op.STORE: _move_cost, Op.TMA_LOAD: _move_cost, Op.TMA_STORE: _move_cost,
-    Op.CP_ASYNC: _move_cost, Op.ATOMIC_ADD: _move_cost, Op.SCATTER_ADD: _move_cost,
+    Op.CP_ASYNC: _move_cost, Op.CP_ASYNC_BAR: _move_cost, Op.ATOMIC_ADD: _move_cost, Op.SCATTER_ADD: _move_cost,
     Op.MMA: _mma_cost, Op.WGMMA: _mma_cost, Op.TCGEN05_MMA: _mma_cost,
     Op.FILL: _simt_cost, Op.CAST: _simt_cost, Op.UNARY: _simt_cost, Op.EWISE: _simt_cost,
     Op.TRANSPOSE: _simt_cost, Op.REDUCE: _simt_cost, Op.SCAN: _simt_cost, Op.ARGMIN: _simt_cost,

@@ -91,3 +91,24 @@ def test_kmeans_ws_ptx_holds_the_quad_merge(tmp_path):
     for needle in ("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16", "cp.async.bulk.tensor.3d",
                    "cp.async.bulk.tensor.2d", "shfl.sync.bfly.b32", "wgmma.wait_group.sync.aligned 2"):
         assert needle in ptx, needle
+
+
+@pytest.mark.skipif(compile_mod.nvcc_path() is None, reason="nvcc not installed")
+def test_kmeans_unaligned_compiles_with_cp_async_on_the_mbarrier(tmp_path):
+    # the TMA-free producer (rows not 16-byte aligned): cp.async chunks into the swizzled slots, completing on
+    # the stage's mbarrier; consumers fence the async proxy after their waits
+    lowered = lower(parse_program((SEEDS / "kmeans_assign_unaligned.cake").read_text(), "u.cake"), "u.cake")
+    assert lowered.outcome is Outcome.OK, lowered.diagnostics
+    assert not lowered.value.tensor_maps
+    src = lowered.value.source
+    assert src.count("cake::cp_async_bar_smem_gmem<64, 64, true, 128, 1>(") == 4
+    assert src.count("cake::cp_async_bar_smem_gmem<128, 64, true, 128, 1>(") == 4
+    assert src.count("cake::cp_async_bar_smem_gmem<1, 128, false, 128, 1>(") == 2
+    assert src.count("cake::fence_async();") == 6
+    r = compile_kernel(lowered.value, arch="sm_90a", cache_dir=tmp_path)
+    assert r.outcome is Outcome.OK, [d.message for d in r.diagnostics]
+    log = r.artifacts["nvcc.log"]
+    for code in ("C7508", "C7510", "C7514", "C7515"):
+        assert code not in log, log
+    res = r.value.resources
+    assert res.spill_bytes == 0 and res.stack_bytes == 0

@@ -3,6 +3,9 @@ aligned shapes (CPU), its tensor maps, and the GPU gate on ragged aligned shapes
 (marked `gpu`; no timing assertions, the headline median is printed).
 
     PYTHONPATH=$PWD python3 -m pytest -m gpu tests/runtime/test_kmeans_ws.py -q -s -p no:cacheprovider -o addopts=""
+
+kmeans_assign_unaligned (cp.async producer, no TMA: any D <= 128) is gated on the kmeans_assign_unaligned
+shapes and timed at B=4 N=100000 K=1000 D=100 and at the headline shape.
 """
 from __future__ import annotations
 
@@ -24,6 +27,8 @@ VARIANTS = ["kmeans_assign_persistent", "kmeans_assign_pingpong", "kmeans_assign
 KM = get_problem("kmeans_assign")
 ALIGNED = KM.shape_set("kmeans_assign_aligned")
 HEADLINE = {"B": 32, "N": 65536, "K": 1024, "D": 128}
+UNALIGNED = KM.shape_set("kmeans_assign_unaligned")
+LARGE_D100 = {"B": 4, "N": 100000, "K": 1000, "D": 100}
 # beyond the shape set: N = 1 (one point, a 127-row zero-filled tail), K < 128 with an empty second tile,
 # K = 4 * BN exactly, D = 8 (one 16-byte row)
 EXTRA = [{"B": 1, "N": 1, "K": 4, "D": 8}, {"B": 3, "N": 129, "K": 60, "D": 32}, {"B": 2, "N": 384, "K": 512, "D": 128}]
@@ -113,4 +118,35 @@ def test_kmeans_ws_passes_the_gate_at_the_headline_shape(built):
     (r,) = check_and_time(compiled, lk, KM, [HEADLINE], seed=22, reps=20, timeout_s=60)
     assert r.correct, r.message
     print(f"\n{name} {HEADLINE}: median {r.median_ms} ms (p10 {r.p10_ms}, p90 {r.p90_ms}, {r.timer}, "
+          f"L2 {r.l2})")
+
+
+@pytest.fixture(scope="module")
+def built_unaligned(tmp_path_factory):
+    name = "kmeans_assign_unaligned"
+    lk = lower(parse_program((ROOT / f"cake_core/problems/seeds/{name}.cake").read_text(), f"{name}.cake"),
+               f"{name}.cake").value
+    cr = compile_kernel(lk, arch="sm_90a", cache_dir=tmp_path_factory.mktemp("cubins"))
+    assert cr.ok, [d.message for d in cr.diagnostics]
+    return cr.value, lk
+
+
+@pytest.mark.gpu
+def test_kmeans_unaligned_passes_the_gate_on_ragged_unaligned_shapes(built_unaligned):
+    from cake_core.runtime.gpu import check_and_time
+    compiled, lk = built_unaligned
+    shapes = list(UNALIGNED.shapes) + EXTRA + [{"B": 1, "N": 1, "K": 4, "D": 3}, {"B": 2, "N": 500, "K": 300, "D": 50}]
+    runs = check_and_time(compiled, lk, KM, shapes, seed=21, time=False, timeout_s=20)
+    bad = [(r.shape, r.outcome, r.message) for r in runs if not r.correct]
+    assert not bad, bad
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [LARGE_D100, HEADLINE], ids=["d100", "headline"])
+def test_kmeans_unaligned_passes_the_gate_at_the_timed_shapes(built_unaligned, shape):
+    from cake_core.runtime.gpu import check_and_time
+    compiled, lk = built_unaligned
+    (r,) = check_and_time(compiled, lk, KM, [shape], seed=22, reps=20, timeout_s=60)
+    assert r.correct, r.message
+    print(f"\nkmeans_assign_unaligned {shape}: median {r.median_ms} ms (p10 {r.p10_ms}, p90 {r.p90_ms}, {r.timer}, "
           f"L2 {r.l2})")

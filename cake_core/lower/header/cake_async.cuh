@@ -199,6 +199,78 @@ __device__ __forceinline__ void cp_async_smem_gmem(T* dst, const T* src, index_t
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
 }
+// ----------------------------------------------------------------- cp.async completing on an mbarrier
+// The TMA-free producer for rows that are not 16-byte aligned (a (.., D) bf16 tensor with D % 8 != 0):
+// cp_async_bar_smem_gmem<ROWS, COLS, SWZ, NTHREADS, BAR>(dst, src, ld_row, ld_col, rows_in, cols_in, tid,
+// bar) copies the ROWS x COLS window into dst, zero past the edge (cp.async's src-size 0 form), in
+// chunks of 16, 8 or 4 bytes, the widest that the window's base and row stride allow (element by
+// element when not even 4 bytes are), each chunk placed in the slot's layout: SWZ = the 128-byte
+// swizzle of TMA / wgmma (rows of one 128-byte span, 16-byte chunk k of row r at chunk k ^ (r % 8); the
+// tile starts 1024-byte aligned), else row-major. The thread's copies then complete on `bar` through
+// cp.async.mbarrier.arrive (no .noinc: the pending count rises by one now and falls when they land, so
+// the phase waits for them without counting an arrival), and the role's threads meet at named barrier
+// BAR, so that the role's next arrive on `bar` follows every thread's increment (and the element-wise
+// stores). The writes are generic-proxy: a wgmma reader fences (fence_async) after its wait.
+template <int COLS, bool SWZ, typename T>
+__device__ __forceinline__ uint32_t smem_offset_swizzled(int r, int c) {
+    const uint32_t byte = (uint32_t)c * sizeof(T);
+    if (!SWZ) return (uint32_t)(r * COLS) * sizeof(T) + byte;
+    return (uint32_t)r * 128u + (((byte >> 4) ^ ((uint32_t)r & 7u)) << 4) + (byte & 15u);
+}
+
+template <int ROWS, int COLS, bool SWZ, int NTHREADS, int BYTES, typename T>
+__device__ __forceinline__ void cp_async_chunks(uint32_t dst, const T* src, index_t ld_row, int rows_in,
+                                                int cols_in, int tid) {
+    constexpr int W = BYTES / (int)sizeof(T), CPR = COLS / W;     // elements per chunk, chunks per row
+    static_assert(COLS % W == 0, "a row is a whole number of chunks");
+#pragma unroll 1
+    for (int e = tid; e < ROWS * CPR; e += NTHREADS) {
+        const int r = e / CPR, c = (e % CPR) * W;
+        const int valid = r < rows_in ? (cols_in - c < 0 ? 0 : (cols_in - c > W ? W : cols_in - c)) : 0;
+        const uint32_t d = dst + smem_offset_swizzled<COLS, SWZ, T>(r, c);
+        const T* s = valid ? src + r * ld_row + c : src;
+        if (valid == W || valid == 0) {           // src-size 0 zero-fills the chunk without reading
+            if (BYTES == 16)
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(d), "l"(s), "r"(valid ? 16 : 0)
+                             : "memory");
+            else
+                asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" :: "r"(d), "l"(s), "n"(BYTES),
+                             "r"(valid ? BYTES : 0) : "memory");
+        } else {                                  // a ragged right edge inside the chunk
+            for (int i = 0; i < W; ++i) {
+                const T v = i < valid ? s[i] : zero<T>();
+                *reinterpret_cast<T*>(__cvta_shared_to_generic(d + i * sizeof(T))) = v;
+            }
+        }
+    }
+}
+
+template <int ROWS, int COLS, bool SWZ, int NTHREADS, int BAR, typename T>
+__device__ __forceinline__ void cp_async_bar_smem_gmem(T* dst, const T* src, index_t ld_row, index_t ld_col,
+                                                       int rows_in, int cols_in, int tid, uint64_t* bar) {
+    static_assert(!SWZ || COLS * sizeof(T) == 128, "a swizzled slot has rows of one 128-byte span");
+    static_assert(NTHREADS % 32 == 0, "whole warps");
+    const uint32_t d = smem_u32(dst);
+    const uintptr_t a = reinterpret_cast<uintptr_t>(src) | (uintptr_t)(ROWS > 1 ? ld_row * (index_t)sizeof(T) : 0);
+    constexpr int ROW_BYTES = COLS * (int)sizeof(T);
+    if (ld_col == 1 && ROW_BYTES % 16 == 0 && a % 16 == 0)
+        cp_async_chunks<ROWS, COLS, SWZ, NTHREADS, 16>(d, src, ld_row, rows_in, cols_in, tid);
+    else if (ld_col == 1 && ROW_BYTES % 8 == 0 && a % 8 == 0 && sizeof(T) <= 8)
+        cp_async_chunks<ROWS, COLS, SWZ, NTHREADS, (sizeof(T) <= 8 ? 8 : 16)>(d, src, ld_row, rows_in, cols_in, tid);
+    else if (ld_col == 1 && ROW_BYTES % 4 == 0 && a % 4 == 0 && sizeof(T) <= 4)
+        cp_async_chunks<ROWS, COLS, SWZ, NTHREADS, (sizeof(T) <= 4 ? 4 : 16)>(d, src, ld_row, rows_in, cols_in, tid);
+    else {
+#pragma unroll 1
+        for (int e = tid; e < ROWS * COLS; e += NTHREADS) {
+            const int r = e / COLS, c = e % COLS;
+            const T v = (r < rows_in && c < cols_in) ? src[r * ld_row + c * ld_col] : zero<T>();
+            *reinterpret_cast<T*>(__cvta_shared_to_generic(d + smem_offset_swizzled<COLS, SWZ, T>(r, c))) = v;
+        }
+    }
+    asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];" :: "r"(smem_u32(bar)) : "memory");
+    asm volatile("bar.sync %0, %1;" :: "n"(BAR), "n"(NTHREADS) : "memory");
+}
+
 template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
 }
