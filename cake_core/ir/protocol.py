@@ -56,11 +56,15 @@ PROTOCOL_NUM_SMS = 2    # num_sms in the simulated launch: a persistent CTA walk
 PERSISTENT_TRIPS = 4    # tiles a persistent CTA walks here: ring phases carry across them, and the roles'
                         # op count stays within MAX_STEPS (every role's tile loop is cut at the same trip)
 RULE_IDS = ("protocol.deadlock", "protocol.tx_mismatch", "protocol.read_before_ready", "protocol.slot_reuse",
-            "protocol.cluster_read", "protocol.proxy_fence")
+            "protocol.cluster_read", "protocol.proxy_fence", "protocol.incomplete")
 
 
 class _Abort(Exception):
     """The program is malformed in a way other rules report; the checker stays silent."""
+
+
+class _Budget(_Abort):
+    """The simulation ran past MAX_STEPS: what it did not reach is unchecked, and the checker says so."""
 
 
 class _Stop(Exception):
@@ -303,7 +307,7 @@ class _Sim:
         for n in nodes:
             self.steps += 1
             if self.steps > MAX_STEPS:
-                raise _Abort()
+                raise _Budget()
             op = n.op
             if op is Op.FOR:
                 var = n.args[0]
@@ -551,12 +555,23 @@ def check_protocol(ctx: Any) -> list[Diagnostic]:
             sim.run(ctx.program.body)
         except _Stop:
             pass
+        except _Budget:
+            return sim.diags + [_incomplete(ctx)]
         except (_Abort, KeyError, IndexError, TypeError, ValueError, ZeroDivisionError):
             return found
         found = sim.diags
         if found:
             break
     return found
+
+
+def _incomplete(ctx: Any) -> Diagnostic:
+    """A warning that the simulation stopped at its step budget: no finding is not a clean bill."""
+    return Diagnostic("protocol.incomplete", Severity.WARNING,
+                      f"the protocol checker stopped after {MAX_STEPS:,} simulated ops: deadlocks, races and phase "
+                      "errors past that point were not checked", ctx.program.line or 1, 0, "",
+                      "the checker runs every loop trip with small dims: a large constant loop extent (or many "
+                      "persistent tiles) exhausts it; a smaller constant, or a loop over a dim, keeps it whole")
 
 
 def _cluster_dims(ctx: Any) -> tuple[int, int, int]:

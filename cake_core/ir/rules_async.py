@@ -740,5 +740,6 @@ for _id, _summary in zip(RULE_IDS, (
         "a role reads an smem slot before waiting for the copy that fills it",
         "a copy overwrites an smem slot before its readers released it",
         "a read of a cluster CTA's smem is not ordered after its write, or before its exit, by cluster_sync()",
-        "a wgmma reads a slot filled by generic-proxy copies without a fence_async after its wait")):
+        "a wgmma reads a slot filled by generic-proxy copies without a fence_async after its wait",
+        "the checker stopped at its step budget: the rest of the protocol is unchecked (a warning)")):
     _protocol_rule(_id, _summary)

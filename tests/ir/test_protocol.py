@@ -81,3 +81,17 @@ def test_ring_wraps_in_the_simulation():
     text = _plant("phase=(kt // S + 1) % 2", "phase=1")
     (d,) = [d for d in _protocol(text) if d.rule == "protocol.deadlock"]
     assert d.line == 9 and any("role producer: wait at line 9 (trip kt=4) on empty[0]" in w for w in d.witness)
+
+
+def test_a_simulation_cut_by_its_step_budget_says_so():
+    # a loop of 50,000x the k-trips cannot be simulated whole: the checker warns instead of passing quietly
+    huge = SEED.replace("range(cdiv(K, BK))", "range(cdiv(K, BK) * 50000)")
+    diags = check_text(huge, "huge.cake")
+    hits = [d for d in diags if d.rule == "protocol.incomplete"]
+    assert hits and hits[0].severity.value == "warning" and "200,000 simulated ops" in hits[0].message
+    assert not [d for d in check_text(SEED) if d.rule == "protocol.incomplete"]
+    # a deadlock within the budget is still found, and then the run is not cut
+    stuck = huge.replace("            arrive(empty[kt % S])\n", "")
+    assert stuck != huge
+    assert {d.rule for d in check_text(stuck)} & {"protocol.deadlock"} and \
+        not [d for d in check_text(stuck) if d.rule == "protocol.incomplete"]
