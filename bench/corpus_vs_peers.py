@@ -6,7 +6,8 @@
 
 For each problem (``--problems``, default all) and each shape of its bench set (``BENCH_SETS``, rows of the ``--roles`` given, default ``headline``; ``--shapes`` replaces them):
 compile our seed, the problem's best-known programs (``Problem.best_files``; ``--no-best`` leaves
-them out) and every ``--program FILE`` whose parameters are the problem's (lower + nvcc,
+them out), with ``--variants`` every other program under ``cake_core/problems/seeds/``, and every
+``--program FILE`` whose parameters are the problem's (lower + nvcc,
 sm_90a), check and time each with ``cake_core.runtime.gpu.check_and_time`` (fresh seeded inputs,
 poisoned outputs, fp64 oracle, perturbation check, re-check after timing; CUDA events, warm-up,
 L2 flushed by a 256 MiB read before every timed run, median of ≥ 20); then run every peer of the
@@ -256,6 +257,8 @@ def main() -> int:
     ap.add_argument("--program", action="append", default=[], help="another Cake IR file to run (repeatable)")
     ap.add_argument("--no-seed", action="store_true", help="leave the naive seed out")
     ap.add_argument("--no-best", action="store_true", help="leave the problems' best-known programs out")
+    ap.add_argument("--variants", action="store_true",
+                    help="also every other program under cake_core/problems/seeds/ whose parameters fit the problem")
     ap.add_argument("--peers", default="", help="only these peers (names from cake_core.problems.peers.PEERS)")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--reps", type=int, default=20)
@@ -304,7 +307,10 @@ def main() -> int:
         progs = []
         best = [] if args.no_best else [(f"best:{f}", (SEEDS_DIR / f).read_text()) for f in problem.best_files]
         seed = [] if args.no_seed else [(f"seed:{problem.seed_file}", problem.seed_text())]
-        for label, text in seed + best + extra:
+        named = {problem.seed_file, *problem.best_files}
+        variants = [] if not args.variants else [(f"variant:{f.name}", f.read_text())
+                                                 for f in sorted(SEEDS_DIR.glob("*.cake")) if f.name not in named]
+        for label, text in seed + best + variants + extra:
             key = f"{problem.name}/{label}"
             c = compile_program(label, text, cache)
             if c["ok"] and not fits(problem, c["lowered"]):

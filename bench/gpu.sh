@@ -4,6 +4,7 @@
 #   bash bench/gpu.sh                     # gpu tests, then every problem's kernels against its peers
 #   bash bench/gpu.sh tests -k kmeans     # only the gpu tests (extra args go to pytest)
 #   bash bench/gpu.sh corpus --problems gemm_bf16 --reps 30   # only the bench (extra args go to it)
+#   bash bench/gpu.sh corpus --variants   # also every unregistered program under cake_core/problems/seeds/
 #
 # Needs: the repo root as the working directory; .gpu/site.tar.xz (the pinned bundle of what the bare
 # GPU image lacks: ../shared/gpu/make-bundle.sh) and .whl/ (peer wheels, e.g. flash-kmeans) carried
