@@ -64,6 +64,19 @@ def unroll(p: Program, rng: np.random.Generator) -> Program | None:
     return replace(p, body=_map_nodes(p.body, lambda n: _set_attr(n, unroll=factor) if n.op is Op.FOR else n))
 
 
+def retune(p: Program, rng: np.random.Generator) -> Program | None:
+    """Move one schedule knob that is not a tile size (ring depth S, tile-order group G, split or CTA
+    counts...) to a neighbour: +-1 below 8, else x2 or /2. Knobs that break the program's invariants
+    are stopped by the verifier, the interpreter or the gate, and the tactic's weight falls."""
+    names = [k for k, _ in p.consts if not k.startswith("B")]
+    if not names:
+        return None
+    k = names[int(rng.integers(len(names)))]
+    cur = p.const_env[k]
+    options = [v for v in ((cur - 1, cur + 1) if cur < 8 else (cur // 2, cur * 2)) if v >= 1 and v != cur]
+    return p.with_consts(**{k: int(rng.choice(options))}) if options else None
+
+
 def drop_guards(p: Program, rng: np.random.Generator) -> Program | None:
     """Remove the bounds checks of loads and stores: fewer instructions, correct only when
     every dimension is a tile multiple."""
@@ -76,5 +89,6 @@ TACTICS: dict[str, Tactic] = {
     "retile": retile,            # tile sizes: reuse vs. occupancy
     "rethread": rethread,        # threads per CTA: registers per thread vs. parallelism
     "unroll": unroll,            # loop unrolling
+    "retune": retune,            # schedule knobs of the fast paths: ring depth, tile order, splits
     "drop_guards": drop_guards,  # no tail predication (risky on ragged shapes)
 }

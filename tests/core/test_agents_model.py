@@ -3,7 +3,7 @@ import numpy as np
 
 from cake_core.agents.base import Context
 from cake_core.agents.tactic_agent import TacticAgent
-from cake_core.agents.tactics import TACTICS, drop_guards, retile
+from cake_core.agents.tactics import TACTICS, drop_guards, retile, retune
 from cake_core.ir.features import features
 from cake_core.ir.text import parse_program
 from cake_core.ir.verify import verify
@@ -14,14 +14,34 @@ GEMM = get_problem("gemm_bf16")
 SEED = parse_program(GEMM.seed_text())
 
 
+WS = parse_program(GEMM.best_texts()[0])      # the warp-specialized TMA + wgmma GEMM: knobs S and G
+
+
 def test_tactics_are_pure_and_produce_valid_ir():
     rng = np.random.default_rng(0)
-    before = SEED.text()
     for name, t in TACTICS.items():
-        out = t(SEED, rng)
-        assert out is not None and out.hash != SEED.hash, name
-        assert SEED.text() == before
+        prog = WS if name == "retune" else SEED      # the naive seed has tile sizes only
+        before = prog.text()
+        out = t(prog, rng)
+        assert out is not None and out.hash != prog.hash, name
+        assert prog.text() == before
         assert parse_program(out.text()) == out
+
+
+def test_retune_moves_one_schedule_knob_and_leaves_tile_sizes_alone():
+    assert retune(SEED, np.random.default_rng(0)) is None        # BM, BN, BK only: retile's job
+    seen = set()
+    for i in range(20):
+        out = retune(WS, np.random.default_rng(i))
+        changed = {k: v for k, v in out.consts if WS.const_env[k] != v}
+        assert len(changed) == 1 and not next(iter(changed)).startswith("B")
+        k, v = changed.popitem()
+        cur = WS.const_env[k]
+        assert v in ((cur - 1, cur + 1) if cur < 8 else (cur // 2, cur * 2))
+        seen.add(k)
+        if k == "G":      # the tile-order group is a pure performance knob: the program stays valid
+            assert not [d for d in verify(out, shapes=[{"M": 4096, "N": 4096, "K": 4096}]) if d.is_error]
+    assert seen == {"G", "S"}
 
 
 def test_drop_guards_sets_the_feature():
