@@ -1,6 +1,8 @@
 """Harness tasks: the current version, failure clusters, proposals and decisions, in the warehouse."""
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import uuid
 from pathlib import Path
@@ -95,20 +97,37 @@ def get_proposal(warehouse_root: str, proposal_id: str) -> dict[str, Any]:
 
 def apply_decision(warehouse_root: str, proposal_id: str, approve: bool, reason: str,
                    decided_by: str) -> int | None:
-    """Record a decision; an approval creates (and exports) the next harness version, returned."""
-    p = get_proposal(warehouse_root, proposal_id)
-    if p["status"] != "pending":
-        raise CakeError(f"proposal `{proposal_id}` was already {p['status']}")
-    wh = Warehouse(warehouse_root)
-    new_version = None
-    if approve:
-        current = load_harness(warehouse_root)
-        new_version = current.version + 1
-        spec = current.apply(p["kind"], json.loads(p["payload"]), new_version)
-        wh.append("harness_versions", [{"version": new_version, "parent": current.version,
-                                        "proposal_id": proposal_id, "spec": spec.to_json(), "created_at": now()}])
-        spec.export(export_dir(warehouse_root))
-    wh.append("decisions", [{"proposal_id": proposal_id, "decision": "approved" if approve else "rejected",
-                             "reason": reason, "decided_by": decided_by, "decided_at": now(),
-                             "new_version": new_version}])
-    return new_version
+    """Record a decision; an approval creates (and exports) the next harness version, returned.
+    Decisions on one warehouse are serialised (:func:`_decision_lock`): two approvals at the same
+    moment get versions N+1 and N+2, and a proposal is decided once."""
+    with _decision_lock(warehouse_root):
+        p = get_proposal(warehouse_root, proposal_id)
+        if p["status"] != "pending":
+            raise CakeError(f"proposal `{proposal_id}` was already {p['status']}")
+        wh = Warehouse(warehouse_root)
+        new_version = None
+        if approve:
+            current = load_harness(warehouse_root)
+            new_version = current.version + 1
+            spec = current.apply(p["kind"], json.loads(p["payload"]), new_version)
+            wh.append("harness_versions", [{"version": new_version, "parent": current.version,
+                                            "proposal_id": proposal_id, "spec": spec.to_json(),
+                                            "created_at": now()}])
+            spec.export(export_dir(warehouse_root))
+        wh.append("decisions", [{"proposal_id": proposal_id, "decision": "approved" if approve else "rejected",
+                                 "reason": reason, "decided_by": decided_by, "decided_at": now(),
+                                 "new_version": new_version}])
+        return new_version
+
+
+@contextlib.contextmanager
+def _decision_lock(warehouse_root: str):
+    """An exclusive lock on ``<warehouse>/decisions.lock`` (flock: released if the holder dies)."""
+    path = Path(warehouse_root) / "decisions.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

@@ -68,6 +68,41 @@ def test_calibration_proposal_from_measured_error_and_its_approval(tmp_path):
     assert dict(spec.cost_eff)["fma"] < 0.08 / 3
 
 
+def test_two_approvals_at_once_get_consecutive_versions(tmp_path, monkeypatch):
+    # both approvals read the current version while the other is between its read and its write
+    # (a slowed apply): without the decision lock both would become version 1
+    import threading
+    import time
+
+    from cake_core.harness.miners import Proposal
+    from cake_core.harness.version import HarnessSpec
+    from tasks.harness import apply_decision, load_harness, record_proposal
+
+    root = str(tmp_path / "warehouse")
+    pids = [record_proposal(root, Proposal("rule", f"runtime:runtime_fault:x{i}", f"rule {i}",
+                                           {"id": f"learned_x{i}", "predicate": [["unguarded_load", True]],
+                                            "message": "unguarded loads fault on ragged shapes"}, {"n": 3}),
+                            {"passed": True}, None)
+            for i in range(2)]
+    real_apply = HarnessSpec.apply
+
+    def slow_apply(self, *a, **k):
+        time.sleep(0.3)
+        return real_apply(self, *a, **k)
+
+    monkeypatch.setattr(HarnessSpec, "apply", slow_apply)
+    got: list = []
+    threads = [threading.Thread(target=lambda pid=pid: got.append(apply_decision(root, pid, True, "ok", "t")))
+               for pid in pids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(got) == [1, 2]
+    spec = load_harness(root)
+    assert spec.version == 2 and spec.parent == 1
+
+
 def test_dispatch_prefers_confirmed_figures(tmp_path):
     from datetime import datetime
 
