@@ -141,6 +141,9 @@ def config_file() -> Path | None:
     if named:
         return Path(named).expanduser()
     local = Path.cwd() / DEFAULT_CONFIG_FILE
+    if local.exists() and not local.is_file():
+        raise ConfigError(f"{local} is not a file (a directory?): the configuration is read from ./"
+                          f"{DEFAULT_CONFIG_FILE}; move it aside or name another file with {CONFIG_ENV}")
     return local if local.is_file() else None
 
 

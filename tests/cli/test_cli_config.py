@@ -78,6 +78,10 @@ def test_missing_named_file_and_bad_toml(tmp_path, monkeypatch):
     (tmp_path / "cake.toml").write_bytes(b"\xff\xfegpu = 'off'\n")
     with pytest.raises(ConfigError, match=r"cake.toml is not UTF-8 text"):
         load_settings()
+    (tmp_path / "cake.toml").unlink()
+    (tmp_path / "cake.toml").mkdir()
+    with pytest.raises(ConfigError, match=r"cake.toml is not a file \(a directory\?\)"):
+        load_settings()
 
 
 def test_empty_env_counts_as_unset_and_urls_are_checked(monkeypatch):
