@@ -122,10 +122,8 @@ def apply_decision(warehouse_root: str, proposal_id: str, approve: bool, reason:
 
 @contextlib.contextmanager
 def _decision_lock(warehouse_root: str):
-    """An exclusive lock on ``<warehouse>/decisions.lock`` (flock: released if the holder dies)."""
-    path = Path(warehouse_root) / "decisions.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
+    """An exclusive lock on the warehouse's ``locks/decisions.lock`` (flock: released if the holder dies)."""
+    with open(Warehouse(warehouse_root).root / "locks" / "decisions.lock", "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
