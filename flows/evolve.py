@@ -28,7 +28,8 @@ from cake_core.pipeline import nvcc_available
 from cake_core.problems import get_problem, load_shape_set, shape_key
 from tasks.harness import load_harness
 from tasks.record import Attempt, now
-from tasks.stages import check_cpu, compile_one, confirm_gpu, cost_filter, generate, record, time_gpu, verify
+from tasks.stages import (check_cpu, compact, compile_one, confirm_gpu, cost_filter, generate, record, time_gpu,
+                          verify)
 from tasks.workers import ActorPool, CpuChecker, GpuRunner
 from warehouse import Warehouse
 
@@ -119,6 +120,10 @@ def evolve_flow(problem: str, shape_set: str, generations: int = 3, population: 
         wh.append("runs", [_run_row(run_id, status, **base, finished_at=now())])
     if gpus:
         _dispatch(wh, run_id, problem, shape_set)
+    try:
+        compact(warehouse_root)
+    except Exception as e:  # noqa: BLE001 - the run's rows are in; merging them is housekeeping
+        log.warning(f"warehouse compaction skipped: {e}")
     return {"run_id": run_id, "outcomes": totals, "timed": bool(gpus), "shapes": len(shapes),
             "harness_version": harness.version,
             "best_score": best[0][0] if best else None,

@@ -25,10 +25,22 @@ from cake_core.problems import get_problem
 from cake_core.problems.base import shape_key
 from tasks.record import Attempt, merge_rows, now
 from tasks.workers import ActorPool, Fault
-from warehouse import Warehouse
+from warehouse import TABLES, Warehouse
 
 _TASK = dict(cache_policy=NO_CACHE)
 CHILD_TABLES = ("diagnostics", "compiles", "predictions", "checks", "measurements")
+
+
+COMPACT_MIN_FILES = 8     # a table with this many batch files or more is merged at the end of a run
+
+
+@task(name="compact", **_TASK)
+def compact(warehouse_root: str, min_files: int = COMPACT_MIN_FILES) -> dict[str, int]:
+    """Merge each table's batch files once it has ``min_files`` or more: every record() of a run
+    lands its own small files, and queries slow down as they pile up. Returns files merged per table."""
+    wh = Warehouse(warehouse_root)
+    merged = {t: wh.compact(t, min_files=min_files) for t in TABLES}
+    return {t: n for t, n in merged.items() if n}
 
 
 @task(name="record", **_TASK)

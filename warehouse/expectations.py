@@ -27,7 +27,8 @@ OUTCOMES = ["verify_failed", "compile_failed", "filtered", "wrong", "runtime_fau
 SEVERITIES = ["error", "warning", "hint"]
 BACKENDS = ["interpreter", "gpu"]
 TIMERS = ["cuda_event"]
-L2_STATES = ["cold", "warm"]
+# cold-clean: L2 flushed by a read (runtime.gpu.L2Flush); cold: by a write (measurements before 2026-11-29 11:00 UTC)
+L2_STATES = ["cold-clean", "cold", "warm"]
 MEASURE_KINDS = ["search", "confirm"]
 SHAPE_ROLES = ["headline", "tail", "held_out"]
 PROPOSAL_KINDS = ["rule", "primitive", "calibration", "tactic"]

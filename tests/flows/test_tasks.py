@@ -103,6 +103,26 @@ def test_two_approvals_at_once_get_consecutive_versions(tmp_path, monkeypatch):
     assert spec.version == 2 and spec.parent == 1
 
 
+def test_compact_merges_tables_with_many_batches_and_keeps_every_row(tmp_path):
+    from datetime import datetime
+
+    from tasks.stages import compact
+    from warehouse import Warehouse
+
+    wh = Warehouse(tmp_path / "warehouse")
+    t = datetime(2026, 11, 29, 10)
+    for i in range(9):      # one record() call each, as a run lands them
+        wh.append("measurements", [{"attempt_id": f"a{i}", "run_id": "r", "shape": "M=64,N=64,K=64",
+                                    "gpu_model": "NVIDIA H200", "timer": "cuda_event", "l2": "cold-clean",
+                                    "median_ms": 0.04, "p10_ms": 0.039, "p90_ms": 0.041, "runs": 20, "correct": True,
+                                    "max_error": 1e-7, "kind": "search", "measured_at": t}])
+    assert len(wh._snapshot("measurements")) == 9
+    assert compact.fn(str(tmp_path / "warehouse"), min_files=8) == {"measurements": 9}
+    assert len(wh._snapshot("measurements")) == 1
+    assert wh.query("select count(*) n from measurements").to_pylist() == [{"n": 9}]
+    assert compact.fn(str(tmp_path / "warehouse"), min_files=8) == {}      # nothing left to merge
+
+
 def test_dispatch_prefers_confirmed_figures(tmp_path):
     from datetime import datetime
 

@@ -160,6 +160,14 @@ def test_zeroing_of_accumulated_outputs_is_inside_the_timed_region():
     assert log == ["flush", "start", "zero", "launch", "end"] * reps + ["wait"]
 
 
+def test_the_recorded_l2_state_is_one_the_warehouse_accepts():
+    # every measurement row carries ShapeRun.l2; a value the expectation suite does not know would
+    # send whole batches of GPU measurements to quarantine
+    from cake_core.runtime.gpu import ShapeRun
+    from warehouse.expectations import L2_STATES
+    assert ShapeRun({}, True, 0.0, "").l2 in L2_STATES
+
+
 def test_a_kernel_that_writes_nothing_fails_the_gate_of_a_zeroed_output():
     # tinygemm's c is zeroed, not poisoned, before each launch (kernels may accumulate with atomics):
     # an untouched c is all zeros, which random inputs never produce, so the oracle check fails it
