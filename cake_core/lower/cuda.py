@@ -665,3 +665,4 @@ def lower(program: Program, ir_filename: str = "kernel.cake") -> StageResult:
 
 from cake_core.lower import lower_async, lower_compute, lower_control  # noqa: E402,F401  (more lowering hooks)
 from cake_core.lower import lower_splitk  # noqa: E402,F401  (after lower_compute: it wraps its atomic_add)
+from cake_core.lower import lower_cluster  # noqa: E402,F401  (split-K reduced over a cluster)
