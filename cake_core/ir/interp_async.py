@@ -276,6 +276,45 @@ def _topk_cluster_merge(cta: _CTA, n: Node) -> None:
             out[g, lo:hi] = _round(cta.dtypes[v.buf], vals[lo - win[1][0]:hi - win[1][0]])
 
 
+def _acc_publish(cta: _CTA, n: Node) -> None:
+    """part = acc: this CTA's partial sum, in the smem tile the cluster's reduction reads."""
+    acc, part = cta.tiles[n.arg("acc")], cta.tiles[n.arg("part")]
+    if part.shape != acc.shape:
+        raise InterpFault(n, f"part {part.shape} must have the accumulator's shape {acc.shape}")
+    part[...] = acc
+
+
+def _acc_cluster_reduce(cta: _CTA, n: Node) -> None:
+    """CTA rank c of n: chunks [c * ceil(T / n), (c + 1) * ceil(T / n)) of the T in-bounds chunks of 4 columns
+    (row-major) of the window, each the f32 sum in rank order of the cluster's published tiles."""
+    peers = getattr(cta, "cluster", None) or [cta]
+    rank = next(i for i, c in enumerate(peers) if c is cta)
+    parts = [c.tiles[n.arg("part")] for c in peers]
+    v = n.arg("dst")
+    win, shape = cta.window(n, v)
+    if len(win) != 2 or not all(kept for _, _, kept in win) or (win[0][1], win[1][1]) != parts[0].shape:
+        raise InterpFault(n, f"the window of `{v.buf}` must be a 2-D window of part's shape {parts[0].shape}")
+    for c in peers:
+        if c.window(n, v)[0] != win:
+            raise InterpFault(n, f"cluster CTAs {rank} and {peers.index(c)} reduce into different windows of "
+                                 f"`{v.buf}`: the CTAs of a cluster must share the window")
+    (r0, nr, _), (c0, nc, _) = win
+    if r0 < 0 or c0 < 0:
+        raise InterpFault(n, f"the window of `{v.buf}` starts before the tensor")
+    rows, cols = max(0, min(nr, shape[0] - r0)), max(0, min(nc, shape[1] - c0))
+    per_row = -(-cols // 4)
+    total = rows * per_row
+    share = -(-total // len(peers))
+    out, dt = cta.gmem[v.buf], cta.dtypes[v.buf]
+    for i in range(rank * share, min(total, (rank + 1) * share)):
+        r, q = divmod(i, per_row)
+        hi = min(4 * q + 4, cols)
+        s = parts[0][r, 4 * q:hi].astype(np.float32)
+        for p in parts[1:]:
+            s = s + p[r, 4 * q:hi].astype(np.float32)
+        out[r0 + r, c0 + 4 * q:c0 + hi] = _round(dt, s)
+
+
 def _nothing(cta: _CTA, n: Node) -> None:
     """Ordering ops: copies and MMAs complete at issue here, so there is nothing to wait for."""
 
@@ -305,6 +344,8 @@ SEMANTICS.update({
     Op.SQNORM_ROWS: _sqnorm_rows,
     Op.TOPK_PUBLISH: _topk_publish,
     Op.TOPK_CLUSTER_MERGE: _topk_cluster_merge,
+    Op.ACC_PUBLISH: _acc_publish,
+    Op.ACC_CLUSTER_REDUCE: _acc_cluster_reduce,
     Op.TCGEN05_MMA: _mma_slots,
 })
 

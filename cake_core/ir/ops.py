@@ -55,6 +55,8 @@ class Op(str, enum.Enum):
     SQNORM_ROWS = "sqnorm_rows"
     TOPK_PUBLISH = "topk_publish"
     TOPK_CLUSTER_MERGE = "topk_cluster_merge"
+    ACC_PUBLISH = "acc_publish"
+    ACC_CLUSTER_REDUCE = "acc_cluster_reduce"
     TCGEN05_MMA = "tcgen05_mma"
     # -- compute (tile math, reductions, running arg-min / top-k, atomics; see ops_compute.py)
     FILL = "fill"

@@ -73,6 +73,15 @@ lowering) agrees on:
   distributed shared memory) and write the first k to gmem. A second
   ``cluster_sync()`` must follow before the kernel exits: a peer's smem is
   gone once it has (the protocol checker reports both missing syncs).
+- ``acc_publish`` / ``acc_cluster_reduce`` are split-K over the CTAs of a cluster
+  without atomics: inside the role, ``acc_publish`` writes the wgmma
+  accumulator (this CTA's partial sum over its K slice) into an smem tile of the
+  CTA; after the roles, a ``cluster_sync()``, then ``acc_cluster_reduce`` has
+  CTA rank c of n sum, for its share of the in-bounds elements of the window
+  (chunks of 4 columns, row-major, [c * ceil(T / n), (c + 1) * ceil(T / n))
+  of T), the tiles of every CTA of the cluster in rank order (f32) and store
+  the sums; a second ``cluster_sync()`` before the kernel exits. Every
+  element of the window is written once: the output needs no zeroing.
 """
 from __future__ import annotations
 
@@ -92,7 +101,8 @@ class Slot:
 
 ASYNC_OPS = (Op.ROLE, Op.MBARRIER, Op.EXPECT_TX, Op.ARRIVE, Op.WAIT, Op.TMA_LOAD, Op.TMA_STORE, Op.CP_ASYNC,
              Op.CP_ASYNC_WAIT, Op.CP_ASYNC_BAR, Op.FENCE_ASYNC, Op.CLUSTER, Op.CLUSTER_SYNC, Op.WGMMA, Op.WGMMA_WAIT,
-             Op.ARGMIN_BIAS, Op.TOPK_BIAS, Op.SQNORM_ROWS, Op.TOPK_PUBLISH, Op.TOPK_CLUSTER_MERGE, Op.TCGEN05_MMA)
+             Op.ARGMIN_BIAS, Op.TOPK_BIAS, Op.SQNORM_ROWS, Op.TOPK_PUBLISH, Op.TOPK_CLUSTER_MERGE, Op.ACC_PUBLISH,
+             Op.ACC_CLUSTER_REDUCE, Op.TCGEN05_MMA)
 FRAGMENT_EPILOGUES = (Op.ARGMIN_BIAS, Op.TOPK_BIAS)     # running merges on a wgmma accumulator (row state per fragment)
 
 
@@ -250,6 +260,25 @@ register(OpDef(Op.TOPK_CLUSTER_MERGE, (("dst", "view"), ("pub_v", "buf"), ("pub_
                preconditions=("top level, after the roles: every thread of the CTA runs it",
                               "cluster_sync() between the topk_publish and it, and again before the kernel exits",
                               "dst a (R, k) window, k <= KMAX; the CTAs of a cluster share the window's rows")))
+register(OpDef(Op.ACC_PUBLISH, (("part", "buf"), ("acc", "buf")),
+               summary="Publish a wgmma accumulator to the cluster: write acc (R, C) f32, this CTA's partial sum, "
+                       "into the smem tile part of this CTA (laid out by the lowering: only acc_cluster_reduce "
+                       "reads it). Visible to the cluster's CTAs after the next cluster_sync().",
+               example="acc_publish(part_s, acc)",
+               preconditions=("inside the role of the wgmma that accumulates acc, after its wgmma_wait(0)",
+                              "part a one-stage smem f32 tile of acc's shape, touched by no other op")))
+register(OpDef(Op.ACC_CLUSTER_REDUCE, (("dst", "view"), ("part", "buf")),
+               summary="Sum the published partial tiles over the cluster and store them: the in-bounds elements of "
+                       "the (R, C) window, as row-major chunks of 4 columns, are split evenly over the cluster's "
+                       "CTAs (rank c takes chunks [c * ceil(T / n), (c + 1) * ceil(T / n)) of T); each sums its "
+                       "chunks over every CTA's part (mapa + 16-byte ld.shared::cluster, in rank order, f32) and "
+                       "stores them with plain (vector) stores. Every in-bounds element is written once, so the "
+                       "output needs no zeroing and no atomics.",
+               example="acc_cluster_reduce(c[tile(bid.z, BM), tile(bid.x, BN)], part_s)",
+               preconditions=("top level, after the roles: every thread of the CTA runs it",
+                              "cluster_sync() between the acc_publish and it, and again before the kernel exits",
+                              "dst an f32 window of part's shape; the CTAs of a cluster share the window (its "
+                              "indices do not use the bid coordinates the cluster spans)")))
 register(OpDef(Op.TCGEN05_MMA, (("acc", "buf"), ("a", "slot"), ("b", "slot")),
                summary="Blackwell tcgen05 MMA (sm_100a only; declared, not lowered for sm_90a): acc += a @ b "
                        "with the accumulator in tensor memory.",

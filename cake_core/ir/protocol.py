@@ -59,6 +59,11 @@ RULE_IDS = ("protocol.deadlock", "protocol.tx_mismatch", "protocol.read_before_r
             "protocol.cluster_read", "protocol.proxy_fence", "protocol.incomplete")
 
 
+# the smem tiles an op publishes to its cluster, or reads from every CTA of it (operand names)
+_CLUSTER_TILES = {Op.TOPK_PUBLISH: ("pub_v", "pub_i"), Op.TOPK_CLUSTER_MERGE: ("pub_v", "pub_i"),
+                  Op.ACC_PUBLISH: ("part",), Op.ACC_CLUSTER_REDUCE: ("part",)}
+
+
 class _Abort(Exception):
     """The program is malformed in a way other rules report; the checker stays silent."""
 
@@ -405,27 +410,27 @@ class _Sim:
                 self.read(r, n, n.arg("src"), None, True)
             elif op is Op.CLUSTER_SYNC:
                 self.syncs[r.rank] = self.syncs.get(r.rank, 0) + 1
-            elif op is Op.TOPK_PUBLISH:
-                for name in ("pub_v", "pub_i"):
+            elif op in (Op.TOPK_PUBLISH, Op.ACC_PUBLISH):
+                for name in _CLUSTER_TILES[op]:
                     self.published[(n.arg(name), r.rank)] = (self.syncs.get(r.rank, 0), n, r.name)
-            elif op is Op.TOPK_CLUSTER_MERGE:
+            elif op in (Op.TOPK_CLUSTER_MERGE, Op.ACC_CLUSTER_REDUCE):
                 self.cluster_read(r, n)
             elif op is Op.ROLE:
                 raise _Abort()      # nested roles: rules report them
             yield None
 
     def cluster_read(self, r: _Role, n: Node) -> None:
-        """topk_cluster_merge reads pub_v / pub_i of every CTA of the cluster: each must have been written
-        before a cluster_sync() that the reader has passed since."""
+        """topk_cluster_merge (acc_cluster_reduce) reads pub_v / pub_i (part) of every CTA of the cluster: each
+        must have been written before a cluster_sync() that the reader has passed since."""
         mine = self.syncs.get(r.rank, 0)
         for owner in range(self.cluster):
             self.remote.append((owner, r.rank, mine, n))
-            for name in ("pub_v", "pub_i"):
-                w = self.published.get((name, owner))
+            for name in _CLUSTER_TILES[n.op]:
+                w = self.published.get((n.arg(name), owner))
                 if w is None or w[0] < mine:
                     continue
                 self.report("protocol.cluster_read", n, (n.line, "sync"),
-                            f"{n.op.value} reads `{name}` of cluster CTA {owner} with no cluster_sync() between "
+                            f"{n.op.value} reads `{n.arg(name)}` of cluster CTA {owner} with no cluster_sync() between "
                             f"its write and the read: the writing threads may not have finished",
                             [f"write: {w[1].op.value} at line {w[1].line} (role {w[2]}) after {w[0]} cluster_sync()",
                              f"read: {n.op.value} at line {n.line} (CTA {r.rank}) after {mine} cluster_sync()"],

@@ -223,3 +223,4 @@ from cake_core.ir import rules as _rules  # noqa: E402,F401  (registers the buil
 from cake_core.ir import rules_async as _rules_async  # noqa: E402,F401
 from cake_core.ir import rules_compute as _rules_compute  # noqa: E402,F401
 from cake_core.ir import rules_topk as _rules_topk  # noqa: E402,F401
+from cake_core.ir import rules_cluster as _rules_cluster  # noqa: E402,F401

@@ -50,6 +50,7 @@ from cake_core.ir.expr import CTA_COORDS, CTA_COUNTS, LAUNCH_SYMBOLS, Expr, Unbo
 from cake_core.ir.ops import REGISTRY, At, Full, Node, Op, Tile, View, loop_range
 from cake_core.ir.program import Program, walk
 from cake_core.ir.types import DType, MemSpace, TileType
+from cake_core.ir.zeroing import accumulated_params
 from cake_core.outcome import Diagnostic, Outcome, Severity, StageResult
 
 HEADER_NAME = "cake.cuh"
@@ -92,7 +93,8 @@ class LoweredKernel:
     for the fields). ``grid`` is evaluated at launch with ``consts`` and the shape;
     ``smem_bytes`` is the dynamic shared memory per CTA (mbarriers included; above
     48 KiB the launcher must raise ``cudaFuncAttributeMaxDynamicSharedMemorySize``);
-    ``cluster``, when set, is compiled in as ``__cluster_dims__``.
+    ``cluster``, when set, is compiled in as ``__cluster_dims__``. ``accumulates``: the parameters the
+    kernel reads or adds into: of a problem's zeroed outputs, only those are zeroed before a launch.
     """
 
     source: str
@@ -107,6 +109,7 @@ class LoweredKernel:
     ir_filename: str = "kernel.cake"
     tensor_maps: tuple = ()          # lower_async.TensorMapArg, in kernel-argument order
     cluster: tuple[int, ...] = ()
+    accumulates: tuple[str, ...] | None = None   # params read or added into (ir.zeroing); None: unknown
 
     def grid_for(self, shape: dict[str, int], num_sms: int | None = None) -> tuple[int, ...]:
         """The launch grid for ``shape``; ``num_sms`` (the GPU's SM count) is needed when the grid uses it."""
@@ -659,9 +662,10 @@ def lower(program: Program, ir_filename: str = "kernel.cake") -> StageResult:
     source = "\n".join(src) + "\n"
     smem = -(-ctx.smem_top // SMEM_ALIGN) * SMEM_ALIGN
     lk = LoweredKernel(source, program.name, smem, program.threads, args, dims, program.grid,
-                       program.consts, program.target, ir_filename, tmaps, cluster)
+                       program.consts, program.target, ir_filename, tmaps, cluster, accumulated_params(program))
     return StageResult(STAGE, Outcome.OK, ctx.diags, {"smem_bytes": smem, "source_lines": len(src)},
                        {"kernel.cu": source}, lk)
 
 from cake_core.lower import lower_async, lower_compute, lower_control  # noqa: E402,F401  (more lowering hooks)
 from cake_core.lower import lower_splitk  # noqa: E402,F401  (after lower_compute: it wraps its atomic_add)
+from cake_core.lower import lower_cluster  # noqa: E402,F401  (split-K reduced over a cluster)

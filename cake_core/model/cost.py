@@ -114,6 +114,7 @@ COSTS = {
     Op.ARGMAX: _simt_cost, Op.ARGMIN_UPDATE: _simt_cost, Op.TOPK_MERGE: _simt_cost,
     Op.ARGMIN_BIAS: _epilogue_cost, Op.TOPK_BIAS: _epilogue_cost, Op.SQNORM_ROWS: _sqnorm_cost,
     Op.TOPK_PUBLISH: _free, Op.TOPK_CLUSTER_MERGE: _free,  # once per CTA, (R, KMAX) pairs: no term worth a model
+    Op.ACC_PUBLISH: _free, Op.ACC_CLUSTER_REDUCE: _move_cost,   # smem only; the output window written once
     Op.FOR: _free, Op.IF: _free, Op.ROLE: _free,   # structure: walked by the estimator itself
 }
 

@@ -95,7 +95,7 @@ class Problem:
     cpu_limit: int = 160            # largest dimension the interpreter checks
     shape_sets: tuple[str, ...] = field(default=())
     # outputs the kernel accumulates into (atomics): the harness zeroes them before every launch
-    # instead of poisoning them
+    # instead of poisoning them; only for a program that reads or adds into them (see zeroed_for)
     zeroed_outputs: tuple[str, ...] = ()
     # a problem-specific comparison (e.g. argmin/top-k allowing ties by distance), called as
     # compare_fn(got, want, rtol); ``want`` is what ``oracle`` returned (it may carry extra
@@ -120,6 +120,13 @@ class Problem:
         if self.rows is None:
             raise NotImplementedError(f"problem {self.name} has no row-subset oracle")
         return self.rows.take(outputs, np.asarray(rows, dtype=np.int64))
+
+    def zeroed_for(self, accumulated: tuple[str, ...] | None) -> tuple[str, ...]:
+        """The zeroed outputs that a program accumulating into ``accumulated`` (its gmem parameters read or
+        added into, ``ir.zeroing.accumulated_params``; None: unknown) needs zeroed; the others are poisoned."""
+        if accumulated is None:
+            return self.zeroed_outputs
+        return tuple(n for n in self.zeroed_outputs if n in accumulated)
 
     def param_mismatch(self, names: list[str] | tuple[str, ...]) -> str:
         """What keeps a kernel with gmem parameters ``names`` from running on this problem ('' if

@@ -17,6 +17,7 @@ from cake_core.ir import interp
 from cake_core.ir.expr import evaluate
 from cake_core.ir.program import Program
 from cake_core.ir.types import DType
+from cake_core.ir.zeroing import accumulated_params
 from cake_core.problems.base import Problem, Shape, bf16_round, shape_key
 
 
@@ -33,10 +34,11 @@ class ShapeCheck:
 def _poisoned(problem: Problem, program: Program, shape: Shape) -> dict[str, np.ndarray]:
     env = {**shape, **program.const_env}
     out = {}
+    zeroed = problem.zeroed_for(accumulated_params(program))
     for name in problem.outputs:
         p = program.param(name)
         dims = tuple(int(evaluate(d, env)) for d in p.type.shape) if p else ()
-        fill = 0.0 if name in problem.zeroed_outputs else np.nan   # atomics accumulate into zeroed outputs
+        fill = 0.0 if name in zeroed else np.nan   # atomics accumulate into zeroed outputs
         out[name] = np.full(dims, fill, dtype=np.float32)
     return out
 

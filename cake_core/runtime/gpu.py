@@ -14,7 +14,8 @@ launches first, L2 flushed before every timed launch by reading a 256 MiB
 buffer (the H200's L2 is 50 MiB; see :class:`L2Flush`), inputs rotated among up to 4 copies when they
 are small; median, p10 and p90 over ``reps`` (≥ 20) launches. Outputs the problem
 declares zeroed (atomics accumulate into them) are zeroed inside each timed region,
-after the start event: the zeroing is charged to the kernel. The timer name and
+after the start event: the zeroing is charged to the kernel; a kernel that only stores
+into them (``LoweredKernel.accumulates``) gets them poisoned and no zeroing launch. The timer name and
 the L2 state are recorded in every ``ShapeRun``.
 
 A fault poisons the CUDA context: after one, the remaining shapes are not run
@@ -143,6 +144,8 @@ class _Launcher:
             raise GPURefused(f"kernel parameter `{unknown[0]}` is neither an input ({', '.join(problem.inputs)}) "
                              f"nor an output ({', '.join(problem.outputs)}) of problem {problem.name}")
         self.outputs = {n: _alloc(cp, self.shapes[n], self.dtypes[n]) for n in problem.outputs}
+        # a kernel that only stores into a zeroed output (each element once) runs without the zeroing launch
+        self.zeroed = problem.zeroed_for(lowered.accumulates)
 
     def upload(self, inputs: dict[str, np.ndarray]) -> dict[str, Any]:
         dev = {}
@@ -201,9 +204,9 @@ class _Launcher:
 
     def reset_outputs(self) -> None:
         """Poison every output (so unwritten elements fail the gate), except those the problem
-        declares zeroed: kernels accumulate into them with atomics across CTAs."""
+        declares zeroed and the kernel accumulates into: atomics across CTAs add into them."""
         for n, buf in self.outputs.items():
-            if n in self.problem.zeroed_outputs:
+            if n in self.zeroed:
                 buf.fill(0)
             else:
                 _poison(buf, self.dtypes[n])
@@ -211,7 +214,7 @@ class _Launcher:
     def zero_accumulators(self) -> None:
         """Zero the outputs the kernel accumulates into (on the current stream), so that each
         launch, timed ones included, starts from zero as the oracle assumes."""
-        for n in self.problem.zeroed_outputs:
+        for n in self.zeroed:
             self.outputs[n].fill(0)
 
     def run_checked(self, dev_in: dict[str, Any], what: str) -> dict[str, np.ndarray]:

@@ -170,3 +170,5 @@ __device__ __forceinline__ void mma_fma_rmem_smem(float (&acc)[SLOTS], const TA*
 #include "cake_mma.cuh"  // mma atom "mma_sync": tensor-core m16n8k16 with ldmatrix; its fragment-layout accumulators
 
 #include "cake_atomic.cuh"  // atomic adds of register fragments (split-K epilogues): red.global.add.v2/v4.f32
+
+#include "cake_cluster.cuh"  // split-K over a cluster: partial tiles reduced through distributed shared memory
