@@ -1,6 +1,8 @@
 """Lowering knn_topk_split: __cluster_dims__(1, 4, 1), the quad-merged lists published to smem, the
 cross-CTA merge through distributed shared memory between two cluster barriers; compiled for sm_90a with
-nvcc (no GPU): no spills, no stack, no local memory, within the smem of one CTA per SM."""
+nvcc (no GPU): no spills, no stack, no local memory, within the smem of one CTA per SM. knn_topk_split_pp
+(two consumer roles taking turns, two m64n64 accumulators each) lowers to one list pair per role, each
+published to its own tiles and merged by its own 64-row cluster merge."""
 from __future__ import annotations
 
 import re
@@ -13,7 +15,9 @@ from cake_core.lower import compile_kernel, lower
 from cake_core.lower import compile as compile_mod
 from cake_core.outcome import Outcome
 
-SEED = (Path(__file__).resolve().parents[2] / "cake_core/problems/seeds/knn_topk_split.cake").read_text()
+SEEDS = Path(__file__).resolve().parents[2] / "cake_core/problems/seeds"
+SEED = (SEEDS / "knn_topk_split.cake").read_text()
+PP = (SEEDS / "knn_topk_split_pp.cake").read_text()
 
 
 def _lower(text: str = SEED):
@@ -42,9 +46,27 @@ def test_a_merge_inside_the_role_is_refused():
     assert any(d.rule == "lower.unsupported_in_role" for d in r.diagnostics), r.diagnostics
 
 
+def test_knn_split_pp_lowers_one_list_pair_per_role_and_two_cluster_merges():
+    r = _lower(PP)
+    assert r.outcome is Outcome.OK, r.diagnostics
+    src = r.value.source
+    assert "__cluster_dims__(1, 4, 1)" in src and src.count("cake::setmaxnreg_inc<232>();") == 2
+    assert src.count("cake::topk_bias_rmem_wgmma_acc<64, 16>(") == 4     # 2 roles x 2 accumulators
+    assert "store_smem_topk<16>(pub_v0, pub_i0, top_v0, top_i0, (int)threadIdx.x - 128);" in src
+    assert "store_smem_topk<16>(pub_v1, pub_i1, top_v1, top_i1, (int)threadIdx.x - 256);" in src
+    first = src.index("cake::topk_cluster_merge_gmem<64, 16, 4, 1>(")
+    second = src.index("cake::topk_cluster_merge_gmem<64, 16, 4, 1>(", first + 1)
+    assert src.rindex("cake::cluster_sync();", 0, first) > src.rindex("store_smem_topk", 0, first)
+    assert src.index("cake::cluster_sync();", second) > second
+    assert src.count("cake::wgmma_wait<2>();") == 2 and src.count("cake::wgmma_wait<0>();") == 2
+    # q 32 KiB + 16 (64, 64) db halves (4 pair slots) 128 KiB + 8 norm slots + 4 published tiles 16 KiB + barriers
+    assert r.value.smem_bytes == 182400
+
+
 @pytest.mark.skipif(compile_mod.nvcc_path() is None, reason="nvcc not installed")
-def test_knn_split_compiles_for_sm_90a_without_local_memory(tmp_path):
-    r = compile_kernel(_lower().value, arch="sm_90a", cache_dir=tmp_path)
+@pytest.mark.parametrize("seed", ["knn_topk_split", "knn_topk_split_pp"])
+def test_knn_split_compiles_for_sm_90a_without_local_memory(seed, tmp_path):
+    r = compile_kernel(_lower((SEEDS / f"{seed}.cake").read_text()).value, arch="sm_90a", cache_dir=tmp_path)
     assert r.outcome is Outcome.OK, [d.message for d in r.diagnostics]
     log = r.artifacts["nvcc.log"]
     assert "for 'sm_90a'" in log
