@@ -56,7 +56,10 @@ PROTOCOL_NUM_SMS = 2    # num_sms in the simulated launch: a persistent CTA walk
 PERSISTENT_TRIPS = 4    # tiles a persistent CTA walks here: ring phases carry across them, and the roles'
                         # op count stays within MAX_STEPS (every role's tile loop is cut at the same trip)
 RULE_IDS = ("protocol.deadlock", "protocol.tx_mismatch", "protocol.read_before_ready", "protocol.slot_reuse",
-            "protocol.cluster_read", "protocol.proxy_fence", "protocol.incomplete")
+            "protocol.cluster_read", "protocol.proxy_fence", "protocol.incomplete", "protocol.acc_in_flight")
+# ops that read a wgmma accumulator, and the operand that names it
+_ACC_READERS = {Op.STORE: "src", Op.ARGMIN_BIAS: "dots", Op.TOPK_BIAS: "dots", Op.ACC_PUBLISH: "acc",
+                Op.ATOMIC_ADD: "src"}
 
 
 # the smem tiles an op publishes to its cluster, or reads from every CTA of it (operand names)
@@ -122,6 +125,7 @@ class _Role:
     seen: dict[str, int] = field(default_factory=dict)
     fenced: dict[str, int] = field(default_factory=dict)       # seen as of the role's last fence_async
     inflight: list[list[_Read]] = field(default_factory=list)   # wgmma groups not yet waited for
+    inflight_acc: list[tuple[str, Node]] = field(default_factory=list)   # each such group's accumulator
     done_reads: list[_Read] = field(default_factory=list)       # completed, not yet released
     blocked: Node | None = None
     loops: list[str] = field(default_factory=list)
@@ -389,14 +393,18 @@ class _Sim:
                 self.read(r, n, n.arg("a"), group, True)
                 self.read(r, n, n.arg("b"), group, True)
                 r.inflight.append(group)
+                r.inflight_acc.append((n.arg("acc"), n))
             elif op is Op.WGMMA_WAIT:
                 keep = max(self.ev(r, n.args[0]), 0)
                 while len(r.inflight) > keep:
                     r.done_reads.extend(r.inflight.pop(0))
+                    r.inflight_acc.pop(0)
             elif op is Op.MMA:
                 self.read(r, n, n.arg("a"), None)
                 self.read(r, n, n.arg("b"), None)
-            elif op is Op.STORE:
+            if op in _ACC_READERS:
+                self.acc_ready(r, n, n.arg(_ACC_READERS[op]))
+            if op is Op.STORE:
                 self.read(r, n, n.arg("src"), None)
             elif op in (Op.ARGMIN_BIAS, Op.TOPK_BIAS):
                 self.read(r, n, n.arg("bias"), None)
@@ -418,6 +426,17 @@ class _Sim:
             elif op is Op.ROLE:
                 raise _Abort()      # nested roles: rules report them
             yield None
+
+    def acc_ready(self, r: _Role, n: Node, acc: str) -> None:
+        """An op that reads a wgmma accumulator: no wgmma group writing it may still be in flight."""
+        pending = [w for a, w in r.inflight_acc if a == acc]
+        if pending:
+            self.report("protocol.acc_in_flight", n, (n.line, acc),
+                        f"{n.op.value} reads accumulator `{acc}` while the wgmma at line {pending[-1].line} that "
+                        f"writes it may still be running ({len(r.inflight)} wgmma group(s) in flight here)",
+                        [f"write: wgmma at line {pending[-1].line} (role {r.name}, trip {r.trip()})",
+                         f"read: {n.op.value} at line {n.line}"],
+                        "wgmma_wait(n) first, with n at most the number of wgmma groups committed after it")
 
     def cluster_read(self, r: _Role, n: Node) -> None:
         """topk_cluster_merge (acc_cluster_reduce) reads pub_v / pub_i (part) of every CTA of the cluster: each

@@ -741,5 +741,6 @@ for _id, _summary in zip(RULE_IDS, (
         "a copy overwrites an smem slot before its readers released it",
         "a read of a cluster CTA's smem is not ordered after its write, or before its exit, by cluster_sync()",
         "a wgmma reads a slot filled by generic-proxy copies without a fence_async after its wait",
-        "the checker stopped at its step budget: the rest of the protocol is unchecked (a warning)")):
+        "the checker stopped at its step budget: the rest of the protocol is unchecked (a warning)",
+        "an op reads a wgmma accumulator before a wgmma_wait covers the wgmma that writes it")):
     _protocol_rule(_id, _summary)

@@ -95,3 +95,17 @@ def test_a_simulation_cut_by_its_step_budget_says_so():
     assert stuck != huge
     assert {d.rule for d in check_text(stuck)} & {"protocol.deadlock"} and \
         not [d for d in check_text(stuck) if d.rule == "protocol.incomplete"]
+
+
+def test_an_accumulator_read_before_its_wgmma_is_waited_for():
+    # the interpreter runs wgmma synchronously, so only this check sees the race
+    n256 = (Path(__file__).resolve().parents[2] / "cake_core/problems/seeds/gemm_bf16_ws_n256.cake").read_text()
+    assert not [d for d in check_text(n256) if d.rule == "protocol.acc_in_flight"]
+    racy = n256.replace("        wgmma_wait(0)\n", "", 1)
+    hits = [d for d in check_text(racy, "racy.cake") if d.rule == "protocol.acc_in_flight"]
+    assert hits and hits[0].line == 21 and "store reads accumulator `acc`" in hits[0].message
+    assert "wgmma at line 17" in hits[0].message and hits[0].hint.startswith("wgmma_wait(n)")
+    # waiting for all but the newest group is not enough when the newest writes the tile read
+    kws = (Path(__file__).resolve().parents[2] / "cake_core/problems/seeds/kmeans_assign_ws.cake").read_text()
+    early = kws.replace("            wgmma_wait(2)\n", "            wgmma_wait(3)\n")
+    assert [d.line for d in check_text(early) if d.rule == "protocol.acc_in_flight"] == [42]   # the argmin
