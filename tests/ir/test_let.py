@@ -1,6 +1,7 @@
 """Bindings (`name = expr`, Op.LET): text form and round trip, the `let` verifier rules (each passing and
 failing at its planted line), the interpreter (CTA-wide and in roles), the protocol checker, the cost
-model, inline_lets and the tactics."""
+model, inline_lets, the tactics, and the rewritten kmeans_update_smem seed (the measured kernel: same
+hash once inlined, same outputs in the interpreter)."""
 from pathlib import Path
 
 import numpy as np
@@ -209,9 +210,11 @@ def test_inline_lets_substitutes_through_nested_bindings():
     assert "tile(bid.y, BM), tile(kt, BK)" in p.text() and "tile(bid.x * 1, BN)" in p.text()
 
 
+@pytest.mark.parametrize("which", ["kmeans_update_smem", "pingpong"])
 @pytest.mark.parametrize("name", sorted(TACTICS))
-def test_every_tactic_keeps_a_program_with_bindings_valid_or_skips_it(name):
-    seed = parse_program(_pingpong_with_bindings())
+def test_every_tactic_keeps_a_program_with_bindings_valid_or_skips_it(name, which):
+    seed = parse_program((SEEDS / "kmeans_update_smem.cake").read_text() if which == "kmeans_update_smem"
+                         else _pingpong_with_bindings())
     for s in range(8):
         out = TACTICS[name](seed, np.random.default_rng(s))
         if out is None:
@@ -221,3 +224,35 @@ def test_every_tactic_keeps_a_program_with_bindings_valid_or_skips_it(name):
         assert [n.args for n, _, _ in walk(out.body) if n.op is Op.LET] == \
             [n.args for n, _, _ in walk(seed.body) if n.op is Op.LET]
         assert not [d for d in check_text(out.text()) if d.rule.startswith(("let.", "parse.", "shapes.symbols"))]
+
+
+# ------------------------------------------------------------------ the kmeans_update_smem rewrite
+
+UPD = get_problem("kmeans_update")
+MEASURED_HASH = "a80ac3e5b3ea2eed"     # kmeans_update_smem as measured on the GPU, before the bindings
+
+
+def test_the_rewritten_seed_is_the_measured_kernel():
+    text = (SEEDS / "kmeans_update_smem.cake").read_text()
+    p = parse_program(text)
+    assert sum(n.op is Op.LET for n, _, _ in walk(p.body)) == 5
+    assert "max(1, SMS // (B * cdiv(D, BD)))" not in text.split("\n", 2)[2].replace(
+        "splits = max(1, SMS // (B * cdiv(D, BD)))", "")
+    assert inline_lets(p).hash == MEASURED_HASH
+    assert check_text(text) == []
+
+
+def _run(p, shape):
+    inputs = UPD.make_inputs(shape, np.random.default_rng(1))
+    out = {"sums": np.full((shape["B"], shape["K"], shape["D"]), 0, np.float32),
+           "counts": np.zeros((shape["B"], shape["K"]), np.int32)}
+    interp.run(p, dict(shape), {k: v for k, v in inputs.items() if k[0] != "_"}, out)
+    return out
+
+
+def test_the_rewritten_seed_gives_identical_outputs_on_the_small_set():
+    p = parse_program((SEEDS / "kmeans_update_smem.cake").read_text())
+    before = inline_lets(p)
+    for shape in UPD.shape_set("kmeans_update_small").shapes:
+        a, b = _run(p, shape), _run(before, shape)
+        assert all(np.array_equal(a[k], b[k]) for k in a), shape

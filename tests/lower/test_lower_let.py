@@ -1,5 +1,5 @@
 """Lowering bindings (`name = expr` → `const int name = expr;` in its C block), compiled for sm_90a; the
-pingpong seed with bindings in its roles compiles too."""
+kmeans_update_smem seed rewritten with bindings compiles to the resources of the measured kernel."""
 from __future__ import annotations
 
 import sys
@@ -53,3 +53,14 @@ def test_programs_with_bindings_compile_for_sm_90a(tmp_path):
         c = compile_kernel(_lowered(text), cache_dir=tmp_path)
         assert c.ok, [d.message for d in c.diagnostics]
         assert c.value.resources.spill_bytes == 0
+
+
+@nvcc
+def test_the_rewritten_kmeans_update_smem_has_the_measured_kernels_resources(tmp_path):
+    p = parse_program((SEEDS / "kmeans_update_smem.cake").read_text())
+    new, old = lower(p), lower(inline_lets(p))      # inline_lets(p) is the measured program (test_let)
+    assert new.ok and old.ok and "const int chunk = " in new.value.source
+    assert new.value.smem_bytes == old.value.smem_bytes
+    a, b = (compile_kernel(r.value, cache_dir=tmp_path) for r in (new, old))
+    assert a.ok and b.ok
+    assert a.value.resources == b.value.resources, (a.value.resources, b.value.resources)
