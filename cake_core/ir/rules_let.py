@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Iterable, Iterator
 
-from cake_core.ir.expr import LAUNCH_SYMBOLS, Bin, Call, Cmp, Expr, symbols
+from cake_core.ir.expr import LAUNCH_SYMBOLS, Bin, Call, Cmp, Expr, substitute, symbols
 from cake_core.ir.ops import Node, Op
 from cake_core.ir.verify import Ctx, rule
 from cake_core.outcome import Diagnostic
@@ -32,6 +32,21 @@ def _scoped(nodes: tuple[Node, ...], loops: dict[str, Node], lets: dict[str, Nod
             yield from _scoped(n.body, inner, lets)
         if n.op is Op.LET:
             lets = {**lets, n.args[0]: n}
+
+
+def bound_values(ctx: Ctx) -> dict[int, dict[str, Expr]]:
+    """id(node) -> the bindings visible to it, each inlined to an expression over consts, dims, loop
+    variables and CTA symbols: for rules that read an expression's form (a wait's parity)."""
+    cached = ctx.__dict__.get("let_values")
+    if cached is None:
+        cached, values = {}, {}
+        for n, _, lets in _scoped(ctx.program.body, {}, {}):
+            env = {k: values[id(b)] for k, b in lets.items()}
+            cached[id(n)] = env
+            if n.op is Op.LET:
+                values[id(n)] = substitute(n.args[1], env)
+        ctx.__dict__["let_values"] = cached
+    return cached
 
 
 @rule("let.shadow", "let", "a binding's name is already a const, dim, parameter, buffer, launch symbol or loop "

@@ -157,6 +157,14 @@ def test_bindings_in_roles_pass_the_verifier_and_the_protocol_checker():
     assert inline_lets(parse_program(text)).hash == parse_program(PINGPONG).hash
 
 
+def test_a_phase_bound_to_a_name_is_read_through_the_binding():
+    text = _pingpong_with_bindings().replace("wait(turn0[0], phase=(it + 1) % 2)",
+                                             "ph = (it + 1) % 2\n                wait(turn0[0], phase=ph)")
+    assert "phase=ph" in text and check_text(text) == []
+    bad = text.replace("ph = (it + 1) % 2", "ph = it + 1")
+    assert ("mbarrier.phase", _line(bad, "phase=ph")) in [(d.rule, d.line) for d in check_text(bad)]
+
+
 def test_a_broken_phase_through_a_binding_is_still_a_deadlock():
     text = _pingpong_with_bindings().replace("wait(turn0[0], phase=(it + 1) % 2)", "wait(turn0[0], phase=it % 2)")
     assert "protocol.deadlock" in [d.rule for d in check_text(text)]
