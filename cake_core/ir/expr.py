@@ -110,6 +110,19 @@ def symbols(e: Expr) -> set[str]:
     return set()
 
 
+def substitute(e: Expr, env: Mapping[str, "Expr"]) -> Expr:
+    """``e`` with each symbol named in ``env`` replaced by its expression (no folding)."""
+    if isinstance(e, Sym):
+        return env.get(e.name, e)
+    if isinstance(e, Bin):
+        return Bin(e.op, substitute(e.a, env), substitute(e.b, env))
+    if isinstance(e, Cmp):
+        return Cmp(e.op, substitute(e.a, env), substitute(e.b, env))
+    if isinstance(e, Call):
+        return Call(e.fn, tuple(substitute(a, env) for a in e.args))
+    return e
+
+
 def fmt_expr(e: Expr, parent_prec: int = 0) -> str:
     """Canonical text of an expression (fully determined by the tree)."""
     if isinstance(e, bool):

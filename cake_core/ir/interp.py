@@ -147,6 +147,12 @@ def _if(cta: _CTA, n: Node) -> None:
         cta.run(n.body)
 
 
+def _let(cta: _CTA, n: Node) -> None:
+    """Bind the value in the CTA's (or the role's) environment. The verifier confines uses to the
+    binding's block, so the name need not be unbound at the block's end (a later trip rebinds it)."""
+    cta.env[n.args[0]] = cta.ev(n.args[1])
+
+
 SEMANTICS: dict[Op, Callable[[_CTA, Node], None]] = {
     Op.SMEM: _alloc,
     Op.RMEM: _alloc,
@@ -156,6 +162,7 @@ SEMANTICS: dict[Op, Callable[[_CTA, Node], None]] = {
     Op.MMA: _mma,
     Op.FOR: _for,
     Op.IF: _if,
+    Op.LET: _let,
 }
 from cake_core.ir import interp_async, interp_compute  # noqa: E402,F401  (add to SEMANTICS)
 

@@ -34,6 +34,7 @@ class Op(str, enum.Enum):
     # -- structure
     FOR = "for"
     IF = "if"
+    LET = "let"
     # -- async (Hopper: roles, mbarriers, TMA, wgmma; see ops_async.py)
     ROLE = "role"
     MBARRIER = "mbarrier"
@@ -157,7 +158,7 @@ register(OpDef(Op.FOR, (("var", "name"), ("extent", "expr"), ("start", "expr"), 
                        "kernel's tile loop reads `for t in range(bid.x, tiles, ncta.x):` with "
                        "`grid=(min(tiles, num_sms),)`: each CTA walks every ncta.x-th tile, and ring phases "
                        "continue across tiles through a running k-tile count such as "
-                       "`(t - bid.x) // ncta.x * cdiv(K, BK) + kt`.",
+                       "`(t - bid.x) // ncta.x * cdiv(K, BK) + kt` (bind it once per trip, `it = ...`: see `let`).",
                example="for t in range(bid.x, cdiv(M, BM) * cdiv(N, BN), ncta.x):",
                preconditions=("bounds are uniform across the CTA", "step is positive")))
 
@@ -176,6 +177,18 @@ register(OpDef(Op.IF, (("cond", "cond"),),
                        "(uniform across the CTA: conditions see consts, dims, loop variables and bid only).",
                example="if kt < cdiv(K, BK) - 1:",
                preconditions=("one comparison (<, <=, >, >=, ==, !=); no else branch",)))
+register(OpDef(Op.LET, (("var", "name"), ("value", "expr")),
+               summary="Bind a name to an index expression, written `name = expr` (an expression, not an op call): "
+                       "later statements of the same block, and the blocks nested in it, may use the name wherever "
+                       "an index expression goes, so a long index is written once. Evaluated by the whole CTA (or "
+                       "role) where it stands, again on every trip of an enclosing loop; uniform like a `for` "
+                       "extent. A runtime value: smem/rmem shapes, tile sizes and other compile-time operands "
+                       "take consts, not bindings.",
+               example="kt0 = (t - bid.x) // ncta.x * cdiv(K, BK)",
+               preconditions=("a new name: not a const, dim, parameter, buffer, loop variable or binding in scope",
+                              "used only after it, within its block",
+                              "an integer expression (no float literal)",
+                              "not between two sibling roles (bind before the first role or inside a role)")))
 
 
 # --------------------------------------------------------------------- views

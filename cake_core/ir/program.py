@@ -55,13 +55,16 @@ class Program:
 
 def walk(nodes: tuple[Node, ...], path: str = "",
          scope: frozenset[str] = frozenset()) -> Iterator[tuple[Node, str, frozenset[str]]]:
-    """Every node with its IR path (``for[kt].mma``) and the loop variables in scope,
-    depth first, in program order."""
+    """Every node with its IR path (``for[kt].mma``) and the index names in scope there (loop
+    variables of the enclosing loops, and bindings made earlier in this block or an enclosing
+    one), depth first, in program order."""
     counts: dict[str, int] = {}
     for n in nodes:
         key = n.op.value
         if n.op is Op.FOR:
             key = f"for[{n.args[0]}]"
+        elif n.op is Op.LET:
+            key = f"let[{n.args[0]}]"
         elif n.op is Op.IF:
             key = "if"
         elif n.op is Op.ROLE:
@@ -75,6 +78,8 @@ def walk(nodes: tuple[Node, ...], path: str = "",
         yield n, here, scope
         if n.body:
             yield from walk(n.body, here, scope | {n.args[0]} if n.op is Op.FOR else scope)
+        if n.op is Op.LET:      # visible to the rest of this block (not to the binding itself)
+            scope = scope | {n.args[0]}
 
 
 class Builder:
@@ -98,6 +103,11 @@ class Builder:
     def emit(self, op: Op, *args: Any, result: str | None = None, **attrs: Any) -> str | None:
         self._stack[-1].append(Node(op, tuple(args), make_attrs(op, attrs), result))
         return result
+
+    def let(self, var: str, value: Expr) -> str:
+        """``var = value``: bind an index expression for the rest of the current block."""
+        self._stack[-1].append(Node(Op.LET, (var, value)))
+        return var
 
     def loop(self, var: str, extent: Expr, start: Expr = 0, step: Expr = 1, **attrs: Any) -> "_Loop":
         """``for var in range(extent)``, or ``range(start, extent, step)``."""

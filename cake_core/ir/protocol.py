@@ -337,6 +337,9 @@ class _Sim:
                 if self.ev(r, n.args[0]):
                     yield from self.steps_of(r, n.body)
                 continue
+            if op is Op.LET:      # no memory effect: not a turn of its own, so bindings leave the interleaving as it was
+                r.env[n.args[0]] = self.ev(r, n.args[1])
+                continue
             if op is Op.WAIT:
                 key, b = self.bar(r, n.arg("bar"))
                 parity = self.ev(r, n.arg("phase")) % 2

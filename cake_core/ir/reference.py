@@ -63,7 +63,7 @@ _KINDS = {
     "view": "a window of a gmem parameter: `a[tile(i, n), :, j]`",
     "expr": "an index expression (ints, consts, dims, loop variables, bid.x/y/z, ncta.x/y/z (the grid's CTA "
             "counts), + - * // %, cdiv/min/max); a grid may also use num_sms (the GPU's SM count, given at launch)",
-    "name": "a new loop variable name",
+    "name": "a new name: a loop variable (`for`) or a binding (`let`, written `name = expr`)",
     "slot": "a buffer name, or a ring slot `name[expr]` of a staged smem tile or an mbarrier array",
     "str": "a string literal naming something (a role)",
     "warps": "a pair of integer literals `(lo, hi)`: warps lo..hi-1",

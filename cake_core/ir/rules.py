@@ -142,12 +142,14 @@ def _symbols(ctx: Ctx) -> Iterable[Diagnostic]:
     for s in sorted(grid_syms - base):
         yield ctx.diag("shapes.symbols", None, f"the grid uses `{s}`, which is neither a const nor a "
                                                "problem dimension", hint="grid extents may use consts and dims")
+    bound = {n.args[0] for n, _, _ in ctx.nodes if n.op is Op.LET}    # out of scope: let.scope reports them
     for n, path, scope in ctx.nodes:
         exprs = _node_exprs(n, slots=False)
-        bad = set().union(*(symbols(e) for e in exprs)) - base - scope if exprs else set()
+        bad = set().union(*(symbols(e) for e in exprs)) - base - scope - bound if exprs else set()
         for s in sorted(bad):
             yield ctx.diag("shapes.symbols", n, f"`{s}` is not defined", path=path,
-                           hint="index expressions may use consts, problem dims, loop variables and bid.x/y/z")
+                           hint="index expressions may use consts, problem dims, loop variables, bindings "
+                                "(`name = expr` above) and bid.x/y/z")
 
 
 def _node_exprs(n: Node, slots: bool = True) -> list:

@@ -10,10 +10,11 @@ from __future__ import annotations
 import math
 from typing import Iterable, Iterator
 
-from cake_core.ir.expr import CTA_COORDS, CTA_COUNTS, Bin, symbols, try_evaluate
+from cake_core.ir.expr import CTA_COORDS, CTA_COUNTS, Bin, substitute, symbols, try_evaluate
 from cake_core.ir.ops import At, Node, Op, Tile, View
 from cake_core.ir.ops_async import Slot
 from cake_core.ir.protocol import RULE_IDS, check_protocol
+from cake_core.ir.rules_let import bound_values
 from cake_core.ir.types import DType, MemSpace
 from cake_core.ir.verify import Ctx, fmt_shape, rule, view_extent
 from cake_core.outcome import Diagnostic
@@ -591,7 +592,7 @@ def _mbarrier_phase(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path, _ in ctx.nodes:
         if n.op is not Op.WAIT:
             continue
-        p, bar = n.arg("phase"), n.arg("bar").buf
+        p, bar = substitute(n.arg("phase"), bound_values(ctx)[id(n)]), n.arg("bar").buf   # through bindings
         parity = isinstance(p, int) and p in (0, 1) or isinstance(p, Bin) and p.op == "%" and p.b == 2
         if not parity:
             yield ctx.diag("mbarrier.phase", n, "the phase of a wait is a parity (0 or 1): completed phases are "

@@ -5,6 +5,10 @@ rules) with line, column and a hint, and keeps going past a bad statement so
 the agent sees all of them at once. ``print_program`` writes the canonical
 text; ``parse(print_program(p)).program == p`` for every program.
 
+An assignment is an op call when its right side calls an op (``a_s = smem(...)``,
+any plain-named call other than the index functions cdiv/min/max), and
+otherwise a binding (``let``) of an index expression: ``kt0 = t * cdiv(K, BK)``.
+
     @kernel(target="sm_90a", grid=(cdiv(N, BN), cdiv(M, BM)), threads=256, consts={"BK": 32, "BM": 64, "BN": 64})
     def gemm(a: gmem[bf16, (M, K)], b: gmem[bf16, (K, N)], c: gmem[f32, (M, N)]):
         acc = rmem(f32, (BM, BN))
@@ -32,7 +36,7 @@ _FALLBACK_HINT = {
     "parse.kernel": 'the header reads @kernel(target="sm_90a", grid=(cdiv(N, BN), cdiv(M, BM)), threads=256, '
                     'consts={"BM": 64})',
     "parse.for": "loops read `for kt in range(cdiv(K, BK)):`",
-    "parse.assign": "write `name = op(...)`",
+    "parse.assign": "write `name = op(...)`, or `name = expr` to bind an index expression",
     "parse.view": "views read a[tile(bid.y, BM), :]",
     "parse.role": 'roles read `with role("producer", warps=(0, 4), regs=40):`',
 }
@@ -221,11 +225,15 @@ class _Parser:
         if isinstance(s, ast.Assign):
             if len(s.targets) != 1 or not isinstance(s.targets[0], ast.Name):
                 raise _Bad("parse.assign", s, "assign to exactly one plain name")
-            return self.call(s.value, s.targets[0].id, s)
+            if _is_op_call(s.value):
+                return self.call(s.value, s.targets[0].id, s)
+            # anything else on the right is an index expression: a binding (`let`)
+            return Node(Op.LET, (s.targets[0].id, self.expr(s.value)), (), None, (), s.lineno, s.col_offset + 1)
         if isinstance(s, ast.Expr):
             return self.call(s.value, None, s)
         raise _Bad("parse.statement", s, f"`{type(s).__name__}` statements are not part of Cake IR",
-                   "statements are op calls, `name = op(...)` and `for v in range(n):` loops")
+                   "statements are op calls, `name = op(...)`, bindings `name = expr`, `for v in range(n):` "
+                   "loops, `if a < b:` and `with role(...):` blocks")
 
     def with_role(self, s: ast.With) -> Node:
         """``with role("name", warps=(lo, hi), regs=R):`` — a block op like ``for``."""
@@ -263,12 +271,15 @@ class _Parser:
         try:
             d = REGISTRY[Op(name)]
         except ValueError:
-            close = difflib.get_close_matches(name, [o.value for o in Op if o is not Op.FOR], n=3)
+            close = difflib.get_close_matches(name, [o.value for o in Op if o not in (Op.FOR, Op.LET)], n=3)
             raise _Bad("parse.unknown_op", c, f"unknown op `{name}`",
                        f"did you mean {', '.join(close)}? (`cake ops` lists every op)" if close
                        else "`cake ops` lists every op") from None
         if d.block:
             raise _Bad("parse.statement", c, f"`{name}` opens a block; use it as a statement header")
+        if d.op is Op.LET:
+            raise _Bad("parse.statement", c, "a binding is written `name = expr`, not `let(...)`",
+                       f"e.g. {d.example}")
         if d.result and result is None:
             raise _Bad("parse.result", c, f"`{name}` makes a value: bind it, `x = {name}(...)`")
         if not d.result and result is not None:
@@ -402,6 +413,12 @@ class _Parser:
                    f"use integers, names, bid.x/y/z, ncta.x/y/z, {' '.join(BINOPS)} and {', '.join(FUNCS)}()")
 
 
+def _is_op_call(v: ast.expr) -> bool:
+    """``name = op(...)`` (an op, known or not) rather than ``name = expr``: a call of a plain name that
+    is not one of the index functions (cdiv, min, max)."""
+    return isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and v.func.id not in FUNCS
+
+
 # --------------------------------------------------------------------- print
 
 def print_program(p: Program) -> str:
@@ -477,6 +494,9 @@ def _print_block(nodes: tuple[Node, ...], depth: int, lines: list[str]) -> None:
         if n.op is Op.IF:
             lines.append(f"{pad}if {fmt_expr(n.args[0])}:")
             _print_block(n.body, depth + 1, lines)
+            continue
+        if n.op is Op.LET:
+            lines.append(f"{pad}{n.args[0]} = {fmt_expr(n.args[1])}")
             continue
         args = [_fmt_operand(kind, a) if name not in d.keyword_operands else f"{name}={_fmt_operand(kind, a)}"
                 for (name, kind), a in zip(d.operands, n.args)] + kws

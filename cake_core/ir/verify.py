@@ -27,7 +27,7 @@ class Ctx:
     target: dict[str, Any]
     buffers: dict[str, TileType] = field(default_factory=dict)      # params and allocations
     defined_at: dict[str, Node] = field(default_factory=dict)
-    nodes: list[tuple[Node, str, frozenset[str]]] = field(default_factory=list)  # node, path, loop vars in scope
+    nodes: list[tuple[Node, str, frozenset[str]]] = field(default_factory=list)  # node, path, index names in scope
     dims: set[str] = field(default_factory=set)                      # problem dims (param shape symbols)
     role_of: dict[int, Node] = field(default_factory=dict)           # id(node) -> the role block it runs in
     shapes: tuple[dict[str, int], ...] = ()                         # the run's shapes, when known
@@ -224,3 +224,4 @@ from cake_core.ir import rules_async as _rules_async  # noqa: E402,F401
 from cake_core.ir import rules_compute as _rules_compute  # noqa: E402,F401
 from cake_core.ir import rules_topk as _rules_topk  # noqa: E402,F401
 from cake_core.ir import rules_cluster as _rules_cluster  # noqa: E402,F401
+from cake_core.ir import rules_let as _rules_let  # noqa: E402,F401

@@ -35,6 +35,8 @@ What is lowered in v1 (and what is not, with its rule id):
   an ``mma`` of another atom into it. Preconditions, each a ``LowerError`` at the IR line:
   ``lower.mma_tiling`` (M = WM * 16 * i and N = WN * 8 * j for some warp grid WM * WN = threads/32;
   K a multiple of 16), ``lower.unsupported_operand`` (bf16/f16 a and b in smem, f32 acc).
+- ``name = expr`` (``let``) → ``const int name = expr;`` in the C block of its IR block (the same int
+  arithmetic as the expression written inline at each use).
 - ``sync`` → ``__syncthreads()``; ``for`` → a C ``for`` loop (``#pragma unroll``); ``range(start, stop,
   step)`` keeps its bounds (``ncta.x`` → ``gridDim.x``). A grid that uses ``num_sms`` is evaluated at launch
   with the GPU's SM count (``LoweredKernel.grid_for(shape, num_sms)``).
@@ -164,6 +166,7 @@ class Ctx:
     gmem: dict[str, Buf]
     scopes: list[dict[str, Buf]] = field(default_factory=lambda: [{}])
     loop_vars: list[str] = field(default_factory=list)
+    bound: list[str] = field(default_factory=list)          # bindings (`let`) in scope, innermost last
     smem_top: int = 0
     diags: list[Diagnostic] = field(default_factory=list)
     paths: dict[int, str] = field(default_factory=dict)     # id(node) -> IR path
@@ -193,11 +196,13 @@ class Ctx:
         return b
 
     def check_expr(self, e: Expr, what: str) -> str:
-        known = set(self.consts) | set(self.dims) | set(self.loop_vars) | set(CTA_COORDS) | set(CTA_COUNTS)
+        known = set(self.consts) | set(self.dims) | set(self.loop_vars) | set(self.bound) | set(CTA_COORDS) | \
+            set(CTA_COUNTS)
         unknown = sorted(symbols(e) - known)
         if unknown:
             raise LowerError("lower.unknown_name", f"{what} uses `{unknown[0]}`, which is not a const, a problem "
-                                                   "dimension, a loop variable in scope, bid.x/y/z or ncta.x/y/z",
+                                                   "dimension, a loop variable or binding in scope, bid.x/y/z or "
+                                                   "ncta.x/y/z",
                              "declare it in consts={...} or use a dimension of a gmem parameter (num_sms: in "
                              "the grid only)")
         # blockIdx and gridDim are unsigned: as int, `M - bid.y * BM` stays signed (guards compare against it)
@@ -219,9 +224,11 @@ class Ctx:
             self.loop_vars.append(loop_var)
         self.scopes.append({})
         self.depth += 1
+        n_bound = len(self.bound)
         try:
             return self.lower_block(nodes)
         finally:
+            del self.bound[n_bound:]        # the block's bindings end with it (as its C block does)
             self.depth -= 1
             self.scopes.pop()
             if loop_var is not None:
@@ -530,7 +537,7 @@ def _warp_grid(shape: tuple[int, ...], threads: int, name: str) -> tuple[int, in
 
 def _layout_guard(n: Node, ctx: Ctx) -> None:
     """Refuse a node that touches a fragment-layout rmem tile unless its lowering follows that layout."""
-    if n.op in (Op.RMEM, Op.MMA, Op.LOAD, Op.STORE, Op.SMEM, Op.FOR, Op.SYNC):
+    if n.op in (Op.RMEM, Op.MMA, Op.LOAD, Op.STORE, Op.SMEM, Op.FOR, Op.SYNC, Op.LET):
         return        # these hooks handle the layout themselves (or touch no tile)
     names = _buf_operands(n)
     frag = _frag_names(ctx)
@@ -574,6 +581,19 @@ def _lower_for(n: Node, ctx: Ctx) -> list[Line]:
     return [(n.line, pad + x) for x in out] + body + [(n.line, pad + "}")]
 
 
+@lowering(Op.LET)
+def _lower_let(n: Node, ctx: Ctx) -> list[Line]:
+    # check_expr writes int arithmetic (consts, dims and loop variables are int; blockIdx/gridDim cast to
+    # int), so the binding is exactly the int the expression would be where it is used; 64-bit offsets are
+    # formed from it at the use (cake::index_t casts in the window code), as from an inline expression
+    var, value = n.args
+    if var in ctx.loop_vars or var in ctx.bound or var in ctx.consts or var in ctx.dims:
+        raise LowerError("lower.shadowed_name", f"binding `{var}` shadows a name already in scope")
+    c = ctx.check_expr(value, f"binding `{var}`")
+    ctx.bound.append(var)
+    return [f"const int {var} = {c};"]
+
+
 # --------------------------------------------------------------------- driver
 
 def _dims(p: Program) -> tuple[str, ...]:
@@ -603,7 +623,7 @@ def _names(p: Program) -> list[tuple[str, int]]:
         n = w[0]
         if n.result:
             out.append((n.result, n.line))
-        if n.op is Op.FOR:
+        if n.op in (Op.FOR, Op.LET):
             out.append((n.args[0], n.line))
     return out
 

@@ -18,7 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from cake_core.ir.expr import evaluate
+from cake_core.ir.expr import evaluate, try_evaluate
 from cake_core.ir.ops import Node, Op, loop_range
 from cake_core.ir.program import Program
 from cake_core.ir.targets import load_target
@@ -101,6 +101,15 @@ def _free(n: Node, ctx, env, trips: float, w: Work) -> None:
     """Allocation, barriers, fences, waits: no FLOPs and no gmem bytes."""
 
 
+def _bind(n: Node, ctx, env, trips: float, w: Work) -> None:
+    """A binding costs nothing; its value joins ``env`` (when CTA 0's is known) for the extents after it."""
+    v = try_evaluate(n.args[1], env)
+    if v is None:
+        env.pop(n.args[0], None)
+    else:
+        env[n.args[0]] = int(v)
+
+
 # One cost hook per op (a test checks every registered op has one).
 COSTS = {
     Op.SMEM: _free, Op.RMEM: _free, Op.SYNC: _free, Op.MBARRIER: _free, Op.EXPECT_TX: _free,
@@ -116,6 +125,7 @@ COSTS = {
     Op.TOPK_PUBLISH: _free, Op.TOPK_CLUSTER_MERGE: _free,  # once per CTA, (R, KMAX) pairs: no term worth a model
     Op.ACC_PUBLISH: _free, Op.ACC_CLUSTER_REDUCE: _move_cost,   # smem only; the output window written once
     Op.FOR: _free, Op.IF: _free, Op.ROLE: _free,   # structure: walked by the estimator itself
+    Op.LET: _bind,
 }
 
 
