@@ -12,6 +12,7 @@ from cake_core.ir.text import parse_program
 from cake_core.lower import compile_kernel, lower
 from cake_core.lower import compile as compile_mod
 from cake_core.outcome import Outcome
+from ptx import ptx_of
 
 SEED = (Path(__file__).resolve().parents[2] / "cake_core/problems/seeds/gemm_bf16_ws.cake").read_text()
 
@@ -69,12 +70,7 @@ def test_ws_gemm_compiles_for_sm_90a_with_wgmma(tmp_path):
 @pytest.mark.skipif(compile_mod.nvcc_path() is None, reason="nvcc not installed")
 def test_ws_gemm_ptx_holds_the_async_instructions(tmp_path):
     lk = _lower().value
-    cu = tmp_path / "k.cu"
-    cu.write_text(lk.source)
-    out = tmp_path / "k.ptx"
-    subprocess.run([compile_mod.nvcc_path(), "-ptx", *compile_mod.arch_flags("sm_90a"), "-std=c++17", "-I",
-                    str(compile_mod.HEADER_DIR), "-o", str(out), str(cu)], check=True, capture_output=True)
-    ptx = out.read_text()
+    ptx = ptx_of(lk.source, tmp_path)
     for needle in ("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16", "cp.async.bulk.tensor.2d",
                    "mbarrier.try_wait.parity", "setmaxnreg.inc.sync.aligned.u32 232", "wgmma.wait_group.sync.aligned 0"):
         assert needle in ptx, needle

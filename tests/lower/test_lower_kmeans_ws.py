@@ -12,6 +12,7 @@ from cake_core.ir.text import parse_program
 from cake_core.lower import compile_kernel, lower
 from cake_core.lower import compile as compile_mod
 from cake_core.outcome import Outcome
+from ptx import ptx_of
 
 SEEDS = Path(__file__).resolve().parents[2] / "cake_core/problems/seeds"
 SEED = (SEEDS / "kmeans_assign_ws.cake").read_text()
@@ -82,12 +83,7 @@ def test_kmeans_ws_compiles_for_sm_90a_with_the_wgmma_pipeline_intact(tmp_path, 
 
 @pytest.mark.skipif(compile_mod.nvcc_path() is None, reason="nvcc not installed")
 def test_kmeans_ws_ptx_holds_the_quad_merge(tmp_path):
-    cu = tmp_path / "k.cu"
-    cu.write_text(_lower().value.source)
-    out = tmp_path / "k.ptx"
-    subprocess.run([compile_mod.nvcc_path(), "-ptx", *compile_mod.arch_flags("sm_90a"), "-std=c++17", "-I",
-                    str(compile_mod.HEADER_DIR), "-o", str(out), str(cu)], check=True, capture_output=True)
-    ptx = out.read_text()
+    ptx = ptx_of(_lower().value.source, tmp_path)
     for needle in ("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16", "cp.async.bulk.tensor.3d",
                    "cp.async.bulk.tensor.2d", "shfl.sync.bfly.b32", "wgmma.wait_group.sync.aligned 2"):
         assert needle in ptx, needle

@@ -2,7 +2,6 @@
 wgmma accumulator (red.global.add.v4/v2.f32), and an nvcc compile for sm_90a (no GPU)."""
 from __future__ import annotations
 
-import subprocess
 
 import pytest
 
@@ -13,6 +12,7 @@ from cake_core.lower import compile as compile_mod
 from cake_core.outcome import Outcome
 from cake_core.problems import get_problem
 from cake_core.runtime.cpu import check_on_cpu
+from ptx import ptx_of
 
 TINY = get_problem("tinygemm")
 NAME = "tinygemm_splitk.cake"
@@ -79,12 +79,7 @@ def test_splitk_compiles_for_sm_90a_with_vector_reductions(tmp_path):
     assert "for 'sm_90a'" in log and "C7510" not in log and "C7515" not in log   # wgmma not serialised
     res = r.value.resources
     assert res.spill_bytes == 0 and res.stack_bytes == 0 and res.registers <= 128
-    cu = tmp_path / "k.cu"
-    cu.write_text(_lower().value.source)
-    out = tmp_path / "k.ptx"
-    subprocess.run([compile_mod.nvcc_path(), "-ptx", *compile_mod.arch_flags("sm_90a"), "-std=c++17", "-I",
-                    str(compile_mod.HEADER_DIR), "-o", str(out), str(cu)], check=True, capture_output=True)
-    ptx = out.read_text()
+    ptx = ptx_of(_lower().value.source, tmp_path)
     for needle in ("red.global.add.v4.f32", "red.global.add.v2.f32", "shfl.sync.bfly",
                    "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16", "cp.async.bulk.tensor.2d"):
         assert needle in ptx, needle

@@ -2,7 +2,6 @@
 nvcc compile for sm_90a (no GPU): no spills, no stack, wgmma not serialised, two CTAs per SM fit."""
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -11,6 +10,7 @@ from cake_core.ir.text import parse_program
 from cake_core.lower import compile_kernel, lower
 from cake_core.lower import compile as compile_mod
 from cake_core.outcome import Outcome
+from ptx import ptx_of
 
 NAME = "tinygemm_cluster.cake"
 TEXT = (Path(__file__).resolve().parents[2] / "cake_core/problems/seeds" / NAME).read_text()
@@ -59,12 +59,7 @@ def test_cluster_program_compiles_for_sm_90a_without_spills(tmp_path):
     res = r.value.resources
     assert res.spill_bytes == 0 and res.stack_bytes == 0 and res.registers <= 128
     assert 2 * 160 * res.registers <= 65536                                    # two CTAs per SM
-    cu = tmp_path / "k.cu"
-    cu.write_text(_lower().value.source)
-    out = tmp_path / "k.ptx"
-    subprocess.run([compile_mod.nvcc_path(), "-ptx", *compile_mod.arch_flags("sm_90a"), "-std=c++17", "-I",
-                    str(compile_mod.HEADER_DIR), "-o", str(out), str(cu)], check=True, capture_output=True)
-    ptx = out.read_text()
+    ptx = ptx_of(_lower().value.source, tmp_path)
     for needle in ("ld.shared::cluster.v4.f32", "mapa.shared::cluster", "st.global.v4.f32", "barrier.cluster",
                    "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16", "cp.async.bulk.tensor.2d"):
         assert needle in ptx, needle
