@@ -6,7 +6,9 @@ Correctness first, all CTA-collective:
   over the destination elements each thread owns (e = s * THREADS + tid: slot
   ``s`` of an rmem tile, element ``e`` of an smem tile). They add no barrier:
   as with ``mma``, a ``sync()`` must separate them from smem writes of other
-  threads.
+  threads. A ``scatter_add`` of an rmem tile into contiguous f32 gmem rows
+  adds 4 columns per ``red.global.add.v4.f32`` when the view is 16-byte
+  aligned at run time (``cake::scatter_add_gmem_f32x4``), else that loop.
 - Ops that combine elements held by different threads (the axis ops, the
   running merges, broadcasts and transposes of an rmem source, the scatter
   index) stage their rmem operands into shared-memory scratch that the
@@ -430,7 +432,27 @@ def _lower_scatter_add(n: Node, ctx: Ctx) -> list[Line]:
             f"    const int cake_i = {st.smem_ptr(idx)}[cake_r];",
             f"    if (!{guard} || {ok}) cake::atomic_add_gmem({at}, {val});",
             "}"]
-    return _block(pre, _owned_loop(ctx, src.numel, cols, body))
+    scalar = _owned_loop(ctx, src.numel, cols, body)
+    if not (rank2 and _rows_by_red_v4(ctx, g, src, st)):
+        return _block(pre, scalar)
+    rows = f"const cake::index_t cake_rows = {extent} < cake_iin ? {extent} : (cake::index_t)cake_iin;"
+    call = (f"cake::scatter_add_gmem_f32x4<{src.shape[0]}, {cols}, THREADS, {guard}>(cake_dst, cake_ldi, "
+            f"(int)cake_rows, cake_cin, {st.smem_ptr(idx)}, {src.name}, cake_valid);")
+    # the fallback (unaligned views) stays unrolled: a rolled loop would index the rmem source at run time
+    # and move it to local memory
+    return _block(pre, ["if (cake::red_v4_rows_ok(cake_dst, cake_ldi, cake_ldc)) {", "    " + rows, "    " + call,
+                        "} else {"] + ["    " + x for x in scalar] + ["}"])
+
+
+def _rows_by_red_v4(ctx: Ctx, g: Buf, src: Buf, st: _Staging) -> bool:
+    """Whether a rank-2 scatter_add may add its rows 4 columns per red.global.add.v4.f32 (decided at compile time;
+    the pointer and strides are checked at run time, with the scalar loop as the fallback): an f32 target, an
+    rmem source with rows a multiple of 4 long, each thread on one column and every slot full. smem sources
+    keep the scalar loop: the warp-owned kmeans_update variants' gmem branch spills with both paths."""
+    R, C = src.shape
+    return g.type.dtype is DType.F32 and C % 4 == 0 and src.type.space is MemSpace.RMEM \
+        and src.name not in st.ptr and ctx.threads % 32 == 0 and ctx.threads % C == 0 \
+        and (R * C) % ctx.threads == 0
 
 
 

@@ -80,4 +80,69 @@ __device__ __forceinline__ void atomic_add_gmem_wgmma_acc(float* dst, const floa
     }
 }
 
+// ----------------------------------------------------------------- scatter_add of rows into gmem, 16 bytes at a time
+// red_v4_rows_ok(dst, ld_row, ld_col): rows of the f32 window at dst are contiguous and every 4-column
+// group of a row starting at a multiple of 4 is 16-byte aligned, so red.v4 may add it.
+__device__ __forceinline__ bool red_v4_rows_ok(const float* dst, index_t ld_row, index_t ld_col) {
+    return ld_col == 1 && ld_row % 4 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0;
+}
+
+// red_gmem_f32x4_edge<GUARD>(p, c, cols_in, v0..v3): p[0..3] += v with one red.v4, or one red per
+// element where the group crosses the window's right edge (column c + k >= cols_in).
+template <bool GUARD>
+__device__ __forceinline__ void red_gmem_f32x4_edge(float* p, int c, int cols_in, float v0, float v1, float v2,
+                                                    float v3) {
+    if (!GUARD || c + 3 < cols_in) {
+        red_gmem_f32x4(p, v0, v1, v2, v3);
+        return;
+    }
+    if (c < cols_in) red_gmem_f32(p, v0);
+    if (c + 1 < cols_in) red_gmem_f32(p + 1, v1);
+    if (c + 2 < cols_in) red_gmem_f32(p + 2, v2);
+}
+
+// pick4_f32(k, a0, a1, a2, a3): a_k for a run-time k in [0, 4), by selects: an array indexed with k would
+// go to local memory
+__device__ __forceinline__ float pick4_f32(int k, float a0, float a1, float a2, float a3) {
+    const float lo = (k & 1) ? a1 : a0, hi = (k & 1) ? a3 : a2;
+    return (k & 2) ? hi : lo;
+}
+
+// scatter_add_gmem_f32x4<R, C, THREADS, GUARD>(dst, ld_i, rows, cols_in, idx, src, valid): for each row
+// r < valid of the rmem tile src (R x C), dst[idx[r] * ld_i + c] += src[r * C + c], 4 columns per red.v4;
+// dst must pass red_v4_rows_ok. With GUARD, rows whose index lies outside [0, rows) are skipped and columns
+// from cols_in on are not written. Element e = s * THREADS + t sits in slot s of thread t; with
+// THREADS % C == 0 thread t holds column t % C of one row per slot, and the 4 lanes of a quad 4 consecutive
+// columns of that row. Four slots go at a time through a 4 x 4 transpose inside the quad (3 xor-shuffles):
+// lane j ends with the quad's 4 columns of slot s0 + j, so a quad issues one red.v4 per row instead of 4
+// reds. Every lane of the warp takes part in the shuffles: the call must be uniform over the CTA.
+template <int R, int C, int THREADS, bool GUARD, typename TI, typename TS, int SLOTS>
+__device__ __forceinline__ void scatter_add_gmem_f32x4(float* dst, index_t ld_i, int rows, int cols_in, const TI* idx,
+                                                       const TS (&src)[SLOTS], int valid) {
+    static_assert(C % 4 == 0, "rows go in groups of 4 columns");
+    static_assert(THREADS % 32 == 0 && THREADS % C == 0, "a thread stays on one column, a quad on one row");
+    static_assert(R * C == SLOTS * THREADS, "every thread holds every slot");
+    const int t = (int)threadIdx.x, j = t & 3, c = (t % C) & ~3;
+#pragma unroll
+    for (int s0 = 0; s0 < SLOTS; s0 += 4) {
+        float m[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) m[k] = s0 + k < SLOTS ? to_f32(src[s0 + k < SLOTS ? s0 + k : 0]) : 0.f;
+        // g_k: column c + (j ^ k) of slot s0 + j, sent by lane j ^ k (its slot s0 + j)
+        const float g0 = pick4_f32(j, m[0], m[1], m[2], m[3]);
+        const float g1 = __shfl_xor_sync(0xffffffffu, pick4_f32(j ^ 1, m[0], m[1], m[2], m[3]), 1);
+        const float g2 = __shfl_xor_sync(0xffffffffu, pick4_f32(j ^ 2, m[0], m[1], m[2], m[3]), 2);
+        const float g3 = __shfl_xor_sync(0xffffffffu, pick4_f32(j ^ 3, m[0], m[1], m[2], m[3]), 3);
+        const int s = s0 + j;
+        if (s >= SLOTS) continue;
+        const int r = (s * THREADS + (t & ~3)) / C;
+        if (r >= valid) continue;
+        const int i = idx[r];
+        if (GUARD && (unsigned)i >= (unsigned)rows) continue;
+        red_gmem_f32x4_edge<GUARD>(dst + (index_t)i * ld_i + c, c, cols_in, pick4_f32(j, g0, g1, g2, g3),
+                                   pick4_f32(j ^ 1, g0, g1, g2, g3), pick4_f32(j ^ 2, g0, g1, g2, g3),
+                                   pick4_f32(j ^ 3, g0, g1, g2, g3));
+    }
+}
+
 }  // namespace cake

@@ -1,0 +1,83 @@
+"""scatter_add of an rmem tile into a gmem window adds its rows 16 bytes at a time (red.global.add.v4.f32)
+behind a run-time alignment check with the scalar atomics as the fallback; the kmeans_update_red4 seed is
+correct in the CPU interpreter and compiles for sm_90a without spills."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from cake_core.ir.check import check_text
+from cake_core.ir.text import parse_program
+from cake_core.lower import compile_kernel, lower
+from cake_core.lower import compile as compile_mod
+from cake_core.problems import get_problem, load_shape_set
+from cake_core.runtime.cpu import check_on_cpu
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ptx import ptx_of  # noqa: E402
+
+SEEDS = Path(__file__).resolve().parents[2] / "cake_core" / "problems" / "seeds"
+NAIVE = (SEEDS / "kmeans_update.cake").read_text()      # rmem x_r (128, 32), 128 threads
+RED4 = (SEEDS / "kmeans_update_red4.cake").read_text()
+
+
+def _source(text: str) -> str:
+    r = lower(parse_program(text, "k.cake"), "k.cake")
+    assert r.ok, [d.format("k.cake") for d in r.diagnostics]
+    return r.value.source
+
+
+def test_an_rmem_scatter_into_contiguous_f32_rows_takes_the_vector_path_with_a_scalar_fallback():
+    src = _source(NAIVE)
+    assert "if (cake::red_v4_rows_ok(cake_dst, cake_ldi, cake_ldc)) {" in src
+    assert "cake::scatter_add_gmem_f32x4<128, 32, THREADS, true>(cake_dst, cake_ldi, (int)cake_rows, cake_cin, " \
+           "cake_st_a_r, x_r, cake_valid);" in src
+    # unaligned views (D % 4 != 0, an odd base) keep one atomic per element; the i32 counts always do
+    assert src.count("cake::atomic_add_gmem(") == 2
+    assert src.count("scatter_add_gmem_f32x4") == 1
+
+
+@pytest.mark.parametrize("change", [
+    ('"BD": 32', '"BD": 30'),                                   # rows not a multiple of 4
+    ('"BD": 32', '"BD": 256'),                                  # a thread would change column (128 threads)
+    ("x_r = rmem(bf16, (BN, BD))", "x_r = smem(bf16, (BN, BD))"),          # smem source: scalar loop
+])
+def test_other_scatters_keep_the_scalar_atomics(change):
+    text = NAIVE.replace(*change)
+    if "smem(bf16" in text:
+        text = text.replace("        scatter_add(sums", "        sync()\n        scatter_add(sums")
+    assert text != NAIVE
+    src = _source(text)
+    assert "scatter_add_gmem_f32x4" not in src and "red_v4_rows_ok" not in src
+    assert src.count("cake::atomic_add_gmem(") == 2
+
+
+@pytest.mark.skipif(compile_mod.nvcc_path() is None, reason="nvcc not installed")
+def test_the_vector_path_emits_red_v4_and_keeps_the_scalar_fallback_in_ptx(tmp_path):
+    ptx = ptx_of(_source(NAIVE), tmp_path)
+    assert "red.global.add.v4.f32" in ptx
+    assert "shfl.sync.bfly" in ptx                      # the quad transpose
+    assert "red.global.add.f32" in ptx                  # the unaligned fallback (and ragged right edges)
+    assert ".local" not in ptx                          # the transpose's selects stay in registers
+
+
+def test_the_red4_seed_checks_and_matches_the_oracle_in_the_cpu_interpreter():
+    p = get_problem("kmeans_update")
+    assert check_text(RED4, "kmeans_update_red4.cake") == []
+    shapes = load_shape_set(p, "kmeans_update_small").cpu_shapes(p.cpu_limit)
+    checks = check_on_cpu(parse_program(RED4, "kmeans_update_red4.cake"), p, shapes, seed=11)
+    assert all(c.correct for c in checks), [(c.shape, c.message) for c in checks if not c.correct]
+
+
+@pytest.mark.skipif(compile_mod.nvcc_path() is None, reason="nvcc not installed")
+def test_the_red4_seed_compiles_for_sm_90a_without_spills(tmp_path):
+    src = _source(RED4)
+    assert src.count("scatter_add_gmem_f32x4<16, 128, THREADS, true>") == 2
+    r = lower(parse_program(RED4, "kmeans_update_red4.cake"), "kmeans_update_red4.cake")
+    c = compile_kernel(r.value, cache_dir=tmp_path)
+    assert c.ok, [d.message for d in c.diagnostics]
+    res = c.value.resources
+    assert res.spill_bytes == 0 and res.stack_bytes == 0, res
+    assert res.registers <= 80, res                     # 3 CTAs of 256 threads per SM
