@@ -132,6 +132,26 @@ def test_the_warp_owned_kmeans_update_variants_are_correct(name, tmp_path):
     assert not bad, bad
 
 
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["kmeans_update_red4.cake"])
+def test_the_red4_kmeans_update_variants_are_correct(name, tmp_path):
+    # scatter_add of an rmem tile into gmem rows with red.global.add.v4.f32 after a quad transpose; the
+    # CPU interpreter runs neither the shuffles nor the alignment check. D % 4 != 0 takes the scalar
+    # fallback, D = 200 two D-tiles (one of them ragged), and few clusters pile every red onto one row
+    from cake_core.runtime.gpu import check_and_time
+    upd = get_problem("kmeans_update")
+    text = (Path(__file__).resolve().parents[2] / "cake_core" / "problems" / "seeds" / name).read_text()
+    compiled, lowered = _build(text, tmp_path)
+    shapes = list(upd.shape_set("kmeans_update_small").shapes) + [
+        {"B": 1, "N": 5000, "K": 1500, "D": 72}, {"B": 40, "N": 3001, "K": 1024, "D": 128},
+        {"B": 2, "N": 20000, "K": 3, "D": 128}, {"B": 3, "N": 1000, "K": 50, "D": 200},
+        {"B": 2, "N": 777, "K": 64, "D": 126}]
+    runs = check_and_time(compiled, lowered, upd, shapes + list(upd.shape_set("kmeans_update_large").shapes),
+                          seed=8, time=False)
+    bad = [(r.shape, r.message) for r in runs if not r.correct]
+    assert not bad, bad
+
 def test_zeroing_of_accumulated_outputs_is_inside_the_timed_region():
     # split-K kernels add into a C the harness zeroes: that zeroing is part of their cost, so it must
     # fall between the start and end events of every timed launch (and after the L2 flush)
