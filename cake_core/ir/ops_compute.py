@@ -130,7 +130,8 @@ register(OpDef(Op.ATOMIC_ADD, (("dst", "view"), ("src", "buf")),
                preconditions=("dst is a gmem parameter of dtype f32 or i32 (i32 takes an i32 src)",
                               "src's shape equals the window's extent")))
 register(OpDef(Op.SCATTER_ADD, (("dst", "view"), ("idx", "buf"), ("src", "buf")) + _BASE_LIMIT,
-               {"guard": AttrSpec(bool, True), "owner": AttrSpec(str, "atomic", SCATTER_OWNERS)},
+               {"guard": AttrSpec(bool, True), "owner": AttrSpec(str, "atomic", SCATTER_OWNERS),
+                "vector": AttrSpec(int, 1, (1, 4))},
                keyword_operands=("base", "limit"),
                summary="Scatter-add rows: for each row r of src with base + r < limit, window row idx[r] of dst "
                        "+= src[r] with atomic adds (a 1-D window adds the element src[r]). With guard, rows whose "
@@ -139,7 +140,9 @@ register(OpDef(Op.SCATTER_ADD, (("dst", "view"), ("idx", "buf"), ("src", "buf"))
                        "conflict-free when C = 32 and threads is a multiple of 32); sync() before and after it. "
                        "owner=\"warp\" (smem target and src only): warp w of the CTA adds the rows idx[r] with "
                        "idx[r] % warps == w, with plain loads and stores instead of atomics (the sum is the same, "
-                       "its f32 rounding order differs).",
+                       "its f32 rounding order differs). vector=4 (an rmem src into f32 gmem rows, C a multiple of "
+                       "4 dividing threads): 4 columns per 16-byte red.global.add.v4.f32 where the view is aligned "
+                       "at run time, element atomics elsewhere.",
                example="scatter_add(sums[bid.y, :, tile(dt, BD)], a_r, x_r, base=bid.x * BN, limit=N)",
                preconditions=("dst is a gmem parameter or a whole single-stage smem tile, of dtype f32 or i32 "
                               "(i32 takes an i32 src)",

@@ -433,8 +433,15 @@ def _lower_scatter_add(n: Node, ctx: Ctx) -> list[Line]:
             f"    if (!{guard} || {ok}) cake::atomic_add_gmem({at}, {val});",
             "}"]
     scalar = _owned_loop(ctx, src.numel, cols, body)
-    if not (rank2 and _rows_by_red_v4(ctx, g, src, st)):
+    if n.attr("vector") == 1:
         return _block(pre, scalar)
+    if not (rank2 and _rows_by_red_v4(ctx, g, src, st)):
+        raise LowerError("lower.unsupported_layout", f"scatter_add(..., vector=4) of {src.name} {src.shape} "
+                                                     f"{src.type.space.value} into {g.name}: needs an rmem source "
+                                                     "with rows a multiple of 4 long, an f32 target, and threads a "
+                                                     "multiple of 32 and of the row length",
+                         "drop vector=4 (element atomics), or shape the source (R, C) with C % 4 == 0 and "
+                         "threads % C == 0")
     rows = f"const cake::index_t cake_rows = {extent} < cake_iin ? {extent} : (cake::index_t)cake_iin;"
     call = (f"cake::scatter_add_gmem_f32x4<{src.shape[0]}, {cols}, THREADS, {guard}>(cake_dst, cake_ldi, "
             f"(int)cake_rows, cake_cin, {st.smem_ptr(idx)}, {src.name}, cake_valid);")

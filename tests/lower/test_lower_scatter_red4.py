@@ -1,6 +1,7 @@
-"""scatter_add of an rmem tile into a gmem window adds its rows 16 bytes at a time (red.global.add.v4.f32)
-behind a run-time alignment check with the scalar atomics as the fallback; the kmeans_update_red4 seed is
-correct in the CPU interpreter and compiles for sm_90a without spills."""
+"""scatter_add(..., vector=4) of an rmem tile into a gmem window adds its rows 16 bytes at a time
+(red.global.add.v4.f32) behind a run-time alignment check with the scalar atomics as the fallback; without
+the attribute the element atomics stay; the kmeans_update_red4 seed is correct in the CPU interpreter and
+compiles for sm_90a without spills."""
 from __future__ import annotations
 
 import sys
@@ -20,6 +21,8 @@ from ptx import ptx_of  # noqa: E402
 
 SEEDS = Path(__file__).resolve().parents[2] / "cake_core" / "problems" / "seeds"
 NAIVE = (SEEDS / "kmeans_update.cake").read_text()      # rmem x_r (128, 32), 128 threads
+VEC = NAIVE.replace("scatter_add(sums[bid.y, :, tile(dt, BD)], a_r, x_r, base=bid.x * BN, limit=N)",
+                    "scatter_add(sums[bid.y, :, tile(dt, BD)], a_r, x_r, base=bid.x * BN, limit=N, vector=4)")
 RED4 = (SEEDS / "kmeans_update_red4.cake").read_text()
 
 
@@ -30,7 +33,9 @@ def _source(text: str) -> str:
 
 
 def test_an_rmem_scatter_into_contiguous_f32_rows_takes_the_vector_path_with_a_scalar_fallback():
-    src = _source(NAIVE)
+    assert VEC != NAIVE
+    assert "red_v4_rows_ok" not in _source(NAIVE)        # without vector=4: the element atomics, as measured
+    src = _source(VEC)
     assert "if (cake::red_v4_rows_ok(cake_dst, cake_ldi, cake_ldc)) {" in src
     assert "cake::scatter_add_gmem_f32x4<128, 32, THREADS, true>(cake_dst, cake_ldi, (int)cake_rows, cake_cin, " \
            "cake_st_a_r, x_r, cake_valid);" in src
@@ -44,19 +49,21 @@ def test_an_rmem_scatter_into_contiguous_f32_rows_takes_the_vector_path_with_a_s
     ('"BD": 32', '"BD": 256'),                                  # a thread would change column (128 threads)
     ("x_r = rmem(bf16, (BN, BD))", "x_r = smem(bf16, (BN, BD))"),          # smem source: scalar loop
 ])
-def test_other_scatters_keep_the_scalar_atomics(change):
-    text = NAIVE.replace(*change)
+def test_vector_4_where_it_cannot_apply_is_refused_at_the_line(change):
+    text = VEC.replace(*change)
     if "smem(bf16" in text:
         text = text.replace("        scatter_add(sums", "        sync()\n        scatter_add(sums")
-    assert text != NAIVE
-    src = _source(text)
-    assert "scatter_add_gmem_f32x4" not in src and "red_v4_rows_ok" not in src
-    assert src.count("cake::atomic_add_gmem(") == 2
+    assert text != VEC
+    r = lower(parse_program(text, "k.cake"), "k.cake")
+    assert not r.ok
+    d = r.diagnostics[0]
+    assert d.rule == "lower.unsupported_layout" and "vector=4" in d.message and "vector=4" in d.hint
+    assert "scatter_add(sums" in text.splitlines()[d.line - 1]
 
 
 @pytest.mark.skipif(compile_mod.nvcc_path() is None, reason="nvcc not installed")
 def test_the_vector_path_emits_red_v4_and_keeps_the_scalar_fallback_in_ptx(tmp_path):
-    ptx = ptx_of(_source(NAIVE), tmp_path)
+    ptx = ptx_of(_source(VEC), tmp_path)
     assert "red.global.add.v4.f32" in ptx
     assert "shfl.sync.bfly" in ptx                      # the quad transpose
     assert "red.global.add.f32" in ptx                  # the unaligned fallback (and ragged right edges)

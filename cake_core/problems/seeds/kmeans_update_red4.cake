@@ -16,7 +16,7 @@ def kmeans_update_red4(x: gmem[bf16, (B, N, D)], assign: gmem[i32, (B, N)], sums
             sync()
             cp_async(a1, assign[bid.y, tile(c + 1, BN)])
             load(x1, x[bid.y, tile(c + 1, BN), tile(dt, BD)])
-            scatter_add(sums[bid.y, :, tile(dt, BD)], a0, x0, base=c * BN, limit=N)
+            scatter_add(sums[bid.y, :, tile(dt, BD)], a0, x0, base=c * BN, limit=N, vector=4)
             if dt == 0:
                 scatter_add(counts[bid.y, :], a0, ones_s, base=c * BN, limit=N)
             cp_async_wait(0)
@@ -24,7 +24,7 @@ def kmeans_update_red4(x: gmem[bf16, (B, N, D)], assign: gmem[i32, (B, N)], sums
             if it + 1 < TPC // 2:
                 cp_async(a0, assign[bid.y, tile(c + 2, BN)])
                 load(x0, x[bid.y, tile(c + 2, BN), tile(dt, BD)])
-            scatter_add(sums[bid.y, :, tile(dt, BD)], a1, x1, base=(c + 1) * BN, limit=N)
+            scatter_add(sums[bid.y, :, tile(dt, BD)], a1, x1, base=(c + 1) * BN, limit=N, vector=4)
             if dt == 0:
                 scatter_add(counts[bid.y, :], a1, ones_s, base=(c + 1) * BN, limit=N)
         sync()
