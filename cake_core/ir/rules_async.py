@@ -522,26 +522,53 @@ def _epilogues(ctx: Ctx) -> Iterator[tuple[Node, str]]:
             yield n, path
 
 
-@rule("argmin_bias.acc", "wgmma", "argmin_bias reads a wgmma accumulator of its own role and keeps row state in rmem "
-                                  "tiles of that role")
-def _argmin_bias_acc(ctx: Ctx) -> Iterable[Diagnostic]:
+def fragment_state_checks(ctx: Ctx, op: Op, rule_id: str, state: tuple[str, str], what: str) -> Iterator[Diagnostic]:
+    """A fused epilogue (argmin_bias, topk_bias) reads a wgmma accumulator of its own role and keeps its
+    per-row ``state`` tiles (values, indices) in rmem tiles allocated in that role."""
     accs: dict[str, Node | None] = {}
     for m, _, _ in ctx.nodes:
         if m.op is Op.WGMMA:
             accs[m.arg("acc")] = ctx.role_of.get(id(m))
-    for n, path in _epilogues(ctx):
+    for n, path, _ in ctx.nodes:
+        if n.op is not op:
+            continue
         role = ctx.role_of.get(id(n))
         dots = n.arg("dots")
-        if dots not in accs or accs[dots] is not role:
-            yield ctx.diag("argmin_bias.acc", n, f"`{dots}` is not the accumulator of a wgmma in this role",
+        if role is None or dots not in accs or accs[dots] is not role:
+            yield ctx.diag(rule_id, n, f"`{dots}` is not the accumulator of a wgmma in this role",
                            path=path, hint="pass the wgmma accumulator itself (after wgmma_wait), not a copy")
-        for name in ("best", "arg"):
+        for name in state:
             b = n.arg(name)
             t, at = ctx.buffers.get(b), ctx.defined_at.get(b)
             if t is not None and (t.space is not MemSpace.RMEM or at is None or ctx.role_of.get(id(at)) is not role):
-                yield ctx.diag("argmin_bias.acc", n, f"{name} `{b}` must be an rmem tile allocated in the same role "
-                                                     "(it is per-thread row state of the fragment)", path=path,
+                yield ctx.diag(rule_id, n, f"{name} `{b}` must be an rmem tile allocated in the same role "
+                                           f"({what})", path=path,
                                hint=f"allocate `{b}` with rmem(...) inside the role, before the loop")
+
+
+def fragment_dtype_checks(ctx: Ctx, op: Op, rule_id: str, state: tuple[str, str],
+                          bias_hint: str) -> Iterator[Diagnostic]:
+    """A fused epilogue keeps f32 values and i32 indices, and reads an f32 accumulator and bias."""
+    want = {state[0]: DType.F32, state[1]: DType.I32, "dots": DType.F32}
+    for n, path, _ in ctx.nodes:
+        if n.op is not op:
+            continue
+        for name, dt in want.items():
+            t = ctx.buffers.get(n.arg(name))
+            if t is not None and t.dtype is not dt:
+                yield ctx.diag(rule_id, n, f"{name} `{n.arg(name)}` is {t.dtype.value}; {dt.value} needed",
+                               path=path, hint=f"allocate it as {dt.value}")
+        t = ctx.buffers.get(n.arg("bias").buf)
+        if t is not None and t.dtype is not DType.F32:
+            yield ctx.diag(rule_id, n, f"bias `{n.arg('bias').buf}` is {t.dtype.value}; f32 needed",
+                           path=path, hint=bias_hint)
+
+
+@rule("argmin_bias.acc", "wgmma", "argmin_bias reads a wgmma accumulator of its own role and keeps row state in rmem "
+                                  "tiles of that role")
+def _argmin_bias_acc(ctx: Ctx) -> Iterable[Diagnostic]:
+    return fragment_state_checks(ctx, Op.ARGMIN_BIAS, "argmin_bias.acc", ("best", "arg"),
+                                 "it is per-thread row state of the fragment")
 
 
 @rule("argmin_bias.shape", "wgmma", "argmin_bias: dots (R, C), best and arg (R,) or (R, 1), bias C values")
@@ -568,17 +595,8 @@ def _argmin_bias_shape(ctx: Ctx) -> Iterable[Diagnostic]:
 
 @rule("argmin_bias.dtype", "wgmma", "argmin_bias keeps f32 values and i32 indices and reads an f32 bias")
 def _argmin_bias_dtype(ctx: Ctx) -> Iterable[Diagnostic]:
-    want = {"best": DType.F32, "arg": DType.I32, "dots": DType.F32}
-    for n, path in _epilogues(ctx):
-        for name, dt in want.items():
-            t = ctx.buffers.get(n.arg(name))
-            if t is not None and t.dtype is not dt:
-                yield ctx.diag("argmin_bias.dtype", n, f"{name} `{n.arg(name)}` is {t.dtype.value}; {dt.value} "
-                                                       "needed", path=path, hint=f"allocate it as {dt.value}")
-        t = ctx.buffers.get(n.arg("bias").buf)
-        if t is not None and t.dtype is not DType.F32:
-            yield ctx.diag("argmin_bias.dtype", n, f"bias `{n.arg('bias').buf}` is {t.dtype.value}; f32 needed",
-                           path=path, hint="load the per-column values into an smem(f32, ...) tile")
+    return fragment_dtype_checks(ctx, Op.ARGMIN_BIAS, "argmin_bias.dtype", ("best", "arg"),
+                                 "load the per-column values into an smem(f32, ...) tile")
 
 
 # ----------------------------------------------------------------- mbarrier

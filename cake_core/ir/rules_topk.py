@@ -11,6 +11,7 @@ from typing import Iterable, Iterator
 
 from cake_core.ir.ops import Node, Op
 from cake_core.ir.types import DType, MemSpace
+from cake_core.ir.rules_async import fragment_dtype_checks, fragment_state_checks
 from cake_core.ir.verify import Ctx, fmt_shape, rule, view_extent
 from cake_core.outcome import Diagnostic
 
@@ -34,22 +35,8 @@ def _smem_slot(ctx: Ctx, name: str):
 @rule("topk_bias.acc", "wgmma", "topk_bias reads a wgmma accumulator of its own role and keeps its lists in rmem "
                                 "tiles of that role")
 def _topk_bias_acc(ctx: Ctx) -> Iterable[Diagnostic]:
-    accs: dict[str, Node | None] = {}
-    for m, _ in _nodes(ctx, Op.WGMMA):
-        accs[m.arg("acc")] = ctx.role_of.get(id(m))
-    for n, path in _nodes(ctx, Op.TOPK_BIAS):
-        role = ctx.role_of.get(id(n))
-        dots = n.arg("dots")
-        if role is None or dots not in accs or accs[dots] is not role:
-            yield ctx.diag("topk_bias.acc", n, f"`{dots}` is not the accumulator of a wgmma in this role", path=path,
-                           hint="pass the wgmma accumulator itself (after wgmma_wait), not a copy")
-        for name in ("top_v", "top_i"):
-            b = n.arg(name)
-            t, at = ctx.buffers.get(b), ctx.defined_at.get(b)
-            if t is not None and (t.space is not MemSpace.RMEM or at is None or ctx.role_of.get(id(at)) is not role):
-                yield ctx.diag("topk_bias.acc", n, f"{name} `{b}` must be an rmem tile allocated in the same role "
-                                                   "(per-thread lists of the fragment rows)", path=path,
-                               hint=f"allocate `{b}` with rmem(...) inside the role, before the loop")
+    return fragment_state_checks(ctx, Op.TOPK_BIAS, "topk_bias.acc", ("top_v", "top_i"),
+                                 "per-thread lists of the fragment rows")
 
 
 @rule("topk_bias.shape", "wgmma", "topk_bias: dots (R, C), top_v and top_i (R, KMAX) with KMAX <= 32, bias C values")
@@ -89,17 +76,8 @@ def _topk_bias_shape(ctx: Ctx) -> Iterable[Diagnostic]:
 
 @rule("topk_bias.dtype", "wgmma", "topk_bias keeps f32 values and i32 indices and reads an f32 bias")
 def _topk_bias_dtype(ctx: Ctx) -> Iterable[Diagnostic]:
-    want = {"top_v": DType.F32, "top_i": DType.I32, "dots": DType.F32}
-    for n, path in _nodes(ctx, Op.TOPK_BIAS):
-        for name, dt in want.items():
-            t = ctx.buffers.get(n.arg(name))
-            if t is not None and t.dtype is not dt:
-                yield ctx.diag("topk_bias.dtype", n, f"{name} `{n.arg(name)}` is {t.dtype.value}; {dt.value} needed",
-                               path=path, hint=f"allocate it as {dt.value}")
-        t = ctx.buffers.get(n.arg("bias").buf)
-        if t is not None and t.dtype is not DType.F32:
-            yield ctx.diag("topk_bias.dtype", n, f"bias `{n.arg('bias').buf}` is {t.dtype.value}; f32 needed",
-                           path=path, hint="compute the norms into an smem(f32, ...) tile (sqnorm_rows)")
+    return fragment_dtype_checks(ctx, Op.TOPK_BIAS, "topk_bias.dtype", ("top_v", "top_i"),
+                                 "compute the norms into an smem(f32, ...) tile (sqnorm_rows)")
 
 
 @rule("sqnorm_rows.operands", "wgmma", "sqnorm_rows runs in a role: src an smem (R, C) 16-bit tile with rows of at "
