@@ -2,7 +2,9 @@
 
 - ``role``: sibling roles become one ``if / else if`` chain over thread ranges (what setmaxnreg needs),
   each branch opening with ``setmaxnreg.inc`` (regs above the entry cap) or ``.dec``; the kernel then
-  gets ``__launch_bounds__(threads, 1)``.
+  gets ``__launch_bounds__(threads, 1)``. When top-level code follows the roles (a cluster merge, a
+  cluster_sync), each such branch ends by going back to the entry cap: that code runs on every thread and
+  is compiled for the cap, so a warp left below it would read registers it no longer holds.
 - ``mbarrier``: 8 bytes each in dynamic smem, initialised by thread 0, then ``__syncthreads()``.
   ``arrive``: one elected thread per warpgroup of the role; ``expect_tx``: the role's first thread;
   ``wait``: every thread spins on ``try_wait.parity``.
@@ -119,15 +121,20 @@ def _lower_role(n: Node, ctx: Ctx) -> list[Line]:
     cond = f"threadIdx.x >= {t0}u && threadIdx.x < {t1}u" if t0 else f"threadIdx.x < {t1}u"
     out: list[Line] = [(n.line, f"{pad}{'else if' if chained else 'if'} ({cond}) {{  // role {n.args[0]}")]
     regs = n.attr("regs")
+    cap = min(255, 65536 // ctx.threads) // 8 * 8
     if regs:
         st["setmaxnreg"] = True
-        cap = min(255, 65536 // ctx.threads) // 8 * 8
         out.append((n.line, f"{pad}    cake::setmaxnreg_{'inc' if regs > cap else 'dec'}<{regs}>();"))
     st["role"] = (t0, t1 - t0)
     try:
         out += ctx.lower_nested(n.body)
     finally:
         st["role"] = None
+    if regs and regs != cap and any(m.op is not Op.ROLE for m in body[i + 1:]):
+        # every thread runs the top-level code after the roles, compiled for the entry cap: a role that
+        # gave registers away takes them back (and one that took more returns them) before it
+        out.append((n.line, f"{pad}    cake::setmaxnreg_{'dec' if regs > cap else 'inc'}<{cap}>();  "
+                            "// back to the entry cap for the code after the roles"))
     return out + [(n.line, pad + "}")]
 
 

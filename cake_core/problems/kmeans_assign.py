@@ -90,8 +90,10 @@ KMEANS_ASSIGN = Problem(
     # warp-specialized TMA + wgmma with the argmin fused on the accumulator; D <= 128 and TMA's 16-byte
     # strides (D % 8 == 0, K % 4 == 0): the kmeans_assign_aligned shapes. Fastest first on the H200
     # (bench/results/corpus-vs-peers-2026-11-29b.md): two consumer roles taking turns on a persistent
-    # grid (1.57x flash-kmeans at B=32 N=65536 K=1024 D=128), persistent, one CTA per row tile
-    best_files=("kmeans_assign_pingpong.cake", "kmeans_assign_persistent.cake", "kmeans_assign_ws.cake"),
+    # grid (1.57x flash-kmeans at B=32 N=65536 K=1024 D=128), persistent, one CTA per row tile; for rows
+    # TMA cannot describe (D % 8 != 0), the ping-pong kernel fed by cp.async into the same swizzled tiles
+    best_files=("kmeans_assign_pingpong.cake", "kmeans_assign_persistent.cake", "kmeans_assign_ws.cake",
+                "kmeans_assign_unaligned.cake"),
     rows=RowOracle(
         count=lambda s: s["B"] * s["N"],
         oracle=_oracle_rows,

@@ -13,6 +13,7 @@ from cake_core.ir.text import parse_program
 from cake_core.problems import get_problem
 
 UPD = get_problem("kmeans_update")
+SEEDS = Path(__file__).resolve().parents[2] / "cake_core" / "problems" / "seeds"
 
 PRIV = '''@kernel(target="sm_90a", grid=(cdiv(N, BN), B), threads=128, consts={"BN": 128, "BD": 32, "KMAX": 64})
 def priv(x: gmem[bf16, (B, N, D)], assign: gmem[i32, (B, N)], sums: gmem[f32, (B, K, D)], counts: gmem[i32, (B, K)]):
@@ -84,9 +85,10 @@ def test_the_interpreter_scatters_into_smem_like_the_oracle(shape):
     assert ok, msg
 
 
-def test_the_best_known_program_verifies_and_matches_the_oracle_on_the_small_set():
-    (text,) = UPD.best_texts()
-    assert check_text(text, "best.cake") == []
+@pytest.mark.parametrize("name", UPD.best_files)
+def test_the_best_known_programs_verify_and_match_the_oracle_on_the_small_set(name):
+    text = (SEEDS / name).read_text()
+    assert check_text(text, name) == []
     for shape in UPD.shape_set("kmeans_update_small").shapes:
         ok, err, msg = _interp(text, shape)
         assert ok, (shape, msg)
@@ -97,15 +99,13 @@ def test_the_best_known_program_verifies_and_matches_the_oracle_on_the_small_set
     {"B": 1, "N": 301, "K": 70, "D": 33},     # K > KMAX: the global-atomic branch; points split in 2
     {"B": 1, "N": 1000, "K": 5, "D": 8},      # points split across 4 CTAs, merged with atomics
 ])
-def test_the_best_known_program_with_small_tiles_covers_every_branch(shape):
-    (text,) = UPD.best_texts()
+def test_the_smem_program_with_small_tiles_covers_every_branch(shape):
+    text = (SEEDS / "kmeans_update_smem.cake").read_text()
     small = text.replace('"BN": 384, "KMAX": 1024, "SMS": 132', '"BN": 32, "KMAX": 64, "SMS": 4')
     assert small != text
     ok, err, msg = _interp(small, shape)
     assert ok, msg
 
-
-SEEDS = Path(__file__).resolve().parents[2] / "cake_core" / "problems" / "seeds"
 OWNED = ("kmeans_update_owned.cake", "kmeans_update_owned_w32.cake", "kmeans_update_owned_w8.cake")
 
 

@@ -38,6 +38,21 @@ def test_knn_split_lowers_with_the_cluster_merge_between_two_cluster_barriers():
     assert r.value.smem_bytes == 215680      # knn_topk_ws's 199296 B + pub_v and pub_i, 8 KiB each
 
 
+def test_roles_go_back_to_the_entry_cap_before_the_merge_every_thread_runs():
+    # the merge after the roles runs on all 384 threads and is compiled for the 168-register entry cap: the
+    # producer (40) and the consumers (232) return to it at the end of their branches, before the barrier
+    src = _lower().value.source
+    producer, consumer = src.index("// role producer"), src.index("// role consumer")
+    merge = src.index("cake::topk_cluster_merge_gmem<")
+    assert producer < src.index("cake::setmaxnreg_inc<168>();", producer) < consumer
+    assert consumer < src.index("cake::setmaxnreg_dec<168>();", consumer) < src.index("cake::cluster_sync();") < merge
+
+
+def test_roles_with_nothing_after_them_keep_their_registers_to_the_end():
+    src = _lower((SEEDS / "knn_topk_ws.cake").read_text()).value.source
+    assert "setmaxnreg_dec<40>" in src and "setmaxnreg_inc<232>" in src and "<168>" not in src
+
+
 def test_a_merge_inside_the_role_is_refused():
     text = SEED.replace("        topk_publish(pub_v, pub_i, top_v, top_i)\n",
                         "        topk_publish(pub_v, pub_i, top_v, top_i)\n"
@@ -75,3 +90,31 @@ def test_knn_split_compiles_for_sm_90a_without_local_memory(seed, tmp_path):
     assert res.spill_bytes == 0 and res.stack_bytes == 0, log
     assert not re.search(r"[1-9]\d* bytes lmem", log), log
     assert res.smem_bytes <= 232448        # the H200's opt-in smem per block: one CTA per SM
+
+
+@pytest.mark.skipif(compile_mod.nvcc_path() is None, reason="nvcc not installed")
+def test_the_cluster_merge_maps_every_element_it_reads(tmp_path):
+    # after a list's first pop, a read offset from the row's mapa result returned the next element of the
+    # index list on the H200; each ld.shared::cluster of the merge takes an address straight from a mapa
+    from ptx import ptx_of
+    ptx = ptx_of(_lower().value.source, tmp_path)
+    merge = ptx[ptx.index("barrier.cluster.wait"):ptx.rindex("barrier.cluster.arrive")]
+    loads = re.findall(r"ld\.shared::cluster\.\w+\s+%\w+, \[(%r\d+)\];", merge)
+    mapped = set(re.findall(r"mapa\.shared::cluster\.u32\s+(%r\d+),", merge))
+    assert len(loads) >= 8 and set(loads) <= mapped, (loads, mapped)
+
+
+def test_the_ablation_variants_lower_and_each_removes_what_it_names():
+    # bench/knn_ablation.py times the pp3 seed with parts dropped: a needle that stops matching would time
+    # the unchanged kernel under another name
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("knn_ablation", SEEDS.parents[2] / "bench" / "knn_ablation.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    vs = mod.variants((SEEDS / "knn_topk_split_pp3.cake").read_text())
+    counts = {n: (t.count("topk_bias("), t.count("sqnorm_rows(")) for n, t in vs.items()}
+    assert counts == {"as_is": (4, 4), "regs56": (4, 4), "no_sqnorm": (4, 0), "half_topk": (2, 4),
+                      "half_both": (2, 0), "S5": (4, 4)}
+    assert len(set(vs.values())) == len(vs)
+    for n, t in vs.items():
+        assert _lower(t).outcome is Outcome.OK, n

@@ -176,6 +176,15 @@ def test_bench_targets_take_our_fastest_correct_program_against_the_fastest_refe
     assert data["kmeans_assign"]["rows"][1]["met"] is None           # not a target row, still in the geomean
     assert data["kmeans_assign"]["geomean"] == pytest.approx((1.58 / 1.3 * 0.9) ** 0.5)
     assert "NO" in lines[-1] and "geomean" in lines[-1]
+    # a shape where none of ours is correct, or one the deadline skipped, counts against the geomean
+    good = row([("ws", 1.0, True)], [("flash-kmeans", 1.6, True)])
+    lines, data = mod.verdicts([good, row([("seed", 17.0, False)], [("flash-kmeans", 0.36, True)], "B=4,N=1,K=1,D=100")])
+    assert data["kmeans_assign"]["geomean"] == pytest.approx(1.6) and data["kmeans_assign"]["missing"] == ["B=4,N=1,K=1,D=100"]
+    assert lines[-1].endswith("| NO |") and "1 without a ratio: B=4,N=1,K=1,D=100" in lines[-1]
+    lines, _ = mod.verdicts([good, {"problem": "kmeans_assign", "shape_key": "B=9", "skipped": "deadline"}])
+    assert lines[-1].endswith("| NO |") and "without a ratio: B=9" in lines[-1]
+    lines, _ = mod.verdicts([good])
+    assert lines[-1].endswith("| yes |")
     # tinygemm: within 15 % of the weight-read floor counts even below 1.3x cuBLAS
     s = {"M": 1, "N": 4096, "K": 4096}
     wf = mod.weight_floor_ms(s)
@@ -186,7 +195,8 @@ def test_bench_targets_take_our_fastest_correct_program_against_the_fastest_refe
     assert [r["met"] for r in data["tinygemm"]["rows"]] == [True, False]
     # no correct reference peer: the row says so and is not met
     lines, _ = mod.verdicts([row([("ws", 1.0, True)], [("flash-kmeans", 1.0, False)])])
-    assert "no correct reference peer" in lines[-1] and lines[-1].endswith("no |")
+    assert "no correct reference peer" in lines[-2] and lines[-2].endswith("no |")
+    assert "geomean of 0 shapes" in lines[-1] and lines[-1].endswith("| NO |")
 
 
 def test_a_bf16_c_passes_at_the_bf16_tolerance_not_at_the_fp32_one():

@@ -534,10 +534,13 @@ __device__ __forceinline__ uint32_t cluster_ctarank() {
     return r;
 }
 // the shared::cluster address of the same smem offset in cluster CTA `cta_rank` (itself included)
-__device__ __forceinline__ uint32_t mapa_shared_cluster(const void* p, uint32_t cta_rank) {
+__device__ __forceinline__ uint32_t mapa_shared_cluster(uint32_t local, uint32_t cta_rank) {
     uint32_t remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(p)), "r"(cta_rank));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(cta_rank));
     return remote;
+}
+__device__ __forceinline__ uint32_t mapa_shared_cluster(const void* p, uint32_t cta_rank) {
+    return mapa_shared_cluster(smem_u32(p), cta_rank);
 }
 __device__ __forceinline__ float ld_shared_cluster_f32(uint32_t addr) {
     float v;
@@ -565,15 +568,16 @@ __device__ __forceinline__ void topk_cluster_merge_gmem(TD* dst, index_t ld_row,
     const int lo = (int)cluster_ctarank() * SHARE, hi = lo + SHARE < R ? lo + SHARE : R;
 #pragma unroll 1
     for (int r = lo + tid; r < hi; r += threads) {
-        uint32_t av[NC], ai[NC];
+        // each element's cluster address comes from its own mapa. Offsetting the row's mapa result instead
+        // (av + 4 * pos) read the element after the intended one from the index list after a list's first
+        // pop, on the H200 (CUDA 13.0, 2026-11-29; the PTX was right, the values list read right)
+        const uint32_t lv = smem_u32(pv + r * KMAX), li = smem_u32(pi + r * KMAX);
         float hv[NC];
         int hx[NC], pos[NC];
 #pragma unroll
         for (int c = 0; c < NC; ++c) {
-            av[c] = mapa_shared_cluster(pv + r * KMAX, (uint32_t)c);
-            ai[c] = mapa_shared_cluster(pi + r * KMAX, (uint32_t)c);
-            hv[c] = ld_shared_cluster_f32(av[c]);
-            hx[c] = ld_shared_cluster_s32(ai[c]);
+            hv[c] = ld_shared_cluster_f32(mapa_shared_cluster(lv, (uint32_t)c));
+            hx[c] = ld_shared_cluster_s32(mapa_shared_cluster(li, (uint32_t)c));
             pos[c] = 0;
         }
 #pragma unroll 1
@@ -588,8 +592,10 @@ __device__ __forceinline__ void topk_cluster_merge_gmem(TD* dst, index_t ld_row,
             for (int c = 0; c < NC; ++c) {
                 if (c != bc) continue;
                 ++pos[c];
-                hv[c] = pos[c] < KMAX ? ld_shared_cluster_f32(av[c] + 4u * pos[c]) : __int_as_float(0x7f800000);
-                hx[c] = pos[c] < KMAX ? ld_shared_cluster_s32(ai[c] + 4u * pos[c]) : 0x7fffffff;
+                hv[c] = pos[c] < KMAX ? ld_shared_cluster_f32(mapa_shared_cluster(lv + 4u * pos[c], (uint32_t)c))
+                                      : __int_as_float(0x7f800000);
+                hx[c] = pos[c] < KMAX ? ld_shared_cluster_s32(mapa_shared_cluster(li + 4u * pos[c], (uint32_t)c))
+                                      : 0x7fffffff;
             }
         }
     }
@@ -607,31 +613,43 @@ __device__ __forceinline__ void unpack2_f32(float& lo, float& hi, uint32_t w, co
     hi = f.y;
 }
 
-// sqnorm_rows_smem<R, C, THREADS, ACC>(dst, src, tid): dst[r] (+)= sum_c src[r, c]^2 (f32), one thread
-// per row, 16-byte chunks: a swizzled row keeps its chunks inside its own span, so the sum ignores the
-// swizzle (and the XOR pattern keeps 8 consecutive rows' reads on distinct banks). Ends with a barrier
-// of the role's threads (named barrier BAR), so the role's next arrive publishes dst.
+// sqnorm_rows_smem<R, C, THREADS, ACC>(dst, src, tid): dst[r] (+)= sum_c src[r, c]^2 (f32), P = 2
+// neighbouring threads per row where the role has 2R threads (a 64-row tile on a 128-thread role: 8.3 ms
+// instead of 9.8 for knn_topk_split_pp3 at its headline shape, where one thread per row left half the role
+// idle), else 1; each sums its half of the row's chunks, combined by a shuffle. 16-byte chunks: a
+// swizzled row keeps its chunks inside its own span, so the sum ignores the swizzle (and the XOR pattern
+// spreads a warp's reads evenly over the banks). Ends with a barrier of the role's threads
+// (named barrier BAR), so the role's next arrive publishes dst.
 template <int R, int C, int THREADS, bool ACC, int BAR, typename TS>
 __device__ __forceinline__ void sqnorm_rows_smem(float* dst, const TS* src, int tid) {
     static_assert(sizeof(TS) == 2 && C % 8 == 0, "16-bit rows of whole 16-byte chunks");
     static_assert(THREADS % 32 == 0, "whole warps");
+    constexpr int CH = C / 8;
+    constexpr int P = (THREADS >= 2 * R && CH % 2 == 0) ? 2 : 1;
+    constexpr int ROWS_PER_PASS = THREADS / P;
 #pragma unroll 1
-    for (int r = tid; r < R; r += THREADS) {
-        const int4* row = reinterpret_cast<const int4*>(src + r * C);
+    for (int r0 = 0; r0 < R; r0 += ROWS_PER_PASS) {      // every thread takes every pass: the shuffles
+        const int r = r0 + tid / P, part = tid % P;
         float s0 = 0.f, s1 = 0.f;
+        if (r < R) {
+            const int4* row = reinterpret_cast<const int4*>(src + r * C);
 #pragma unroll
-        for (int c = 0; c < C / 8; ++c) {
-            const int4 u = row[c];
-            const uint32_t w[4] = {(uint32_t)u.x, (uint32_t)u.y, (uint32_t)u.z, (uint32_t)u.w};
+            for (int j = 0; j < CH / P; ++j) {
+                const int4 u = row[part * (CH / P) + j];
+                const uint32_t w[4] = {(uint32_t)u.x, (uint32_t)u.y, (uint32_t)u.z, (uint32_t)u.w};
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float lo, hi;
-                unpack2_f32(lo, hi, w[e], (const TS*)nullptr);
-                s0 = fmaf(lo, lo, s0);
-                s1 = fmaf(hi, hi, s1);
+                for (int e = 0; e < 4; ++e) {
+                    float lo, hi;
+                    unpack2_f32(lo, hi, w[e], (const TS*)nullptr);
+                    s0 = fmaf(lo, lo, s0);
+                    s1 = fmaf(hi, hi, s1);
+                }
             }
         }
-        dst[r] = (ACC ? dst[r] : 0.f) + (s0 + s1);
+        float t = s0 + s1;
+#pragma unroll
+        for (int m = 1; m < P; m *= 2) t += __shfl_xor_sync(0xffffffffu, t, m);
+        if (r < R && part == 0) dst[r] = (ACC ? dst[r] : 0.f) + t;
     }
     asm volatile("bar.sync %0, %1;" :: "r"(BAR), "r"(THREADS) : "memory");
 }
