@@ -236,7 +236,7 @@ register(OpDef(Op.SQNORM_ROWS, (("dst", "slot"), ("src", "slot")),
                {"accumulate": AttrSpec(bool, False)},
                summary="dst[r] = sum_c src[r, c]^2 in f32 (accumulate=True: dst[r] += ...) for an smem tile src "
                        "(R, C) of 16-bit rows (swizzled or not: a row's sum does not depend on the order of its "
-                       "chunks) and an smem f32 slot dst of R values; one thread per row. The role's threads "
+                       "chunks) and an smem f32 slot dst of R values; one or two threads per row. The role's threads "
                        "synchronise before it returns, so an arrive after it publishes dst.",
                example="sqnorm_rows(nrm_s[t % S], db_s[t % S * 2], accumulate=False)",
                preconditions=("inside a role (every thread of the role runs it)", "src (R, C) bf16/f16 smem, each "

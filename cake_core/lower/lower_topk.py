@@ -2,12 +2,13 @@
 
 - ``topk_bias``: on a wgmma accumulator's fragment (``cake::topk_bias_rmem_wgmma_acc``): each thread keeps,
   for the 2 rows it owns per warpgroup, a sorted list of KMAX (value, index) pairs over its own columns
-  (``float top_v[2][KMAX]; int top_i[2][KMAX]``, constant indices only: registers, no local memory);
-  ``store`` of either tile merges the quad's 4 lists (2 shuffles per output column) and writes the first
+  (``float top_v[2][KMAX]; int top_i[2][KMAX]``, constant indices only: registers, no local memory),
+  letting in only scores below the row's bar (the largest of the quad's ceil(KMAX / 4)-th entries: at
+  least KMAX of the row's scores are at or below it); ``store`` of either tile merges the quad's 4 lists (2 shuffles per output column) and writes the first
   k columns of each row. The op ends with a warpgroup barrier, so an ``arrive`` after it releases the bias
   slot only once every thread has read it.
-- ``sqnorm_rows``: ``cake::sqnorm_rows_smem``: one thread of the role per row, 16-byte smem reads, f32
-  sums, then a named barrier over the role's threads (id 1 + the role's first warpgroup; ids 1..4 are
+- ``sqnorm_rows``: ``cake::sqnorm_rows_smem``: one thread of the role per row, or two (a shuffle adds
+  their halves) where the role has twice the rows' threads; 16-byte smem reads, f32 sums, then a named barrier over the role's threads (id 1 + the role's first warpgroup; ids 1..4 are
   the warpgroups' own barriers, never ``__syncthreads``'s 0).
 Hooked from lower_async: ``rmem`` and ``store`` of a topk_bias list inside a role come here.
 """
