@@ -118,3 +118,10 @@ def test_the_ablation_variants_lower_and_each_removes_what_it_names():
     assert len(set(vs.values())) == len(vs)
     for n, t in vs.items():
         assert _lower(t).outcome is Outcome.OK, n
+
+
+@pytest.mark.parametrize("split", [2, 3])
+def test_the_pp_split_variants_are_the_pp_program_with_another_cluster_size(split):
+    # the GPU tests build SPLIT = 3 from knn_topk_split_pp.cake: the registered file must stay that program
+    pp = PP.replace('"SPLIT": 4}', f'"SPLIT": {split}}}').replace("def knn_topk_split_pp(", f"def knn_topk_split_pp{split}(")
+    assert (SEEDS / f"knn_topk_split_pp{split}.cake").read_text() == pp

@@ -1,9 +1,10 @@
-"""knn_topk_split (not registered as a best-known program: unmeasured): the GPU gate on the aligned shapes,
-ragged and empty splits, and the headline shape with its median printed (marked `gpu`); its CPU checks are
-in tests/ir/test_topk_cluster.py. The SPLIT variants run too: 4 CTAs per cluster must be co-resident in one
-GPC, so the launch reports how many clusters fit at once. knn_topk_split_pp (two consumer roles taking turns,
-two m64n64 accumulators each) runs the same ragged shapes (odd shares round up to a tile pair) and the
-headline, correctness only, its median printed.
+"""knn_topk_split and knn_topk_split_pp (the database split over a cluster, lists merged through distributed
+shared memory): the GPU gate on the aligned shapes, ragged and empty splits, and the headline shape with its
+median printed (marked `gpu`); their CPU checks are in tests/ir/test_topk_cluster.py and
+tests/lower/test_lower_knn_split.py. The SPLIT variants run too: the CTAs of a cluster must be co-resident in
+one GPC (32 clusters of 4 do not fit in one wave on the H200; 3 is the best-known knn_topk_split_pp3).
+knn_topk_split_pp (two consumer roles taking turns, two m64n64 accumulators each) runs the same ragged shapes
+(odd shares round up to a tile pair) and the headline, its median printed.
 
     PYTHONPATH=$PWD python3 -m pytest -m gpu tests/runtime/test_knn_split.py -q -s -p no:cacheprovider -o addopts=""
 """
@@ -61,9 +62,10 @@ def test_knn_split_passes_the_gate_at_the_headline_shape(split, tmp_path):
 
 
 @pytest.mark.gpu
-def test_knn_split_pp_passes_the_gate_on_ragged_and_odd_shares(tmp_path):
+@pytest.mark.parametrize("split", [4, 3])     # 3: knn_topk_split_pp3, the best-known program
+def test_knn_split_pp_passes_the_gate_on_ragged_and_odd_shares(split, tmp_path):
     from cake_core.runtime.gpu import check_and_time
-    compiled, lk = _build(4, tmp_path, PP)
+    compiled, lk = _build(split, tmp_path, PP)
     runs = check_and_time(compiled, lk, KNN, list(ALIGNED.shapes) + EXTRA + PP_EXTRA, seed=23, time=False,
                           timeout_s=20)
     bad = [(r.shape, r.outcome, r.message) for r in runs if not r.correct]
@@ -71,10 +73,11 @@ def test_knn_split_pp_passes_the_gate_on_ragged_and_odd_shares(tmp_path):
 
 
 @pytest.mark.gpu
-def test_knn_split_pp_passes_the_gate_at_the_headline_shape(tmp_path):
+@pytest.mark.parametrize("split", [4, 3])
+def test_knn_split_pp_passes_the_gate_at_the_headline_shape(split, tmp_path):
     from cake_core.runtime.gpu import check_and_time
-    compiled, lk = _build(4, tmp_path, PP)
+    compiled, lk = _build(split, tmp_path, PP)
     (r,) = check_and_time(compiled, lk, on_rows(KNN, HEADLINE), [HEADLINE], seed=22, reps=10, timeout_s=120)
     assert r.correct, r.message
-    print(f"\nknn_topk_split_pp SPLIT=4 {HEADLINE}: median {r.median_ms} ms (p10 {r.p10_ms}, p90 {r.p90_ms}, "
+    print(f"\nknn_topk_split_pp SPLIT={split} {HEADLINE}: median {r.median_ms} ms (p10 {r.p10_ms}, p90 {r.p90_ms}, "
           f"{r.timer}, L2 {r.l2})")
