@@ -90,3 +90,30 @@ def test_the_interpreter_reproduces_the_oracle_on_unaligned_d():
     shapes += [{"B": 2, "N": 200, "K": 300, "D": 100}, {"B": 1, "N": 1, "K": 4, "D": 3}]
     checks = check_on_cpu(parse_program(SEED), KM, shapes, seed=7)
     assert all(c.correct for c in checks), [(c.shape, c.message) for c in checks if not c.correct]
+
+
+M256 = (Path(__file__).resolve().parents[2] / "cake_core/problems/seeds/kmeans_assign_unaligned_m256.cake").read_text()
+
+
+def test_the_256_point_tile_seed_passes_the_verifier_and_reproduces_the_oracle():
+    from cake_core.runtime.cpu import check_on_cpu
+    shapes = list(KM.shape_set("kmeans_assign_unaligned").shapes) + [{"B": 4, "N": 100000, "K": 1000, "D": 100}]
+    assert not [(d.rule, d.message) for d in verify(parse_program(M256), shapes=shapes) if d.is_error]
+    small = KM.shape_set("kmeans_assign_unaligned").cpu_shapes(KM.cpu_limit)
+    small += [{"B": 2, "N": 600, "K": 300, "D": 100}, {"B": 1, "N": 1, "K": 4, "D": 3}]  # 3 tiles of 256, 1 point
+    checks = check_on_cpu(parse_program(M256), KM, small, seed=7)
+    assert all(c.correct for c in checks), [(c.shape, c.message) for c in checks if not c.correct]
+
+
+def test_the_256_point_tile_seed_fails_for_the_right_reason_when_broken():
+    from cake_core.runtime.cpu import check_on_cpu
+    shape = [{"B": 2, "N": 600, "K": 300, "D": 100}]
+    off = M256.replace("argmin_bias(best3, arg3, acc7, csq_b[g % S], base=(2 * kp + 1) * BN, limit=K)",
+                       "argmin_bias(best3, arg3, acc7, csq_b[g % S], base=2 * kp * BN, limit=K)")
+    (c,) = check_on_cpu(parse_program(off), KM, shape, seed=7)       # the b tile's columns named as the a tile's
+    assert not c.correct and "farther" in c.message, c.message
+    unstored = M256.replace("            store(out[t // cdiv(N, BM), tile(t % cdiv(N, BM) * 4 + 3, BM // 4)], arg3)\n", "")
+    (c,) = check_on_cpu(parse_program(unstored), KM, shape, seed=7)   # the last 64 points of each tile unwritten
+    assert not c.correct and "non-finite" in c.message, c.message
+    wait_b = next(ln for ln in M256.splitlines(keepends=True) if "wait(full_b[" in ln)
+    assert "protocol.read_before_ready" in _rules(M256.replace(wait_b, "", 1))

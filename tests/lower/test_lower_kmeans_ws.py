@@ -108,3 +108,19 @@ def test_kmeans_unaligned_compiles_with_cp_async_on_the_mbarrier(tmp_path):
         assert code not in log, log
     res = r.value.resources
     assert res.spill_bytes == 0 and res.stack_bytes == 0
+
+
+@pytest.mark.skipif(compile_mod.nvcc_path() is None, reason="nvcc not installed")
+def test_the_256_point_tile_seed_compiles_with_four_accumulators_per_consumer_and_no_spills(tmp_path):
+    lowered = lower(parse_program((SEEDS / "kmeans_assign_unaligned_m256.cake").read_text(), "m.cake"), "m.cake")
+    assert lowered.outcome is Outcome.OK, lowered.diagnostics
+    src = lowered.value.source
+    assert src.count("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16") == 16   # 2 roles x 4 acc x 2 halves
+    assert src.count("cake::wgmma_wait<6>();") == 2 and src.count("cake::cp_async_bar_smem_gmem<64, 64, true, 128, 1>(") == 12
+    r = compile_kernel(lowered.value, arch="sm_90a", cache_dir=tmp_path)
+    assert r.outcome is Outcome.OK, [d.message for d in r.diagnostics]
+    log = r.artifacts["nvcc.log"]
+    for code in ("C7508", "C7510", "C7514", "C7515"):
+        assert code not in log, log
+    res = r.value.resources
+    assert res.spill_bytes == 0 and res.stack_bytes == 0 and res.smem_bytes <= 232448
