@@ -101,13 +101,18 @@ def test_kmeans_unaligned_compiles_with_cp_async_on_the_mbarrier(tmp_path):
     assert src.count("cake::cp_async_bar_smem_gmem<128, 64, true, 128, 1>(") == 4
     assert src.count("cake::cp_async_bar_smem_gmem<1, 128, false, 128, 1>(") == 2
     assert src.count("cake::fence_async();") == 6
-    r = compile_kernel(lowered.value, arch="sm_90a", cache_dir=tmp_path)
+    res = _compiled_clean(lowered.value, tmp_path)
+    assert res.spill_bytes == 0 and res.stack_bytes == 0
+
+
+def _compiled_clean(lowered, tmp_path):
+    """The resources of a kernel that compiles for sm_90a with setmaxnreg honoured and wgmma not serialised."""
+    r = compile_kernel(lowered, arch="sm_90a", cache_dir=tmp_path)
     assert r.outcome is Outcome.OK, [d.message for d in r.diagnostics]
     log = r.artifacts["nvcc.log"]
     for code in ("C7508", "C7510", "C7514", "C7515"):
         assert code not in log, log
-    res = r.value.resources
-    assert res.spill_bytes == 0 and res.stack_bytes == 0
+    return r.value.resources
 
 
 @pytest.mark.skipif(compile_mod.nvcc_path() is None, reason="nvcc not installed")
@@ -117,10 +122,5 @@ def test_the_256_point_tile_seed_compiles_with_four_accumulators_per_consumer_an
     src = lowered.value.source
     assert src.count("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16") == 16   # 2 roles x 4 acc x 2 halves
     assert src.count("cake::wgmma_wait<6>();") == 2 and src.count("cake::cp_async_bar_smem_gmem<64, 64, true, 128, 1>(") == 12
-    r = compile_kernel(lowered.value, arch="sm_90a", cache_dir=tmp_path)
-    assert r.outcome is Outcome.OK, [d.message for d in r.diagnostics]
-    log = r.artifacts["nvcc.log"]
-    for code in ("C7508", "C7510", "C7514", "C7515"):
-        assert code not in log, log
-    res = r.value.resources
+    res = _compiled_clean(lowered.value, tmp_path)
     assert res.spill_bytes == 0 and res.stack_bytes == 0 and res.smem_bytes <= 232448
