@@ -31,6 +31,7 @@ class Program:
     params: tuple[Param, ...]
     body: tuple[Node, ...]
     line: int = field(default=0, compare=False)
+    ctas_per_sm: int = 0          # @kernel(ctas_per_sm=N): co-resident CTAs the compiler must leave room for
 
     @property
     def const_env(self) -> dict[str, int]:

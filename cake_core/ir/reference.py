@@ -153,6 +153,15 @@ def render_reference() -> str:
            "target data; do not edit by hand.", "",
            "All tile ops are CTA-collective and destination-first. An rmem tile is distributed over the CTA's "
            "threads: element e of the flattened tile lives in thread e % threads.", "",
+           "## The kernel header", "",
+           "`@kernel(target=\"sm_90a\", grid=(...), threads=N, ctas_per_sm=C, consts={...})`, keywords only:", "",
+           "- `target`: the architecture (see Targets).",
+           "- `grid`: 1 to 3 index expressions over the problem's dims, the consts and `num_sms`.",
+           "- `threads`: threads per CTA, an integer literal (a multiple of 32).",
+           "- `ctas_per_sm` (optional): how many CTAs must fit on one SM together; the compiler caps the "
+           "registers per thread at the register file / (C x threads). Not with setmaxnreg roles, which take "
+           "the SM alone.",
+           "- `consts`: named integer constants, a dict literal.", "",
            "## Operand kinds", ""]
     used = sorted({k for d in REGISTRY.values() for _, k in d.operands})
     out += [f"- `{k}`: {_KINDS.get(k, 'see the ops that use it')}" for k in used] + [""]

@@ -315,6 +315,35 @@ def _threads(ctx: Ctx) -> Iterable[Diagnostic]:
                        path="kernel", hint="use 128, 256 or 384 threads (whole warpgroups on Hopper)")
 
 
+@rule("resources.ctas_per_sm", "resources", "ctas_per_sm CTAs must fit on one SM together: threads, shared "
+                                          "memory, registers; setmaxnreg roles need the SM to themselves")
+def _ctas_per_sm(ctx: Ctx) -> Iterable[Diagnostic]:
+    n = ctx.program.ctas_per_sm
+    if not n:
+        return
+    t = ctx.target
+    if n * ctx.program.threads > t["max_threads_per_sm"]:
+        yield ctx.diag("resources.ctas_per_sm", None, f"ctas_per_sm={n} CTAs of {ctx.program.threads} threads need "
+                                                      f"{n * ctx.program.threads} threads; an SM holds "
+                                                      f"{t['max_threads_per_sm']}", path="kernel",
+                       hint=f"at most {t['max_threads_per_sm'] // ctx.program.threads} CTAs of this size")
+    total = smem_bytes(ctx)
+    if total is not None and n * total > t["smem_per_sm_bytes"]:
+        yield ctx.diag("resources.ctas_per_sm", None, f"ctas_per_sm={n} CTAs of {total} B of shared memory need "
+                                                      f"{n * total} B; an SM has {t['smem_per_sm_bytes']} B",
+                       path="kernel", hint="fewer CTAs per SM, or smaller tiles or fewer stages")
+    if n > 1 and any(m.op is Op.ROLE and m.attr("regs") for m, _, _ in ctx.nodes):
+        yield ctx.diag("resources.ctas_per_sm", None, f"ctas_per_sm={n} with setmaxnreg roles: setmaxnreg moves "
+                                                      "registers between the warps of one CTA that owns the SM",
+                       path="kernel", hint="drop ctas_per_sm (one CTA per SM) or the roles' regs=")
+    cap = min(t["max_regs_per_thread"], t["regs_per_sm"] // (n * ctx.program.threads) // 8 * 8)
+    words = rmem_words_per_thread(ctx)
+    if words is not None and words > cap:
+        yield ctx.diag("resources.ctas_per_sm", None, f"rmem tiles need {words} registers per thread; "
+                                                      f"ctas_per_sm={n} leaves {cap}", path="kernel",
+                       hint="fewer CTAs per SM, or smaller register tiles")
+
+
 @rule("resources.registers", "resources", "register tiles need more registers per thread than exist")
 def _regs(ctx: Ctx) -> Iterable[Diagnostic]:
     words = rmem_words_per_thread(ctx)

@@ -31,7 +31,7 @@ from cake_core.outcome import Diagnostic, Severity
 
 _AST_BINOP = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "//", ast.Mod: "%"}
 _AST_CMP = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!="}
-_KERNEL_KEYS = ("target", "grid", "threads", "consts")
+_KERNEL_KEYS = ("target", "grid", "threads", "ctas_per_sm", "consts")
 _FALLBACK_HINT = {
     "parse.kernel": 'the header reads @kernel(target="sm_90a", grid=(cdiv(N, BN), cdiv(M, BM)), threads=256, '
                     'consts={"BM": 64})',
@@ -123,7 +123,7 @@ class _Parser:
                 self.bad(e)
         body = self.block(fn.body)
         prog = Program(fn.name, kw["target"], kw["grid"], kw["threads"], kw["consts"],
-                       tuple(params), body, fn.decorator_list[0].lineno)
+                       tuple(params), body, fn.decorator_list[0].lineno, kw["ctas_per_sm"])
         return ParseResult(prog, self.diags)
 
     def decorator(self, fn: ast.FunctionDef) -> dict[str, Any]:
@@ -135,7 +135,7 @@ class _Parser:
         d = decs[0]
         if d.args:
             raise _Bad("parse.kernel", d, "@kernel takes keyword arguments only",
-                       "name them: target=, grid=, threads=, consts=")
+                       "name them: target=, grid=, threads=, ctas_per_sm=, consts=")
         kw = {k.arg: k.value for k in d.keywords}
         for k in kw:
             if k not in _KERNEL_KEYS:
@@ -155,6 +155,13 @@ class _Parser:
         th = kw["threads"]
         if not (isinstance(th, ast.Constant) and type(th.value) is int):
             raise _Bad("parse.kernel", th, "threads must be an integer literal")
+        ctas = 0
+        if "ctas_per_sm" in kw:
+            cv = kw["ctas_per_sm"]
+            if not (isinstance(cv, ast.Constant) and type(cv.value) is int and cv.value >= 1):
+                raise _Bad("parse.kernel", cv, "ctas_per_sm must be a positive integer literal",
+                           "e.g. ctas_per_sm=3: registers are capped so that 3 CTAs fit on one SM")
+            ctas = cv.value
         consts: dict[str, int] = {}
         if "consts" in kw:
             c = kw["consts"]
@@ -166,7 +173,7 @@ class _Parser:
                 if not (isinstance(v, ast.Constant) and type(v.value) is int):
                     raise _Bad("parse.kernel", v, f"const {k.value} must be an integer literal")
                 consts[k.value] = v.value
-        return {"target": t.value, "grid": grid, "threads": th.value,
+        return {"target": t.value, "grid": grid, "threads": th.value, "ctas_per_sm": ctas,
                 "consts": tuple(sorted(consts.items()))}
 
     def param(self, a: ast.arg) -> Param:
@@ -425,6 +432,7 @@ def print_program(p: Program) -> str:
     consts = "{" + ", ".join(f'"{k}": {v}' for k, v in p.consts) + "}"
     grid = ", ".join(fmt_expr(g) for g in p.grid) + ("," if len(p.grid) == 1 else "")
     head = f'@kernel(target="{p.target}", grid=({grid}), threads={p.threads}'
+    head += f", ctas_per_sm={p.ctas_per_sm}" if p.ctas_per_sm else ""
     head += f", consts={consts})" if p.consts else ")"
     params = ", ".join(f"{q.name}: {_fmt_param_type(q.type)}" for q in p.params)
     lines = [head, f"def {p.name}({params}):"]

@@ -24,6 +24,7 @@ PLANTED = {
     "mma.sync_tiling": ('"BK": 32', '"BK": 24', 10),
     "resources.smem": ('"BK": 32', '"BK": 1024', 4),
     "resources.threads": ("threads=256", "threads=100", 1),
+    "resources.ctas_per_sm": ("threads=256", "threads=256, ctas_per_sm=9", 1),
     "resources.registers": ('threads=256, consts={"BK": 32, "BM": 64, "BN": 64}',
                             'threads=64, consts={"BK": 32, "BM": 128, "BN": 128}', 1),
     "resources.rmem_split": ("threads=256", "threads=96", 5),

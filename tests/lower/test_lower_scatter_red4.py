@@ -70,12 +70,25 @@ def test_the_vector_path_emits_red_v4_and_keeps_the_scalar_fallback_in_ptx(tmp_p
     assert ".local" not in ptx                          # the transpose's selects stay in registers
 
 
-def test_the_red4_seed_checks_and_matches_the_oracle_in_the_cpu_interpreter():
+@pytest.mark.parametrize("name", ["kmeans_update_red4", "kmeans_update_red4_d3"])
+def test_the_red4_seeds_check_and_match_the_oracle_in_the_cpu_interpreter(name):
     p = get_problem("kmeans_update")
-    assert check_text(RED4, "kmeans_update_red4.cake") == []
-    shapes = load_shape_set(p, "kmeans_update_small").cpu_shapes(p.cpu_limit)
-    checks = check_on_cpu(parse_program(RED4, "kmeans_update_red4.cake"), p, shapes, seed=11)
+    text = (SEEDS / f"{name}.cake").read_text()
+    assert check_text(text, f"{name}.cake") == []
+    shapes = load_shape_set(p, "kmeans_update_small").cpu_shapes(p.cpu_limit) + [{"B": 2, "N": 1200, "K": 40, "D": 72}]
+    checks = check_on_cpu(parse_program(text, f"{name}.cake"), p, shapes, seed=11)
     assert all(c.correct for c in checks), [(c.shape, c.message) for c in checks if not c.correct]
+
+
+def test_a_three_buffer_rotation_that_scatters_a_buffer_twice_fails():
+    # kmeans_update_red4_d3 keeps two x tiles in flight: x2 scattered where x0 should be double-counts one tile
+    p = get_problem("kmeans_update")
+    d3 = (SEEDS / "kmeans_update_red4_d3.cake").read_text()
+    wrong = d3.replace("scatter_add(sums[bid.y, :, tile(dt, BD)], a0, x0, base=c * BN",
+                       "scatter_add(sums[bid.y, :, tile(dt, BD)], a1, x1, base=c * BN", 1)
+    assert wrong != d3
+    (c,) = check_on_cpu(parse_program(wrong, "w.cake"), p, [{"B": 2, "N": 1200, "K": 40, "D": 72}], seed=11)
+    assert not c.correct and "sums" in c.message, c.message
 
 
 @pytest.mark.skipif(compile_mod.nvcc_path() is None, reason="nvcc not installed")

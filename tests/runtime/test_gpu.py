@@ -134,7 +134,7 @@ def test_the_warp_owned_kmeans_update_variants_are_correct(name, tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["kmeans_update_red4.cake"])
+@pytest.mark.parametrize("name", ["kmeans_update_red4.cake", "kmeans_update_red4_d3.cake"])
 def test_the_red4_kmeans_update_variants_are_correct(name, tmp_path):
     # scatter_add of an rmem tile into gmem rows with red.global.add.v4.f32 after a quad transpose; the
     # CPU interpreter runs neither the shuffles nor the alignment check. D % 4 != 0 takes the scalar
@@ -151,6 +151,7 @@ def test_the_red4_kmeans_update_variants_are_correct(name, tmp_path):
                           seed=8, time=False)
     bad = [(r.shape, r.message) for r in runs if not r.correct]
     assert not bad, bad
+
 
 def test_zeroing_of_accumulated_outputs_is_inside_the_timed_region():
     # split-K kernels add into a C the harness zeroes: that zeroing is part of their cost, so it must
