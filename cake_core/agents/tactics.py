@@ -13,6 +13,7 @@ import numpy as np
 
 from cake_core.ir.ops import Node, Op, make_attrs
 from cake_core.ir.program import Program
+from cake_core.ir.targets import load_target
 
 TILE_SIZES = (16, 32, 64, 128)
 THREAD_COUNTS = (64, 128, 256, 512)
@@ -77,6 +78,18 @@ def retune(p: Program, rng: np.random.Generator) -> Program | None:
     return p.with_consts(**{k: int(rng.choice(options))}) if options else None
 
 
+def occupancy(p: Program, rng: np.random.Generator) -> Program | None:
+    """Ask for another number of CTAs sharing an SM (``ctas_per_sm``; 0 leaves it to the compiler): more
+    CTAs cap the registers per thread and keep more memory requests in flight (1 is what the compiler
+    assumes without it, so it is not offered). Programs with setmaxnreg roles own their SM and are left
+    alone."""
+    if any(n.op is Op.ROLE and n.attr("regs") for n in p.body):
+        return None
+    fits = (load_target(p.target) or {}).get("max_threads_per_sm", 2048) // p.threads
+    options = [c for c in range(0, min(fits, 4) + 1) if c != p.ctas_per_sm and c != 1]
+    return replace(p, ctas_per_sm=int(rng.choice(options))) if options else None
+
+
 def drop_guards(p: Program, rng: np.random.Generator) -> Program | None:
     """Remove the bounds checks of loads and stores: fewer instructions, correct only when
     every dimension is a tile multiple."""
@@ -90,5 +103,6 @@ TACTICS: dict[str, Tactic] = {
     "rethread": rethread,        # threads per CTA: registers per thread vs. parallelism
     "unroll": unroll,            # loop unrolling
     "retune": retune,            # schedule knobs of the fast paths: ring depth, tile order, splits
+    "occupancy": occupancy,      # CTAs per SM: registers per thread vs. memory requests in flight
     "drop_guards": drop_guards,  # no tail predication (risky on ragged shapes)
 }

@@ -3,7 +3,7 @@ import numpy as np
 
 from cake_core.agents.base import Context
 from cake_core.agents.tactic_agent import TacticAgent
-from cake_core.agents.tactics import TACTICS, drop_guards, retile, retune
+from cake_core.agents.tactics import TACTICS, drop_guards, occupancy, retile, retune
 from cake_core.ir.features import features
 from cake_core.ir.text import parse_program
 from cake_core.ir.verify import verify
@@ -42,6 +42,22 @@ def test_retune_moves_one_schedule_knob_and_leaves_tile_sizes_alone():
         if k == "G":      # the tile-order group is a pure performance knob: the program stays valid
             assert not [d for d in verify(out, shapes=[{"M": 4096, "N": 4096, "K": 4096}]) if d.is_error]
     assert seen == {"G", "S"}
+
+
+def test_occupancy_asks_for_another_cta_count_that_fits_and_leaves_setmaxnreg_programs_alone():
+    assert occupancy(WS, np.random.default_rng(0)) is None           # producer/consumer roles own their SM
+    seen = set()
+    for i in range(20):
+        out = occupancy(SEED, np.random.default_rng(i))              # 256 threads: up to 8 fit, 4 offered
+        assert out.ctas_per_sm in (0, 2, 3, 4) and out.ctas_per_sm != SEED.ctas_per_sm
+        assert out.body == SEED.body and out.consts == SEED.consts
+        seen.add(out.ctas_per_sm)
+        assert not [d for d in verify(out) if d.is_error]
+    assert seen == {2, 3, 4}
+    again = occupancy(occupancy(SEED, np.random.default_rng(0)), np.random.default_rng(1))
+    assert again.ctas_per_sm in (0, 2, 3, 4)
+    big = parse_program(SEED.text().replace("threads=256", "threads=1024"))
+    assert occupancy(big, np.random.default_rng(0)).ctas_per_sm == 2   # 2048 / 1024: 2 is the only change
 
 
 def test_drop_guards_sets_the_feature():
