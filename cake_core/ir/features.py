@@ -29,6 +29,7 @@ def features(program: Program) -> dict[str, Any]:
     mmas = [n for n in nodes if n.op is Op.MMA]
     f: dict[str, Any] = {
         "threads": program.threads,
+        "ctas_per_sm": program.ctas_per_sm,
         "unguarded_load": any(not n.attr("guard") for n in loads),
         "unguarded_store": any(not n.attr("guard") for n in stores),
         "mma_atom": mmas[0].attr("atom") if mmas else "none",

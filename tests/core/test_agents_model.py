@@ -54,6 +54,7 @@ def test_occupancy_asks_for_another_cta_count_that_fits_and_leaves_setmaxnreg_pr
         seen.add(out.ctas_per_sm)
         assert not [d for d in verify(out) if d.is_error]
     assert seen == {2, 3, 4}
+    assert features(SEED)["ctas_per_sm"] == 0 and features(out)["ctas_per_sm"] == out.ctas_per_sm   # clusterable
     again = occupancy(occupancy(SEED, np.random.default_rng(0)), np.random.default_rng(1))
     assert again.ctas_per_sm in (0, 2, 3, 4)
     big = parse_program(SEED.text().replace("threads=256", "threads=1024"))
