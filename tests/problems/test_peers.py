@@ -211,3 +211,29 @@ def test_a_bf16_c_passes_at_the_bf16_tolerance_not_at_the_fp32_one():
     wrong = c_bf16.copy()
     wrong[3, 7] += 0.05 * np.abs(want["c"]).max()
     assert not dataclasses.replace(p, rtol=BF16_C_RTOL).compare({"c": wrong}, want)[0]
+
+
+def test_a_kernel_refused_before_launch_is_a_refused_row_and_a_crash_an_error_row():
+    import types
+
+    from cake_core.runtime.gpu import GPURefused
+    from cake_core.runtime.tma import TMARefused
+    mod = _bench_module()
+    args = types.SimpleNamespace(seed=0, reps=20, warmup=3, timeout_s=5)
+
+    def fake(exc):
+        def check_and_time(*a, **k):
+            raise exc
+        return types.SimpleNamespace(GPURefused=GPURefused, check_and_time=check_and_time)
+
+    prog = {"compiled": None, "lowered": None}
+    r = mod.run_ours(fake(TMARefused("`x` has a global stride of 200 B")), prog, None, None, {}, args)
+    assert (r["outcome"], r["correct"]) == ("refused", None) and "200 B" in r["message"]
+    r = mod.run_ours(fake(RuntimeError("illegal address")), prog, None, None, {}, args)
+    assert (r["outcome"], r["correct"]) == ("error", False)
+    # a refused row is not ours being wrong: it neither counts as our best nor fails the run
+    lines, data = mod.verdicts([{"problem": "kmeans_assign", "shape_key": "B=4,N=1,K=1,D=100", "shape": {},
+                                 "floor_ms": 0.1, "ours": [dict(r, program="ws", outcome="refused", correct=None)],
+                                 "peers": [{"peer": "flash", "key": "flash-kmeans", "median_ms": 0.36,
+                                            "correct": True}]}])
+    assert data["kmeans_assign"]["missing"] == ["B=4,N=1,K=1,D=100"]
