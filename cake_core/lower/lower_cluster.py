@@ -44,12 +44,19 @@ def _lower_acc_publish(n: Node, ctx: Ctx) -> list[Line]:
                    "  // this CTA's partial sum, published to the cluster"]
 
 
-@lowering(Op.ACC_CLUSTER_REDUCE)
-def _lower_acc_cluster_reduce(n: Node, ctx: Ctx) -> list[Line]:
+def cluster_top_level(n: Node, ctx: Ctx) -> dict | None:
+    """The async state of a cluster read (acc_cluster_reduce, topk_cluster_merge), refused inside a role: it
+    runs on every thread of the CTA, between two cluster_sync()."""
     st = ctx.__dict__.get("async_state")
     if st is not None and st["role"] is not None:
-        raise LowerError("lower.unsupported_in_role", "acc_cluster_reduce inside a role: it runs at the top level, "
+        raise LowerError("lower.unsupported_in_role", f"{n.op.value} inside a role: it runs at the top level, "
                                                       "between two cluster_sync()")
+    return st
+
+
+@lowering(Op.ACC_CLUSTER_REDUCE)
+def _lower_acc_cluster_reduce(n: Node, ctx: Ctx) -> list[Line]:
+    st = cluster_top_level(n, ctx)
     p = _part(n, ctx)
     view = n.arg("dst")
     g = ctx.buf(view.buf, (MemSpace.GMEM,), "destination")

@@ -160,10 +160,8 @@ def _lower_topk_publish(n: Node, ctx: Ctx) -> list[Line]:
 
 @lowering(Op.TOPK_CLUSTER_MERGE)
 def _lower_topk_cluster_merge(n: Node, ctx: Ctx) -> list[Line]:
-    st = ctx.__dict__.get("async_state")
-    if st is not None and st["role"] is not None:
-        raise LowerError("lower.unsupported_in_role", "topk_cluster_merge inside a role: it runs at the top level, "
-                                                      "between two cluster_sync()")
+    from cake_core.lower.lower_cluster import cluster_top_level
+    st = cluster_top_level(n, ctx)
     pv, pi = _pub_tiles(n, ctx, None, None)
     rows, kmax = pv.shape
     view = n.arg("dst")

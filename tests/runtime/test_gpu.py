@@ -119,18 +119,24 @@ def test_the_smem_privatised_kmeans_update_is_correct_on_ragged_and_headline_sha
 def test_the_warp_owned_kmeans_update_variants_are_correct(name, tmp_path):
     # scatter_add(owner="warp"): each warp adds the rows it owns with plain smem loads and stores; the
     # CPU interpreter cannot see a lost update between warps, this does
+    # few clusters (K = 3): most owned pairs share a row
+    _gate_kmeans_update_seed(name, tmp_path, [], seed=7)
+
+
+def _gate_kmeans_update_seed(name: str, tmp_path, extra: list[dict], seed: int) -> None:
+    """A kmeans_update seed passes the gate on the small set, ragged and few-cluster shapes, ``extra`` and
+    the large set (correctness only)."""
     from cake_core.runtime.gpu import check_and_time
     upd = get_problem("kmeans_update")
     text = (Path(__file__).resolve().parents[2] / "cake_core" / "problems" / "seeds" / name).read_text()
     compiled, lowered = _build(text, tmp_path)
     shapes = list(upd.shape_set("kmeans_update_small").shapes) + [
         {"B": 1, "N": 5000, "K": 1500, "D": 72}, {"B": 40, "N": 3001, "K": 1024, "D": 128},
-        {"B": 2, "N": 20000, "K": 3, "D": 128}]     # few clusters: most owned pairs share a row
+        {"B": 2, "N": 20000, "K": 3, "D": 128}] + extra
     runs = check_and_time(compiled, lowered, upd, shapes + list(upd.shape_set("kmeans_update_large").shapes),
-                          seed=7, time=False)
+                          seed=seed, time=False)
     bad = [(r.shape, r.message) for r in runs if not r.correct]
     assert not bad, bad
-
 
 
 @pytest.mark.gpu
@@ -139,18 +145,8 @@ def test_the_red4_kmeans_update_variants_are_correct(name, tmp_path):
     # scatter_add of an rmem tile into gmem rows with red.global.add.v4.f32 after a quad transpose; the
     # CPU interpreter runs neither the shuffles nor the alignment check. D % 4 != 0 takes the scalar
     # fallback, D = 200 two D-tiles (one of them ragged), and few clusters pile every red onto one row
-    from cake_core.runtime.gpu import check_and_time
-    upd = get_problem("kmeans_update")
-    text = (Path(__file__).resolve().parents[2] / "cake_core" / "problems" / "seeds" / name).read_text()
-    compiled, lowered = _build(text, tmp_path)
-    shapes = list(upd.shape_set("kmeans_update_small").shapes) + [
-        {"B": 1, "N": 5000, "K": 1500, "D": 72}, {"B": 40, "N": 3001, "K": 1024, "D": 128},
-        {"B": 2, "N": 20000, "K": 3, "D": 128}, {"B": 3, "N": 1000, "K": 50, "D": 200},
-        {"B": 2, "N": 777, "K": 64, "D": 126}]
-    runs = check_and_time(compiled, lowered, upd, shapes + list(upd.shape_set("kmeans_update_large").shapes),
-                          seed=8, time=False)
-    bad = [(r.shape, r.message) for r in runs if not r.correct]
-    assert not bad, bad
+    _gate_kmeans_update_seed(name, tmp_path, [{"B": 3, "N": 1000, "K": 50, "D": 200},
+                                              {"B": 2, "N": 777, "K": 64, "D": 126}], seed=8)
 
 
 def test_zeroing_of_accumulated_outputs_is_inside_the_timed_region():

@@ -94,14 +94,18 @@ def test_registers_are_counted_per_role():
 # ------------------------------------------------------------------ GPU
 
 
-@pytest.fixture(scope="module", params=["kmeans_assign_ws"] + VARIANTS)
-def built(request, tmp_path_factory):
-    name = request.param
+def _build_seed(name: str, tmp_path_factory):
+    """(compiled, lowered, name) of a seed program under cake_core/problems/seeds/."""
     lk = lower(parse_program((ROOT / f"cake_core/problems/seeds/{name}.cake").read_text(), f"{name}.cake"),
                f"{name}.cake").value
     cr = compile_kernel(lk, arch="sm_90a", cache_dir=tmp_path_factory.mktemp("cubins"))
     assert cr.ok, [d.message for d in cr.diagnostics]
     return cr.value, lk, name
+
+
+@pytest.fixture(scope="module", params=["kmeans_assign_ws"] + VARIANTS)
+def built(request, tmp_path_factory):
+    return _build_seed(request.param, tmp_path_factory)
 
 
 @pytest.mark.gpu
@@ -125,12 +129,7 @@ def test_kmeans_ws_passes_the_gate_at_the_headline_shape(built):
 
 @pytest.fixture(scope="module", params=["kmeans_assign_unaligned", "kmeans_assign_unaligned_m256"])
 def built_unaligned(request, tmp_path_factory):
-    name = request.param
-    lk = lower(parse_program((ROOT / f"cake_core/problems/seeds/{name}.cake").read_text(), f"{name}.cake"),
-               f"{name}.cake").value
-    cr = compile_kernel(lk, arch="sm_90a", cache_dir=tmp_path_factory.mktemp("cubins"))
-    assert cr.ok, [d.message for d in cr.diagnostics]
-    return cr.value, lk, name
+    return _build_seed(request.param, tmp_path_factory)
 
 
 @pytest.mark.gpu
