@@ -239,6 +239,25 @@ def _scatter_add(cta, n: Node) -> None:
             _add_into(cta, view, sub[i - lo], x[r][t[1:]].reshape(sub[i - lo].shape))
 
 
+def _gather_add(cta, n: Node) -> None:
+    """Row order within the call, f32 adds: the sums the lowering's owning warps produce, bit for bit."""
+    dst, cnt, idx, src = n.args[:4]
+    acc, counts = cta.tiles[dst.buf], cta.tiles[cnt.buf].reshape(-1)
+    sub, t, ext = _gmem_window(cta, n, src, True)
+    ix = _tile(cta, idx).reshape(-1)
+    if len(ext) != 2 or ix.size != ext[0] or acc.ndim != 2 or acc.shape[1] != ext[1]:
+        raise InterpFault(n, f"gather_add of a {ext} window with {ix.size} indices into `{dst.buf}` {acc.shape}")
+    r0, r1 = t[0].start, min(t[0].stop, _valid_columns(cta, n, ix.size))
+    if r1 <= r0:
+        return
+    k = ix[r0:r1].astype(np.int64) - cta.ev(n.arg("first"))
+    keep = np.nonzero((k >= 0) & (k < acc.shape[0]))[0]
+    if keep.size == 0:
+        return
+    np.add.at(acc, (k[keep][:, None], np.arange(t[1].start, t[1].stop)[None, :]), sub[keep].astype(np.float32))
+    np.add.at(counts, k[keep], 1)
+
+
 SEMANTICS.update({
     Op.FILL: _fill,
     Op.CAST: _cast,
@@ -253,4 +272,5 @@ SEMANTICS.update({
     Op.TOPK_MERGE: _topk_merge,
     Op.ATOMIC_ADD: _atomic_add,
     Op.SCATTER_ADD: _scatter_add,
+    Op.GATHER_ADD: _gather_add,
 })

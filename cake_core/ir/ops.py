@@ -73,6 +73,7 @@ class Op(str, enum.Enum):
     TOPK_MERGE = "topk_merge"
     ATOMIC_ADD = "atomic_add"
     SCATTER_ADD = "scatter_add"
+    GATHER_ADD = "gather_add"
 
 
 # Operand kinds: what the parser accepts in each positional slot.

@@ -24,6 +24,9 @@ Semantics that the interpreter, the verifier and the lowering agree on:
 - ``atomic_add`` / ``scatter_add`` add into a gmem window with hardware
   atomics; with ``guard`` (the default), elements past the tensor's edge (and
   scatter rows whose index lies outside the window) are skipped.
+- ``gather_add`` sums gmem rows by segment into one CTA's smem tile: the rows
+  whose segment the tile holds are read, the others never are; each target
+  row belongs to one warp, which adds its rows in row order without atomics.
 
 Ops that move rmem elements between threads (axis ops, broadcasts of an rmem
 source, ``transpose`` of an rmem source, the scatter index) exchange them
@@ -38,7 +41,7 @@ from cake_core.ir.ops import REGISTRY, AttrSpec, Node, Op, OpDef, register  # no
 from cake_core.ir.types import MemSpace, TileType
 
 COMPUTE_OPS = (Op.FILL, Op.CAST, Op.UNARY, Op.EWISE, Op.TRANSPOSE, Op.REDUCE, Op.SCAN, Op.ARGMIN, Op.ARGMAX,
-               Op.ARGMIN_UPDATE, Op.TOPK_MERGE, Op.ATOMIC_ADD, Op.SCATTER_ADD)
+               Op.ARGMIN_UPDATE, Op.TOPK_MERGE, Op.ATOMIC_ADD, Op.SCATTER_ADD, Op.GATHER_ADD)
 AXIS_OPS = (Op.REDUCE, Op.SCAN, Op.ARGMIN, Op.ARGMAX)
 RUNNING_OPS = (Op.ARGMIN_UPDATE, Op.TOPK_MERGE)
 ATOMIC_OPS = (Op.ATOMIC_ADD, Op.SCATTER_ADD)
@@ -148,6 +151,22 @@ register(OpDef(Op.SCATTER_ADD, (("dst", "view"), ("idx", "buf"), ("src", "buf"))
                               "(i32 takes an i32 src)",
                               "window (E, C) with src (R, C), or window (E,) with src (R,); idx is (R,) i32",
                               "owner=\"warp\" takes a whole smem tile target and an smem src")))
+
+register(OpDef(Op.GATHER_ADD, (("dst", "view"), ("count", "view"), ("idx", "buf"), ("src", "view"))
+               + _BASE_LIMIT + (("first", "expr"),),
+               keyword_operands=("base", "limit", "first"),
+               summary="Segment sums of gathered rows: for each row r of the gmem window src (R, C) with base + r "
+                       "< limit and inside the tensor, k = idx[r] - first; when 0 <= k < E, row k of dst (an smem "
+                       "tile (E, C), f32) += src row r (columns past the tensor's edge are skipped) and count[k] "
+                       "(an smem tile (E,), i32) += 1. A row whose k falls outside [0, E) is never read, so CTAs "
+                       "that split the segments between them read each row once in all. Warp w adds the rows with "
+                       "k % warps == w in row order, with plain loads and stores: no atomics, and the same f32 "
+                       "sums on every run. Up to 16 rows per warp are in flight at once. sync() before and after "
+                       "it, as for any tile op.",
+               example="gather_add(acc_s[:, :], cnt_s[:], a_s, x[bid.y, tile(c, BN), tile(0, BD)], base=c * BN, "
+                       "limit=N, first=bid.x * KC)",
+               preconditions=("dst is a whole single-stage smem tile (E, C) of f32, count one (E,) of i32",
+                              "idx is an (R,) i32 smem tile; src a rank-2 gmem window (R, C) of bf16, f16 or f32")))
 
 
 # ------------------------------------------------------------------ shapes

@@ -21,6 +21,7 @@ from cake_core.ir.verify import RULES
 
 _C, _A = ("fill", "cast", "unary", "ewise", "transpose", "reduce", "scan", "argmin", "argmax", "argmin_update",
           "topk_merge"), ("atomic_add", "scatter_add")
+_G = ("gather_add",)
 
 # rule id -> the ops it guards (by op value), for rules whose id does not name the op
 RULE_OPS: dict[str, tuple[str, ...]] = {
@@ -37,14 +38,14 @@ RULE_OPS: dict[str, tuple[str, ...]] = {
     "resources.smem": ("smem",),
     "resources.registers": ("rmem",),
     "resources.rmem_split": ("rmem",),
-    "races.smem": ("load", "store", "mma", "sync", "fill", "atomic_add", "scatter_add", "cp_async"),
-    "compute.undefined": _C + _A,
-    "compute.space": _C + _A,
+    "races.smem": ("load", "store", "mma", "sync", "fill", "atomic_add", "scatter_add", "gather_add", "cp_async"),
+    "compute.undefined": _C + _A + _G,
+    "compute.space": _C + _A + _G,
     "compute.shape": ("cast", "unary", "scan", "transpose"),
     "compute.broadcast": ("ewise",),
     "compute.axis": ("reduce", "scan", "argmin", "argmax"),
     "compute.reduce_shape": ("reduce", "argmin", "argmax", "argmin_update", "topk_merge"),
-    "compute.index_dtype": ("argmin", "argmax", "argmin_update", "topk_merge", "scatter_add"),
+    "compute.index_dtype": ("argmin", "argmax", "argmin_update", "topk_merge", "scatter_add", "gather_add"),
     "compute.dtype": ("unary", "ewise", "argmin_update", "topk_merge"),
     "compute.alias": ("transpose", "reduce", "argmin", "argmax", "argmin_update", "topk_merge"),
     "compute.scratch_smem": ("ewise", "transpose", "reduce", "scan", "argmin", "argmax", "argmin_update",
@@ -54,6 +55,8 @@ RULE_OPS: dict[str, tuple[str, ...]] = {
     "atomic.shape": _A,
     "atomic.smem_target": ("scatter_add",),
     "atomic.owner": ("scatter_add",),
+    "gather.target": _G,
+    "gather.source": _G,
 }
 
 _KINDS = {

@@ -429,9 +429,11 @@ def _races(ctx: Ctx) -> Iterable[Diagnostic]:
 
 
 def _compute_accesses(n: Node, smem: set[str], ctx: Ctx) -> list[tuple[str, str]]:
-    """smem accesses of fill, atomic_add, scatter_add and (outside roles, where sync() orders it) cp_async.
-    A scatter_add into an smem tile is an "atomic" access: atomics of several threads into one tile do
-    not race with each other, only with plain reads and writes."""
+    """smem accesses of fill, atomic_add, scatter_add, gather_add and (outside roles, where sync() orders it)
+    cp_async. A scatter_add into an smem tile is an "atomic" access: atomics of several threads into one tile
+    do not race with each other, only with plain reads and writes. A warp-owned scatter_add or a gather_add is
+    an "owned" access: every such op gives target row k to the same warp, which adds in program order, so
+    owned accesses do not race with each other, only with atomics and with plain reads and writes."""
     if n.op is Op.FILL and n.arg("dst") in smem:
         return [("write", n.arg("dst"))]
     if n.op is Op.CP_ASYNC and n.arg("dst").buf in smem and id(n) not in ctx.role_of:
@@ -441,8 +443,11 @@ def _compute_accesses(n: Node, smem: set[str], ctx: Ctx) -> list[tuple[str, str]
     if n.op is Op.SCATTER_ADD:
         out = [("read", n.arg(x)) for x in ("idx", "src") if n.arg(x) in smem]
         if n.arg("dst").buf in smem:
-            out.append(("atomic", n.arg("dst").buf))
+            out.append(("owned" if n.attr("owner") == "warp" else "atomic", n.arg("dst").buf))
         return out
+    if n.op is Op.GATHER_ADD:
+        out = [("read", n.arg("idx"))] if n.arg("idx") in smem else []
+        return out + [("owned", n.arg(x).buf) for x in ("dst", "count") if n.arg(x).buf in smem]
     return []
 
 

@@ -1,4 +1,4 @@
-"""Verifier rules for the compute ops (families: compute, atomic).
+"""Verifier rules for the compute ops (families: compute, atomic, gather).
 
 Each rule checks one thing the interpreter and the lowering rely on (see
 ops_compute.py for the semantics): operands defined and in a usable memory
@@ -19,7 +19,7 @@ from cake_core.ir.verify import Ctx, fmt_shape, rule, same_extent, smem_bytes, v
 from cake_core.outcome import Diagnostic
 
 _INDEX_OPERANDS = {Op.ARGMIN: "idx", Op.ARGMAX: "idx", Op.ARGMIN_UPDATE: "arg", Op.TOPK_MERGE: "idx",
-                   Op.SCATTER_ADD: "idx"}
+                   Op.SCATTER_ADD: "idx", Op.GATHER_ADD: "idx"}
 _SAME_SHAPE = (Op.CAST, Op.UNARY, Op.SCAN)
 
 
@@ -355,3 +355,78 @@ def _atomic_smem_target(ctx: Ctx) -> Iterable[Diagnostic]:
         elif t.rank not in (1, 2):
             yield ctx.diag("atomic.smem_target", n, f"scatter_add into the rank-{t.rank} smem tile `{v.buf}`",
                            path=path, hint="accumulate into an (E, C) or (E,) tile")
+
+
+# ------------------------------------------------------------------- gather
+
+def _whole_smem(ctx: Ctx, v: View, rank: int, dtype: DType, what: str) -> str | None:
+    """Why the view ``v`` is not a whole single-stage smem tile of ``rank`` and ``dtype`` (None if it is)."""
+    t = ctx.buffers.get(v.buf)
+    if t is None:
+        return None
+    if t.space is not MemSpace.SMEM:
+        return f"the {what} `{v.buf}` is in {t.space.value}; gather_add adds into one CTA's smem tile"
+    if t.stages > 1:
+        return f"the {what} `{v.buf}` is a ring of {t.stages} stages"
+    if len(v.index) != t.rank or not all(isinstance(i, Full) for i in v.index):
+        return f"the {what} is a window of `{v.buf}`; gather_add takes the whole tile, `{v.buf}[{', '.join([':'] * t.rank)}]`"
+    if t.rank != rank:
+        return f"the {what} `{v.buf}` has rank {t.rank}; {rank} needed"
+    if t.dtype is not dtype:
+        return f"the {what} `{v.buf}` is {t.dtype.value}; gather_add's {what} is {dtype.value}"
+    return None
+
+
+@rule("gather.target", "gather", "gather_add adds into a whole single-stage smem tile (E, C) of f32 and counts into "
+                                 "one (E,) of i32")
+def _gather_target(ctx: Ctx) -> Iterable[Diagnostic]:
+    """Warps own rows of the target, so it is one CTA's tile, added whole; the sums are f32 and the counts i32,
+    one count per target row."""
+    for n, path in _compute_nodes(ctx):
+        if n.op is not Op.GATHER_ADD:
+            continue
+        dst, cnt = n.args[0], n.args[1]
+        why = [w for w in (_whole_smem(ctx, dst, 2, DType.F32, "target"), _whole_smem(ctx, cnt, 1, DType.I32, "count"))
+               if w]
+        d, c = ctx.buffers.get(dst.buf), ctx.buffers.get(cnt.buf)
+        if not why and d is not None and c is not None and not same_extent(ctx, d.shape[:1], c.shape):
+            why.append(f"the target `{dst.buf}` has {fmt_shape(ctx, d.shape[:1])[1:-1]} rows and the count "
+                       f"`{cnt.buf}` {fmt_shape(ctx, c.shape)[1:-1]} entries; one count per row")
+        for w in why:
+            yield ctx.diag("gather.target", n, w, path=path,
+                           hint="acc_s = smem(f32, (E, C)); cnt_s = smem(i32, (E,)); "
+                                "gather_add(acc_s[:, :], cnt_s[:], idx_s, src[...], base=..., limit=..., first=...)")
+
+
+@rule("gather.source", "gather", "gather_add reads a rank-2 gmem window (R, C) of bf16, f16 or f32 with one i32 "
+                                 "smem index per row")
+def _gather_source(ctx: Ctx) -> Iterable[Diagnostic]:
+    """The rows are read from gmem by the warp that owns their target row, so the source is a gmem window
+    whose columns match the target's; every warp reads every index, so the indices sit in shared memory."""
+    for n, path in _compute_nodes(ctx):
+        if n.op is not Op.GATHER_ADD:
+            continue
+        dst, idx_name, src = n.args[0], n.args[2], n.args[3]
+        g, ix, d = ctx.buffers.get(src.buf), ctx.buffers.get(idx_name), ctx.buffers.get(dst.buf)
+        why = []
+        if g is not None and g.space is not MemSpace.GMEM:
+            why.append(f"the source `{src.buf}` is in {g.space.value}; gather_add reads rows of a gmem tensor")
+        elif g is not None and g.dtype not in (DType.BF16, DType.F16, DType.F32):
+            why.append(f"the source `{src.buf}` is {g.dtype.value}; bf16, f16 or f32 rows are added")
+        ext = view_extent(ctx, src) if g is not None else None
+        if g is not None and g.space is MemSpace.GMEM and (ext is None or len(ext) != 2):
+            why.append(f"the window of `{src.buf}` has rank {len(ext) if ext else '?'}; a (R, C) window is needed")
+        if ix is not None and ix.space is not MemSpace.SMEM:
+            why.append(f"the index tile `{idx_name}` is in {ix.space.value}; every warp reads every index, so it "
+                       "sits in smem")
+        if ext is not None and len(ext) == 2:
+            if ix is not None and (len(ix.shape) != 1 or not same_extent(ctx, ix.shape, ext[:1])):
+                why.append(f"idx {fmt_shape(ctx, ix.shape)} must be ({fmt_shape(ctx, ext[:1])[1:-1]},): one index "
+                           "per source row")
+            if d is not None and d.rank == 2 and not same_extent(ctx, d.shape[1:], ext[1:]):
+                why.append(f"the source window {fmt_shape(ctx, ext)} and the target {fmt_shape(ctx, d.shape)} "
+                           "differ in columns")
+        for w in why:
+            yield ctx.diag("gather.source", n, w, path=path,
+                           hint="src is x[b, tile(i, R), tile(j, C)] over a gmem tensor, idx an smem(i32, (R,)) "
+                                "tile (cp_async it in)")

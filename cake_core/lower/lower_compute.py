@@ -493,3 +493,27 @@ def _lower_scatter_add_smem(n: Node, ctx: Ctx, idx: Buf, src: Buf) -> list[Line]
     call = (f"cake::{helper}<{src.shape[0]}, {cols}, THREADS, {guard}>({view.buf}, {dst.shape[0]}, "
             f"{st.smem_ptr(idx)}, {src_ptr}, {valid});")
     return _block(st.pre, [call])
+
+
+@lowering(Op.GATHER_ADD)
+def _lower_gather_add(n: Node, ctx: Ctx) -> list[Line]:
+    """gather_add: ``cake::gather_add_owned`` (warp-owned target rows, gathered loads 32 rows per warp in
+    flight). As for other tile ops, ``sync()`` orders the target's zeroing before and its readers after."""
+    dst_v, cnt_v, idx_name, src_v = n.args[:4]
+    dst, cnt = _tile(ctx, dst_v.buf, "gather target"), _tile(ctx, cnt_v.buf, "gather count")
+    idx = _tile(ctx, idx_name, "index")
+    if dst.type.space is not MemSpace.SMEM or cnt.type.space is not MemSpace.SMEM or len(dst.shape) != 2 \
+            or dst.type.dtype is not DType.F32 or cnt.type.dtype is not DType.I32 or cnt.numel != dst.shape[0]:
+        raise LowerError("lower.unsupported_operand", f"gather_add into `{dst_v.buf}` {dst.shape} and "
+                                                      f"`{cnt_v.buf}` {cnt.shape}: an (E, C) f32 and an (E,) i32 "
+                                                      "smem tile are needed")
+    if idx.type.space is not MemSpace.SMEM:
+        raise LowerError("lower.unsupported_operand", f"gather_add reads its indices from smem; `{idx_name}` is "
+                                                      f"{idx.type.space.value}")
+    E, C = dst.shape
+    w = _window(src_v, (idx.numel, C), ctx, "source")
+    valid = f"{ctx.check_expr(n.arg('limit'), 'limit')} - ({ctx.check_expr(n.arg('base'), 'base')})"
+    first = ctx.check_expr(n.arg("first"), "first")
+    return _block([], [f"cake::gather_add_owned<{idx.numel}, {C}, {E}, THREADS>({dst_v.buf}, {cnt_v.buf}, "
+                       f"{idx_name}, (int)({first}), {w.base}, {w.ld_row}, {w.ld_col}, (int)({w.rows_in}), "
+                       f"(int)({w.cols_in}), (int)({valid}));"])

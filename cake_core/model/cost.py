@@ -83,6 +83,15 @@ def _move_cost(n: Node, ctx, env, trips: float, w: Work) -> None:
     w.bytes += math.prod(int(evaluate(d, env)) for d in ext) * ctx.buffers[v.buf].dtype.bytes * trips
 
 
+def _gather_cost(n: Node, ctx, env, trips: float, w: Work) -> None:
+    """gather_add: the source window's bytes, an upper bound (rows whose segment another CTA holds are not read
+    here), and an add per element."""
+    v = n.arg("src")
+    elems = math.prod(int(evaluate(d, env)) for d in view_extent(ctx, v) or ())
+    w.bytes += elems * ctx.buffers[v.buf].dtype.bytes * trips
+    w.simt_flops += elems * trips
+
+
 def _simt_cost(n: Node, ctx, env, trips: float, w: Work) -> None:
     w.simt_flops += _numel(ctx, _name(n.args[0]), env) * trips
 
@@ -117,6 +126,7 @@ COSTS = {
     Op.CLUSTER_SYNC: _free, Op.WGMMA_WAIT: _free,
     Op.LOAD: _move_cost, Op.STORE: _move_cost, Op.TMA_LOAD: _move_cost, Op.TMA_STORE: _move_cost,
     Op.CP_ASYNC: _move_cost, Op.CP_ASYNC_BAR: _move_cost, Op.ATOMIC_ADD: _move_cost, Op.SCATTER_ADD: _move_cost,
+    Op.GATHER_ADD: _gather_cost,
     Op.MMA: _mma_cost, Op.WGMMA: _mma_cost, Op.TCGEN05_MMA: _mma_cost,
     Op.FILL: _simt_cost, Op.CAST: _simt_cost, Op.UNARY: _simt_cost, Op.EWISE: _simt_cost,
     Op.TRANSPOSE: _simt_cost, Op.REDUCE: _simt_cost, Op.SCAN: _simt_cost, Op.ARGMIN: _simt_cost,

@@ -51,7 +51,10 @@ TINYGEMM = Problem(
     shape_sets=("tinygemm_small", "tinygemm_aligned", "tinygemm_decode"),
     zeroed_outputs=("c",),
     # split-K TMA + wgmma: 64 x 128 tiles (A's rows past M zero-filled by TMA), an 8-stage ring (one
-    # CTA per SM), K split so that about 132 CTAs stream the weights, partials added with red.v4.f32
-    best_files=("tinygemm_splitk.cake",),
+    # CTA per SM), K split so that about 132 CTAs stream the weights, partials added with red.v4.f32; and
+    # split-K over clusters of 2 reduced through distributed smem (no zeroing launch), with 128- and
+    # 64-column tiles: 128 CTAs in one wave at N = 8192 and 4096 (faster at M = 16 and 64:
+    # corpus-vs-peers-2026-11-29d.md)
+    best_files=("tinygemm_splitk.cake", "tinygemm_cluster2.cake", "tinygemm_cluster2_n64.cake"),
     rows=GEMM_ROWS,
 )

@@ -1,4 +1,4 @@
-"""Every compute/atomic verifier rule: a program using every compute op passes, and a planted
+"""Every compute/atomic/gather verifier rule: a program using every compute op passes, and a planted
 mistake fails with the rule's id at the line of the statement at fault."""
 from __future__ import annotations
 
@@ -34,7 +34,16 @@ def ops(x: gmem[f32, (N, C)], s: gmem[f32, (N, C)], cnt: gmem[i32, (C,)]):
     fill(v, value=1.0)
     atomic_add(s[tile(bid.x, 128), tile(0, BC)], a)
     scatter_add(cnt[:], i, ones, base=bid.x * 128, limit=N)
+    g_acc = smem(f32, (16, BC))
+    g_cnt = smem(i32, (16,))
+    g_i = smem(i32, (128,))
+    fill(g_acc, value=0.0)
+    fill(g_cnt, value=0.0)
+    fill(g_i, value=3.0)
+    sync()
+    gather_add(g_acc[:, :], g_cnt[:], g_i, x[tile(bid.x, 128), tile(0, BC)], base=bid.x * 128, limit=N, first=0)
 '''
+GATHER = "gather_add(g_acc[:, :], g_cnt[:], g_i, x[tile(bid.x, 128), tile(0, BC)], base=bid.x * 128, limit=N, first=0)"
 
 # rule id -> (old, new, needle naming the line the diagnostic must point at)
 PLANTED = {
@@ -58,6 +67,8 @@ PLANTED = {
                      'scatter_add(cnt[:], i, ones, base=bid.x * 128, limit=N, owner="warp")', "scatter_add("),
     "atomic.smem_target": ("scatter_add(cnt[:], i, ones, base=bid.x * 128, limit=N)",
                            "scatter_add(b[tile(0, 32), :], i, v, base=bid.x * 128, limit=N)", "scatter_add("),
+    "gather.target": (GATHER, GATHER.replace("g_acc[:, :]", "a[:, :]"), "gather_add("),          # an rmem target
+    "gather.source": (GATHER, GATHER.replace("tile(0, BC)]", "tile(0, 32)]"), "gather_add("),   # columns differ
 }
 # a second planted failure for rules with several distinct checks
 MORE = [
@@ -78,6 +89,16 @@ MORE = [
      '    scatter_add(p[:, :], i, q, base=0, limit=N, owner="warp")', None),
     ("atomic.smem_target", "fill(v, value=1.0)", "fill(v, value=1.0)\n    p = smem(f32, (16, BC), stages=2)\n"
      "    scatter_add(p[:, :], i, a, base=0, limit=N)", "scatter_add(p"),
+    ("gather.target", "g_cnt = smem(i32, (16,))", "g_cnt = smem(f32, (16,))", "gather_add("),     # f32 counts
+    ("gather.target", "g_cnt = smem(i32, (16,))", "g_cnt = smem(i32, (32,))", "gather_add("),     # a count per row
+    ("gather.target", GATHER, GATHER.replace("g_acc[:, :]", "g_acc[tile(0, 8), :]"), "gather_add("),   # a window
+    ("gather.target", "g_acc = smem(f32, (16, BC))", "g_acc = smem(f32, (16, BC), stages=2)", "gather_add("),
+    ("gather.source", GATHER, GATHER.replace("g_i, x[", "i, x["), "gather_add("),        # rmem indices
+    ("gather.source", "g_i = smem(i32, (128,))", "g_i = smem(i32, (64,))", "gather_add("),   # one index per row
+    ("gather.source", GATHER, GATHER.replace("x[tile(bid.x, 128), tile(0, BC)]", "b[tile(0, 128), tile(0, BC)]"),
+     "gather_add("),                                                                        # an smem source
+    ("gather.source", GATHER, GATHER.replace("x[tile(bid.x, 128), tile(0, BC)]", "cnt[tile(0, 128)]"),
+     "gather_add("),                                                                        # i32, rank 1
 ]
 
 
@@ -86,7 +107,7 @@ def _line_of(text: str, needle: str) -> int:
 
 
 def test_every_compute_rule_has_a_planted_failure():
-    ours = {r for r, v in RULES.items() if v.family in ("compute", "atomic")}
+    ours = {r for r, v in RULES.items() if v.family in ("compute", "atomic", "gather")}
     assert ours == set(PLANTED)
 
 

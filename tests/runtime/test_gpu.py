@@ -94,11 +94,11 @@ def test_an_accumulating_kernel_is_timed_and_still_correct_after_timing(tmp_path
 
 @pytest.mark.gpu
 def test_the_smem_privatised_kmeans_update_is_correct_on_ragged_and_headline_shapes(tmp_path):
-    # the best-known program: per-CTA shared-memory sums (smem scatter_add), cp.async ring, plain
+    # per-CTA shared-memory sums (smem scatter_add), cp.async ring, plain
     # stores when one CTA owns a (batch, D-slice) and atomic merges when points are split across CTAs
     from cake_core.runtime.gpu import check_and_time
     upd = get_problem("kmeans_update")
-    (text,) = upd.best_texts()
+    text = (Path(__file__).resolve().parents[2] / "cake_core" / "problems" / "seeds" / "kmeans_update_smem.cake").read_text()
     compiled, lowered = _build(text, tmp_path)
     small = list(upd.shape_set("kmeans_update_small").shapes)
     odd = [{"B": 1, "N": 5000, "K": 1500, "D": 72},       # K > KMAX: the global-atomic branch
@@ -148,6 +148,16 @@ def test_the_red4_kmeans_update_variants_are_correct(name, tmp_path):
     _gate_kmeans_update_seed(name, tmp_path, [{"B": 3, "N": 1000, "K": 50, "D": 200},
                                               {"B": 2, "N": 777, "K": 64, "D": 126}], seed=8)
 
+
+@pytest.mark.gpu
+def test_the_gathering_kmeans_update_is_correct(tmp_path):
+    # gather_add: warps own target rows and read only the x rows of their clusters, queued across index
+    # chunks and loaded 8 rows at a time; the CPU interpreter runs neither the ballots nor the queue. D = 200
+    # takes two D-slices (one ragged), D = 126 the scalar path (rows not 8-byte aligned), K = 3 puts every
+    # row of a warp on one target row, K = 1500 splits the clusters over 6 CTAs, B = 1 N = 5000 splits N
+    _gate_kmeans_update_seed("kmeans_update_gather.cake", tmp_path, [{"B": 3, "N": 1000, "K": 50, "D": 200},
+                                                                       {"B": 2, "N": 777, "K": 64, "D": 126}],
+                             seed=9)
 
 def test_zeroing_of_accumulated_outputs_is_inside_the_timed_region():
     # split-K kernels add into a C the harness zeroes: that zeroing is part of their cost, so it must

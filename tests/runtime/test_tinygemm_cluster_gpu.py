@@ -1,4 +1,4 @@
-"""The cluster split-K tinygemm program (partial sums reduced through distributed smem, each element of C stored
+"""The cluster split-K tinygemm programs (partial sums reduced through distributed smem, each element of C stored
 once) through check_and_time on the H200 (marked `gpu`): correct over a poisoned C with no zeroing launch, on the
 aligned small set, ragged extras and tinygemm_decode, then timed beside the atomics split-K program.
 
@@ -30,9 +30,11 @@ def _build(name: str, tmp):
     return cr.value, lk.value
 
 
-@pytest.fixture(scope="module")
-def cluster_built(tmp_path_factory):
-    return _build("tinygemm_cluster.cake", tmp_path_factory.mktemp("cubins"))
+@pytest.fixture(scope="module", params=["tinygemm_cluster.cake", "tinygemm_cluster2.cake", "tinygemm_cluster2_n64.cake"])
+def cluster_built(request, tmp_path_factory):
+    # clusters of 8 (the first program), and of 2 with 128- and 64-column tiles (one wave of 128 CTAs at
+    # N = 8192 and N = 4096)
+    return _build(request.param, tmp_path_factory.mktemp("cubins"))
 
 
 @pytest.mark.gpu

@@ -262,4 +262,132 @@ __device__ __forceinline__ void scatter_add_smem_owned(TD* dst, int rows, const 
     }
 }
 
+
+// gather_vec<C, BYTES>(): elements per lane per load for gather_add rows of C elements of BYTES each: the
+// widest of 8, 4, 2 (at most 16 bytes) that tiles C in whole warps, else 1.
+template <int C, int BYTES>
+__host__ __device__ constexpr int gather_vec() {
+    return (C % 256 == 0 && 8 * BYTES <= 16) ? 8 : (C % 128 == 0 && 4 * BYTES <= 16) ? 4
+         : (C % 64 == 0 && 2 * BYTES <= 16) ? 2 : 1;
+}
+
+template <typename T, int V>
+struct alignas(sizeof(T) * V) vec_t {
+    T x[V];
+};
+
+// ldg_vec<T, V>(p): V elements at p (aligned to their size) in one load.
+template <typename T, int V>
+__device__ __forceinline__ vec_t<T, V> ldg_vec(const T* p) {
+    return *reinterpret_cast<const vec_t<T, V>*>(p);
+}
+
+// gather_row<C, V>(w, row, ld_col, cols_in, lane): the lane's NV = ceil(C / 32) elements of one source row,
+// as loaded (converted when added), zero past cols_in. V > 1 (rows contiguous and aligned): element e of
+// w[cs] is column (cs * 32 + lane) * V + e, V columns per load; V == 1: w[i] is column i * 32 + lane.
+template <int C, int V, typename TS, int NW>
+__device__ __forceinline__ void gather_row(vec_t<TS, V> (&w)[NW], const TS* row, index_t ld_col, int cols_in,
+                                           int lane) {
+#pragma unroll
+    for (int cs = 0; cs < NW; ++cs) {
+        const int c0 = (cs * 32 + lane) * V;
+        if (V > 1 && c0 + V <= cols_in) {
+            w[cs] = ldg_vec<TS, V>(row + c0);
+        } else {
+#pragma unroll
+            for (int e = 0; e < V; ++e)
+                w[cs].x[e] = (c0 + e < C && c0 + e < cols_in) ? row[(index_t)(c0 + e) * ld_col] : convert<TS>(0.f);
+        }
+    }
+}
+
+// gather_add_row<C, V>(dst, w, cols_in, lane): dst[c] += the lane's elements of gather_row, for c < cols_in.
+template <int C, int V, typename TS, int NW>
+__device__ __forceinline__ void gather_add_row(float* dst, const vec_t<TS, V> (&w)[NW], int cols_in, int lane) {
+#pragma unroll
+    for (int cs = 0; cs < NW; ++cs) {
+        const int c0 = (cs * 32 + lane) * V;
+        if (V > 1 && c0 + V <= cols_in) {
+            vec_t<float, V>* p = reinterpret_cast<vec_t<float, V>*>(dst + c0);
+            vec_t<float, V> d = *p;
+#pragma unroll
+            for (int e = 0; e < V; ++e) d.x[e] += to_f32(w[cs].x[e]);
+            *p = d;
+        } else {
+#pragma unroll
+            for (int e = 0; e < V; ++e)
+                if (c0 + e < C && c0 + e < cols_in) dst[c0 + e] += to_f32(w[cs].x[e]);
+        }
+    }
+}
+
+// gather_add_flush<C, V>(dst, cnt, src, ld_row, ld_col, cols_in, qr, qk, n, lane): the warp's queue of n
+// rows (lane j holds row qr and target row qk of entry j), P at a time: the P rows' loads are issued
+// together (at most 16 registers of them per lane: 8 rows of 128 bf16 columns; more spills), then the rows are added in queue
+// order, so each target row's f32 sum is that of a sequential loop.
+template <int C, int V, typename TS>
+__device__ __forceinline__ void gather_add_flush(float* dst, int* cnt, const TS* src, index_t ld_row, index_t ld_col,
+                                                 int cols_in, int qr, int qk, int n, int lane) {
+    constexpr int NW = (C + 32 * V - 1) / (32 * V);
+    constexpr int REGS = NW * ((V * (int)sizeof(TS) + 3) / 4), P = 16 / REGS >= 2 ? 16 / REGS : 2;
+#pragma unroll 1
+    for (int b = 0; b < n; b += P) {
+        vec_t<TS, V> w[P][NW];
+#pragma unroll
+        for (int j = 0; j < P; ++j) {
+            const int r = __shfl_sync(0xffffffffu, qr, (b + j) & 31);
+            if (b + j < n) gather_row<C, V>(w[j], src + (index_t)r * ld_row, ld_col, cols_in, lane);
+        }
+#pragma unroll
+        for (int j = 0; j < P; ++j) {
+            const int k = __shfl_sync(0xffffffffu, qk, (b + j) & 31);
+            if (b + j < n) {
+                gather_add_row<C, V>(dst + k * C, w[j], cols_in, lane);
+                if (lane == 0) cnt[k] += 1;
+            }
+        }
+    }
+}
+
+// gather_add_owned<R, C, E, THREADS>(dst, cnt, idx, first, src, ld_row, ld_col, rows_in, cols_in, valid):
+// for each source row r < min(R, valid, rows_in) with k = idx[r] - first in [0, E), dst[k * C + c] +=
+// src[r * ld_row + c * ld_col] for c < min(C, cols_in), and cnt[k] += 1. Warp w owns the target rows with
+// k % WARPS == w: it ballots 32 indices at a time, queues its rows one per lane (in row order), and flushes
+// a full queue, and the last one, through gather_add_flush. Rows of other warps' targets are never read.
+// Rows go V columns per load where they are contiguous and aligned (a run-time test, uniform over the CTA).
+template <int R, int C, int E, int THREADS, typename TI, typename TS>
+__device__ __forceinline__ void gather_add_owned(float* dst, int* cnt, const TI* idx, int first, const TS* src,
+                                                 index_t ld_row, index_t ld_col, int rows_in, int cols_in, int valid) {
+    static_assert(THREADS % 32 == 0, "rows are owned by whole warps");
+    constexpr int WARPS = THREADS / 32, V = gather_vec<C, (int)sizeof(TS)>();
+    const int warp = (int)(threadIdx.x / 32), lane = (int)(threadIdx.x % 32);
+    const int n = min(min(R, valid), rows_in);
+    const bool vec = V > 1 && ld_col == 1 && ld_row % V == 0 && reinterpret_cast<unsigned long long>(src) % (V * sizeof(TS)) == 0;
+    int qr = 0, qk = 0, nq = 0;
+#pragma unroll 1
+    for (int r0 = 0; r0 < n; r0 += 32) {
+        const int r = r0 + lane;
+        const int k = r < n ? (int)idx[r] - first : -1;
+        unsigned m = __ballot_sync(0xffffffffu, (unsigned)k < (unsigned)E && k % WARPS == warp);
+        while (m) {
+            const int j = __ffs(m) - 1;
+            m &= m - 1;
+            const int rj = __shfl_sync(0xffffffffu, r, j), kj = __shfl_sync(0xffffffffu, k, j);
+            if (lane == nq) {
+                qr = rj;
+                qk = kj;
+            }
+            if (++nq == 32) {
+                if (vec) gather_add_flush<C, V>(dst, cnt, src, ld_row, ld_col, cols_in, qr, qk, 32, lane);
+                else gather_add_flush<C, 1>(dst, cnt, src, ld_row, ld_col, cols_in, qr, qk, 32, lane);
+                nq = 0;
+            }
+        }
+    }
+    if (nq > 0) {
+        if (vec) gather_add_flush<C, V>(dst, cnt, src, ld_row, ld_col, cols_in, qr, qk, nq, lane);
+        else gather_add_flush<C, 1>(dst, cnt, src, ld_row, ld_col, cols_in, qr, qk, nq, lane);
+    }
+}
+
 }  // namespace cake
