@@ -161,8 +161,8 @@ register(OpDef(Op.GATHER_ADD, (("dst", "view"), ("count", "view"), ("idx", "buf"
                        "(an smem tile (E,), i32) += 1. A row whose k falls outside [0, E) is never read, so CTAs "
                        "that split the segments between them read each row once in all. Warp w adds the rows with "
                        "k % warps == w in row order, with plain loads and stores: no atomics, and the same f32 "
-                       "sums on every run. Up to 16 rows per warp are in flight at once. sync() before and after "
-                       "it, as for any tile op.",
+                       "sums on every run. A warp queues up to 32 of its rows and loads them 8 at a time (rows of "
+                       "128 bf16 columns; fewer for wider rows). sync() before and after it, as for any tile op.",
                example="gather_add(acc_s[:, :], cnt_s[:], a_s, x[bid.y, tile(c, BN), tile(0, BD)], base=c * BN, "
                        "limit=N, first=bid.x * KC)",
                preconditions=("dst is a whole single-stage smem tile (E, C) of f32, count one (E,) of i32",

@@ -497,8 +497,9 @@ def _lower_scatter_add_smem(n: Node, ctx: Ctx, idx: Buf, src: Buf) -> list[Line]
 
 @lowering(Op.GATHER_ADD)
 def _lower_gather_add(n: Node, ctx: Ctx) -> list[Line]:
-    """gather_add: ``cake::gather_add_owned`` (warp-owned target rows, gathered loads 32 rows per warp in
-    flight). As for other tile ops, ``sync()`` orders the target's zeroing before and its readers after."""
+    """gather_add: ``cake::gather_add_owned`` (warp-owned target rows, a queue of up to 32 rows per warp whose
+    loads go 8 at a time). As for other tile ops, ``sync()`` orders the target's zeroing before and its readers
+    after."""
     dst_v, cnt_v, idx_name, src_v = n.args[:4]
     dst, cnt = _tile(ctx, dst_v.buf, "gather target"), _tile(ctx, cnt_v.buf, "gather count")
     idx = _tile(ctx, idx_name, "index")

@@ -77,17 +77,20 @@ def _mma_cost(n: Node, ctx, env, trips: float, w: Work) -> None:
     w.atom = n.attr("atom") if n.op is Op.MMA else n.op.value
 
 
+def _view_elems(ctx, v, env) -> int:
+    return math.prod(int(evaluate(d, env)) for d in view_extent(ctx, v) or ())
+
+
 def _move_cost(n: Node, ctx, env, trips: float, w: Work) -> None:
     v = n.arg("src" if n.op in (Op.LOAD, Op.TMA_LOAD, Op.CP_ASYNC, Op.CP_ASYNC_BAR) else "dst")
-    ext = view_extent(ctx, v) or ()
-    w.bytes += math.prod(int(evaluate(d, env)) for d in ext) * ctx.buffers[v.buf].dtype.bytes * trips
+    w.bytes += _view_elems(ctx, v, env) * ctx.buffers[v.buf].dtype.bytes * trips
 
 
 def _gather_cost(n: Node, ctx, env, trips: float, w: Work) -> None:
     """gather_add: the source window's bytes, an upper bound (rows whose segment another CTA holds are not read
     here), and an add per element."""
     v = n.arg("src")
-    elems = math.prod(int(evaluate(d, env)) for d in view_extent(ctx, v) or ())
+    elems = _view_elems(ctx, v, env)
     w.bytes += elems * ctx.buffers[v.buf].dtype.bytes * trips
     w.simt_flops += elems * trips
 

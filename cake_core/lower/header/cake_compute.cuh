@@ -364,6 +364,10 @@ __device__ __forceinline__ void gather_add_owned(float* dst, int* cnt, const TI*
     const int n = min(min(R, valid), rows_in);
     const bool vec = V > 1 && ld_col == 1 && ld_row % V == 0 && reinterpret_cast<unsigned long long>(src) % (V * sizeof(TS)) == 0;
     int qr = 0, qk = 0, nq = 0;
+    const auto flush = [&](int rows) {
+        if (vec) gather_add_flush<C, V>(dst, cnt, src, ld_row, ld_col, cols_in, qr, qk, rows, lane);
+        else gather_add_flush<C, 1>(dst, cnt, src, ld_row, ld_col, cols_in, qr, qk, rows, lane);
+    };
 #pragma unroll 1
     for (int r0 = 0; r0 < n; r0 += 32) {
         const int r = r0 + lane;
@@ -378,16 +382,12 @@ __device__ __forceinline__ void gather_add_owned(float* dst, int* cnt, const TI*
                 qk = kj;
             }
             if (++nq == 32) {
-                if (vec) gather_add_flush<C, V>(dst, cnt, src, ld_row, ld_col, cols_in, qr, qk, 32, lane);
-                else gather_add_flush<C, 1>(dst, cnt, src, ld_row, ld_col, cols_in, qr, qk, 32, lane);
+                flush(32);
                 nq = 0;
             }
         }
     }
-    if (nq > 0) {
-        if (vec) gather_add_flush<C, V>(dst, cnt, src, ld_row, ld_col, cols_in, qr, qk, nq, lane);
-        else gather_add_flush<C, 1>(dst, cnt, src, ld_row, ld_col, cols_in, qr, qk, nq, lane);
-    }
+    if (nq > 0) flush(nq);
 }
 
 }  // namespace cake
