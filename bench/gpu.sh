@@ -5,6 +5,10 @@
 #   bash bench/gpu.sh tests -k kmeans     # only the gpu tests (extra args go to pytest)
 #   bash bench/gpu.sh corpus --problems gemm_bf16 --reps 30   # only the bench (extra args go to it)
 #   bash bench/gpu.sh corpus --variants   # also every unregistered program under cake_core/problems/seeds/
+#   bash bench/gpu.sh floor --mib 32,128  # what a bare read of W bytes takes under the timing protocol
+#   bash bench/gpu.sh profile 'regex:kmeans_update_gather' corpus --no-seed --no-best --no-peers ...
+#                                         # Nsight Compute on the first launch of the kernels the regex names
+#                                         # (PROFILE_COUNT, PROFILE_SKIP), while the named part runs
 #
 # Needs: the repo root as the working directory; .gpu/site.tar.xz (the pinned bundle of what the bare
 # GPU image lacks: ../shared/gpu/make-bundle.sh) and .whl/ (peer wheels, e.g. flash-kmeans) carried
@@ -16,8 +20,28 @@ mkdir -p "$OUT" /tmp/site /tmp/whl
 what=${1:-all}; [ $# -gt 0 ] && shift
 case $what in
     all) [ $# -eq 0 ] || { echo "bench/gpu.sh: extra arguments go with 'tests' or 'corpus', not 'all'" >&2; exit 2; } ;;
-    tests|corpus) ;;
-    *) echo "bench/gpu.sh: unknown part '$what': all, tests or corpus" >&2; exit 2 ;;
+    tests|corpus|floor) ;;
+    profile)
+        [ $# -ge 2 ] || { echo "bench/gpu.sh: profile needs a kernel regex and a part: profile 'regex:NAME' corpus ..." >&2; exit 2; }
+        kernels=$1; shift
+        NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
+        [ -n "$NCU" ] || { echo "bench/gpu.sh: no ncu (Nsight Compute) on this machine" >&2; exit 2; }
+        mkdir -p "$OUT/profile"
+        # the clocks stay as they are (METHOD.md); the report's text goes to the log, the report to $OUT
+        "$NCU" --clock-control none --target-processes all -k "$kernels" -s "${PROFILE_SKIP:-0}" \
+            -c "${PROFILE_COUNT:-1}" --section SpeedOfLight --section MemoryWorkloadAnalysis \
+            --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
+            --section ComputeWorkloadAnalysis --section SourceCounters -o "$OUT/profile/report" -f \
+            env OUT="$OUT/profile" bash "$0" "$@" > "$OUT/profile/ncu.log" 2>&1
+        rc=$?
+        "$NCU" -i "$OUT/profile/report.ncu-rep" --page details > "$OUT/profile/details.txt" 2>&1
+        "$NCU" -i "$OUT/profile/report.ncu-rep" --page raw --csv > "$OUT/profile/raw.csv" 2>&1
+        "$NCU" -i "$OUT/profile/report.ncu-rep" --page source --csv --print-source sass > "$OUT/profile/sass.csv" 2>&1
+        grep -E "^  [a-zA-Z_].*\(|Duration|DRAM Throughput|Memory Throughput|L2 Cache Throughput|Compute \(SM\)|Achieved Occupancy|Registers Per|Stall|Issue Slots Busy|Eligible Warps|No Eligible|Warp Cycles Per Issued" \
+            "$OUT/profile/details.txt" | head -120
+        python3 bench/ncu_summary.py "$OUT/profile/raw.csv" "$OUT/profile/sass.csv" | tee "$OUT/profile/summary.txt"
+        exit $rc ;;
+    *) echo "bench/gpu.sh: unknown part '$what': all, tests, corpus, floor or profile" >&2; exit 2 ;;
 esac
 if [ -f .gpu/site.tar.xz ] && [ ! -e /tmp/site/.unpacked ]; then
     tar -xJf .gpu/site.tar.xz -C /tmp/site && touch /tmp/site/.unpacked
@@ -34,6 +58,10 @@ if [ "$what" = all ] || [ "$what" = tests ]; then
     python3 -m pytest -m gpu tests -o addopts="" -q -p no:cacheprovider --junitxml="$OUT/gpu-tests.xml" \
         "$@" 2>&1 | tee "$OUT/gpu-tests.log" | tail -25
     rc=${PIPESTATUS[0]}
+fi
+if [ "$what" = floor ]; then
+    python3 bench/read_floor.py --out "$OUT" "$@"
+    exit $?
 fi
 if [ "$what" = all ] || [ "$what" = corpus ]; then
     echo "== corpus vs peers"

@@ -241,7 +241,7 @@ def _scatter_add(cta, n: Node) -> None:
 
 def _gather_add(cta, n: Node) -> None:
     """Row order within the call, f32 adds: the sums the lowering's owning warps produce, bit for bit."""
-    dst, cnt, idx, src = n.args[:4]
+    dst, cnt, idx, src = n.arg("dst"), n.arg("count"), n.arg("idx"), n.arg("src")
     acc, counts = cta.tiles[dst.buf], cta.tiles[cnt.buf].reshape(-1)
     sub, t, ext = _gmem_window(cta, n, src, True)
     ix = _tile(cta, idx).reshape(-1)

@@ -152,7 +152,7 @@ register(OpDef(Op.SCATTER_ADD, (("dst", "view"), ("idx", "buf"), ("src", "buf"))
                               "window (E, C) with src (R, C), or window (E,) with src (R,); idx is (R,) i32",
                               "owner=\"warp\" takes a whole smem tile target and an smem src")))
 
-register(OpDef(Op.GATHER_ADD, (("dst", "view"), ("count", "view"), ("idx", "buf"), ("src", "view"))
+register(OpDef(Op.GATHER_ADD, (("dst", "view"), ("count", "view"), ("idx", "buf"), ("queue", "buf"), ("src", "view"))
                + _BASE_LIMIT + (("first", "expr"),),
                keyword_operands=("base", "limit", "first"),
                summary="Segment sums of gathered rows: for each row r of the gmem window src (R, C) with base + r "
@@ -161,12 +161,17 @@ register(OpDef(Op.GATHER_ADD, (("dst", "view"), ("count", "view"), ("idx", "buf"
                        "(an smem tile (E,), i32) += 1. A row whose k falls outside [0, E) is never read, so CTAs "
                        "that split the segments between them read each row once in all. Warp w adds the rows with "
                        "k % warps == w in row order, with plain loads and stores: no atomics, and the same f32 "
-                       "sums on every run. A warp queues up to 32 of its rows and loads them 8 at a time (rows of "
-                       "128 bf16 columns; fewer for wider rows). sync() before and after it, as for any tile op.",
-               example="gather_add(acc_s[:, :], cnt_s[:], a_s, x[bid.y, tile(c, BN), tile(0, BD)], base=c * BN, "
+                       "sums on every run. The rows reach their warps through a stable counting sort in queue, an "
+                       "i32 smem tile of R + 2 * warps * warps entries that is scratch: each warp scans R / warps "
+                       "indices, not all R. An owner keeps 16 of its rows' loads in flight (rows of 128 bf16 columns; "
+                       "fewer for wider rows). Every thread of the CTA runs it (it holds three CTA barriers), so it sits "
+                       "outside roles; sync() before and after it, as for any tile op.",
+               example="gather_add(acc_s[:, :], cnt_s[:], a_s, q_s, x[bid.y, tile(c, BN), tile(0, BD)], base=c * BN, "
                        "limit=N, first=bid.x * KC)",
                preconditions=("dst is a whole single-stage smem tile (E, C) of f32, count one (E,) of i32",
-                              "idx is an (R,) i32 smem tile; src a rank-2 gmem window (R, C) of bf16, f16 or f32")))
+                              "idx is an (R,) i32 smem tile; src a rank-2 gmem window (R, C) of bf16, f16 or f32",
+                              "queue is a whole (R + 2 * warps * warps,) i32 smem tile; R and E at most 65536",
+                              "outside roles: every thread of the CTA runs it")))
 
 
 # ------------------------------------------------------------------ shapes

@@ -57,6 +57,7 @@ RULE_OPS: dict[str, tuple[str, ...]] = {
     "atomic.owner": ("scatter_add",),
     "gather.target": _G,
     "gather.source": _G,
+    "gather.queue": _G,
 }
 
 _KINDS = {

@@ -433,7 +433,8 @@ def _compute_accesses(n: Node, smem: set[str], ctx: Ctx) -> list[tuple[str, str]
     cp_async. A scatter_add into an smem tile is an "atomic" access: atomics of several threads into one tile
     do not race with each other, only with plain reads and writes. A warp-owned scatter_add or a gather_add is
     an "owned" access: every such op gives target row k to the same warp, which adds in program order, so
-    owned accesses do not race with each other, only with atomics and with plain reads and writes."""
+    owned accesses do not race with each other, only with atomics and with plain reads and writes. gather_add
+    writes its queue (scratch that its own barriers order inside the op): two of them need a sync() between."""
     if n.op is Op.FILL and n.arg("dst") in smem:
         return [("write", n.arg("dst"))]
     if n.op is Op.CP_ASYNC and n.arg("dst").buf in smem and id(n) not in ctx.role_of:
@@ -447,6 +448,7 @@ def _compute_accesses(n: Node, smem: set[str], ctx: Ctx) -> list[tuple[str, str]
         return out
     if n.op is Op.GATHER_ADD:
         out = [("read", n.arg("idx"))] if n.arg("idx") in smem else []
+        out += [("write", n.arg("queue"))] if n.arg("queue") in smem else []
         return out + [("owned", n.arg(x).buf) for x in ("dst", "count") if n.arg(x).buf in smem]
     return []
 

@@ -395,7 +395,7 @@ def _gather_target(ctx: Ctx) -> Iterable[Diagnostic]:
         for w in why:
             yield ctx.diag("gather.target", n, w, path=path,
                            hint="acc_s = smem(f32, (E, C)); cnt_s = smem(i32, (E,)); "
-                                "gather_add(acc_s[:, :], cnt_s[:], idx_s, src[...], base=..., limit=..., first=...)")
+                                "gather_add(acc_s[:, :], cnt_s[:], idx_s, q_s, src[...], base=..., limit=..., first=...)")
 
 
 @rule("gather.source", "gather", "gather_add reads a rank-2 gmem window (R, C) of bf16, f16 or f32 with one i32 "
@@ -406,7 +406,7 @@ def _gather_source(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path in _compute_nodes(ctx):
         if n.op is not Op.GATHER_ADD:
             continue
-        dst, idx_name, src = n.args[0], n.args[2], n.args[3]
+        dst, idx_name, src = n.args[0], n.args[2], n.arg("src")
         g, ix, d = ctx.buffers.get(src.buf), ctx.buffers.get(idx_name), ctx.buffers.get(dst.buf)
         why = []
         if g is not None and g.space is not MemSpace.GMEM:
@@ -430,3 +430,40 @@ def _gather_source(ctx: Ctx) -> Iterable[Diagnostic]:
             yield ctx.diag("gather.source", n, w, path=path,
                            hint="src is x[b, tile(i, R), tile(j, C)] over a gmem tensor, idx an smem(i32, (R,)) "
                                 "tile (cp_async it in)")
+
+
+@rule("gather.queue", "gather", "gather_add's queue is a whole (R + 2 * warps * warps,) i32 smem tile, and every "
+                                "thread of the CTA runs it (outside roles)")
+def _gather_queue(ctx: Ctx) -> Iterable[Diagnostic]:
+    """The lowering sorts the rows to their owning warps through the queue: R entries for the rows (each packs
+    its row and target row in 16 bits, so R and E are at most 65536) and two warps x warps tables of counts
+    and positions. Its three CTA barriers need every thread of the CTA, so it cannot run inside a role."""
+    for n, path in _compute_nodes(ctx):
+        if n.op is not Op.GATHER_ADD:
+            continue
+        q_name, idx_name, dst = n.arg("queue"), n.arg("idx"), n.arg("dst")
+        q, ix, d = ctx.buffers.get(q_name), ctx.buffers.get(idx_name), ctx.buffers.get(dst.buf)
+        warps = ctx.program.threads // ctx.target["warp_size"]
+        r = ctx.static_numel(ix.shape) if ix is not None else None
+        why = []
+        if id(n) in ctx.role_of:
+            why.append(f"gather_add inside role `{ctx.role_of[id(n)].args[0]}`: it synchronises the whole CTA "
+                       "three times, so every thread must run it")
+        if q is not None:
+            if q.space is not MemSpace.SMEM or q.stages > 1 or q.dtype is not DType.I32 or q.rank != 1:
+                why.append(f"the queue `{q_name}` is a {q.space.value} {q.dtype.value} tile of shape "
+                           f"{fmt_shape(ctx, q.shape)}" + (f" in {q.stages} stages" if q.stages > 1 else "")
+                           + "; a single-stage rank-1 i32 smem tile is needed")
+            elif r is not None and ctx.static_numel(q.shape) is not None \
+                    and ctx.static_numel(q.shape) < r + 2 * warps * warps:
+                why.append(f"the queue `{q_name}` holds {ctx.static_numel(q.shape)} entries; {r} rows and two "
+                           f"{warps}x{warps} tables need {r + 2 * warps * warps}")
+        if r is not None and r > 65536:
+            why.append(f"{r} source rows: a queue entry holds the row in 16 bits, so at most 65536")
+        e = ctx.static(d.shape[0]) if d is not None and d.rank == 2 else None
+        if e is not None and e > 65536:
+            why.append(f"the target has {e} rows: a queue entry holds the target row in 16 bits, so at most 65536")
+        for w in why:
+            yield ctx.diag("gather.queue", n, w, path=path,
+                           hint=f"q_s = smem(i32, (R + {2 * warps * warps},)) for {warps} warps; call gather_add "
+                                "at the top level, between sync()s")

@@ -134,8 +134,10 @@ def _broadcast_offset(src: tuple[int, ...], dst: tuple[int, ...]) -> str | None:
     return " + ".join(reversed(terms)) or "0"
 
 
-def _owned_loop(ctx: Ctx, numel: int, cols: int, body: list[str]) -> list[str]:
-    """A loop over the elements e = s * THREADS + tid this thread owns; body sees cake_s, cake_e, cake_r, cake_c."""
+def _owned_loop(ctx: Ctx, numel: int, cols: int, body: list[str], unroll: int = 0) -> list[str]:
+    """A loop over the elements e = s * THREADS + tid this thread owns; body sees cake_s, cake_e, cake_r, cake_c.
+    Unrolled fully (register tiles are indexed by cake_s), or ``unroll`` trips at a time where the body only
+    touches smem and gmem, so that a long loop does not hold every trip's values in registers at once."""
     slots = -(-numel // ctx.threads)
     inner = []
     text = "\n".join(body)
@@ -144,7 +146,7 @@ def _owned_loop(ctx: Ctx, numel: int, cols: int, body: list[str]) -> list[str]:
     inner += ["    " + b for b in body]
     if numel % ctx.threads:
         inner = [f"    if (cake_e < {numel}) {{"] + ["    " + x for x in inner] + ["    }"]
-    return ["#pragma unroll",
+    return ["#pragma unroll" + (f" {unroll}" if unroll else ""),
             f"for (int cake_s = 0; cake_s < {slots}; ++cake_s) {{",
             "    [[maybe_unused]] const int cake_e = cake_s * THREADS + (int)threadIdx.x;"] + inner + ["}"]
 
@@ -384,7 +386,8 @@ def _lower_atomic_add(n: Node, ctx: Ctx) -> list[Line]:
            f"const int cake_rin = {w.rows_in}, cake_cin = {w.cols_in};"]
     body = [f"if (!{guard} || (cake_r < cake_rin && cake_c < cake_cin)) "
             f"cake::atomic_add_gmem(cake_dst + cake_r * cake_ldr + cake_c * cake_ldc, {val});"]
-    return _block(pre, _owned_loop(ctx, src.numel, w.cols, body))
+    smem_src = src.type.space is MemSpace.SMEM
+    return _block(pre, _owned_loop(ctx, src.numel, w.cols, body, unroll=4 if smem_src else 0))
 
 
 def _scatter_extent(ctx: Ctx, view: View, g: Buf) -> tuple[list[tuple[object, Expr]], str]:
@@ -497,12 +500,12 @@ def _lower_scatter_add_smem(n: Node, ctx: Ctx, idx: Buf, src: Buf) -> list[Line]
 
 @lowering(Op.GATHER_ADD)
 def _lower_gather_add(n: Node, ctx: Ctx) -> list[Line]:
-    """gather_add: ``cake::gather_add_owned`` (warp-owned target rows, a queue of up to 32 rows per warp whose
-    loads go 8 at a time). As for other tile ops, ``sync()`` orders the target's zeroing before and its readers
-    after."""
-    dst_v, cnt_v, idx_name, src_v = n.args[:4]
+    """gather_add: ``cake::gather_add_bucketed`` (a stable counting sort of the rows to the warps that own
+    their target rows, through the queue tile; each owner keeps two batches of its rows' loads in flight). As for other tile ops,
+    ``sync()`` orders the target's zeroing before and its readers after."""
+    dst_v, cnt_v, idx_name, q_name = n.arg("dst"), n.arg("count"), n.arg("idx"), n.arg("queue")
     dst, cnt = _tile(ctx, dst_v.buf, "gather target"), _tile(ctx, cnt_v.buf, "gather count")
-    idx = _tile(ctx, idx_name, "index")
+    idx, queue = _tile(ctx, idx_name, "index"), _tile(ctx, q_name, "gather queue")
     if dst.type.space is not MemSpace.SMEM or cnt.type.space is not MemSpace.SMEM or len(dst.shape) != 2 \
             or dst.type.dtype is not DType.F32 or cnt.type.dtype is not DType.I32 or cnt.numel != dst.shape[0]:
         raise LowerError("lower.unsupported_operand", f"gather_add into `{dst_v.buf}` {dst.shape} and "
@@ -511,10 +514,15 @@ def _lower_gather_add(n: Node, ctx: Ctx) -> list[Line]:
     if idx.type.space is not MemSpace.SMEM:
         raise LowerError("lower.unsupported_operand", f"gather_add reads its indices from smem; `{idx_name}` is "
                                                       f"{idx.type.space.value}")
+    warps = ctx.threads // 32
+    if queue.type.space is not MemSpace.SMEM or queue.type.dtype is not DType.I32 \
+            or queue.numel < idx.numel + 2 * warps * warps:
+        raise LowerError("lower.unsupported_operand", f"gather_add's queue `{q_name}` {queue.shape}: an i32 smem "
+                                                      f"tile of {idx.numel + 2 * warps * warps} entries is needed")
     E, C = dst.shape
-    w = _window(src_v, (idx.numel, C), ctx, "source")
+    w = _window(n.arg("src"), (idx.numel, C), ctx, "source")
     valid = f"{ctx.check_expr(n.arg('limit'), 'limit')} - ({ctx.check_expr(n.arg('base'), 'base')})"
     first = ctx.check_expr(n.arg("first"), "first")
-    return _block([], [f"cake::gather_add_owned<{idx.numel}, {C}, {E}, THREADS>({dst_v.buf}, {cnt_v.buf}, "
-                       f"{idx_name}, (int)({first}), {w.base}, {w.ld_row}, {w.ld_col}, (int)({w.rows_in}), "
+    return _block([], [f"cake::gather_add_bucketed<{idx.numel}, {C}, {E}, THREADS>({dst_v.buf}, {cnt_v.buf}, "
+                       f"{idx_name}, {q_name}, (int)({first}), {w.base}, {w.ld_row}, {w.ld_col}, (int)({w.rows_in}), "
                        f"(int)({w.cols_in}), (int)({valid}));"])

@@ -68,9 +68,10 @@ KMEANS_UPDATE = Problem(
     flops=lambda s: 1.0 * s["B"] * s["N"] * (s["D"] + 1),
     bytes=lambda s: 2.0 * s["B"] * s["N"] * s["D"] + 4.0 * s["B"] * s["N"] + 4.0 * s["B"] * s["K"] * (s["D"] + 1),
     seed_file="kmeans_update.cake",
-    # red.global.add.v4.f32 of whole 128-column rows (1.22x flash-kmeans' sorted update at B=32 N=65536,
-    # bench/results/corpus-vs-peers-2026-11-29c.md), then the smem-privatised sums over D-slices
-    best_files=("kmeans_update_red4.cake", "kmeans_update_smem.cake"),
+    # gather_add: each CTA sums its clusters' rows in smem, no global atomics (bench/results/
+    # corpus-vs-peers-2026-11-29e.md); red.global.add.v4.f32 of whole 128-column rows; the smem-privatised
+    # sums over D-slices
+    best_files=("kmeans_update_gather.cake", "kmeans_update_red4.cake", "kmeans_update_smem.cake"),
     shape_sets=("kmeans_update_small", "kmeans_update_large"),
     zeroed_outputs=("sums", "counts"),
     rows=RowOracle(

@@ -37,13 +37,14 @@ def ops(x: gmem[f32, (N, C)], s: gmem[f32, (N, C)], cnt: gmem[i32, (C,)]):
     g_acc = smem(f32, (16, BC))
     g_cnt = smem(i32, (16,))
     g_i = smem(i32, (128,))
+    g_q = smem(i32, (160,))
     fill(g_acc, value=0.0)
     fill(g_cnt, value=0.0)
     fill(g_i, value=3.0)
     sync()
-    gather_add(g_acc[:, :], g_cnt[:], g_i, x[tile(bid.x, 128), tile(0, BC)], base=bid.x * 128, limit=N, first=0)
+    gather_add(g_acc[:, :], g_cnt[:], g_i, g_q, x[tile(bid.x, 128), tile(0, BC)], base=bid.x * 128, limit=N, first=0)
 '''
-GATHER = "gather_add(g_acc[:, :], g_cnt[:], g_i, x[tile(bid.x, 128), tile(0, BC)], base=bid.x * 128, limit=N, first=0)"
+GATHER = "gather_add(g_acc[:, :], g_cnt[:], g_i, g_q, x[tile(bid.x, 128), tile(0, BC)], base=bid.x * 128, limit=N, first=0)"
 
 # rule id -> (old, new, needle naming the line the diagnostic must point at)
 PLANTED = {
@@ -69,6 +70,7 @@ PLANTED = {
                            "scatter_add(b[tile(0, 32), :], i, v, base=bid.x * 128, limit=N)", "scatter_add("),
     "gather.target": (GATHER, GATHER.replace("g_acc[:, :]", "a[:, :]"), "gather_add("),          # an rmem target
     "gather.source": (GATHER, GATHER.replace("tile(0, BC)]", "tile(0, 32)]"), "gather_add("),   # columns differ
+    "gather.queue": ("g_q = smem(i32, (160,))", "g_q = smem(i32, (159,))", "gather_add("),   # 128 + 2 * 4 * 4
 }
 # a second planted failure for rules with several distinct checks
 MORE = [
@@ -93,12 +95,16 @@ MORE = [
     ("gather.target", "g_cnt = smem(i32, (16,))", "g_cnt = smem(i32, (32,))", "gather_add("),     # a count per row
     ("gather.target", GATHER, GATHER.replace("g_acc[:, :]", "g_acc[tile(0, 8), :]"), "gather_add("),   # a window
     ("gather.target", "g_acc = smem(f32, (16, BC))", "g_acc = smem(f32, (16, BC), stages=2)", "gather_add("),
-    ("gather.source", GATHER, GATHER.replace("g_i, x[", "i, x["), "gather_add("),        # rmem indices
+    ("gather.source", GATHER, GATHER.replace("g_i, g_q, x[", "i, g_q, x["), "gather_add("),        # rmem indices
     ("gather.source", "g_i = smem(i32, (128,))", "g_i = smem(i32, (64,))", "gather_add("),   # one index per row
     ("gather.source", GATHER, GATHER.replace("x[tile(bid.x, 128), tile(0, BC)]", "b[tile(0, 128), tile(0, BC)]"),
      "gather_add("),                                                                        # an smem source
     ("gather.source", GATHER, GATHER.replace("x[tile(bid.x, 128), tile(0, BC)]", "cnt[tile(0, 128)]"),
      "gather_add("),                                                                        # i32, rank 1
+    ("gather.queue", "g_q = smem(i32, (160,))", "g_q = smem(f32, (160,))", "gather_add("),   # f32 entries
+    ("gather.queue", "g_q = smem(i32, (160,))", "g_q = smem(i32, (160,), stages=2)", "gather_add("),
+    ("gather.queue", "    sync()\n    " + GATHER, '    sync()\n    with role("all", warps=(0, 4)):\n        ' + GATHER,
+     "gather_add("),                                                                        # inside a role
 ]
 
 

@@ -1,7 +1,8 @@
 """gather_add: segment sums of gathered gmem rows into one CTA's smem tile, warps owning target rows. The
 kmeans_update_gather seed is correct in the CPU interpreter (its sums are the row-order f32 sums the lowering's
-owning warps produce), a wrong segment offset fails, the race checker treats the target as warp-owned, and the
-seed lowers to ``cake::gather_add_owned`` and compiles for sm_90a with vector loads of the rows."""
+owning warps produce), a wrong segment offset fails, the race checker treats the target as warp-owned and the
+queue as written, and the seed lowers to ``cake::gather_add_bucketed`` and compiles for sm_90a with vector loads
+of the rows and no local memory."""
 from __future__ import annotations
 
 import sys
@@ -62,12 +63,14 @@ def g(x: gmem[bf16, (N, C)], a: gmem[i32, (N,)], s: gmem[f32, (K, C)], n: gmem[i
     acc = smem(f32, (64, 32))
     cnt = smem(i32, (64,))
     ix = smem(i32, (R,))
+    q0 = smem(i32, (R + 32,))
+    q1 = smem(i32, (R + 32,))
     fill(acc, value=0.0)
     fill(cnt, value=0.0)
     load(ix, a[tile(0, R)])
     sync()
-    gather_add(acc[:, :], cnt[:], ix, x[tile(0, R), tile(0, 32)], base=0, limit=N, first=0)
-    gather_add(acc[:, :], cnt[:], ix, x[tile(1, R), tile(0, 32)], base=R, limit=N, first=0)
+    gather_add(acc[:, :], cnt[:], ix, q0, x[tile(0, R), tile(0, 32)], base=0, limit=N, first=0)
+    gather_add(acc[:, :], cnt[:], ix, q1, x[tile(1, R), tile(0, 32)], base=R, limit=N, first=0)
     sync()
     store(s[tile(0, 64), tile(0, 32)], acc)
 '''
@@ -80,17 +83,28 @@ def test_two_gathers_into_one_tile_need_no_barrier_but_its_readers_do():
     assert "read-after-owned" in d.message and "store(" in racy.splitlines()[d.line - 1]
 
 
+def test_two_gathers_through_one_queue_need_a_barrier_between():
+    one = RACY.replace("ix, q1, x[", "ix, q0, x[")
+    d = next(d for d in check_text(one, "r.cake") if d.rule == "races.smem")
+    assert "write-after-write race on smem tile `q0`" in d.message, d.message
+    assert "tile(1, R)" in one.splitlines()[d.line - 1]
+    fixed = one.replace("first=0)\n    gather_add(", "first=0)\n    sync()\n    gather_add(")
+    assert [d.rule for d in check_text(fixed, "r.cake")] == []
+
+
 def test_an_atomic_scatter_after_a_warp_owned_one_needs_a_barrier():
-    text = RACY.replace("    gather_add(acc[:, :], cnt[:], ix, x[tile(1, R), tile(0, 32)], base=R, limit=N, first=0)\n",
+    text = RACY.replace("    gather_add(acc[:, :], cnt[:], ix, q1, x[tile(1, R), tile(0, 32)], base=R, limit=N, first=0)\n",
                         "    scatter_add(cnt[:], ix, ix, base=0, limit=N)\n")
     d = next(d for d in check_text(text, "r.cake") if d.rule == "races.smem")
     assert "atomic-after-owned" in d.message
 
 
-def test_the_seed_lowers_to_the_owned_gather():
+def test_the_seed_lowers_to_the_bucketed_gather():
     r = lower(parse_program(SEED, "g.cake"), "g.cake")
     assert r.ok, [d.format("g.cake") for d in r.diagnostics]
-    assert r.value.source.count("cake::gather_add_owned<2048, 128, 256, THREADS>(acc_s, cnt_s, a") == 2
+    src = r.value.source
+    assert src.count("cake::gather_add_bucketed<4096, 128, 256, THREADS>(acc_s, cnt_s, a") == 2
+    assert src.count(", q_s, (int)(") == 2
 
 
 @pytest.mark.skipif(compile_mod.nvcc_path() is None, reason="nvcc not installed")
@@ -100,5 +114,5 @@ def test_the_seed_compiles_for_sm_90a_with_vector_row_loads(tmp_path):
     assert c.ok, [d.message for d in c.diagnostics]
     assert c.value.resources.registers <= 128            # ctas_per_sm=1: 512 threads x 128 registers
     ptx = ptx_of(r.value.source, tmp_path)
-    assert "ld.global.v4.u16" in ptx                     # 4 bf16 columns per lane per load
-    assert "vote.sync.ballot" in ptx and ".local" not in ptx
+    assert "ld.global.v2.u32" in ptx                     # 4 bf16 columns per lane per load, as two words
+    assert "match.any.sync" in ptx and ".local" not in ptx    # the counting sort; no stack

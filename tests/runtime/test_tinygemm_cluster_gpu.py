@@ -1,6 +1,7 @@
-"""The cluster split-K tinygemm programs (partial sums reduced through distributed smem, each element of C stored
-once) through check_and_time on the H200 (marked `gpu`): correct over a poisoned C with no zeroing launch, on the
-aligned small set, ragged extras and tinygemm_decode, then timed beside the atomics split-K program.
+"""The tinygemm programs that store each element of C once (split-K over clusters, partial sums reduced through
+distributed smem; and tinygemm_rows, no split) through check_and_time on the H200 (marked `gpu`): correct over a
+poisoned C with no zeroing launch, on the aligned small set, ragged extras and tinygemm_decode, then timed beside
+the atomics split-K program.
 
     PYTHONPATH=$PWD python3 -m pytest -m gpu tests/runtime/test_tinygemm_cluster_gpu.py -q -s -p no:cacheprovider -o addopts=""
 """
@@ -30,10 +31,11 @@ def _build(name: str, tmp):
     return cr.value, lk.value
 
 
-@pytest.fixture(scope="module", params=["tinygemm_cluster.cake", "tinygemm_cluster2.cake", "tinygemm_cluster2_n64.cake"])
+@pytest.fixture(scope="module", params=["tinygemm_cluster.cake", "tinygemm_cluster2.cake", "tinygemm_cluster2_n64.cake",
+                                        "tinygemm_rows.cake"])
 def cluster_built(request, tmp_path_factory):
     # clusters of 8 (the first program), and of 2 with 128- and 64-column tiles (one wave of 128 CTAs at
-    # N = 8192 and N = 4096)
+    # N = 8192 and N = 4096); no cluster and no split (64-column tiles over all of K)
     return _build(request.param, tmp_path_factory.mktemp("cubins"))
 
 

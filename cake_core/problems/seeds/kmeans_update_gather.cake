@@ -1,9 +1,10 @@
-@kernel(target="sm_90a", grid=(cdiv(K, KC), B, max(1, SMS // (B * cdiv(K, KC)))), threads=512, ctas_per_sm=1, consts={"BD": 128, "BN": 2048, "KC": 256, "SMS": 132})
+@kernel(target="sm_90a", grid=(cdiv(K, KC), B, max(1, SMS // (B * cdiv(K, KC)))), threads=512, ctas_per_sm=1, consts={"BD": 128, "BN": 4096, "KC": 256, "SMS": 132})
 def kmeans_update_gather(x: gmem[bf16, (B, N, D)], assign: gmem[i32, (B, N)], sums: gmem[f32, (B, K, D)], counts: gmem[i32, (B, K)]):
     acc_s = smem(f32, (KC, BD))
     cnt_s = smem(i32, (KC,))
     a0 = smem(i32, (BN,))
     a1 = smem(i32, (BN,))
+    q_s = smem(i32, (BN + 512,))
     splits = max(1, SMS // (B * cdiv(K, KC)))
     chunk = cdiv(cdiv(N, BN), splits)
     t0 = bid.z * chunk
@@ -17,11 +18,11 @@ def kmeans_update_gather(x: gmem[bf16, (B, N, D)], assign: gmem[i32, (B, N)], su
             cp_async_wait(0)
             sync()
             cp_async(a1, assign[bid.y, tile(c + 1, BN)])
-            gather_add(acc_s[:, :], cnt_s[:], a0, x[bid.y, tile(c, BN), tile(dt, BD)], base=c * BN, limit=n_end, first=bid.x * KC)
+            gather_add(acc_s[:, :], cnt_s[:], a0, q_s, x[bid.y, tile(c, BN), tile(dt, BD)], base=c * BN, limit=n_end, first=bid.x * KC)
             cp_async_wait(0)
             sync()
             cp_async(a0, assign[bid.y, tile(c + 2, BN)])
-            gather_add(acc_s[:, :], cnt_s[:], a1, x[bid.y, tile(c + 1, BN), tile(dt, BD)], base=(c + 1) * BN, limit=n_end, first=bid.x * KC)
+            gather_add(acc_s[:, :], cnt_s[:], a1, q_s, x[bid.y, tile(c + 1, BN), tile(dt, BD)], base=(c + 1) * BN, limit=n_end, first=bid.x * KC)
         cp_async_wait(0)
         sync()
         if splits == 1:

@@ -1,0 +1,60 @@
+"""bench/ncu_summary.py reads Nsight Compute's raw and source CSV pages (the layout bench/gpu.sh profile
+writes); bench/read_floor.py on a machine without a GPU says so and exits 2 instead of raising."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+import ncu_summary  # noqa: E402
+
+STALL = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
+RAW = "\n".join([
+    "==PROF== a line ncu prints that is not CSV",
+    ",".join(f'"{h}"' for h in ["ID", "Kernel Name", STALL.format("long_scoreboard"), STALL.format("barrier"),
+                                 STALL.format("wait"), "dram__throughput.avg.pct_of_peak_sustained_elapsed"]),
+    '"","","","","","%"',
+    '"0","kmeans_update_gather","4.13","2.07","2.19","30.5"',
+])
+SASS = "\n".join([
+    '"Kernel Name","kmeans_update_gather",',
+    '"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)"',
+    '"0x10","      LDC R1, c[0x0][0x28]","12","12"',
+    '"0x20","      IMAD.U32 R117, R22, 0x10000, RZ","300","290"',
+    '"0x30","      BAR.SYNC.DEFER_BLOCKING 0x0","88","80"',
+])
+
+
+def test_stall_reasons_come_largest_first(tmp_path):
+    raw = tmp_path / "raw.csv"
+    raw.write_text(RAW)
+    (line,) = ncu_summary.stalls(raw)
+    assert line.startswith("kmeans_update_gather: ")
+    assert line.index("long_scoreboard 4.13") < line.index("wait 2.19") < line.index("barrier 2.07")
+    assert "dram" not in line
+
+
+def test_hottest_sass_lines_come_first_with_their_share(tmp_path):
+    sass = tmp_path / "sass.csv"
+    sass.write_text(SASS)
+    head, first, second, third = ncu_summary.hot_sass(sass, top=3)
+    assert "400 stall samples" in head
+    assert "75.0%" in first and "IMAD.U32 R117" in first
+    assert "22.0%" in second and "BAR.SYNC" in second
+    assert "3.0%" in third and "LDC" in third
+
+
+def test_a_missing_report_is_named_not_raised(tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "bench/ncu_summary.py"), str(tmp_path / "raw.csv"),
+                        str(tmp_path / "sass.csv")], capture_output=True, text=True)
+    assert r.returncode == 2 and "raw.csv is missing" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_read_floor_without_a_gpu_says_so(tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, str(ROOT / "bench/read_floor.py"), "--out", str(tmp_path)],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "needs a CUDA GPU and CuPy" in r.stderr and "Traceback" not in r.stderr
