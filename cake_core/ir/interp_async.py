@@ -98,8 +98,10 @@ def _bar(cta: _CTA, n: Node, s: Slot, owner: _CTA | None = None) -> Barrier:
     return bars[i]
 
 
-def _box(cta: _CTA, n: Node, v: View, dst: np.ndarray, dtype) -> int:
-    """Copy a gmem window into ``dst``, zero past the edge; returns the box bytes."""
+def _box(cta: _CTA, n: Node, v: View, dst: np.ndarray, dtype, rows: int = 0) -> int:
+    """Copy a gmem window into ``dst``, zero past the edge; returns the box bytes. ``rows`` > 0: only the
+    first ``rows`` rows (first dimension) of the box land, in the slot's first rows; the rest of the slot
+    keeps what it held."""
     win, shape = cta.window(n, v)
     g, t = _clip(n, v, win, shape, True, "read")
     ext = tuple(length for _, length, kept in win if kept)
@@ -107,8 +109,12 @@ def _box(cta: _CTA, n: Node, v: View, dst: np.ndarray, dtype) -> int:
         raise InterpFault(n, f"the window {ext} of `{v.buf}` does not fill the {dst.shape} slot")
     tile = np.zeros(ext, dtype=dst.dtype)
     tile[t] = cta.gmem[v.buf][g].reshape(tile[t].shape)
-    dst[...] = _round(dtype, tile.reshape(dst.shape))
-    return dst.size * dtype.bytes
+    box = _round(dtype, tile.reshape(dst.shape))
+    if not rows:
+        dst[...] = box
+        return dst.size * dtype.bytes
+    dst[:rows] = box[:rows]
+    return dst[:rows].size * dtype.bytes
 
 
 # ---------------------------------------------------------------- semantics
@@ -148,7 +154,7 @@ def _tma_load(cta: _CTA, n: Node) -> None:
     dst = n.arg("dst")
     mask = n.attr("multicast")
     for c in _peers(cta, n, mask) if mask else [cta]:      # the box and its bytes land in every CTA of the mask
-        nbytes = _box(cta, n, n.arg("src"), _slot(cta, n, dst, c), cta.dtypes[dst.buf])
+        nbytes = _box(cta, n, n.arg("src"), _slot(cta, n, dst, c), cta.dtypes[dst.buf], n.attr("rows"))
         _bar(cta, n, n.arg("bar"), c).complete_tx(nbytes)
 
 

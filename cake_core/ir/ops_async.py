@@ -144,14 +144,18 @@ register(OpDef(Op.WAIT, (("bar", "slot"), ("phase", "expr")),
                preconditions=("phase is a parity: 0, 1 or an expression ending in % 2",
                               "something arrives on the barrier, or the wait never returns")))
 register(OpDef(Op.TMA_LOAD, (("dst", "slot"), ("src", "view"), ("bar", "slot")),
-               {"multicast": AttrSpec(int, 0)},
+               {"multicast": AttrSpec(int, 0), "rows": AttrSpec(int, 0)},
                keyword_operands=("bar",),
                summary="TMA (cp.async.bulk.tensor) copy of a gmem box into an smem slot; elements past the "
                        "tensor's edge are zero-filled; completes the box's bytes on `bar`. multicast: a "
-                       "mask of cluster CTAs that receive the box too (0: this CTA only).",
+                       "mask of cluster CTAs that receive the box too (0: this CTA only). rows=R (0: all): "
+                       "only the first R rows of the box are copied, into the slot's first R rows, and only "
+                       "their bytes complete on `bar`; the slot's other rows keep what they held (for an "
+                       "operand whose rows past a small M feed results that are never stored).",
                example="tma_load(a_s[kt % S], a[tile(bid.y, BM), tile(kt, BK)], bar=full[kt % S])",
                preconditions=("box dims <= 256, inner box bytes <= swizzle span",
-                              "global inner dimension 16-byte aligned", "smem slot 128-byte aligned")))
+                              "global inner dimension 16-byte aligned", "smem slot 128-byte aligned",
+                              "rows: a multiple of 8 below the slot's rows, without multicast")))
 register(OpDef(Op.TMA_STORE, (("dst", "view"), ("src", "slot")),
                summary="TMA store of an smem tile (slot) to a gmem box; elements past the edge are skipped. "
                        "Completes before the next op (bulk group committed and waited).",

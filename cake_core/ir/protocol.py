@@ -226,9 +226,12 @@ class _Sim:
         t = self.ctx.buffers.get(n.arg("dst").buf)
         if t is None:
             raise _Abort()
+        dims = [self._static(d, self.ctx.consts) for d in t.shape]
+        if n.op is Op.TMA_LOAD and n.attr("rows"):       # only the first rows of the box land
+            dims[0] = min(dims[0], n.attr("rows"))
         numel = 1
-        for d in t.shape:
-            numel *= self._static(d, self.ctx.consts)
+        for d in dims:
+            numel *= d
         return numel * t.dtype.bytes
 
     @staticmethod

@@ -316,6 +316,43 @@ def _tma_smem_align(ctx: Ctx) -> Iterable[Diagnostic]:
                            hint=f"make one slot a multiple of {align} B")
 
 
+def _copy_bytes(ctx: Ctx, n: Node) -> int | None:
+    """The bytes a tma_load lands: its slot's, or rows=R of its rows; None where not static."""
+    t = ctx.buffers.get(n.arg("dst").buf)
+    numel = _numel(ctx, t.shape) if t is not None else None
+    if not numel:
+        return None
+    rows = n.attr("rows")
+    return (numel // ctx.static(t.shape[0]) * min(rows, ctx.static(t.shape[0])) if rows else numel) * t.dtype.bytes
+
+
+@rule("tma.rows", "tma", "tma_load's rows= is a multiple of 8 below the slot's rows, on a rank-2 or higher slot, "
+                         "without multicast")
+def _tma_rows(ctx: Ctx) -> Iterable[Diagnostic]:
+    """rows=R copies the first R rows of the box into the slot's first R rows. A swizzled slot repeats its
+    pattern every 8 rows, so R rows of a box land where the whole box would put them only for R a multiple of
+    8; R below the slot's rows, since R equal to them is the whole box. A multicast box lands in peers whose
+    barriers count whole boxes."""
+    for n, path, _ in ctx.nodes:
+        if n.op is not Op.TMA_LOAD or not n.attr("rows"):
+            continue
+        rows, t = n.attr("rows"), ctx.buffers.get(n.arg("dst").buf)
+        first = ctx.static(t.shape[0]) if t is not None and t.rank >= 2 else None
+        why = []
+        if t is not None and t.rank < 2:
+            why.append(f"rows={rows} on the rank-{t.rank} slot `{n.arg('dst').buf}`; rows cut the first "
+                       "dimension of a rank-2 or higher slot")
+        if rows < 0 or rows % 8:
+            why.append(f"rows={rows} is not a positive multiple of 8 (the swizzle pattern repeats every 8 rows)")
+        elif first is not None and rows >= first:
+            why.append(f"rows={rows} is not below the slot's {first} rows (leave rows out to copy the whole box)")
+        if n.attr("multicast"):
+            why.append("rows with multicast: the peers' barriers expect whole boxes")
+        for w in why:
+            yield ctx.diag("tma.rows", n, w, path=path,
+                           hint="rows=8 (or 16, ...) below the slot's rows, on a tma_load of this CTA only")
+
+
 @rule("tma.box_shape", "tma", "the TMA box and the smem slot differ in shape")
 def _tma_box_shape(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path, v, s in _tma_nodes(ctx):
@@ -662,10 +699,7 @@ def _mbarrier_expect_tx(ctx: Ctx) -> Iterable[Diagnostic]:
             loads = [m for m in block if m.op is Op.TMA_LOAD and m.arg("bar") == n.arg("bar")]
             if any(m.op is Op.TMA_LOAD and m.attr("multicast") for m in _nested(block)):
                 continue    # peers' multicast boxes land here too: the protocol checker counts them per CTA
-            sizes = []
-            for m in loads:
-                t = ctx.buffers.get(m.arg("dst").buf)
-                sizes.append(_numel(ctx, t.shape) * t.dtype.bytes if t is not None and _numel(ctx, t.shape) else None)
+            sizes = [_copy_bytes(ctx, m) for m in loads]
             want, got = ctx.static(n.arg("bytes")), sum(s for s in sizes if s is not None)
             if not loads or None in sizes or want is None or want == got:
                 continue
@@ -673,7 +707,7 @@ def _mbarrier_expect_tx(ctx: Ctx) -> Iterable[Diagnostic]:
                                                     f"`{n.arg('bar').buf}` here land {got} B",
                            path=next(p for m, p, _ in ctx.nodes if m is n),
                            witness=[f"tma_load at line {m.line}: {s} B" for m, s in zip(loads, sizes)],
-                           hint=f"expect_tx {got} B (whole boxes count, zero-filled edges included)")
+                           hint=f"expect_tx {got} B (whole boxes count, or their first rows=R rows; zero-filled edges included)")
 
 
 # --------------------------------------------------------------- resources

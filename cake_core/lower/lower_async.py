@@ -182,10 +182,11 @@ def _lower_wait(n: Node, ctx: Ctx) -> list[Line]:
 
 # ----------------------------------------------------------------------- TMA
 
-def _tensor_map(ctx: Ctx, v: View, tile: Buf, split: int = 1) -> tuple[str, list[str]]:
+def _tensor_map(ctx: Ctx, v: View, tile: Buf, split: int = 1, rows: int = 0) -> tuple[str, list[str]]:
     """The tensor map argument for a view (registered once per gmem, box, swizzle) and the
     coordinates, innermost first. ``split`` > 1: the box's innermost dimension is copied as ``split``
-    column boxes (the map's box is that much narrower; the coordinates are those of the first)."""
+    column boxes (the map's box is that much narrower; the coordinates are those of the first).
+    ``rows`` > 0: the box's outermost dimension is cut to ``rows`` (tma_load's rows=)."""
     g = ctx.buf(v.buf, (MemSpace.GMEM,), "the gmem tensor")
     if len(v.index) != len(g.type.shape) or len(v.index) > 5:
         raise LowerError("lower.unsupported_rank", f"TMA views of `{v.buf}` need one index per dimension, "
@@ -207,7 +208,15 @@ def _tensor_map(ctx: Ctx, v: View, tile: Buf, split: int = 1) -> tuple[str, list
             raise LowerError("lower.shape_mismatch", f"the TMA box {tuple(box)} of `{v.buf}` does not split into "
                                                      f"{split} column boxes")
         box[-1] //= split
-    if math.prod(box) * split != tile.numel:
+    full = math.prod(box) * split
+    if rows:       # the slot's first dimension: the box's first one not picked by a single index
+        k = next((i for i, ix in enumerate(v.index) if not isinstance(ix, At)), None)
+        if k is None or len(tile.shape) < 2 or rows >= box[k] or box[k] != tile.shape[0]:
+            raise LowerError("lower.shape_mismatch", f"rows={rows} of the TMA box {tuple(box)} of `{v.buf}` into "
+                                                     f"{tile.name} {tile.shape}: fewer rows than the slot's first "
+                                                     "dimension, of a rank-2 or higher slot, are needed")
+        box[k] = rows
+    if full != tile.numel:
         raise LowerError("lower.shape_mismatch", f"the TMA box {tuple(box)} of `{v.buf}` does not fill the smem "
                                                  f"tile {tile.shape}")
     maps = _st(ctx)["maps"]
@@ -240,7 +249,7 @@ def _column_blocks(b: Buf) -> int:
 def _lower_tma_load(n: Node, ctx: Ctx) -> list[Line]:
     b, ptr = _slot_ptr(ctx, n.arg("dst"), "TMA destination")
     split = _column_blocks(b)
-    tmap, coords = _tensor_map(ctx, n.arg("src"), b, split)
+    tmap, coords = _tensor_map(ctx, n.arg("src"), b, split, n.attr("rows"))
     bar = _bar_ptr(ctx, n.arg("bar"))
     mc = n.attr("multicast")
     out = []

@@ -55,7 +55,8 @@ TINYGEMM = Problem(
     # split-K over clusters of 2 reduced through distributed smem (no zeroing launch), with 128- and
     # 64-column tiles: 128 CTAs in one wave at N = 8192 and 4096 (faster at M = 16 and 64:
     # corpus-vs-peers-2026-11-29d.md); and no split at all, 64-column tiles over the whole of K, stored
-    # (no zeroing launch; fastest at M = 64, N = K = 8192: corpus-vs-peers-2026-11-29e.md)
+    # (no zeroing launch), with only the first 8 or 16 rows of A loaded at small M (tma_load rows=):
+    # fastest at N = K = 8192 (corpus-vs-peers-2026-11-29e.md)
     best_files=("tinygemm_splitk.cake", "tinygemm_cluster2.cake", "tinygemm_cluster2_n64.cake", "tinygemm_rows.cake"),
     rows=GEMM_ROWS,
 )

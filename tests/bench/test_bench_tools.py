@@ -58,3 +58,16 @@ def test_read_floor_without_a_gpu_says_so(tmp_path):
                        capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "needs a CUDA GPU and CuPy" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_a_rows_probe_cuts_the_box_and_the_expected_bytes():
+    import tinygemm_a_rows
+    from cake_core.ir.text import parse_program
+    from cake_core.lower import lower
+    path = ROOT / "cake_core/problems/seeds/tinygemm_splitk.cake"
+    lk = lower(parse_program(path.read_text(), str(path)), str(path)).value
+    cut = tinygemm_a_rows.cut_a_rows(lk, 8)
+    assert [m.box for m in cut.tensor_maps if m.gmem == "a"] == [(8, 64)]
+    assert [m.box for m in cut.tensor_maps if m.gmem == "b"] == [m.box for m in lk.tensor_maps if m.gmem == "b"]
+    assert tinygemm_a_rows.EXPECT in lk.source and tinygemm_a_rows.EXPECT not in cut.source
+    assert "(((8 * BK) + (BK * BN)) * 2)" in cut.source

@@ -28,6 +28,7 @@ PLANTED = {
     "tma.global_align": ("a: gmem[bf16, (M, K)]", "a: gmem[bf16, (M, 100)]", 11),
     "tma.smem_align": ('"BM": 128', '"BM": 100', 11),
     "tma.box_shape": (LOAD_A, LOAD_A.replace("tile(bid.y, BM)", "tile(bid.y, BN)"), 11),
+    "tma.rows": (LOAD_A, LOAD_A.replace("bar=full[kt % S])", "bar=full[kt % S], rows=12)"), 11),
     "wgmma.role": ("warps=(4, 12)", "warps=(4, 10)", 17),
     "wgmma.acc": ("acc = rmem(f32, (BM, BN))", "acc = rmem(bf16, (BM, BN))", 17),
     "wgmma.m": ("warps=(4, 12)", "warps=(4, 8)", 17),

@@ -17,6 +17,16 @@ def tinygemm_rows(a: gmem[bf16, (M, K)], b: gmem[bf16, (K, N)], c: gmem[f32, (M,
     with role("producer", warps=(4, 5)):
         for i in range(cdiv(K, BK)):
             wait(empty[i % S], phase=(i // S + 1) % 2)
-            expect_tx(full[i % S], (BM * BK + BK * BN) * 2)
-            tma_load(a_s[i % S], a[tile(bid.y, BM), tile(i, BK)], bar=full[i % S])
-            tma_load(b_s[i % S], b[tile(i, BK), tile(bid.x, BN)], bar=full[i % S])
+            if M <= 8:
+                expect_tx(full[i % S], (8 * BK + BK * BN) * 2)
+                tma_load(a_s[i % S], a[tile(bid.y, BM), tile(i, BK)], bar=full[i % S], rows=8)
+                tma_load(b_s[i % S], b[tile(i, BK), tile(bid.x, BN)], bar=full[i % S])
+            if 8 < M:
+                if M <= 16:
+                    expect_tx(full[i % S], (16 * BK + BK * BN) * 2)
+                    tma_load(a_s[i % S], a[tile(bid.y, BM), tile(i, BK)], bar=full[i % S], rows=16)
+                    tma_load(b_s[i % S], b[tile(i, BK), tile(bid.x, BN)], bar=full[i % S])
+            if 16 < M:
+                expect_tx(full[i % S], (BM * BK + BK * BN) * 2)
+                tma_load(a_s[i % S], a[tile(bid.y, BM), tile(i, BK)], bar=full[i % S])
+                tma_load(b_s[i % S], b[tile(i, BK), tile(bid.x, BN)], bar=full[i % S])
