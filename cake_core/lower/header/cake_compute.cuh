@@ -276,71 +276,35 @@ struct alignas(sizeof(T) * V) vec_t {
     T x[V];
 };
 
-// ldg_vec<T, V>(p): V elements at p (aligned to their size) in one load.
-template <typename T, int V>
-__device__ __forceinline__ vec_t<T, V> ldg_vec(const T* p) {
-    return *reinterpret_cast<const vec_t<T, V>*>(p);
-}
-
-// gather_row<C, V>(w, row, ld_col, cols_in, lane): the lane's NV = ceil(C / 32) elements of one source row,
-// as loaded (converted when added), zero past cols_in. V > 1 (rows contiguous and aligned): element e of
-// w[cs] is column (cs * 32 + lane) * V + e, V columns per load; V == 1: w[i] is column i * 32 + lane.
-template <int C, int V, typename TS, int NW>
-__device__ __forceinline__ void gather_row(vec_t<TS, V> (&w)[NW], const TS* row, index_t ld_col, int cols_in,
-                                           int lane) {
-#pragma unroll
-    for (int cs = 0; cs < NW; ++cs) {
-        const int c0 = (cs * 32 + lane) * V;
-        if (V > 1 && c0 + V <= cols_in) {
-            w[cs] = ldg_vec<TS, V>(row + c0);
-        } else {
-#pragma unroll
-            for (int e = 0; e < V; ++e)
-                w[cs].x[e] = (c0 + e < C && c0 + e < cols_in) ? row[(index_t)(c0 + e) * ld_col] : convert<TS>(0.f);
-        }
-    }
-}
-
-// gather_add_row<C, V>(dst, w, cols_in, lane): dst[c] += the lane's elements of gather_row, for c < cols_in.
-template <int C, int V, typename TS, int NW>
-__device__ __forceinline__ void gather_add_row(float* dst, const vec_t<TS, V> (&w)[NW], int cols_in, int lane) {
-#pragma unroll
-    for (int cs = 0; cs < NW; ++cs) {
-        const int c0 = (cs * 32 + lane) * V;
-        if (V > 1 && c0 + V <= cols_in) {
-            vec_t<float, V>* p = reinterpret_cast<vec_t<float, V>*>(dst + c0);
-            vec_t<float, V> d = *p;
-#pragma unroll
-            for (int e = 0; e < V; ++e) d.x[e] += to_f32(w[cs].x[e]);
-            *p = d;
-        } else {
-#pragma unroll
-            for (int e = 0; e < V; ++e)
-                if (c0 + e < C && c0 + e < cols_in) dst[c0 + e] += to_f32(w[cs].x[e]);
-        }
-    }
-}
-
-// gather_add_run<C, V>(dst, cnt, src, ld_row, ld_col, cols_in, run, rows, lane): adds the warp's `rows`
-// queue entries at `run` (each row << 16 | target row) in queue order, so each target row's f32 sum is that
-// of a sequential loop: any row layout, columns past cols_in skipped, P rows' loads at a time.
-template <int C, int V, typename TS>
+// gather_add_run<C>(dst, cnt, src, ld_row, ld_col, cols_in, run, rows, lane): adds the warp's `rows` queue
+// entries at `run` (each row << 16 | target row) in queue order, so each target row's f32 sum is that of a
+// sequential loop. Any row layout: lane l holds columns l, l + 32, ... (NW of them), zero past cols_in; P
+// rows' loads go out together, then the P rows are added.
+template <int C, typename TS>
 __device__ __forceinline__ void gather_add_run(float* dst, int* cnt, const TS* src, index_t ld_row, index_t ld_col,
                                                int cols_in, const int* run, int rows, int lane) {
-    constexpr int NW = (C + 32 * V - 1) / (32 * V);
-    constexpr int REGS = NW * ((V * (int)sizeof(TS) + 3) / 4), P = 8 / REGS >= 2 ? 8 / REGS : 2;
+    constexpr int NW = (C + 31) / 32, P = 8 / NW >= 2 ? 8 / NW : 2;
 #pragma unroll 1
     for (int b = 0; b < rows; b += P) {
-        vec_t<TS, V> w[P][NW];
+        TS w[P][NW];
 #pragma unroll
-        for (int j = 0; j < P; ++j)
-            if (b + j < rows)
-                gather_row<C, V>(w[j], src + (index_t)((unsigned)run[b + j] >> 16) * ld_row, ld_col, cols_in, lane);
+        for (int j = 0; j < P; ++j) {
+            const TS* row = src + (index_t)((unsigned)run[min(b + j, rows - 1)] >> 16) * ld_row;
+#pragma unroll
+            for (int cs = 0; cs < NW; ++cs) {
+                const int c = cs * 32 + lane;
+                w[j][cs] = c < C && c < cols_in ? row[(index_t)c * ld_col] : convert<TS>(0.f);
+            }
+        }
 #pragma unroll
         for (int j = 0; j < P; ++j)
             if (b + j < rows) {
                 const int k = run[b + j] & 0xffff;
-                gather_add_row<C, V>(dst + k * C, w[j], cols_in, lane);
+#pragma unroll
+                for (int cs = 0; cs < NW; ++cs) {
+                    const int c = cs * 32 + lane;
+                    if (c < C && c < cols_in) dst[k * C + c] += to_f32(w[j][cs]);
+                }
                 if (lane == 0) cnt[k] += 1;
             }
     }
@@ -417,9 +381,10 @@ __device__ __forceinline__ void gather_add_run_rows(float* dst, int* cnt, const 
 // their owners through a stable counting sort in `queue` (R + 2 * WARPS * WARPS ints): each warp scans one
 // contiguous segment of the indices and counts its rows per owner (counts[w][o]); the counts become start
 // positions (pos[w][o], owner by owner, segment by segment); each warp writes its rows (r << 16 | k) at
-// them; each owner adds its run of the queue (gather_add_run_rows for whole aligned rows, else gather_add_run).
-// Every index is read twice, by one warp, and every row once, by its owner. Three __syncthreads(): every thread of the
-// CTA calls it, none inside a role. Rows go V columns per load where they are contiguous and aligned.
+// them; each owner adds its run of the queue: gather_add_run_rows (V columns per load) where the rows are
+// whole, contiguous and aligned (a run-time test, uniform over the CTA), else gather_add_run. Every index is
+// read twice, by one warp, and every row once, by its owner. Three __syncthreads(): every thread of the CTA
+// calls it, none inside a role.
 template <int R, int C, int E, int THREADS, typename TI, typename TS>
 __device__ __forceinline__ void gather_add_bucketed(float* dst, int* cnt, const TI* idx, int* queue, int first,
                                                     const TS* src, index_t ld_row, index_t ld_col, int rows_in,
@@ -491,7 +456,7 @@ __device__ __forceinline__ void gather_add_bucketed(float* dst, int* cnt, const 
             return;
         }
     }
-    gather_add_run<C, 1>(dst, cnt, src, ld_row, ld_col, cols_in, queue + run0, rows, lane);
+    gather_add_run<C>(dst, cnt, src, ld_row, ld_col, cols_in, queue + run0, rows, lane);
 }
 
 }  // namespace cake
