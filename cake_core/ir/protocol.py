@@ -46,7 +46,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from cake_core.ir.expr import UnboundSymbol, evaluate
+from cake_core.ir.expr import Cmp, Sym, UnboundSymbol, evaluate, try_evaluate
 from cake_core.ir.ops import Node, Op, loop_range
 from cake_core.ir.ops_async import Slot
 from cake_core.outcome import Diagnostic, Severity
@@ -136,14 +136,15 @@ class _Role:
 
 
 class _Sim:
-    def __init__(self, ctx: Any, ragged: int = 0):
+    def __init__(self, ctx: Any, ragged: int = 0, dim: int | None = None):
         self.ctx = ctx
         prog = ctx.program
         consts = prog.const_env
         stages = [n.attr("stages") for n, _, _ in ctx.nodes if n.op is Op.SMEM]
         stages += [self._static(n.args[0], consts) for n, _, _ in ctx.nodes if n.op is Op.MBARRIER]
         big = max([v for v in consts.values() if isinstance(v, int)] + [1])
-        dim = (max(stages + [1]) + 2) * big + ragged
+        if dim is None:
+            dim = (max(stages + [1]) + 2) * big + ragged
         self.env0: dict[str, Any] = {**{d: dim for d in ctx.dims}, **consts, "bid.x": 0, "bid.y": 0, "bid.z": 0}
         # a persistent grid (min(tiles, num_sms)) on PROTOCOL_NUM_SMS SMs: CTA 0 walks several tiles, so
         # ring phases are followed across tile boundaries
@@ -578,10 +579,13 @@ def check_protocol(ctx: Any) -> list[Diagnostic]:
     # Loops in loops (a persistent tile loop around the k-loop): run again with every dimension one
     # past a tile multiple, so that the inner trip count is odd and a ring phase that restarts with
     # each outer trip, instead of carrying a running count, falls out of step with the ring.
+    # An `if` on a problem dimension (tinygemm_rows loads 8 rows of A when M <= 8): run again with the
+    # dimensions at each value where such a condition turns, so that every branch is simulated.
     found: list[Diagnostic] = []
-    for ragged in (0, 1) if _nested_loops(ctx) else (0,):
+    runs = [(r, None) for r in ((0, 1) if _nested_loops(ctx) else (0,))] + [(0, d) for d in _dim_turns(ctx)]
+    for ragged, dim in runs:
         try:
-            sim = _Sim(ctx, ragged)
+            sim = _Sim(ctx, ragged, dim)
             sim.run(ctx.program.body)
         except _Stop:
             pass
@@ -622,6 +626,21 @@ def _persistent(n: Node) -> bool:
     """A persistent tile loop: ``for t in range(bid.x, tiles, ncta.x)``."""
     start, _, step = loop_range(n)
     return getattr(step, "name", None) == "ncta.x" and getattr(start, "name", None) == "bid.x"
+
+
+def _dim_turns(ctx: Any) -> list[int]:
+    """The values of the problem dimensions at which an `if` comparing one of them with a constant turns:
+    c and c + 1 for each such condition (constants folded)."""
+    out: set[int] = set()
+    for n, _, _ in ctx.nodes:
+        c = n.args[0] if n.op is Op.IF and n.args else None
+        if not isinstance(c, Cmp):
+            continue
+        for x, y in ((c.a, c.b), (c.b, c.a)):
+            v = try_evaluate(y, ctx.consts) if isinstance(x, Sym) and x.name in ctx.dims else None
+            if isinstance(v, int) and v > 0:
+                out |= {v, v + 1}
+    return sorted(out)
 
 
 def _nested_loops(ctx: Any) -> bool:

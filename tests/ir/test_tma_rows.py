@@ -79,3 +79,15 @@ def test_tinygemm_rows_compiles_for_sm_90a(tmp_path):
     c = compile_kernel(lr.value, arch="sm_90a", cache_dir=tmp_path)
     assert c.ok, [d.message for d in c.diagnostics]
     assert c.value.resources.spill_bytes == 0
+
+
+def test_the_protocol_checker_runs_the_branches_on_small_m():
+    # the M <= 8 branch fills only b: the consumer's wgmma reads an a slot no copy filled. Every static rule
+    # passes it (the branch's expect_tx matches its one box); only a simulation at M <= 8 sees it
+    bad = ROWS.replace("""                expect_tx(full[i % S], (8 * BK + BK * BN) * 2)
+                tma_load(a_s[i % S], a[tile(bid.y, BM), tile(i, BK)], bar=full[i % S], rows=8)
+""", """                expect_tx(full[i % S], (BK * BN) * 2)
+""")
+    assert bad != ROWS
+    d = [d for d in check_text(bad, "b.cake") if d.is_error]
+    assert [x.rule for x in d] == ["protocol.read_before_ready"] and "a_s" in d[0].message
