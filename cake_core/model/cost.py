@@ -83,11 +83,10 @@ def _view_elems(ctx, v, env) -> int:
 
 def _move_cost(n: Node, ctx, env, trips: float, w: Work) -> None:
     v = n.arg("src" if n.op in (Op.LOAD, Op.TMA_LOAD, Op.CP_ASYNC, Op.CP_ASYNC_BAR) else "dst")
-    elems = _view_elems(ctx, v, env)
-    if n.op is Op.TMA_LOAD and n.attr("rows"):      # the first rows of the box only
-        ext = [int(evaluate(d, env)) for d in view_extent(ctx, v) or ()]
-        elems = elems * min(n.attr("rows"), ext[0]) // ext[0] if ext and ext[0] else elems
-    w.bytes += elems * ctx.buffers[v.buf].dtype.bytes * trips
+    ext = [int(evaluate(d, env)) for d in view_extent(ctx, v) or ()]
+    if ext and n.op is Op.TMA_LOAD and n.attr("rows"):      # the first rows of the box only
+        ext[0] = min(n.attr("rows"), ext[0])
+    w.bytes += math.prod(ext) * ctx.buffers[v.buf].dtype.bytes * trips
 
 
 def _gather_cost(n: Node, ctx, env, trips: float, w: Work) -> None:

@@ -276,8 +276,13 @@ struct alignas(sizeof(T) * V) vec_t {
     T x[V];
 };
 
+// A gather_add queue entry: the source row in the high 16 bits, the target row in the low 16.
+__device__ __forceinline__ int gather_entry(int r, int k) { return (int)(((unsigned)r << 16) | (unsigned)k); }
+__device__ __forceinline__ int gather_entry_row(int e) { return (int)((unsigned)e >> 16); }
+__device__ __forceinline__ int gather_entry_target(int e) { return e & 0xffff; }
+
 // gather_add_run<C>(dst, cnt, src, ld_row, ld_col, cols_in, run, rows, lane): adds the warp's `rows` queue
-// entries at `run` (each row << 16 | target row) in queue order, so each target row's f32 sum is that of a
+// entries at `run` (gather_entry) in queue order, so each target row's f32 sum is that of a
 // sequential loop. Any row layout: lane l holds columns l, l + 32, ... (NW of them), zero past cols_in; P
 // rows' loads go out together, then the P rows are added.
 template <int C, typename TS>
@@ -289,7 +294,7 @@ __device__ __forceinline__ void gather_add_run(float* dst, int* cnt, const TS* s
         TS w[P][NW];
 #pragma unroll
         for (int j = 0; j < P; ++j) {
-            const TS* row = src + (index_t)((unsigned)run[min(b + j, rows - 1)] >> 16) * ld_row;
+            const TS* row = src + (index_t)gather_entry_row(run[min(b + j, rows - 1)]) * ld_row;
 #pragma unroll
             for (int cs = 0; cs < NW; ++cs) {
                 const int c = cs * 32 + lane;
@@ -299,7 +304,7 @@ __device__ __forceinline__ void gather_add_run(float* dst, int* cnt, const TS* s
 #pragma unroll
         for (int j = 0; j < P; ++j)
             if (b + j < rows) {
-                const int k = run[b + j] & 0xffff;
+                const int k = gather_entry_target(run[b + j]);
 #pragma unroll
                 for (int cs = 0; cs < NW; ++cs) {
                     const int c = cs * 32 + lane;
@@ -343,7 +348,7 @@ __device__ __forceinline__ void gather_add_run_rows(float* dst, int* cnt, const 
     const auto fetch = [&](W (&w)[P][NW], int b) {
 #pragma unroll
         for (int j = 0; j < P; ++j) {
-            const TS* row = src + (index_t)((unsigned)run[min(b + j, rows - 1)] >> 16) * ld_row;
+            const TS* row = src + (index_t)gather_entry_row(run[min(b + j, rows - 1)]) * ld_row;
 #pragma unroll
             for (int cs = 0; cs < NW; ++cs) w[j][cs] = *reinterpret_cast<const W*>(row + (cs * 32 + lane) * V);
         }
@@ -352,7 +357,7 @@ __device__ __forceinline__ void gather_add_run_rows(float* dst, int* cnt, const 
 #pragma unroll
         for (int j = 0; j < P; ++j)
             if (b + j < rows) {
-                const int k = run[b + j] & 0xffff;
+                const int k = gather_entry_target(run[b + j]);
 #pragma unroll
                 for (int cs = 0; cs < NW; ++cs) {
                     vec_t<float, V>* p = reinterpret_cast<vec_t<float, V>*>(dst + k * C + (cs * 32 + lane) * V);
@@ -380,7 +385,7 @@ __device__ __forceinline__ void gather_add_run_rows(float* dst, int* cnt, const 
 // k % WARPS == w and adds its rows in row order (no atomics; the same f32 sums on every run). The rows reach
 // their owners through a stable counting sort in `queue` (R + 2 * WARPS * WARPS ints): each warp scans one
 // contiguous segment of the indices and counts its rows per owner (counts[w][o]); the counts become start
-// positions (pos[w][o], owner by owner, segment by segment); each warp writes its rows (r << 16 | k) at
+// positions (pos[w][o], owner by owner, segment by segment); each warp writes its rows (gather_entry) at
 // them; each owner adds its run of the queue: gather_add_run_rows (V columns per load) where the rows are
 // whole, contiguous and aligned (a run-time test, uniform over the CTA), else gather_add_run. Every index is
 // read twice, by one warp, and every row once, by its owner. Three __syncthreads(): every thread of the CTA
@@ -445,7 +450,7 @@ __device__ __forceinline__ void gather_add_bucketed(float* dst, int* cnt, const 
         const int leader = __ffs(peers) - 1;
         int at = o >= 0 && leader == lane ? pos[warp * WARPS + o] : 0;
         at = __shfl_sync(0xffffffffu, at, leader);
-        if (o >= 0) queue[at + __popc(peers & ((1u << lane) - 1u))] = (int)(((unsigned)r << 16) | (unsigned)k);
+        if (o >= 0) queue[at + __popc(peers & ((1u << lane) - 1u))] = gather_entry(r, k);
         if (o >= 0 && leader == lane) pos[warp * WARPS + o] = at + __popc(peers);
         __syncwarp();
     }
