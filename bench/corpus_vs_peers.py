@@ -24,6 +24,11 @@ bytes / 4.22 TB/s) and the fraction of it each reaches. A short table is printed
 ``corpus_vs_peers.json`` and ``corpus_vs_peers.md`` under ``--out`` (default $OUT) after every shape,
 so a run cut short still leaves what it measured. ``--deadline-s`` skips shapes once it has passed.
 
+``--timer graph`` times ours and the peers alike by graph replay instead: per replay, after the flush,
+a CUDA graph launches the kernel (or the peer's call) back to back ``cake_core.runtime.gpu.GRAPH_LAUNCHES``
+times, each on its own input copy; ms per launch (see ``cake_core.runtime.gpu``). Every row records its
+timer.
+
 Last, the targets (``TARGETS``: the reference peer of each problem, the speed-up asked for, or the
 fraction of the floor that also counts): per shape, our fastest correct program against the faster
 of the reference peers, and per problem the geometric mean of those ratios over the shapes run.
@@ -171,7 +176,7 @@ def run_ours(gpu, prog: dict, problem, cproblem, shape, args) -> dict:
     try:
         # accumulating kernels (kmeans_update) are zeroed by the runtime before every launch, timed or not
         (r,) = gpu.check_and_time(comp, lowered, cproblem, [shape], seed=args.seed, reps=args.reps,
-                                  warmup=args.warmup, timeout_s=args.timeout_s)
+                                  warmup=args.warmup, timeout_s=args.timeout_s, timer=args.timer)
         res = asdict(r)
     except gpu.GPURefused as e:   # refused before launch (TMA cannot describe the shape...): not run, not wrong
         res = {"correct": None, "outcome": "refused", "message": f"{type(e).__name__}: {e}", "median_ms": None,
@@ -189,7 +194,9 @@ def run_peer(problem, peer_name: str, shape, inputs, rows, want, args) -> dict:
     res: dict = {"peer": peer_name, "key": peer_name}
     peer = None
     try:
-        peer = make_peer(problem.name, peer_name, inputs)
+        from cake_core.runtime.gpu import graph_launches  # noqa: PLC0415
+        copies = graph_launches(sum(int(v.nbytes) for v in inputs.values())) if args.timer == "graph" else None
+        peer = make_peer(problem.name, peer_name, inputs, copies=copies)
         res.update(peer=peer.peer, library=peer.library, note=peer.note, copies=peer.copies,
                    rtol=peer.rtol or problem.rtol)
         if peer.rtol is not None:    # e.g. a bf16 C where the problem's is fp32
@@ -206,7 +213,7 @@ def run_peer(problem, peer_name: str, shape, inputs, rows, want, args) -> dict:
         torch.cuda.synchronize()
         ok, err, msg = check("first run")
         res.update(correct=ok, max_error=err, message=("" if ok else f"PEER WRONG: {msg}"))
-        t = time_peer(peer, reps=args.reps, warmup=args.warmup)
+        t = time_peer(peer, reps=args.reps, warmup=args.warmup, timer=args.timer)
         res.update(t)
         ok2, err2, msg2 = check("after timing")
         if not ok2:
@@ -274,6 +281,9 @@ def main() -> int:
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--timer", choices=("event", "graph"), default="event",
+                    help="event: each launch alone between CUDA events; graph: back-to-back launches from a CUDA "
+                         "graph, each on its own input copy, time per launch (ours and the peers alike)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout-s", type=float, default=240.0, help="watchdog per wait of our kernels")
     ap.add_argument("--subset-rows", type=int, default=0, help="rows checked on large shapes (default per problem)")
@@ -303,8 +313,12 @@ def main() -> int:
     programs: dict = {}
     record = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "gpu": model, "command": " ".join(sys.argv),
               "floor": {"bf16_flops_per_s": PEAK_BF16_FLOPS, "bytes_per_s": PEAK_BYTES_PER_S},
-              "protocol": "CUDA events; warm-up; 256 MiB read before each timed run (cold, clean L2); inputs rotated "
-                          "among up to 4 copies when under 64 MiB; median of >= reps",
+              "protocol": ("CUDA events; warm-up; 256 MiB read before each timed run (cold, clean L2); inputs rotated "
+                           "among up to 4 copies when under 64 MiB; median of >= reps") if args.timer == "event" else
+                          ("CUDA graph replays of back-to-back launches, each on its own input copy (up to "
+                           f"{gpu.GRAPH_LAUNCHES}); CUDA events around each replay; warm-up; 256 MiB read before "
+                           "each replay (cold, clean L2); ms per launch; median of >= reps replays"),
+              "timer": args.timer,
               "programs": programs, "rows": rows}
 
     def save() -> None:
@@ -312,7 +326,8 @@ def main() -> int:
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / "corpus_vs_peers.json").write_text(json.dumps(record, indent=1, default=str))
             lines, record["targets"] = verdicts(rows)
-            (args.out / "corpus_vs_peers.md").write_text("\n".join(table(rows) + [""] + lines) + "\n")
+            head = [f"timer: {args.timer} ({record['protocol']})", ""]
+            (args.out / "corpus_vs_peers.md").write_text("\n".join(head + table(rows) + [""] + lines) + "\n")
 
     for problem in problems:
         progs = []
@@ -398,7 +413,7 @@ def main() -> int:
             row["wall_s"] = round(time.perf_counter() - ts, 1)
             save()
 
-    print(f"\ntotal {time.perf_counter() - t_start:.0f} s; gpu {model}; floor = max(flops / 790 TFLOP/s, "
+    print(f"\ntotal {time.perf_counter() - t_start:.0f} s; gpu {model}; timer {args.timer}; floor = max(flops / 790 TFLOP/s, "
           f"bytes / 4.22 TB/s); peer/ours > 1 means ours is faster\n")
     print("\n".join(table(rows)))
     print()

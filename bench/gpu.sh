@@ -5,6 +5,7 @@
 #   bash bench/gpu.sh tests -k kmeans     # only the gpu tests (extra args go to pytest)
 #   bash bench/gpu.sh corpus --problems gemm_bf16 --reps 30   # only the bench (extra args go to it)
 #   bash bench/gpu.sh corpus --variants   # also every unregistered program under cake_core/problems/seeds/
+#   bash bench/gpu.sh corpus --problems tinygemm --timer graph   # back-to-back launches from a CUDA graph
 #   bash bench/gpu.sh floor --mib 32,128  # what a bare read of W bytes takes under the timing protocol
 #   bash bench/gpu.sh profile 'regex:kmeans_update_gather' corpus --no-seed --no-best --no-peers ...
 #                                         # Nsight Compute on the first launch of the kernels the regex names

@@ -26,7 +26,7 @@ OUTCOMES = ["verify_failed", "compile_failed", "filtered", "wrong", "runtime_fau
             "timeout", "checked", "measured"]
 SEVERITIES = ["error", "warning", "hint"]
 BACKENDS = ["interpreter", "gpu"]
-TIMERS = ["cuda_event"]
+TIMERS = ["cuda_event", "cuda_graph"]   # runtime.gpu.TIMERS: one launch alone; back to back in a graph
 # cold-clean: L2 flushed by a read (runtime.gpu.L2Flush); cold: by a write (measurements before 2026-11-29 11:00 UTC)
 L2_STATES = ["cold-clean", "cold", "warm"]
 MEASURE_KINDS = ["search", "confirm"]

@@ -679,6 +679,10 @@ def lower(program: Program, ir_filename: str = "kernel.cake") -> StageResult:
            f"    constexpr int THREADS = {program.threads};"]
     for k, v in program.consts:
         src += [f"#line {program.line or 1} {f}", f"    constexpr int {k} = {v};"]
+    if tmaps:   # the descriptors' fetch overlaps the barrier set-up instead of delaying the first copy
+        src += [f"#line {program.line or 1} {f}",
+                "    if (threadIdx.x == THREADS - 1) { " + " ".join(f"cake::prefetch_tensor_map(&{m.name});"
+                                                             for m in tmaps) + " }"]
     if ctx.smem_top:
         src += [f"#line {program.line or 1} {f}",
                 "    extern __shared__ __align__(1024) unsigned char cake_smem[];"]

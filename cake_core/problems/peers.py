@@ -35,10 +35,7 @@ import numpy as np
 
 from cake_core.errors import CakeError
 
-try:   # the timing protocol's constants, from the runtime that times our kernels
-    from cake_core.runtime.gpu import L2_FLUSH_BYTES, MAX_COPIES, ROTATE_BELOW_BYTES
-except Exception:  # noqa: BLE001 - keep the peers usable while the runtime is being changed
-    L2_FLUSH_BYTES, ROTATE_BELOW_BYTES, MAX_COPIES = 256 << 20, 64 << 20, 4
+from cake_core.runtime.gpu import L2_FLUSH_BYTES, MAX_COPIES, ROTATE_BELOW_BYTES, TIMERS
 
 FLASH_KMEANS_VERSION = "0.3.1"
 # a peer that writes C in bf16 (torch.matmul on bf16 tensors) is checked at the problem's fp32-output
@@ -395,31 +392,51 @@ def make_peer(problem: str, peer: str, inputs: dict[str, np.ndarray], *, copies:
     return _FACTORIES[problem][peer](problem, inputs, copies)
 
 
-def time_peer(peer: PeerRun, *, reps: int = 20, warmup: int = 3) -> dict[str, Any]:
+def time_peer(peer: PeerRun, *, reps: int = 20, warmup: int = 3, timer: str = "event") -> dict[str, Any]:
     """Median / p10 / p90 ms of ``peer.run`` with check_and_time's protocol (see the module doc).
+    ``timer="graph"``: as check_and_time's graph timer, one CUDA graph (torch.cuda.CUDAGraph) of
+    ``peer.copies`` back-to-back runs, each on its own input copy (make the peer with
+    ``copies=cake_core.runtime.gpu.graph_launches(...)``), its resets inside; ms per run.
     The last timed run's outputs stay in place for ``peer.fetch()``."""
+    if timer not in TIMERS:
+        raise ValueError(f"unknown timer {timer!r}: use one of {', '.join(TIMERS)}")
     torch = _torch()
     reps = max(reps, 20)
     stream = torch.cuda.Stream()
     flush = torch.zeros(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")   # read, as runtime.gpu.L2Flush
+
+    def once(r: int) -> None:
+        if peer.reset:
+            peer.reset()
+        peer.run(r)
+
+    per = peer.copies if timer == "graph" else 1
     with torch.cuda.stream(stream):
-        for r in range(warmup):
-            if peer.reset:
-                peer.reset()
-            peer.run(r)
+        for r in range(max(warmup, per)):   # every copy once before a capture: lazy set-up stays outside
+            once(r)
         stream.synchronize()
+        run = once
+        if timer == "graph":
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                for r in range(per):
+                    once(r)
+            for _ in range(warmup):
+                graph.replay()
+            stream.synchronize()
+            run = lambda r: graph.replay()   # noqa: E731
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         for r in range(reps):
-            if peer.reset:
-                peer.reset()
+            if timer == "event" and peer.reset:
+                peer.reset()   # outside the timed region, as before
             flush.sum()
             starts[r].record(stream)
-            peer.run(r)
+            run(r)
             ends[r].record(stream)
         stream.synchronize()
-    ms = np.array([s.elapsed_time(e) for s, e in zip(starts, ends)], dtype=np.float64)
+    ms = np.array([s.elapsed_time(e) / per for s, e in zip(starts, ends)], dtype=np.float64)
     del flush
     return {"median_ms": float(np.median(ms)), "p10_ms": float(np.percentile(ms, 10)),
             "p90_ms": float(np.percentile(ms, 90)), "runs": reps, "copies": peer.copies,
-            "timer": "cuda_event (torch)", "l2": "cold-clean"}
+            "timer": f"{TIMERS[timer]} (torch)", "l2": "cold-clean"}

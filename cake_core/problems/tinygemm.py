@@ -52,11 +52,12 @@ TINYGEMM = Problem(
     zeroed_outputs=("c",),
     # split-K TMA + wgmma: 64 x 128 tiles (A's rows past M zero-filled by TMA), an 8-stage ring (one
     # CTA per SM), K split so that about 132 CTAs stream the weights, partials added with red.v4.f32; and
-    # split-K over clusters of 2 reduced through distributed smem (no zeroing launch), with 128- and
-    # 64-column tiles: 128 CTAs in one wave at N = 8192 and 4096 (faster at M = 16 and 64:
-    # corpus-vs-peers-2026-11-29d.md); and no split at all, 64-column tiles over the whole of K, stored
+    # split-K over clusters of 2 reduced through distributed smem (no zeroing launch), 128-column tiles:
+    # 128 CTAs in one wave at N = 8192; no split at all, 64-column tiles over the whole of K, stored
     # (no zeroing launch), with only the first 8 or 16 rows of A loaded at small M (tma_load rows=):
-    # fastest at N = K = 8192 (corpus-vs-peers-2026-11-29e.md)
-    best_files=("tinygemm_splitk.cake", "tinygemm_cluster2.cake", "tinygemm_cluster2_n64.cake", "tinygemm_rows.cake"),
+    # fastest at N = K = 8192 (corpus-vs-peers-2026-11-29e.md); and clusters of 2 with 64-column tiles
+    # and the same rows= branches: one wave of 128 CTAs at N = 4096, fastest there at every M
+    # (corpus-vs-peers-2026-11-29g.md)
+    best_files=("tinygemm_splitk.cake", "tinygemm_cluster2.cake", "tinygemm_rows.cake", "tinygemm_cluster2_rows.cake"),
     rows=GEMM_ROWS,
 )

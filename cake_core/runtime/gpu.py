@@ -18,6 +18,14 @@ after the start event: the zeroing is charged to the kernel; a kernel that only 
 into them (``LoweredKernel.accumulates``) gets them poisoned and no zeroing launch. The timer name and
 the L2 state are recorded in every ``ShapeRun``.
 
+A second timer, ``timer="graph"``, times a kernel as a decode step runs it: back to back with others,
+from a CUDA graph. One replay launches it ``GRAPH_LAUNCHES`` times in a row, each launch on its own
+copy of the inputs (so each reads its inputs from HBM, cold in L2: every copy is read once per
+replay, after the same 256 MiB flush), zeroing included; CUDA events around the replay; the time per
+launch is the replay's over the launches. It leaves out the ~2 µs that an isolated launch costs
+on the GPU (``bench/read_floor.py`` measures it) and that a kernel of 10 µs cannot hide, and keeps
+the gap between launches. The peers are timed the same way (``cake_core.problems.peers.time_peer``).
+
 A fault poisons the CUDA context: after one, the remaining shapes are not run
 (the caller's worker process should be restarted). Waiting is a blocking device
 synchronize in a helper thread under the watchdog (``_Launcher.wait``): a fault
@@ -27,7 +35,7 @@ surfaces as ``runtime_fault`` with CUDA's message, a kernel that outlives
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -43,6 +51,9 @@ TIMER = "cuda_event"
 L2_FLUSH_BYTES = 256 << 20       # ≥ 2x the L2 of every target we time on (H200: 50 MiB)
 ROTATE_BELOW_BYTES = 64 << 20    # inputs smaller than this are rotated among copies
 MAX_COPIES = 4
+TIMERS = {"event": "cuda_event", "graph": "cuda_graph"}   # check_and_time's timer= -> ShapeRun.timer
+GRAPH_LAUNCHES = 8               # launches per replay under timer="graph", each on its own input copy
+GRAPH_COPY_BYTES = 8 << 30       # at most this much in input copies: fewer launches per replay (>= 2) above
 INT_SENTINEL = -0x7FFFFFFF
 
 
@@ -293,8 +304,54 @@ def _timed_launches(cp, L: _Launcher, arg_sets: list[tuple], reps: int, stream, 
     return [float(cp.cuda.get_elapsed_time(s, e)) for s, e in zip(starts, ends)]
 
 
+def graph_launches(in_bytes: int) -> int:
+    """How many launches (and input copies) one replay of the graph timer holds for inputs of ``in_bytes``."""
+    return max(2, min(GRAPH_LAUNCHES, GRAPH_COPY_BYTES // max(in_bytes, 1)))
+
+
+def capture_graph(stream, enqueue: Callable[[], None]):
+    """The CUDA graph of what ``enqueue`` launches on ``stream`` (CuPy stream capture)."""
+    stream.begin_capture()
+    try:
+        enqueue()
+    finally:
+        graph = stream.end_capture()
+    return graph
+
+
+def time_replays(cp, graph, reps: int, stream, flush, wait: Callable[[], None]) -> list[float]:
+    """ms of each of ``reps`` replays of ``graph``, each after an L2 flush, between its own pair of CUDA
+    events; ``wait`` waits for them (under a watchdog where the caller has one)."""
+    starts = [cp.cuda.Event() for _ in range(reps)]
+    ends = [cp.cuda.Event() for _ in range(reps)]
+    for r in range(reps):
+        flush(stream)
+        starts[r].record(stream)
+        graph.launch(stream)
+        ends[r].record(stream)
+    wait()
+    return [float(cp.cuda.get_elapsed_time(s, e)) for s, e in zip(starts, ends)]
+
+
+def _graph_timed(cp, L: _Launcher, arg_sets: list[tuple], reps: int, warmup: int, stream, flush) -> list[float]:
+    """``reps`` replays of one CUDA graph of ``len(arg_sets)`` back-to-back launches (each on its own
+    input copy, after the zeroing of the outputs it accumulates into), each replay after an L2 flush and
+    between its own pair of CUDA events; ms per launch."""
+    def enqueue() -> None:
+        for args in arg_sets:
+            L.zero_accumulators()
+            L.launch(args)
+
+    graph = capture_graph(stream, enqueue)
+    for _ in range(warmup):
+        graph.launch(stream)
+    L.wait("graph warm-up")
+    ms = time_replays(cp, graph, reps, stream, flush, lambda: L.wait("timed graph replays"))
+    return [m / len(arg_sets) for m in ms]
+
+
 def _check_shape(cp, fn, lowered: LoweredKernel, problem: Problem, shape: Shape, *, seed: int, time: bool,
-                 reps: int, warmup: int, timeout_s: float, stream, flush) -> ShapeRun:
+                 reps: int, warmup: int, timeout_s: float, stream, flush, timer: str = "event") -> ShapeRun:
     rng = np.random.default_rng(seed)
     L = _Launcher(cp, fn, lowered, problem, shape, stream, timeout_s)
     inputs = problem.make_inputs(shape, rng)
@@ -324,30 +381,36 @@ def _check_shape(cp, fn, lowered: LoweredKernel, problem: Problem, shape: Shape,
     if not time:
         return ShapeRun(dict(shape), True, max(err, p_err), "correct (not timed)", outcome=Outcome.CHECKED.value)
 
-    # timing: cold L2, rotating input copies
+    # timing: cold L2, rotating input copies (the graph timer: one copy per launch of a replay)
     in_bytes = sum(int(b.nbytes) for b in dev_in.values())
-    copies = [dev_in] + ([{k: v.copy() for k, v in dev_in.items()} for _ in range(MAX_COPIES - 1)]
-                         if in_bytes < ROTATE_BELOW_BYTES else [])
+    n_copies = (graph_launches(in_bytes) if timer == "graph"
+                else MAX_COPIES if in_bytes < ROTATE_BELOW_BYTES else 1)
+    copies = [dev_in] + [{k: v.copy() for k, v in dev_in.items()} for _ in range(n_copies - 1)]
     arg_sets = [L.args(c) for c in copies]
     for r in range(warmup):
         L.launch(arg_sets[r % len(arg_sets)])
     L.wait("warm-up")
     L.reset_outputs()
     reps = max(reps, 20)
-    ms = _timed_launches(cp, L, arg_sets, reps, stream, flush)
+    if timer == "graph":
+        ms = _graph_timed(cp, L, arg_sets, reps, warmup, stream, flush)
+        how = f"{len(copies)} back-to-back launches per graph replay, each on its own input copy"
+    else:
+        ms = _timed_launches(cp, L, arg_sets, reps, stream, flush)
+        how = f"{len(copies)} input copies rotated"
 
     ok2, err2, msg2 = problem.compare(L.got(), want)
     if not ok2:
         return ShapeRun(dict(shape), False, err2, f"wrong after timing (re-check): {msg2}",
                         outcome=Outcome.WRONG.value)
     med, p10, p90 = _stats(ms)
-    return ShapeRun(dict(shape), True, max(err, p_err, err2), f"correct; {len(copies)} input copies rotated",
-                    med, p10, p90, reps, outcome=Outcome.MEASURED.value)
+    return ShapeRun(dict(shape), True, max(err, p_err, err2), f"correct; {how}",
+                    med, p10, p90, reps, timer=TIMERS[timer], outcome=Outcome.MEASURED.value)
 
 
 def check_and_time(compiled: Compiled, lowered: LoweredKernel, problem: Problem, shapes: list[Shape], *,
                    seed: int, time: bool = True, reps: int = 20, warmup: int = 3,
-                   timeout_s: float = 30.0) -> list[ShapeRun]:
+                   timeout_s: float = 30.0, timer: str = "event") -> list[ShapeRun]:
     """Correctness gate (and timing, with ``time=True``) of one kernel on every shape.
 
     Parameters
@@ -357,11 +420,15 @@ def check_and_time(compiled: Compiled, lowered: LoweredKernel, problem: Problem,
     shapes: assignments of the problem's dimensions.
     seed: seeds the input generator of every shape.
     timeout_s: watchdog per wait; a kernel still running after it is reported as ``timeout``.
+    timer: ``"event"`` (each launch alone between CUDA events) or ``"graph"`` (launches back to back
+        from a CUDA graph; see the module doc).
 
     Returns one :class:`ShapeRun` per shape, in order. After a fault or a timeout
     the CUDA context is unusable; the remaining shapes are reported as not run.
     Raises :class:`GPURefused` when the kernel cannot run here at all.
     """
+    if timer not in TIMERS:
+        raise GPURefused(f"unknown timer {timer!r}: use one of {', '.join(TIMERS)}")
     tgt = target(compiled.arch)
     if tgt is None or not tgt.get("runs_here", False):
         raise GPURefused(f"{compiled.arch} kernels are compile-only here (cake_core/ir/targets/{compiled.arch}.json "
@@ -390,7 +457,8 @@ def check_and_time(compiled: Compiled, lowered: LoweredKernel, problem: Problem,
                 continue
             try:
                 out.append(_check_shape(cp, fn, lowered, problem, shape, seed=seed, time=time, reps=reps,
-                                        warmup=warmup, timeout_s=timeout_s, stream=stream, flush=flush))
+                                        warmup=warmup, timeout_s=timeout_s, stream=stream, flush=flush,
+                                        timer=timer))
             except _Fault as f:
                 out.append(ShapeRun(dict(shape), False, float("inf"), f.message, outcome=f.outcome.value))
                 dead = f"an earlier shape ended in {f.outcome.value}; the CUDA context is unusable"

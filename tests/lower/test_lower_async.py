@@ -12,6 +12,7 @@ from cake_core.ir.text import parse_program
 from cake_core.lower import compile_kernel, lower
 from cake_core.lower import compile as compile_mod
 from cake_core.outcome import Outcome
+from cake_core.problems import get_problem
 from ptx import ptx_of
 
 SEED = (Path(__file__).resolve().parents[2] / "cake_core/problems/seeds/gemm_bf16_ws.cake").read_text()
@@ -35,6 +36,17 @@ def test_ws_gemm_lowers_with_tensor_maps_and_roles():
     assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in src
     assert "cake::mbarrier_wait_parity(&full[(kt % S)], ((kt / S) % 2));" in src
     assert lk.smem_bytes == 98432          # 4 x 16 KiB + 4 x 8 KiB + 8 mbarriers, 128-byte rounded
+
+
+def test_every_tensor_map_is_prefetched_once_before_the_barriers_are_set_up():
+    src = _lower().value.source
+    line = "    if (threadIdx.x == THREADS - 1) { cake::prefetch_tensor_map(&cake_tmap_a_0); " \
+           "cake::prefetch_tensor_map(&cake_tmap_b_1); }"
+    assert src.count("prefetch_tensor_map(") == 2 and line in src
+    assert src.index(line) < src.index("cake::mbarrier_init")
+    # a kernel without TMA copies has nothing to prefetch
+    plain = lower(parse_program(get_problem("gemm_bf16").seed_text(), "s.cake"), "s.cake").value
+    assert not plain.tensor_maps and "prefetch_tensor_map" not in plain.source
 
 
 def test_tcgen05_is_declared_but_not_lowered():
@@ -72,7 +84,8 @@ def test_ws_gemm_ptx_holds_the_async_instructions(tmp_path):
     lk = _lower().value
     ptx = ptx_of(lk.source, tmp_path)
     for needle in ("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16", "cp.async.bulk.tensor.2d",
-                   "mbarrier.try_wait.parity", "setmaxnreg.inc.sync.aligned.u32 232", "wgmma.wait_group.sync.aligned 0"):
+                   "mbarrier.try_wait.parity", "setmaxnreg.inc.sync.aligned.u32 232", "wgmma.wait_group.sync.aligned 0",
+                   "prefetch.tensormap"):
         assert needle in ptx, needle
 
 

@@ -219,7 +219,7 @@ def test_a_kernel_refused_before_launch_is_a_refused_row_and_a_crash_an_error_ro
     from cake_core.runtime.gpu import GPURefused
     from cake_core.runtime.tma import TMARefused
     mod = _bench_module()
-    args = types.SimpleNamespace(seed=0, reps=20, warmup=3, timeout_s=5)
+    args = types.SimpleNamespace(seed=0, reps=20, warmup=3, timeout_s=5, timer="event")
 
     def fake(exc):
         def check_and_time(*a, **k):
@@ -237,3 +237,36 @@ def test_a_kernel_refused_before_launch_is_a_refused_row_and_a_crash_an_error_ro
                                  "peers": [{"peer": "flash", "key": "flash-kmeans", "median_ms": 0.36,
                                             "correct": True}]}])
     assert data["kmeans_assign"]["missing"] == ["B=4,N=1,K=1,D=100"]
+
+
+def test_an_unknown_timer_is_refused_before_the_peer_runs():
+    from cake_core.problems.peers import PeerRun, time_peer
+    ran = []
+    peer = PeerRun("tinygemm", "p", "lib", run=lambda i: ran.append(i), fetch=dict)
+    with pytest.raises(ValueError, match="unknown timer 'wall'"):
+        time_peer(peer, timer="wall")
+    assert ran == []
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("problem,peer", [("tinygemm", "torch.mm_f32"), ("kmeans_update", "flash-kmeans-sorted")])
+def test_a_peer_timed_by_graph_replay_runs_each_copy_and_stays_correct(problem, peer):
+    # the graph holds one run per input copy (resets inside: kmeans_update's peers accumulate); after the
+    # timed replays the outputs still match the oracle, so each run started from zeroed accumulators
+    from cake_core.problems.peers import time_peer
+    from cake_core.runtime.gpu import graph_launches
+    p = get_problem(problem)
+    shape = {"tinygemm": {"M": 8, "N": 4096, "K": 4096},
+             "kmeans_update": {"B": 2, "N": 4096, "K": 64, "D": 128}}[problem]
+    inputs = p.make_inputs(shape, np.random.default_rng(3))
+    n = graph_launches(sum(int(v.nbytes) for v in inputs.values()))
+    run = make_peer(problem, peer, inputs, copies=n)
+    try:
+        assert run.copies == n == 8
+        t = time_peer(run, reps=20, timer="graph")
+        assert t["timer"] == "cuda_graph (torch)" and t["runs"] == 20
+        assert 0 < t["p10_ms"] <= t["median_ms"] <= t["p90_ms"]
+        ok, err, msg = p.compare(run.fetch(), p.oracle(inputs))
+        assert ok, msg
+    finally:
+        run.release()

@@ -159,13 +159,10 @@ def test_the_gathering_kmeans_update_is_correct(tmp_path):
                                                                        {"B": 2, "N": 777, "K": 64, "D": 126}],
                              seed=9)
 
-def test_zeroing_of_accumulated_outputs_is_inside_the_timed_region():
-    # split-K kernels add into a C the harness zeroes: that zeroing is part of their cost, so it must
-    # fall between the start and end events of every timed launch (and after the L2 flush)
+def _fake_events(log: list, reps: int, elapsed_ms: float):
+    """A stand-in for CuPy's CUDA module whose events log their recording: the timers make the ``reps``
+    start events first, then the ``reps`` end events."""
     import types
-
-    from cake_core.runtime import gpu
-    reps, log = 3, []
 
     class Event:
         def __init__(self, name):
@@ -174,17 +171,64 @@ def test_zeroing_of_accumulated_outputs_is_inside_the_timed_region():
         def record(self, stream):
             log.append(self.name)
 
-    # _timed_launches makes the `reps` start events first, then the `reps` end events
     events = iter([Event("start") for _ in range(reps)] + [Event("end") for _ in range(reps)])
-    cp = types.SimpleNamespace(cuda=types.SimpleNamespace(
-        Event=lambda: next(events), get_elapsed_time=lambda s, e: 1.0))
+    return types.SimpleNamespace(cuda=types.SimpleNamespace(Event=lambda: next(events),
+                                                            get_elapsed_time=lambda s, e: elapsed_ms))
+
+
+def test_zeroing_of_accumulated_outputs_is_inside_the_timed_region():
+    # split-K kernels add into a C the harness zeroes: that zeroing is part of their cost, so it must
+    # fall between the start and end events of every timed launch (and after the L2 flush)
+    import types
+
+    from cake_core.runtime import gpu
+    reps, log = 3, []
+    cp = _fake_events(log, reps, 1.0)
     L = types.SimpleNamespace(zero_accumulators=lambda: log.append("zero"), launch=lambda args: log.append("launch"),
                               wait=lambda what: log.append("wait"))
-    def flush(stream):
-        log.append("flush")
-    ms = gpu._timed_launches(cp, L, [()], reps, types.SimpleNamespace(ptr=0), flush)
+    ms = gpu._timed_launches(cp, L, [()], reps, types.SimpleNamespace(ptr=0), lambda s: log.append("flush"))
     assert ms == [1.0] * reps
     assert log == ["flush", "start", "zero", "launch", "end"] * reps + ["wait"]
+
+
+def test_the_graph_timer_replays_zeroing_and_launch_per_input_copy_between_one_event_pair():
+    # timer="graph": the capture holds, per input copy, the zeroing then the launch; each timed replay
+    # comes after a flush, between its own events, and its time is shared among its launches
+    import types
+
+    from cake_core.runtime import gpu
+    reps, log = 3, []
+    cp = _fake_events(log, reps, 8.0)
+    graph = types.SimpleNamespace(launch=lambda stream: log.append("replay"))
+    stream = types.SimpleNamespace(begin_capture=lambda: log.append("capture"),
+                                   end_capture=lambda: (log.append("end capture"), graph)[1])
+    L = types.SimpleNamespace(zero_accumulators=lambda: log.append("zero"),
+                              launch=lambda args: log.append(f"launch {args}"), wait=lambda what: log.append("wait"))
+    ms = gpu._graph_timed(cp, L, ["a", "b", "c", "d"], reps, 1, stream, lambda s: log.append("flush"))
+    assert ms == [2.0] * reps
+    assert log == (["capture"] + [x for a in "abcd" for x in ("zero", f"launch {a}")] + ["end capture"]
+                   + ["replay", "wait"] + ["flush", "start", "replay", "end"] * reps + ["wait"])
+
+
+def test_the_graph_timer_holds_up_to_8_copies_and_at_least_2():
+    from cake_core.runtime.gpu import GRAPH_COPY_BYTES, graph_launches
+    assert graph_launches(32 << 20) == 8 and graph_launches(128 << 20) == 8
+    assert graph_launches(GRAPH_COPY_BYTES // 4) == 4
+    assert graph_launches(GRAPH_COPY_BYTES) == 2 and graph_launches(4 * GRAPH_COPY_BYTES) == 2
+
+
+def test_an_unknown_timer_is_refused_before_any_gpu_work(tmp_path):
+    from cake_core.runtime import gpu
+    lr = lower(parse_program(SEED, "kernel.cake")).value
+    fake = Compiled(tmp_path / "x.cubin", "gemm_bf16", Resources(1, 0, 0, 0, 0), "0", 0.0, False, "sm_90a")
+    with pytest.raises(gpu.GPURefused, match="unknown timer 'wall'.*event, graph"):
+        gpu.check_and_time(fake, lr, GEMM, [{"M": 8, "N": 8, "K": 8}], seed=0, timer="wall")
+
+
+def test_every_timer_the_runtime_records_is_one_the_warehouse_accepts():
+    from cake_core.runtime.gpu import TIMERS
+    from warehouse.expectations import TIMERS as ACCEPTED
+    assert set(TIMERS.values()) <= set(ACCEPTED)
 
 
 def test_the_recorded_l2_state_is_one_the_warehouse_accepts():

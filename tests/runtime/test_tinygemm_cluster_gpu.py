@@ -31,11 +31,12 @@ def _build(name: str, tmp):
     return cr.value, lk.value
 
 
-@pytest.fixture(scope="module", params=["tinygemm_cluster.cake", "tinygemm_cluster2.cake", "tinygemm_cluster2_n64.cake",
-                                        "tinygemm_rows.cake"])
+@pytest.fixture(scope="module", params=["tinygemm_cluster.cake", "tinygemm_cluster2.cake", "tinygemm_rows.cake",
+                                        "tinygemm_cluster2_rows.cake"])
 def cluster_built(request, tmp_path_factory):
-    # clusters of 8 (the first program), and of 2 with 128- and 64-column tiles (one wave of 128 CTAs at
-    # N = 8192 and N = 4096); no cluster and no split (64-column tiles over all of K)
+    # clusters of 8 (the first program), and of 2 with 128-column tiles (one wave of 128 CTAs at N = 8192);
+    # no cluster and no split (64-column tiles over all of K); clusters of 2 with 64-column tiles (one wave
+    # at N = 4096); the last two load only 8 or 16 rows of A where M is that small
     return _build(request.param, tmp_path_factory.mktemp("cubins"))
 
 

@@ -69,3 +69,16 @@ def test_a_splitk_kernel_that_drops_a_k_slice_fails_the_gate(tmp_path):
     (r,) = check_and_time(cr.value, lk.value, TINY, [{"M": 8, "N": 4096, "K": 4096}], seed=3, time=False,
                           timeout_s=20)
     assert r.outcome == "wrong", r.message
+
+
+@pytest.mark.gpu
+def test_splitk_under_the_graph_timer_is_zeroed_before_every_launch_of_a_replay(splitk_built):
+    # one replay launches the kernel 8 times into the same C, each on its own input copy: without the
+    # zeroing captured before each launch, the re-check after the timed replays would see their sum
+    from cake_core.runtime.gpu import GRAPH_LAUNCHES, check_and_time
+    compiled, lk = splitk_built
+    (r,) = check_and_time(compiled, lk, TINY, [{"M": 8, "N": 4096, "K": 4096}], seed=7, reps=20, timeout_s=20,
+                          timer="graph")
+    assert r.correct and r.outcome == "measured", r.message
+    assert r.timer == "cuda_graph" and f"{GRAPH_LAUNCHES} back-to-back launches" in r.message
+    assert 0 < r.p10_ms <= r.median_ms <= r.p90_ms

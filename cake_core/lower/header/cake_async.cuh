@@ -16,6 +16,12 @@ namespace cake {
 struct alignas(64) tensor_map { unsigned long long opaque[16]; };
 static_assert(sizeof(tensor_map) == 128, "a tensor map is the 128-byte CUtensorMap, passed by value");
 
+// Pull a tensor map into the SM's descriptor cache ahead of its first copy (prefetch.tensormap; a hint,
+// no ordering): the first cp.async.bulk.tensor otherwise waits for the 128-byte fetch.
+__device__ __forceinline__ void prefetch_tensor_map(const tensor_map* map) {
+    asm volatile("prefetch.tensormap [%0];" :: "l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
