@@ -30,7 +30,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cake_core.runtime.gpu import (L2Flush, MAX_COPIES, ROTATE_BELOW_BYTES, capture_graph,  # noqa: E402
-                                   gpu_model, graph_launches, time_replays)
+                                   gpu_model, graph_launches, time_regions)
 
 _SRC = r"""
 template <int U>
@@ -95,18 +95,14 @@ def _time(cp, fn, grid, block, bufs, n, sink, flush, stream, reps: int, warmup: 
     of events after each flush; ``hold`` (a callable) runs between the flush and the start event."""
     for r in range(warmup):
         fn((grid,), (block,), (bufs[r % len(bufs)], n, sink), stream=stream)
-    starts = [cp.cuda.Event() for _ in range(reps)]
-    ends = [cp.cuda.Event() for _ in range(reps)]
-    for r in range(reps):
-        flush(stream)
-        if hold is not None:
-            hold(stream)
-        starts[r].record(stream)
+
+    def body(r: int) -> None:
         for j in range(launches):
             fn((grid,), (block,), (bufs[(r + j) % len(bufs)], n, sink), stream=stream)
-        ends[r].record(stream)
-    stream.synchronize()
-    return [float(cp.cuda.get_elapsed_time(s, e)) / max(launches, 1) for s, e in zip(starts, ends)]
+
+    before = (lambda: hold(stream)) if hold is not None else None
+    ms = time_regions(cp, reps, stream, flush, body, stream.synchronize, before)
+    return [m / max(launches, 1) for m in ms]
 
 
 def _time_graph(cp, fn, grid, block, bufs, n, sink, flush, stream, reps: int, warmup: int) -> list[float]:
@@ -119,7 +115,8 @@ def _time_graph(cp, fn, grid, block, bufs, n, sink, flush, stream, reps: int, wa
     graph = capture_graph(stream, enqueue)
     for _ in range(warmup):
         graph.launch(stream)
-    return [m / len(bufs) for m in time_replays(cp, graph, reps, stream, flush, stream.synchronize)]
+    ms = time_regions(cp, reps, stream, flush, lambda r: graph.launch(stream), stream.synchronize)
+    return [m / len(bufs) for m in ms]
 
 
 def main() -> int:

@@ -47,7 +47,6 @@ from cake_core.lower.cuda import LoweredKernel
 from cake_core.outcome import Outcome
 from cake_core.problems.base import Problem, Shape, bf16_round
 
-TIMER = "cuda_event"
 L2_FLUSH_BYTES = 256 << 20       # ≥ 2x the L2 of every target we time on (H200: 50 MiB)
 ROTATE_BELOW_BYTES = 64 << 20    # inputs smaller than this are rotated among copies
 MAX_COPIES = 4
@@ -73,7 +72,7 @@ class ShapeRun:
     p10_ms: float | None = None
     p90_ms: float | None = None
     runs: int = 0
-    timer: str = TIMER
+    timer: str = TIMERS["event"]
     l2: str = "cold-clean"   # L2Flush: a 256 MiB read before each timed launch
     outcome: str = Outcome.CHECKED.value   # checked | measured | wrong | runtime_fault | timeout
 
@@ -286,22 +285,34 @@ class L2Flush:
         self.fn((1056,), (256,), (self.buf, self.n, self.sink), stream=stream)
 
 
+def time_regions(cp, reps: int, stream, flush, body: Callable[[int], None], wait: Callable[[], None],
+                 before: Callable[[], None] | None = None) -> list[float]:
+    """ms of each of ``reps`` timed regions: an L2 flush, then ``before`` (untimed), then ``body(r)`` between
+    its own pair of CUDA events; ``wait`` waits for them all (under a watchdog where the caller has one)."""
+    starts = [cp.cuda.Event() for _ in range(reps)]
+    ends = [cp.cuda.Event() for _ in range(reps)]
+    for r in range(reps):
+        flush(stream)
+        if before is not None:
+            before()
+        starts[r].record(stream)
+        body(r)
+        ends[r].record(stream)
+    wait()
+    return [float(cp.cuda.get_elapsed_time(s, e)) for s, e in zip(starts, ends)]
+
+
 def _timed_launches(cp, L: _Launcher, arg_sets: list[tuple], reps: int, stream, flush) -> list[float]:
     """``reps`` launches, each after an L2 flush, each timed by its own pair of CUDA events (ms).
 
     The zeroing of the outputs the problem declares zeroed is inside the timed region: it is part of
     what an accumulating (split-K) kernel costs against one that stores each element once, and it
     keeps atomics from adding up across launches."""
-    starts = [cp.cuda.Event() for _ in range(reps)]
-    ends = [cp.cuda.Event() for _ in range(reps)]
-    for r in range(reps):
-        flush(stream)
-        starts[r].record(stream)
+    def body(r: int) -> None:
         L.zero_accumulators()
         L.launch(arg_sets[r % len(arg_sets)])
-        ends[r].record(stream)
-    L.wait("timed runs")
-    return [float(cp.cuda.get_elapsed_time(s, e)) for s, e in zip(starts, ends)]
+
+    return time_regions(cp, reps, stream, flush, body, lambda: L.wait("timed runs"))
 
 
 def graph_launches(in_bytes: int) -> int:
@@ -319,20 +330,6 @@ def capture_graph(stream, enqueue: Callable[[], None]):
     return graph
 
 
-def time_replays(cp, graph, reps: int, stream, flush, wait: Callable[[], None]) -> list[float]:
-    """ms of each of ``reps`` replays of ``graph``, each after an L2 flush, between its own pair of CUDA
-    events; ``wait`` waits for them (under a watchdog where the caller has one)."""
-    starts = [cp.cuda.Event() for _ in range(reps)]
-    ends = [cp.cuda.Event() for _ in range(reps)]
-    for r in range(reps):
-        flush(stream)
-        starts[r].record(stream)
-        graph.launch(stream)
-        ends[r].record(stream)
-    wait()
-    return [float(cp.cuda.get_elapsed_time(s, e)) for s, e in zip(starts, ends)]
-
-
 def _graph_timed(cp, L: _Launcher, arg_sets: list[tuple], reps: int, warmup: int, stream, flush) -> list[float]:
     """``reps`` replays of one CUDA graph of ``len(arg_sets)`` back-to-back launches (each on its own
     input copy, after the zeroing of the outputs it accumulates into), each replay after an L2 flush and
@@ -346,7 +343,8 @@ def _graph_timed(cp, L: _Launcher, arg_sets: list[tuple], reps: int, warmup: int
     for _ in range(warmup):
         graph.launch(stream)
     L.wait("graph warm-up")
-    ms = time_replays(cp, graph, reps, stream, flush, lambda: L.wait("timed graph replays"))
+    ms = time_regions(cp, reps, stream, flush, lambda r: graph.launch(stream),
+                      lambda: L.wait("timed graph replays"))
     return [m / len(arg_sets) for m in ms]
 
 
