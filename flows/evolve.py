@@ -77,7 +77,7 @@ def evolve_flow(problem: str, shape_set: str, generations: int = 3, population: 
     if harness.cost_eff:   # a calibrated model is another model: its predictions say so
         model.eff.update(dict(harness.cost_eff))
         model.version = f"{model.version}+harness-v{harness.version}"
-    ctx = Context(harness.version, 0, population)
+    ctx = Context(harness.version, 0, population, known=prob.best_texts())
     if gpus:
         pool = ActorPool(lambda: GpuRunner.remote(), len(gpus))
     else:

@@ -1,59 +1,107 @@
-"""The default agent: offline, deterministic under a seed.
+"""The default agent: offline, deterministic under a seed, evolving a population with tactics.
 
-Generation 0 is the problem's seed program and its best-known programs. Later generations take parents
-from the best candidates so far and apply one or two tactics, each chosen with
-a weight from its track record (Laplace-smoothed success rate), skipping
-programs already tried.
+Generation 0 is the problem's naive seed (and, in a warm run only, the hand-written programs the caller
+passes in ``Context.known``: the agent itself never reads stored programs). Each later
+child takes a parent from the archive (the best of each schedule niche, or the best overall: see
+``search``) and applies one to three tactics in a row; each is drawn among those whose precondition holds
+for the program at hand, weighted by its record (Laplace-smoothed rate of children faster than their
+parent). A tactic that refuses is recorded with its reason (``refusals``) and another is drawn. No
+program is proposed twice. Every choice draws from a generator seeded by (run seed, generation), so a
+resumed run proposes what the uninterrupted one would have.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from cake_core.agents.base import Candidate, Context
-from cake_core.agents.tactics import TACTICS
-from cake_core.ir.text import parse_program
+from cake_core.agents.base import Candidate, Context, Refusal, Scored
+from cake_core.agents.rewrite import Refused
+from cake_core.agents.search import Archive, niche
+from cake_core.agents.tactics import TACTICS, apply
+from cake_core.ir.program import Program
+from cake_core.ir.text import parse, parse_program
 from cake_core.problems.base import Problem
+
+MAX_STEP = 3            # tactics applied in a row to make one child
+TRIES_PER_CHILD = 20
 
 
 class TacticAgent:
     name = "tactic"
 
     def __init__(self, seed: int, tactics: dict | None = None):
-        self.rng = np.random.default_rng(seed)
+        self.seed = seed
         self.tactics = dict(tactics or TACTICS)
+        self.refusals: list[Refusal] = []          # what the last propose() was refused, for the warehouse
+        self._refused: set[Refusal] = set()
 
-    def _weights(self, ctx: Context) -> np.ndarray:
-        names = list(self.tactics)
-        w = np.array([(ctx.tactic_stats.get(n, (0, 0))[1] + 1) / (ctx.tactic_stats.get(n, (0, 0))[0] + 2)
-                      for n in names])
+    def _weights(self, ctx: Context, names: list[str]) -> np.ndarray:
+        stats = ctx.tactic_stats
+        w = np.array([(stats.get(n, (0, 0))[1] + 1) / (stats.get(n, (0, 0))[0] + 2) for n in names])
         return w / w.sum()
 
     def propose(self, problem: Problem, ctx: Context) -> list[Candidate]:
+        rng = np.random.default_rng([self.seed, ctx.generation])
+        self.refusals, self._refused = [], set()
         seed = parse_program(problem.seed_text(), problem.seed_file)
-        if ctx.generation == 0:
-            known = [Candidate(seed.text(), (), self.name, "seed")] + \
-                [Candidate(parse_program(t).text(), (), self.name, "best-known") for t in problem.best_texts()]
-            known = known[: ctx.population]
-            return known + self._mutants([(seed.text(), 0.0)], ctx, ctx.population - len(known))
-        return self._mutants(ctx.best or [(seed.text(), 0.0)], ctx, ctx.population)
-
-    def _mutants(self, parents: list[tuple[str, float]], ctx: Context, n: int) -> list[Candidate]:
-        out: list[Candidate] = []
-        names = list(self.tactics)
         seen = set(ctx.seen)
-        for _ in range(n * 20):
-            if len(out) >= n:
+        out: list[Candidate] = []
+        if ctx.generation == 0 or not (ctx.scored or ctx.best):
+            known = [Candidate(seed.text(), (), self.name, "seed")]
+            if not ctx.cold:
+                known += [Candidate(parse_program(t).text(), (), self.name, "best-known") for t in ctx.known]
+            for c in known[: ctx.population]:
+                h = parse_program(c.text).hash
+                if h not in seen:
+                    seen.add(h)
+                    out.append(c)
+            parents = [Scored(seed.text(), float("inf"))]
+        else:
+            parents = None
+        scored = ctx.scored or [Scored(t, s) for t, s in ctx.best]
+        archive = Archive(scored, self._niche_of) if scored else None
+        for _ in range((ctx.population - len(out)) * TRIES_PER_CHILD):
+            if len(out) >= ctx.population:
                 break
-            ptext = parents[int(self.rng.integers(min(len(parents), 4)))][0]
-            parent = parse_program(ptext)
-            prog, used = parent, []
-            for _ in range(int(self.rng.integers(1, 3))):
-                t = names[int(self.rng.choice(len(names), p=self._weights(ctx)))]
-                nxt = self.tactics[t](prog, self.rng)
-                if nxt is not None:
-                    prog, used = nxt, used + [t]
-            if not used or prog.hash in seen:
+            parent = archive.pick(rng) if archive is not None and archive.all else parents[0] if parents else None
+            if parent is None:
+                break
+            child = self._child(parent, ctx, rng)
+            if child is None:
+                continue
+            prog, used = child
+            if prog.hash in seen:
                 continue
             seen.add(prog.hash)
-            out.append(Candidate(prog.text(), (parent.hash,), self.name, "+".join(used)))
+            step = "+".join(used)
+            out.append(Candidate(prog.text(), (parse_program(parent.text).hash,), self.name, step,
+                                 lineage=tuple(parent.lineage) + (step,)))
         return out
+
+    def _child(self, parent: Scored, ctx: Context, rng: np.random.Generator) -> tuple[Program, list[str]] | None:
+        prog = parse_program(parent.text)
+        used: list[str] = []
+        for _ in range(int(rng.integers(1, MAX_STEP + 1))):
+            names = [n for n in self.tactics]
+            w = self._weights(ctx, names)
+            for _attempt in range(len(names)):
+                t = names[int(rng.choice(len(names), p=w))]
+                r = apply(t, prog, rng, ctx.bounds, self.tactics)
+                if isinstance(r, Refused):
+                    ref = Refusal(t, prog.hash, r.reason)
+                    if ref not in self._refused:
+                        self._refused.add(ref)
+                        self.refusals.append(ref)
+                    w = w.copy()
+                    w[names.index(t)] = 0.0
+                    if w.sum() == 0:
+                        break
+                    w = w / w.sum()
+                    continue
+                prog, used = r, used + [t]
+                break
+        return (prog, used) if used else None
+
+    @staticmethod
+    def _niche_of(text: str):
+        r = parse(text)
+        return niche(r.program) if r.program is not None else None

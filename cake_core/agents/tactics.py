@@ -1,108 +1,255 @@
-"""Tactics: pure IR → IR rewrites the tactic agent composes.
+"""Tactics: pure IR -> IR rewrites the tactic agent composes; the table at the bottom is the whole set.
 
-Each tactic takes a program and a random generator and returns a new program
-(or None when it does not apply). The table at the bottom is the whole set;
-a tactic proposal from the harness adds a row.
+A tactic is ``tactic(program, rng, bounds=None) -> Program``: ``rng`` makes its choices (a stage count, a
+tile size), ``bounds`` gives the largest value of each problem dimension over the run's search shapes (a
+resident operand sizes its slots to cover them; held-out shapes are never among them). When its
+precondition does not hold it raises :class:`Refused` with the reason, which the agent records.
+
+Two kinds:
+- **structural** tactics change which ops a kernel is made of: the MMA atom (``mma_sync``;
+  ``warp_specialize`` to wgmma), the copy engine (``warp_specialize``'s cp.async ring, ``tma``), warp
+  roles (``warp_specialize``, ``pingpong``), what stays in shared memory (``resident``), how wgmma
+  overlaps (``batch_wgmma``, ``pipeline_wgmma``), the grid (``persistent``, ``split_k``) and the epilogue
+  (``warp_specialize`` fuses scores and merges into the fragment epilogues); each documents its
+  precondition and the IR before and after in its own module;
+- **knob** tactics move constants within what the kernel's structure allows: tile sizes (``retile``:
+  wgmma's N in 64..256, the others powers of two), ring depths (``restage``: a ring's constant and its
+  buffers' stages together), other schedule constants (``retune``), thread counts, unrolling, CTAs per
+  SM, guards.
 """
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 
-from cake_core.ir.ops import Node, Op, make_attrs
+from cake_core.agents.rewrite import Refused, map_nodes, refuse_unless, set_attrs, walk_nodes
+from cake_core.agents.tactics_copy import resident, tma
+from cake_core.agents.tactics_grid import persistent, split_k
+from cake_core.agents.tactics_sched import batch_wgmma, pingpong, pipeline_wgmma
+from cake_core.agents.tactics_ws import WGMMA_N, warp_specialize
+from cake_core.ir.expr import Bin, Sym, symbols
+from cake_core.ir.ops import Node, Op
+from cake_core.ir.ops_async import Slot
 from cake_core.ir.program import Program
 from cake_core.ir.targets import load_target
 
-TILE_SIZES = (16, 32, 64, 128)
+TILE_SIZES = (16, 32, 64, 128, 256)
 THREAD_COUNTS = (64, 128, 256, 512)
-Tactic = Callable[[Program, np.random.Generator], "Program | None"]
-
-
-def _map_nodes(nodes: tuple[Node, ...], fn: Callable[[Node], Node]) -> tuple[Node, ...]:
-    return tuple(fn(replace(n, body=_map_nodes(n.body, fn)) if n.body else n) for n in nodes)
+Tactic = Callable[..., Program]
+Bounds = Mapping[str, int]
 
 
 def _loops(nodes: tuple[Node, ...]) -> list[Node]:
-    out = []
-    for n in nodes:
-        if n.op is Op.FOR:
-            out.append(n)
-        out += _loops(n.body)
+    return [n for n in walk_nodes(nodes) if n.op is Op.FOR]
+
+
+def _has_roles(p: Program) -> bool:
+    return any(n.op is Op.ROLE for n in p.body)
+
+
+# ------------------------------------------------------------------ what a constant is for
+
+def ring_consts(p: Program) -> set[str]:
+    """Constants that size a ring: the modulus of a slot index (``kt % S``) or the extent of a loop whose
+    variable indexes slots (``for dt in range(RD): ... x_s[dt]``). They move only with their buffers'
+    stages (``restage``)."""
+    out: set[str] = set()
+    loop_extent: dict[str, str] = {}
+    for n in walk_nodes(p.body):
+        if n.op is Op.FOR and isinstance(n.args[1], Sym) and n.args[1].name in p.const_env:
+            loop_extent[n.args[0]] = n.args[1].name
+    for n in walk_nodes(p.body):
+        for a in n.args:
+            if isinstance(a, Slot) and a.index is not None:
+                e = a.index
+                if isinstance(e, Bin) and e.op == "%" and isinstance(e.b, Sym) and e.b.name in p.const_env:
+                    out.add(e.b.name)
+                for s in symbols(e):
+                    if s in loop_extent:
+                        out.add(loop_extent[s])
+        if n.op is Op.MBARRIER and isinstance(n.args[0], Sym):
+            out.add(n.args[0].name)
     return out
 
 
-def _set_attr(n: Node, **kv) -> Node:
-    merged = dict(n.attrs)
-    merged.update(kv)
-    return replace(n, attrs=make_attrs(n.op, merged))
+def wgmma_consts(p: Program) -> tuple[set[str], set[str]]:
+    """(constants fixed by wgmma: accumulator rows and the reduction span; constants that are wgmma's N)."""
+    fixed, n_dims = set(), set()
+    allocs = {n.result: n for n in walk_nodes(p.body) if n.op in (Op.SMEM, Op.RMEM) and n.result}
+    cp_async = {n.args[0].buf for n in walk_nodes(p.body) if n.op is Op.CP_ASYNC_BAR}
+    for n in walk_nodes(p.body):
+        if n.op is not Op.WGMMA:
+            continue
+        acc, a = allocs.get(n.args[0]), allocs.get(n.args[1].buf)
+        if acc is not None:
+            r, c = acc.args[1][0], acc.args[1][1]
+            fixed |= symbols(r)
+            if isinstance(c, Sym):
+                # an N-major b that cp.async fills has rows of one swizzle span: its N stays
+                (fixed if n.attr("b_major") == "n" and n.args[2].buf in cp_async else n_dims).add(c.name)
+        if a is not None:
+            fixed |= symbols(a.args[1][0]) | symbols(a.args[1][1])
+    return fixed, n_dims - fixed
 
 
-def retile(p: Program, rng: np.random.Generator) -> Program | None:
-    """Move one tile constant (BM, BN, BK...) to a neighbouring power of two."""
-    names = [k for k, _ in p.consts if k.startswith("B")]
-    if not names:
-        return None
+# ------------------------------------------------------------------ knob tactics
+
+def retile(p: Program, rng: np.random.Generator, bounds: Bounds | None = None) -> Program:
+    """Move one tile constant (BM, BN, BK...) to a neighbouring legal size: a power of two in a
+    CTA-collective kernel; wgmma's N among 64, 128, 192, 256; wgmma's rows and reduction span stay (their
+    warpgroups and swizzle decide them)."""
+    fixed, n_dims = wgmma_consts(p)
+    rings = ring_consts(p)
+    names = [k for k, _ in p.consts if k.startswith("B") and k not in fixed and k not in rings]
+    refuse_unless(bool(names), "no tile constant that the kernel's structure lets move")
     k = names[int(rng.integers(len(names)))]
     cur = p.const_env[k]
-    options = [s for s in TILE_SIZES if s != cur and (s == cur * 2 or s * 2 == cur)]
-    return p.with_consts(**{k: int(rng.choice(options))}) if options else None
+    if k in n_dims:
+        options = [s for s in WGMMA_N if s != cur and abs(WGMMA_N.index(s) - WGMMA_N.index(cur)) == 1] \
+            if cur in WGMMA_N else list(WGMMA_N)
+    else:
+        options = [s for s in TILE_SIZES if s != cur and (s == cur * 2 or s * 2 == cur)]
+    refuse_unless(bool(options), f"{k} = {cur} has no legal neighbour")
+    return p.with_consts(**{k: int(rng.choice(options))})
 
 
-def rethread(p: Program, rng: np.random.Generator) -> Program | None:
-    """Change the CTA's thread count."""
-    options = [t for t in THREAD_COUNTS if t != p.threads]
-    return replace(p, threads=int(rng.choice(options)))
+def rethread(p: Program, rng: np.random.Generator, bounds: Bounds | None = None) -> Program:
+    """Change the CTA's thread count (CTA-collective kernels: roles fix theirs)."""
+    refuse_unless(not _has_roles(p), "warp roles fix the thread count")
+    return replace(p, threads=int(rng.choice([t for t in THREAD_COUNTS if t != p.threads])))
 
 
-def unroll(p: Program, rng: np.random.Generator) -> Program | None:
+def unroll(p: Program, rng: np.random.Generator, bounds: Bounds | None = None) -> Program:
     """Set the unroll factor of the loops to a new value."""
     current = {n.attr("unroll") for n in _loops(p.body)}
-    if not current:
-        return None
+    refuse_unless(bool(current), "no loops")
     factor = int(rng.choice([f for f in (1, 2, 4) if {f} != current]))
-    return replace(p, body=_map_nodes(p.body, lambda n: _set_attr(n, unroll=factor) if n.op is Op.FOR else n))
+    return replace(p, body=map_nodes(p.body, lambda n: set_attrs(n, unroll=factor) if n.op is Op.FOR else n))
 
 
-def retune(p: Program, rng: np.random.Generator) -> Program | None:
-    """Move one schedule knob that is not a tile size (ring depth S, tile-order group G, split or CTA
-    counts...) to a neighbour: +-1 below 8, else x2 or /2. Knobs that break the program's invariants
-    are stopped by the verifier, the interpreter or the gate, and the tactic's weight falls."""
-    names = [k for k, _ in p.consts if not k.startswith("B")]
-    if not names:
-        return None
+def retune(p: Program, rng: np.random.Generator, bounds: Bounds | None = None) -> Program:
+    """Move one schedule constant that is neither a tile size nor a ring's depth (tile-order group G,
+    split or CTA counts...) to a neighbour: +-1 below 8, else x2 or /2."""
+    rings = ring_consts(p)
+    names = [k for k, _ in p.consts if not k.startswith("B") and k not in rings]
+    refuse_unless(bool(names), "no schedule constant besides tiles and ring depths")
     k = names[int(rng.integers(len(names)))]
     cur = p.const_env[k]
     options = [v for v in ((cur - 1, cur + 1) if cur < 8 else (cur // 2, cur * 2)) if v >= 1 and v != cur]
-    return p.with_consts(**{k: int(rng.choice(options))}) if options else None
+    return p.with_consts(**{k: int(rng.choice(options))})
 
 
-def occupancy(p: Program, rng: np.random.Generator) -> Program | None:
+def restage(p: Program, rng: np.random.Generator, bounds: Bounds | None = None) -> Program:
+    """Deepen or shorten a ring: its constant (``S``) and the stages of every buffer indexed ``... % S``
+    move together, so no slot index leaves its buffer."""
+    cands = sorted(k for k in ring_consts(p) if any(_mod_of(a) == k for n in walk_nodes(p.body)
+                                                     for a in n.args if isinstance(a, Slot)))
+    refuse_unless(bool(cands), "no ring indexed modulo a constant")
+    k = cands[int(rng.integers(len(cands)))]
+    cur = p.const_env[k]
+    new = int(rng.choice([v for v in (cur - 1, cur + 1) if 2 <= v <= 8]))
+    bufs = {a.buf for n in walk_nodes(p.body) for a in n.args if isinstance(a, Slot) and _mod_of(a) == k}
+
+    def fix(n: Node) -> Node:
+        if n.op is Op.SMEM and n.result in bufs:
+            st = n.attr("stages")
+            refuse_unless(st % cur == 0, f"`{n.result}` has {st} stages, not a multiple of {k} = {cur}")
+            return set_attrs(n, stages=st // cur * new)
+        return n
+    return replace(p, body=map_nodes(p.body, fix)).with_consts(**{k: new})
+
+
+def _mod_of(a: Slot) -> str | None:
+    e = a.index
+    while isinstance(e, Bin) and e.op in ("*", "+"):      # x0[it % S * 2 + 1]: the ring's index is inside
+        e = e.a
+    return e.b.name if isinstance(e, Bin) and e.op == "%" and isinstance(e.b, Sym) else None
+
+
+def occupancy(p: Program, rng: np.random.Generator, bounds: Bounds | None = None) -> Program:
     """Ask for another number of CTAs sharing an SM (``ctas_per_sm``; 0 leaves it to the compiler): more
-    CTAs cap the registers per thread and keep more memory requests in flight (1 is what the compiler
-    assumes without it, so it is not offered). Programs with setmaxnreg roles own their SM and are left
-    alone."""
-    if any(n.op is Op.ROLE and n.attr("regs") for n in p.body):
-        return None
+    CTAs cap the registers per thread and keep more memory requests in flight. Programs with setmaxnreg
+    roles own their SM and are left alone."""
+    refuse_unless(not any(n.op is Op.ROLE and n.attr("regs") for n in p.body), "setmaxnreg roles own their SM")
     fits = (load_target(p.target) or {}).get("max_threads_per_sm", 2048) // p.threads
     options = [c for c in range(0, min(fits, 4) + 1) if c != p.ctas_per_sm and c != 1]
-    return replace(p, ctas_per_sm=int(rng.choice(options))) if options else None
+    refuse_unless(bool(options), "no other CTA count fits")
+    return replace(p, ctas_per_sm=int(rng.choice(options)))
 
 
-def drop_guards(p: Program, rng: np.random.Generator) -> Program | None:
-    """Remove the bounds checks of loads and stores: fewer instructions, correct only when
-    every dimension is a tile multiple."""
-    out = replace(p, body=_map_nodes(p.body, lambda n: _set_attr(n, guard=False)
-                                      if n.op in (Op.LOAD, Op.STORE) else n))
-    return out if out != p else None
+def drop_guards(p: Program, rng: np.random.Generator, bounds: Bounds | None = None) -> Program:
+    """Remove the bounds checks of loads and stores: fewer instructions, correct only when every dimension
+    is a tile multiple."""
+    out = replace(p, body=map_nodes(p.body, lambda n: set_attrs(n, guard=False)
+                                     if n.op in (Op.LOAD, Op.STORE) else n))
+    refuse_unless(out != p, "no guarded loads or stores")
+    return out
+
+
+# ------------------------------------------------------------------ structural: the MMA atom
+
+def mma_sync(p: Program, rng: np.random.Generator, bounds: Bounds | None = None) -> Program:
+    """Scalar FMA to tensor-core ``mma.sync`` (m16n8k16) for every CTA-collective ``mma`` of 16-bit tiles.
+
+    Before::
+
+        mma(dot, x_s, ct_s)
+
+    After::
+
+        mma(dot, x_s, ct_s, atom="mma_sync")
+
+    The accumulator takes the fragment layout, which its other readers (a store, an ewise) accept.
+    Precondition: an ``mma`` with ``atom="fma"`` on bf16/f16 operands (gemm_bf16, tinygemm, kmeans_assign,
+    knn_topk seeds); its tiles must split into m16n8k16 atoms over the warps, which the verifier checks.
+    """
+    found = [n for n in walk_nodes(p.body) if n.op is Op.MMA and n.attr("atom") == "fma"]
+    refuse_unless(bool(found), "no mma with the fma atom")
+    accs = {n.args[0] for n in found}
+    for n in walk_nodes(p.body):     # the fragment layout is read by mma and store only
+        other = n.op not in (Op.MMA, Op.STORE, Op.RMEM, Op.FILL)
+        if other and any(a in accs for a in n.args if isinstance(a, str)):
+            raise Refused(f"`{n.op.value}` (line {n.line}) reads the accumulator, which mma_sync keeps in its "
+                          "fragment layout; only mma and store read that")
+    return replace(p, body=map_nodes(p.body, lambda n: set_attrs(n, atom="mma_sync")
+                                     if n.op is Op.MMA and n.attr("atom") == "fma" else n))
 
 
 TACTICS: dict[str, Tactic] = {
-    "retile": retile,            # tile sizes: reuse vs. occupancy
-    "rethread": rethread,        # threads per CTA: registers per thread vs. parallelism
-    "unroll": unroll,            # loop unrolling
-    "retune": retune,            # schedule knobs of the fast paths: ring depth, tile order, splits
-    "occupancy": occupancy,      # CTAs per SM: registers per thread vs. memory requests in flight
-    "drop_guards": drop_guards,  # no tail predication (risky on ragged shapes)
+    # structural
+    "mma_sync": mma_sync,                # scalar FMA -> mma.sync tensor cores (CTA-collective)
+    "warp_specialize": warp_specialize,  # loads + mma -> cp.async producer + wgmma consumer, fused epilogue
+    "tma": tma,                          # cp.async ring -> TMA with expect_tx
+    "resident": resident,                # an operand the candidate loop does not change, copied once
+    "batch_wgmma": batch_wgmma,          # a tile's wgmmas issued back to back, one wait
+    "pipeline_wgmma": pipeline_wgmma,    # one wgmma kept in flight across reduction steps
+    "pingpong": pingpong,                # two consumers taking turns on the tensor cores
+    "persistent": persistent,            # one CTA per SM walking the tiles, rings carried across
+    "split_k": split_k,                  # the reduction split over CTAs, atomics into the zeroed output
+    # knobs
+    "retile": retile,                    # tile sizes within the atom's constraints
+    "restage": restage,                  # ring depth with its buffers' stages
+    "retune": retune,                    # other schedule constants
+    "rethread": rethread,                # threads per CTA
+    "unroll": unroll,                    # loop unrolling
+    "occupancy": occupancy,              # CTAs per SM
+    "drop_guards": drop_guards,          # no tail predication (risky on ragged shapes)
 }
+STRUCTURAL = ("mma_sync", "warp_specialize", "tma", "resident", "batch_wgmma", "pipeline_wgmma", "pingpong",
+              "persistent", "split_k")
+
+
+def apply(name: str, p: Program, rng: np.random.Generator, bounds: Bounds | None = None,
+          table: Mapping[str, Tactic] | None = None) -> Program | Refused:
+    """Run tactic ``name`` on ``p``: the new program, or the refusal (its precondition's reason). A rewrite
+    that leaves the program as it was is a refusal too."""
+    fn = (table or TACTICS)[name]
+    try:
+        out = fn(p, rng, bounds=bounds)
+    except Refused as r:
+        return r
+    if out == p:
+        return Refused("the rewrite leaves the program unchanged")
+    return out

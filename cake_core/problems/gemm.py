@@ -46,4 +46,7 @@ GEMM_BF16 = Problem(
     # num_sms); within 1-3 % of it), 128x64 tiles (fastest at 1024^3)
     best_files=("gemm_bf16_ws_n256.cake", "gemm_bf16_persistent.cake", "gemm_bf16_ws.cake"),
     rows=GEMM_ROWS,
+    # a split-K kernel adds its CTAs' partial sums into C with atomics: the harness zeroes C before each
+    # launch of such a program (and times the zeroing with it); every other program gets C poisoned
+    zeroed_outputs=("c",),
 )

@@ -1,0 +1,284 @@
+"""Copy-engine tactics on warp-specialized programs: TMA for cp.async, resident operands.
+
+``tma``: every group of ``cp_async_bar`` copies that completes on one barrier, with the role's
+``arrive`` on that barrier in the same block, becomes ``expect_tx`` of the group's box bytes and
+``tma_load`` copies (the bulk tensor engine: one thread issues a whole box, the bytes complete the
+barrier's phase, no arrival per warpgroup). Once no cp.async copy is left, the ``fence_async()`` that
+ordered cp.async's generic-proxy writes before wgmma's async-proxy reads goes too. TMA needs 16-byte
+aligned global strides (a bf16 row of D elements: D % 8 == 0); the kernel's domain says so and the gate
+refuses other shapes before launch.
+
+Before::
+
+    wait(empty[it % S], phase=(it // S + 1) % 2)
+    cp_async_bar(x_s[it % S], x[bid.y, tile(bid.x, BN), tile(dt, BD)], bar=full[it % S])
+    cp_async_bar(c_s[it % S], c[bid.y, tile(kt, BK), tile(dt, BD)], bar=full[it % S])
+    arrive(full[it % S])
+    ...
+    wait(full[it % S], phase=it // S % 2)
+    fence_async()
+    wgmma(...)
+
+After::
+
+    wait(empty[it % S], phase=(it // S + 1) % 2)
+    expect_tx(full[it % S], BN * BD * 2 + BK * BD * 2)
+    tma_load(x_s[it % S], x[bid.y, tile(bid.x, BN), tile(dt, BD)], bar=full[it % S])
+    tma_load(c_s[it % S], c[bid.y, tile(kt, BK), tile(dt, BD)], bar=full[it % S])
+    ...
+    wait(full[it % S], phase=it // S % 2)
+    wgmma(...)
+
+Precondition: a group of ``cp_async_bar`` copies on one barrier with the role's ``arrive`` on it after them in
+the same block, and no other smem write (``sqnorm_rows``) that the arrive also publishes. Applies to every
+warp-specialized program with cp.async producers (gemm_bf16, tinygemm, kmeans_assign, knn_topk after
+``warp_specialize``).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from cake_core.agents.rewrite import Refused, fresh, refuse_unless, replace_expr, stmt, stmts, view_syms, walk_nodes
+from cake_core.ir.expr import Sym, fmt_expr, symbols, try_evaluate
+from cake_core.ir.ops import Node, Op
+from cake_core.ir.ops_async import Slot
+from cake_core.ir.program import Program
+from cake_core.ir.text import _fmt_view
+
+
+def _slot_text(s: Slot) -> str:
+    return s.buf if s.index is None else f"{s.buf}[{fmt_expr(s.index)}]"
+
+
+def _box_bytes(p: Program, dst: Slot) -> str:
+    """The bytes of one slot of ``dst``'s tile, as an index expression's text."""
+    alloc = next(n for n in walk_nodes(p.body) if n.op is Op.SMEM and n.result == dst.buf)
+    dims = " * ".join(fmt_expr(d) for d in alloc.args[1])
+    return f"{dims} * {alloc.args[0].bytes}"
+
+
+def _publishes_other_writes(nodes: tuple[Node, ...]) -> bool:
+    """Whether these nodes write smem that an arrive after them publishes (besides the copies)."""
+    return any(m.op is Op.SQNORM_ROWS for n in nodes for m in walk_nodes((n,)))
+
+
+def _tma_block(p: Program, nodes: tuple[Node, ...]) -> tuple[tuple[Node, ...], bool]:
+    changed = False
+    inner = []
+    for n in nodes:
+        if n.body:
+            body, c = _tma_block(p, n.body)
+            changed |= c
+            n = replace(n, body=body)
+        inner.append(n)
+    nodes = tuple(inner)
+    groups: dict[Slot, list[int]] = {}
+    arrives: dict[Slot, int] = {}
+    for i, n in enumerate(nodes):
+        if n.op is Op.CP_ASYNC_BAR:
+            groups.setdefault(n.args[2], []).append(i)
+        elif n.op is Op.ARRIVE and n.args[0] in groups and not n.attr("multicast"):
+            arrives.setdefault(n.args[0], i)
+    convert = {bar for bar, idx in groups.items()
+               if bar in arrives and idx[-1] < arrives[bar]
+               and not _publishes_other_writes(nodes[idx[0]:arrives[bar]])}
+    out: list[Node] = []
+    for i, n in enumerate(nodes):
+        if n.op is Op.CP_ASYNC_BAR and n.args[2] in convert:
+            bar = n.args[2]
+            if i == groups[bar][0]:
+                total = " + ".join(_box_bytes(p, nodes[j].args[0]) for j in groups[bar])
+                out.append(stmt(f"expect_tx({_slot_text(bar)}, {total})"))
+            out.append(stmt(f"tma_load({_slot_text(n.args[0])}, {_fmt_view(n.args[1])}, bar={_slot_text(bar)})"))
+            changed = True
+        elif n.op is Op.ARRIVE and n.args[0] in convert and arrives.get(n.args[0]) == i:
+            changed = True
+        else:
+            out.append(n)
+    return tuple(out), changed
+
+
+def _drop_fences(nodes: tuple[Node, ...]) -> tuple[Node, ...]:
+    return tuple(replace(n, body=_drop_fences(n.body)) if n.body else n for n in nodes if n.op is not Op.FENCE_ASYNC)
+
+
+def tma(p: Program, rng: np.random.Generator, bounds=None) -> Program:
+    """Turn the producers' cp.async copies into TMA copies with expect_tx (see the module docstring)."""
+    refuse_unless(any(n.op is Op.CP_ASYNC_BAR for n in walk_nodes(p.body)), "no cp_async_bar copies to turn into TMA")
+    body, changed = _tma_block(p, p.body)
+    refuse_unless(changed, "no cp_async_bar group completes with an arrive in its own block")
+    if not any(n.op is Op.CP_ASYNC_BAR for n in walk_nodes(body)):
+        body = _drop_fences(body)
+    return replace(p, body=body)
+
+
+__all__ = ["tma", "Refused"]
+
+
+# ------------------------------------------------------------------ resident operands
+
+RESIDENT_SLOTS = (1, 2, 4)      # reduction tiles kept resident: RD * BD covers the reduction dimension
+
+
+def _copies(nodes: tuple[Node, ...]) -> list[Node]:
+    return [n for n in walk_nodes(nodes) if n.op in (Op.CP_ASYNC_BAR, Op.TMA_LOAD)]
+
+
+def _role(p: Program, pred) -> Node | None:
+    return next((n for n in p.body if n.op is Op.ROLE and pred(n)), None)
+
+
+def _loop_nest(role: Node, buf: str) -> tuple[Node, Node, Node]:
+    """(outer loop, inner loop, copy into ``buf``) of a producer role."""
+    for o in role.body:
+        if o.op is not Op.FOR:
+            continue
+        for r in o.body:
+            if r.op is Op.FOR:
+                for c in r.body:
+                    if c.op in (Op.CP_ASYNC_BAR, Op.TMA_LOAD) and c.args[0].buf == buf:
+                        return o, r, c
+    raise Refused(f"`{buf}` is not copied in a loop nested in the producer's candidate loop")
+
+
+def _resident_slots(p: Program, extent, rng: np.random.Generator, bounds) -> int:
+    """How many reduction tiles to keep: the fewest that cover the largest reduction dimension of the run's
+    search shapes (``bounds``), or a choice among RESIDENT_SLOTS without bounds."""
+    dims = symbols(extent) - set(p.const_env)
+    if not bounds or not dims or any(d not in bounds for d in dims):
+        return int(rng.choice(RESIDENT_SLOTS))
+    need = try_evaluate(extent, {**p.const_env, **{d: bounds[d] for d in dims}})
+    fits = [s for s in RESIDENT_SLOTS if need is not None and s >= need]
+    refuse_unless(bool(fits), f"the reduction takes {need} tiles at the run's largest shape; at most "
+                              f"{RESIDENT_SLOTS[-1]} stay resident")
+    return fits[0]
+
+
+def resident(p: Program, rng: np.random.Generator, bounds=None) -> Program:
+    """Keep an operand that the candidate loop does not change resident in shared memory.
+
+    Before (warp-specialized kmeans_assign: x's tile is copied again for every centroid tile)::
+
+        with role("producer", warps=(0, 4), regs=40):
+            for kt in range(cdiv(K, BK)):
+                for dt in range(cdiv(D, BD)):
+                    it = kt * cdiv(D, BD) + dt
+                    wait(empty[it % S], phase=(it // S + 1) % 2)
+                    expect_tx(full[it % S], BN * BD * 2 + BK * BD * 2)
+                    tma_load(x_s[it % S], x[bid.y, tile(bid.x, BN), tile(dt, BD)], bar=full[it % S])
+                    tma_load(c_s[it % S], c[bid.y, tile(kt, BK), tile(dt, BD)], bar=full[it % S])
+        with role("consumer", warps=(4, 12), regs=232):
+            for kt in range(cdiv(K, BK)):
+                for dt in range(cdiv(D, BD)):
+                    ...
+                    wgmma(dot, x_s[it % S], c_s[it % S], b_major="k")
+
+    After (x's RD tiles copied once, before the loop; the reduction runs RD tiles, those past D
+    zero-filled, so RD * BD bounds D: the kernel's domain)::
+
+        x_s = smem(bf16, (BN, BD), stages=2, swizzle=128)
+        x_full = mbarrier(1)
+        with role("producer", warps=(0, 4), regs=40):
+            expect_tx(x_full[0], BN * BD * 2 * RD)
+            for dt in range(RD):
+                tma_load(x_s[dt], x[bid.y, tile(bid.x, BN), tile(dt, BD)], bar=x_full[0])
+            for kt in range(cdiv(K, BK)):
+                for dt in range(RD):
+                    it = kt * RD + dt
+                    ...
+                    expect_tx(full[it % S], BK * BD * 2)
+                    tma_load(c_s[it % S], c[bid.y, tile(kt, BK), tile(dt, BD)], bar=full[it % S])
+        with role("consumer", warps=(4, 12), regs=232):
+            wait(x_full[0], phase=0)
+            for kt in range(cdiv(K, BK)):
+                for dt in range(RD):
+                    ...
+                    wgmma(dot, x_s[dt], c_s[it % S], b_major="k")
+
+    Precondition: a producer/consumer program whose producer copies an operand in a reduction loop
+    nested in a candidate loop, with a window that does not use the candidate loop's variable
+    (kmeans_assign's points, knn_topk's queries).
+    """
+    prod = _role(p, lambda n: bool(_copies(n.body)))
+    cons = _role(p, lambda n: any(m.op is Op.WGMMA for m in walk_nodes(n.body)))
+    refuse_unless(prod is not None and cons is not None, "no producer role with copies and wgmma consumer role")
+    wg = [m for m in walk_nodes(cons.body) if m.op is Op.WGMMA]
+    a_bufs = {m.args[1].buf for m in wg}
+    cand = None
+    for buf in sorted(a_bufs):
+        try:
+            o, r, c = _loop_nest(prod, buf)
+        except Refused:
+            continue
+        if o.args[0] not in view_syms(c.args[1]) and r.args[0] in view_syms(c.args[1]):
+            cand = (buf, o, r, c)
+            break
+    refuse_unless(cand is not None, "no wgmma a operand whose copy is independent of the candidate loop")
+    buf, o, r, c = cand
+    refuse_unless(sum(1 for m in _copies(prod.body) if m.args[0].buf == buf) == 1,
+                  f"`{buf}` is copied at more than one place")
+    red_extent = r.args[1]
+    slots = _resident_slots(p, red_extent, rng, bounds)
+    bar = fresh(p, f"{buf.removesuffix('_s')}_full")
+    rd = fresh(p, "RD")
+    tma_form = c.op is Op.TMA_LOAD
+    rv, extent = r.args[0], rd
+    box = _box_bytes(p, c.args[0])
+    if tma_form:
+        pre = [f"expect_tx({bar}[0], {box} * {extent})",
+               f"for {rv} in range({extent}):",
+               f"    tma_load({buf}[{rv}], {_fmt_view(c.args[1])}, bar={bar}[0])"]
+    else:
+        pre = [f"for {rv} in range({extent}):",
+               f"    cp_async_bar({buf}[{rv}], {_fmt_view(c.args[1])}, bar={bar}[0])",
+               f"arrive({bar}[0])"]
+    pre_nodes = stmts("\n".join(pre))
+
+    def new_inner(rn: Node) -> Node:
+        body = [m for m in rn.body if m is not c]
+        if tma_form:      # the group's expect_tx no longer counts the resident box
+            group = [m for m in body if m.op is Op.TMA_LOAD and m.args[2] == c.args[2]]
+            fixed = []
+            for m in body:
+                if m.op is Op.EXPECT_TX and m.args[0] == c.args[2]:
+                    refuse_unless(group, "the resident copy was the only one of its barrier's group")
+                    total = " + ".join(_box_bytes(p, g.args[0]) for g in group)
+                    m = stmt(f"expect_tx({_slot_text(m.args[0])}, {total})")
+                fixed.append(m)
+            body = fixed
+        return replace(rn, body=tuple(body))
+
+    new_outer = replace(o, body=tuple(new_inner(m) if m is r else m for m in o.body))
+    new_prod = replace(prod, body=tuple(pre_nodes) + tuple(new_outer if m is o else m for m in prod.body))
+
+    def fix_cons(nodes: tuple[Node, ...], loopvar: str | None) -> tuple[Node, ...]:
+        out = []
+        for m in nodes:
+            if m.op is Op.FOR:
+                m = replace(m, body=fix_cons(m.body, m.args[0]))
+            elif m.body:
+                m = replace(m, body=fix_cons(m.body, loopvar))
+            elif m.op is Op.WGMMA and m.args[1].buf == buf:
+                m = replace(m, args=(m.args[0], Slot(buf, Sym(loopvar)), m.args[2]))
+            out.append(m)
+        return tuple(out)
+
+    waits = stmts(f"wait({bar}[0], phase=0)" + ("" if tma_form else "\nfence_async()"))
+    new_cons = replace(cons, body=tuple(waits) + fix_cons(cons.body, None))
+
+    def top(m: Node) -> tuple[Node, ...]:
+        if m.op is Op.SMEM and m.result == buf:
+            return (replace(m, attrs=tuple(sorted({**dict(m.attrs), "stages": slots}.items()))),
+                    stmt(f"{bar} = mbarrier(1)"))
+        if m is prod:
+            return (new_prod,)
+        if m is cons:
+            return (new_cons,)
+        return (m,)
+
+    body = tuple(x for m in p.body for x in top(m))
+    # the reduction runs RD tiles whatever D is: tiles past the edge are zero-filled and add nothing
+    body = tuple(replace_expr(m, red_extent, Sym(rd)) for m in body)
+    return replace(p, body=body).with_consts(**{rd: slots})

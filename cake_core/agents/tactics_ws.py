@@ -1,0 +1,220 @@
+"""Warp specialization: a CTA-collective mainloop becomes a producer role and a wgmma consumer role.
+
+``warp_specialize`` is the step from a kernel in which every thread loads, waits at ``sync()`` and
+multiplies to one in which a producer warpgroup copies operand tiles into an S-stage ring of swizzled
+shared memory (``cp_async_bar``, full/empty mbarriers) while consumer warpgroups multiply with the
+asynchronous ``wgmma`` atom and run the epilogue on the accumulator's fragment. It changes the MMA atom
+(any -> wgmma), the copy engine (plain loads -> a multi-stage cp.async ring), the warp roles (one ->
+producer/consumer with a setmaxnreg split) and the epilogue (scores + running merge -> the fused
+``argmin_bias`` / ``topk_bias``), because each needs the others: wgmma runs in roles of whole warpgroups,
+roles talk through mbarriers, and inside a role only a wgmma accumulator's fragment epilogue is lowered.
+
+Tile shapes are set to what wgmma takes: the reduction tile to one 128-byte swizzle span (64 16-bit
+elements), the accumulator's rows to 64 per consumer warpgroup (two from 128 rows up, else one or two) and
+its columns to a multiple of 64 up to 256.
+
+Before (kmeans_assign's seed, abridged)::
+
+    x_s = smem(bf16, (BN, BD))
+    ...
+    for kt in range(cdiv(K, BK)):
+        fill(dot)
+        for dt in range(cdiv(D, BD)):
+            load(x_s, x[bid.y, tile(bid.x, BN), tile(dt, BD)])
+            load(c_s, c[bid.y, tile(kt, BK), tile(dt, BD)])
+            sync()
+            transpose(ct_s, c_s)
+            sync()
+            mma(dot, x_s, ct_s)
+            sync()
+        load(csq_s, c_sq[bid.y, tile(kt, BK)])
+        sync()
+        ewise(scores, csq_s, dot, beta=2.0, fn="sub")
+        argmin_update(best, arg, scores, base=kt * BK, limit=K)
+    store(out[bid.y, tile(bid.x, BN)], arg)
+
+After (threads=384, BD=64, BN=128, S=2)::
+
+    x_s = smem(bf16, (BN, BD), stages=2, swizzle=128)
+    c_s = smem(bf16, (BK, BD), stages=2, swizzle=128)
+    csq_s = smem(f32, (BK,))
+    full = mbarrier(S)
+    empty = mbarrier(S, arrivals=2)
+    efull = mbarrier(1)
+    eempty = mbarrier(1, arrivals=2)
+    with role("producer", warps=(0, 4), regs=40):
+        for kt in range(cdiv(K, BK)):
+            wait(eempty[0], phase=(kt + 1) % 2)
+            cp_async_bar(csq_s, c_sq[bid.y, tile(kt, BK)], bar=efull[0])
+            for dt in range(cdiv(D, BD)):
+                it = kt * cdiv(D, BD) + dt
+                wait(empty[it % S], phase=(it // S + 1) % 2)
+                cp_async_bar(x_s[it % S], x[bid.y, tile(bid.x, BN), tile(dt, BD)], bar=full[it % S])
+                cp_async_bar(c_s[it % S], c[bid.y, tile(kt, BK), tile(dt, BD)], bar=full[it % S])
+                arrive(full[it % S])
+            arrive(efull[0])
+    with role("consumer", warps=(4, 12), regs=232):
+        dot = rmem(f32, (BN, BK))
+        best = rmem(f32, (BN,), fill=inf)
+        arg = rmem(i32, (BN,))
+        for kt in range(cdiv(K, BK)):
+            for dt in range(cdiv(D, BD)):
+                it = kt * cdiv(D, BD) + dt
+                wait(full[it % S], phase=it // S % 2)
+                fence_async()
+                if dt == 0:
+                    wgmma(dot, x_s[it % S], c_s[it % S], b_major="k", accumulate=False)
+                if dt > 0:
+                    wgmma(dot, x_s[it % S], c_s[it % S], b_major="k")
+                wgmma_wait(0)
+                arrive(empty[it % S])
+            wait(efull[0], phase=kt % 2)
+            argmin_bias(best, arg, dot, csq_s, base=kt * BK, limit=K)
+            arrive(eempty[0])
+        store(out[bid.y, tile(bid.x, BN)], arg)
+
+Precondition (``find_mainloop``): a CTA-collective contraction mainloop; 16-bit operands whose tile
+shapes are program constants. It applies to every problem of the corpus whose seed multiplies tiles
+(gemm_bf16, tinygemm, kmeans_assign, knn_topk).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from cake_core.agents.mainloop import Mainloop, find_mainloop
+from cake_core.agents.rewrite import Refused, const_of, expr_text, fresh, refuse_unless, stmts
+from cake_core.ir.expr import fmt_expr
+from cake_core.ir.ops import Node, Op, loop_range
+from cake_core.ir.program import Program
+from cake_core.ir.text import _fmt_view
+
+PRODUCER_REGS, CONSUMER_REGS = 40, 232
+SPAN_BYTES = 128          # one swizzle-128 row: the K extent of a wgmma operand slot
+WGMMA_N = (64, 128, 192, 256)
+
+
+def _consts(p: Program, m: Mainloop, rng: np.random.Generator) -> tuple[dict[str, int], int, str, str, str]:
+    """The tile constants wgmma needs: {name: value}, the consumer warpgroups, and the names of the row,
+    reduction and column tile constants."""
+    ta, tb = m.a.type, m.b.type
+    refuse_unless(len(ta.shape) == 2 and len(tb.shape) == 2, "the mma operands are not 2-D tiles")
+    rows, red = const_of(p, ta.shape[0]), const_of(p, ta.shape[1])
+    cols = const_of(p, tb.shape[1] if m.b_major == "n" else tb.shape[0])
+    red_b = const_of(p, tb.shape[0] if m.b_major == "n" else tb.shape[1])
+    refuse_unless(None not in (rows, red, cols) and red_b == red,
+                  "the operand tiles' shapes are not program constants (rows, reduction, columns)")
+    refuse_unless(len({rows, red, cols}) == 3, "the rows, reduction and column tiles share a constant")
+    env = p.const_env
+    red_elems = SPAN_BYTES // ta.dtype.bytes
+    wg = 2 if env[rows] >= 128 else int(rng.choice((1, 2)))
+    # an N-major b that cp.async fills has rows of one swizzle span (64 16-bit columns); TMA lifts that
+    n = red_elems if m.b_major == "n" else min((c for c in WGMMA_N if c >= env[cols]), default=WGMMA_N[-1])
+    return {rows: 64 * wg, red: red_elems, cols: n}, wg, rows, red, cols
+
+
+def warp_specialize(p: Program, rng: np.random.Generator, bounds=None) -> Program:
+    """Split a CTA-collective contraction into a cp.async producer role and a wgmma consumer role."""
+    m = find_mainloop(p)
+    consts, wg, rows, red, cols = _consts(p, m, rng)
+    stages = int(rng.choice((2, 3, 4)))
+    r_start, r_stop, r_step = loop_range(m.red)
+    refuse_unless(r_start == 0 and r_step == 1, "the reduction loop does not count from 0 in steps of 1")
+    if m.outer is not None:
+        o_start, _, o_step = loop_range(m.outer)
+        refuse_unless(o_start == 0 and o_step == 1, "the candidate loop does not count from 0 in steps of 1")
+    taken: set[str] = set()
+
+    def name(base: str) -> str:
+        n = fresh(p, base, taken)
+        taken.add(n)
+        return n
+
+    S, full, empty = name("S"), name("full"), name("empty")
+    it = name("it")
+    r = m.red.args[0]
+    red_extent = expr_text(r_stop)
+    itx = f"{m.outer.args[0]} * {red_extent} + {r}" if m.outer is not None else r
+    a, b = m.a.buf, m.b.buf
+    a_shape, b_shape = (rows, red), ((red, cols) if m.b_major == "n" else (cols, red))
+    dt = m.a.type.dtype.value
+    epi_bufs = [buf for buf, _ in m.epilogue_loads]
+    nrm = name("nrm_s") if m.norm is not None else None
+    has_epi = m.epilogue is not None
+    efull, eempty = (name("efull"), name("eempty")) if has_epi else (None, None)
+
+    alloc = [f"{a} = smem({dt}, ({a_shape[0]}, {a_shape[1]}), stages={stages}, swizzle=128)",
+             f"{b} = smem({dt}, ({b_shape[0]}, {b_shape[1]}), stages={stages}, swizzle=128)"]
+    for n in m.head:
+        if n.op is Op.SMEM and n.result in epi_bufs:
+            alloc.append(f"{n.result} = smem({n.args[0].value}, ({fmt_expr(n.args[1][0])},))")
+    if nrm:
+        alloc.append(f"{nrm} = smem(f32, ({cols},))")
+    alloc += [f"{full} = mbarrier({S})", f"{empty} = mbarrier({S}, arrivals={wg})"]
+    if has_epi:
+        alloc += [f"{efull} = mbarrier(1)", f"{eempty} = mbarrier(1, arrivals={wg})"]
+    lets = [n for n in m.head if n.op is Op.LET]
+
+    # ---- producer
+    step = [f"{it} = {itx}",
+            f"wait({empty}[{it} % {S}], phase=({it} // {S} + 1) % 2)",
+            f"cp_async_bar({a}[{it} % {S}], {_fmt_view(m.a.view)}, bar={full}[{it} % {S}])",
+            f"cp_async_bar({b}[{it} % {S}], {_fmt_view(m.b.view)}, bar={full}[{it} % {S}])",
+            f"arrive({full}[{it} % {S}])"]
+    if nrm:
+        step += [f"wait({full}[{it} % {S}], phase={it} // {S} % 2)",
+                 f"if {r} == 0:", f"    sqnorm_rows({nrm}, {b}[{it} % {S}])",
+                 f"if {r} > 0:", f"    sqnorm_rows({nrm}, {b}[{it} % {S}], accumulate=True)"]
+    red_loop = [f"for {r} in range({red_extent}):"] + ["    " + s for s in step]
+    if m.outer is not None:
+        o = m.outer.args[0]
+        trip = []
+        if has_epi:
+            trip.append(f"wait({eempty}[0], phase=({o} + 1) % 2)")
+            trip += [f"cp_async_bar({buf}, {_fmt_view(v)}, bar={efull}[0])" for buf, v in m.epilogue_loads]
+        trip += red_loop
+        if has_epi:
+            trip.append(f"arrive({efull}[0])")
+        producer = [f"for {o} in range({expr_text(loop_range(m.outer)[1])}):"] + ["    " + s for s in trip]
+    else:
+        producer = red_loop
+
+    # ---- consumer: each step waits for its wgmma and releases its slot, whatever the reduction's extent
+    # (holding a tile's slots until its last wgmma would deadlock once the extent passes S)
+    mma_b_major = f', b_major="k"' if m.b_major == "k" else ""
+    wg_call = f"wgmma({m.acc}, {a}[{it} % {S}], {b}[{it} % {S}]{mma_b_major}"
+    body = [f"{it} = {itx}", f"wait({full}[{it} % {S}], phase={it} // {S} % 2)", "fence_async()"]
+    if m.outer is not None:
+        body += [f"if {r} == 0:", f"    {wg_call}, accumulate=False)", f"if {r} > 0:", f"    {wg_call})"]
+    else:
+        body += [f"{wg_call})"]
+    body += ["wgmma_wait(0)", f"arrive({empty}[{it} % {S}])"]
+    c_red = [f"for {r} in range({red_extent}):"] + ["    " + s for s in body]
+    rmem = [n for n in m.head if n.op is Op.RMEM and n.result not in m.dropped and n.result != m.norm]
+    if m.outer is not None:
+        o = m.outer.args[0]
+        e = m.epilogue
+        trip = list(c_red)
+        if e is not None:
+            bias = nrm if e.bias == m.norm else e.bias
+            op = "argmin_bias" if e.kind == "argmin" else "topk_bias"
+            trip += [f"wait({efull}[0], phase={o} % 2)",
+                     f"{op}({e.state[0]}, {e.state[1]}, {m.acc}, {bias}, base={expr_text(e.base)}, "
+                     f"limit={expr_text(e.limit)}, beta={e.beta!r})",
+                     f"arrive({eempty}[0])"]
+        consumer_loops = [f"for {o} in range({expr_text(loop_range(m.outer)[1])}):"] + ["    " + s for s in trip]
+    else:
+        consumer_loops = c_red
+    threads = 128 + 128 * wg
+    prod = stmts("\n".join([f'with role("producer", warps=(0, 4), regs={PRODUCER_REGS}):']
+                           + ["    " + s for s in producer]))
+    cons_head = stmts("\n".join([f'with role("consumer", warps=(4, {4 + 4 * wg}), regs={CONSUMER_REGS}):']
+                                + ["    " + s for s in consumer_loops]))[0]
+    cons = replace(cons_head, body=tuple(rmem) + cons_head.body + m.tail)
+    body_nodes = tuple(lets) + stmts("\n".join(alloc)) + prod + (cons,)
+    out = replace(p, threads=threads, body=body_nodes).with_consts(**consts, **{S: stages})
+    return out
+
+
+__all__ = ["warp_specialize", "Refused"]

@@ -1,0 +1,199 @@
+"""Structural tactics: each applies to at least two problems of the corpus (the result verifies, passes the
+CPU gate on ragged shapes and lowers; nvcc compiles it where nvcc is present), and refuses where its
+precondition does not hold, with the reason."""
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cake_core.agents.rewrite import Refused, count_ops
+from cake_core.agents.tactics import STRUCTURAL, TACTICS, apply
+from cake_core.ir.ops import Op
+from cake_core.ir.text import parse_program
+from cake_core.ir.verify import verify
+from cake_core.lower.cuda import lower
+from cake_core.outcome import Outcome
+from cake_core.problems import get_problem
+from cake_core.runtime.cpu import check_on_cpu
+
+# CPU shapes with tails in every dimension, aligned for TMA (16-byte rows) where a chain reaches TMA
+SHAPES = {
+    "gemm_bf16": [{"M": 128, "N": 128, "K": 64}, {"M": 100, "N": 136, "K": 40}, {"M": 200, "N": 72, "K": 160}],
+    "tinygemm": [{"M": 1, "N": 128, "K": 128}, {"M": 8, "N": 96, "K": 160}, {"M": 16, "N": 136, "K": 72}],
+    "kmeans_assign": [{"B": 1, "N": 128, "K": 128, "D": 64}, {"B": 2, "N": 150, "K": 100, "D": 40},
+                      {"B": 1, "N": 130, "K": 260, "D": 128}],
+    "knn_topk": [{"Q": 128, "N": 160, "D": 64, "k": 10}, {"Q": 40, "N": 150, "D": 40, "k": 10},
+                 {"Q": 130, "N": 300, "D": 128, "k": 16}],
+}
+# tactic -> the chain that leads to the form it rewrites, per problem it applies to (at least two each)
+CHAINS = {
+    "mma_sync": {"gemm_bf16": [], "tinygemm": []},
+    "warp_specialize": {"gemm_bf16": [], "tinygemm": [], "kmeans_assign": [], "knn_topk": []},
+    "tma": {"gemm_bf16": ["warp_specialize"], "kmeans_assign": ["warp_specialize"], "knn_topk": ["warp_specialize"]},
+    "resident": {"kmeans_assign": ["warp_specialize", "tma"], "knn_topk": ["warp_specialize"]},
+    "batch_wgmma": {"kmeans_assign": ["warp_specialize", "tma", "resident"],
+                    "knn_topk": ["warp_specialize", "tma", "resident"]},
+    "pipeline_wgmma": {"gemm_bf16": ["warp_specialize", "tma"], "tinygemm": ["warp_specialize"],
+                       "kmeans_assign": ["warp_specialize"]},
+    "pingpong": {"kmeans_assign": ["warp_specialize", "tma", "resident", "batch_wgmma"],
+                 "knn_topk": ["warp_specialize", "tma", "resident", "batch_wgmma"]},
+    "persistent": {"gemm_bf16": ["warp_specialize", "tma"], "kmeans_assign": ["warp_specialize", "tma", "resident"],
+                   "knn_topk": ["warp_specialize", "tma"]},
+    "split_k": {"gemm_bf16": ["warp_specialize", "tma"], "tinygemm": ["warp_specialize", "tma"]},
+}
+# what each tactic must have done to the op counts (an op that appears, or one that goes)
+EFFECT = {
+    "mma_sync": lambda before, after, p: "mma_sync" in p.text() and "mma_sync" not in before.text(),
+    "warp_specialize": lambda b, a, p: a.get("wgmma", 0) > 0 and a.get("role") == 2 and a.get("cp_async_bar", 0) > 0,
+    "tma": lambda b, a, p: a.get("tma_load", 0) > 0 and a.get("cp_async_bar", 0) < b.get("cp_async_bar", 0),
+    "resident": lambda b, a, p: a.get("mbarrier", 0) == b.get("mbarrier", 0) + 1,
+    "batch_wgmma": lambda b, a, p: a.get("for", 0) > b.get("for", 0),
+    "pipeline_wgmma": lambda b, a, p: "wgmma_wait(1)" in p.text(),
+    "pingpong": lambda b, a, p: a.get("role") == 3 and a.get("mbarrier") == b.get("mbarrier") + 2,
+    "persistent": lambda b, a, p: "ncta.x" in p.text() and "num_sms" in p.text(),
+    "split_k": lambda b, a, p: a.get("atomic_add", 0) == 1 and a.get("store", 0) == b.get("store", 0) - 1,
+}
+
+
+def _bounds(prob):
+    return {d: max(s[d] for s in SHAPES[prob]) for d in get_problem(prob).dims}
+
+
+def _chain(prob, names, seed=0):
+    p = parse_program(get_problem(prob).seed_text())
+    rng = np.random.default_rng(seed)
+    for t in names:
+        out = apply(t, p, rng, _bounds(prob))
+        assert not isinstance(out, Refused), f"{t} refused on {prob}: {out.reason}"
+        p = out
+    return p
+
+
+def test_every_structural_tactic_is_tested_on_two_problems_and_documented():
+    assert set(CHAINS) == set(STRUCTURAL)
+    import importlib
+    for name, probs in CHAINS.items():
+        assert len(probs) >= 2, name
+        fn = TACTICS[name]
+        module_doc = importlib.import_module(fn.__module__).__doc__ or ""
+        doc = (fn.__doc__ or "") if "Before" in (fn.__doc__ or "") else module_doc + (fn.__doc__ or "")
+        assert "Before" in doc and "After" in doc and "Precondition" in doc, name
+
+
+@pytest.mark.parametrize("name,prob", [(t, p) for t, probs in CHAINS.items() for p in probs])
+def test_the_tactic_applies_and_the_result_is_a_correct_kernel(name, prob):
+    before = _chain(prob, CHAINS[name][prob])
+    out = apply(name, before, np.random.default_rng(1), _bounds(prob))
+    assert not isinstance(out, Refused), out.reason
+    assert parse_program(out.text()) == out                       # round-trips through the text form
+    assert EFFECT[name](before, count_ops(out.body), out) if name in ("mma_sync", "pipeline_wgmma", "persistent") \
+        else EFFECT[name](count_ops(before.body), count_ops(out.body), out), out.text()
+    errors = [d for d in verify(out, shapes=SHAPES[prob]) if d.is_error]
+    assert not errors, [d.message for d in errors]
+    checks = check_on_cpu(out, get_problem(prob), SHAPES[prob], seed=3)
+    assert all(c.correct for c in checks), [c.message for c in checks]
+    low = lower(out, "tactic.cake")
+    assert low.outcome is Outcome.OK, [d.message for d in low.diagnostics]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+@pytest.mark.parametrize("prob,names", [
+    ("kmeans_assign", ["warp_specialize", "tma", "resident", "batch_wgmma", "pingpong", "persistent"]),
+    ("gemm_bf16", ["warp_specialize", "tma", "pipeline_wgmma", "persistent"]),
+    ("knn_topk", ["warp_specialize", "tma", "resident", "batch_wgmma"]),
+    ("tinygemm", ["warp_specialize", "tma", "split_k"]),
+])
+def test_a_chain_of_tactics_compiles_for_sm90a(prob, names, tmp_path):
+    from cake_core.lower.compile import compile_kernel
+    p = _chain(prob, names)
+    assert not [d for d in verify(p, shapes=SHAPES[prob]) if d.is_error]
+    assert all(c.correct for c in check_on_cpu(p, get_problem(prob), SHAPES[prob], seed=5))
+    comp = compile_kernel(lower(p, "chain.cake").value, arch="sm_90a", cache_dir=tmp_path)
+    assert comp.outcome is Outcome.OK, comp.artifacts.get("log", "")[-2000:]
+    assert comp.value.resources.spill_bytes <= 64
+
+
+REFUSALS = [
+    ("mma_sync", "kmeans_assign", [], "reads the accumulator"),
+    ("warp_specialize", "kmeans_update", [], "no mma"),
+    ("warp_specialize", "gemm_bf16", ["warp_specialize"], "already has warp roles"),
+    ("tma", "gemm_bf16", [], "no cp_async_bar"),
+    ("resident", "gemm_bf16", ["warp_specialize", "tma"], "independent of the candidate loop"),
+    ("batch_wgmma", "kmeans_assign", ["warp_specialize"], "static trip count"),
+    ("pipeline_wgmma", "gemm_bf16", [], "no consumer loop"),
+    ("pingpong", "gemm_bf16", ["warp_specialize"], "no loop over candidate tiles"),
+    ("pingpong", "kmeans_assign", ["warp_specialize"], "static number of ring slots"),
+    ("persistent", "gemm_bf16", [], "no warp roles"),
+    ("persistent", "gemm_bf16", ["warp_specialize", "persistent"], "already walks tiles"),
+    ("split_k", "kmeans_assign", ["warp_specialize"], "holds a loop"),
+]
+
+
+@pytest.mark.parametrize("name,prob,chain,reason", REFUSALS)
+def test_the_tactic_refuses_where_its_precondition_fails(name, prob, chain, reason):
+    p = _chain(prob, chain) if prob != "kmeans_update" else parse_program(get_problem(prob).seed_text())
+    out = apply(name, p, np.random.default_rng(0), None)
+    assert isinstance(out, Refused), f"{name} applied to {prob} after {chain}"
+    assert reason in out.reason, out.reason
+
+
+def test_no_tactic_reads_a_stored_program(monkeypatch):
+    """Tactics rewrite the program they are given: reading any file under problems/seeds/ fails here."""
+    seeds = (Path(__file__).parents[2] / "cake_core" / "problems" / "seeds").resolve()
+    texts = {p: get_problem(p).seed_text() for p in SHAPES}
+    real_read = Path.read_text
+    real_open = open
+
+    def guarded_read(self, *a, **k):
+        assert seeds not in Path(self).resolve().parents, f"a tactic read {self}"
+        return real_read(self, *a, **k)
+
+    def guarded_open(file, *a, **k):
+        assert not str(Path(str(file)).resolve()).startswith(str(seeds)), f"a tactic opened {file}"
+        return real_open(file, *a, **k)
+
+    monkeypatch.setattr(Path, "read_text", guarded_read)
+    monkeypatch.setattr("builtins.open", guarded_open)
+    rng = np.random.default_rng(7)
+    applied = 0
+    for prob, text in texts.items():
+        p = parse_program(text)
+        for _ in range(12):
+            for name in STRUCTURAL + ("retile", "restage"):
+                out = apply(name, p, rng, _bounds(prob))
+                if not isinstance(out, Refused):
+                    p, applied = out, applied + 1
+    assert applied >= 12
+
+
+def test_agents_never_name_the_stored_programs():
+    src = Path(__file__).parents[2] / "cake_core" / "agents"
+    for f in src.glob("*.py"):
+        text = f.read_text()
+        for word in ("seeds/", "best_files", "best_texts", "read_text("):
+            assert word not in text, f"{f.name} mentions {word}"
+
+
+def test_a_refusal_names_the_reason_and_an_unchanged_rewrite_is_one():
+    seed = parse_program(get_problem("gemm_bf16").seed_text())
+    r = apply("tma", seed, np.random.default_rng(0))
+    assert isinstance(r, Refused) and "cp_async_bar" in r.reason
+    assert isinstance(apply("unroll", seed.with_consts(), np.random.default_rng(0)), (Refused, type(seed)))
+
+
+def test_the_resident_operand_covers_the_largest_search_shape():
+    base = _chain("kmeans_assign", ["warp_specialize", "tma"])
+    for d, rd in ((64, 1), (100, 2), (128, 2), (200, 4)):
+        out = apply("resident", base, np.random.default_rng(0), {"B": 2, "N": 150, "K": 260, "D": d})
+        assert out.const_env["RD"] == rd
+    big = apply("resident", base, np.random.default_rng(0), {"B": 2, "N": 150, "K": 260, "D": 300})
+    assert isinstance(big, Refused) and "at most 4" in big.reason
+
+
+def test_ping_pong_alternates_the_consumers_through_turn_barriers():
+    p = _chain("kmeans_assign", CHAINS["pingpong"]["kmeans_assign"] + ["pingpong"])
+    text = p.text()
+    assert 'role("consumer0", warps=(4, 8)' in text and 'role("consumer1", warps=(8, 12)' in text
+    assert "wait(turn0[0], phase=(kt + 1) % 2)" in text and "wait(turn1[0], phase=kt % 2)" in text
+    assert [n.op for n in p.body if n.op is Op.ROLE] == [Op.ROLE] * 3
