@@ -7,6 +7,8 @@
 #   bash bench/gpu.sh corpus --variants   # also every unregistered program under cake_core/problems/seeds/
 #   bash bench/gpu.sh corpus --problems tinygemm --timer graph   # back-to-back launches from a CUDA graph
 #   bash bench/gpu.sh floor --mib 32,128  # what a bare read of W bytes takes under the timing protocol
+#   bash bench/gpu.sh chains [PROBLEM=SHAPES ...]   # kernels made by tactic chains from the naive seeds
+#                                         # (bench/tactic_chains.py) beside the hand-written ones and the peers
 #   bash bench/gpu.sh profile 'regex:kmeans_update_gather' corpus --no-seed --no-best --no-peers ...
 #                                         # Nsight Compute on the first launch of the kernels the regex names
 #                                         # (PROFILE_COUNT, PROFILE_SKIP), while the named part runs
@@ -21,7 +23,7 @@ mkdir -p "$OUT" /tmp/site /tmp/whl
 what=${1:-all}; [ $# -gt 0 ] && shift
 case $what in
     all) [ $# -eq 0 ] || { echo "bench/gpu.sh: extra arguments go with 'tests' or 'corpus', not 'all'" >&2; exit 2; } ;;
-    tests|corpus|floor) ;;
+    tests|corpus|floor|chains) ;;
     profile)
         [ $# -ge 2 ] || { echo "bench/gpu.sh: profile needs a kernel regex and a part: profile 'regex:NAME' corpus ..." >&2; exit 2; }
         kernels=$1; shift
@@ -63,6 +65,21 @@ fi
 if [ "$what" = floor ]; then
     python3 bench/read_floor.py --out "$OUT" "$@"
     exit $?
+fi
+if [ "$what" = chains ]; then
+    python3 bench/tactic_chains.py --out "$OUT/chains" | tee "$OUT/chains.log"
+    [ $# -gt 0 ] || set -- "kmeans_assign=B=32,N=65536,K=1024,D=128" "gemm_bf16=M=4096,N=4096,K=4096;M=8192,N=8192,K=8192" \
+        "knn_topk=Q=4096,N=1048576,D=128,k=10"
+    for spec in "$@"; do
+        prob=${spec%%=*}; shapes=${spec#*=}
+        progs=(); for f in "$OUT"/chains/"$prob"__*.cake; do progs+=(--program "$f"); done
+        echo "== $prob: ${#progs[@]} chain programs"
+        python3 bench/corpus_vs_peers.py --out "$OUT/$prob" --problems "$prob" --shapes "$shapes" --no-seed \
+            "${progs[@]}" > "$OUT/$prob.log" 2>&1 || rc=$?
+        grep -E '^\[' "$OUT/$prob.log" | tail -20
+        sed -n '/^total /,$p' "$OUT/$prob.log"
+    done
+    exit $rc
 fi
 if [ "$what" = all ] || [ "$what" = corpus ]; then
     echo "== corpus vs peers"

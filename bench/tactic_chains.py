@@ -39,6 +39,9 @@ CHAINS = [
     ("gemm_bf16", "ws_tma_pipe_bn128", {"BM": 128}, WS + ["pipeline_wgmma"], {"BN": 128, "S": 4}, {}),
     ("knn_topk", "ws_tma_res_pp_bn128", {"BQ": 128}, RES + ["pingpong"], {"BN": 128, "S": 4}, {"D": 128}),
     ("knn_topk", "ws_tma_res_persist_bn128", {"BQ": 128}, RES + ["persistent"], {"BN": 128, "S": 4}, {"D": 128}),
+    ("knn_topk", "ws_tma_res_cluster_bn128", {"BQ": 128}, RES + ["cluster_split"], {"BN": 128, "S": 4, "SPLIT": 4}, {"D": 128}),
+    ("knn_topk", "ws_tma_res_pp_cluster_bn128", {"BQ": 128}, RES + ["pingpong", "cluster_split"], {"BN": 128, "S": 4, "SPLIT": 4}, {"D": 128}),
+    ("tinygemm", "ws_tma_cluster", {}, WS + ["pipeline_wgmma", "cluster_split"], {"BN": 128, "S": 4, "SPLIT": 2}, {}),
     ("tinygemm", "ws_tma_splitk", {}, WS + ["split_k", "pipeline_wgmma"], {"BN": 128, "S": 6, "SPLIT": 8}, {}),
 ]
 

@@ -331,3 +331,133 @@ def split_k(p: Program, rng: np.random.Generator, bounds=None) -> Program:
 
     body = tuple(fix_role(n) if n.op is Op.ROLE else n for n in p.body)
     return replace(p, grid=p.grid + (Sym(split),), body=body).with_consts(**{split: int(rng.choice(SPLITS))})
+
+
+# ------------------------------------------------------------------ split over a cluster
+
+def cluster_split(p: Program, rng: np.random.Generator, bounds=None) -> Program:
+    """Split the roles' streamed loop over the CTAs of a cluster and merge their results through shared memory.
+
+    A grid with too few output tiles to fill the GPU (knn_topk's 32 query tiles; a small-M GEMM) gets SPLIT
+    CTAs per tile along a new grid dimension, clustered: each streams its share of the loop, publishes what
+    it holds (the sorted top-k lists, or the partial accumulator) to its shared memory, and after a
+    ``cluster_sync()`` each CTA merges its share of the rows from every CTA of the cluster (distributed shared
+    memory) and stores them. No atomics and no zeroed output.
+
+    Before (warp-specialized knn_topk)::
+
+        @kernel(grid=(cdiv(Q, BQ),), ...)
+        with role("consumer", warps=(4, 12), regs=232):
+            ...
+            for nt in range(cdiv(N, BN)):
+                ...
+                topk_bias(top_v, top_i, dot, nrm_s, base=nt * BN, limit=N)
+            store(idx[tile(bid.x, BQ), tile(0, KMAX)], top_i)
+
+    After::
+
+        @kernel(grid=(cdiv(Q, BQ), SPLIT), ...)
+        cluster((1, SPLIT, 1))
+        pub_v = smem(f32, (BQ, KMAX))
+        pub_i = smem(i32, (BQ, KMAX))
+        with role("producer", ...):
+            for nt in range(max(min(cdiv(cdiv(N, BN), SPLIT), cdiv(N, BN) - bid.y * cdiv(cdiv(N, BN), SPLIT)), 0)):
+                ... db[tile(bid.y * cdiv(cdiv(N, BN), SPLIT) + nt, BN), ...] ...
+        with role("consumer", ...):
+            for nt in range(max(min(...), 0)):
+                ...
+                topk_bias(top_v, top_i, dot, nrm_s, base=(bid.y * cdiv(cdiv(N, BN), SPLIT) + nt) * BN, limit=N)
+            topk_publish(pub_v, pub_i, top_v, top_i)
+        cluster_sync()
+        topk_cluster_merge(idx[tile(bid.x, BQ), tile(0, KMAX)], pub_v, pub_i)
+        cluster_sync()
+
+    A GEMM's consumer publishes its accumulator instead (``acc_publish``) and the cluster sums the partial
+    tiles (``acc_cluster_reduce``). Precondition: warp roles, each with one top-level loop of one extent (the
+    stream to split), a grid of one or two dimensions without a tile loop or cluster, and every consumer
+    store one of a top-k index list or of a wgmma accumulator. Applies to knn_topk and to gemm_bf16 and
+    tinygemm after ``warp_specialize``.
+    """
+    refuse_unless(any(n.op is Op.ROLE for n in p.body), "no warp roles")
+    refuse_unless(len(p.grid) <= 2, "the grid already has three dimensions")
+    refuse_unless(not any(n.op is Op.CLUSTER for n in p.body), "already a cluster launch")
+    refuse_unless(not any("ncta.x" in _syms_of(n) for n in walk_nodes(p.body)), "a persistent tile loop")
+    roles = [n for n in p.body if n.op is Op.ROLE]
+    loops = []
+    for r in roles:
+        ls = [n for n in r.body if n.op is Op.FOR and any(m.op is Op.WAIT for m in walk_nodes(n.body))]
+        refuse_unless(len(ls) == 1, f"role {r.args[0]} streams in {len(ls)} top-level loops, not one")
+        s0, _, st = loop_range(ls[0])
+        refuse_unless(s0 == 0 and st == 1, "the streamed loop does not count from 0 in steps of 1")
+        loops.append(ls[0])
+    refuse_unless(len({fmt_expr(loop_range(lp)[1]) for lp in loops}) == 1, "the roles' loops do not share one extent")
+    allocs = {n.result: n for n in walk_nodes(p.body) if n.op in (Op.SMEM, Op.RMEM) and n.result}
+    accs = {n.args[0] for r in roles for n in walk_nodes(r.body) if n.op is Op.WGMMA}
+    topk = {n.args[1]: n.args[0] for r in roles for n in walk_nodes(r.body) if n.op is Op.TOPK_BIAS}
+    stores = [(r, n) for r in roles for n in r.body if n.op is Op.STORE]
+    refuse_unless(bool(stores), "no store after the streamed loop to merge")
+    for r, n in stores:
+        refuse_unless(n.args[1] in accs or n.args[1] in topk,
+                      f"`{n.args[1]}` is neither a wgmma accumulator nor a top-k index list: no cluster merge for it")
+    refuse_unless(not (topk and any(n.args[1] in accs for _, n in stores)), "a mix of top-k and accumulator stores")
+    taken: set[str] = set()
+
+    def name(base: str) -> str:
+        n = fresh(p, base, taken)
+        taken.add(n)
+        return n
+
+    split = name("SPLIT")
+    axis = "xyz"[len(p.grid)]
+    y = Sym(f"bid.{axis}")
+    extent = loop_range(loops[0])[1]
+    ch = Call("cdiv", (extent, Sym(split)))
+    share = Call("max", (Call("min", (ch, Bin("-", extent, Bin("*", y, ch)))), 0))
+    start = Bin("*", y, ch)
+    pubs: list[tuple[str, ...]] = []
+    merges: list[Node] = []
+
+    def shift(n: Node, var: str) -> Node:
+        """Views and epilogue bases of the loop use the CTA's first tile plus the loop variable."""
+        env = {var: Bin("+", start, Sym(var))}
+        kinds = [k for _, k in REGISTRY[n.op].operands]
+        names = [nm for nm, _ in REGISTRY[n.op].operands]
+        args = []
+        for k, nm, a in zip(kinds, names, n.args):
+            if k == "view":
+                a = subst_view(a, env)
+            elif k == "expr" and nm == "base":
+                a = subst_expr(a, env)
+            args.append(a)
+        return replace(n, args=tuple(args), body=tuple(shift(b, var) for b in n.body))
+
+    def fix_role(r: Node) -> Node:
+        out = []
+        for n in r.body:
+            if n.op is Op.FOR and n in loops:
+                n = replace(shift(n, n.args[0]), args=(n.args[0], share) + tuple(n.args[2:]))
+            elif n.op is Op.STORE and n.args[1] in topk:
+                vals, idxs = topk[n.args[1]], n.args[1]
+                rows, kmax = (fmt_expr(d) for d in allocs[idxs].args[1])
+                pv, pi = name("pub_v"), name("pub_i")
+                pubs.append((f"{pv} = smem(f32, ({rows}, {kmax}))", f"{pi} = smem(i32, ({rows}, {kmax}))"))
+                merges.append(stmt(f"topk_cluster_merge({_fmt_view(n.args[0])}, {pv}, {pi})"))
+                n = stmt(f"topk_publish({pv}, {pi}, {vals}, {idxs})")
+            elif n.op is Op.STORE:
+                rows, cols = (fmt_expr(d) for d in allocs[n.args[1]].args[1])
+                part = name("part_s")
+                pubs.append((f"{part} = smem(f32, ({rows}, {cols}))",))
+                merges.append(stmt(f"acc_cluster_reduce({_fmt_view(n.args[0])}, {part})"))
+                n = stmt(f"acc_publish({part}, {n.args[1]})")
+            out.append(n)
+        return replace(r, body=tuple(out))
+
+    new_roles = {id(r): fix_role(r) for r in roles}
+    dims = ", ".join(split if a == axis else "1" for a in "xyz")
+    body: list[Node] = [stmt(f"cluster(({dims}))")]
+    for n in p.body:
+        if n.op is Op.ROLE and n is roles[0]:
+            body += [x for group in pubs for x in stmts("\n".join(group))]
+        body.append(new_roles.get(id(n), n))
+    body += [stmt("cluster_sync()")] + merges + [stmt("cluster_sync()")]
+    return replace(p, grid=p.grid + (Sym(split),), body=tuple(body)).with_consts(**{split: int(rng.choice((2, 3, 4)))})

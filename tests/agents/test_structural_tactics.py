@@ -41,6 +41,8 @@ CHAINS = {
     "persistent": {"gemm_bf16": ["warp_specialize", "tma"], "kmeans_assign": ["warp_specialize", "tma", "resident"],
                    "knn_topk": ["warp_specialize", "tma"]},
     "split_k": {"gemm_bf16": ["warp_specialize", "tma"], "tinygemm": ["warp_specialize", "tma"]},
+    "cluster_split": {"knn_topk": ["warp_specialize", "tma", "resident", "batch_wgmma"],
+                      "tinygemm": ["warp_specialize", "tma"], "gemm_bf16": ["warp_specialize", "tma", "pipeline_wgmma"]},
 }
 # what each tactic must have done to the op counts (an op that appears, or one that goes)
 EFFECT = {
@@ -53,6 +55,8 @@ EFFECT = {
     "pingpong": lambda b, a, p: a.get("role") == 3 and a.get("mbarrier") == b.get("mbarrier") + 2,
     "persistent": lambda b, a, p: "ncta.x" in p.text() and "num_sms" in p.text(),
     "split_k": lambda b, a, p: a.get("atomic_add", 0) == 1 and a.get("store", 0) == b.get("store", 0) - 1,
+    "cluster_split": lambda b, a, p: a.get("cluster") == 1 and a.get("cluster_sync") == 2 and a.get("store", 0) == 0
+    and (a.get("topk_cluster_merge", 0) + a.get("acc_cluster_reduce", 0)) == b.get("store"),
 }
 
 
@@ -103,6 +107,7 @@ def test_the_tactic_applies_and_the_result_is_a_correct_kernel(name, prob):
     ("gemm_bf16", ["warp_specialize", "tma", "pipeline_wgmma", "persistent"]),
     ("knn_topk", ["warp_specialize", "tma", "resident", "batch_wgmma"]),
     ("tinygemm", ["warp_specialize", "tma", "split_k"]),
+    ("knn_topk", ["warp_specialize", "tma", "resident", "batch_wgmma", "cluster_split"]),
 ])
 def test_a_chain_of_tactics_compiles_for_sm90a(prob, names, tmp_path):
     from cake_core.lower.compile import compile_kernel
@@ -127,6 +132,8 @@ REFUSALS = [
     ("persistent", "gemm_bf16", [], "no warp roles"),
     ("persistent", "gemm_bf16", ["warp_specialize", "persistent"], "already walks tiles"),
     ("split_k", "kmeans_assign", ["warp_specialize"], "holds a loop"),
+    ("cluster_split", "kmeans_assign", ["warp_specialize"], "no cluster merge for it"),
+    ("cluster_split", "gemm_bf16", ["warp_specialize", "persistent"], "persistent tile loop"),
 ]
 
 
