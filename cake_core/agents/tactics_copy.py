@@ -41,7 +41,7 @@ from dataclasses import replace
 import numpy as np
 
 from cake_core.agents.rewrite import Refused, fresh, refuse_unless, replace_expr, stmt, stmts, view_syms, walk_nodes
-from cake_core.ir.expr import Sym, fmt_expr, symbols, try_evaluate
+from cake_core.ir.expr import Bin, Sym, fmt_expr, symbols, try_evaluate
 from cake_core.ir.ops import Node, Op
 from cake_core.ir.ops_async import Slot
 from cake_core.ir.program import Program
@@ -281,4 +281,26 @@ def resident(p: Program, rng: np.random.Generator, bounds=None) -> Program:
     body = tuple(x for m in p.body for x in top(m))
     # the reduction runs RD tiles whatever D is: tiles past the edge are zero-filled and add nothing
     body = tuple(replace_expr(m, red_extent, Sym(rd)) for m in body)
-    return replace(p, body=body).with_consts(**{rd: slots})
+    out = replace(p, body=body).with_consts(**{rd: slots})
+    return _batch_producer_reads(out, slots)
+
+
+def _batch_producer_reads(p: Program, trips: int) -> Program:
+    """A producer that reads what it copied (sqnorm_rows of the landed tile) waits for each copy before
+    issuing the next; with a static reduction of ``trips`` steps that fit the ring, it issues the trip's
+    copies first and then waits and reads, so the trip's copies are in flight together."""
+    def split(n: Node) -> tuple[Node, ...]:
+        if n.op is not Op.FOR or not any(m.op in (Op.TMA_LOAD, Op.CP_ASYNC_BAR) for m in n.body):
+            return (replace(n, body=tuple(x for m in n.body for x in split(m))),) if n.body else (n,)
+        bars = {m.args[2] for m in n.body if m.op in (Op.TMA_LOAD, Op.CP_ASYNC_BAR)}
+        at = next((i for i, m in enumerate(n.body) if m.op is Op.WAIT and m.args[0] in bars), None)
+        ring = next((m.args[0].index.b.name for m in n.body if m.op is Op.WAIT and isinstance(m.args[0].index, Bin)
+                     and m.args[0].index.op == "%" and isinstance(m.args[0].index.b, Sym)), None)
+        if at is None or ring is None or p.const_env.get(ring, 0) < trips:
+            return (n,)
+        lets = tuple(m for m in n.body[:at] if m.op is Op.LET)
+        return replace(n, body=n.body[:at]), replace(n, body=lets + n.body[at:])
+
+    roles = tuple(replace(r, body=tuple(x for m in r.body for x in split(m))) if r.op is Op.ROLE and _copies(r.body)
+                  else r for r in p.body)
+    return replace(p, body=roles)

@@ -37,22 +37,22 @@ After (threads=384, BD=64, BN=128, S=2)::
 
     x_s = smem(bf16, (BN, BD), stages=2, swizzle=128)
     c_s = smem(bf16, (BK, BD), stages=2, swizzle=128)
-    csq_s = smem(f32, (BK,))
+    csq_s = smem(f32, (BK,), stages=2)
     full = mbarrier(S)
     empty = mbarrier(S, arrivals=2)
-    efull = mbarrier(1)
-    eempty = mbarrier(1, arrivals=2)
+    efull = mbarrier(2)
+    eempty = mbarrier(2, arrivals=2)
     with role("producer", warps=(0, 4), regs=40):
         for kt in range(cdiv(K, BK)):
-            wait(eempty[0], phase=(kt + 1) % 2)
-            cp_async_bar(csq_s, c_sq[bid.y, tile(kt, BK)], bar=efull[0])
+            wait(eempty[kt % 2], phase=(kt // 2 + 1) % 2)
+            cp_async_bar(csq_s[kt % 2], c_sq[bid.y, tile(kt, BK)], bar=efull[kt % 2])
             for dt in range(cdiv(D, BD)):
                 it = kt * cdiv(D, BD) + dt
                 wait(empty[it % S], phase=(it // S + 1) % 2)
                 cp_async_bar(x_s[it % S], x[bid.y, tile(bid.x, BN), tile(dt, BD)], bar=full[it % S])
                 cp_async_bar(c_s[it % S], c[bid.y, tile(kt, BK), tile(dt, BD)], bar=full[it % S])
                 arrive(full[it % S])
-            arrive(efull[0])
+            arrive(efull[kt % 2])
     with role("consumer", warps=(4, 12), regs=232):
         dot = rmem(f32, (BN, BK))
         best = rmem(f32, (BN,), fill=inf)
@@ -68,9 +68,9 @@ After (threads=384, BD=64, BN=128, S=2)::
                     wgmma(dot, x_s[it % S], c_s[it % S], b_major="k")
                 wgmma_wait(0)
                 arrive(empty[it % S])
-            wait(efull[0], phase=kt % 2)
-            argmin_bias(best, arg, dot, csq_s, base=kt * BK, limit=K)
-            arrive(eempty[0])
+            wait(efull[kt % 2], phase=kt // 2 % 2)
+            argmin_bias(best, arg, dot, csq_s[kt % 2], base=kt * BK, limit=K)
+            arrive(eempty[kt % 2])
         store(out[bid.y, tile(bid.x, BN)], arg)
 
 Precondition (``find_mainloop``): a CTA-collective contraction mainloop; 16-bit operands whose tile
@@ -93,6 +93,8 @@ from cake_core.ir.text import _fmt_view
 PRODUCER_REGS, CONSUMER_REGS = 40, 232
 SPAN_BYTES = 128          # one swizzle-128 row: the K extent of a wgmma operand slot
 WGMMA_N = (64, 128, 192, 256)
+EPI = 2                   # slots of the epilogue operands' ring: the producer fills a candidate tile's vector
+                          # while the consumers still read the last one
 
 
 def _consts(p: Program, m: Mainloop, rng: np.random.Generator) -> tuple[dict[str, int], int, str, str, str]:
@@ -148,12 +150,12 @@ def warp_specialize(p: Program, rng: np.random.Generator, bounds=None) -> Progra
              f"{b} = smem({dt}, ({b_shape[0]}, {b_shape[1]}), stages={stages}, swizzle=128)"]
     for n in m.head:
         if n.op is Op.SMEM and n.result in epi_bufs:
-            alloc.append(f"{n.result} = smem({n.args[0].value}, ({fmt_expr(n.args[1][0])},))")
+            alloc.append(f"{n.result} = smem({n.args[0].value}, ({fmt_expr(n.args[1][0])},), stages={EPI})")
     if nrm:
-        alloc.append(f"{nrm} = smem(f32, ({cols},))")
+        alloc.append(f"{nrm} = smem(f32, ({cols},), stages={EPI})")
     alloc += [f"{full} = mbarrier({S})", f"{empty} = mbarrier({S}, arrivals={wg})"]
     if has_epi:
-        alloc += [f"{efull} = mbarrier(1)", f"{eempty} = mbarrier(1, arrivals={wg})"]
+        alloc += [f"{efull} = mbarrier({EPI})", f"{eempty} = mbarrier({EPI}, arrivals={wg})"]
     lets = [n for n in m.head if n.op is Op.LET]
 
     # ---- producer
@@ -163,19 +165,22 @@ def warp_specialize(p: Program, rng: np.random.Generator, bounds=None) -> Progra
             f"cp_async_bar({b}[{it} % {S}], {_fmt_view(m.b.view)}, bar={full}[{it} % {S}])",
             f"arrive({full}[{it} % {S}])"]
     if nrm:
+        o = m.outer.args[0]
+        es = f"{nrm}[{o} % {EPI}]"
         step += [f"wait({full}[{it} % {S}], phase={it} // {S} % 2)",
-                 f"if {r} == 0:", f"    sqnorm_rows({nrm}, {b}[{it} % {S}])",
-                 f"if {r} > 0:", f"    sqnorm_rows({nrm}, {b}[{it} % {S}], accumulate=True)"]
+                 f"if {r} == 0:", f"    sqnorm_rows({es}, {b}[{it} % {S}])",
+                 f"if {r} > 0:", f"    sqnorm_rows({es}, {b}[{it} % {S}], accumulate=True)"]
     red_loop = [f"for {r} in range({red_extent}):"] + ["    " + s for s in step]
     if m.outer is not None:
         o = m.outer.args[0]
         trip = []
         if has_epi:
-            trip.append(f"wait({eempty}[0], phase=({o} + 1) % 2)")
-            trip += [f"cp_async_bar({buf}, {_fmt_view(v)}, bar={efull}[0])" for buf, v in m.epilogue_loads]
+            trip.append(f"wait({eempty}[{o} % {EPI}], phase=({o} // {EPI} + 1) % 2)")
+            trip += [f"cp_async_bar({buf}[{o} % {EPI}], {_fmt_view(v)}, bar={efull}[{o} % {EPI}])"
+                     for buf, v in m.epilogue_loads]
         trip += red_loop
         if has_epi:
-            trip.append(f"arrive({efull}[0])")
+            trip.append(f"arrive({efull}[{o} % {EPI}])")
         producer = [f"for {o} in range({expr_text(loop_range(m.outer)[1])}):"] + ["    " + s for s in trip]
     else:
         producer = red_loop
@@ -199,10 +204,10 @@ def warp_specialize(p: Program, rng: np.random.Generator, bounds=None) -> Progra
         if e is not None:
             bias = nrm if e.bias == m.norm else e.bias
             op = "argmin_bias" if e.kind == "argmin" else "topk_bias"
-            trip += [f"wait({efull}[0], phase={o} % 2)",
-                     f"{op}({e.state[0]}, {e.state[1]}, {m.acc}, {bias}, base={expr_text(e.base)}, "
+            trip += [f"wait({efull}[{o} % {EPI}], phase={o} // {EPI} % 2)",
+                     f"{op}({e.state[0]}, {e.state[1]}, {m.acc}, {bias}[{o} % {EPI}], base={expr_text(e.base)}, "
                      f"limit={expr_text(e.limit)}, beta={e.beta!r})",
-                     f"arrive({eempty}[0])"]
+                     f"arrive({eempty}[{o} % {EPI}])"]
         consumer_loops = [f"for {o} in range({expr_text(loop_range(m.outer)[1])}):"] + ["    " + s for s in trip]
     else:
         consumer_loops = c_red
