@@ -461,3 +461,106 @@ def cluster_split(p: Program, rng: np.random.Generator, bounds=None) -> Program:
         body.append(new_roles.get(id(n), n))
     body += [stmt("cluster_sync()")] + merges + [stmt("cluster_sync()")]
     return replace(p, grid=p.grid + (Sym(split),), body=tuple(body)).with_consts(**{split: int(rng.choice((2, 3, 4)))})
+
+
+# ------------------------------------------------------------------ TMA multicast over a cluster
+
+def multicast(p: Program, rng: np.random.Generator, bounds=None) -> Program:
+    """Pair neighbouring CTAs in a cluster and copy the operand they share once, into both, by TMA multicast.
+
+    Two CTAs with consecutive ``bid.x`` read the same tile of an operand whose window does not use ``bid.x``
+    (a GEMM's row panel of A; kmeans_assign's centroids and their norms): the even one issues its copy with
+    ``multicast=3`` and the box lands in both CTAs' slots and on both CTAs' barriers; each CTA's consumers
+    release a slot on both CTAs' ``empty`` barriers (``arrive(..., multicast=3)``), since the shared box may
+    be refilled only when both have read it.
+
+    Before::
+
+        @kernel(grid=(cdiv(N, BN), cdiv(M, BM)), ...)
+        empty = mbarrier(S, arrivals=2)
+        with role("producer", warps=(0, 4), regs=40):
+            ...
+            expect_tx(full[kt % S], BM * BK * 2 + BK * BN * 2)
+            tma_load(a_s[kt % S], a[tile(bid.y, BM), tile(kt, BK)], bar=full[kt % S])
+            tma_load(b_s[kt % S], b[tile(kt, BK), tile(bid.x, BN)], bar=full[kt % S])
+        with role("consumer", warps=(4, 12), regs=232):
+            ...
+            arrive(empty[kt % S])
+
+    After::
+
+        @kernel(grid=(cdiv(cdiv(N, BN), 2) * 2, cdiv(M, BM)), ...)
+        cluster((2, 1, 1))
+        empty = mbarrier(S, arrivals=4)
+        cluster_sync()
+        with role("producer", warps=(0, 4), regs=40):
+            ...
+            expect_tx(full[kt % S], BM * BK * 2 + BK * BN * 2)
+            if bid.x % 2 == 0:
+                tma_load(a_s[kt % S], a[tile(bid.y, BM), tile(kt, BK)], bar=full[kt % S], multicast=3)
+            tma_load(b_s[kt % S], b[tile(kt, BK), tile(bid.x, BN)], bar=full[kt % S])
+        with role("consumer", warps=(4, 12), regs=232):
+            ...
+            arrive(empty[kt % S], multicast=3)
+        cluster_sync()
+
+    Precondition: TMA producers, warp roles, no cluster and no tile loop yet, a grid of at least two
+    dimensions, and a copy whose window does not use ``bid.x`` while another operand's does. Applies to
+    gemm_bf16 and kmeans_assign after ``warp_specialize`` and ``tma``.
+    """
+    refuse_unless(any(n.op is Op.ROLE for n in p.body), "no warp roles")
+    refuse_unless(not any(n.op is Op.CLUSTER for n in p.body), "already a cluster launch")
+    refuse_unless(len(p.grid) >= 2, "a one-dimensional grid: no neighbour along x shares a tile")
+    refuse_unless(not any("ncta.x" in _syms_of(n) for n in walk_nodes(p.body)), "a persistent tile loop")
+    refuse_unless(not any(n.op is Op.CP_ASYNC_BAR for n in walk_nodes(p.body)), "cp.async producers: multicast is "
+                                                                              "a TMA copy")
+    loads = [n for n in walk_nodes(p.body) if n.op is Op.TMA_LOAD]
+    shared = [n for n in loads if "bid.x" not in view_syms(n.args[1])]
+    own = [n for n in loads if "bid.x" in view_syms(n.args[1])]
+    refuse_unless(bool(shared) and bool(own), "no copy shared by CTAs along x beside one that is not")
+    # the ring barriers the shared copies complete on: their releases go to both CTAs
+    rings = {n.args[2].buf for n in shared}
+    empties = {m.args[0].buf for r in p.body if r.op is Op.ROLE for m in walk_nodes(r.body)
+               if m.op is Op.WAIT and m.args[0].buf not in rings}
+    # a ring's empty barrier: waited by the producer before a shared copy into the ring's slots
+    prod = next(r for r in p.body if r.op is Op.ROLE and any(m.op is Op.TMA_LOAD for m in walk_nodes(r.body)))
+    release = set()
+    for blk in walk_nodes(prod.body):
+        for i, m in enumerate(blk.body):
+            if m.op is Op.TMA_LOAD and m in shared:
+                prior = [x for x in blk.body[:i] if x.op is Op.WAIT and x.args[0].buf in empties]
+                release |= {x.args[0].buf for x in prior}
+    for i, m in enumerate(prod.body):
+        if m.op is Op.TMA_LOAD and m in shared:
+            release |= {x.args[0].buf for x in prod.body[:i] if x.op is Op.WAIT and x.args[0].buf in empties}
+    shared_ids = {id(n) for n in shared}
+
+    def fix(n: Node, in_consumer: bool) -> tuple[Node, ...]:
+        if n.body:
+            n = replace(n, body=tuple(x for m in n.body for x in fix(m, in_consumer)))
+        if n.op is Op.TMA_LOAD and id(n) in shared_ids:
+            cast = stmt(f"tma_load({_slot(n.args[0])}, {_fmt_view(n.args[1])}, bar={_slot(n.args[2])}, multicast=3)")
+            return (replace(stmt("if bid.x % 2 == 0:\n    pass"), body=(cast,)),)
+        if in_consumer and n.op is Op.ARRIVE and n.args[0].buf in release and not n.attr("multicast"):
+            return (stmt(f"arrive({_slot(n.args[0])}, multicast=3)"),)
+        return (n,)
+
+    body: list[Node] = [stmt("cluster((2, 1, 1))")]
+    first_role = True
+    for n in p.body:
+        if n.op is Op.MBARRIER and n.result in release:
+            n = replace(n, attrs=tuple(sorted({**dict(n.attrs), "arrivals": 2 * n.attr("arrivals")}.items())))
+        if n.op is Op.ROLE:
+            if first_role:
+                body.append(stmt("cluster_sync()"))
+                first_role = False
+            consumer = any(m.op is Op.WGMMA for m in walk_nodes(n.body))
+            n = replace(n, body=tuple(x for m in n.body for x in fix(m, consumer)))
+        body.append(n)
+    body.append(stmt("cluster_sync()"))
+    gx = Bin("*", Call("cdiv", (p.grid[0], 2)), 2)
+    return replace(p, grid=(gx,) + tuple(p.grid[1:]), body=tuple(body))
+
+
+def _slot(s: Slot) -> str:
+    return s.buf if s.index is None else f"{s.buf}[{fmt_expr(s.index)}]"

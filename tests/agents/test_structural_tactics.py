@@ -43,6 +43,8 @@ CHAINS = {
     "split_k": {"gemm_bf16": ["warp_specialize", "tma"], "tinygemm": ["warp_specialize", "tma"]},
     "cluster_split": {"knn_topk": ["warp_specialize", "tma", "resident", "batch_wgmma"],
                       "tinygemm": ["warp_specialize", "tma"], "gemm_bf16": ["warp_specialize", "tma", "pipeline_wgmma"]},
+    "multicast": {"gemm_bf16": ["warp_specialize", "tma"],
+                  "kmeans_assign": ["warp_specialize", "tma", "resident", "batch_wgmma", "pingpong"]},
 }
 # what each tactic must have done to the op counts (an op that appears, or one that goes)
 EFFECT = {
@@ -57,6 +59,7 @@ EFFECT = {
     "split_k": lambda b, a, p: a.get("atomic_add", 0) == 1 and a.get("store", 0) == b.get("store", 0) - 1,
     "cluster_split": lambda b, a, p: a.get("cluster") == 1 and a.get("cluster_sync") == 2 and a.get("store", 0) == 0
     and (a.get("topk_cluster_merge", 0) + a.get("acc_cluster_reduce", 0)) == b.get("store"),
+    "multicast": lambda b, a, p: a.get("cluster") == 1 and "multicast=3)" in p.text() and a.get("if", 0) > b.get("if", 0),
 }
 
 
@@ -134,6 +137,8 @@ REFUSALS = [
     ("split_k", "kmeans_assign", ["warp_specialize"], "holds a loop"),
     ("cluster_split", "kmeans_assign", ["warp_specialize"], "no cluster merge for it"),
     ("cluster_split", "gemm_bf16", ["warp_specialize", "persistent"], "persistent tile loop"),
+    ("multicast", "gemm_bf16", ["warp_specialize"], "cp.async producers"),
+    ("multicast", "knn_topk", ["warp_specialize", "tma"], "one-dimensional grid"),
 ]
 
 
