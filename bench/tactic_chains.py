@@ -31,16 +31,19 @@ RES = WS + ["resident", "batch_wgmma"]
 # (problem, name, constants of the seed set first, tactics, constants set afterwards, bounds the tactics see)
 CHAINS = [
     ("kmeans_assign", "ws_tma_res_pp_persist_bk128", {}, RES + ["pingpong", "persistent"], {"BK": 128, "S": 4}, {"D": 128}),
-    ("kmeans_assign", "ws_tma_res_pp_persist_bk64", {}, RES + ["pingpong", "persistent"], {"BK": 64, "S": 4}, {"D": 128}),
+    ("kmeans_assign", "ws_tma_res_pp_persist_bk256", {}, RES + ["pingpong", "persistent"], {"BK": 256, "S": 4}, {"D": 128}),
+    ("kmeans_assign", "ws_tma_res_pp_mc_bk256", {}, RES + ["pingpong", "multicast"], {"BK": 256, "S": 4}, {"D": 128}),
     ("kmeans_assign", "ws_tma_res_persist_bk128", {}, RES + ["persistent"], {"BK": 128, "S": 4}, {"D": 128}),
-    ("kmeans_assign", "ws_tma_res_pp_bk128", {}, RES + ["pingpong"], {"BK": 128, "S": 4}, {"D": 128}),
+    ("kmeans_assign", "ws_tma_res_pp_bk256", {}, RES + ["pingpong"], {"BK": 256, "S": 4}, {"D": 128}),
     ("gemm_bf16", "ws_tma_bn256", {"BM": 128}, WS, {"BN": 256, "S": 4}, {}),
+    ("gemm_bf16", "ws_tma_group_pipe_bn256", {"BM": 128}, WS + ["group_tiles", "pipeline_wgmma"], {"BN": 256, "S": 4, "G": 16}, {}),
+    ("gemm_bf16", "ws_tma_group_pipe_persist_bn256", {"BM": 128}, WS + ["group_tiles", "pipeline_wgmma", "persistent"], {"BN": 256, "S": 4, "G": 16}, {}),
     ("gemm_bf16", "ws_tma_pipe_persist_bn256", {"BM": 128}, WS + ["pipeline_wgmma", "persistent"], {"BN": 256, "S": 4}, {}),
     ("gemm_bf16", "ws_tma_pipe_bn128", {"BM": 128}, WS + ["pipeline_wgmma"], {"BN": 128, "S": 4}, {}),
-    ("knn_topk", "ws_tma_res_pp_bn128", {"BQ": 128}, RES + ["pingpong"], {"BN": 128, "S": 4}, {"D": 128}),
-    ("knn_topk", "ws_tma_res_persist_bn128", {"BQ": 128}, RES + ["persistent"], {"BN": 128, "S": 4}, {"D": 128}),
+
     ("knn_topk", "ws_tma_res_cluster_bn128", {"BQ": 128}, RES + ["cluster_split"], {"BN": 128, "S": 4, "SPLIT": 4}, {"D": 128}),
     ("knn_topk", "ws_tma_res_pp_cluster_bn128", {"BQ": 128}, RES + ["pingpong", "cluster_split"], {"BN": 128, "S": 4, "SPLIT": 4}, {"D": 128}),
+    ("knn_topk", "ws_tma_res_pp_cluster3_bn256", {"BQ": 128}, RES + ["pingpong", "cluster_split"], {"BN": 256, "S": 4, "SPLIT": 3}, {"D": 128}),
     ("tinygemm", "ws_tma_cluster", {}, WS + ["pipeline_wgmma", "cluster_split"], {"BN": 128, "S": 4, "SPLIT": 2}, {}),
     ("tinygemm", "ws_tma_splitk", {}, WS + ["split_k", "pipeline_wgmma"], {"BN": 128, "S": 6, "SPLIT": 8}, {}),
 ]

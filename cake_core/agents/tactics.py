@@ -26,7 +26,7 @@ import numpy as np
 
 from cake_core.agents.rewrite import Refused, map_nodes, refuse_unless, set_attrs, walk_nodes
 from cake_core.agents.tactics_copy import resident, tma
-from cake_core.agents.tactics_grid import cluster_split, multicast, persistent, split_k
+from cake_core.agents.tactics_grid import cluster_split, group_tiles, multicast, persistent, split_k
 from cake_core.agents.tactics_sched import batch_wgmma, pingpong, pipeline_wgmma
 from cake_core.agents.tactics_ws import WGMMA_N, warp_specialize
 from cake_core.ir.expr import Bin, Sym, symbols
@@ -230,6 +230,7 @@ TACTICS: dict[str, Tactic] = {
     "split_k": split_k,                  # the reduction split over CTAs, atomics into the zeroed output
     "cluster_split": cluster_split,      # the stream split over a cluster, merged through shared memory
     "multicast": multicast,              # a tile two neighbouring CTAs share, copied once into both
+    "group_tiles": group_tiles,          # a 2-D grid launched in groups of G tile rows (L2 reuse)
     # knobs
     "retile": retile,                    # tile sizes within the atom's constraints
     "restage": restage,                  # ring depth with its buffers' stages
@@ -240,7 +241,7 @@ TACTICS: dict[str, Tactic] = {
     "drop_guards": drop_guards,          # no tail predication (risky on ragged shapes)
 }
 STRUCTURAL = ("mma_sync", "warp_specialize", "tma", "resident", "batch_wgmma", "pipeline_wgmma", "pingpong",
-              "persistent", "split_k", "cluster_split", "multicast")
+              "persistent", "split_k", "cluster_split", "multicast", "group_tiles")
 
 
 def apply(name: str, p: Program, rng: np.random.Generator, bounds: Bounds | None = None,

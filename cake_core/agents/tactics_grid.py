@@ -564,3 +564,61 @@ def multicast(p: Program, rng: np.random.Generator, bounds=None) -> Program:
 
 def _slot(s: Slot) -> str:
     return s.buf if s.index is None else f"{s.buf}[{fmt_expr(s.index)}]"
+
+
+# ------------------------------------------------------------------ grouped tile order
+
+GROUPS = (4, 8, 16)
+
+
+def group_tiles(p: Program, rng: np.random.Generator, bounds=None) -> Program:
+    """Launch a two-dimensional grid of tiles as one dimension walked in groups of G tile rows.
+
+    CTAs launched together then share G row panels of one operand and a few column panels of the other, so
+    those stay in L2 while they are read (row-major order streams a whole row of column panels first).
+
+    Before::
+
+        @kernel(grid=(cdiv(N, BN), cdiv(M, BM)), ...)
+            ... a[tile(bid.y, BM), tile(kt, BK)] ... b[tile(kt, BK), tile(bid.x, BN)] ...
+            store(c[tile(bid.y, BM), tile(bid.x, BN)], acc)
+
+    After (``t`` = bid.x of the one-dimensional grid; ``gy`` = cdiv(M, BM), ``gx`` = cdiv(N, BN))::
+
+        @kernel(grid=(cdiv(N, BN) * cdiv(M, BM),), consts={..., "G": 16})
+            row = t // (G * gx) * G + t % (G * gx) % min(gy - t // (G * gx) * G, G)
+            col = t % (G * gx) // min(gy - t // (G * gx) * G, G)
+            ... a[tile(row, BM), ...] ... b[..., tile(col, BN)] ... store(c[tile(row, BM), tile(col, BN)], acc)
+
+    (written out where ``bid.y`` and ``bid.x`` were). A later ``persistent`` walks the same order. Precondition:
+    a grid of exactly two dimensions, no cluster, no tile loop, bid.z unused. Applies to gemm_bf16, tinygemm
+    and kmeans_assign (CTA-collective or warp-specialized).
+    """
+    refuse_unless(len(p.grid) == 2, f"a grid of {len(p.grid)} dimensions, not two")
+    refuse_unless(not any(n.op is Op.CLUSTER for n in p.body), "a cluster launch is left as it is")
+    refuse_unless(not any("ncta.x" in _syms_of(n) or "bid.z" in _syms_of(n) for n in walk_nodes(p.body)),
+                  "a tile loop or a third grid coordinate")
+    g = fresh(p, "G")
+    gx, gy = p.grid
+    t = Sym("bid.x")
+    span = Bin("*", Sym(g), gx)
+    first = Bin("*", Bin("//", t, span), Sym(g))
+    height = Call("min", (Bin("-", gy, first), Sym(g)))
+    row = Bin("+", first, Bin("%", Bin("%", t, span), height))
+    col = Bin("//", Bin("%", t, span), height)
+    # substitute both coordinates at once: bid.x appears inside the new expressions
+    body = tuple(map_exprs(n, lambda e: _swap_coords(e, row, col)) for n in p.body)
+    return replace(p, grid=(Bin("*", gx, gy),), body=body).with_consts(**{g: int(rng.choice(GROUPS))})
+
+
+def _swap_coords(e: Expr, row: Expr, col: Expr) -> Expr:
+    if isinstance(e, Sym):
+        return row if e.name == "bid.y" else col if e.name == "bid.x" else e
+    if isinstance(e, Bin):
+        return Bin(e.op, _swap_coords(e.a, row, col), _swap_coords(e.b, row, col))
+    if isinstance(e, Call):
+        return Call(e.fn, tuple(_swap_coords(a, row, col) for a in e.args))
+    from cake_core.ir.expr import Cmp
+    if isinstance(e, Cmp):
+        return Cmp(e.op, _swap_coords(e.a, row, col), _swap_coords(e.b, row, col))
+    return e

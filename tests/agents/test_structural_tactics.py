@@ -43,6 +43,7 @@ CHAINS = {
     "split_k": {"gemm_bf16": ["warp_specialize", "tma"], "tinygemm": ["warp_specialize", "tma"]},
     "cluster_split": {"knn_topk": ["warp_specialize", "tma", "resident", "batch_wgmma"],
                       "tinygemm": ["warp_specialize", "tma"], "gemm_bf16": ["warp_specialize", "tma", "pipeline_wgmma"]},
+    "group_tiles": {"gemm_bf16": ["warp_specialize", "tma"], "tinygemm": [], "kmeans_assign": []},
     "multicast": {"gemm_bf16": ["warp_specialize", "tma"],
                   "kmeans_assign": ["warp_specialize", "tma", "resident", "batch_wgmma", "pingpong"]},
 }
@@ -59,6 +60,7 @@ EFFECT = {
     "split_k": lambda b, a, p: a.get("atomic_add", 0) == 1 and a.get("store", 0) == b.get("store", 0) - 1,
     "cluster_split": lambda b, a, p: a.get("cluster") == 1 and a.get("cluster_sync") == 2 and a.get("store", 0) == 0
     and (a.get("topk_cluster_merge", 0) + a.get("acc_cluster_reduce", 0)) == b.get("store"),
+    "group_tiles": lambda b, a, p: "G * cdiv(N, BN)" in p.text() or "G * cdiv(N, BN))" in p.text(),
     "multicast": lambda b, a, p: a.get("cluster") == 1 and "multicast=3)" in p.text() and a.get("if", 0) > b.get("if", 0),
 }
 
@@ -107,7 +109,7 @@ def test_the_tactic_applies_and_the_result_is_a_correct_kernel(name, prob):
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 @pytest.mark.parametrize("prob,names", [
     ("kmeans_assign", ["warp_specialize", "tma", "resident", "batch_wgmma", "pingpong", "persistent"]),
-    ("gemm_bf16", ["warp_specialize", "tma", "pipeline_wgmma", "persistent"]),
+    ("gemm_bf16", ["warp_specialize", "tma", "group_tiles", "pipeline_wgmma", "persistent"]),
     ("knn_topk", ["warp_specialize", "tma", "resident", "batch_wgmma"]),
     ("tinygemm", ["warp_specialize", "tma", "split_k"]),
     ("knn_topk", ["warp_specialize", "tma", "resident", "batch_wgmma", "cluster_split"]),
@@ -139,6 +141,8 @@ REFUSALS = [
     ("cluster_split", "gemm_bf16", ["warp_specialize", "persistent"], "persistent tile loop"),
     ("multicast", "gemm_bf16", ["warp_specialize"], "cp.async producers"),
     ("multicast", "knn_topk", ["warp_specialize", "tma"], "one-dimensional grid"),
+    ("group_tiles", "knn_topk", [], "not two"),
+    ("group_tiles", "gemm_bf16", ["warp_specialize", "tma", "persistent"], "not two"),
 ]
 
 
