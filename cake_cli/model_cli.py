@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import typer
+from rich.console import Console
 from rich.table import Table
 
 
@@ -215,7 +216,7 @@ def eval_(
     res = _evaluate(gpu, timer, split, keep, model_file)
     _say(f"{res['samples']} measured (program, shape) samples of {gpu} in {res['runs']} runs, timer {timer}")
     _say(_split_line(split, res["runs"], res["folds"]))
-    _main().console.print(_table(res["results"]))
+    Console(highlight=False, width=140).print(_table(res["results"]))   # wide: the table is committed as text
     for n in res["notes"]:
         _say(f"note: {n}")
     c = res["comparison"]

@@ -2,7 +2,8 @@
 
 Per CTA (``features``): tensor-core time at the SM's share of the GPU's peak (times the atom's
 efficiency), FMA and SIMT time at the SM's SIMT rate, the smem bandwidth the MMA operands need (a
-small-N wgmma tile is bound by reading its operands), barriers at a fixed cost each. Math of one math
+small-N wgmma tile is bound by reading its operands), shared-memory read-modify-writes (smem atomics and
+owned-row adds) at the SM's rate, barriers at a fixed cost each. Math of one math
 role is the sum of tensor and SIMT time; with ``r`` math roles (ping-pong consumers) they overlap:
 ``combine(a, b, r) = max(a, b) + min(a, b) / r``.
 
@@ -59,7 +60,8 @@ class AnalyticModel(CostModelBase):
         sms = g["sms"]
         tensor = f.tensor_flops / (g["bf16_tensor_flops"] / sms * e.get(f.atom, e["wgmma"])) if f.tensor_flops else 0.0
         fma = f.fma_flops / (g["fp32_simt_flops"] / sms * e["fma"])
-        simt = f.simt_ops / (g["fp32_simt_flops"] / sms * e["simt"])
+        simt = f.simt_ops / (g["fp32_simt_flops"] / sms * e["simt"]) + \
+            f.smem_atomic_ops / (g["smem_atomic_ops_per_s"] / sms)
         smem = f.smem_operand_bytes / (g["smem_bytes_per_s"] / sms * e["smem"])
         sync = f.syncs * SYNC_CYCLES / g["sm_clock_hz"]
         math_cta = combine(max(tensor, smem), fma + simt, max(f.math_roles, 1))
