@@ -17,7 +17,7 @@ Pure: no Prefect, no GPU; deterministic under ``seed``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Sequence, TypeVar
 
 import numpy as np
@@ -38,6 +38,7 @@ class FilterResult(Generic[T]):
     predicted_ms: list[dict[str, float]]    # per item: shape key -> predicted ms
     model_version: str
     model_kind: str
+    shape_scores: list[dict[str, float]] = field(default_factory=list)    # per item: shape key -> score
 
     def _pick(self, *which: str) -> list[T]:
         return [x for x, d in zip(self.items, self.decisions) if d in which]
@@ -60,6 +61,13 @@ class FilterResult(Generic[T]):
     @property
     def to_time(self) -> list[T]:
         return self._pick(*TIMED)
+
+    def prediction_rows(self, attempt_id: Callable[[T], str]) -> list[dict[str, Any]]:
+        """Rows of the warehouse's ``predictions`` table: one per item and shape, with the decision."""
+        return [{"attempt_id": attempt_id(x), "model_version": self.model_version, "model_kind": self.model_kind,
+                 "shape": k, "predicted_ms": ms, "score": self.shape_scores[i].get(k) if self.shape_scores else None,
+                 "decision": d}
+                for i, (x, d) in enumerate(zip(self.items, self.decisions)) for k, ms in self.predicted_ms[i].items()]
 
 
 def cost_filter(items: Sequence[T], shapes: Sequence[dict[str, int]], model: CostModelBase, keep: int,
@@ -109,7 +117,8 @@ def cost_filter(items: Sequence[T], shapes: Sequence[dict[str, int]], model: Cos
         decisions[i] = "sampled"
     keys = [",".join(f"{k}={v}" for k, v in s.items()) for s in shapes]
     return FilterResult(list(items), decisions, [float(x) for x in mean],
-                        [{k: float(v) for k, v in zip(keys, row)} for row in ms], model.version, model.kind)
+                        [{k: float(v) for k, v in zip(keys, row)} for row in ms], model.version, model.kind,
+                        [{k: float(v) for k, v in zip(keys, row)} for row in sc])
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,30 @@ def test_filter_keeps_the_best_predicted_and_samples_what_it_drops():
                for s in range(6, 12))
 
 
+def test_filter_decisions_land_in_the_warehouse_and_grade_the_filter(tmp_path):
+    """The rows a flow records after timing kept and sampled candidates; cost_filter_recall reads them."""
+    from warehouse import Warehouse
+    progs = gemm_variants()
+    r = cost_filter(list(range(5)), SHAPES[:1], A, keep=2, explore=0, sample_out=2, seed=1, program=progs.__getitem__)
+    rows = r.prediction_rows(lambda i: f"att-{i}")
+    assert len(rows) == 5 and {x["decision"] for x in rows} == {"kept", "sampled", "filtered"}
+    assert all(x["score"] is not None and x["model_kind"] == "analytic" for x in rows)
+    wh = Warehouse(tmp_path / "wh")
+    wh.append("predictions", rows)
+    base = dict(run_id="r", generation=0, problem="gemm_bf16", ir_text="-", agent="tactic", harness_version=0,
+                stage="time", outcome="measured")
+    wh.append("attempts", [dict(base, attempt_id=f"att-{i}", ir_hash=progs[i].hash) for i in range(5)])
+    timed = [i for i in range(5) if r.decisions[i] != "filtered"]
+    # the 'GPU' finds a sampled candidate 10x faster than the model thought: a miss the view must show
+    fast = next(i for i in timed if r.decisions[i] == "sampled")
+    wh.append("measurements", [dict(attempt_id=f"att-{i}", run_id="r", shape=rows[0]["shape"], gpu_model="H200",
+                                    l2="cold-clean", median_ms=m, p10_ms=m, p90_ms=m, runs=20, correct=True,
+                                    kind="search")
+                               for i in timed for m in [r.predicted_ms[i][rows[0]["shape"]] / (10 if i == fast else 1)]])
+    (got,) = wh.query("select survivors, sampled, filtered, missed_best from cost_filter_recall").to_pylist()
+    assert got == {"survivors": 2, "sampled": 2, "filtered": 1, "missed_best": True}
+
+
 def test_filter_with_fewer_candidates_than_asked():
     r = cost_filter(gemm_variants()[:2], SHAPES, A, keep=4, explore=1, sample_out=1, seed=0)
     assert r.decisions == ["kept", "kept"] and r.sampled == [] and cost_filter([], SHAPES, A, 1, 1, 1, 0).items == []
