@@ -7,7 +7,9 @@ model rather than times from scratch, which matters with a few hundred measureme
 - ranker: ``objective="lambdarank"`` grouped by ``Sample.group`` (one shape of one run: the candidates
   the filter compares). Labels are graded by distance to the group's measured best:
   ``max(0, LEVELS - round(2 * log2(t / t_best)))``, so the best gets the top grade and each factor of
-  sqrt(2) slower one grade less. ``score`` is its output: what the filter ranks by.
+  sqrt(2) slower one grade less. It starts from the analytic ordering (``init_score`` =
+  ``PRIOR * -log(analytic ms)``) and learns a correction of it, so with little data it stays close to the
+  physical model; ``score`` is that prior plus the ranker's output: what the filter ranks by.
 - regressor: least squares on ``log(measured / analytic)``; ``predict`` is the analytic time times
   ``exp`` of it: what the filter records and the error factor is measured on.
 
@@ -35,6 +37,7 @@ LEVELS = 10                    # relevance grades of the ranker's labels
 MIN_SAMPLES = 12
 MIN_GROUPS = 3                 # groups of 2+ candidates, for the ranker
 ROUNDS = 150
+PRIOR = 5.0                    # ranker units per e-fold of analytic time: its starting point
 PARAMS: dict[str, Any] = {
     "learning_rate": 0.05, "num_leaves": 7, "min_data_in_leaf": 3, "min_sum_hessian_in_leaf": 1e-3,
     "feature_fraction": 0.8, "bagging_fraction": 1.0, "lambda_l2": 1.0, "max_bin": 63,
@@ -95,7 +98,8 @@ class LearnedModel(CostModelBase):
         self._require()
         if not samples:
             return np.zeros(0)
-        return np.asarray(self.ranker.predict(inputs(samples, self.base)), dtype=float)
+        prior = -PRIOR * np.log(self.base.predict(samples))
+        return prior + np.asarray(self.ranker.predict(inputs(samples, self.base)), dtype=float)
 
     # ------------------------------------------------------------ fit
 
@@ -123,7 +127,7 @@ class LearnedModel(CostModelBase):
         ranker = lgb.train(dict(PARAMS, objective="lambdarank", label_gain=[2 ** i - 1 for i in range(LEVELS + 1)],
                                 lambdarank_truncation_level=20),
                            lgb.Dataset(xr, yr, group=[len(g) for g in ranked], feature_name=list(_safe(INPUT_NAMES)),
-                                       free_raw_data=False),
+                                       init_score=-PRIOR * np.log(self.base.predict(order)), free_raw_data=False),
                            num_boost_round=ROUNDS)
         trained_on = {"samples": len(measured), "groups": len(ranked),
                       "runs": len({s.run_id for s in measured}), "problems": sorted({s.problem for s in measured})}
