@@ -169,12 +169,16 @@ def _evaluate(gpu: str, timer: str, split: str, keep: float, model_file: Path | 
     out: dict[str, Any] = {
         "gpu": gpu, "timer": timer, "split": split, "keep": keep, "samples": len(samples),
         "runs": len({s.run_id for s in samples}), "folds": len(folds(samples, split)),
-        "results": results, "comparison": compare(analytic, learned, keep), "notes": fit_notes + notes}
+        "results": results, "comparison": compare(analytic, learned, keep), "notes": fit_notes + notes,
+        "_samples": samples}
     if model_file is not None:
         model = load_model(model_file, gpu)
         trained = set(getattr(model, "trained_on", {}).get("run_ids", []))
         unseen = [s for s in samples if s.run_id not in trained]
-        out["results"][f"file:{model.version}"] = report(grade(model, unseen), keep)
+        if unseen:
+            out["results"][f"file:{model.version}"] = report(grade(model, unseen), keep)
+        else:
+            out["notes"].append(f"{model_file} was fitted on every run here: no held-out run to grade it on")
         out["model_file"] = {"path": str(model_file), "graded_on_runs": len({s.run_id for s in unseen}),
                              "left_out_trained_runs": len(trained)}
     return out
@@ -214,6 +218,7 @@ def eval_(
         raise UsageError(str(e).strip("'\"")) from None
     _main()._out_file(out)
     res = _evaluate(gpu, timer, split, keep, model_file)
+    res.pop("_samples")
     _say(f"{res['samples']} measured (program, shape) samples of {gpu} in {res['runs']} runs, timer {timer}")
     _say(_split_line(split, res["runs"], res["folds"]))
     Console(highlight=False, width=140).print(_table(res["results"]))   # wide: the table is committed as text
@@ -240,9 +245,7 @@ def fit(
 
     _main()._out_file(out)
     res = _evaluate(gpu, timer, split, 0.5, None)
-    samples = _samples(gpu, timer)
-    model = LearnedModel(gpu).update(samples)
-    model.trained_on["run_ids"] = sorted({s.run_id for s in samples})
+    model = LearnedModel(gpu).update(res.pop("_samples"))
     model = model.with_comparison(res["comparison"] | {"split": split, "results": res["results"]})
     model.save(out)
     _wh().append("model_versions", [{

@@ -236,6 +236,7 @@ def attempt_id(run_id: str, text: str) -> str:
 def warehouse_rows(bf: BenchFile, harness_version: int = 0) -> dict[str, list[dict[str, Any]]]:
     """The runs, attempts, compiles and measurements rows of a resolved file (programs without text left
     out), keyed by table."""
+    from cake_core.ir.features import features
     from cake_core.ir.text import parse
 
     rows: dict[str, list[dict[str, Any]]] = {"runs": [], "attempts": [], "compiles": [], "measurements": []}
@@ -266,9 +267,9 @@ def warehouse_rows(bf: BenchFile, harness_version: int = 0) -> dict[str, list[di
             landed.add(aid)
             rows["attempts"].append({
                 "attempt_id": aid, "run_id": run_id, "generation": 0, "problem": problem, "ir_hash": prog.hash,
-                "ir_text": prog.text(), "agent": "corpus", "tactic": f"bench:{bp.key}",
+                "ir_text": prog.text(), "agent": "corpus", "tactic": f"bench:{bp.key}@{bp.source}",
                 "harness_version": harness_version, "stage": "time", "outcome": "measured",
-                "features": json.dumps({"bench_program": bp.key, "text_source": bp.source}),
+                "features": json.dumps(features(prog), default=str),
                 "created_at": bf.date})
             if bp.resources.get("registers") is not None:
                 rows["compiles"].append({

@@ -25,7 +25,7 @@ from the per-op hooks of ``cost.py`` (``cost_hook``), except atomics, counted he
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -173,7 +173,7 @@ class _Stream:
 class _Acc:
     tensor: dict[str, float]
     simt: float = 0.0
-    reads: dict[str, float] = None  # type: ignore[assignment]
+    reads: dict[str, float] = field(default_factory=lambda: {e: 0.0 for e in ENGINES[1:]})
     write: float = 0.0
     atomic_ops: float = 0.0
     atomic_bytes: float = 0.0
@@ -206,7 +206,7 @@ class _Walker:
         self.lets: dict[str, Expr] = {}
         self.loops: list[tuple[str, Expr, int]] = []     # enclosing loops: var, start, trips
         self.unroll: list[int] = [1]
-        self.acc = _Acc(tensor={}, reads={e: 0.0 for e in ENGINES[1:]})
+        self.acc = _Acc(tensor={})
         self.streams: dict[int, _Stream] = {}
         self.inflight: dict[int, float] = {}       # per copy op: bytes of one issue x its ring depth
         self.roles: list[Node] = [n for n in program.body if n.op is Op.ROLE]

@@ -129,8 +129,9 @@ class LearnedModel(CostModelBase):
                            lgb.Dataset(xr, yr, group=[len(g) for g in ranked], feature_name=list(_safe(INPUT_NAMES)),
                                        init_score=-PRIOR * np.log(self.base.predict(order)), free_raw_data=False),
                            num_boost_round=ROUNDS)
-        trained_on = {"samples": len(measured), "groups": len(ranked),
-                      "runs": len({s.run_id for s in measured}), "problems": sorted({s.problem for s in measured})}
+        trained_on = {"samples": len(measured), "groups": len(ranked), "runs": len({s.run_id for s in measured}),
+                      "problems": sorted({s.problem for s in measured}),
+                      "run_ids": sorted({s.run_id for s in measured})}
         return LearnedModel(self.gpu, f"{VERSION}+n{len(measured)}", ranker, regressor, self.base, trained_on)
 
     def with_comparison(self, comparison: dict[str, Any]) -> "LearnedModel":

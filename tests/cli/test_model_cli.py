@@ -40,6 +40,15 @@ def test_import_then_eval_on_held_out_runs(tmp_path):
     overall = res["results"]["analytic"]["overall"]
     assert overall["samples"] == 27 and overall["cells"] == 9 and overall["best_survives"] is not None
     assert any("not fitted" in n for n in res["notes"])                  # 18 samples: too few per fold
+    r = run("model", "fit", "--out", str(tmp_path / "m.json"))
+    assert r.exit_code == 0, r.output
+    assert "fitted on 27 samples of 3 runs" in r.output and "runs will keep the analytic model" in r.output
+    r = run("sql", "select kind, beats_analytic, split from model_versions", "--format", "json")
+    assert json.loads(r.output) == [{"kind": "learned", "beats_analytic": False, "split": "run"}]
+    r = run("model", "show", str(tmp_path / "m.json"))
+    assert "kind: learned" in r.output and "beats_analytic: False" in r.output and "held-out:" in r.output
+    r = run("model", "eval", "--model", str(tmp_path / "m.json"))
+    assert r.exit_code == 0 and "file:" not in r.output and "fitted on every run here" in r.output
 
 
 def test_fit_with_too_little_data_and_bad_model_files(tmp_path):
