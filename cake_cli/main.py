@@ -584,5 +584,8 @@ def ops() -> None:
     sys.stdout.write(render_reference())
 
 
+from cake_cli.model_cli import model_app  # noqa: E402  (its commands use the helpers above)
+app.add_typer(model_app, name="model")
+
 if __name__ == "__main__":
     app()

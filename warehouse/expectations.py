@@ -33,6 +33,8 @@ MEASURE_KINDS = ["search", "confirm"]
 SHAPE_ROLES = ["headline", "tail", "held_out"]
 PROPOSAL_KINDS = ["rule", "primitive", "calibration", "tactic"]
 DECISIONS = ["approved", "rejected"]
+FILTER_DECISIONS = ["kept", "explored", "sampled", "filtered"]   # cake_core.model.filter.DECISIONS
+MODEL_KINDS = ["analytic", "learned"]
 
 # ------------------------------------------------------------------ checks
 
@@ -67,7 +69,9 @@ VALUE_CHECKS: dict[str, list[Check]] = {
     "diagnostics": [_in_set("severity", SEVERITIES)],
     "compiles": [_between("seconds", 0), _between("registers", 0), _between("spill_bytes", 0),
                  _between("smem_bytes", 0), _between("barriers", 0)],
-    "predictions": [_between("predicted_ms", 0, strict_lo=True)],
+    "predictions": [_between("predicted_ms", 0, strict_lo=True), _in_set("decision", FILTER_DECISIONS),
+                    _in_set("model_kind", MODEL_KINDS)],
+    "model_versions": [_in_set("kind", MODEL_KINDS)],
     "checks": [_in_set("backend", BACKENDS), _between("max_error", 0)],
     "measurements": [_in_set("timer", TIMERS), _in_set("l2", L2_STATES), _in_set("kind", MEASURE_KINDS),
                      _between("median_ms", 0, strict_lo=True), _between("p10_ms", 0, strict_lo=True),

@@ -58,3 +58,52 @@ def best_survives(rows: Sequence[tuple[Hashable, float, float]], k: int) -> floa
 def median_abs_log_error(predicted: Sequence[float], measured: Sequence[float]) -> float | None:
     errs = sorted(abs(math.log(p / m)) for p, m in zip(predicted, measured) if p > 0 and m > 0)
     return errs[len(errs) // 2] if errs else None
+
+
+# ---------------------------------------------------------------- within-group figures
+# rows: (group, predicted, measured) where ``predicted`` orders like time (lower: predicted faster).
+
+
+def _groups(rows: Sequence[tuple[Hashable, float, float]], min_size: int) -> list[list[tuple[float, float]]]:
+    groups: dict[Hashable, list[tuple[float, float]]] = defaultdict(list)
+    for g, p, m in rows:
+        groups[g].append((p, m))
+    return [v for v in groups.values() if len(v) >= min_size]
+
+
+def within_group_spearman(rows: Sequence[tuple[Hashable, float, float]]) -> tuple[float | None, int]:
+    """Mean Spearman rho over groups of 3 or more candidates (pooling groups would mix shape sizes);
+    returns (mean rho or None, number of groups that had a rho)."""
+    rhos = [r for g in _groups(rows, 3)
+            if (r := rank_correlation([p for p, _ in g], [m for _, m in g])) is not None]
+    return (sum(rhos) / len(rhos) if rhos else None), len(rhos)
+
+
+def top1_hit_rate(rows: Sequence[tuple[Hashable, float, float]]) -> float | None:
+    """Fraction of groups (2+ candidates) whose lowest prediction is the measured fastest."""
+    groups = _groups(rows, 2)
+    if not groups:
+        return None
+    hits = sum(min(range(len(g)), key=lambda i: (g[i][0], i)) == min(range(len(g)), key=lambda i: g[i][1])
+               for g in groups)
+    return hits / len(groups)
+
+
+def best_survives_fraction(rows: Sequence[tuple[Hashable, float, float]], keep: float = 0.5) -> float | None:
+    """Fraction of groups (2+ candidates) whose measured fastest is among the ``ceil(keep * n)`` lowest
+    predictions (the filter's keep share, exploration left out)."""
+    groups = _groups(rows, 2)
+    if not groups:
+        return None
+    hits = 0
+    for g in groups:
+        k = max(1, math.ceil(keep * len(g)))
+        best = min(range(len(g)), key=lambda i: g[i][1])
+        hits += best in sorted(range(len(g)), key=lambda i: (g[i][0], i))[:k]
+    return hits / len(groups)
+
+
+def median_error_factor(predicted: Sequence[float], measured: Sequence[float]) -> float | None:
+    """exp(median |log(predicted / measured)|): 1.0 is exact, 2.0 is typically off by 2x either way."""
+    e = median_abs_log_error(predicted, measured)
+    return math.exp(e) if e is not None else None

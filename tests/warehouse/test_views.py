@@ -74,3 +74,31 @@ def test_rule_hits(filled):
     got = rows(filled, "select rule, n_attempts, n_stopped from rule_hits order by rule")
     assert got == [{"rule": "race_wgmma_read", "n_attempts": 6, "n_stopped": 6},
                    {"rule": "smem_overflow", "n_attempts": 6, "n_stopped": 6}]  # warnings not counted
+
+
+def test_cost_filter_recall(tmp_path):
+    """Per generation and shape: the fastest survivor against the fastest sampled-out candidate."""
+    from wh_fixtures import attempt, measurement
+
+    from warehouse import Warehouse
+    wh = Warehouse(tmp_path / "wh")
+    decided = [("kept", 2.0), ("explored", 3.0), ("sampled", 1.0), ("sampled", 5.0), ("filtered", None)]
+    atts, preds, meas = [], [], []
+    for i, (d, ms) in enumerate(decided):
+        a = attempt(i, "run-r", 0)
+        atts.append(a)
+        preds.append(dict(attempt_id=a["attempt_id"], model_version="analytic-2", shape="M=1", predicted_ms=1.0 + i,
+                          model_kind="analytic", score=-float(i), decision=d))
+        if ms is not None:
+            meas.append(measurement(a["attempt_id"], "run-r", "M=1", ms))
+    wh.append("attempts", atts)
+    wh.append("predictions", preds)
+    wh.append("measurements", meas)
+    got = wh.query("select survivors, sampled, filtered, best_survivor_ms, best_sampled_ms, missed_best, "
+                   "sample_fraction, sampled_beat_worst from cost_filter_recall").to_pylist()
+    assert got == [dict(survivors=2, sampled=2, filtered=1, best_survivor_ms=2.0, best_sampled_ms=1.0,
+                        missed_best=True, sample_fraction=2 / 3, sampled_beat_worst=1)]
+    from warehouse.errors import BatchRejected
+    import pytest
+    with pytest.raises(BatchRejected, match="decision"):
+        wh.append("predictions", [dict(preds[0], decision="maybe")])

@@ -97,6 +97,10 @@ def dataset() -> dict[str, list[dict]]:
                              created_at=T0 + timedelta(hours=3))]
     dispatch = [dict(problem="kmeans_assign", shape_set="kmeans_portfolio", shape=s, attempt_id="run-a-att-14",
                      ir_hash="h000014", median_ms=0.5, created_at=T0) for s in SHAPES]
+    model_versions = [dict(version="learned-1+n40", kind="learned", gpu="H200", target="sm_90a", path="m.json",
+                           split="run", trained_on='{"samples": 40}', evaluation='{"overall": {}}',
+                           beats_analytic=False, created_at=T0)]
     return dict(runs=runs, attempts=attempts, diagnostics=diagnostics, compiles=compiles,
                 predictions=predictions, checks=checks, measurements=measurements, shapes=shapes,
-                proposals=proposals, decisions=decisions, harness_versions=harness_versions, dispatch=dispatch)
+                proposals=proposals, decisions=decisions, harness_versions=harness_versions, dispatch=dispatch,
+                model_versions=model_versions)

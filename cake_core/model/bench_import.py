@@ -1,0 +1,289 @@
+"""Read the corpus bench's result files (``bench/corpus_vs_peers.py`` JSON) as measured samples.
+
+One file is one run per problem in it (run id ``bench-<file stem>-<problem>``, started at the file's
+date), so held-out splits by run are splits by file. Each of our programs in a file is an attempt: its
+IR text is the program file as it was when measured. The file records the program's path and ptxas'
+report (registers, shared memory) but not its text, and the corpus files changed during the day; so the
+text is looked for among the file's versions in git near the measurement's time (the first commit at or
+after it, then the one before, then the working tree) and taken from the first version whose ptxas report
+today has the recorded registers and shared memory (``check``), else whose shared memory alone matches
+(the lowering moves registers, and it changed during the day too). A program no version matches is left
+out and said so: its features would describe another kernel than the one timed.
+
+Only correct, measured rows land; the peers' rows are not ours and stay out.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from cake_core.errors import CakeError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SEEDS_REL = "cake_core/problems/seeds"
+GIT_WINDOW = timedelta(hours=8)
+
+
+class BenchFileError(CakeError):
+    """A bench result file that cannot be read as one."""
+
+
+@dataclass
+class BenchProgram:
+    key: str                    # the file's key, e.g. "tinygemm/best:tinygemm_splitk.cake"
+    problem: str
+    path: str                   # relative to the repository root
+    kernel: str
+    resources: dict[str, int]   # ptxas' report when measured
+    text: str | None = None
+    source: str = ""            # "git:<sha>" or "tree"; why it is missing otherwise
+    note: str = ""
+
+
+@dataclass
+class BenchMeasurement:
+    problem: str
+    program_key: str
+    shape: dict[str, int]
+    shape_key: str
+    role: str
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    runs: int
+    timer: str
+    l2: str
+    max_error: float | None
+
+
+@dataclass
+class BenchFile:
+    path: Path
+    stem: str
+    date: datetime              # naive UTC
+    gpu: str
+    command: str
+    programs: dict[str, BenchProgram] = field(default_factory=dict)
+    measurements: list[BenchMeasurement] = field(default_factory=list)
+    skipped_rows: int = 0
+
+    def run_id(self, problem: str) -> str:
+        return f"bench-{self.stem}-{problem}"
+
+
+def _program_path(key: str) -> tuple[str, str]:
+    problem, _, rest = key.partition("/")
+    if ":" in rest:                                     # "seed:x.cake" / "best:x.cake"
+        return problem, f"{SEEDS_REL}/{rest.split(':', 1)[1]}"
+    return problem, rest
+
+
+def read_bench_file(path: str | Path) -> BenchFile:
+    """Parse one result file; raises BenchFileError naming what is missing."""
+    path = Path(path)
+    try:
+        d = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise BenchFileError(f"{path}: no such file") from None
+    except (OSError, ValueError) as e:
+        raise BenchFileError(f"{path}: not a JSON bench result ({e})") from None
+    missing = [k for k in ("date", "gpu", "programs", "rows") if k not in d] if isinstance(d, dict) else ["(object)"]
+    if missing:
+        raise BenchFileError(f"{path}: not a corpus_vs_peers result: no {', '.join(missing)}")
+    try:
+        date = datetime.strptime(d["date"].replace(" UTC", ""), "%Y-%m-%d %H:%M:%S")
+    except (AttributeError, ValueError):
+        raise BenchFileError(f"{path}: date {d.get('date')!r} is not 'YYYY-MM-DD HH:MM:SS UTC'") from None
+    bf = BenchFile(path, path.stem, date, str(d["gpu"]), str(d.get("command", "")))
+    by_kernel: dict[tuple[str, str], str] = {}
+    for key, info in d["programs"].items():
+        problem, rel = _program_path(key)
+        res = (info or {}).get("resources") or {}
+        bf.programs[key] = BenchProgram(key, problem, rel, str((info or {}).get("kernel", "")),
+                                        {k: int(v) for k, v in res.items() if isinstance(v, (int, float))})
+        by_kernel[(problem, bf.programs[key].kernel)] = key
+        if rel.endswith("/" + problem + ".cake") or key.startswith(f"{problem}/seed:"):
+            by_kernel[(problem, "seed")] = key
+    for row in d["rows"]:
+        ours = row.get("ours") or []
+        for o in ours:
+            if o.get("outcome") != "measured" or not o.get("correct") or not o.get("median_ms"):
+                bf.skipped_rows += 1
+                continue
+            key = by_kernel.get((row["problem"], o.get("program", "")))
+            if key is None:
+                bf.skipped_rows += 1
+                continue
+            bf.measurements.append(BenchMeasurement(
+                row["problem"], key, dict(row["shape"]), row["shape_key"], row.get("role", "headline"),
+                float(o["median_ms"]), float(o.get("p10_ms") or o["median_ms"]),
+                float(o.get("p90_ms") or o["median_ms"]), int(o.get("runs") or 1),
+                str(o.get("timer") or "cuda_event"), str(o.get("l2") or "cold"),
+                float(o["max_error"]) if o.get("max_error") is not None else None))
+    return bf
+
+
+# ---------------------------------------------------------------- program texts
+
+
+def _git(repo: Path, *args: str) -> str | None:
+    try:
+        p = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return p.stdout if p.returncode == 0 else None
+
+
+def candidate_texts(rel: str, when: datetime, repo: Path = REPO_ROOT) -> list[tuple[str, str]]:
+    """(source, text) versions of ``rel`` to try, most likely first: the first commit at or after ``when``,
+    the last before it, the other commits within GIT_WINDOW by distance, then the working tree."""
+    out: list[tuple[str, str]] = []
+    log = _git(repo, "log", "--all", "--format=%H %ct", "--", rel)
+    if log:
+        commits = []
+        for line in log.splitlines():
+            sha, _, ts = line.partition(" ")
+            t = datetime.fromtimestamp(int(ts), timezone.utc).replace(tzinfo=None)
+            if abs(t - when) <= GIT_WINDOW:
+                commits.append((t, sha))
+        after = sorted(c for c in commits if c[0] >= when)
+        before = sorted((c for c in commits if c[0] < when), reverse=True)
+        ordered = after[:1] + before[:1] + sorted(after[1:] + before[1:], key=lambda c: abs(c[0] - when))
+        for _, sha in ordered:
+            text = _git(repo, "show", f"{sha}:{rel}")
+            if text is not None and (f"git:{sha[:12]}", text) not in out:
+                out.append((f"git:{sha[:12]}", text))
+    f = repo / rel
+    if f.is_file():
+        text = f.read_text()
+        if not any(t == text for _, t in out):
+            out.append(("tree", text))
+    return out
+
+
+Check = Callable[[str], dict[str, int] | str]
+
+
+def resolve_texts(bf: BenchFile, check: Check | None, repo: Path = REPO_ROOT) -> None:
+    """Set each program's ``text`` (see the module docstring). ``check(text)`` returns today's ptxas
+    resources of a text (or a reason it has none); without it (no nvcc) the first candidate is taken and
+    the note says that it was not checked."""
+    for p in bf.programs.values():
+        cands = candidate_texts(p.path, bf.date, repo)
+        if not cands:
+            p.source, p.note = "", f"{p.path} is neither in git history nor in the working tree"
+            continue
+        if check is None:
+            p.source, p.text = cands[0]
+            p.note = "not checked against the recorded ptxas report (no nvcc)"
+            continue
+        seen, smem_only = [], None
+        for source, text in cands:
+            got = check(text)
+            if isinstance(got, str):
+                seen.append(f"{source}: {got}")
+                continue
+            same = {k: got.get(k) == p.resources.get(k) for k in ("registers", "smem_bytes") if k in p.resources}
+            if all(same.values()):
+                p.source, p.text = source, text
+                break
+            if same.get("smem_bytes") and smem_only is None:
+                smem_only = (source, text, got.get("registers"))
+            seen.append(f"{source}: {got.get('registers')} regs, {got.get('smem_bytes')} B smem")
+        else:
+            if smem_only is not None:
+                # the IR fixes shared memory; registers also move with the lowering, which changed since
+                p.source, p.text = smem_only[0], smem_only[1]
+                p.note = (f"shared memory matches, registers do not ({smem_only[2]} today, "
+                          f"{p.resources.get('registers')} recorded): the lowering changed since")
+            else:
+                p.note = (f"no version matches the recorded {p.resources.get('registers')} regs, "
+                          f"{p.resources.get('smem_bytes')} B smem ({'; '.join(seen)})")
+
+
+def ptxas_check(cache_dir: Path) -> Check:
+    """A ``check`` that lowers and compiles a text (cached) and returns its ptxas resources."""
+    from dataclasses import asdict
+
+    from cake_core.ir.text import parse
+    from cake_core.lower import compile_kernel, lower
+    from cake_core.outcome import Outcome
+
+    def check(text: str) -> dict[str, int] | str:
+        r = parse(text, "bench.cake")
+        if r.program is None:
+            return "does not parse today"
+        low = lower(r.program, "bench.cake")
+        if low.outcome is not Outcome.OK:
+            return "does not lower today"
+        comp = compile_kernel(low.value, arch=r.program.target, cache_dir=cache_dir)
+        if comp.outcome is not Outcome.OK:
+            return "does not compile today"
+        return asdict(comp.value.resources)
+
+    return check
+
+
+def attempt_id(run_id: str, text: str) -> str:
+    return hashlib.sha256(f"{run_id}\0{text}".encode()).hexdigest()[:32]
+
+
+def warehouse_rows(bf: BenchFile, harness_version: int = 0) -> dict[str, list[dict[str, Any]]]:
+    """The runs, attempts, compiles and measurements rows of a resolved file (programs without text left
+    out), keyed by table."""
+    from cake_core.ir.features import features
+    from cake_core.ir.text import parse
+
+    rows: dict[str, list[dict[str, Any]]] = {"runs": [], "attempts": [], "compiles": [], "measurements": []}
+    problems = sorted({m.problem for m in bf.measurements})
+    parsed: dict[str, Any] = {}
+    for key, p in bf.programs.items():
+        if p.text is not None:
+            r = parse(p.text, p.path)
+            if r.program is not None:
+                parsed[key] = r.program
+    for problem in problems:
+        run_id = bf.run_id(problem)
+        ms = [m for m in bf.measurements if m.problem == problem and m.program_key in parsed]
+        if not ms:
+            continue
+        rows["runs"].append({"run_id": run_id, "problem": problem, "shape_set": f"bench:{bf.stem}",
+                             "harness_version": harness_version, "agent": "corpus", "seed": 0,
+                             "generations": 1, "population": len({m.program_key for m in ms}),
+                             "host": "bench", "gpu_model": bf.gpu, "started_at": bf.date, "status": "completed",
+                             "finished_at": bf.date})
+        landed: set[str] = set()
+        for key in sorted({m.program_key for m in ms}):
+            prog, bp = parsed[key], bf.programs[key]
+            aid = attempt_id(run_id, prog.text())
+            if aid in landed:                           # the same text under two names: one attempt
+                rows["measurements"] += _measurement_rows(bf, run_id, aid, [m for m in ms if m.program_key == key])
+                continue
+            landed.add(aid)
+            rows["attempts"].append({
+                "attempt_id": aid, "run_id": run_id, "generation": 0, "problem": problem, "ir_hash": prog.hash,
+                "ir_text": prog.text(), "agent": "corpus", "tactic": f"bench:{bp.key}@{bp.source}",
+                "harness_version": harness_version, "stage": "time", "outcome": "measured",
+                "features": json.dumps(features(prog), default=str),
+                "created_at": bf.date})
+            if bp.resources.get("registers") is not None:
+                rows["compiles"].append({
+                    "attempt_id": aid, "source_hash": hashlib.sha256(prog.text().encode()).hexdigest(),
+                    "arch": prog.target, "seconds": 0.0, "registers": bp.resources.get("registers"),
+                    "spill_bytes": bp.resources.get("spill_bytes"), "smem_bytes": bp.resources.get("smem_bytes"),
+                    "barriers": bp.resources.get("barriers"), "cached": True, "ok": True,
+                    "log": f"ptxas report as recorded in {bf.path.name}"})
+            rows["measurements"] += _measurement_rows(bf, run_id, aid, [m for m in ms if m.program_key == key])
+    return rows
+
+
+def _measurement_rows(bf: BenchFile, run_id: str, aid: str, ms: list[BenchMeasurement]) -> list[dict[str, Any]]:
+    return [{"attempt_id": aid, "run_id": run_id, "shape": m.shape_key, "gpu_model": bf.gpu, "timer": m.timer,
+             "l2": m.l2, "median_ms": m.median_ms, "p10_ms": min(m.p10_ms, m.median_ms),
+             "p90_ms": max(m.p90_ms, m.median_ms), "runs": m.runs, "correct": True, "max_error": m.max_error,
+             "kind": "search", "measured_at": bf.date} for m in ms]

@@ -1,0 +1,519 @@
+"""Cost-model features of one program at one shape: what the IR does per CTA and over the grid, and what
+ptxas reported.
+
+Per CTA (CTA 0 stands for every CTA, as in ``cost.py``), summed over loop trips: tensor-core FLOPs by MMA
+atom (``mma``'s atom, ``wgmma``, ``tcgen05_mma``: every MMA op counts), SIMT work, gmem bytes by copy
+engine (plain loads, cp.async, TMA), gmem writes, atomics (gmem element or ``red.v4`` operations, smem
+atomics apart), the smem traffic of MMA operands, CTA barriers, and the bytes each copy keeps in flight
+(its ring depth, or the unroll of its loop). An ``if`` whose condition folds under the shape (``M <= 8``)
+counts only when taken; a loop whose ``if``/binding depends on its variable is walked trip by trip (a
+sample of trips when long), so ``if i > 0`` counts ``trips - 1`` times.
+
+Over the grid: each gmem copy's window is evaluated for every CTA at its first trip (numpy, all CTAs at
+once); CTAs that read the same window share one *stream*. From the streams' distinct counts over the grid
+and over the first wave comes the DRAM estimate (``dram_bytes``): a stream re-read by later waves hits L2
+when what one wave touches fits in the usable L2, else it is read again per wave (linear in between).
+Split-K is how many CTAs write the same output window.
+
+Occupancy is CTAs per SM from ptxas' registers and shared memory (the IR's estimate without ptxas),
+threads, and the GPU's CTA limit; waves and the tail wave follow. Every field is a number or a short
+string: ``vector()`` is the fixed-length numeric form the learned model reads (schema ``FEATURE_NAMES``).
+
+Op coverage: ``TRAFFIC`` classifies every registered op (a test checks it); FLOPs and bytes per op come
+from the per-op hooks of ``cost.py`` (``cost_hook``), except atomics, counted here from the added tile.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import numpy as np
+
+from cake_core.ir.expr import Bin, Call, Cmp, Expr, Sym, substitute, symbols, try_evaluate
+from cake_core.ir.ops import At, Full, Node, Op, Tile, View, loop_range
+from cake_core.ir.ops_async import Slot
+from cake_core.ir.program import Program
+from cake_core.ir.targets import load_target
+from cake_core.ir.types import MemSpace
+from cake_core.ir.verify import build_ctx, rmem_words_per_thread, smem_bytes
+from cake_core.model.cost import COSTS, Work, load_gpu
+
+ATOMS = ("none", "fma", "mma_sync", "wgmma", "tcgen05_mma")
+ENGINES = ("none", "load", "cp_async", "tma")
+MAX_WALKED_TRIPS = 32          # a loop walked trip by trip visits at most this many trips (evenly spaced)
+L2_USABLE = 0.5                # Hopper's L2 is two partitions; a line read from the far one is held in both
+REG_ALLOC_EXTRA = 24           # registers ptxas adds to the rmem tiles' words (addresses, indices), no ptxas
+SMEM_RESERVED_PER_CTA = 1024   # shared memory the driver reserves for each resident CTA (sm_80+)
+
+# What each op moves: (class, engine). read: gmem -> smem/rmem; write: smem/rmem -> gmem; atomic: adds
+# into gmem or smem; mma: tensor-core or FMA matrix multiply; simt: tile math; none: structure, allocation,
+# synchronisation (sync is counted apart).
+TRAFFIC: dict[Op, tuple[str, str]] = {
+    Op.LOAD: ("read", "load"), Op.CP_ASYNC: ("read", "cp_async"), Op.CP_ASYNC_BAR: ("read", "cp_async"),
+    Op.TMA_LOAD: ("read", "tma"), Op.GATHER_ADD: ("read", "load"),
+    Op.STORE: ("write", "load"), Op.TMA_STORE: ("write", "tma"), Op.ACC_CLUSTER_REDUCE: ("write", "load"),
+    Op.TOPK_CLUSTER_MERGE: ("write", "load"),
+    Op.ATOMIC_ADD: ("atomic", ""), Op.SCATTER_ADD: ("atomic", ""),
+    Op.MMA: ("mma", ""), Op.WGMMA: ("mma", ""), Op.TCGEN05_MMA: ("mma", ""),
+    Op.FILL: ("simt", ""), Op.CAST: ("simt", ""), Op.UNARY: ("simt", ""), Op.EWISE: ("simt", ""),
+    Op.TRANSPOSE: ("simt", ""), Op.REDUCE: ("simt", ""), Op.SCAN: ("simt", ""), Op.ARGMIN: ("simt", ""),
+    Op.ARGMAX: ("simt", ""), Op.ARGMIN_UPDATE: ("simt", ""), Op.TOPK_MERGE: ("simt", ""),
+    Op.ARGMIN_BIAS: ("simt", ""), Op.TOPK_BIAS: ("simt", ""), Op.SQNORM_ROWS: ("simt", ""),
+    Op.TOPK_PUBLISH: ("simt", ""), Op.ACC_PUBLISH: ("simt", ""),
+    Op.SMEM: ("none", ""), Op.RMEM: ("none", ""), Op.SYNC: ("none", ""), Op.MBARRIER: ("none", ""),
+    Op.EXPECT_TX: ("none", ""), Op.ARRIVE: ("none", ""), Op.WAIT: ("none", ""), Op.CP_ASYNC_WAIT: ("none", ""),
+    Op.FENCE_ASYNC: ("none", ""), Op.CLUSTER: ("none", ""), Op.CLUSTER_SYNC: ("none", ""),
+    Op.WGMMA_WAIT: ("none", ""), Op.FOR: ("none", ""), Op.IF: ("none", ""), Op.ROLE: ("none", ""),
+    Op.LET: ("none", ""),
+}
+
+
+def cost_hook(op: Op):
+    """The per-op FLOP/byte hook of the analytic model (one place to change when hooks move)."""
+    return COSTS[op]
+
+
+@dataclass(frozen=True)
+class Features:
+    """What a program does at one shape on one GPU (see the module docstring)."""
+
+    atom: str                   # ATOMS: the MMA atom with the most FLOPs ("none" without MMA)
+    copy_engine: str            # ENGINES: the engine that reads the most gmem bytes
+    stages: int                 # deepest ring an async copy writes into (1: no ring)
+    n_roles: int
+    math_roles: int             # roles (or the whole CTA) that issue MMA work
+    role_regs_max: int          # setmaxnreg budgets (0 without roles)
+    role_regs_min: int
+    threads: int
+    registers: int              # per thread: ptxas, else the IR's estimate
+    spill_bytes: int
+    smem_bytes: int             # per CTA: ptxas, else the IR's allocations
+    from_ptxas: bool
+    ctas: int
+    ctas_per_sm: int            # resident CTAs per SM
+    occupancy_limit: str        # smem | regs | threads | ctas: what bounds ctas_per_sm
+    declared_ctas_per_sm: int   # @kernel(ctas_per_sm=N)
+    warps_per_sm: int
+    concurrent_ctas: int        # min(ctas, sms * ctas_per_sm)
+    waves: float                # ctas / concurrent_ctas
+    full_waves: int
+    tail_ctas: int              # CTAs of the last, partial wave (0: none)
+    cluster_size: int
+    multicast: bool
+    tile_m: int                 # the largest MMA accumulator of a CTA
+    tile_n: int
+    tile_k: int
+    unroll: int                 # largest unroll of a loop
+    # per CTA
+    tensor_flops: float
+    fma_flops: float            # MMA work done by the SIMT FMA atom
+    simt_ops: float
+    read_bytes_load: float
+    read_bytes_cp_async: float
+    read_bytes_tma: float
+    write_bytes: float
+    atomic_ops: float           # gmem atomic operations (a red.v4 is one)
+    atomic_bytes: float
+    smem_atomic_ops: float
+    smem_operand_bytes: float   # MMA operand bytes read from smem
+    syncs: float                # CTA barriers executed
+    copy_trips: float           # copy ops executed (issue rounds)
+    inflight_bytes: float       # gmem bytes one CTA keeps in flight
+    # grid
+    flops: float
+    l2_bytes: float             # requested gmem bytes of all CTAs (reads, writes, atomics)
+    dram_bytes: float           # estimated DRAM traffic
+    unique_bytes: float         # each stream once (a lower bound of the DRAM traffic)
+    footprint_bytes: float      # every gmem parameter's size
+    wave_bytes: float           # what the first wave touches
+    split_k: int                # CTAs writing the same output window
+
+    def vector(self) -> list[float]:
+        """The numeric form (``FEATURE_NAMES`` order): sizes as log2(1 + x), categories one-hot."""
+        d = asdict(self)
+        out: list[float] = []
+        for name in FEATURE_NAMES:
+            base, _, cat = name.partition("=")
+            if cat:
+                out.append(float(d[base] == cat))
+            elif isinstance(d[base], bool):
+                out.append(float(d[base]))
+            elif base in _LINEAR:
+                out.append(float(d[base]))
+            else:
+                out.append(math.log2(1.0 + max(float(d[base]), 0.0)))
+        return out
+
+
+_CATEGORIES = {"atom": ATOMS, "copy_engine": ENGINES, "occupancy_limit": ("smem", "regs", "threads", "ctas")}
+_LINEAR = {"waves", "n_roles", "math_roles", "cluster_size", "stages", "ctas_per_sm", "declared_ctas_per_sm"}
+FEATURE_NAMES: tuple[str, ...] = tuple(
+    n for f in fields(Features)
+    for n in ([f"{f.name}={c}" for c in _CATEGORIES[f.name]] if f.name in _CATEGORIES else [f.name]))
+
+
+# ---------------------------------------------------------------- the walk
+
+
+@dataclass
+class _Stream:
+    """One gmem copy op over the grid: its window's index expressions (bindings expanded) and bytes."""
+
+    node: Node
+    kind: str                   # read | write | atomic
+    buf: str
+    index: tuple[Expr, ...]     # the view's Tile/At indices, in terms of bid, loop variables, dims, consts
+    loops: tuple[tuple[str, Expr], ...]   # enclosing loops (var, start) outermost first
+    bytes: float = 0.0          # CTA 0's bytes over its trips
+    unique: float = 0.0         # ... counting once a window that loops not in its index repeat
+
+
+@dataclass
+class _Acc:
+    tensor: dict[str, float]
+    simt: float = 0.0
+    reads: dict[str, float] = field(default_factory=lambda: {e: 0.0 for e in ENGINES[1:]})
+    write: float = 0.0
+    atomic_ops: float = 0.0
+    atomic_bytes: float = 0.0
+    smem_atomic_ops: float = 0.0
+    smem_operand: float = 0.0
+    syncs: float = 0.0
+    copy_trips: float = 0.0
+    tile: tuple[int, int, int] = (0, 0, 0)
+    multicast: bool = False
+
+
+def _view_of(n: Node) -> View | None:
+    cls = TRAFFIC[n.op][0]
+    if cls == "read":
+        v = n.arg("src")
+    elif cls in ("write", "atomic"):
+        v = n.arg("dst")
+    else:
+        return None
+    return v if isinstance(v, View) else None
+
+
+def _buf_name(x: Any) -> str:
+    return x.buf if isinstance(x, (View, Slot)) else x
+
+
+class _Walker:
+    def __init__(self, program: Program, ctx, env: dict[str, int]):
+        self.program, self.ctx, self.env = program, ctx, env
+        self.lets: dict[str, Expr] = {}
+        self.loops: list[tuple[str, Expr, int]] = []     # enclosing loops: var, start, trips
+        self.unroll: list[int] = [1]
+        self.acc = _Acc(tensor={})
+        self.streams: dict[int, _Stream] = {}
+        self.inflight: dict[int, float] = {}       # per copy op: bytes of one issue x its ring depth
+        self.roles: list[Node] = [n for n in program.body if n.op is Op.ROLE]
+        self.math_roles: set[int] = set()
+        self.role: Node | None = None
+        self.max_unroll = 1
+
+    def expand(self, e: Expr) -> Expr:
+        return substitute(e, self.lets) if self.lets else e
+
+    def _depends(self, nodes: tuple[Node, ...], var: str) -> bool:
+        """Whether an ``if`` or a binding in ``nodes`` reads ``var`` (through bindings too)."""
+        for n in nodes:
+            if n.op is Op.IF and var in symbols(self.expand(n.args[0])):
+                return True
+            if n.op is Op.LET and var in symbols(self.expand(n.args[1])):
+                return True
+            if n.body and self._depends(n.body, var):
+                return True
+        return False
+
+    def walk(self, nodes: tuple[Node, ...], trips: float) -> None:
+        saved = dict(self.lets)
+        for n in nodes:
+            if n.op is Op.FOR:
+                self._for(n, trips)
+            elif n.op is Op.IF:
+                taken = try_evaluate(self.expand(n.args[0]), self.env)
+                if taken is None or taken:          # unknown: assumed taken
+                    self.walk(n.body, trips)
+            elif n.op is Op.ROLE:
+                self.role = n
+                self.walk(n.body, trips)
+                self.role = None
+            elif n.op is Op.LET:
+                cost_hook(n.op)(n, self.ctx, self.env, trips, Work())
+                self.lets[n.args[0]] = self.expand(n.args[1])
+            else:
+                self._leaf(n, trips)
+        self.lets = saved
+
+    def _for(self, n: Node, trips: float) -> None:
+        start, stop, step = (try_evaluate(self.expand(x), self.env) for x in loop_range(n))
+        if start is None or stop is None or step is None:
+            return                                  # a bound CTA 0 cannot know: nothing counted
+        values = range(int(start), int(stop), max(int(step), 1))
+        var = n.args[0]
+        self.loops.append((var, self.expand(loop_range(n)[0]), len(values)))
+        self.unroll.append(max(n.attr("unroll"), 1))
+        self.max_unroll = max(self.max_unroll, n.attr("unroll"))
+        before = self.env.get(var)
+        if len(values) and self._depends(n.body, var):
+            picks = values if len(values) <= MAX_WALKED_TRIPS else \
+                [values[round(i * (len(values) - 1) / (MAX_WALKED_TRIPS - 1))] for i in range(MAX_WALKED_TRIPS)]
+            weight = len(values) / len(picks)
+            for v in picks:
+                self.env[var] = v
+                self.walk(n.body, trips * weight)
+        elif len(values):
+            self.env[var] = values[0]               # the first trip stands for all (windows, bindings)
+            self.walk(n.body, trips * len(values))
+        if before is None:
+            self.env.pop(var, None)
+        else:
+            self.env[var] = before
+        self.loops.pop()
+        self.unroll.pop()
+
+    def _leaf(self, n: Node, trips: float) -> None:
+        cls, engine = TRAFFIC[n.op]
+        a = self.acc
+        if n.op is Op.SYNC:
+            a.syncs += trips
+            return
+        if cls == "none":
+            return
+        w = Work()
+        if cls != "atomic":
+            cost_hook(n.op)(n, self.ctx, self.env, trips, w)
+        if cls == "mma":
+            self._mma(n, w, trips)
+        elif cls == "simt":
+            a.simt += w.simt_flops
+        elif cls == "read":
+            a.reads[engine] += w.bytes
+            a.simt += w.simt_flops
+            a.copy_trips += trips
+            if n.op is Op.TMA_LOAD and n.attr("multicast"):
+                a.multicast = True
+            dst = self.ctx.buffers.get(_buf_name(n.arg("dst")))
+            depth = dst.stages if dst is not None and dst.stages > 1 else self.unroll[-1]
+            self.inflight[id(n)] = max(self.inflight.get(id(n), 0.0), w.bytes / max(trips, 1e-9) * depth)
+            self._stream(n, "read", w.bytes)
+        elif cls == "write":
+            a.write += w.bytes
+            self._stream(n, "write", w.bytes)
+        else:
+            self._atomic(n, trips)
+
+    def _mma(self, n: Node, w: Work, trips: float) -> None:
+        a = self.acc
+        atom = w.atom if n.op is Op.MMA else n.op.value
+        a.tensor[atom] = a.tensor.get(atom, 0.0) + w.flops
+        acc = self.ctx.buffers[n.arg("acc")]
+        op_a = self.ctx.buffers[_buf_name(n.arg("a"))]
+        op_b = self.ctx.buffers[_buf_name(n.arg("b"))]
+        m, nn = (int(try_evaluate(d, self.env) or 0) for d in acc.shape[-2:])
+        k = int(try_evaluate(op_a.shape[-1], self.env) or 0)
+        if m * nn > a.tile[0] * a.tile[1]:
+            a.tile = (m, nn, k)
+        bytes_a, bytes_b = m * k * op_a.dtype.bytes, nn * k * op_b.dtype.bytes
+        if n.op is Op.MMA and (op_a.space is not MemSpace.SMEM and op_b.space is not MemSpace.SMEM):
+            return
+        if n.op is Op.MMA:
+            # warps in a near-square grid each read their rows of a and columns of b from smem
+            warps = max(self.ctx.threads_of(n) // 32, 1)
+            wm = 2 ** (int(math.log2(warps)) // 2)
+            wn = max(warps // wm, 1)
+            a.smem_operand += (bytes_a * wn * (op_a.space is MemSpace.SMEM) +
+                               bytes_b * wm * (op_b.space is MemSpace.SMEM)) * trips
+        else:
+            # each warpgroup reads its 64 rows of a and all of b
+            wgs = max(m // 64, 1)
+            a.smem_operand += (bytes_a + bytes_b * wgs) * trips
+        self.math_roles.add(id(self.role) if self.role is not None else 0)
+
+    def _atomic(self, n: Node, trips: float) -> None:
+        a = self.acc
+        src = self.ctx.buffers.get(_buf_name(n.arg("src")))
+        dst = self.ctx.buffers.get(_buf_name(n.arg("dst")))
+        if src is None or dst is None:
+            return
+        elems = math.prod(int(try_evaluate(d, self.env) or 0) for d in src.shape) * trips
+        if dst.space is MemSpace.GMEM:
+            vec = n.attr("vector") if n.op is Op.SCATTER_ADD else 1
+            a.atomic_ops += elems / vec
+            a.atomic_bytes += elems * dst.dtype.bytes
+            self._stream(n, "atomic", elems * dst.dtype.bytes)
+        else:
+            a.smem_atomic_ops += elems
+
+    def _stream(self, n: Node, kind: str, nbytes: float) -> None:
+        s = self.streams.get(id(n))
+        if s is None:
+            v = _view_of(n)
+            if v is None:
+                return
+            index = tuple(self.expand(i.index if isinstance(i, (Tile, At)) else 0) for i in v.index
+                          if not isinstance(i, Full))
+            s = self.streams[id(n)] = _Stream(n, kind, v.buf, index, tuple((x, st) for x, st, _ in self.loops))
+        used = set().union(*(symbols(i) for i in s.index)) if s.index else set()
+        repeats = math.prod(t for x, _, t in self.loops if x not in used and t > 0)
+        s.bytes += nbytes
+        s.unique += nbytes / repeats
+
+
+# ---------------------------------------------------------------- grid analysis
+
+
+def _np_eval(e: Expr, env: dict[str, Any]):
+    """``evaluate`` over numpy arrays (one element per CTA); raises KeyError for an unbound symbol."""
+    if isinstance(e, (int, float)):
+        return e
+    if isinstance(e, Sym):
+        return env[e.name]
+    if isinstance(e, Bin):
+        x, y = _np_eval(e.a, env), _np_eval(e.b, env)
+        if e.op == "+":
+            return x + y
+        if e.op == "-":
+            return x - y
+        if e.op == "*":
+            return x * y
+        y = np.where(np.asarray(y) == 0, 1, y)      # a zero divisor only on CTAs past the data
+        return x // y if e.op == "//" else x % y
+    if isinstance(e, Call):
+        xs = [_np_eval(x, env) for x in e.args]
+        if e.fn == "cdiv":
+            return -(-xs[0] // np.where(np.asarray(xs[1]) == 0, 1, xs[1]))
+        return np.minimum(*xs) if e.fn == "min" else np.maximum(*xs)
+    if isinstance(e, Cmp):
+        raise KeyError("comparison")
+    raise KeyError(repr(e))
+
+
+def _distinct(s: _Stream, env: dict[str, Any], ctas: int, first: int) -> tuple[int, int]:
+    """(distinct windows over the grid, distinct windows among the first ``first`` CTAs)."""
+    try:
+        local = dict(env)
+        for var, start in s.loops:
+            local[var] = _np_eval(start, local)
+        cols = [np.broadcast_to(np.asarray(_np_eval(i, local), dtype=np.int64), (ctas,)) for i in s.index]
+    except (KeyError, TypeError, ValueError):
+        return ctas, first                          # windows CTA by CTA unknown: none shared
+    if not cols:
+        return 1, 1
+    keys = np.stack(cols, axis=1)
+    return len(np.unique(keys, axis=0)), len(np.unique(keys[:first], axis=0))
+
+
+def _occupancy(threads: int, regs: int, smem: int, g: dict[str, Any], target: dict[str, Any]) -> tuple[int, str]:
+    limits = {
+        "ctas": g["max_ctas_per_sm"],
+        "threads": target["max_threads_per_sm"] // max(threads, 1),
+        "regs": target["regs_per_sm"] // max(regs * threads, 1),
+        "smem": target["smem_per_sm_bytes"] // (smem + SMEM_RESERVED_PER_CTA),
+    }
+    which = min(limits, key=lambda k: (limits[k], k != "smem"))
+    return max(1, limits[which]), which
+
+
+def extract(program: Program, shape: dict[str, int], gpu: str = "H200", resources: Any = None) -> Features:
+    """The features of ``program`` at ``shape`` on ``gpu``.
+
+    Parameters
+    ----------
+    program : Program
+        A verified program.
+    shape : dict
+        One value per problem dimension.
+    gpu : str
+        A GPU data file's name (``model/gpus``).
+    resources : cake_core.lower.compile.Resources or mapping, optional
+        ptxas' report of the compiled kernel (registers, spill_bytes, smem_bytes); without it the IR's
+        estimates stand in (``from_ptxas`` says which).
+
+    Returns
+    -------
+    Features
+    """
+    g = load_gpu(gpu)
+    target = load_target(program.target) or load_target(g["arch"])
+    env: dict[str, int] = {**shape, **program.const_env, "num_sms": g["sms"]}
+    grid = [int(try_evaluate(x, env) or 0) for x in program.grid] + [1, 1]
+    gx, gy, gz = max(grid[0], 0), max(grid[1], 1), max(grid[2], 1)
+    ctas = gx * gy * gz
+    env.update({"ncta.x": gx, "ncta.y": gy, "ncta.z": gz, "bid.x": 0, "bid.y": 0, "bid.z": 0})
+    ctx = build_ctx(program, target)
+    w = _Walker(program, ctx, dict(env))
+    w.walk(program.body, 1.0)
+    a = w.acc
+
+    res = resources if resources is None or isinstance(resources, dict) else asdict(resources)
+    ir_smem = smem_bytes(ctx) or 0
+    if res:
+        regs, spills, smem, from_ptxas = int(res["registers"]), int(res.get("spill_bytes", 0)), \
+            int(res.get("smem_bytes", ir_smem)), True
+    else:
+        words = rmem_words_per_thread(ctx) or 0
+        regs, spills, smem, from_ptxas = min(words + REG_ALLOC_EXTRA, target["max_regs_per_thread"]), 0, \
+            ir_smem, False
+    per_sm, limit = _occupancy(program.threads, regs, smem, g, target)
+    concurrent = max(1, min(ctas, g["sms"] * per_sm))
+    full_waves, tail = divmod(ctas, concurrent)
+
+    role_regs = [r.attr("regs") for r in w.roles if r.attr("regs")]
+    cluster = next((n for n in program.body if n.op is Op.CLUSTER), None)
+    cluster_size = math.prod(int(try_evaluate(d, env) or 1) for d in cluster.args[0]) if cluster else 1
+    tensor_total = sum(a.tensor.values())
+    atom = max(a.tensor, key=lambda k: a.tensor[k]) if a.tensor else "none"
+    reads = a.reads
+    engine = max(reads, key=lambda k: reads[k]) if any(reads.values()) else "none"
+    rings = [ctx.buffers[_buf_name(n.arg("dst"))].stages for n, _, _ in ctx.nodes
+             if n.op in (Op.TMA_LOAD, Op.CP_ASYNC, Op.CP_ASYNC_BAR) and _buf_name(n.arg("dst")) in ctx.buffers]
+
+    # grid: streams, L2 reuse, split-K
+    idx = np.arange(ctas, dtype=np.int64)
+    genv: dict[str, Any] = {**{k: v for k, v in env.items() if not k.startswith("bid.")},
+                            "bid.x": idx % max(gx, 1), "bid.y": (idx // max(gx, 1)) % gy,
+                            "bid.z": idx // (max(gx, 1) * gy)}
+    footprint = {p.name: math.prod(int(try_evaluate(d, env) or 0) for d in p.type.shape) * p.type.dtype.bytes
+                 for p in program.params}
+    once = wave_bytes = 0.0
+    split_k, l2 = 1, 0.0
+    reread: list[tuple[float, float]] = []
+    for s in w.streams.values():
+        total, first = _distinct(s, genv, ctas, concurrent) if ctas else (0, 0)
+        l2 += s.bytes * ctas
+        if s.kind == "read":
+            o = min(total * s.unique, footprint.get(s.buf, math.inf), s.unique * ctas)
+            pw = min(max(ctas / concurrent, 1.0) * first * s.unique, s.unique * ctas)
+            once += o
+            reread.append((o, max(pw, o)))
+            wave_bytes += first * s.unique
+        else:
+            o = min(total * s.bytes, footprint.get(s.buf, math.inf)) if s.kind == "atomic" else s.bytes * ctas
+            once += o
+            reread.append((o, o))
+            if total:
+                split_k = max(split_k, round(ctas / total))
+    miss = min(max(wave_bytes / (L2_USABLE * g["l2_bytes"]) - 1.0, 0.0), 1.0)
+    dram = sum(o + (pw - o) * miss for o, pw in reread)
+
+    return Features(
+        atom=atom, copy_engine=engine, stages=max(rings, default=1), n_roles=len(w.roles),
+        math_roles=max(len(w.math_roles), 1 if tensor_total else 0),
+        role_regs_max=max(role_regs, default=0), role_regs_min=min(role_regs, default=0),
+        threads=program.threads, registers=regs, spill_bytes=spills, smem_bytes=smem, from_ptxas=from_ptxas,
+        ctas=ctas, ctas_per_sm=per_sm, occupancy_limit=limit, declared_ctas_per_sm=program.ctas_per_sm,
+        warps_per_sm=per_sm * program.threads // 32, concurrent_ctas=concurrent,
+        waves=ctas / concurrent if ctas else 0.0, full_waves=full_waves, tail_ctas=tail,
+        cluster_size=cluster_size, multicast=a.multicast, tile_m=a.tile[0], tile_n=a.tile[1], tile_k=a.tile[2],
+        unroll=w.max_unroll,
+        tensor_flops=sum(v for k, v in a.tensor.items() if k != "fma"), fma_flops=a.tensor.get("fma", 0.0),
+        simt_ops=a.simt, read_bytes_load=reads["load"], read_bytes_cp_async=reads["cp_async"],
+        read_bytes_tma=reads["tma"], write_bytes=a.write, atomic_ops=a.atomic_ops, atomic_bytes=a.atomic_bytes,
+        smem_atomic_ops=a.smem_atomic_ops, smem_operand_bytes=a.smem_operand, syncs=a.syncs,
+        copy_trips=a.copy_trips, inflight_bytes=sum(w.inflight.values()),
+        flops=tensor_total * ctas, l2_bytes=l2, dram_bytes=dram, unique_bytes=once,
+        footprint_bytes=float(sum(footprint.values())), wave_bytes=wave_bytes, split_k=split_k)

@@ -1,0 +1,142 @@
+"""The cost filter: which candidates of a generation reach the GPU, and a measure of what it threw away.
+
+``cost_filter`` ranks the candidates by the model's score averaged over the run's shapes (for the
+analytic model: the geometric mean of predicted times), keeps the top ``keep``, adds ``explore`` random
+others (so a candidate the model misjudges can still be timed and win), and picks ``sample_out`` random
+candidates among the rest to be timed *only to grade the filter*: each run measures its own recall on
+live data instead of assuming it. Every candidate gets a decision: ``kept``, ``explored``, ``sampled``
+(filtered, but timed to check) or ``filtered``; the caller records it with the predictions (the
+warehouse's ``predictions.decision``; view ``cost_filter_recall``).
+
+``filter_recall`` grades one generation from the measured times of kept, explored and sampled
+candidates: whether a sampled one beat every candidate the filter let through (a miss: the filter would
+have lost the generation's best), and how many sampled ones beat the worst survivor.
+
+Pure: no Prefect, no GPU; deterministic under ``seed``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Generic, Sequence, TypeVar
+
+import numpy as np
+
+from cake_core.ir.program import Program
+from cake_core.model.base import CostModelBase, Sample
+
+T = TypeVar("T")
+DECISIONS = ("kept", "explored", "sampled", "filtered")
+TIMED = ("kept", "explored", "sampled")
+
+
+@dataclass
+class FilterResult(Generic[T]):
+    items: list[T]
+    decisions: list[str]                    # one of DECISIONS per item
+    scores: list[float]                     # mean score over shapes (higher: predicted faster)
+    predicted_ms: list[dict[str, float]]    # per item: shape key -> predicted ms
+    model_version: str
+    model_kind: str
+    shape_scores: list[dict[str, float]] = field(default_factory=list)    # per item: shape key -> score
+
+    def _pick(self, *which: str) -> list[T]:
+        return [x for x, d in zip(self.items, self.decisions) if d in which]
+
+    @property
+    def kept(self) -> list[T]:
+        """The survivors: the top ``keep`` and the explored ones (what evolution goes on with)."""
+        return self._pick("kept", "explored")
+
+    @property
+    def sampled(self) -> list[T]:
+        """Filtered out, timed only to measure the filter's recall."""
+        return self._pick("sampled")
+
+    @property
+    def filtered(self) -> list[T]:
+        """Filtered out and not timed (sampled ones excluded)."""
+        return self._pick("filtered")
+
+    @property
+    def to_time(self) -> list[T]:
+        return self._pick(*TIMED)
+
+    def prediction_rows(self, attempt_id: Callable[[T], str]) -> list[dict[str, Any]]:
+        """Rows of the warehouse's ``predictions`` table: one per item and shape, with the decision."""
+        return [{"attempt_id": attempt_id(x), "model_version": self.model_version, "model_kind": self.model_kind,
+                 "shape": k, "predicted_ms": ms, "score": self.shape_scores[i].get(k) if self.shape_scores else None,
+                 "decision": d}
+                for i, (x, d) in enumerate(zip(self.items, self.decisions)) for k, ms in self.predicted_ms[i].items()]
+
+
+def cost_filter(items: Sequence[T], shapes: Sequence[dict[str, int]], model: CostModelBase, keep: int,
+                explore: int, sample_out: int, seed: int,
+                program: Callable[[T], Program] = lambda x: x,          # type: ignore[assignment,return-value]
+                resources: Callable[[T], Any] = lambda x: None, problem: str = "") -> FilterResult[T]:
+    """Rank ``items`` with ``model`` over ``shapes`` and decide which are timed.
+
+    Parameters
+    ----------
+    items : sequence
+        The candidates (programs, or anything ``program`` maps to one).
+    shapes : sequence of dict
+        The run's shapes; a candidate's score is its mean over them.
+    model : CostModelBase
+        Analytic or learned.
+    keep, explore, sample_out : int
+        Top-k kept; random others explored (kept too); random filtered ones timed to grade the filter.
+    seed : int
+        The generation's seed: the same seed gives the same decisions.
+    program, resources : callable
+        An item's Program and ptxas resources (None: the IR's estimates).
+
+    Returns
+    -------
+    FilterResult
+    """
+    n = len(items)
+    if n == 0:
+        return FilterResult([], [], [], [], model.version, model.kind)
+    samples = [Sample.of(program(x), s, model.gpu, resources(x), problem=problem) for x in items for s in shapes]
+    ms = model.predict(samples).reshape(n, len(shapes))
+    sc = model.score(samples).reshape(n, len(shapes))
+    mean = sc.mean(axis=1)
+    order = sorted(range(n), key=lambda i: (-mean[i], i))
+    decisions = ["filtered"] * n
+    for i in order[:max(keep, 0)]:
+        decisions[i] = "kept"
+    rng = np.random.default_rng(seed)
+    rest = order[max(keep, 0):]
+    explored = set(rng.choice(rest, size=min(max(explore, 0), len(rest)), replace=False).tolist()) if rest else set()
+    for i in explored:
+        decisions[i] = "explored"
+    left = [i for i in rest if i not in explored]
+    sampled = set(rng.choice(left, size=min(max(sample_out, 0), len(left)), replace=False).tolist()) if left else set()
+    for i in sampled:
+        decisions[i] = "sampled"
+    keys = [",".join(f"{k}={v}" for k, v in s.items()) for s in shapes]
+    return FilterResult(list(items), decisions, [float(x) for x in mean],
+                        [{k: float(v) for k, v in zip(keys, row)} for row in ms], model.version, model.kind,
+                        [{k: float(v) for k, v in zip(keys, row)} for row in sc])
+
+
+@dataclass(frozen=True)
+class Recall:
+    survivors: int
+    sampled: int
+    missed_best: bool | None        # a sampled candidate beat every survivor (None: nothing to compare)
+    beat_worst: int                 # sampled candidates faster than the slowest survivor
+
+
+def filter_recall(decisions: Sequence[str], measured_ms: Sequence[float | None]) -> Recall:
+    """Grade one generation: ``measured_ms`` per candidate (geomean over shapes; None when not timed)."""
+    surv = [m for d, m in zip(decisions, measured_ms) if d in ("kept", "explored") and m is not None]
+    samp = [m for d, m in zip(decisions, measured_ms) if d == "sampled" and m is not None]
+    if not surv or not samp:
+        return Recall(len(surv), len(samp), None, 0)
+    return Recall(len(surv), len(samp), min(samp) < min(surv), sum(m < max(surv) for m in samp))
+
+
+def geomean_ms(values: Sequence[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))

@@ -1,0 +1,51 @@
+"""Landing bench result files: program texts matched to their ptxas report, bad files refused."""
+from __future__ import annotations
+
+import pytest
+from bench_fixture import PROGRAMS, write_bench
+
+from cake_core.model.bench_import import BenchFileError, read_bench_file, resolve_texts, warehouse_rows
+
+
+def fake_check(text: str):
+    """Today's 'ptxas': the recorded report for ws_n256 and the seed; other registers and smem for ws."""
+    for key, (kernel, regs, smem) in PROGRAMS.items():
+        if f"def {kernel}(" in text:
+            return {"registers": regs, "smem_bytes": smem} if kernel != "gemm_bf16_ws" else \
+                {"registers": 1, "smem_bytes": 2}
+    return "does not compile today"
+
+
+def test_reads_our_measured_rows_only(tmp_path):
+    bf = read_bench_file(write_bench(tmp_path / "b.json"))
+    assert bf.gpu == "NVIDIA H200" and bf.run_id("gemm_bf16") == "bench-b-gemm_bf16"
+    assert len(bf.measurements) == 3 * 4 and bf.skipped_rows == 3          # the wrong rows stay out
+    assert {m.program_key for m in bf.measurements} == set(PROGRAMS)
+
+
+def test_texts_are_taken_only_where_the_ptxas_report_matches(tmp_path):
+    bf = read_bench_file(write_bench(tmp_path / "b.json"))
+    resolve_texts(bf, fake_check)
+    got = {k: (p.source, p.text is not None) for k, p in bf.programs.items()}
+    assert got["gemm_bf16/best:gemm_bf16_ws_n256.cake"] == ("tree", True)
+    assert got["gemm_bf16/seed:gemm_bf16.cake"] == ("tree", True)
+    assert got["gemm_bf16/best:gemm_bf16_ws.cake"][1] is False
+    assert "no version matches the recorded 90 regs, 99328 B smem (tree: 1 regs, 2 B smem)" in \
+        bf.programs["gemm_bf16/best:gemm_bf16_ws.cake"].note
+    assert "neither in git history nor in the working tree" in bf.programs["gemm_bf16/best:no_such_program.cake"].note
+    rows = warehouse_rows(bf)
+    assert [r["run_id"] for r in rows["runs"]] == ["bench-b-gemm_bf16"]
+    assert len(rows["attempts"]) == 2 and len(rows["measurements"]) == 6
+    assert {c["registers"] for c in rows["compiles"]} == {96, 154}            # the recorded report, not today's
+
+
+@pytest.mark.parametrize("content,msg", [("{", "not a JSON bench result"), ('{"rows": []}', "no date, gpu, programs"),
+                                         ('{"date": "yesterday", "gpu": "x", "programs": {}, "rows": []}',
+                                          "is not 'YYYY-MM-DD HH:MM:SS UTC'")])
+def test_a_bad_file_is_one_clear_error(tmp_path, content, msg):
+    p = tmp_path / "bad.json"
+    p.write_text(content)
+    with pytest.raises(BenchFileError, match=msg):
+        read_bench_file(p)
+    with pytest.raises(BenchFileError, match="no such file"):
+        read_bench_file(tmp_path / "missing.json")

@@ -1,0 +1,101 @@
+"""Cost-model features: a wgmma/TMA kernel's features are what it is, branch and loop counting, L2 reuse."""
+from __future__ import annotations
+
+import math
+
+import pytest
+from model_fixtures import seed
+
+from cake_core.ir.ops import REGISTRY
+from cake_core.model.features import FEATURE_NAMES, TRAFFIC, extract
+
+GEMM = {"M": 4096, "N": 4096, "K": 4096}
+
+
+def test_every_op_has_a_traffic_class():
+    assert set(TRAFFIC) == set(REGISTRY)
+
+
+def test_wgmma_tma_kernel_features_are_what_it_is():
+    f = extract(seed("gemm_bf16_ws"), GEMM)
+    assert (f.atom, f.copy_engine, f.stages) == ("wgmma", "tma", 4)
+    assert (f.n_roles, f.math_roles, f.role_regs_max, f.role_regs_min) == (2, 1, 232, 40)
+    assert (f.tile_m, f.tile_n, f.tile_k) == (128, 64, 64)
+    assert f.ctas == (4096 // 64) * (4096 // 128)
+    assert f.tensor_flops == 2 * 128 * 64 * 4096            # one CTA's tile over all of K
+    assert f.flops == 2 * 4096 ** 3
+    assert f.read_bytes_tma == (128 * 64 + 64 * 64) * 2 * (4096 // 64)
+    assert f.read_bytes_load == f.read_bytes_cp_async == 0
+    assert f.write_bytes == 128 * 64 * 4
+    # each warpgroup of the consumer reads its 64 rows of a and the whole b tile per k-step
+    assert f.smem_operand_bytes == (128 * 64 * 2 + 2 * 64 * 64 * 2) * (4096 // 64)
+
+
+def test_the_naive_seed_is_fma_with_plain_loads():
+    f = extract(seed("gemm_bf16"), GEMM)
+    assert (f.atom, f.copy_engine, f.stages, f.n_roles) == ("fma", "load", 1, 0)
+    assert f.tensor_flops == 0 and f.fma_flops > 0
+
+
+def test_an_if_on_a_dimension_counts_only_when_taken():
+    """tinygemm_cluster2_rows loads 8 rows of A at M <= 8, 16 at M <= 16, all 64 above."""
+    p = seed("tinygemm_cluster2_rows")
+    shape = {"N": 4096, "K": 4096}
+    trips = math.ceil(4096 // 64 / 2)
+    for m, rows in ((1, 8), (16, 16), (64, 64)):
+        f = extract(p, {"M": m, **shape})
+        assert f.read_bytes_tma == (rows * 64 + 64 * 64) * 2 * trips, m
+    f = extract(p, {"M": 1, **shape})
+    assert f.cluster_size == 2 and f.split_k == 2      # two CTAs of a cluster write one output window
+
+
+def test_an_if_on_the_loop_variable_counts_its_trips():
+    """``if i > 0: arrive(...)`` and the ring's first trips: the walk takes loop-dependent ifs trip by trip."""
+    from cake_core.ir.text import parse_program
+    text = '''@kernel(target="sm_90a", grid=(1,), threads=128, consts={"T": 10})
+def k(x: gmem[f32, (N,)], y: gmem[f32, (N,)]):
+    a = rmem(f32, (128,))
+    for i in range(T):
+        if i > 0:
+            load(a, x[tile(i, 128)])
+    store(y[tile(0, 128)], a)
+'''
+    f = extract(parse_program(text), {"N": 4096})
+    assert f.read_bytes_load == 9 * 128 * 4
+
+
+def test_l2_reuse_between_the_unique_bytes_and_the_requested_bytes():
+    small = {"M": 2048, "N": 2048, "K": 2048}
+    f = extract(seed("gemm_bf16_ws"), small)
+    assert f.unique_bytes == pytest.approx((2 * 2048 * 2048 * 2) + 2048 * 2048 * 4)
+    assert f.unique_bytes <= f.dram_bytes < f.l2_bytes
+    # at 2048 what one wave touches (~12 MB) fits in the usable L2: operands are read from DRAM once
+    assert f.wave_bytes < 25e6 and f.dram_bytes == pytest.approx(f.unique_bytes)
+    big = extract(seed("gemm_bf16_ws"), {"M": 16384, "N": 16384, "K": 16384})
+    assert big.dram_bytes > 1.5 * big.unique_bytes        # a wave's panels no longer fit: re-read per wave
+
+
+def test_occupancy_follows_ptxas_resources():
+    p = seed("kmeans_update_red4")
+    shape = {"B": 32, "N": 65536, "K": 1024, "D": 128}
+    few = extract(p, shape, resources={"registers": 32, "spill_bytes": 0, "smem_bytes": 4096})
+    many = extract(p, shape, resources={"registers": 255, "spill_bytes": 64, "smem_bytes": 4096})
+    assert few.from_ptxas and few.ctas_per_sm == 8 and few.occupancy_limit == "threads"
+    assert many.ctas_per_sm == 1 and many.occupancy_limit == "regs" and many.spill_bytes == 64
+    assert many.waves > few.waves and many.tail_ctas != few.tail_ctas
+
+
+def test_vector_atomics_are_a_quarter_of_the_element_atomics():
+    p = seed("kmeans_update_red4")
+    shape = {"B": 4, "N": 8192, "K": 1024, "D": 128}
+    f = extract(p, shape)
+    # per CTA: TPC tiles of BN rows x BD columns into sums (red.v4), BN counts (element atomics)
+    assert f.atomic_ops == 32 * 16 * 128 / 4 + 32 * 16
+    assert f.atomic_bytes == 32 * 16 * 128 * 4 + 32 * 16 * 4
+
+
+def test_feature_vector_has_the_schema_length():
+    f = extract(seed("knn_topk_split_pp3"), {"Q": 4096, "N": 1 << 20, "D": 128, "k": 10})
+    v = f.vector()
+    assert len(v) == len(FEATURE_NAMES) and all(math.isfinite(x) for x in v)
+    assert v[FEATURE_NAMES.index("atom=wgmma")] == 1.0 and v[FEATURE_NAMES.index("atom=fma")] == 0.0

@@ -1,0 +1,110 @@
+"""The learned model (fit, determinism, too little data) and model files (round trip, refusals, fallback)."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from model_fixtures import gemm_variants, measured
+
+from cake_core.model.analytic import AnalyticModel
+from cake_core.model.artifact import load_model, model_for_run, read_header
+from cake_core.model.base import ModelFileError, NotEnoughData
+from cake_core.model.learned import LearnedModel, labels
+
+SHAPES = [{"M": m, "N": n, "K": 2048} for m in (1024, 2048) for n in (1024, 4096)]
+A = AnalyticModel("H200")
+
+
+def truth(p, s):
+    """A 'GPU' on which the analytic model is wrong in a structured way: BN=128 tiles are 3x slower."""
+    base = A.predict_features(__import__("cake_core.model.features", fromlist=["extract"]).extract(p, s))
+    return base * (3.0 if p.const_env.get("BN") == 128 else 1.0)
+
+
+@pytest.fixture(scope="module")
+def data():
+    return [x for r in range(3) for x in measured(gemm_variants(), SHAPES, truth, f"run{r}")]
+
+
+@pytest.fixture(scope="module")
+def fitted(data):
+    return LearnedModel("H200").update(data)
+
+
+def test_labels_grade_by_distance_to_the_best():
+    assert labels([1.0, 1.0, 2.0, 2 ** 6]) == [10, 10, 8, 0]
+
+
+def test_learned_model_learns_what_the_analytic_one_misses(data, fitted):
+    from cake_core.model.evaluate import figures, grade
+    off = [s for s in data if s.program.const_env.get("BN") == 128]
+    err = (lambda m: float(np.mean(np.abs(np.log(m.predict(off) / [s.measured_ms for s in off])))))
+    assert err(A) == pytest.approx(math.log(3)) and err(fitted) < 0.2
+    assert figures(grade(fitted, data))["spearman"] > figures(grade(A, data))["spearman"]
+
+
+def test_fitting_is_deterministic(data, fitted):
+    again = LearnedModel("H200").update(data)
+    assert np.array_equal(again.predict(data), fitted.predict(data))
+    assert np.array_equal(again.score(data), fitted.score(data))
+
+
+def test_too_little_data_is_one_clear_error(data):
+    with pytest.raises(NotEnoughData, match=r"needs 12 measured samples in 3 groups .* got 4 samples"):
+        LearnedModel("H200").update(data[:4])
+
+
+def test_round_trip_keeps_predictions(tmp_path, data, fitted):
+    path = fitted.with_comparison({"learned_wins": True, "summary": "test"}).save(tmp_path / "m.json")
+    back = load_model(path, "H200")
+    assert back.kind == "learned" and back.version == fitted.version and back.beats_analytic
+    assert np.allclose(back.predict(data), fitted.predict(data)) and np.allclose(back.score(data), fitted.score(data))
+    h = read_header(path)
+    assert (h["kind"], h["gpu"], h["target"]) == ("learned", "H200", "sm_90a") and len(h["feature_schema"]) > 40
+    a = A.update(data).save(tmp_path / "a.json")
+    assert load_model(a).predict(data[:3]) == pytest.approx(A.update(data).predict(data[:3]))
+
+
+def test_a_file_of_another_gpu_is_refused(tmp_path):
+    path = AnalyticModel("B200").save(tmp_path / "b200.json")
+    with pytest.raises(ModelFileError, match=r"is for B200 \(sm_100a\), not H200 \(sm_90a\)"):
+        load_model(path, "H200")
+    model, line = model_for_run(path, "H200")
+    assert model.kind == "analytic" and model.gpu == "H200"
+    assert line.startswith("falling back to the analytic model: model file") and "B200" in line
+
+
+@pytest.mark.parametrize("damage", ["truncate", "payload", "garbage"])
+def test_a_corrupted_file_is_refused(tmp_path, fitted, damage):
+    path = fitted.save(tmp_path / "m.json")
+    text = path.read_text()
+    if damage == "truncate":
+        path.write_text(text[: len(text) // 2])
+    elif damage == "payload":
+        doc = json.loads(text)
+        doc["payload"]["regressor"] = doc["payload"]["regressor"].replace("tree", "tre", 1)
+        path.write_text(json.dumps(doc))
+    else:
+        path.write_bytes(b"\x00\xff not a model")
+    with pytest.raises(ModelFileError, match="corrupted|not a Cake cost-model file|cannot be read"):
+        load_model(path, "H200")
+    model, line = model_for_run(path, "H200")
+    assert model.kind == "analytic" and line.startswith("falling back to the analytic model: ")
+
+
+def test_a_learned_model_that_lost_on_held_out_data_is_not_used(tmp_path, fitted):
+    lost = fitted.with_comparison({"learned_wins": False, "summary": "Spearman 0.1 vs 0.3"})
+    model, line = model_for_run(lost.save(tmp_path / "lost.json"), "H200")
+    assert model.kind == "analytic" and "did not beat the analytic one on held-out data (Spearman 0.1 vs 0.3)" in line
+    won = fitted.with_comparison({"learned_wins": True, "summary": "ok"})
+    model, line = model_for_run(won.save(tmp_path / "won.json"), "H200")
+    assert model.kind == "learned" and line.startswith("cost model: learned")
+    assert model_for_run(None, "H200")[0].kind == "analytic"
+
+
+def test_missing_file_falls_back(tmp_path):
+    model, line = model_for_run(tmp_path / "nope.json", "H200")
+    assert model.kind == "analytic" and "does not exist" in line
+    assert math.isfinite(model.predict(measured(gemm_variants()[:1], SHAPES[:1], truth, "r"))[0])
