@@ -85,11 +85,13 @@ class Bound:
         return v <= self.value if self.kind == "<=" else int(v) % self.value == 0
 
 
-def _lets(program: Program) -> dict[str, Expr]:
+def lets_of(program: Program) -> dict[str, Expr]:
+    """Every binding of the program (``name = expr``), by name (names are unique: rule let.shadow)."""
     return {n.args[0]: n.args[1] for n, _, _ in walk(program.body) if n.op is Op.LET}
 
 
-def _expand(e: Expr, lets: dict[str, Expr]) -> Expr:
+def expand_lets(e: Expr, lets: dict[str, Expr]) -> Expr:
+    """``e`` with every binding it names replaced by its expression, down to consts, dims and loop variables."""
     for _ in range(16):             # bindings may name earlier bindings; 16 levels is far past any program
         if not symbols(e) & set(lets):
             break
@@ -103,13 +105,13 @@ def _gmem_views(n: Node) -> Iterator[View]:
             yield arg
 
 
-def _walk_with_conds(nodes: tuple[Node, ...], conds: tuple[Cmp, ...] = (), loops: dict | None = None,
+def walk_with_conds(nodes: tuple[Node, ...], conds: tuple[Cmp, ...] = (), loops: dict | None = None,
                      path: str = "") -> Iterator[tuple[Node, tuple[Cmp, ...], dict, str]]:
     """Every node as ``program.walk`` names it, with the enclosing ``if`` conditions and loop ranges."""
     loops = loops or {}
     counts: dict[str, int] = {}
     for n in nodes:
-        key = _walk_key(n)
+        key = walk_key(n)
         counts[key] = counts.get(key, 0) + 1
         here = f"{path}.{key}" if path else key
         if counts[key] > 1:
@@ -118,10 +120,11 @@ def _walk_with_conds(nodes: tuple[Node, ...], conds: tuple[Cmp, ...] = (), loops
         if n.body:
             inner_conds = conds + ((n.args[0],) if n.op is Op.IF else ())
             inner_loops = {**loops, n.args[0]: loop_range(n)} if n.op is Op.FOR else loops
-            yield from _walk_with_conds(n.body, inner_conds, inner_loops, here)
+            yield from walk_with_conds(n.body, inner_conds, inner_loops, here)
 
 
-def _walk_key(n: Node) -> str:
+def walk_key(n: Node) -> str:
+    """The name of ``n`` in an IR path, as ``program.walk`` gives it."""
     if n.op is Op.FOR:
         return f"for[{n.args[0]}]"
     if n.op is Op.LET:
@@ -136,13 +139,13 @@ def _walk_key(n: Node) -> str:
 def _static_max(e: Expr, loops: dict[str, tuple], consts: dict[str, int], lets: dict[str, Expr]) -> int | None:
     """The largest value ``e`` takes over the static ranges of the loop variables it names; None when it
     names anything else (a dimension, a CTA coordinate, a loop whose range depends on the shape)."""
-    e = _expand(e, lets)
+    e = expand_lets(e, lets)
     free = symbols(e) - set(consts)
     ranges = {}
     for s in free:
         if s not in loops:
             return None
-        start, stop, step = (try_evaluate(_expand(v, lets), consts) for v in loops[s])
+        start, stop, step = (try_evaluate(expand_lets(v, lets), consts) for v in loops[s])
         if start is None or stop is None or step is None or step < 1:
             return None
         ranges[s] = range(int(start), int(stop), int(step))
@@ -190,10 +193,10 @@ def accesses(program: Program) -> tuple[Access, ...]:
 
 
 def _accesses(program: Program) -> tuple[Access, ...]:
-    consts, lets = program.const_env, _lets(program)
+    consts, lets = program.const_env, lets_of(program)
     params = {p.name: p for p in program.params}
     out: list[Access] = []
-    for n, conds, loops, path in _walk_with_conds(program.body):
+    for n, conds, loops, path in walk_with_conds(program.body):
         whole = [a for (name, kind), a in zip(REGISTRY[n.op].operands, n.args) if kind == "buf" and a in params]
         for name in whole:       # a whole-tensor operand reaches every element
             for axis, _ in enumerate(params[name].type.shape):
@@ -205,7 +208,7 @@ def _accesses(program: Program) -> tuple[Access, ...]:
             for axis, i in enumerate(v.index):
                 end: int | None = None
                 if isinstance(i, Tile):
-                    size = try_evaluate(_expand(i.size, lets), consts)
+                    size = try_evaluate(expand_lets(i.size, lets), consts)
                     top = _static_max(i.index, loops, consts, lets)
                     end = None if size is None or top is None else (top + 1) * int(size)
                 elif isinstance(i, At):
@@ -224,7 +227,7 @@ def kernel_domain(program: Program) -> list[Bound]:
 
 
 def _kernel_domain(program: Program) -> list[Bound]:
-    consts, lets = program.const_env, _lets(program)
+    consts, lets = program.const_env, lets_of(program)
     bounds: list[Bound] = []
     params = {p.name: p for p in program.params}
     # domain.extent, on every shape: each (tensor, axis) whose every access stops at a static end
@@ -241,7 +244,7 @@ def _kernel_domain(program: Program) -> list[Bound]:
                                 f"run it on shapes with {fmt_expr(dim)} <= {a.end}, or loop over "
                                 f"{fmt_expr(dim)} in tiles", param=p.name))
     # domain.tile_multiple: unguarded tiles along a symbolic dimension
-    for n, conds, _, path in _walk_with_conds(program.body):
+    for n, conds, _, path in walk_with_conds(program.body):
         if "guard" not in REGISTRY[n.op].attrs or n.attr("guard"):
             continue
         for v in _gmem_views(n):
@@ -249,7 +252,7 @@ def _kernel_domain(program: Program) -> list[Bound]:
             if p is None or len(v.index) != len(p.type.shape):
                 continue
             for i, dim in zip(v.index, p.type.shape):
-                size = try_evaluate(_expand(i.size, lets), consts) if isinstance(i, Tile) else None
+                size = try_evaluate(expand_lets(i.size, lets), consts) if isinstance(i, Tile) else None
                 if size is None or size <= 1 or try_evaluate(dim, consts) is not None:
                     continue
                 bounds.append(Bound("domain.tile_multiple", dim, "%", int(size),
@@ -259,7 +262,7 @@ def _kernel_domain(program: Program) -> list[Bound]:
     # domain.tma_stride: every stride of a tensor a TMA copy reads or writes
     target = load_target(program.target) or {}
     align = int(target.get("tma", {}).get("global_align_bytes", 16))
-    for n, conds, _, path in _walk_with_conds(program.body):
+    for n, conds, _, path in walk_with_conds(program.body):
         if n.op not in _TMA_OPS:
             continue
         for v in _gmem_views(n):

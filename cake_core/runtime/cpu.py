@@ -94,7 +94,7 @@ def check_shape_on_cpu(program: Program, problem: Problem, shape: Shape, seed: i
 
 
 def check_on_cpu(program: Program, problem: Problem, shapes: list[Shape], seed: int,
-                 refs: ReferenceCache | None = None) -> list[ShapeCheck]:
+                 refs: ReferenceCache | None = None, strict: bool = False) -> list[ShapeCheck]:
     """The CPU gate of ``program`` on every shape, in order.
 
     Parameters
@@ -103,11 +103,16 @@ def check_on_cpu(program: Program, problem: Problem, shapes: list[Shape], seed: 
     shapes: assignments of the problem's dimensions; each is drawn its own inputs from (seed, shape).
     seed: the run's seed.
     refs: the reference cache (``ReferenceCache(home / "refs")``); None recomputes the oracle per call.
+    strict: also check the program's strict shapes (``runtime.strict``: rings wrapping, several tiles and
+        tails in every dimension, both sides of its thresholds), after ``shapes``.
 
-    Returns one :class:`ShapeCheck` per shape, in order; a shape outside the program's domain is
-    ``refused``, one the interpreter faults on has ``fault`` and the IR line.
+    Returns one :class:`ShapeCheck` per shape, in order (``shapes``, then the strict ones); a shape outside
+    the program's domain is ``refused``, one the interpreter faults on has ``fault`` and the IR line.
     """
     todo = [{d: int(s[d]) for d in problem.dims} for s in shapes]
+    if strict:
+        from cake_core.runtime.strict import strict_shapes  # noqa: PLC0415 - only the strict gate needs it
+        todo += [s for s in strict_shapes(program, problem).shapes if s not in todo]
     return [check_shape_on_cpu(program, problem, shape, seed, refs) for shape in todo]
 
 
