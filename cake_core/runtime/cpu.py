@@ -66,7 +66,11 @@ def check_shape_on_cpu(program: Program, problem: Problem, shape: Shape, seed: i
     key = shape_key(shape)
     refused = domain_violations(program, shape)
     if refused:
-        return ShapeCheck(key, False, None, "refused: " + "; ".join(d.message for d in refused), refused=True)
+        # an unguarded tile past the edge is the out-of-bounds access the interpreter (or a GPU) would fault on:
+        # recorded as that fault, at its line, without running it
+        oob = next((d for d in refused if d.rule == "domain.tile_multiple"), None)
+        return ShapeCheck(key, False, None, "refused: " + "; ".join(d.message for d in refused), refused=True,
+                          fault=oob is not None, fault_line=oob.line if oob is not None else 0)
     words = seed_words(seed, shape)
     x = problem.make_inputs(shape, input_sampler(seed, shape))
     ref = reference(problem, x, shape, seed, device=CPU_DEVICE, cache=refs)

@@ -44,6 +44,7 @@ def test_missing_tail_guard_faults_at_its_line():
     # the gate refuses the shape before running it: the unguarded tile bounds the kernel's domain
     (c,) = check_on_cpu(parse_program(text), p, [shape], seed=1)
     assert c.refused and not c.correct and "K = 72, not a multiple of 32" in c.message and "line 7" in c.message
+    assert c.fault and c.fault_line == 7       # the fault it would be, recorded without running it
 
 
 def test_unguarded_is_fine_on_tile_multiples():
