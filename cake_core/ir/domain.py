@@ -4,7 +4,9 @@ A kernel written for a bounded problem (a top-k list of KMAX, D loaded as a fixe
 16-byte strides) returns wrong answers, or out-of-range indices, on a shape past that bound. The domain
 makes the bound explicit, so that every caller refuses such a shape before a launch with a diagnostic
 that names it: the CPU and GPU gates (``runtime.cpu``, ``runtime.gpu``), ``cake run``, and a dispatch
-table choosing a kernel per shape (it calls :func:`domain_violations` and skips a kernel with any).
+table choosing a kernel per shape: the per-shape table a run records (``flows.evolve._dispatch``) holds
+only shapes the kernel was measured correct on, so the caller that serves a shape outside that table
+(an exported dispatcher, an inference engine) calls :func:`domain_violations` and skips a kernel with any.
 
 Bounds derived (each a :class:`Bound`, checked per shape by :func:`domain_violations`):
 
@@ -30,8 +32,8 @@ import math
 from dataclasses import dataclass
 from typing import Iterator
 
-from cake_core.ir.expr import Cmp, Expr, Sym, fmt_expr, substitute, symbols, try_evaluate
-from cake_core.ir.ops import REGISTRY, At, Full, Node, Op, Tile, View, loop_range
+from cake_core.ir.expr import Cmp, Expr, fmt_expr, substitute, symbols, try_evaluate
+from cake_core.ir.ops import REGISTRY, At, Node, Op, Tile, View, loop_range
 from cake_core.ir.program import Program, walk
 from cake_core.ir.targets import load_target
 from cake_core.outcome import Diagnostic, Severity

@@ -208,7 +208,6 @@ def strict_shapes(program: Program, problem: Problem, max_work: float = MAX_WORK
     """Shapes for the strict gate of ``program`` (see the module doc): the first exercises several tiles,
     tails and ring wrap-around in every dimension; one more per threshold the program writes. Every shape
     is inside the program's domain and the problem's shape rules."""
-    consts, lets = program.const_env, lets_of(program)
     tiles, caps = tile_sizes(program), _caps(program)
     # two of the largest tile in every dimension (under the domain's bounds), then a tail in each
     shape: Shape = {d: min(2 * max(tiles.get(d, {1})), caps.get(d, 1 << 62)) for d in problem.dims}

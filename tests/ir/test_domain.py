@@ -2,7 +2,6 @@
 them before anything runs (the CPU gate, `cake run`), and correct answers inside them."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
