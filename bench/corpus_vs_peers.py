@@ -56,8 +56,8 @@ from cake_core.ir.text import parse_program  # noqa: E402
 from cake_core.lower import compile_kernel, lower  # noqa: E402
 from cake_core.problems import PROBLEMS, get_problem, shape_key  # noqa: E402
 from cake_core.problems.base import SEEDS_DIR, parse_shape_key  # noqa: E402
-from cake_core.problems.peers import (PeerUnavailable, make_peer, peer_names, pick_rows,  # noqa: E402
-                                      row_subset_problem, time_peer)
+from cake_core.problems.peers import PeerUnavailable, make_peer, peer_names, time_peer  # noqa: E402
+from cake_core.runtime.gate import pick_rows  # noqa: E402
 
 PEAK_BF16_FLOPS = 790e12      # DESIGN §10: cuBLAS bf16 8192³ on this H200, upper end
 PEAK_BYTES_PER_S = 4.22e12    # DESIGN §10: measured copy bandwidth (read + write)
@@ -159,7 +159,8 @@ def compile_program(path: str, text: str, cache: Path) -> dict:
     cr = compile_kernel(lr.value, arch="sm_90a", cache_dir=cache)
     if not cr.ok:
         return {"ok": False, "error": "; ".join(d.format(path) for d in cr.diagnostics)}
-    return {"ok": True, "lowered": lr.value, "compiled": cr.value, "resources": asdict(cr.value.resources),
+    return {"ok": True, "lowered": lr.value, "compiled": cr.value, "program": parse_program(text, path),
+            "resources": asdict(cr.value.resources),
             "seconds": cr.value.seconds, "kernel": cr.value.kernel_name}
 
 
@@ -169,14 +170,16 @@ def fits(problem, lowered) -> bool:
         and set(lowered.dims) <= set(problem.dims)
 
 
-def run_ours(gpu, prog: dict, problem, cproblem, shape, args) -> dict:
-    """Check and time one of our kernels on one shape; a dict for the JSON row."""
+def run_ours(gpu, prog: dict, problem, n_rows, shape, args) -> dict:
+    """Check and time one of our kernels on one shape (on ``n_rows`` random output rows when not None); a
+    dict for the JSON row."""
     comp, lowered = prog["compiled"], prog["lowered"]
     t0 = time.perf_counter()
     try:
         # accumulating kernels (kmeans_update) are zeroed by the runtime before every launch, timed or not
-        (r,) = gpu.check_and_time(comp, lowered, cproblem, [shape], seed=args.seed, reps=args.reps,
-                                  warmup=args.warmup, timeout_s=args.timeout_s, timer=args.timer)
+        (r,) = gpu.check_and_time(comp, lowered, problem, [shape], seed=args.seed, reps=args.reps,
+                                  warmup=args.warmup, timeout_s=args.timeout_s, timer=args.timer,
+                                  program=prog.get("program"), rows=n_rows)
         res = asdict(r)
     except gpu.GPURefused as e:   # refused before launch (TMA cannot describe the shape...): not run, not wrong
         res = {"correct": None, "outcome": "refused", "message": f"{type(e).__name__}: {e}", "median_ms": None,
@@ -369,28 +372,18 @@ def main() -> int:
                 save()
                 continue
             big = problem.flops(shape) > args.full_oracle_flops or problem.bytes(shape) > args.full_oracle_bytes
-            rows_sel = None
+            rows_sel, n_rows = None, None
             if big and problem.rows is not None:
-                n = args.subset_rows or SUBSET_ROWS.get(problem.name, 256)
-                rows_sel = pick_rows(problem, shape, n, args.seed + 1)
+                # our kernels: the gate checks n random rows against the fp64 reference computed on the GPU;
+                # the peers: the same number of rows against the numpy oracle of those rows
+                n_rows = args.subset_rows or SUBSET_ROWS.get(problem.name, 256)
+                rows_sel = pick_rows(problem, shape, n_rows, args.seed + 1)
                 row["check"] = f"{rows_sel.size} of {problem.rows.count(shape)} rows"
-                cproblem = row_subset_problem(problem, rows_sel)
             else:
                 row["check"] = "full oracle"
-                cproblem = problem
-            # one draw of the inputs per shape, shared by our checks and the peers (the same seed would
-            # draw the same values; drawing a 1 GiB kmeans input takes ~15 s of CPU)
-            drawn: dict = {}
-
-            def make_inputs(s, rng, _draw=problem.make_inputs, _drawn=drawn):
-                if "x" not in _drawn:
-                    _drawn["x"] = _draw(s, rng)
-                return _drawn["x"]
-
-            cproblem = dataclasses.replace(cproblem, make_inputs=make_inputs)
             ts = time.perf_counter()
             for name, c in progs:
-                r = run_ours(gpu, c, problem, cproblem, shape, args)
+                r = run_ours(gpu, c, problem, n_rows, shape, args)
                 r["program"] = name
                 row["ours"].append(r)
                 print(f"[{problem.name}] {row['shape_key']} ours/{name}: {r.get('outcome')} "
@@ -401,7 +394,7 @@ def main() -> int:
             except Exception:  # noqa: BLE001
                 pass
             if peers:
-                inputs = drawn.get("x") or problem.make_inputs(shape, np.random.default_rng(args.seed))
+                inputs = problem.make_inputs(shape, np.random.default_rng(args.seed))
                 want = problem.oracle(inputs) if rows_sel is None else problem.oracle_rows(inputs, rows_sel)
                 for pn in peers:
                     r = run_peer(problem, pn, shape, inputs, rows_sel, want, args)
@@ -409,7 +402,6 @@ def main() -> int:
                     print(f"[{problem.name}] {row['shape_key']} peer/{r['peer']}: {r.get('outcome')} "
                           f"{fmt_ms(r.get('median_ms'))} ms ({r['wall_s']} s) {r.get('message', '')}", flush=True)
                 del inputs, want
-            drawn.clear()
             row["wall_s"] = round(time.perf_counter() - ts, 1)
             save()
 

@@ -4,14 +4,24 @@ A problem names its dimensions (``M``, ``N``, ``K``...): the same names appear
 as symbols in the gmem parameter shapes of its IR programs, and a *shape* is
 one assignment of them. Inputs are drawn fresh from a seeded generator (never
 zeros); outputs are listed so the runtime can poison them before each run.
+
+Inputs, oracles and comparisons are written once over an array module ``xp``:
+numpy on the CPU, CuPy on a GPU (the arrays say which, :func:`array_module`), so
+the GPU gate draws its inputs, computes its fp64 reference and compares on the
+device with the same code the CPU gate runs. A :class:`Sampler` makes the draws.
+
+Contract of every problem: products are accumulated in fp32 or wider (a score
+rounded to bf16 before an argmin or a top-k is wrong: the inputs plant near ties
+that it cannot separate).
 """
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -30,6 +40,57 @@ class ShapeSetError(CakeError):
 
 
 Shape = dict[str, int]
+
+
+def array_module(*arrays: Any):
+    """``cupy`` when any of ``arrays`` is a CuPy array, else ``numpy`` (CuPy is imported only then)."""
+    for a in arrays:
+        if type(a).__module__.split(".")[0] == "cupy":
+            import cupy  # noqa: PLC0415 - only reached with a CuPy array in hand
+            return cupy
+    return np
+
+
+def to_host(a: Any) -> np.ndarray:
+    """``a`` as a numpy array (a copy from the device for a CuPy array)."""
+    return a.get() if hasattr(a, "get") and type(a).__module__.split(".")[0] == "cupy" else np.asarray(a)
+
+
+class Sampler:
+    """The seeded draws a problem's ``make_inputs`` makes, on numpy (a ``numpy.random.Generator``) or on
+    a GPU (a ``cupy.random.Generator``: the values differ from numpy's, the distributions do not)."""
+
+    def __init__(self, xp: Any, gen: Any):
+        self.xp, self.gen = xp, gen
+
+    def normal(self, shape: tuple[int, ...]):
+        """Standard normal float32 values."""
+        return self.gen.standard_normal(shape, dtype=np.float32)
+
+    def uniform(self, shape: tuple[int, ...]):
+        """Uniform float64 values in [0, 1)."""
+        return self.gen.random(shape)
+
+    def integers(self, low: int, high: int, shape: tuple[int, ...]):
+        """Uniform int64 values in [low, high)."""
+        return self.gen.integers(low, high, size=shape)
+
+
+def as_sampler(rng: Any) -> Sampler:
+    """A :class:`Sampler` for ``rng`` (a Sampler already, or a ``numpy.random.Generator``)."""
+    return rng if isinstance(rng, Sampler) else Sampler(np, rng)
+
+
+def seed_words(seed: int, shape: Shape, stream: int = 0) -> list[int]:
+    """The seed sequence of one (seed, shape) draw: the gates' inputs depend on the shape itself, never on
+    its position in a list, so a shape's inputs (and its cached reference) are the same in every run."""
+    digest = hashlib.sha256(",".join(f"{k}={v}" for k, v in sorted(shape.items())).encode()).digest()
+    return [int(seed), int.from_bytes(digest[:8], "little"), int(stream)]
+
+
+def input_sampler(seed: int, shape: Shape, xp: Any = np, stream: int = 0) -> Sampler:
+    """The sampler of the gate's inputs for ``shape`` under ``seed``, on ``xp`` (numpy or cupy)."""
+    return Sampler(xp, xp.random.default_rng(seed_words(seed, shape, stream)))
 
 
 def shape_key(shape: Shape) -> str:
@@ -70,7 +131,9 @@ class RowOracle:
     there are; ``oracle(inputs, rows)`` is the fp64 oracle for those rows alone, in a layout the
     problem's ``compare`` accepts; ``take(outputs, rows)`` cuts the same rows out of a full output;
     ``rows_of_input0(inputs, flat)`` names the rows that element ``flat`` of the first input feeds
-    (so a perturbation check can include the row it changed).
+    (so a perturbation check recomputes only those). Every output, reshaped to ``(count, -1)``, has
+    one row per RowOracle row (see :func:`row_view`). Rows are host (numpy) index arrays; inputs
+    and outputs may live on either array module.
     """
 
     count: Callable[[Shape], int]
@@ -82,7 +145,7 @@ class RowOracle:
 @dataclass(frozen=True)
 class Problem:
     name: str
-    description: str
+    description: str                # the semantics, including the accumulation contract (fp32 or wider)
     dims: tuple[str, ...]
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
@@ -107,6 +170,14 @@ class Problem:
     # the best programs known for the problem (files in seeds/), offered beside the naive seed;
     # they may need shapes the seed does not (e.g. TMA's 16-byte-aligned rows): the verifier says so
     best_files: tuple[str, ...] = ()
+    # bump on any change to make_inputs, the oracle or the comparison: cached references carry it in their key
+    version: int = 1
+    # the `_`-entries of the oracle's result that are the inputs themselves (or rows of them), which the
+    # comparison reads: context(inputs, rows) rebuilds them (rows None: the full layout), so a cached
+    # reference stores only what the oracle computed
+    context: Callable[[dict[str, Any], np.ndarray | None], dict[str, Any]] | None = None
+    # what makes a shape meaningless for the problem beyond positive dimensions ('' when nothing), e.g. k > N
+    shape_rule: Callable[[Shape], str] | None = None
 
     def oracle_rows(self, inputs: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
         """The oracle for the output rows ``rows`` only (a 1-D index array, see :class:`RowOracle`);
@@ -147,26 +218,48 @@ class Problem:
     def shape_set(self, name: str) -> ShapeSet:
         return load_shape_set(self, name)
 
-    def compare(self, got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> tuple[bool, float, str]:
-        """(correct, max relative error, message). NaN or an unwritten (poisoned) element fails."""
+    def shape_error(self, shape: Shape) -> str:
+        """What is wrong with ``shape`` for this problem ('' if nothing): a dimension missing or below 1, or
+        the problem's own rule (``shape_rule``)."""
+        missing = [d for d in self.dims if d not in shape]
+        if missing:
+            return f"shape {shape_key(shape)} lacks {', '.join(missing)}"
+        low = [d for d in self.dims if shape[d] < 1]
+        if low:
+            return f"shape {shape_key(shape)}: {', '.join(low)} must be ≥ 1"
+        return self.shape_rule(shape) if self.shape_rule is not None else ""
+
+    def context_of(self, inputs: dict[str, Any], rows: np.ndarray | None = None) -> dict[str, Any]:
+        """The input-derived entries the comparison reads beside a reference (see ``context``)."""
+        return {} if self.context is None else self.context(inputs, rows)
+
+    def compare(self, got: dict[str, Any], want: dict[str, Any]) -> tuple[bool, float, str]:
+        """(correct, max relative error, message). NaN or an unwritten (poisoned) element fails.
+
+        ``got`` and ``want`` may be numpy or CuPy arrays: on a GPU the comparison runs there and only
+        a few scalars come back."""
         if self.compare_fn is not None:
             return self.compare_fn(got, want, self.rtol)
         worst, msg = 0.0, ""
         for name in self.outputs:
-            g, w = np.asarray(got[name], dtype=np.float64), np.asarray(want[name], dtype=np.float64)
+            xp = array_module(got[name], want[name])
+            g, w = xp.asarray(got[name], dtype=xp.float64), xp.asarray(want[name], dtype=xp.float64)
             if g.shape != w.shape:
                 return False, float("inf"), f"{name}: shape {g.shape}, expected {w.shape}"
-            bad = ~np.isfinite(g)
-            if bad.any():
-                idx = tuple(int(i) for i in np.argwhere(bad)[0])
-                return False, float("inf"), f"{name}: {int(bad.sum())} non-finite elements (first at {idx}); " \
-                                            "unwritten or NaN"
-            scale = max(float(np.abs(w).max()), 1e-30)
-            err = float(np.abs(g - w).max()) / scale
+            bad = ~xp.isfinite(g)
+            n_bad = int(bad.sum())
+            if n_bad:
+                idx = tuple(int(i) for i in np.unravel_index(int(xp.argmax(bad)), g.shape))
+                return False, float("inf"), f"{name}: {n_bad} non-finite elements (first at {idx}); unwritten or NaN"
+            if not g.size:
+                continue
+            diff = xp.abs(g - w)
+            scale = max(float(xp.abs(w).max()), 1e-30)
+            err = float(diff.max()) / scale
             if err > worst:
                 worst = err
-                idx = tuple(int(i) for i in np.unravel_index(np.argmax(np.abs(g - w)), g.shape))
-                msg = f"{name}: max rel error {err:.3g} at {idx} (got {g[idx]:.6g}, want {w[idx]:.6g})"
+                idx = tuple(int(i) for i in np.unravel_index(int(xp.argmax(diff)), g.shape))
+                msg = f"{name}: max rel error {err:.3g} at {idx} (got {float(g[idx]):.6g}, want {float(w[idx]):.6g})"
         return worst <= self.rtol, worst, msg
 
 
@@ -201,8 +294,14 @@ def load_shape_set(problem: Problem, name: str) -> ShapeSet:
     return ShapeSet(name, problem.name, tuple(shapes), tuple(roles))
 
 
-def bf16_round(x: np.ndarray) -> np.ndarray:
-    """Round float32 values to the nearest bf16 (ties to even), returned as float32."""
-    b = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    rounded = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
-    return rounded.astype(np.uint32).view(np.float32)
+def bf16_round(x: Any) -> Any:
+    """Round float32 values to the nearest bf16 (ties to even), returned as float32 (numpy or CuPy)."""
+    xp = array_module(x)
+    b = xp.ascontiguousarray(x, dtype=xp.float32).view(xp.uint32)
+    rounded = (b + xp.uint32(0x7FFF) + ((b >> xp.uint32(16)) & xp.uint32(1))) & xp.uint32(0xFFFF0000)
+    return rounded.astype(xp.uint32).view(xp.float32)
+
+
+def row_view(a: Any, count: int) -> Any:
+    """Output ``a`` as ``(count, -1)``: one row per RowOracle row (every problem's outputs are laid out so)."""
+    return a.reshape(count, -1)

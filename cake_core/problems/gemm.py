@@ -1,36 +1,45 @@
 """gemm_bf16: C[M, N] = A[M, K] @ B[K, N], bf16 operands, fp32 accumulate and output."""
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
-from cake_core.problems.base import Problem, RowOracle, Shape, bf16_round
+from cake_core.problems.base import Problem, RowOracle, Shape, array_module, as_sampler, bf16_round
 
 
-def _inputs(s: Shape, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    a = bf16_round(rng.standard_normal((s["M"], s["K"]), dtype=np.float32))
-    b = bf16_round(rng.standard_normal((s["K"], s["N"]), dtype=np.float32))
+def _inputs(s: Shape, rng: Any) -> dict[str, Any]:
+    r = as_sampler(rng)
+    a = bf16_round(r.normal((s["M"], s["K"])))
+    b = bf16_round(r.normal((s["K"], s["N"])))
     return {"a": a, "b": b}
 
 
-def _oracle(x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {"c": x["a"].astype(np.float64) @ x["b"].astype(np.float64)}
+def matmul_f64(a: Any, b: Any) -> Any:
+    """a @ b in fp64 (numpy's BLAS on a CPU, cuBLAS's DGEMM on a GPU)."""
+    xp = array_module(a, b)
+    return a.astype(xp.float64) @ b.astype(xp.float64)
 
 
-def _oracle_rows(x: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
-    return {"c": x["a"][rows].astype(np.float64) @ x["b"].astype(np.float64)}
+def _oracle(x: dict[str, Any]) -> dict[str, Any]:
+    return {"c": matmul_f64(x["a"], x["b"])}
+
+
+def _oracle_rows(x: dict[str, Any], rows: np.ndarray) -> dict[str, Any]:
+    return {"c": matmul_f64(x["a"][array_module(x["a"]).asarray(rows)], x["b"])}
 
 
 # a row is a row of C (of A); shared with tinygemm, which has the same operands
 GEMM_ROWS = RowOracle(
     count=lambda s: s["M"],
     oracle=_oracle_rows,
-    take=lambda out, rows: {"c": np.asarray(out["c"])[rows]},
+    take=lambda out, rows: {"c": out["c"][array_module(out["c"]).asarray(rows)]},
     rows_of_input0=lambda x, flat: np.unique(np.asarray(flat) // x["a"].shape[1]),
 )
 
 GEMM_BF16 = Problem(
     name="gemm_bf16",
-    description="C = A @ B, bf16 inputs (row-major A[M,K], B[K,N]), fp32 accumulate and output",
+    description="C = A @ B, bf16 inputs (row-major A[M,K], B[K,N]), accumulated in fp32 (or wider), fp32 output",
     dims=("M", "N", "K"),
     inputs=("a", "b"),
     outputs=("c",),

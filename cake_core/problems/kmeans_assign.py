@@ -7,75 +7,108 @@ ties may pick any of the tied centroids: the comparison accepts a centroid whose
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
-from cake_core.problems._distance import check_indices, relative_gap, row_chunks, sq_dists, sq_norms
-from cake_core.problems.base import Problem, RowOracle, Shape, bf16_round
+from cake_core.problems._distance import (check_indices, plant_ties, relative_gap, row_chunks, sq_dists,
+                                          sq_norms)
+from cake_core.problems.base import Problem, RowOracle, Shape, array_module, as_sampler, bf16_round
 
 
-def _inputs(s: Shape, rng: np.random.Generator) -> dict[str, np.ndarray]:
+def _inputs(s: Shape, rng: Any) -> dict[str, Any]:
+    r = as_sampler(rng)
+    xp = r.xp
     B, N, K, D = s["B"], s["N"], s["K"], s["D"]
-    c = bf16_round(rng.standard_normal((B, K, D), dtype=np.float32))
+    c = bf16_round(r.normal((B, K, D)))
     # most points near a random centroid (the argmin is decided by more than noise); a quarter near the
-    # origin, where every c_sq[k] - 2 x·c[k] is positive, so a zero-padded tail centroid would win them
-    pick = rng.integers(0, K, size=(B, N))
-    near = np.take_along_axis(c, pick[..., None], axis=1) + 0.5 * rng.standard_normal((B, N, D), dtype=np.float32)
-    origin = 0.1 * rng.standard_normal((B, N, D), dtype=np.float32)
-    x = np.where(rng.random((B, N, 1)) < 0.25, origin, near)
-    return {"x": bf16_round(x), "c": c, "c_sq": sq_norms(c).astype(np.float32)}
+    # origin, where every c_sq[k] - 2 x·c[k] is positive, so a zero-padded tail centroid would win them;
+    # half of the others halfway between two centroids, one nearer by TIE_GAP (fp32 scoring separates
+    # them, bf16 scoring does not)
+    pick = r.integers(0, K, (B, N))
+    near = xp.take_along_axis(c, pick[..., None], axis=1) + xp.float32(0.5) * r.normal((B, N, D))
+    origin = xp.float32(0.1) * r.normal((B, N, D))
+    x = xp.where(r.uniform((B, N, 1)) < 0.25, origin, plant_ties(r, c, near))
+    return {"x": bf16_round(x), "c": c, "c_sq": sq_norms(c).astype(xp.float32)}
 
 
-def _oracle(x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _nearest(x: Any, c: Any, c_sq: Any) -> tuple[Any, Any]:
+    """argmin and fp64 distance to the nearest of the centroids c (K, D) of each point of x (n, D)."""
+    xp = array_module(x, c)
+    out = xp.empty(x.shape[0], xp.int64)
+    dmin = xp.empty(x.shape[0], xp.float64)
+    for lo, hi in row_chunks(x.shape[0], c.shape[0], xp):
+        d = sq_dists(x[lo:hi], c, c_sq)
+        out[lo:hi] = xp.argmin(d, axis=1)
+        dmin[lo:hi] = d[xp.arange(hi - lo), out[lo:hi]]
+    return out, dmin
+
+
+def _context(x: dict[str, Any], rows: np.ndarray | None) -> dict[str, Any]:
+    if rows is None:
+        return {"_x": x["x"], "_c": x["c"], "_c_sq": x["c_sq"]}
+    B, N, D = x["x"].shape
+    xp = array_module(x["x"])
+    b_of, n_of = xp.asarray(rows // N), xp.asarray(rows % N)
+    return {"_x": x["x"][b_of, n_of][None], "_c": x["c"], "_c_sq": x["c_sq"], "_bidx": b_of[None]}
+
+
+def _oracle(x: dict[str, Any]) -> dict[str, Any]:
+    xp = array_module(x["x"])
     B, N, _ = x["x"].shape
-    out = np.empty((B, N), np.int64)
-    dmin = np.empty((B, N), np.float64)
+    out = xp.empty((B, N), xp.int64)
+    dmin = xp.empty((B, N), xp.float64)
     for b in range(B):
-        for lo, hi in row_chunks(N, x["c"].shape[1]):
-            d = sq_dists(x["x"][b, lo:hi], x["c"][b], x["c_sq"][b])
-            out[b, lo:hi] = np.argmin(d, axis=1)
-            dmin[b, lo:hi] = d[np.arange(hi - lo), out[b, lo:hi]]
-    return {"out": out, "_dmin": dmin, "_x": x["x"], "_c": x["c"], "_c_sq": x["c_sq"]}
+        out[b], dmin[b] = _nearest(x["x"][b], x["c"][b], x["c_sq"][b])
+    return {"out": out, "_dmin": dmin, **_context(x, None)}
 
 
-def _oracle_rows(x: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
+def _oracle_rows(x: dict[str, Any], rows: np.ndarray) -> dict[str, Any]:
     """The oracle for points ``rows`` (numbered b*N + n), laid out as one batch row (1, R)."""
+    xp = array_module(x["x"])
     B, N, D = x["x"].shape
     b_of, n_of = rows // N, rows % N
-    out = np.empty(rows.size, np.int64)
-    dmin = np.empty(rows.size, np.float64)
+    out = xp.empty(rows.size, xp.int64)
+    dmin = xp.empty(rows.size, xp.float64)
     for b in np.unique(b_of):
         sel = np.nonzero(b_of == b)[0]
-        for lo, hi in row_chunks(sel.size, x["c"].shape[1]):
-            d = sq_dists(x["x"][b, n_of[sel[lo:hi]]], x["c"][b], x["c_sq"][b])
-            out[sel[lo:hi]] = np.argmin(d, axis=1)
-            dmin[sel[lo:hi]] = d[np.arange(hi - lo), out[sel[lo:hi]]]
-    return {"out": out[None], "_dmin": dmin[None], "_x": x["x"][b_of, n_of][None], "_c": x["c"],
-            "_c_sq": x["c_sq"], "_bidx": b_of[None]}
+        o, d = _nearest(x["x"][int(b)][xp.asarray(n_of[sel])], x["c"][int(b)], x["c_sq"][int(b)])
+        out[xp.asarray(sel)], dmin[xp.asarray(sel)] = o, d
+    return {"out": out[None], "_dmin": dmin[None], **_context(x, rows)}
 
 
-def _compare(got: dict[str, np.ndarray], want: dict[str, np.ndarray], rtol: float) -> tuple[bool, float, str]:
+def _compare(got: dict[str, Any], want: dict[str, Any], rtol: float) -> tuple[bool, float, str]:
     xs, cs, csq, dmin = want["_x"], want["_c"], want["_c_sq"], want["_dmin"]
+    xp = array_module(got["out"], dmin)
     g, msg = check_indices("out", got["out"], dmin.shape, cs.shape[1])
     if g is None:
         return False, float("inf"), msg
     # the batch of each point: its row in the full layout, `_bidx` in the row-subset one
-    bidx = want["_bidx"] if "_bidx" in want else np.arange(g.shape[0])[:, None]
-    chosen_c = cs[bidx, g].astype(np.float64)                                           # (B, N, D)
-    chosen_sq = csq[bidx, g].astype(np.float64)
-    d_got = sq_norms(xs) + chosen_sq - 2.0 * np.einsum("bnd,bnd->bn", xs.astype(np.float64), chosen_c)
-    gap = relative_gap(d_got, dmin, float(np.mean(np.abs(dmin))))
+    bidx = want["_bidx"] if "_bidx" in want else xp.arange(g.shape[0])[:, None]
+    chosen_c = cs[bidx, g].astype(xp.float64)                                           # (B, N, D)
+    chosen_sq = csq[bidx, g].astype(xp.float64)
+    d_got = sq_norms(xs) + chosen_sq - 2.0 * xp.einsum("bnd,bnd->bn", xs.astype(xp.float64), chosen_c)
+    gap = relative_gap(d_got, dmin, float(xp.mean(xp.abs(dmin))) if dmin.size else 1.0)
     worst = float(gap.max()) if gap.size else 0.0
     if worst <= rtol:
         return True, max(worst, 0.0), ""
-    idx = tuple(int(i) for i in np.unravel_index(np.argmax(gap), gap.shape))
-    return False, worst, (f"out: centroid {g[idx]} at {idx} is {worst:.3g} farther (relative) than the nearest, "
-                          f"centroid {int(want['out'][idx])} (distance {d_got[idx]:.6g} vs {dmin[idx]:.6g})")
+    idx = tuple(int(i) for i in np.unravel_index(int(xp.argmax(gap)), gap.shape))
+    return False, worst, (f"out: centroid {int(g[idx])} at {idx} is {worst:.3g} farther (relative) than the nearest, "
+                          f"centroid {int(want['out'][idx])} (distance {float(d_got[idx]):.6g} vs "
+                          f"{float(dmin[idx]):.6g})")
+
+
+def _take(out: dict[str, Any], rows: np.ndarray) -> dict[str, Any]:
+    xp = array_module(out["out"])
+    return {"out": out["out"].reshape(-1)[xp.asarray(rows)][None]}
 
 
 KMEANS_ASSIGN = Problem(
     name="kmeans_assign",
     description="out[b, n] = argmin_k ||x[b, n] - c[b, k]||^2 with x[B,N,D], c[B,K,D] bf16 and c_sq[B,K] f32 "
-                "= ||c[b, k]||^2 given; out i32; equal-distance ties may pick any tied centroid",
+                "= ||c[b, k]||^2 given; out i32; dot products accumulated in fp32 (or wider) and scored "
+                "unrounded: the inputs plant centroid pairs 2e-3 apart (relative) that a bf16 score cannot "
+                "order; equal-distance ties may pick any tied centroid",
     dims=("B", "N", "K", "D"),
     inputs=("x", "c", "c_sq"),
     outputs=("out",),
@@ -99,7 +132,9 @@ KMEANS_ASSIGN = Problem(
     rows=RowOracle(
         count=lambda s: s["B"] * s["N"],
         oracle=_oracle_rows,
-        take=lambda out, rows: {"out": np.asarray(out["out"]).reshape(-1)[rows][None]},
+        take=_take,
         rows_of_input0=lambda x, flat: np.unique(np.asarray(flat) // x["x"].shape[2]),
     ),
+    version=2,    # 2: near ties planted in the points
+    context=_context,
 )

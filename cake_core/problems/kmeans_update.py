@@ -8,57 +8,70 @@ empty cluster stays visible). Both outputs are zeroed by the harness before ever
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
-from cake_core.problems.base import Problem, RowOracle, Shape, bf16_round
+from cake_core.problems.base import Problem, RowOracle, Shape, array_module, as_sampler, bf16_round, to_host
 
 
-def _inputs(s: Shape, rng: np.random.Generator) -> dict[str, np.ndarray]:
+def _inputs(s: Shape, rng: Any) -> dict[str, Any]:
+    r = as_sampler(rng)
     B, N, K, D = s["B"], s["N"], s["K"], s["D"]
-    x = bf16_round(rng.standard_normal((B, N, D), dtype=np.float32))
+    x = bf16_round(r.normal((B, N, D)))
     # `_K`: auxiliary (not a kernel argument): K is not recoverable from `assign` alone
-    return {"x": x, "assign": rng.integers(0, K, size=(B, N)).astype(np.int32), "_K": np.array(K)}
+    return {"x": x, "assign": r.integers(0, K, (B, N)).astype(r.xp.int32), "_K": np.array(K)}
 
 
-def _oracle(x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    xs, a, K = x["x"].astype(np.float64), x["assign"].astype(np.int64), int(x["_K"])
+def _oracle(x: dict[str, Any]) -> dict[str, Any]:
+    xp = array_module(x["x"])
+    xs, a, K = x["x"].astype(xp.float64), x["assign"].astype(xp.int64), int(x["_K"])
     B, N, D = xs.shape
-    sums = np.zeros((B, K, D), np.float64)
-    counts = np.zeros((B, K), np.int64)
+    sums = xp.zeros((B, K, D), xp.float64)
+    counts = xp.zeros((B, K), xp.int64)
     for b in range(B):
-        np.add.at(sums[b], a[b], xs[b])
-        counts[b] = np.bincount(a[b], minlength=K)
+        xp.add.at(sums[b], a[b], xs[b])
+        counts[b] = xp.bincount(a[b], minlength=K)
     return {"sums": sums, "counts": counts}
 
 
-def _oracle_rows(x: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
+def _oracle_rows(x: dict[str, Any], rows: np.ndarray) -> dict[str, Any]:
     """Sums and counts of the clusters ``rows`` (numbered b*K + k, each once): sums (R, D), counts (R,)."""
+    xp = array_module(x["x"])
     K = int(x["_K"])
     B, N, D = x["x"].shape
     rows = np.asarray(rows, np.int64)
-    sums = np.zeros((rows.size, D), np.float64)
-    counts = np.zeros(rows.size, np.int64)
+    sums = xp.zeros((rows.size, D), xp.float64)
+    counts = xp.zeros(rows.size, xp.int64)
     for b in np.unique(rows // K):
         pos = np.nonzero(rows // K == b)[0]
-        slot = np.full(K, -1, np.int64)
-        slot[rows[pos] % K] = pos
-        s = slot[x["assign"][b].astype(np.int64)]
+        slot = xp.full(K, -1, xp.int64)
+        slot[xp.asarray(rows[pos] % K)] = xp.asarray(pos)
+        s = slot[x["assign"][int(b)].astype(xp.int64)]
         m = s >= 0
-        np.add.at(sums, s[m], x["x"][b][m].astype(np.float64))
-        counts += np.bincount(s[m], minlength=rows.size)
+        xp.add.at(sums, s[m], x["x"][int(b)][m].astype(xp.float64))
+        counts += xp.bincount(s[m], minlength=rows.size)
     return {"sums": sums, "counts": counts}
 
 
-def _rows_of_x(x: dict[str, np.ndarray], flat: np.ndarray) -> np.ndarray:
+def _rows_of_x(x: dict[str, Any], flat: np.ndarray) -> np.ndarray:
     B, N, D = x["x"].shape
     point = np.asarray(flat) // D
-    return np.unique((point // N) * int(x["_K"]) + x["assign"].reshape(-1)[point].astype(np.int64))
+    assign = to_host(x["assign"].reshape(-1)[array_module(x["assign"]).asarray(point)]).astype(np.int64)
+    return np.unique((point // N) * int(x["_K"]) + assign)
+
+
+def _take(out: dict[str, Any], rows: np.ndarray) -> dict[str, Any]:
+    xp = array_module(out["sums"])
+    r = xp.asarray(rows)
+    return {"sums": out["sums"].reshape(-1, out["sums"].shape[-1])[r], "counts": out["counts"].reshape(-1)[r]}
 
 
 KMEANS_UPDATE = Problem(
     name="kmeans_update",
     description="sums[b, k] = Σ x[b, n] and counts[b, k] = #n over the points with assign[b, n] = k; x[B,N,D] "
-                "bf16, assign[B,N] i32 in [0, K); sums f32, counts i32 (both zeroed before the launch)",
+                "bf16, assign[B,N] i32 in [0, K); sums accumulated in fp32 (or wider), f32, counts i32 (both zeroed "
+                "before the launch)",
     dims=("B", "N", "K", "D"),
     inputs=("x", "assign"),
     outputs=("sums", "counts"),
@@ -77,8 +90,7 @@ KMEANS_UPDATE = Problem(
     rows=RowOracle(
         count=lambda s: s["B"] * s["K"],
         oracle=_oracle_rows,
-        take=lambda out, rows: {"sums": np.asarray(out["sums"]).reshape(-1, np.shape(out["sums"])[-1])[rows],
-                                "counts": np.asarray(out["counts"]).reshape(-1)[rows]},
+        take=_take,
         rows_of_input0=_rows_of_x,
     ),
 )

@@ -7,71 +7,82 @@ relative of the true j-th smallest distance, with no row returned twice.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
-from cake_core.problems._distance import check_indices, relative_gap, row_chunks, sq_dists, sq_norms
-from cake_core.problems.base import Problem, RowOracle, Shape, bf16_round
+from cake_core.problems._distance import (check_indices, plant_ties, relative_gap, row_chunks, smallest_k,
+                                          sq_dists, sq_norms)
+from cake_core.problems.base import Problem, RowOracle, Shape, array_module, as_sampler, bf16_round
 
 
-def _inputs(s: Shape, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    q = bf16_round(rng.standard_normal((s["Q"], s["D"]), dtype=np.float32))
-    db = bf16_round(rng.standard_normal((s["N"], s["D"]), dtype=np.float32))
-    return {"q": q, "db": db, "_k": np.array(s["k"])}     # `_k`: auxiliary, not a kernel argument
+def _inputs(s: Shape, rng: Any) -> dict[str, Any]:
+    r = as_sampler(rng)
+    db = bf16_round(r.normal((s["N"], s["D"])))
+    # half of the queries halfway between two database rows, one nearer by TIE_GAP: fp32 ranking orders
+    # them, a bf16-rounded score does not
+    q = plant_ties(r, db[None], r.normal((1, s["Q"], s["D"])))[0]
+    return {"q": bf16_round(q), "db": db, "_k": np.array(s["k"])}     # `_k`: auxiliary, not a kernel argument
 
 
-def _nearest(q: np.ndarray, db: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+def _nearest(q: Any, db: Any, k: int) -> tuple[Any, Any]:
     """Indices and fp64 distances of the k nearest db rows of each query, nearest first."""
+    xp = array_module(q, db)
     Q, N = q.shape[0], db.shape[0]
-    idx = np.empty((Q, k), np.int64)
-    dk = np.empty((Q, k), np.float64)
-    db64 = db.astype(np.float64)                      # once, not per chunk
-    db_sq = np.einsum("nd,nd->n", db64, db64)
-    for lo, hi in row_chunks(Q, N):
-        d = sq_dists(q[lo:hi], db64, db_sq)
-        part = np.argpartition(d, k - 1, axis=1)[:, :k] if k < N else np.tile(np.arange(N), (hi - lo, 1))
-        pd = np.take_along_axis(d, part, axis=1)
-        order = np.argsort(pd, axis=1, kind="stable")
-        idx[lo:hi] = np.take_along_axis(part, order, axis=1)
-        dk[lo:hi] = np.take_along_axis(pd, order, axis=1)
+    idx = xp.empty((Q, k), xp.int64)
+    dk = xp.empty((Q, k), xp.float64)
+    db64 = db.astype(xp.float64)                      # once, not per chunk
+    db_sq = xp.einsum("nd,nd->n", db64, db64)
+    for lo, hi in row_chunks(Q, N, xp):
+        idx[lo:hi], dk[lo:hi] = smallest_k(sq_dists(q[lo:hi], db64, db_sq), k)
     return idx, dk
 
 
-def _oracle(x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _context(x: dict[str, Any], rows: np.ndarray | None) -> dict[str, Any]:
+    q = x["q"] if rows is None else x["q"][array_module(x["q"]).asarray(rows)]
+    return {"_q": q, "_db": x["db"]}
+
+
+def _oracle(x: dict[str, Any]) -> dict[str, Any]:
     idx, dk = _nearest(x["q"], x["db"], int(x["_k"]))
-    return {"idx": idx, "_dk": dk, "_q": x["q"], "_db": x["db"]}
+    return {"idx": idx, "_dk": dk, **_context(x, None)}
 
 
-def _oracle_rows(x: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
-    q = x["q"][rows]
-    idx, dk = _nearest(q, x["db"], int(x["_k"]))
-    return {"idx": idx, "_dk": dk, "_q": q, "_db": x["db"]}
+def _oracle_rows(x: dict[str, Any], rows: np.ndarray) -> dict[str, Any]:
+    ctx = _context(x, rows)
+    idx, dk = _nearest(ctx["_q"], x["db"], int(x["_k"]))
+    return {"idx": idx, "_dk": dk, **ctx}
 
 
-def _compare(got: dict[str, np.ndarray], want: dict[str, np.ndarray], rtol: float) -> tuple[bool, float, str]:
+def _compare(got: dict[str, Any], want: dict[str, Any], rtol: float) -> tuple[bool, float, str]:
     q, db, dk = want["_q"], want["_db"], want["_dk"]
+    xp = array_module(got["idx"], dk)
     g, msg = check_indices("idx", got["idx"], dk.shape, db.shape[0])
     if g is None:
         return False, float("inf"), msg
-    srt = np.sort(g, axis=1)
-    dup = (srt[:, 1:] == srt[:, :-1]).any(axis=1) if g.shape[1] > 1 else np.zeros(g.shape[0], bool)
-    if dup.any():
-        i = int(np.argmax(dup))
-        return False, float("inf"), f"idx: row {i} returns a database row twice: {g[i].tolist()}"
-    q64, rows = q.astype(np.float64), db[g].astype(np.float64)                          # (Q, k, D)
-    d_got = sq_norms(q)[:, None] + sq_norms(db)[g] - 2.0 * np.einsum("qd,qkd->qk", q64, rows)
-    gap = np.abs(relative_gap(d_got, dk, float(np.mean(np.abs(dk)))))
+    if g.shape[1] > 1:
+        srt = xp.sort(g, axis=1)
+        dup = (srt[:, 1:] == srt[:, :-1]).any(axis=1)
+        if bool(dup.any()):
+            i = int(xp.argmax(dup))
+            return False, float("inf"), f"idx: row {i} returns a database row twice: {g[i].tolist()}"
+    q64, rows = q.astype(xp.float64), db[g].astype(xp.float64)                          # (Q, k, D)
+    d_got = sq_norms(q)[:, None] + sq_norms(db)[g] - 2.0 * xp.einsum("qd,qkd->qk", q64, rows)
+    gap = xp.abs(relative_gap(d_got, dk, float(xp.mean(xp.abs(dk))) if dk.size else 1.0))
     worst = float(gap.max()) if gap.size else 0.0
     if worst <= rtol:
         return True, worst, ""
-    i, j = (int(v) for v in np.unravel_index(np.argmax(gap), gap.shape))
-    return False, worst, (f"idx: position {j} of query {i} is row {g[i, j]} at distance {d_got[i, j]:.6g}; the "
-                          f"{j}-th nearest is at {dk[i, j]:.6g} (row {int(want['idx'][i, j])})")
+    i, j = (int(v) for v in np.unravel_index(int(xp.argmax(gap)), gap.shape))
+    return False, worst, (f"idx: position {j} of query {i} is row {int(g[i, j])} at distance {float(d_got[i, j]):.6g}; "
+                          f"the {j}-th nearest is at {float(dk[i, j]):.6g} (row {int(want['idx'][i, j])})")
 
 
 KNN_TOPK = Problem(
     name="knn_topk",
     description="idx[i, :] = the k rows of db[N,D] nearest to q[i] (q[Q,D]) by L2, nearest first; bf16 inputs, "
-                "i32 output (Q, k), k ≤ N; equal-distance ties in any order",
+                "i32 output (Q, k), k ≤ N; dot products accumulated in fp32 (or wider) and ranked unrounded: "
+                "the inputs plant database pairs 2e-3 apart (relative) that a bf16 score cannot order; "
+                "equal-distance ties in any order",
     dims=("Q", "N", "D", "k"),
     inputs=("q", "db"),
     outputs=("idx",),
@@ -93,7 +104,10 @@ KNN_TOPK = Problem(
     rows=RowOracle(
         count=lambda s: s["Q"],
         oracle=_oracle_rows,
-        take=lambda out, rows: {"idx": np.asarray(out["idx"])[rows]},
+        take=lambda out, rows: {"idx": out["idx"][array_module(out["idx"]).asarray(rows)]},
         rows_of_input0=lambda x, flat: np.unique(np.asarray(flat) // x["q"].shape[1]),
     ),
+    version=2,    # 2: near ties planted in the queries
+    shape_rule=lambda s: "" if s["k"] <= s["N"] else f"k = {s['k']} > N = {s['N']}: fewer database rows than k",
+    context=_context,
 )

@@ -17,27 +17,30 @@ the tolerance, as is any tile left unwritten.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
-from cake_core.problems.base import Problem, Shape, bf16_round
-from cake_core.problems.gemm import GEMM_ROWS
+from cake_core.problems.base import Problem, Shape, as_sampler, bf16_round
+from cake_core.problems.gemm import GEMM_ROWS, matmul_f64
 
 
-def _inputs(s: Shape, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    a = bf16_round(rng.standard_normal((s["M"], s["K"]), dtype=np.float32))
+def _inputs(s: Shape, rng: Any) -> dict[str, Any]:
+    r = as_sampler(rng)
+    a = bf16_round(r.normal((s["M"], s["K"])))
     # weights at a typical init scale (std 1/sqrt(K)); bf16 keeps the relative precision
-    b = bf16_round(rng.standard_normal((s["K"], s["N"]), dtype=np.float32) / np.float32(np.sqrt(s["K"])))
+    b = bf16_round(r.normal((s["K"], s["N"])) / np.float32(np.sqrt(s["K"])))
     return {"a": a, "b": b}
 
 
-def _oracle(x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {"c": x["a"].astype(np.float64) @ x["b"].astype(np.float64)}
+def _oracle(x: dict[str, Any]) -> dict[str, Any]:
+    return {"c": matmul_f64(x["a"], x["b"])}
 
 
 TINYGEMM = Problem(
     name="tinygemm",
     description="C = A @ B for decode (M ≤ 64 rows of activations, B[K,N] weights), bf16 inputs "
-                "(row-major A[M,K], B[K,N]), fp32 accumulate and output; bound by the weight read",
+                "(row-major A[M,K], B[K,N]), accumulated in fp32 (or wider), fp32 output; bound by the weight read",
     dims=("M", "N", "K"),
     inputs=("a", "b"),
     outputs=("c",),

@@ -1,9 +1,10 @@
 """CPU backend: the correctness gate on the interpreter, nothing timed.
 
-Same protocol as the GPU gate, on shapes small enough for numpy: fresh seeded
-inputs per shape (never zeros), outputs poisoned with NaN before the run,
-comparison with the problem's fp64 oracle, and a perturbation check (change
-one input element, run again, the output must follow the oracle).
+Same protocol as the GPU gate (``runtime.gate``), on shapes small enough for numpy: inputs drawn per
+(seed, shape) (never zeros), outputs poisoned with NaN before each run, comparison with the problem's
+fp64 oracle (computed once per shape and seed, cached when a :class:`ReferenceCache` is given), and a
+perturbation check that recomputes only the rows the changed element feeds. A shape outside the
+program's domain (``ir.domain``) is refused before anything runs.
 """
 from __future__ import annotations
 
@@ -14,11 +15,16 @@ import numpy as np
 
 from cake_core.errors import CakeError
 from cake_core.ir import interp
+from cake_core.ir.domain import domain_violations
 from cake_core.ir.expr import evaluate
 from cake_core.ir.program import Program
 from cake_core.ir.types import DType
 from cake_core.ir.zeroing import accumulated_params
-from cake_core.problems.base import Problem, Shape, bf16_round, shape_key
+from cake_core.problems.base import Problem, Shape, input_sampler, seed_words, shape_key
+from cake_core.runtime.gate import CheckInfo, compare_to, info_for, perturbation_check
+from cake_core.runtime.references import ReferenceCache, reference
+
+CPU_DEVICE = "cpu"
 
 
 @dataclass(frozen=True)
@@ -29,6 +35,11 @@ class ShapeCheck:
     message: str
     fault: bool = False          # the program did what a GPU would fault on
     fault_line: int = 0
+    refused: bool = False        # outside the program's domain: not run (the message names the bound)
+    check: str = ""              # full | rows | '' (not checked)
+    rows_checked: int = 0
+    perturbed: str = ""          # the element the perturbation check changed and the rows it recomputed
+    reference: str = ""          # where the expected outputs came from: cached | computed ...
 
 
 def _poisoned(problem: Problem, program: Program, shape: Shape) -> dict[str, np.ndarray]:
@@ -43,45 +54,79 @@ def _poisoned(problem: Problem, program: Program, shape: Shape) -> dict[str, np.
     return out
 
 
-def _run_once(problem: Problem, program: Program, shape: Shape, x: dict[str, np.ndarray]):
-    out = _poisoned(problem, program, shape)
-    interp.run(program, shape, x, out)
-    return problem.compare(out, problem.oracle(x))
+def _with_info(c: ShapeCheck, info: CheckInfo) -> ShapeCheck:
+    return ShapeCheck(c.shape, c.correct, c.max_error, c.message, c.fault, c.fault_line, c.refused, info.check,
+                      info.rows, info.perturbed, info.reference)
 
 
-def check_on_cpu(program: Program, problem: Problem, shapes: list[Shape], seed: int) -> list[ShapeCheck]:
-    results = []
-    for i, shape in enumerate(shapes):
-        rng = np.random.default_rng([seed, i])
-        x = problem.make_inputs(shape, rng)
-        key = shape_key(shape)
-        try:
-            ok, err, msg = _run_once(problem, program, shape, x)
-            if ok:
-                # perturbation: a changed input must change the output as the oracle says
-                name = problem.inputs[0]
-                x2 = {k: v.copy() for k, v in x.items()}
-                flat = x2[name].reshape(-1)
-                j = int(rng.integers(flat.size))
-                flat[j] = flat[j] + 2.0 if flat[j] < 0 else flat[j] - 2.0
-                param = program.param(name)
-                if param is not None and param.type.dtype is DType.BF16:
-                    x2[name] = bf16_round(x2[name])      # inputs are bf16 values, as on the GPU
-                ok2, err2, msg2 = _run_once(problem, program, shape, x2)
-                if not ok2:
-                    ok, err, msg = False, err2, f"after perturbing {name}[{j}]: {msg2}"
-        except interp.InterpFault as e:
-            results.append(ShapeCheck(key, False, None, str(e), fault=True, fault_line=e.node.line))
-            continue
-        results.append(ShapeCheck(key, ok, err, "" if ok else msg))
-    return results
+def check_shape_on_cpu(program: Program, problem: Problem, shape: Shape, seed: int,
+                       refs: ReferenceCache | None = None) -> ShapeCheck:
+    """The gate of ``program`` on one shape (see :func:`check_on_cpu`)."""
+    shape = {d: int(shape[d]) for d in problem.dims}
+    key = shape_key(shape)
+    refused = domain_violations(program, shape)
+    if refused:
+        # an unguarded tile past the edge is the out-of-bounds access the interpreter (or a GPU) would fault on:
+        # recorded as that fault, at its line, without running it
+        oob = next((d for d in refused if d.rule == "domain.tile_multiple"), None)
+        return ShapeCheck(key, False, None, "refused: " + "; ".join(d.message for d in refused), refused=True,
+                          fault=oob is not None, fault_line=oob.line if oob is not None else 0)
+    words = seed_words(seed, shape)
+    x = problem.make_inputs(shape, input_sampler(seed, shape))
+    ref = reference(problem, x, shape, seed, device=CPU_DEVICE, cache=refs)
+
+    def run(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = _poisoned(problem, program, shape)
+        interp.run(program, shape, inputs, out)
+        return out
+
+    try:
+        got = run(x)
+        ok, err, msg = compare_to(problem, got, ref)
+        if not ok:
+            return _with_info(ShapeCheck(key, False, err, msg), info_for(problem, shape, ref))
+        param = program.param(problem.inputs[0])
+        bf16 = param is not None and param.type.dtype is DType.BF16     # inputs are bf16 values, as on the GPU
+        ok2, err2, msg2, what = perturbation_check(problem, shape, x, got, ref, run, words, bf16)
+    except interp.InterpFault as e:
+        return _with_info(ShapeCheck(key, False, None, str(e), fault=True, fault_line=e.node.line),
+                          info_for(problem, shape, ref))
+    info = info_for(problem, shape, ref, what)
+    if not ok2:
+        return _with_info(ShapeCheck(key, False, err2, msg2), info)
+    return _with_info(ShapeCheck(key, True, max(err, err2), ""), info)
 
 
-def run_file(path: str | Path, problem_name: str, shapes: list[Shape], seed: int = 0) -> list[ShapeCheck]:
+def check_on_cpu(program: Program, problem: Problem, shapes: list[Shape], seed: int,
+                 refs: ReferenceCache | None = None, strict: bool = False) -> list[ShapeCheck]:
+    """The CPU gate of ``program`` on every shape, in order.
+
+    Parameters
+    ----------
+    program, problem: the kernel and what it must compute.
+    shapes: assignments of the problem's dimensions; each is drawn its own inputs from (seed, shape).
+    seed: the run's seed.
+    refs: the reference cache (``ReferenceCache(home / "refs")``); None recomputes the oracle per call.
+    strict: also check the program's strict shapes (``runtime.strict``: rings wrapping, several tiles and
+        tails in every dimension, both sides of its thresholds), after ``shapes``.
+
+    Returns one :class:`ShapeCheck` per shape, in order (``shapes``, then the strict ones); a shape outside
+    the program's domain is ``refused``, one the interpreter faults on has ``fault`` and the IR line.
+    """
+    todo = [{d: int(s[d]) for d in problem.dims} for s in shapes]
+    if strict:
+        from cake_core.runtime.strict import strict_shapes  # noqa: PLC0415 - only the strict gate needs it
+        todo += [s for s in strict_shapes(program, problem).shapes if s not in todo]
+    return [check_shape_on_cpu(program, problem, shape, seed, refs) for shape in todo]
+
+
+def run_file(path: str | Path, problem_name: str, shapes: list[Shape], seed: int = 0,
+             refs: ReferenceCache | None = None) -> list[ShapeCheck]:
     """`cake run FILE --cpu`: parse and verify an IR file, then check it on the CPU interpreter.
 
-    Raises CakeError with every formatted diagnostic when the file does not parse or verify,
-    and for an unknown problem or a shape that does not name exactly the problem's dimensions.
+    Raises CakeError with every formatted diagnostic when the file does not parse or verify, or a
+    shape is outside the kernel's domain (``ir.domain``: nothing runs then), and for an unknown
+    problem or a shape that does not name exactly the problem's dimensions.
     """
     from cake_core.ir.check import check_text
     from cake_core.ir.text import parse_program
@@ -107,4 +152,8 @@ def run_file(path: str | Path, problem_name: str, shapes: list[Shape], seed: int
     if mismatch:
         raise CakeError(f"{p} does not fit problem {problem.name}: {mismatch}")
     ordered = [{d: int(s[d]) for d in problem.dims} for s in shapes]
-    return check_on_cpu(program, problem, ordered, seed)
+    outside = [d for s in ordered for d in domain_violations(program, s)]
+    if outside:
+        raise CakeError(f"{p}: {len(outside)} shape bound{'s' if len(outside) > 1 else ''} broken; the kernel "
+                        "was not run:\n" + "\n".join(d.format(str(p), text) for d in outside))
+    return check_on_cpu(program, problem, ordered, seed, refs)

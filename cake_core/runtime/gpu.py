@@ -3,11 +3,17 @@
 CuPy is imported lazily, so this module imports on a CPU machine; only calling
 into it needs a GPU.
 
-Correctness gate, per shape (DESIGN §5): fresh seeded inputs (never zeros);
-outputs poisoned (NaN for floats, a sentinel for integers) before every run;
-compare with the problem's fp64 oracle and tolerance; perturb one input element
-and check that the output follows the perturbed oracle (and changed where the
-oracle changed); after timing, compare the last timed output again.
+Correctness gate, per shape (DESIGN §5; the steps in ``runtime.gate``): a shape outside the
+program's domain (``ir.domain``, when the program is given) is refused before any launch; inputs
+drawn on the device, seeded per (seed, shape) (never zeros); outputs poisoned (NaN for floats, a
+sentinel for integers) before every run; the reference is the problem's fp64 oracle run on the
+device (``runtime.references``: once per problem, version, shape, seed and GPU model, cached under
+the Cake home when a cache is given), for all output rows or, with ``rows=n``, for n random rows;
+outputs are compared on the device (a few scalars come back); one input element is perturbed and
+only the rows it feeds are recomputed: they must follow the perturbed oracle (and change where it
+did), the others must still match the reference; after timing, the last timed output is compared
+again. Each ``ShapeRun`` says which check it got (``check``, ``rows_checked``, ``perturbed``,
+``reference``).
 
 Timing protocol: CUDA events around each launch on one stream, ``warmup``
 launches first, L2 flushed before every timed launch by reading a 256 MiB
@@ -40,12 +46,16 @@ from typing import Any, Callable
 import numpy as np
 
 from cake_core.errors import CakeError
+from cake_core.ir.domain import domain_violations
 from cake_core.ir.expr import evaluate
+from cake_core.ir.program import Program
 from cake_core.ir.types import DType
 from cake_core.lower.compile import Compiled, target
 from cake_core.lower.cuda import LoweredKernel
 from cake_core.outcome import Outcome
-from cake_core.problems.base import Problem, Shape, bf16_round
+from cake_core.problems.base import Problem, Shape, bf16_round, input_sampler, seed_words, shape_key
+from cake_core.runtime.gate import CheckInfo, compare_to, info_for, perturbation_check, pick_rows
+from cake_core.runtime.references import Reference, ReferenceCache, reference
 
 L2_FLUSH_BYTES = 256 << 20       # ≥ 2x the L2 of every target we time on (H200: 50 MiB)
 ROTATE_BELOW_BYTES = 64 << 20    # inputs smaller than this are rotated among copies
@@ -75,6 +85,16 @@ class ShapeRun:
     timer: str = TIMERS["event"]
     l2: str = "cold-clean"   # L2Flush: a 256 MiB read before each timed launch
     outcome: str = Outcome.CHECKED.value   # checked | measured | wrong | runtime_fault | timeout
+    refused: bool = False    # outside the program's domain: never launched (outcome wrong, the message names the bound)
+    check: str = ""          # full | rows (see runtime.gate.CheckInfo); '' when not checked
+    rows_checked: int = 0
+    perturbed: str = ""      # the element the perturbation check changed and the rows it recomputed
+    reference: str = ""      # cached | computed ... (runtime.references)
+
+    def with_info(self, info: CheckInfo) -> "ShapeRun":
+        self.check, self.rows_checked, self.perturbed, self.reference = (info.check, info.rows, info.perturbed,
+                                                                         info.reference)
+        return self
 
 
 def _cupy():
@@ -101,15 +121,16 @@ def _num_sms(cp) -> int:
     return int(cp.cuda.Device().attributes["MultiProcessorCount"])
 
 
-def _to_device(cp, x: np.ndarray, dtype: DType):
+def _to_device(cp, x, dtype: DType):
+    """``x`` (numpy or already on the device) as the kernel's argument of ``dtype``."""
     if dtype is DType.BF16:   # inputs are float32 already rounded to bf16: keep the top 16 bits
-        bits = (np.ascontiguousarray(bf16_round(x), dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
-        return cp.asarray(bits)
+        x32 = cp.ascontiguousarray(bf16_round(cp.asarray(x, dtype=cp.float32)))
+        return (x32.view(cp.uint32) >> cp.uint32(16)).astype(cp.uint16)
     np_dtype = {DType.F16: np.float16, DType.F32: np.float32, DType.I32: np.int32, DType.I64: np.int64,
                 DType.BOOL: np.bool_}.get(dtype)
     if np_dtype is None:
         raise GPURefused(f"the GPU runtime cannot upload {dtype.value} tensors yet")
-    return cp.asarray(np.ascontiguousarray(x, dtype=np_dtype))
+    return cp.ascontiguousarray(cp.asarray(x, dtype=np_dtype))
 
 
 def _alloc(cp, shape: tuple[int, ...], dtype: DType):
@@ -131,6 +152,13 @@ def _to_host(buf, dtype: DType) -> np.ndarray:
     if dtype is DType.BF16:
         return (h.astype(np.uint32) << 16).view(np.float32)
     return h
+
+
+def _on_device(cp, buf, dtype: DType):
+    """A device copy of output ``buf`` as values (bf16 bits widened to float32): what the gate compares."""
+    if dtype is DType.BF16:
+        return (buf.astype(cp.uint32) << cp.uint32(16)).view(cp.float32)
+    return buf.copy()
 
 
 class _Fault(Exception):
@@ -227,27 +255,20 @@ class _Launcher:
         for n in self.zeroed:
             self.outputs[n].fill(0)
 
-    def run_checked(self, dev_in: dict[str, Any], what: str) -> dict[str, np.ndarray]:
+    def run_checked(self, dev_in: dict[str, Any], what: str) -> dict[str, Any]:
+        """Poison, launch, wait: a device copy of the outputs."""
         self.reset_outputs()
         self.launch(self.args(dev_in))
         self.wait(what)
-        return self.got()
+        return self.got_device()
 
     def got(self) -> dict[str, np.ndarray]:
+        """The outputs on the host (for callers that inspect them; the gate compares on the device)."""
         return {n: _to_host(buf, self.dtypes[n]) for n, buf in self.outputs.items()}
 
-
-def _perturb(problem: Problem, inputs: dict[str, np.ndarray], rng: np.random.Generator,
-             dtypes: dict[str, DType]) -> dict[str, np.ndarray]:
-    name = problem.inputs[0]
-    x = np.array(inputs[name], copy=True)
-    flat = x.reshape(-1)
-    i = int(rng.integers(flat.size))
-    delta = np.float32(4.0 + 2.0 * abs(float(flat[i])))   # large against the tolerance, exact-ish in bf16
-    flat[i] = flat[i] + delta if flat[i] >= 0 else flat[i] - delta
-    if dtypes.get(name) is DType.BF16:
-        x = bf16_round(x)
-    return {**inputs, name: x}
+    def got_device(self) -> dict[str, Any]:
+        """A device copy of the outputs, as values."""
+        return {n: _on_device(self.cp, buf, self.dtypes[n]) for n, buf in self.outputs.items()}
 
 
 def _stats(ms: list[float]) -> tuple[float, float, float]:
@@ -348,36 +369,44 @@ def _graph_timed(cp, L: _Launcher, arg_sets: list[tuple], reps: int, warmup: int
     return [m / len(arg_sets) for m in ms]
 
 
+def _device_reference(cp, problem: Problem, shape: Shape, seed: int, device: str, refs: ReferenceCache | None,
+                      rows: int | None) -> tuple[dict[str, Any], Reference]:
+    """The shape's inputs, drawn on the device, and their reference (computed there, or from the cache)."""
+    inputs = problem.make_inputs(shape, input_sampler(seed, shape, cp))
+    sel = None if rows is None else pick_rows(problem, shape, rows, seed)
+    try:
+        return inputs, reference(problem, inputs, shape, seed, device=device, cache=refs, rows=sel)
+    except cp.cuda.memory.OutOfMemoryError as e:
+        raise GPURefused(f"the fp64 reference of {problem.name} at {shape_key(shape)} does not fit in GPU memory "
+                         f"({e}); check it on a subset of rows (rows=256)") from None
+
+
 def _check_shape(cp, fn, lowered: LoweredKernel, problem: Problem, shape: Shape, *, seed: int, time: bool,
-                 reps: int, warmup: int, timeout_s: float, stream, flush, timer: str = "event") -> ShapeRun:
-    rng = np.random.default_rng(seed)
+                 reps: int, warmup: int, timeout_s: float, stream, flush, timer: str = "event",
+                 refs: ReferenceCache | None = None, device: str = "cuda", rows: int | None = None) -> ShapeRun:
     L = _Launcher(cp, fn, lowered, problem, shape, stream, timeout_s)
-    inputs = problem.make_inputs(shape, rng)
-    want = problem.oracle(inputs)
+    inputs, ref = _device_reference(cp, problem, shape, seed, device, refs, rows)
     dev_in = L.upload(inputs)
 
     got = L.run_checked(dev_in, "correctness run")
-    ok, err, msg = problem.compare(got, want)
+    ok, err, msg = compare_to(problem, got, ref)
     if not ok:
-        return ShapeRun(dict(shape), False, err, f"wrong: {msg}", outcome=Outcome.WRONG.value)
+        return ShapeRun(dict(shape), False, err, f"wrong: {msg}",
+                        outcome=Outcome.WRONG.value).with_info(info_for(problem, shape, ref))
 
     # perturbation: the output must follow a changed input (no result cached from setup)
-    p_inputs = _perturb(problem, inputs, rng, L.dtypes)
-    p_want = problem.oracle(p_inputs)
-    p_got = L.run_checked(L.upload(p_inputs), "perturbation run")
-    p_ok, p_err, p_msg = problem.compare(p_got, p_want)
+    bf16 = L.dtypes.get(problem.inputs[0]) is DType.BF16
+    p_ok, p_err, p_msg, what = perturbation_check(
+        problem, shape, inputs, got, ref, lambda p_inputs: L.run_checked(L.upload(p_inputs), "perturbation run"),
+        seed_words(seed, shape), bf16)
+    info = info_for(problem, shape, ref, what)
+    del got
     if not p_ok:
         return ShapeRun(dict(shape), False, p_err, f"wrong after perturbing one input element: {p_msg}",
-                        outcome=Outcome.WRONG.value)
-    for n in problem.outputs:
-        w0, w1 = np.asarray(want[n], np.float64), np.asarray(p_want[n], np.float64)
-        moved = np.abs(w1 - w0) > 10 * problem.rtol * max(float(np.abs(w0).max()), 1e-30)
-        if moved.any() and np.array_equal(got[n][moved], p_got[n][moved]):
-            return ShapeRun(dict(shape), False, p_err, f"{n}: output did not change after perturbing an input "
-                            f"element although the oracle did ({int(moved.sum())} elements)",
-                            outcome=Outcome.WRONG.value)
+                        outcome=Outcome.WRONG.value).with_info(info)
     if not time:
-        return ShapeRun(dict(shape), True, max(err, p_err), "correct (not timed)", outcome=Outcome.CHECKED.value)
+        return ShapeRun(dict(shape), True, max(err, p_err), "correct (not timed)",
+                        outcome=Outcome.CHECKED.value).with_info(info)
 
     # timing: cold L2, rotating input copies (the graph timer: one copy per launch of a replay)
     in_bytes = sum(int(b.nbytes) for b in dev_in.values())
@@ -397,18 +426,19 @@ def _check_shape(cp, fn, lowered: LoweredKernel, problem: Problem, shape: Shape,
         ms = _timed_launches(cp, L, arg_sets, reps, stream, flush)
         how = f"{len(copies)} input copies rotated"
 
-    ok2, err2, msg2 = problem.compare(L.got(), want)
+    ok2, err2, msg2 = compare_to(problem, L.got_device(), ref)
     if not ok2:
         return ShapeRun(dict(shape), False, err2, f"wrong after timing (re-check): {msg2}",
-                        outcome=Outcome.WRONG.value)
+                        outcome=Outcome.WRONG.value).with_info(info)
     med, p10, p90 = _stats(ms)
     return ShapeRun(dict(shape), True, max(err, p_err, err2), f"correct; {how}",
-                    med, p10, p90, reps, timer=TIMERS[timer], outcome=Outcome.MEASURED.value)
+                    med, p10, p90, reps, timer=TIMERS[timer], outcome=Outcome.MEASURED.value).with_info(info)
 
 
 def check_and_time(compiled: Compiled, lowered: LoweredKernel, problem: Problem, shapes: list[Shape], *,
                    seed: int, time: bool = True, reps: int = 20, warmup: int = 3,
-                   timeout_s: float = 30.0, timer: str = "event") -> list[ShapeRun]:
+                   timeout_s: float = 30.0, timer: str = "event", program: Program | None = None,
+                   refs: ReferenceCache | None = None, rows: int | None = None) -> list[ShapeRun]:
     """Correctness gate (and timing, with ``time=True``) of one kernel on every shape.
 
     Parameters
@@ -420,6 +450,10 @@ def check_and_time(compiled: Compiled, lowered: LoweredKernel, problem: Problem,
     timeout_s: watchdog per wait; a kernel still running after it is reported as ``timeout``.
     timer: ``"event"`` (each launch alone between CUDA events) or ``"graph"`` (launches back to back
         from a CUDA graph; see the module doc).
+    program: the IR the kernel was lowered from; with it, a shape outside its domain (``ir.domain``) is
+        refused before any launch (``ShapeRun.refused``, the message names the bound).
+    refs: the reference cache (``ReferenceCache(home / "refs")``); None computes each reference anew.
+    rows: check this many random output rows of each shape instead of all of them (very large shapes).
 
     Returns one :class:`ShapeRun` per shape, in order. After a fault or a timeout
     the CUDA context is unusable; the remaining shapes are reported as not run.
@@ -445,10 +479,18 @@ def check_and_time(compiled: Compiled, lowered: LoweredKernel, problem: Problem,
         fn.max_dynamic_shared_size_bytes = lowered.smem_bytes
     stream = cp.cuda.Stream(non_blocking=True)
     flush = L2Flush(cp) if time else None
+    device = f"cuda:{gpu_model() or 'unknown'}"
     out: list[ShapeRun] = []
     dead: str | None = None
     with stream:
         for shape in shapes:
+            shape = {d: int(shape[d]) for d in problem.dims} if set(problem.dims) <= set(shape) else shape
+            refused = domain_violations(program, shape) if program is not None else []
+            if refused:
+                out.append(ShapeRun(dict(shape), False, float("inf"),
+                                    "refused: " + "; ".join(d.message for d in refused),
+                                    outcome=Outcome.WRONG.value, refused=True))
+                continue
             if dead:
                 out.append(ShapeRun(dict(shape), False, float("inf"), f"not run: {dead}",
                                     outcome=Outcome.RUNTIME_FAULT.value))
@@ -456,7 +498,7 @@ def check_and_time(compiled: Compiled, lowered: LoweredKernel, problem: Problem,
             try:
                 out.append(_check_shape(cp, fn, lowered, problem, shape, seed=seed, time=time, reps=reps,
                                         warmup=warmup, timeout_s=timeout_s, stream=stream, flush=flush,
-                                        timer=timer))
+                                        timer=timer, refs=refs, device=device, rows=rows))
             except _Fault as f:
                 out.append(ShapeRun(dict(shape), False, float("inf"), f.message, outcome=f.outcome.value))
                 dead = f"an earlier shape ended in {f.outcome.value}; the CUDA context is unusable"

@@ -24,8 +24,8 @@ TINY = get_problem("tinygemm")
 PUBLISH = "        acc_publish(part_s, acc)\n"
 REDUCE = "    acc_cluster_reduce(c[tile(bid.z, BM), tile(bid.x, BN)], part_s)\n"
 # M = 70: two 64-row tiles (grid z); K = 1000: 16 K tiles, 2 per CTA; K = 8: one K tile, seven CTAs of each
-# cluster publish zeros; N = 200 / 36: a ragged last tile (chunks cut inside); K = 200: 4 tiles, 4 empty slices
-EXTRA = [{"M": 70, "N": 200, "K": 1000}, {"M": 64, "N": 264, "K": 8}, {"M": 3, "N": 36, "K": 200},
+# cluster publish zeros; N = 200 / 40: a ragged last tile (chunks cut inside); K = 200: 4 tiles, 4 empty slices
+EXTRA = [{"M": 70, "N": 200, "K": 1000}, {"M": 64, "N": 264, "K": 8}, {"M": 3, "N": 40, "K": 200},
          {"M": 1, "N": 256, "K": 4096}]
 
 

@@ -36,9 +36,15 @@ def test_unwritten_output_is_caught_by_poison():
 def test_missing_tail_guard_faults_at_its_line():
     p = get_problem("gemm_bf16")
     text = p.seed_text().replace("tile(kt, BK)])", "tile(kt, BK)], guard=False)", 1)
-    checks = check_on_cpu(parse_program(text), p, [{"M": 64, "N": 64, "K": 72}], seed=1)
-    assert checks[0].fault and checks[0].fault_line == 7
-    assert "out-of-bounds read of `a`" in checks[0].message
+    shape = {"M": 64, "N": 64, "K": 72}
+    x = p.make_inputs(shape, np.random.default_rng(0))
+    with pytest.raises(interp.InterpFault, match="out-of-bounds read of `a`") as e:
+        interp.run(parse_program(text), shape, x, {"c": np.full((64, 64), np.nan, np.float32)})
+    assert e.value.node.line == 7
+    # the gate refuses the shape before running it: the unguarded tile bounds the kernel's domain
+    (c,) = check_on_cpu(parse_program(text), p, [shape], seed=1)
+    assert c.refused and not c.correct and "K = 72, not a multiple of 32" in c.message and "line 7" in c.message
+    assert c.fault and c.fault_line == 7       # the fault it would be, recorded without running it
 
 
 def test_unguarded_is_fine_on_tile_multiples():

@@ -19,7 +19,6 @@ from cake_core.ir.verify import verify
 from cake_core.lower import compile_kernel, lower
 from cake_core.problems import get_problem
 from cake_core.runtime import tma
-from subset import on_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 WS = (ROOT / "cake_core/problems/seeds/kmeans_assign_ws.cake").read_text()
@@ -121,7 +120,7 @@ def test_kmeans_ws_passes_the_gate_on_ragged_aligned_shapes(built):
 def test_kmeans_ws_passes_the_gate_at_the_headline_shape(built):
     from cake_core.runtime.gpu import check_and_time
     compiled, lk, name = built
-    (r,) = check_and_time(compiled, lk, on_rows(KM, HEADLINE, 4096), [HEADLINE], seed=22, reps=20, timeout_s=60)
+    (r,) = check_and_time(compiled, lk, KM, [HEADLINE], seed=22, reps=20, timeout_s=60, rows=4096)
     assert r.correct, r.message
     print(f"\n{name} {HEADLINE}: median {r.median_ms} ms (p10 {r.p10_ms}, p90 {r.p90_ms}, {r.timer}, "
           f"L2 {r.l2})")
@@ -147,7 +146,7 @@ def test_kmeans_unaligned_passes_the_gate_on_ragged_unaligned_shapes(built_unali
 def test_kmeans_unaligned_passes_the_gate_at_the_timed_shapes(built_unaligned, shape):
     from cake_core.runtime.gpu import check_and_time
     compiled, lk, name = built_unaligned
-    (r,) = check_and_time(compiled, lk, on_rows(KM, shape, 4096), [shape], seed=22, reps=20, timeout_s=60)
+    (r,) = check_and_time(compiled, lk, KM, [shape], seed=22, reps=20, timeout_s=60, rows=4096)
     assert r.correct, r.message
     print(f"\n{name} {shape}: median {r.median_ms} ms (p10 {r.p10_ms}, p90 {r.p90_ms}, {r.timer}, "
           f"L2 {r.l2})")

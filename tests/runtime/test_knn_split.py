@@ -17,7 +17,6 @@ import pytest
 from cake_core.ir.text import parse_program
 from cake_core.lower import compile_kernel, lower
 from cake_core.problems import get_problem
-from subset import on_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 SPLIT = (ROOT / "cake_core/problems/seeds/knn_topk_split.cake").read_text()
@@ -55,7 +54,8 @@ def test_knn_split_passes_the_gate_on_ragged_and_empty_splits(split, tmp_path):
 def test_knn_split_passes_the_gate_at_the_headline_shape(split, tmp_path):
     from cake_core.runtime.gpu import check_and_time
     compiled, lk = _build(split, tmp_path)
-    (r,) = check_and_time(compiled, lk, on_rows(KNN, HEADLINE), [HEADLINE], seed=22, reps=10, timeout_s=120)
+    (r,) = check_and_time(compiled, lk, KNN, [HEADLINE], seed=22, reps=10, timeout_s=120,
+                          rows=256)
     assert r.correct, r.message
     print(f"\nknn_topk_split SPLIT={split} {HEADLINE}: median {r.median_ms} ms (p10 {r.p10_ms}, p90 {r.p90_ms}, "
           f"{r.timer}, L2 {r.l2})")
@@ -77,7 +77,8 @@ def test_knn_split_pp_passes_the_gate_on_ragged_and_odd_shares(split, tmp_path):
 def test_knn_split_pp_passes_the_gate_at_the_headline_shape(split, tmp_path):
     from cake_core.runtime.gpu import check_and_time
     compiled, lk = _build(split, tmp_path, PP)
-    (r,) = check_and_time(compiled, lk, on_rows(KNN, HEADLINE), [HEADLINE], seed=22, reps=10, timeout_s=120)
+    (r,) = check_and_time(compiled, lk, KNN, [HEADLINE], seed=22, reps=10, timeout_s=120,
+                          rows=256)
     assert r.correct, r.message
     print(f"\nknn_topk_split_pp SPLIT={split} {HEADLINE}: median {r.median_ms} ms (p10 {r.p10_ms}, p90 {r.p90_ms}, "
           f"{r.timer}, L2 {r.l2})")
