@@ -40,9 +40,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from cake_core.agents.rewrite import Refused, fresh, refuse_unless, replace_expr, stmt, stmts, view_syms, walk_nodes
+from cake_core.agents.rewrite import (Refused, fresh, map_exprs, refuse_unless, replace_expr, stmt, stmts, subst_expr,
+                                      view_syms, walk_nodes)
 from cake_core.ir.expr import Bin, Sym, fmt_expr, symbols, try_evaluate
-from cake_core.ir.ops import Node, Op
+from cake_core.ir.ops import Node, Op, loop_range
 from cake_core.ir.ops_async import Slot
 from cake_core.ir.program import Program
 from cake_core.ir.text import _fmt_view
@@ -287,8 +288,12 @@ def resident(p: Program, rng: np.random.Generator, bounds=None) -> Program:
 
 def _batch_producer_reads(p: Program, trips: int) -> Program:
     """A producer that reads what it copied (sqnorm_rows of the landed tile) waits for each copy before
-    issuing the next; with a static reduction of ``trips`` steps that fit the ring, it issues the trip's
-    copies first and then waits and reads, so the trip's copies are in flight together."""
+    issuing the next. With a static reduction of ``trips`` steps that fit the ring, it issues a candidate
+    tile's copies first and then waits and reads; with room for two tiles (S >= 2 * trips) it reads each
+    tile one candidate trip later, after issuing the next tile's copies, so copies stay in flight while it
+    reads (the candidate loop runs one trip more: ``if kt < E`` copies, ``if kt > 0`` reads tile kt - 1)."""
+    ring_size = [0]
+
     def split(n: Node) -> tuple[Node, ...]:
         if n.op is not Op.FOR or not any(m.op in (Op.TMA_LOAD, Op.CP_ASYNC_BAR) for m in n.body):
             return (replace(n, body=tuple(x for m in n.body for x in split(m))),) if n.body else (n,)
@@ -298,9 +303,33 @@ def _batch_producer_reads(p: Program, trips: int) -> Program:
                      and m.args[0].index.op == "%" and isinstance(m.args[0].index.b, Sym)), None)
         if at is None or ring is None or p.const_env.get(ring, 0) < trips:
             return (n,)
+        ring_size[0] = p.const_env[ring]
         lets = tuple(m for m in n.body[:at] if m.op is Op.LET)
         return replace(n, body=n.body[:at]), replace(n, body=lets + n.body[at:])
 
-    roles = tuple(replace(r, body=tuple(x for m in r.body for x in split(m))) if r.op is Op.ROLE and _copies(r.body)
-                  else r for r in p.body)
+    def lag(cand: Node) -> Node:
+        """The candidate loop with its reads (and their publication) one trip behind its copies."""
+        var, stop = cand.args[0], loop_range(cand)[1]
+        copies = [i for i, m in enumerate(cand.body) if m.op is Op.FOR and _copies(m.body)]
+        reads = [i for i, m in enumerate(cand.body) if m.op is Op.FOR and not _copies(m.body)
+                 and any(k.op is Op.SQNORM_ROWS for k in walk_nodes(m.body))]
+        if len(copies) != 1 or len(reads) != 1 or ring_size[0] < 2 * trips or loop_range(cand)[0] != 0:
+            return cand
+        c, r = copies[0], reads[0]
+        head = [m for m in cand.body[:c] if m.op is Op.WAIT]     # the wait for the read's output slot
+        tail = [m for m in cand.body[r + 1:] if m.op is Op.ARRIVE]
+        if len(head) + len(tail) + 2 != len(cand.body):
+            return cand
+        back = {var: Bin("-", Sym(var), 1)}
+        late = tuple(map_exprs(m, lambda e: subst_expr(e, back)) for m in head + [cand.body[r]] + tail)
+        body = (replace(stmt(f"if {var} < {fmt_expr(stop)}:\n    pass"), body=(cand.body[c],)),
+                replace(stmt(f"if {var} > 0:\n    pass"), body=late))
+        return replace(cand, args=(var, Bin("+", stop, 1)) + tuple(cand.args[2:]), body=body)
+
+    def fix_role(r: Node) -> Node:
+        body = tuple(x for m in r.body for x in split(m))
+        return replace(r, body=tuple(lag(m) if m.op is Op.FOR and any(
+            k.op is Op.FOR and _copies(k.body) for k in m.body) else m for m in body))
+
+    roles = tuple(fix_role(r) if r.op is Op.ROLE and _copies(r.body) else r for r in p.body)
     return replace(p, body=roles)

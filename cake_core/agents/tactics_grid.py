@@ -12,8 +12,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from cake_core.agents.rewrite import (Refused, fresh, map_exprs, refuse_unless, stmt, stmts, subst_expr, subst_view,
-                                      view_syms, walk_nodes)
+from cake_core.agents.rewrite import (Refused, fresh, map_exprs, refuse_unless, replace_expr, stmt, stmts, subst_expr,
+                                      subst_view, view_syms, walk_nodes)
 from cake_core.ir.expr import Bin, Call, Expr, Sym, fmt_expr, symbols
 from cake_core.ir.ops import REGISTRY, Node, Op, loop_range
 from cake_core.ir.ops_async import Slot
@@ -117,6 +117,8 @@ def persistent(p: Program, rng: np.random.Generator, bounds=None) -> Program:
     cons_wg = sum((r.args[1][1] - r.args[1][0]) // 4 for r in p.body if r.op is Op.ROLE
                   and any(m.op is Op.WGMMA for m in walk_nodes(r.body)))
 
+    per_tile = _consumer_trips(p, bars - once)
+
     def role_body(r: Node) -> tuple[Node, ...]:
         # the role's ring loop: the top-level loop whose waits or copies use a ring (not a once barrier)
         ring_loops = [n for n in r.body if n.op is Op.FOR and any(
@@ -127,13 +129,16 @@ def persistent(p: Program, rng: np.random.Generator, bounds=None) -> Program:
             lp = ring_loops[0]
             s0, stop, st = loop_range(lp)
             refuse_unless(s0 == 0 and st == 1, "a role's ring loop does not count from 0 in steps of 1")
-            count = {lp.args[0]: Bin("+", Bin("*", lt, stop), Sym(lp.args[0]))}
+            refuse_unless(_extent_over(stop, per_tile) is not None, f"role {r.args[0]}'s ring loop runs "
+                          f"{fmt_expr(stop)} trips, not the consumers' {fmt_expr(per_tile)} (or a few more)")
+            # every role counts tiles by the consumers' trips, a lagged producer's extra trip included
+            count = {lp.args[0]: Bin("+", Bin("*", lt, per_tile), Sym(lp.args[0]))}
         view_names = _let_names_in_views(r.body)
         body = tuple(map_exprs(n, lambda e: subst_expr(e, coords)) for n in r.body)
         if ring_loops:
             # inside the ring loop its variable becomes the running count; a ring slot named after the loop
             # (pipeline_wgmma's last release) is offset by the tiles walked before
-            offset = Bin("*", lt, loop_range(ring_loops[0])[1])
+            offset = Bin("*", lt, per_tile)
             body = tuple(_bar_exprs(n, bars, count, view_names) if n.op is Op.FOR and n.args[0] == ring_loops[0].args[0]
                          else _offset_ring_slots(n, bars - once, offset) for n in body)
         if once:
@@ -155,6 +160,26 @@ def persistent(p: Program, rng: np.random.Generator, bounds=None) -> Program:
             new_body.append(n)
     grid = (Call("min", (tiles, Sym("num_sms"))),)
     return replace(p, grid=grid, body=tuple(new_body))
+
+
+def _extent_over(stop: Expr, base: Expr | None) -> int | None:
+    """How many trips ``stop`` runs past ``base`` (``base`` itself: 0; ``base + 1``: 1), else None."""
+    if base is None or stop == base:
+        return 0
+    if isinstance(stop, Bin) and stop.op == "+" and stop.a == base and isinstance(stop.b, int):
+        return stop.b
+    return None
+
+
+def _consumer_trips(p: Program, rings: set[str]) -> Expr | None:
+    """The extent of the consumers' ring loop (None without one)."""
+    for r in p.body:
+        if r.op is Op.ROLE and any(m.op is Op.WGMMA for m in walk_nodes(r.body)):
+            for n in r.body:
+                if n.op is Op.FOR and any(m.op in _BAR_SLOT_OPS and m.args[_BAR_SLOT_OPS[m.op][0]].buf in rings
+                                          for m in walk_nodes(n.body)):
+                    return loop_range(n)[1]
+    return None
 
 
 def _syms_of(n: Node) -> set[str]:
@@ -390,7 +415,11 @@ def cluster_split(p: Program, rng: np.random.Generator, bounds=None) -> Program:
         s0, _, st = loop_range(ls[0])
         refuse_unless(s0 == 0 and st == 1, "the streamed loop does not count from 0 in steps of 1")
         loops.append(ls[0])
-    refuse_unless(len({fmt_expr(loop_range(lp)[1]) for lp in loops}) == 1, "the roles' loops do not share one extent")
+    cons_loop = next((lp for r, lp in zip(roles, loops) if any(m.op is Op.WGMMA for m in walk_nodes(r.body))), None)
+    refuse_unless(cons_loop is not None, "no consumer loop issuing wgmma")
+    base_extent = loop_range(cons_loop)[1]
+    refuse_unless(all(_extent_over(loop_range(lp)[1], base_extent) is not None for lp in loops),
+                  "the roles' loops do not run the consumers' trips (or a few more)")
     allocs = {n.result: n for n in walk_nodes(p.body) if n.op in (Op.SMEM, Op.RMEM) and n.result}
     accs = {n.args[0] for r in roles for n in walk_nodes(r.body) if n.op is Op.WGMMA}
     topk = {n.args[1]: n.args[0] for r in roles for n in walk_nodes(r.body) if n.op is Op.TOPK_BIAS}
@@ -410,7 +439,7 @@ def cluster_split(p: Program, rng: np.random.Generator, bounds=None) -> Program:
     split = name("SPLIT")
     axis = "xyz"[len(p.grid)]
     y = Sym(f"bid.{axis}")
-    extent = loop_range(loops[0])[1]
+    extent = base_extent
     ch = Call("cdiv", (extent, Sym(split)))
     share = Call("max", (Call("min", (ch, Bin("-", extent, Bin("*", y, ch)))), 0))
     start = Bin("*", y, ch)
@@ -435,7 +464,8 @@ def cluster_split(p: Program, rng: np.random.Generator, bounds=None) -> Program:
         out = []
         for n in r.body:
             if n.op is Op.FOR and n in loops:
-                n = replace(shift(n, n.args[0]), args=(n.args[0], share) + tuple(n.args[2:]))
+                # the share replaces the stream's extent in the bounds and in the body's conditions on it
+                n = shift(replace_expr(n, extent, share), n.args[0])
             elif n.op is Op.STORE and n.args[1] in topk:
                 vals, idxs = topk[n.args[1]], n.args[1]
                 rows, kmax = (fmt_expr(d) for d in allocs[idxs].args[1])

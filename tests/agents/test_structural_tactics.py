@@ -213,3 +213,21 @@ def test_ping_pong_alternates_the_consumers_through_turn_barriers():
     assert 'role("consumer0", warps=(4, 8)' in text and 'role("consumer1", warps=(8, 12)' in text
     assert "wait(turn0[0], phase=(kt + 1) % 2)" in text and "wait(turn1[0], phase=kt % 2)" in text
     assert [n.op for n in p.body if n.op is Op.ROLE] == [Op.ROLE] * 3
+
+
+def test_a_producer_that_reads_its_copies_reads_them_a_trip_later_when_the_ring_holds_two_tiles():
+    seed = parse_program(get_problem("knn_topk").seed_text()).with_consts(BQ=128)
+    # a ring of four slots holds two tiles of the two resident reduction steps (D = 128)
+    deep = next(p for p in (apply("warp_specialize", seed, np.random.default_rng(s)) for s in range(20))
+                if p.const_env["S"] == 4)
+    deep = apply("tma", deep, np.random.default_rng(0))
+    out = apply("resident", deep, np.random.default_rng(0), {"D": 128})
+    text = out.text()
+    assert "for nt in range(cdiv(N, BN) + 1):" in text and "if nt > 0:" in text and "it = (nt - 1) * RD + dt" in text
+    for extra in ([], ["persistent"], ["cluster_split"]):
+        p = out
+        for t in extra:
+            p = apply(t, p, np.random.default_rng(0))
+            assert not isinstance(p, Refused), p.reason
+        assert not [d for d in verify(p, shapes=SHAPES["knn_topk"]) if d.is_error]
+        assert all(c.correct for c in check_on_cpu(p, get_problem("knn_topk"), SHAPES["knn_topk"], seed=2)), extra
