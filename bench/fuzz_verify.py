@@ -1,0 +1,284 @@
+"""Seeded mutations of every corpus kernel through the verifier, the protocol checker and the interpreter.
+
+    python3 bench/fuzz_verify.py --mutants 3000 --seed 0 --out $OUT     # the long run
+    python3 bench/fuzz_verify.py --mutants 200                          # what the test suite runs
+
+Each mutant is a corpus program (every ``.cake`` under ``cake_core/problems/seeds/``) with one to three
+random edits at the node level: a constant set to 0, 1, a negative, a huge or a neighbouring value; a thread
+count, role warp range or register budget moved; an mbarrier's count or arrivals changed; a slot index or a
+wait phase replaced; a statement dropped or duplicated; two statements swapped; a buffer name replaced by
+another (or an undefined one); a dtype changed. The mutant's canonical text is parsed back (an edit that
+does not round-trip is itself a finding), then verified (every rule, the protocol checker included) and, if
+it verifies, run by the interpreter on the problem's smallest CPU shape.
+
+A finding is a **crash** (any exception out of parse, verify or the interpreter other than the
+interpreter's own ``InterpFault``) or a **hang** (a stage past ``--stage-s`` seconds). Diagnostics and
+interpreter faults are the expected answers. Prints a table of counts last, writes every finding (program
+text, stage, traceback) to ``fuzz.json`` under ``--out``; exit 1 when there is a finding.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import signal
+import sys
+import time
+import traceback
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cake_core.ir.expr import Bin, Sym  # noqa: E402
+from cake_core.ir.ops import Node, Op, make_attrs  # noqa: E402
+from cake_core.ir.ops_async import Slot  # noqa: E402
+from cake_core.ir.program import Program  # noqa: E402
+from cake_core.ir.text import parse, parse_program  # noqa: E402
+from cake_core.ir.types import DType  # noqa: E402
+from cake_core.ir.verify import verify  # noqa: E402
+from cake_core.problems import PROBLEMS  # noqa: E402
+from cake_core.problems.base import SEEDS_DIR  # noqa: E402
+
+HUGE = (0, 1, -1, -64, 3, 7, 1000, 65536, 10 ** 9)
+
+
+class Hang(Exception):
+    pass
+
+
+def _alarm(signum: int, frame: Any) -> None:
+    raise Hang()
+
+
+def corpus() -> list[tuple[str, Program]]:
+    """(problem, program) for every stored kernel whose parameters are a problem's."""
+    out = []
+    for f in sorted(SEEDS_DIR.glob("*.cake")):
+        p = parse_program(f.read_text(), str(f))
+        names = {q.name for q in p.params}
+        prob = next((k for k, v in PROBLEMS.items() if set(v.inputs + v.outputs) == names), None)
+        if prob:
+            out.append((prob, p))
+    return out
+
+
+def _nodes(body: tuple[Node, ...], path: tuple[int, ...] = ()) -> list[tuple[tuple[int, ...], Node]]:
+    out = []
+    for i, n in enumerate(body):
+        out.append((path + (i,), n))
+        out += _nodes(n.body, path + (i,))
+    return out
+
+
+def _edit(body: tuple[Node, ...], path: tuple[int, ...], fn: Callable[[tuple[Node, ...], int], tuple[Node, ...]]):
+    """Apply ``fn(block, index)`` to the block holding the node at ``path``."""
+    if len(path) == 1:
+        return fn(body, path[0])
+    i = path[0]
+    inner = _edit(body[i].body, path[1:], fn)
+    return body[:i] + (replace(body[i], body=inner),) + body[i + 1:]
+
+
+def _names(p: Program) -> list[str]:
+    return [n.result for _, n in _nodes(p.body) if n.result] + [q.name for q in p.params]
+
+
+def mutate(p: Program, rng: random.Random) -> tuple[Program, str]:
+    """One random edit and its description."""
+    nodes = _nodes(p.body)
+    kind = rng.choice(["const", "threads", "role", "mbarrier", "slot", "phase", "drop", "dup", "swap", "name",
+                       "dtype", "attr"])
+    if kind == "const" and p.consts:
+        k = rng.choice([k for k, _ in p.consts])
+        v = rng.choice(HUGE + (p.const_env[k] * 2, p.const_env[k] // 2, p.const_env[k] + 1))
+        return p.with_consts(**{k: v}), f"const {k}={v}"
+    if kind == "threads":
+        v = rng.choice((0, 1, 31, 32, 96, 128, 384, 1024, 2048, 4096))
+        return replace(p, threads=v), f"threads={v}"
+    roles = [(path, n) for path, n in nodes if n.op is Op.ROLE]
+    if kind == "role" and roles:
+        path, n = rng.choice(roles)
+        lo, hi = n.args[1]
+        choice = rng.choice(["warps", "regs"])
+        if choice == "warps":
+            w = rng.choice([(lo, lo), (hi, lo), (0, 10 ** 6), (lo, hi + 4), (lo - 4, hi), (0, 1)])
+            new = replace(n, args=(n.args[0], w))
+        else:
+            new = replace(n, attrs=make_attrs(Op.ROLE, {**dict(n.attrs), "regs": rng.choice((0, 8, 24, 25, 256, 512))}))
+        return replace(p, body=_edit(p.body, path, lambda b, i: b[:i] + (new,) + b[i + 1:])), f"role {choice}"
+    bars = [(path, n) for path, n in nodes if n.op is Op.MBARRIER]
+    if kind == "mbarrier" and bars:
+        path, n = rng.choice(bars)
+        if rng.random() < 0.5:
+            new = replace(n, args=(rng.choice((0, 1, 10 ** 6, 10 ** 9, Sym("N"))),))
+        else:
+            new = replace(n, attrs=make_attrs(Op.MBARRIER, {"arrivals": rng.choice((0, -1, 3, 10 ** 6))}))
+        return replace(p, body=_edit(p.body, path, lambda b, i: b[:i] + (new,) + b[i + 1:])), "mbarrier"
+    slots = [(path, n) for path, n in nodes if any(isinstance(a, Slot) and a.index is not None for a in n.args)]
+    if kind in ("slot", "phase") and slots:
+        path, n = rng.choice(slots)
+        if kind == "phase" and n.op is Op.WAIT:
+            ph = rng.choice((0, 1, 2, -1, Bin("+", n.args[1], 1), Sym("K")))
+            new = replace(n, args=(n.args[0], ph))
+        else:
+            idx = rng.choice((0, 1, 7, -1, 10 ** 6, Sym("K"), Bin("+", Sym("N"), 1)))
+            new = replace(n, args=tuple(Slot(a.buf, idx) if isinstance(a, Slot) and a.index is not None else a
+                                        for a in n.args))
+        return replace(p, body=_edit(p.body, path, lambda b, i: b[:i] + (new,) + b[i + 1:])), kind
+    if kind == "drop" and nodes:
+        path, n = rng.choice(nodes)
+        return replace(p, body=_edit(p.body, path, lambda b, i: b[:i] + b[i + 1:])), f"drop {n.op.value}"
+    if kind == "dup" and nodes:
+        path, n = rng.choice(nodes)
+        return replace(p, body=_edit(p.body, path, lambda b, i: b[:i + 1] + (b[i],) + b[i + 1:])), f"dup {n.op.value}"
+    if kind == "swap" and nodes:
+        path, n = rng.choice(nodes)
+
+        def sw(b, i):
+            j = rng.randrange(len(b))
+            lst = list(b)
+            lst[i], lst[j] = lst[j], lst[i]
+            return tuple(lst)
+        return replace(p, body=_edit(p.body, path, sw)), "swap"
+    with_bufs = [(path, n) for path, n in nodes if any(isinstance(a, str) for a in n.args)]
+    if kind == "name" and with_bufs:
+        path, n = rng.choice(with_bufs)
+        other = rng.choice(_names(p) + ["undefined_buf"])
+        args = list(n.args)
+        js = [j for j, a in enumerate(args) if isinstance(a, str)]
+        args[rng.choice(js)] = other
+        new = replace(n, args=tuple(args))
+        return replace(p, body=_edit(p.body, path, lambda b, i: b[:i] + (new,) + b[i + 1:])), f"name -> {other}"
+    allocs = [(path, n) for path, n in nodes if n.op in (Op.SMEM, Op.RMEM)]
+    if kind == "dtype" and allocs:
+        path, n = rng.choice(allocs)
+        new = replace(n, args=(rng.choice(list(DType)),) + n.args[1:])
+        return replace(p, body=_edit(p.body, path, lambda b, i: b[:i] + (new,) + b[i + 1:])), "dtype"
+    attrd = [(path, n) for path, n in nodes if n.attrs]
+    if kind == "attr" and attrd:
+        path, n = rng.choice(attrd)
+        k, v = rng.choice(list(n.attrs))
+        nv = rng.choice((0, 1, -1, 10 ** 6)) if isinstance(v, int) and not isinstance(v, bool) else \
+            (not v if isinstance(v, bool) else v)
+        new = replace(n, attrs=tuple(sorted({**dict(n.attrs), k: nv}.items())))
+        return replace(p, body=_edit(p.body, path, lambda b, i: b[:i] + (new,) + b[i + 1:])), f"attr {k}={nv}"
+    return p.with_consts(), "none"
+
+
+def run_stage(fn: Callable[[], Any], seconds: float) -> tuple[str, Any, float]:
+    """('ok', value) or ('crash', traceback) or ('hang', None), with the seconds it took."""
+    signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    t0 = time.perf_counter()
+    try:
+        return "ok", fn(), time.perf_counter() - t0
+    except Hang:
+        return "hang", None, time.perf_counter() - t0
+    except Exception:  # noqa: BLE001 - a crash is what this looks for
+        return "crash", traceback.format_exc(limit=6), time.perf_counter() - t0
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def fuzz(mutants: int, seed: int, stage_s: float = 5.0, interpret: bool = True) -> dict[str, Any]:
+    from cake_core.ir import interp
+    from cake_core.runtime.cpu import _poisoned  # the gate's own poisoned outputs
+    rng = random.Random(seed)
+    progs = corpus()
+    counts = {"mutants": 0, "verified": 0, "rejected": 0, "interpreted": 0, "crash": 0, "hang": 0}
+    findings = []
+    slowest = 0.0
+    for i in range(mutants):
+        prob, base = progs[i % len(progs)]
+        p, what = base, []
+        for _ in range(rng.randint(1, 3)):
+            p, w = mutate(p, rng)
+            what.append(w)
+        counts["mutants"] += 1
+        text = p.text() if _printable(p) else None
+        if text is None:
+            continue
+        status, r, dt = run_stage(lambda: parse(text, "mutant.cake"), stage_s)
+        slowest = max(slowest, dt)
+        if status != "ok":
+            counts[status] += 1
+            findings.append({"stage": "parse", "kind": status, "edits": what, "program": text, "trace": r})
+            continue
+        if r.program is None:
+            counts["rejected"] += 1
+            continue
+        shape = _small_shape(prob)
+        status, diags, dt = run_stage(lambda: verify(r.program, shapes=[shape]), stage_s)
+        slowest = max(slowest, dt)
+        if status != "ok":
+            counts[status] += 1
+            findings.append({"stage": "verify", "kind": status, "edits": what, "program": text, "trace": diags,
+                             "seconds": round(dt, 2)})
+            continue
+        if any(d.is_error for d in diags):
+            counts["rejected"] += 1
+            continue
+        counts["verified"] += 1
+        if not interpret:
+            continue
+        problem = PROBLEMS[prob]
+        import numpy as np
+        x = problem.make_inputs(shape, np.random.default_rng(i))
+
+        def go():
+            try:
+                interp.run(r.program, shape, x, _poisoned(problem, r.program, shape))
+            except interp.InterpFault:
+                pass
+        status, res, dt = run_stage(go, stage_s)
+        if status != "ok":
+            counts[status] += 1
+            findings.append({"stage": "interpret", "kind": status, "edits": what, "program": text, "trace": res})
+        else:
+            counts["interpreted"] += 1
+    counts["slowest_check_s"] = round(slowest, 3)
+    return {"counts": counts, "findings": findings}
+
+
+def _printable(p: Program) -> bool:
+    try:
+        p.text()
+        return True
+    except Exception:  # noqa: BLE001 - an edit the printer cannot write is not a program text
+        return False
+
+
+def _small_shape(prob: str) -> dict[str, int]:
+    problem = PROBLEMS[prob]
+    ss = problem.shape_set(problem.shape_sets[0])
+    return min(ss.shapes, key=lambda s: sum(s.values()))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mutants", type=int, default=3000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--stage-s", type=float, default=5.0, help="a stage past this is a hang")
+    ap.add_argument("--no-interp", action="store_true")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    res = fuzz(args.mutants, args.seed, args.stage_s, not args.no_interp)
+    res["seconds"] = round(time.perf_counter() - t0, 1)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "fuzz.json").write_text(json.dumps(res, indent=1, default=str))
+    for f in res["findings"][:20]:
+        print(f"-- {f['kind']} in {f['stage']} after {f['edits']}\n{(f['trace'] or '')[-800:]}")
+    c = res["counts"]
+    print(f"\n| mutants | rejected | verified | interpreted | crashes | hangs | slowest check s | total s |")
+    print(f"|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"| {c['mutants']} | {c['rejected']} | {c['verified']} | {c['interpreted']} | {c['crash']} | {c['hang']} "
+          f"| {c['slowest_check_s']} | {res['seconds']} |")
+    return 1 if c["crash"] or c["hang"] else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
