@@ -13,7 +13,7 @@ import numpy as np
 
 from cake_core.ir.ops import Node, Op, make_attrs
 from cake_core.ir.program import Program
-from cake_core.ir.targets import load_target
+from cake_core.targets import find_arch
 
 TILE_SIZES = (16, 32, 64, 128)
 THREAD_COUNTS = (64, 128, 256, 512)
@@ -85,7 +85,10 @@ def occupancy(p: Program, rng: np.random.Generator) -> Program | None:
     alone."""
     if any(n.op is Op.ROLE and n.attr("regs") for n in p.body):
         return None
-    fits = (load_target(p.target) or {}).get("max_threads_per_sm", 2048) // p.threads
+    arch = find_arch(p.target)
+    if arch is None:
+        return None          # no target data: the verifier refuses the program anyway
+    fits = arch.max_threads_per_sm // p.threads
     options = [c for c in range(0, min(fits, 4) + 1) if c != p.ctas_per_sm and c != 1]
     return replace(p, ctas_per_sm=int(rng.choice(options))) if options else None
 

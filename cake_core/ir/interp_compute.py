@@ -1,17 +1,19 @@
-"""Interpreter semantics of the compute ops (see ops_compute.py for what they mean).
+"""Interpreter semantics of the compute ops (ops_compute.py declares what they mean).
 
 Floats compute in float32 and integers in int32, as the lowered code does;
-every write rounds to the destination's dtype (``interp._round``). The running
+every write rounds to the destination's dtype (``interp_cta.round_to``). The running
 ops and the scatter loop over rows in Python: the interpreter runs small
 shapes only.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
-from cake_core.ir.interp import SEMANTICS, InterpFault, _clip, _round
-from cake_core.ir.ops import Node, Op, View
-from cake_core.ir.ops_compute import broadcasts_to, norm_axis
+from cake_core.ir.interp_cta import InterpFault, clip, round_to
+from cake_core.ir.opdef import Op, View
+from cake_core.ir.shapes import broadcasts_to, norm_axis
 
 
 def _tile(cta, name: str) -> np.ndarray:
@@ -26,7 +28,7 @@ def _write(cta, name: str, value: np.ndarray) -> None:
         value = value.reshape(dst.shape) if value.size == dst.size else np.broadcast_to(value, dst.shape)
     if not dtype.is_float and value.dtype.kind == "f":
         value = np.trunc(np.nan_to_num(value.astype(np.float64), nan=0.0, posinf=2**31 - 1, neginf=-2**31))
-    dst[...] = _round(dtype, value)
+    dst[...] = round_to(dtype, value)
 
 
 def _as_compute(x: np.ndarray, is_float: bool) -> np.ndarray:
@@ -34,12 +36,12 @@ def _as_compute(x: np.ndarray, is_float: bool) -> np.ndarray:
         else x.astype(np.int32)
 
 
-def _fill(cta, n: Node) -> None:
+def fill(cta, n: Any) -> None:
     dst = n.args[0]
     _write(cta, dst, np.full(cta.tiles[dst].shape, n.attr("value"), dtype=np.float64))
 
 
-def _cast(cta, n: Node) -> None:
+def cast(cta, n: Any) -> None:
     _write(cta, n.args[0], _tile(cta, n.args[1]))
 
 
@@ -47,14 +49,14 @@ _UNARY = {"neg": np.negative, "abs": np.abs, "square": np.square, "sqrt": np.sqr
           "rsqrt": lambda x: np.float32(1) / np.sqrt(x), "exp": np.exp, "log": np.log}
 
 
-def _unary(cta, n: Node) -> None:
+def unary(cta, n: Any) -> None:
     dst, src = n.args
     x = _as_compute(_tile(cta, src), cta.dtypes[dst].is_float)
     with np.errstate(all="ignore"):
         _write(cta, dst, _UNARY[n.attr("fn")](x))
 
 
-def _ewise(cta, n: Node) -> None:
+def ewise(cta, n: Any) -> None:
     dst, a_name, b_name = n.args
     is_float = cta.dtypes[dst].is_float
     shape = cta.tiles[dst].shape
@@ -89,11 +91,11 @@ def _ewise(cta, n: Node) -> None:
     _write(cta, dst, np.broadcast_to(r, shape))
 
 
-def _transpose(cta, n: Node) -> None:
+def transpose(cta, n: Any) -> None:
     _write(cta, n.args[0], _tile(cta, n.args[1]).T)
 
 
-def _axis(cta, n: Node, src: np.ndarray) -> int:
+def _axis(cta, n: Any, src: np.ndarray) -> int:
     a = norm_axis(n.attr("axis"), src.ndim)
     if a is None:
         raise InterpFault(n, f"axis {n.attr('axis')} is not an axis of a {src.ndim}-D tile")
@@ -108,7 +110,7 @@ _REDUCE = {"sum": np.sum, "max": np.max, "min": np.min}
 _SCAN = {"sum": np.cumsum, "max": np.maximum.accumulate, "min": np.minimum.accumulate}
 
 
-def _reduce(cta, n: Node) -> None:
+def reduce(cta, n: Any) -> None:
     dst, src = n.args
     x = _acc(cta, src)
     r = _REDUCE[n.attr("fn")](x, axis=_axis(cta, n, x))
@@ -123,7 +125,7 @@ def _identity(fn: str, dtype: np.dtype):
     return np.iinfo(np.int32).min if fn == "max" else np.iinfo(np.int32).max
 
 
-def _scan(cta, n: Node) -> None:
+def scan(cta, n: Any) -> None:
     dst, src = n.args
     x = _acc(cta, src)
     axis, fn = _axis(cta, n, x), n.attr("fn")
@@ -136,7 +138,7 @@ def _scan(cta, n: Node) -> None:
     _write(cta, dst, r)
 
 
-def _argreduce(cta, n: Node) -> None:
+def argreduce(cta, n: Any) -> None:
     val, idx, src = n.args
     x = _acc(cta, src)
     axis = _axis(cta, n, x)
@@ -146,12 +148,12 @@ def _argreduce(cta, n: Node) -> None:
     _write(cta, idx, i.astype(np.int32))
 
 
-def _valid_columns(cta, n: Node, width: int) -> int:
+def _valid_columns(cta, n: Any, width: int) -> int:
     base, limit = cta.ev(n.arg("base")), cta.ev(n.arg("limit"))
     return max(0, min(width, limit - base))
 
 
-def _argmin_update(cta, n: Node) -> None:
+def argmin_update(cta, n: Any) -> None:
     best, arg, scores = n.args[:3]
     s = _acc(cta, scores)
     if s.ndim != 2:
@@ -168,7 +170,7 @@ def _argmin_update(cta, n: Node) -> None:
     a[better] = cta.ev(n.arg("base")) + j[better]
 
 
-def _topk_merge(cta, n: Node) -> None:
+def topk_merge(cta, n: Any) -> None:
     vals, idx, scores = n.args[:3]
     s = _acc(cta, scores)
     if s.ndim != 2:
@@ -186,11 +188,11 @@ def _topk_merge(cta, n: Node) -> None:
         i[r] = alli[order]
 
 
-def _gmem_window(cta, n: Node, v: View, guard: bool):
+def _gmem_window(cta, n: Any, v: View, guard: bool):
     """The in-bounds part of a gmem window as a writable numpy view (dropped dims removed),
     the window's per-dim [lo, hi) of that part in window coordinates, and the window's extent."""
     win, shape = cta.window(n, v)
-    g, t = _clip(n, v, win, shape, guard, "write")
+    g, t = clip(n, v, win, shape, guard, "write")
     g = tuple(s if kept else s.start for s, (_, _, kept) in zip(g, win))
     ext = tuple(length for _, length, kept in win if kept)
     return cta.gmem[v.buf][g], t, ext
@@ -204,7 +206,7 @@ def _add_into(cta, view: View, sub: np.ndarray, value: np.ndarray) -> None:
         sub += np.trunc(value.astype(np.float64)).astype(sub.dtype)
 
 
-def _atomic_add(cta, n: Node) -> None:
+def atomic_add(cta, n: Any) -> None:
     view, src = n.args
     sub, t, ext = _gmem_window(cta, n, view, n.attr("guard"))
     x = _tile(cta, src)
@@ -219,7 +221,7 @@ def _smem_window(cta, view: View):
     return tile, tuple(slice(0, d) for d in tile.shape), tile.shape
 
 
-def _scatter_add(cta, n: Node) -> None:
+def scatter_add(cta, n: Any) -> None:
     view, idx, src = n.args[:3]
     guard = n.attr("guard")
     sub, t, ext = _smem_window(cta, view) if view.buf in cta.tiles else _gmem_window(cta, n, view, guard)
@@ -239,7 +241,7 @@ def _scatter_add(cta, n: Node) -> None:
             _add_into(cta, view, sub[i - lo], x[r][t[1:]].reshape(sub[i - lo].shape))
 
 
-def _gather_add(cta, n: Node) -> None:
+def gather_add(cta, n: Any) -> None:
     """Row order within the call, f32 adds: the sums the lowering's owning warps produce, bit for bit."""
     dst, cnt, idx, src = n.arg("dst"), n.arg("count"), n.arg("idx"), n.arg("src")
     acc, counts = cta.tiles[dst.buf], cta.tiles[cnt.buf].reshape(-1)
@@ -256,21 +258,3 @@ def _gather_add(cta, n: Node) -> None:
         return
     np.add.at(acc, (k[keep][:, None], np.arange(t[1].start, t[1].stop)[None, :]), sub[keep].astype(np.float32))
     np.add.at(counts, k[keep], 1)
-
-
-SEMANTICS.update({
-    Op.FILL: _fill,
-    Op.CAST: _cast,
-    Op.UNARY: _unary,
-    Op.EWISE: _ewise,
-    Op.TRANSPOSE: _transpose,
-    Op.REDUCE: _reduce,
-    Op.SCAN: _scan,
-    Op.ARGMIN: _argreduce,
-    Op.ARGMAX: _argreduce,
-    Op.ARGMIN_UPDATE: _argmin_update,
-    Op.TOPK_MERGE: _topk_merge,
-    Op.ATOMIC_ADD: _atomic_add,
-    Op.SCATTER_ADD: _scatter_add,
-    Op.GATHER_ADD: _gather_add,
-})

@@ -1,4 +1,4 @@
-"""Op registrations: compute ops (see ops.py for the registry).
+"""Op declarations: compute ops (``opdef`` says what a declaration holds; ``registry`` assembles them).
 
 Tile math on smem and rmem tiles, reductions along an axis, the running
 arg-min and top-k merges of distance kernels, and atomic adds into gmem. Every
@@ -28,23 +28,17 @@ Semantics that the interpreter, the verifier and the lowering agree on:
   whose segment the tile holds are read, the others never are; each target
   row belongs to one warp, which adds its rows in row order without atomics.
 
-Ops that move rmem elements between threads (axis ops, broadcasts of an rmem
-source, ``transpose`` of an rmem source, the scatter index) exchange them
-through shared memory that the lowering allocates; ``staged_operands`` says
-which, so that the verifier can count that scratch against the smem budget.
+Operands whose elements move between threads (the axis ops' and running merges' tiles, broadcast ewise
+sources, a transposed source, the scatter index) are declared with an :class:`~cake_core.ir.opdef.Exchange`:
+in rmem they go through shared memory that the lowering allocates, and ``ir.scratch`` says which and how
+much, so that the verifier counts that scratch against the smem budget.
 """
 from __future__ import annotations
 
-from typing import Callable
-
-from cake_core.ir.ops import REGISTRY, AttrSpec, Node, Op, OpDef, register  # noqa: F401
-from cake_core.ir.types import MemSpace, TileType
-
-COMPUTE_OPS = (Op.FILL, Op.CAST, Op.UNARY, Op.EWISE, Op.TRANSPOSE, Op.REDUCE, Op.SCAN, Op.ARGMIN, Op.ARGMAX,
-               Op.ARGMIN_UPDATE, Op.TOPK_MERGE, Op.ATOMIC_ADD, Op.SCATTER_ADD, Op.GATHER_ADD)
-AXIS_OPS = (Op.REDUCE, Op.SCAN, Op.ARGMIN, Op.ARGMAX)
-RUNNING_OPS = (Op.ARGMIN_UPDATE, Op.TOPK_MERGE)
-ATOMIC_OPS = (Op.ATOMIC_ADD, Op.SCATTER_ADD)
+from cake_core.ir import interp_compute as sem
+from cake_core.ir.opdef import (AttrSpec, ByAttr, CostClass, Effect, Exchange, Family, Op, OpDef, Ordering, buf,
+                                value, view)
+from cake_core.ir.types import MemSpace
 
 EWISE_FNS = ("add", "sub", "mul", "div", "max", "min")
 UNARY_FNS = ("neg", "abs", "square", "sqrt", "rsqrt", "exp", "log")
@@ -52,192 +46,143 @@ UNARY_INT_FNS = ("neg", "abs", "square")          # also defined on i32 tiles
 REDUCE_FNS = ("sum", "max", "min")
 # who adds a scatter row into an smem target: any thread with an atomic, or the warp that owns the row
 SCATTER_OWNERS = ("atomic", "warp")
+
+_R, _W, _RW = Effect.READ, Effect.WRITE, Effect.READWRITE
+_X = Exchange.ALWAYS
+_SMEM = (MemSpace.SMEM,)
 _AXIS = AttrSpec(int, -1, (-1, 0, 1))
-_BASE_LIMIT = (("base", "expr"), ("limit", "expr"))
+_BASE_LIMIT = (value("base", keyword=True), value("limit", keyword=True))
+_COMPUTE = dict(ordering=Ordering.INTERNAL)      # each thread its own elements, or CTA barriers inside the op
+_CROSS = dict(ordering=Ordering.BARRIER)         # threads touch each other's elements: sync() orders them
 
-register(OpDef(Op.FILL, (("dst", "buf"),),
-               {"value": AttrSpec(float, 0.0)},
-               summary="Set every element of an smem or rmem tile to `value` (rounded to the tile's dtype).",
-               example="fill(acc, value=0.0)",
-               preconditions=("dst is an smem or rmem tile",)))
-register(OpDef(Op.CAST, (("dst", "buf"), ("src", "buf")),
-               summary="dst := src converted to dst's dtype (16-bit floats round to nearest even; float -> i32 "
-                       "truncates toward zero).",
-               example="cast(acc_bf16, acc)",
-               preconditions=("dst and src have the same shape",)))
-register(OpDef(Op.UNARY, (("dst", "buf"), ("src", "buf")),
-               {"fn": AttrSpec(str, "neg", UNARY_FNS)},
-               summary="dst := fn(src) elementwise: neg, abs, square, sqrt, rsqrt, exp, log (computed in f32; "
-                       "neg/abs/square also in i32).",
-               example='unary(sq, db_s, fn="square")',
-               preconditions=("dst and src have the same shape",
-                              "sqrt, rsqrt, exp and log need a float dst")))
-register(OpDef(Op.EWISE, (("dst", "buf"), ("a", "buf"), ("b", "buf")),
-               {"fn": AttrSpec(str, "add", EWISE_FNS), "alpha": AttrSpec(float, 1.0),
-                "beta": AttrSpec(float, 1.0)},
-               summary="dst := fn(alpha * a, beta * b) elementwise, fn one of add, sub, mul, div, max, min; a and b "
-                       "broadcast to dst's shape like numpy (a (BK,) row vector or a (BN, 1) column vector against "
-                       "a (BN, BK) dst). dst may be a or b (in place).",
-               example='ewise(scores, c_sq_s, dot, fn="sub", beta=2.0)',
-               preconditions=("a and b broadcast to dst's shape",
-                              "with an i32 dst, alpha and beta are whole numbers")))
-register(OpDef(Op.TRANSPOSE, (("dst", "buf"), ("src", "buf")),
-               summary="dst (C, R) := src (R, C) transposed, e.g. to feed a K-major tile to mma as its b operand.",
-               example="transpose(ct_s, c_s)",
-               preconditions=("src is 2-D and dst's shape is src's reversed", "dst is not src")))
-register(OpDef(Op.REDUCE, (("dst", "buf"), ("src", "buf")),
-               {"axis": _AXIS, "fn": AttrSpec(str, "sum", REDUCE_FNS)},
-               summary="dst := the sum, max or min of src along `axis` (sums in f32, or i32 for an i32 src).",
-               example='reduce(part, sq, axis=1, fn="sum")',
-               preconditions=("src is 1-D or 2-D and axis is one of its axes",
-                              "dst has src's shape without the axis (or with it as 1)")))
-register(OpDef(Op.SCAN, (("dst", "buf"), ("src", "buf")),
-               {"axis": _AXIS, "fn": AttrSpec(str, "sum", REDUCE_FNS), "exclusive": AttrSpec(bool, False)},
-               summary="dst := the running sum, max or min of src along `axis` (inclusive; with exclusive=True "
-                       "element j combines elements before j and the first is 0 / -inf / +inf).",
-               example="scan(offsets, counts_s, axis=0, exclusive=True)",
-               preconditions=("src is 1-D or 2-D and axis is one of its axes", "dst has src's shape")))
-register(OpDef(Op.ARGMIN, (("val", "buf"), ("idx", "buf"), ("src", "buf")),
-               {"axis": _AXIS},
-               summary="val := min of src along `axis`, idx := its position in the tile (the first on ties).",
-               example="argmin(best, arg, scores, axis=1)",
-               preconditions=("idx is i32", "val and idx have src's shape without the axis (or with it as 1)")))
-register(OpDef(Op.ARGMAX, (("val", "buf"), ("idx", "buf"), ("src", "buf")),
-               {"axis": _AXIS},
-               summary="val := max of src along `axis`, idx := its position in the tile (the first on ties).",
-               example="argmax(top, arg, logits, axis=1)",
-               preconditions=("idx is i32", "val and idx have src's shape without the axis (or with it as 1)")))
-register(OpDef(Op.ARGMIN_UPDATE, (("best", "buf"), ("arg", "buf")) + (("scores", "buf"),) + _BASE_LIMIT,
-               keyword_operands=("base", "limit"),
-               summary="Running arg-min over candidate tiles: for each row r of scores (R, C), the smallest "
-                       "scores[r, j] over columns with base + j < limit replaces (best[r], arg[r]) with "
-                       "(scores[r, j], base + j) when it is strictly smaller than best[r] (ties keep the earlier "
-                       "candidate). Start best at inf.",
-               example="argmin_update(best, arg, scores, base=kt * BK, limit=K)",
-               preconditions=("scores is 2-D (R, C); best and arg are (R,) or (R, 1)",
-                              "best is f32, arg is i32", "best and arg are filled before the first update")))
-register(OpDef(Op.TOPK_MERGE, (("vals", "buf"), ("idx", "buf"), ("scores", "buf")) + _BASE_LIMIT,
-               keyword_operands=("base", "limit"),
-               summary="Running smallest-k: each row of (vals, idx) (R, k) is a list sorted by (value, index); "
-                       "the candidates (scores[r, j], base + j) with base + j < limit are merged in and the k "
-                       "smallest by (value, index) kept, sorted ascending. Start vals at inf and idx at -1.",
-               example="topk_merge(top_v, top_i, scores, base=nt * BN, limit=N)",
-               preconditions=("scores is 2-D (R, C); vals and idx are (R, k)", "vals is f32, idx is i32",
-                              "each row of (vals, idx) is sorted before the merge (a constant fill is)")))
-register(OpDef(Op.ATOMIC_ADD, (("dst", "view"), ("src", "buf")),
-               {"guard": AttrSpec(bool, True)},
-               summary="gmem window dst += src elementwise with atomic adds (src converted to dst's dtype); with "
-                       "guard, elements past the tensor's edge are skipped. Used to combine partial results of "
-                       "several CTAs into an output the harness zeroes before the launch.",
-               example="atomic_add(out[tile(bid.y, BM), tile(bid.x, BN)], acc)",
-               preconditions=("dst is a gmem parameter of dtype f32 or i32 (i32 takes an i32 src)",
-                              "src's shape equals the window's extent")))
-register(OpDef(Op.SCATTER_ADD, (("dst", "view"), ("idx", "buf"), ("src", "buf")) + _BASE_LIMIT,
-               {"guard": AttrSpec(bool, True), "owner": AttrSpec(str, "atomic", SCATTER_OWNERS),
-                "vector": AttrSpec(int, 1, (1, 4))},
-               keyword_operands=("base", "limit"),
-               summary="Scatter-add rows: for each row r of src with base + r < limit, window row idx[r] of dst "
-                       "+= src[r] with atomic adds (a 1-D window adds the element src[r]). With guard, rows whose "
-                       "index is outside the window and columns past the tensor's edge are skipped. dst may be a "
-                       "whole smem tile `acc_s[:, :]` (a per-CTA privatised accumulator, shared-memory atomics: "
-                       "conflict-free when C = 32 and threads is a multiple of 32); sync() before and after it. "
-                       "owner=\"warp\" (smem target and src only): warp w of the CTA adds the rows idx[r] with "
-                       "idx[r] % warps == w, with plain loads and stores instead of atomics (the sum is the same, "
-                       "its f32 rounding order differs). vector=4 (an rmem src into f32 gmem rows, C a multiple of "
-                       "4 dividing threads): 4 columns per 16-byte red.global.add.v4.f32 where the view is aligned "
-                       "at run time, element atomics elsewhere.",
-               example="scatter_add(sums[bid.y, :, tile(dt, BD)], a_r, x_r, base=bid.x * BN, limit=N)",
-               preconditions=("dst is a gmem parameter or a whole single-stage smem tile, of dtype f32 or i32 "
-                              "(i32 takes an i32 src)",
-                              "window (E, C) with src (R, C), or window (E,) with src (R,); idx is (R,) i32",
-                              "owner=\"warp\" takes a whole smem tile target and an smem src")))
-
-register(OpDef(Op.GATHER_ADD, (("dst", "view"), ("count", "view"), ("idx", "buf"), ("queue", "buf"), ("src", "view"))
-               + _BASE_LIMIT + (("first", "expr"),),
-               keyword_operands=("base", "limit", "first"),
-               summary="Segment sums of gathered rows: for each row r of the gmem window src (R, C) with base + r "
-                       "< limit and inside the tensor, k = idx[r] - first; when 0 <= k < E, row k of dst (an smem "
-                       "tile (E, C), f32) += src row r (columns past the tensor's edge are skipped) and count[k] "
-                       "(an smem tile (E,), i32) += 1. A row whose k falls outside [0, E) is never read, so CTAs "
-                       "that split the segments between them read each row once in all. Warp w adds the rows with "
-                       "k % warps == w in row order, with plain loads and stores: no atomics, and the same f32 "
-                       "sums on every run. The rows reach their warps through a stable counting sort in queue, an "
-                       "i32 smem tile of R + 2 * warps * warps entries that is scratch: each warp scans R / warps "
-                       "indices, not all R. An owner keeps 16 of its rows' loads in flight (rows of 128 bf16 columns; "
-                       "fewer for wider rows). Every thread of the CTA runs it (it holds three CTA barriers), so it sits "
-                       "outside roles; sync() before and after it, as for any tile op.",
-               example="gather_add(acc_s[:, :], cnt_s[:], a_s, q_s, x[bid.y, tile(c, BN), tile(0, BD)], base=c * BN, "
-                       "limit=N, first=bid.x * KC)",
-               preconditions=("dst is a whole single-stage smem tile (E, C) of f32, count one (E,) of i32",
-                              "idx is an (R,) i32 smem tile; src a rank-2 gmem window (R, C) of bf16, f16 or f32",
-                              "queue is a whole (R + 2 * warps * warps,) i32 smem tile; R and E at most 65536",
-                              "outside roles: every thread of the CTA runs it")))
-
-
-# ------------------------------------------------------------------ shapes
-
-def broadcasts_to(src: tuple[int, ...], dst: tuple[int, ...]) -> bool:
-    """numpy broadcasting of ``src`` onto ``dst`` without changing ``dst``'s shape."""
-    if len(src) > len(dst):
-        return False
-    return all(s in (d, 1) for s, d in zip(reversed(src), reversed(dst)))
-
-
-def norm_axis(axis: int, rank: int) -> int | None:
-    """``axis`` as a non-negative index of a rank-``rank`` tile, or None if it is not one of its axes."""
-    a = axis + rank if axis < 0 else axis
-    return a if 0 <= a < rank else None
-
-
-def reduced_shapes(shape: tuple[int, ...], axis: int) -> list[tuple[int, ...]]:
-    """The shapes a result of reducing ``shape`` along ``axis`` may have: dropped or kept as 1."""
-    dropped = shape[:axis] + shape[axis + 1:]
-    kept = shape[:axis] + (1,) + shape[axis + 1:]
-    return [dropped or (1,), kept]
-
-
-def staged_operands(n: Node, types: Callable[[str], TileType | None],
-                    shape: Callable[[TileType], tuple[int, ...] | None]) -> list[str]:
-    """The rmem tiles that ``n`` exchanges between threads through shared-memory scratch.
-
-    ``types`` maps a buffer name to its type, ``shape`` a type to its static shape.
-    The lowering stages exactly these; the verifier counts their bytes.
-    """
-    def rmem(name: str) -> bool:
-        t = types(name)
-        return t is not None and t.space is MemSpace.RMEM
-
-    out: list[str] = []
-    if n.op in AXIS_OPS or n.op in RUNNING_OPS:
-        names = [a for (_, kind), a in zip(REGISTRY[n.op].operands, n.args) if kind == "buf"]
-        out = [x for x in names if rmem(x)]
-    elif n.op is Op.EWISE:
-        dst = types(n.args[0])
-        for x in n.args[1:]:
-            t = types(x)
-            if rmem(x) and dst is not None and t is not None and shape(t) != shape(dst):
-                out.append(x)
-    elif n.op is Op.TRANSPOSE and rmem(n.args[1]):
-        out = [n.args[1]]
-    elif n.op is Op.SCATTER_ADD and rmem(n.args[1]):
-        out = [n.args[1]]
-    return list(dict.fromkeys(out))
-
-
-SCRATCH_ALIGN = 16
-
-
-def scratch_bytes(n: Node, types: Callable[[str], TileType | None],
-                  shape: Callable[[TileType], tuple[int, ...] | None]) -> int | None:
-    """Bytes of shared-memory scratch ``n`` needs (None if a shape is not static)."""
-    total = 0
-    for name in staged_operands(n, types, shape):
-        t = types(name)
-        s = shape(t) if t is not None else None
-        if s is None:
-            return None
-        numel = 1
-        for d in s:
-            numel *= d
-        total += -(-numel * t.dtype.bytes // SCRATCH_ALIGN) * SCRATCH_ALIGN
-    return total
+DECLS: tuple[OpDef, ...] = (
+    OpDef(Op.FILL, Family.ELEMENTWISE, (buf("dst", _W),), sem.fill, CostClass.SIMT,
+          {"value": AttrSpec(float, 0.0)}, **_CROSS,
+          summary="Set every element of an smem or rmem tile to `value` (rounded to the tile's dtype).",
+          example="fill(acc, value=0.0)",
+          preconditions=("dst is an smem or rmem tile",)),
+    OpDef(Op.CAST, Family.ELEMENTWISE, (buf("dst", _W), buf("src", _R)), sem.cast, CostClass.SIMT, **_COMPUTE,
+          summary="dst := src converted to dst's dtype (16-bit floats round to nearest even; float -> i32 "
+                  "truncates toward zero).",
+          example="cast(acc_bf16, acc)",
+          preconditions=("dst and src have the same shape",)),
+    OpDef(Op.UNARY, Family.ELEMENTWISE, (buf("dst", _W), buf("src", _R)), sem.unary, CostClass.SIMT,
+          {"fn": AttrSpec(str, "neg", UNARY_FNS)}, **_COMPUTE,
+          summary="dst := fn(src) elementwise: neg, abs, square, sqrt, rsqrt, exp, log (computed in f32; "
+                  "neg/abs/square also in i32).",
+          example='unary(sq, db_s, fn="square")',
+          preconditions=("dst and src have the same shape",
+                         "sqrt, rsqrt, exp and log need a float dst")),
+    OpDef(Op.EWISE, Family.ELEMENTWISE, (buf("dst", _W), buf("a", _R, exchange=Exchange.BROADCAST),
+                                         buf("b", _R, exchange=Exchange.BROADCAST)), sem.ewise, CostClass.SIMT,
+          {"fn": AttrSpec(str, "add", EWISE_FNS), "alpha": AttrSpec(float, 1.0), "beta": AttrSpec(float, 1.0)},
+          **_COMPUTE,
+          summary="dst := fn(alpha * a, beta * b) elementwise, fn one of add, sub, mul, div, max, min; a and b "
+                  "broadcast to dst's shape like numpy (a (BK,) row vector or a (BN, 1) column vector against "
+                  "a (BN, BK) dst). dst may be a or b (in place).",
+          example='ewise(scores, c_sq_s, dot, fn="sub", beta=2.0)',
+          preconditions=("a and b broadcast to dst's shape",
+                         "with an i32 dst, alpha and beta are whole numbers")),
+    OpDef(Op.TRANSPOSE, Family.ELEMENTWISE, (buf("dst", _W), buf("src", _R, exchange=_X)), sem.transpose,
+          CostClass.SIMT, in_place=False, **_COMPUTE,
+          summary="dst (C, R) := src (R, C) transposed, e.g. to feed a K-major tile to mma as its b operand.",
+          example="transpose(ct_s, c_s)",
+          preconditions=("src is 2-D and dst's shape is src's reversed", "dst is not src")),
+    OpDef(Op.REDUCE, Family.AXIS, (buf("dst", _W, exchange=_X), buf("src", _R, exchange=_X)), sem.reduce,
+          CostClass.SIMT, {"axis": _AXIS, "fn": AttrSpec(str, "sum", REDUCE_FNS)}, in_place=False, **_COMPUTE,
+          summary="dst := the sum, max or min of src along `axis` (sums in f32, or i32 for an i32 src).",
+          example='reduce(part, sq, axis=1, fn="sum")',
+          preconditions=("src is 1-D or 2-D and axis is one of its axes",
+                         "dst has src's shape without the axis (or with it as 1)")),
+    OpDef(Op.SCAN, Family.AXIS, (buf("dst", _W, exchange=_X), buf("src", _R, exchange=_X)), sem.scan,
+          CostClass.SIMT, {"axis": _AXIS, "fn": AttrSpec(str, "sum", REDUCE_FNS),
+                           "exclusive": AttrSpec(bool, False)}, **_COMPUTE,
+          summary="dst := the running sum, max or min of src along `axis` (inclusive; with exclusive=True "
+                  "element j combines elements before j and the first is 0 / -inf / +inf).",
+          example="scan(offsets, counts_s, axis=0, exclusive=True)",
+          preconditions=("src is 1-D or 2-D and axis is one of its axes", "dst has src's shape")),
+    OpDef(Op.ARGMIN, Family.AXIS, (buf("val", _W, exchange=_X), buf("idx", _W, index=True, exchange=_X),
+                                   buf("src", _R, exchange=_X)), sem.argreduce, CostClass.SIMT,
+          {"axis": _AXIS}, in_place=False, **_COMPUTE,
+          summary="val := min of src along `axis`, idx := its position in the tile (the first on ties).",
+          example="argmin(best, arg, scores, axis=1)",
+          preconditions=("idx is i32", "val and idx have src's shape without the axis (or with it as 1)")),
+    OpDef(Op.ARGMAX, Family.AXIS, (buf("val", _W, exchange=_X), buf("idx", _W, index=True, exchange=_X),
+                                   buf("src", _R, exchange=_X)), sem.argreduce, CostClass.SIMT,
+          {"axis": _AXIS}, in_place=False, **_COMPUTE,
+          summary="val := max of src along `axis`, idx := its position in the tile (the first on ties).",
+          example="argmax(top, arg, logits, axis=1)",
+          preconditions=("idx is i32", "val and idx have src's shape without the axis (or with it as 1)")),
+    OpDef(Op.ARGMIN_UPDATE, Family.RUNNING, (buf("best", _RW, exchange=_X),
+                                             buf("arg", _RW, index=True, exchange=_X),
+                                             buf("scores", _R, exchange=_X)) + _BASE_LIMIT,
+          sem.argmin_update, CostClass.SIMT, in_place=False, **_COMPUTE,
+          summary="Running arg-min over candidate tiles: for each row r of scores (R, C), the smallest "
+                  "scores[r, j] over columns with base + j < limit replaces (best[r], arg[r]) with "
+                  "(scores[r, j], base + j) when it is strictly smaller than best[r] (ties keep the earlier "
+                  "candidate). Start best at inf.",
+          example="argmin_update(best, arg, scores, base=kt * BK, limit=K)",
+          preconditions=("scores is 2-D (R, C); best and arg are (R,) or (R, 1)",
+                         "best is f32, arg is i32", "best and arg are filled before the first update")),
+    OpDef(Op.TOPK_MERGE, Family.RUNNING, (buf("vals", _RW, exchange=_X), buf("idx", _RW, index=True, exchange=_X),
+                                          buf("scores", _R, exchange=_X)) + _BASE_LIMIT,
+          sem.topk_merge, CostClass.SIMT, in_place=False, **_COMPUTE,
+          summary="Running smallest-k: each row of (vals, idx) (R, k) is a list sorted by (value, index); "
+                  "the candidates (scores[r, j], base + j) with base + j < limit are merged in and the k "
+                  "smallest by (value, index) kept, sorted ascending. Start vals at inf and idx at -1.",
+          example="topk_merge(top_v, top_i, scores, base=nt * BN, limit=N)",
+          preconditions=("scores is 2-D (R, C); vals and idx are (R, k)", "vals is f32, idx is i32",
+                         "each row of (vals, idx) is sorted before the merge (a constant fill is)")),
+    OpDef(Op.ATOMIC_ADD, Family.ATOMIC, (view("dst", Effect.ATOMIC_ADD), buf("src", _R)), sem.atomic_add,
+          CostClass.COPY, {"guard": AttrSpec(bool, True)}, **_CROSS,
+          summary="gmem window dst += src elementwise with atomic adds (src converted to dst's dtype); with "
+                  "guard, elements past the tensor's edge are skipped. Used to combine partial results of "
+                  "several CTAs into an output the harness zeroes before the launch.",
+          example="atomic_add(out[tile(bid.y, BM), tile(bid.x, BN)], acc)",
+          preconditions=("dst is a gmem parameter of dtype f32 or i32 (i32 takes an i32 src)",
+                         "src's shape equals the window's extent")),
+    OpDef(Op.SCATTER_ADD, Family.ATOMIC,
+          (view("dst", ByAttr("owner", (("atomic", Effect.ATOMIC_ADD), ("warp", Effect.OWNED_ADD))),
+                (MemSpace.GMEM, MemSpace.SMEM)),
+           buf("idx", _R, index=True, exchange=_X), buf("src", _R)) + _BASE_LIMIT,
+          sem.scatter_add, CostClass.COPY,
+          {"guard": AttrSpec(bool, True), "owner": AttrSpec(str, "atomic", SCATTER_OWNERS),
+           "vector": AttrSpec(int, 1, (1, 4))}, **_CROSS,
+          summary="Scatter-add rows: for each row r of src with base + r < limit, window row idx[r] of dst "
+                  "+= src[r] with atomic adds (a 1-D window adds the element src[r]). With guard, rows whose "
+                  "index is outside the window and columns past the tensor's edge are skipped. dst may be a "
+                  "whole smem tile `acc_s[:, :]` (a per-CTA privatised accumulator, shared-memory atomics: "
+                  "conflict-free when C = 32 and threads is a multiple of 32); sync() before and after it. "
+                  "owner=\"warp\" (smem target and src only): warp w of the CTA adds the rows idx[r] with "
+                  "idx[r] % warps == w, with plain loads and stores instead of atomics (the sum is the same, "
+                  "its f32 rounding order differs). vector=4 (an rmem src into f32 gmem rows, C a multiple of "
+                  "4 dividing threads): 4 columns per 16-byte red.global.add.v4.f32 where the view is aligned "
+                  "at run time, element atomics elsewhere.",
+          example="scatter_add(sums[bid.y, :, tile(dt, BD)], a_r, x_r, base=bid.x * BN, limit=N)",
+          preconditions=("dst is a gmem parameter or a whole single-stage smem tile, of dtype f32 or i32 "
+                         "(i32 takes an i32 src)",
+                         "window (E, C) with src (R, C), or window (E,) with src (R,); idx is (R,) i32",
+                         "owner=\"warp\" takes a whole smem tile target and an smem src")),
+    OpDef(Op.GATHER_ADD, Family.GATHER,
+          (view("dst", Effect.OWNED_ADD, _SMEM), view("count", Effect.OWNED_ADD, _SMEM),
+           buf("idx", _R, _SMEM, index=True), buf("queue", _W, _SMEM), view("src", _R))
+          + _BASE_LIMIT + (value("first", keyword=True),),
+          sem.gather_add, CostClass.GATHER, **_CROSS,
+          summary="Segment sums of gathered rows: for each row r of the gmem window src (R, C) with base + r "
+                  "< limit and inside the tensor, k = idx[r] - first; when 0 <= k < E, row k of dst (an smem "
+                  "tile (E, C), f32) += src row r (columns past the tensor's edge are skipped) and count[k] "
+                  "(an smem tile (E,), i32) += 1. A row whose k falls outside [0, E) is never read, so CTAs "
+                  "that split the segments between them read each row once in all. Warp w adds the rows with "
+                  "k % warps == w in row order, with plain loads and stores: no atomics, and the same f32 "
+                  "sums on every run. The rows reach their warps through a stable counting sort in queue, an "
+                  "i32 smem tile of R + 2 * warps * warps entries that is scratch: each warp scans R / warps "
+                  "indices, not all R. An owner keeps 16 of its rows' loads in flight (rows of 128 bf16 columns; "
+                  "fewer for wider rows). Every thread of the CTA runs it (it holds three CTA barriers), so it sits "
+                  "outside roles; sync() before and after it, as for any tile op.",
+          example="gather_add(acc_s[:, :], cnt_s[:], a_s, q_s, x[bid.y, tile(c, BN), tile(0, BD)], base=c * BN, "
+                  "limit=N, first=bid.x * KC)",
+          preconditions=("dst is a whole single-stage smem tile (E, C) of f32, count one (E,) of i32",
+                         "idx is an (R,) i32 smem tile; src a rank-2 gmem window (R, C) of bf16, f16 or f32",
+                         "queue is a whole (R + 2 * warps * warps,) i32 smem tile; R and E at most 65536",
+                         "outside roles: every thread of the CTA runs it")),
+)

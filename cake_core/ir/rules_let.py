@@ -13,8 +13,12 @@ from typing import Iterable, Iterator
 
 from cake_core.ir.expr import LAUNCH_SYMBOLS, Bin, Call, Cmp, Expr, substitute, symbols
 from cake_core.ir.ops import Node, Op
-from cake_core.ir.verify import Ctx, rule
+from cake_core.ir.passes import node_exprs
+from cake_core.ir.rule_ctx import Ctx, RuleSet
 from cake_core.outcome import Diagnostic
+
+RULESET = RuleSet()
+rule = RULESET.rule
 
 
 def bindings(ctx: Ctx) -> list[tuple[Node, str, frozenset[str]]]:
@@ -50,7 +54,7 @@ def bound_values(ctx: Ctx) -> dict[int, dict[str, Expr]]:
 
 
 @rule("let.shadow", "let", "a binding's name is already a const, dim, parameter, buffer, launch symbol or loop "
-                           "variable")
+                           "variable", guards=(Op.LET,))
 def _shadow(ctx: Ctx) -> Iterable[Diagnostic]:
     params = {p.name for p in ctx.program.params}
     paths = {id(n): p for n, p, _ in ctx.nodes}
@@ -70,7 +74,7 @@ def _shadow(ctx: Ctx) -> Iterable[Diagnostic]:
                            hint="give the binding a name of its own, e.g. " + f"`{name}_i`")
 
 
-@rule("let.redefined", "let", "a name is bound twice where the first binding is still visible")
+@rule("let.redefined", "let", "a name is bound twice where the first binding is still visible", guards=(Op.LET,))
 def _redefined(ctx: Ctx) -> Iterable[Diagnostic]:
     paths = {id(n): p for n, p, _ in ctx.nodes}
     for n, _, lets in _scoped(ctx.program.body, {}, {}):
@@ -83,11 +87,10 @@ def _redefined(ctx: Ctx) -> Iterable[Diagnostic]:
 
 
 def _exprs(n: Node) -> list[Expr]:
-    from cake_core.ir.rules import _node_exprs
-    return _node_exprs(n, slots=False) + ([n.args[0]] if n.op is Op.IF else [])
+    return node_exprs(n, slots=False) + ([n.args[0]] if n.op is Op.IF else [])
 
 
-@rule("let.scope", "let", "a bound name is used before its binding or outside the block it is bound in")
+@rule("let.scope", "let", "a bound name is used before its binding or outside the block it is bound in", guards=(Op.LET,))
 def _scope(ctx: Ctx) -> Iterable[Diagnostic]:
     bound: dict[str, list[Node]] = {}
     for n, _, _ in bindings(ctx):
@@ -119,7 +122,7 @@ def _has_float(e: Expr) -> bool:
     return False
 
 
-@rule("let.value", "let", "a binding's value is an integer index expression (no float literal)")
+@rule("let.value", "let", "a binding's value is an integer index expression (no float literal)", guards=(Op.LET,))
 def _value(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path, _ in bindings(ctx):
         if _has_float(n.args[1]):
@@ -128,7 +131,7 @@ def _value(ctx: Ctx) -> Iterable[Diagnostic]:
 
 
 @rule("let.placement", "let", "a binding between two sibling roles splits them (they run concurrently only "
-                              "while adjacent)")
+                              "while adjacent)", guards=(Op.LET,))
 def _placement(ctx: Ctx) -> Iterable[Diagnostic]:
     body = ctx.program.body
     paths = {id(n): p for n, p, _ in ctx.nodes}

@@ -16,6 +16,7 @@ from typing import Callable
 import numpy as np
 
 from cake_core.errors import CakeError
+from cake_core.ir.numeric import bf16_round  # noqa: F401 - the problems' inputs are bf16 values
 
 SHAPES_DIR = Path(__file__).resolve().parents[2] / "datasets" / "shapes"
 SEEDS_DIR = Path(__file__).resolve().parent / "seeds"
@@ -199,10 +200,3 @@ def load_shape_set(problem: Problem, name: str) -> ShapeSet:
         shapes.append(shape)
         roles.append(role)
     return ShapeSet(name, problem.name, tuple(shapes), tuple(roles))
-
-
-def bf16_round(x: np.ndarray) -> np.ndarray:
-    """Round float32 values to the nearest bf16 (ties to even), returned as float32."""
-    b = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    rounded = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
-    return rounded.astype(np.uint32).view(np.float32)

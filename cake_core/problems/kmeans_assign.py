@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from cake_core.ir.numeric import bf16_round
 from cake_core.problems._distance import check_indices, relative_gap, row_chunks, sq_dists, sq_norms
-from cake_core.problems.base import Problem, RowOracle, Shape, bf16_round
+from cake_core.problems.base import Problem, RowOracle, Shape
 
 
 def _inputs(s: Shape, rng: np.random.Generator) -> dict[str, np.ndarray]:

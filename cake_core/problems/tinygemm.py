@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from cake_core.problems.base import Problem, Shape, bf16_round
+from cake_core.ir.numeric import bf16_round
+from cake_core.problems.base import Problem, Shape
 from cake_core.problems.gemm import GEMM_ROWS
 
 

@@ -18,7 +18,8 @@ from cake_core.ir.expr import evaluate
 from cake_core.ir.program import Program
 from cake_core.ir.types import DType
 from cake_core.ir.zeroing import accumulated_params
-from cake_core.problems.base import Problem, Shape, bf16_round, shape_key
+from cake_core.ir.numeric import bf16_round
+from cake_core.problems.base import Problem, Shape, shape_key
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,10 @@ the problem's numpy inputs (``Problem.make_inputs``) to the GPU and returns a :c
 a ``fetch()`` that returns the last run's outputs as numpy arrays under the problem's output names
 (so ``Problem.compare`` checks them against the same oracle as our kernels), and ``reset()`` where
 the outputs are accumulators that must be zeroed before a run (kmeans_update). :func:`time_peer`
-times a peer with the protocol of ``cake_core.runtime.gpu.check_and_time``: CUDA events around each
-run on one stream, warm-up first, a 256 MiB buffer read before every timed run (cold, clean L2), inputs
-rotated among up to 4 copies when they are small, median / p10 / p90 of at least 20 runs.
+times a peer with the protocol our kernels are timed with (``runtime.timing``, as
+``runtime.gpu.check_and_time`` uses it): CUDA events around each run on one stream, warm-up first, a
+read of ``L2_FLUSH_BYTES`` before every timed run (cold, clean L2), inputs rotated among up to 4 copies
+when they are small, median / p10 / p90 of at least 20 runs.
 
 Peers:
   gemm_bf16, tinygemm  torch.matmul on bf16 tensors (cuBLAS; bf16 C) and torch.mm(out_dtype=float32)
@@ -27,15 +28,14 @@ with neither; a peer whose library is missing raises :class:`PeerUnavailable` wi
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
 from cake_core.errors import CakeError
-
-from cake_core.runtime.gpu import L2_FLUSH_BYTES, MAX_COPIES, ROTATE_BELOW_BYTES, TIMERS
+from cake_core.runtime.timing import (L2_FLUSH_BYTES, L2_STATE, MIN_REPS, TIMERS, input_copies, stats, time_regions,
+                                      torch_clock)
 
 FLASH_KMEANS_VERSION = "0.3.1"
 # a peer that writes C in bf16 (torch.matmul on bf16 tensors) is checked at the problem's fp32-output
@@ -107,7 +107,7 @@ def _dev(torch, x: np.ndarray, dtype):
 
 def _copies(torch, tensors: dict[str, Any], copies: int | None) -> list[dict[str, Any]]:
     nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
-    n = copies if copies is not None else (MAX_COPIES if nbytes < ROTATE_BELOW_BYTES else 1)
+    n = copies if copies is not None else input_copies(nbytes)
     return [tensors] + [{k: v.clone() for k, v in tensors.items()} for _ in range(max(n, 1) - 1)]
 
 
@@ -319,48 +319,6 @@ def _knn_torch(problem: str, inputs: dict[str, np.ndarray], copies: int | None) 
                    _keep=[sets, out])
 
 
-# ---------------------------------------------------------------- checking large shapes on a row subset
-
-def pick_rows(problem, shape: dict, n: int, seed: int) -> np.ndarray:
-    """``n`` distinct rows (see ``RowOracle``) of ``shape``, sorted, drawn with ``seed``."""
-    count = problem.rows.count(shape)
-    return np.sort(np.random.default_rng(seed).choice(count, size=min(n, count), replace=False)).astype(np.int64)
-
-
-def row_subset_problem(problem, rows: np.ndarray):
-    """``problem`` with its oracle and comparison restricted to ``rows`` (for shapes whose full fp64
-    oracle is too slow on a CPU), usable by ``check_and_time`` unchanged.
-
-    The oracle returns ``oracle_rows`` for ``rows`` plus the rows fed by any element of the first input
-    that differs from the first inputs it saw (so the perturbation run checks the row it perturbed),
-    under ``_sub``/``_sel``; the output entries themselves are NaN scalars, which makes the runtime's
-    "did the output move with the oracle" test vacuous: the perturbed row's correctness is what
-    checks that the kernel read the new input. The comparison cuts the same rows out of the output.
-    """
-    if problem.rows is None:
-        raise CakeError(f"problem {problem.name} has no row-subset oracle")
-    rows = np.unique(np.asarray(rows, np.int64))
-    first: dict[str, np.ndarray] = {}
-    name0 = problem.inputs[0]
-
-    def oracle(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        sel = rows
-        if name0 not in first:
-            first[name0] = inputs[name0]
-        elif inputs[name0] is not first[name0]:
-            diff = np.flatnonzero(np.asarray(inputs[name0]).reshape(-1) != np.asarray(first[name0]).reshape(-1))
-            if diff.size:
-                sel = np.union1d(rows, problem.rows.rows_of_input0(inputs, diff))
-        return {**{n: np.float64("nan") for n in problem.outputs}, "_sel": sel,
-                "_sub": problem.oracle_rows(inputs, sel)}
-
-    def compare_fn(got: dict[str, np.ndarray], want: dict[str, np.ndarray], rtol: float) -> tuple[bool, float, str]:
-        ok, err, msg = problem.compare(problem.take_rows(got, want["_sel"]), want["_sub"])
-        return ok, err, (msg + f" [on {len(want['_sel'])} rows]" if msg else msg)
-
-    return dataclasses.replace(problem, oracle=oracle, compare_fn=compare_fn)
-
-
 # ---------------------------------------------------------------- registry
 
 _FACTORIES: dict[str, dict[str, Callable[[str, dict[str, np.ndarray], int | None], PeerRun]]] = {
@@ -396,14 +354,14 @@ def time_peer(peer: PeerRun, *, reps: int = 20, warmup: int = 3, timer: str = "e
     """Median / p10 / p90 ms of ``peer.run`` with check_and_time's protocol (see the module doc).
     ``timer="graph"``: as check_and_time's graph timer, one CUDA graph (torch.cuda.CUDAGraph) of
     ``peer.copies`` back-to-back runs, each on its own input copy (make the peer with
-    ``copies=cake_core.runtime.gpu.graph_launches(...)``), its resets inside; ms per run.
+    ``copies=cake_core.runtime.timing.graph_launches(...)``), its resets inside; ms per run.
     The last timed run's outputs stay in place for ``peer.fetch()``."""
     if timer not in TIMERS:
         raise ValueError(f"unknown timer {timer!r}: use one of {', '.join(TIMERS)}")
     torch = _torch()
-    reps = max(reps, 20)
+    reps = max(reps, MIN_REPS)
     stream = torch.cuda.Stream()
-    flush = torch.zeros(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")   # read, as runtime.gpu.L2Flush
+    l2 = torch.zeros(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")   # read, as runtime.gpu.L2Flush
 
     def once(r: int) -> None:
         if peer.reset:
@@ -425,18 +383,10 @@ def time_peer(peer: PeerRun, *, reps: int = 20, warmup: int = 3, timer: str = "e
                 graph.replay()
             stream.synchronize()
             run = lambda r: graph.replay()   # noqa: E731
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        for r in range(reps):
-            if timer == "event" and peer.reset:
-                peer.reset()   # outside the timed region, as before
-            flush.sum()
-            starts[r].record(stream)
-            run(r)
-            ends[r].record(stream)
-        stream.synchronize()
-    ms = np.array([s.elapsed_time(e) / per for s, e in zip(starts, ends)], dtype=np.float64)
-    del flush
-    return {"median_ms": float(np.median(ms)), "p10_ms": float(np.percentile(ms, 10)),
-            "p90_ms": float(np.percentile(ms, 90)), "runs": reps, "copies": peer.copies,
-            "timer": f"{TIMERS[timer]} (torch)", "l2": "cold-clean"}
+        # the event timer also resets the accumulators outside the timed region, before the flush
+        setup = peer.reset if timer == "event" else None
+        ms = time_regions(torch_clock(torch), reps, stream, lambda s: l2.sum(), run, stream.synchronize,
+                          setup=setup)
+    med, p10, p90 = stats([m / per for m in ms])
+    return {"median_ms": med, "p10_ms": p10, "p90_ms": p90, "runs": reps, "copies": peer.copies,
+            "timer": f"{TIMERS[timer]} (torch)", "l2": L2_STATE}

@@ -1,0 +1,79 @@
+"""Op declarations: allocation, the CTA-wide copies, sync, mma and the structure ops (``opdef`` says what a
+declaration holds; ``registry`` assembles them).
+
+All tile ops are CTA-collective: every thread of the CTA executes them and they act on whole tiles. An
+``rmem`` tile is distributed over the CTA's threads: element ``e`` of the flattened tile lives in thread
+``e % threads``.
+"""
+from __future__ import annotations
+
+from cake_core.ir import interp_cta, interp_tile
+from cake_core.ir.opdef import (Alloc, AttrSpec, CostClass, Effect, Family, Op, OpDef, Ordering, SyncKind, buf,
+                                value, view)
+from cake_core.ir.types import MemSpace
+
+_R, _W, _RW = Effect.READ, Effect.WRITE, Effect.READWRITE
+
+DECLS: tuple[OpDef, ...] = (
+    OpDef(Op.SMEM, Family.ALLOC, (value("dtype", "dtype"), value("shape", "shape")), interp_tile.alloc,
+          CostClass.FREE, {"swizzle": AttrSpec(int, 0, (0, 32, 64, 128)), "stages": AttrSpec(int, 1)},
+          result=True, allocates=Alloc.SMEM,
+          summary="Allocate a shared-memory tile for one CTA (a ring of `stages` copies).",
+          example="a_s = smem(bf16, (BM, BK), swizzle=128)",
+          preconditions=("shape is static (constants only)", "total smem per CTA within the target")),
+    OpDef(Op.RMEM, Family.ALLOC, (value("dtype", "dtype"), value("shape", "shape")), interp_tile.alloc,
+          CostClass.FREE, {"fill": AttrSpec(float, 0.0)},
+          result=True, allocates=Alloc.RMEM,
+          summary="Allocate a register tile distributed over the CTA's threads, filled with `fill`.",
+          example="acc = rmem(f32, (BM, BN), fill=0.0)",
+          preconditions=("shape is static", "elements divisible by threads")),
+    OpDef(Op.LOAD, Family.COPY, (buf("dst", _W), view("src", _R)), interp_tile.load, CostClass.COPY,
+          {"guard": AttrSpec(bool, True)}, ordering=Ordering.BARRIER, engine="plain",
+          summary="Copy a gmem tile into an smem or rmem tile; with guard, elements past the "
+                  "tensor's edge read as zero.",
+          example="load(a_s, a[tile(bid.y, BM), tile(kt, BK)])",
+          preconditions=("dst shape equals the view's extent", "same dtype")),
+    OpDef(Op.STORE, Family.COPY, (view("dst", _W), buf("src", _R)), interp_tile.store, CostClass.COPY,
+          {"guard": AttrSpec(bool, True)}, ordering=Ordering.BARRIER, engine="plain",
+          summary="Write an rmem or smem tile to a gmem tile (converting to the gmem dtype); with "
+                  "guard, elements past the edge are skipped.",
+          example="store(c[tile(bid.y, BM), tile(bid.x, BN)], acc)",
+          preconditions=("src shape equals the view's extent",)),
+    OpDef(Op.SYNC, Family.SYNC, (), interp_tile.nothing, CostClass.FREE, sync=SyncKind.CTA,
+          summary="CTA-wide barrier (__syncthreads): all smem writes before it are visible after it.",
+          example="sync()",
+          preconditions=("not inside role-divergent code",)),
+    OpDef(Op.MMA, Family.MMA, (buf("acc", _RW, (MemSpace.RMEM,)), buf("a", _R), buf("b", _R)), interp_tile.mma,
+          CostClass.MMA, {"atom": AttrSpec(str, "fma", ("fma", "mma_sync", "wgmma"))}, ordering=Ordering.BARRIER,
+          summary="acc += a @ b with fp32 accumulation, using the named MMA atom.",
+          example='mma(acc, a_s, b_s, atom="fma")',
+          preconditions=("acc is rmem f32 (M, N); a is (M, K); b is (K, N)",
+                         "a and b share a 16-bit dtype (or f32 with atom=fma)")),
+    OpDef(Op.FOR, Family.STRUCTURE, (value("var", "name"), value("extent"), value("start"), value("step")),
+          interp_cta.run_for, CostClass.STRUCTURE, {"unroll": AttrSpec(int, 1)}, block=True,
+          summary="A sequential loop `for var in range(extent):`, or `range(start, stop, step)` (var = start, "
+                  "start + step, ... while var < stop), executed by the whole CTA (or role). A persistent "
+                  "kernel's tile loop reads `for t in range(bid.x, tiles, ncta.x):` with "
+                  "`grid=(min(tiles, num_sms),)`: each CTA walks every ncta.x-th tile, and ring phases "
+                  "continue across tiles through a running k-tile count such as "
+                  "`(t - bid.x) // ncta.x * cdiv(K, BK) + kt` (bind it once per trip, `it = ...`: see `let`).",
+          example="for t in range(bid.x, cdiv(M, BM) * cdiv(N, BN), ncta.x):",
+          preconditions=("bounds are uniform across the CTA", "step is positive")),
+    OpDef(Op.IF, Family.STRUCTURE, (value("cond", "cond"),), interp_cta.run_if, CostClass.STRUCTURE, block=True,
+          summary="Run the body only when the condition holds: `if a < b:` over index expressions "
+                  "(uniform across the CTA: conditions see consts, dims, loop variables and bid only).",
+          example="if kt < cdiv(K, BK) - 1:",
+          preconditions=("one comparison (<, <=, >, >=, ==, !=); no else branch",)),
+    OpDef(Op.LET, Family.STRUCTURE, (value("var", "name"), value("value")), interp_cta.run_let, CostClass.BIND,
+          summary="Bind a name to an index expression, written `name = expr` (an expression, not an op call): "
+                  "later statements of the same block, and the blocks nested in it, may use the name wherever "
+                  "an index expression goes, so a long index is written once. Evaluated by the whole CTA (or "
+                  "role) where it stands, again on every trip of an enclosing loop; uniform like a `for` "
+                  "extent. A runtime value: smem/rmem shapes, tile sizes and other compile-time operands "
+                  "take consts, not bindings.",
+          example="kt0 = (t - bid.x) // ncta.x * cdiv(K, BK)",
+          preconditions=("a new name: not a const, dim, parameter, buffer, loop variable or binding in scope",
+                         "used only after it, within its block",
+                         "an integer expression (no float literal)",
+                         "not between two sibling roles (bind before the first role or inside a role)")),
+)
