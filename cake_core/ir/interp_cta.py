@@ -2,9 +2,9 @@
 
 Tiles are numpy arrays; bf16 values are float32 rounded to bf16 on every write to a bf16 tile
 (:func:`round_to`), as the hardware would store them. Each op's semantics is a function
-``(cta, node) -> None`` that its declaration names; :class:`CTA` runs a block by looking each node's
-op up in the table it is given (``registry.SEMANTICS``), so this module knows no op but the structure
-ops it runs itself.
+``(cta, node) -> None`` that its declaration names, defined beside it (``ops_core``, ``ops_async``,
+``ops_compute``); :class:`CTA` runs a block by looking each node's op up in the table it is given
+(``registry.SEMANTICS``), so this module knows no op but the structure ops it runs itself.
 
 Sibling ``with role(...)`` blocks run as cooperative coroutines (generators) inside one CTA: each role
 has its own loop variables and runs until a ``wait`` finds its barrier phase not yet completed, then
@@ -136,15 +136,25 @@ def run_if(cta: CTA, n: Any) -> None:
         cta.run(n.body)
 
 
-def run_let(cta: CTA, n: Any) -> None:
-    """Bind the value in the CTA's (or the role's) environment. The verifier confines uses to the
-    binding's block, so the name need not be unbound at the block's end (a later trip rebinds it)."""
-    cta.env[n.args[0]] = cta.ev(n.args[1])
+def run_binding(cta: CTA, n: Any) -> None:
+    """Bind the names an op binds (its declaration's ``bind``) in the CTA's (or the role's) environment. The
+    verifier confines uses to the binding's block, so a name need not be unbound at the block's end (a later
+    trip rebinds it). A value that cannot be computed (a division by zero, an argument outside the op's
+    domain) is a fault at the binding's line."""
+    try:
+        cta.env.update(n.decl.bind(n, cta.ev))
+    except (ZeroDivisionError, ValueError) as e:
+        raise InterpFault(n, f"{n.op.value}: {e}") from None
 
 
 def run_role(cta: CTA, n: Any) -> None:
     """A role on its own (``CTA.run`` runs siblings together)."""
     run_roles(cta, (n,))
+
+
+def no_effect(cta: CTA, n: Any) -> None:
+    """Ordering ops: tile ops are collective and copies and MMAs complete at issue here, so a barrier, a fence
+    or a wait has nothing left to order (races are the verifier's and the protocol checker's to find)."""
 
 
 # ------------------------------------------------------------------ barriers

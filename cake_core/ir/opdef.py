@@ -11,7 +11,9 @@ One op is one :class:`OpDef` (declared in ``ops_core``, ``ops_async`` or ``ops_c
   elements that move between threads (:class:`Exchange`); whether an output may alias a source;
 - how its shared-memory accesses are ordered (:class:`Ordering`), which proxy they go through
   (:class:`Proxy`) and when they complete (:class:`Completion`); the synchronisation it is (:class:`SyncKind`);
-- its interpreter semantics (a function of the CTA state and the node) and its :class:`CostClass`;
+- its interpreter semantics (a function of the CTA state and the node, defined beside the declaration) and
+  its :class:`CostClass`; for an op that binds index names (``let`` and any other), the function that gives
+  their values (``bind``), which the interpreter, the protocol checker and the cost model evaluate alike;
 - its documentation (summary, example, preconditions), from which ``docs/ops.md`` is generated.
 
 The verifier rules, the protocol checker, features, the reference and the cost model read these fields
@@ -153,6 +155,13 @@ class Exchange(str, enum.Enum):
     BROADCAST = "when broadcast"  # an ewise source whose shape is not the destination's
 
 
+class Scope(str, enum.Enum):
+    """Where the name a ``name`` operand binds is visible."""
+
+    BODY = "the op's body"                        # a loop variable
+    BLOCK = "the rest of the op's block"          # a binding: later statements and the blocks nested in them
+
+
 class BarrierUse(str, enum.Enum):
     """What an op does with the mbarrier slot an operand names."""
 
@@ -176,6 +185,7 @@ class Operand:
     index: bool = False                  # holds i32 indices (argmin's idx, scatter_add's idx...)
     cluster: bool = False                # an smem tile the cluster's CTAs exchange (published, then read)
     exchange: Exchange = Exchange.NONE   # its elements move between threads
+    binds: Scope | None = None           # a ``name`` operand: the index name it binds, and where it is visible
     keyword: bool = False                # written `name=value`, after the positional operands
 
     def effect_of(self, n: Any) -> Effect:
@@ -258,6 +268,8 @@ class CostClass(str, enum.Enum):
 
 
 Semantics = Callable[[Any, Any], None]     # (the interpreter's CTA state, the node) -> None
+# (the node, an evaluator of index expressions) -> the value of each name it binds for the rest of its block
+Binding = Callable[[Any, Callable[[Expr], int]], dict[str, int]]
 
 
 @dataclass(frozen=True)
@@ -278,6 +290,8 @@ class OpDef:
     proxy: Proxy = Proxy.GENERIC
     completion: Completion = Completion.ISSUE
     sync: SyncKind | None = None
+    bind: Binding | None = None            # an op that binds index names (Scope.BLOCK operands): their values
+    keeps_per_row: int | None = None       # a running merge: candidates kept per row (None: the state's columns)
     atom: str = ""                         # an MMA op's atom when no `atom` attribute chooses it
     engine: str = ""                       # a copy's engine: "plain", "cp_async" or "tma"
     summary: str = ""
@@ -303,6 +317,10 @@ class OpDef:
         except KeyError:
             raise KeyError(f"`{self.op.value}` has no operand `{name}` (its operands: "
                            f"{', '.join(o.name for o in self.operands) or 'none'})") from None
+
+    def bound_names(self, n: Any, scope: Scope) -> list[str]:
+        """The names node ``n`` binds with this scope."""
+        return [a for o, a in zip(self.operands, n.args) if o.binds is scope]
 
     def atom_of(self, n: Any) -> str:
         """The MMA atom node ``n`` issues: its ``atom`` attribute, else the op's own."""

@@ -1,5 +1,5 @@
-"""Op declarations: allocation, the CTA-wide copies, sync, mma and the structure ops (``opdef`` says what a
-declaration holds; ``registry`` assembles them).
+"""Op declarations and their interpreter semantics: allocation, the CTA-wide copies, sync, mma and the structure
+ops (``opdef`` says what a declaration holds; ``registry`` assembles them).
 
 All tile ops are CTA-collective: every thread of the CTA executes them and they act on whole tiles. An
 ``rmem`` tile is distributed over the CTA's threads: element ``e`` of the flattened tile lives in thread
@@ -7,49 +7,95 @@ All tile ops are CTA-collective: every thread of the CTA executes them and they 
 """
 from __future__ import annotations
 
-from cake_core.ir import interp_cta, interp_tile
-from cake_core.ir.opdef import (Alloc, AttrSpec, CostClass, Effect, Family, Op, OpDef, Ordering, SyncKind, buf,
-                                value, view)
+from typing import Any
+
+import numpy as np
+
+from cake_core.ir import interp_cta
+from cake_core.ir.interp_cta import CTA, NUMPY, clip, no_effect, round_to
+from cake_core.ir.opdef import (Alloc, AttrSpec, CostClass, Effect, Family, Op, OpDef, Ordering, Scope, SyncKind,
+                                buf, value, view)
 from cake_core.ir.types import MemSpace
 
 _R, _W, _RW = Effect.READ, Effect.WRITE, Effect.READWRITE
 
+
+# ----------------------------------------------------------------- semantics
+
+def alloc(cta: CTA, n: Any) -> None:
+    shape = tuple(cta.ev(d) for d in n.args[1])
+    if n.op is Op.SMEM:
+        shape = (n.attr("stages"),) + shape if n.attr("stages") > 1 else shape
+        # shared memory is not zeroed on the GPU: fill with NaN so reads of unwritten smem show up
+        cta.tiles[n.result] = np.full(shape, np.nan, dtype=np.float64).astype(NUMPY[n.args[0]]) \
+            if n.args[0].is_float else np.zeros(shape, NUMPY[n.args[0]])
+    else:
+        cta.tiles[n.result] = np.full(shape, n.attr("fill"), dtype=NUMPY[n.args[0]])
+    cta.dtypes[n.result] = n.args[0]
+
+
+def load(cta: CTA, n: Any) -> None:
+    dst, v = n.arg("dst"), n.arg("src")
+    win, shape = cta.window(n, v)
+    g, t = clip(n, v, win, shape, n.attr("guard"), "read")
+    tile = np.zeros(tuple(length for _, length, kept in win if kept), dtype=cta.tiles[dst].dtype)
+    tile[t] = cta.gmem[v.buf][g].reshape(tile[t].shape)
+    cta.tiles[dst][...] = round_to(cta.dtypes[dst], tile.reshape(cta.tiles[dst].shape))
+
+
+def store(cta: CTA, n: Any) -> None:
+    v, src = n.arg("dst"), n.arg("src")
+    win, shape = cta.window(n, v)
+    g, t = clip(n, v, win, shape, n.attr("guard"), "write")
+    tile = cta.tiles[src].reshape(tuple(length for _, length, kept in win if kept))
+    dst = cta.gmem[v.buf]
+    dst[g] = round_to(cta.dtypes[v.buf], tile[t]).reshape(dst[g].shape)
+
+
+def mma(cta: CTA, n: Any) -> None:
+    acc, a, b = (cta.tiles[n.arg(x)] for x in ("acc", "a", "b"))
+    acc += a.astype(np.float32) @ b.astype(np.float32)
+
+
+# -------------------------------------------------------------- declarations
+
 DECLS: tuple[OpDef, ...] = (
-    OpDef(Op.SMEM, Family.ALLOC, (value("dtype", "dtype"), value("shape", "shape")), interp_tile.alloc,
+    OpDef(Op.SMEM, Family.ALLOC, (value("dtype", "dtype"), value("shape", "shape")), alloc,
           CostClass.FREE, {"swizzle": AttrSpec(int, 0, (0, 32, 64, 128)), "stages": AttrSpec(int, 1)},
           result=True, allocates=Alloc.SMEM,
           summary="Allocate a shared-memory tile for one CTA (a ring of `stages` copies).",
           example="a_s = smem(bf16, (BM, BK), swizzle=128)",
           preconditions=("shape is static (constants only)", "total smem per CTA within the target")),
-    OpDef(Op.RMEM, Family.ALLOC, (value("dtype", "dtype"), value("shape", "shape")), interp_tile.alloc,
+    OpDef(Op.RMEM, Family.ALLOC, (value("dtype", "dtype"), value("shape", "shape")), alloc,
           CostClass.FREE, {"fill": AttrSpec(float, 0.0)},
           result=True, allocates=Alloc.RMEM,
           summary="Allocate a register tile distributed over the CTA's threads, filled with `fill`.",
           example="acc = rmem(f32, (BM, BN), fill=0.0)",
           preconditions=("shape is static", "elements divisible by threads")),
-    OpDef(Op.LOAD, Family.COPY, (buf("dst", _W), view("src", _R)), interp_tile.load, CostClass.COPY,
+    OpDef(Op.LOAD, Family.COPY, (buf("dst", _W), view("src", _R)), load, CostClass.COPY,
           {"guard": AttrSpec(bool, True)}, ordering=Ordering.BARRIER, engine="plain",
           summary="Copy a gmem tile into an smem or rmem tile; with guard, elements past the "
                   "tensor's edge read as zero.",
           example="load(a_s, a[tile(bid.y, BM), tile(kt, BK)])",
           preconditions=("dst shape equals the view's extent", "same dtype")),
-    OpDef(Op.STORE, Family.COPY, (view("dst", _W), buf("src", _R)), interp_tile.store, CostClass.COPY,
+    OpDef(Op.STORE, Family.COPY, (view("dst", _W), buf("src", _R)), store, CostClass.COPY,
           {"guard": AttrSpec(bool, True)}, ordering=Ordering.BARRIER, engine="plain",
           summary="Write an rmem or smem tile to a gmem tile (converting to the gmem dtype); with "
                   "guard, elements past the edge are skipped.",
           example="store(c[tile(bid.y, BM), tile(bid.x, BN)], acc)",
           preconditions=("src shape equals the view's extent",)),
-    OpDef(Op.SYNC, Family.SYNC, (), interp_tile.nothing, CostClass.FREE, sync=SyncKind.CTA,
+    OpDef(Op.SYNC, Family.SYNC, (), no_effect, CostClass.FREE, sync=SyncKind.CTA,
           summary="CTA-wide barrier (__syncthreads): all smem writes before it are visible after it.",
           example="sync()",
           preconditions=("not inside role-divergent code",)),
-    OpDef(Op.MMA, Family.MMA, (buf("acc", _RW, (MemSpace.RMEM,)), buf("a", _R), buf("b", _R)), interp_tile.mma,
+    OpDef(Op.MMA, Family.MMA, (buf("acc", _RW, (MemSpace.RMEM,)), buf("a", _R), buf("b", _R)), mma,
           CostClass.MMA, {"atom": AttrSpec(str, "fma", ("fma", "mma_sync", "wgmma"))}, ordering=Ordering.BARRIER,
           summary="acc += a @ b with fp32 accumulation, using the named MMA atom.",
           example='mma(acc, a_s, b_s, atom="fma")',
           preconditions=("acc is rmem f32 (M, N); a is (M, K); b is (K, N)",
                          "a and b share a 16-bit dtype (or f32 with atom=fma)")),
-    OpDef(Op.FOR, Family.STRUCTURE, (value("var", "name"), value("extent"), value("start"), value("step")),
+    OpDef(Op.FOR, Family.STRUCTURE, (value("var", "name", binds=Scope.BODY), value("extent"), value("start"),
+                                     value("step")),
           interp_cta.run_for, CostClass.STRUCTURE, {"unroll": AttrSpec(int, 1)}, block=True,
           summary="A sequential loop `for var in range(extent):`, or `range(start, stop, step)` (var = start, "
                   "start + step, ... while var < stop), executed by the whole CTA (or role). A persistent "
@@ -64,7 +110,8 @@ DECLS: tuple[OpDef, ...] = (
                   "(uniform across the CTA: conditions see consts, dims, loop variables and bid only).",
           example="if kt < cdiv(K, BK) - 1:",
           preconditions=("one comparison (<, <=, >, >=, ==, !=); no else branch",)),
-    OpDef(Op.LET, Family.STRUCTURE, (value("var", "name"), value("value")), interp_cta.run_let, CostClass.BIND,
+    OpDef(Op.LET, Family.STRUCTURE, (value("var", "name", binds=Scope.BLOCK), value("value")), interp_cta.run_binding,
+          CostClass.BIND, bind=lambda n, ev: {n.args[0]: ev(n.args[1])},
           summary="Bind a name to an index expression, written `name = expr` (an expression, not an op call): "
                   "later statements of the same block, and the blocks nested in it, may use the name wherever "
                   "an index expression goes, so a long index is written once. Evaluated by the whole CTA (or "

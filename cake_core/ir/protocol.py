@@ -388,8 +388,8 @@ class _Sim:
                 if self.ev(r, n.args[0]):
                     yield from self.steps_of(r, n.body)
                 continue
-            if op is Op.LET:      # no memory effect: not a turn of its own, so bindings leave the interleaving as it was
-                r.env[n.args[0]] = self.ev(r, n.args[1])
+            if n.decl.bind is not None:     # a binding: no memory effect, so not a turn of its own (bindings
+                r.env.update(n.decl.bind(n, lambda e: self.ev(r, e)))   # leave the interleaving as it was)
                 continue
             waits = _barrier(n)
             if waits is not None and waits[0] is BarrierUse.WAIT:

@@ -23,7 +23,8 @@ _KINDS = {
     "view": "a window of a gmem parameter: `a[tile(i, n), :, j]`",
     "expr": "an index expression (ints, consts, dims, loop variables, bid.x/y/z, ncta.x/y/z (the grid's CTA "
             "counts), + - * // %, cdiv/min/max); a grid may also use num_sms (the GPU's SM count, given at launch)",
-    "name": "a new name: a loop variable (`for`) or a binding (`let`, written `name = expr`)",
+    "name": "a new name the op binds: a loop variable (`for`), or a binding visible to the rest of the block "
+            "(`let`, written `name = expr`; the names other ops bind)",
     "slot": "a buffer name, or a ring slot `name[expr]` of a staged smem tile or an mbarrier array",
     "str": "a string literal naming something (a role)",
     "warps": "a pair of integer literals `(lo, hi)`: warps lo..hi-1",
@@ -45,6 +46,8 @@ def _operand(o: Operand, d: OpDef) -> str:
         what.append("/".join(s.value for s in o.space))
     if o.barrier is not None:
         what.append(f"an mbarrier: {d.op.value} {o.barrier.value}")
+    if o.binds is not None:
+        what.append(f"a name it binds, visible in {o.binds.value}")
     if o.index:
         what.append("indices")
     if o.cluster:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Iterable, Iterator
 
 from cake_core.ir.expr import CTA_COORDS, CTA_COUNTS, LAUNCH_SYMBOLS, fmt_expr, symbols, try_evaluate
-from cake_core.ir.opdef import Alloc, Effect, Family, Operand, Ordering, SyncKind
+from cake_core.ir.opdef import Alloc, Effect, Family, Operand, Ordering, Scope, SyncKind
 from cake_core.ir.ops import REGISTRY, Node, Op, Tile, View, loop_range
 from cake_core.ir.passes import node_exprs
 from cake_core.ir.registry import ops_of
@@ -65,11 +65,12 @@ def _undefined(ctx: Ctx) -> Iterable[Diagnostic]:
 
 
 @rule("types.redefined", "types", "a result name is bound twice or shadows a parameter",
-      guards=_ALLOCS | {Op.MBARRIER, Op.FOR})
+      guards=_ALLOCS | {Op.MBARRIER} | {op for op, d in REGISTRY.items() if any(o.binds is Scope.BODY
+                                                                                  for o in d.operands)})
 def _redefined(ctx: Ctx) -> Iterable[Diagnostic]:
     seen = {p.name: None for p in ctx.program.params}
     for n, path, scope in ctx.nodes:
-        names = [n.result] if n.result else ([n.args[0]] if n.op is Op.FOR else [])
+        names = [n.result] if n.result else n.decl.bound_names(n, Scope.BODY)
         for name in names:
             if name in seen or name in scope or name in ctx.consts or name in ctx.dims:
                 first = seen.get(name)
@@ -162,7 +163,8 @@ def _symbols(ctx: Ctx) -> Iterable[Diagnostic]:
     for s in sorted(grid_syms - base):
         yield ctx.diag("shapes.symbols", None, f"the grid uses `{s}`, which is neither a const nor a "
                                                "problem dimension", hint="grid extents may use consts and dims")
-    bound = {n.args[0] for n, _, _ in ctx.nodes if n.op is Op.LET}    # out of scope: let.scope reports them
+    # bindings out of their scope: let.scope reports them
+    bound = {v for n, _, _ in ctx.nodes for v in n.decl.bound_names(n, Scope.BLOCK)}
     for n, path, scope in ctx.nodes:
         exprs = node_exprs(n, slots=False)
         bad = set().union(*(symbols(e) for e in exprs)) - base - scope - bound if exprs else set()

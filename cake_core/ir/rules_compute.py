@@ -185,7 +185,8 @@ def _reduce_shape(ctx: Ctx) -> Iterable[Diagnostic]:
                                hint="compute scores as a (rows, candidates) tile")
                 continue
             rows = scores[0]
-            want = [(rows,), (rows, 1)] if n.op is Op.ARGMIN_UPDATE else None
+            # one candidate kept per row: (R,) or (R, 1); k of them: (R, k), the same in both state tiles
+            want = [(rows,), (rows, 1)] if REGISTRY[n.op].keeps_per_row == 1 else None
             for name, s in ((n.args[0], a), (n.args[1], b)):
                 if s is None:
                     continue
@@ -195,13 +196,13 @@ def _reduce_shape(ctx: Ctx) -> Iterable[Diagnostic]:
                     yield ctx.diag("compute.reduce_shape", n, f"`{name}` is {_fmt(s)}; scores {_fmt(scores)} "
                                                               f"need {w}", path=path,
                                    hint="one running entry (or k) per row of scores")
-            if n.op is Op.TOPK_MERGE and a is not None and b is not None and a != b:
+            if want is None and a is not None and b is not None and a != b:
                 yield ctx.diag("compute.reduce_shape", n, f"vals {_fmt(a)} and idx {_fmt(b)} differ in shape",
                                path=path, hint="allocate both as (rows, k)")
 
 
-@rule("compute.index_dtype", "compute", "index tiles (argmin/argmax/argmin_update/topk_merge/scatter_add) must be i32",
-      guards=_INDEX_OPERANDS)
+@rule("compute.index_dtype", "compute", "the index tiles of the compute ops (arg-reductions, running merges, "
+                                        "scatters, gathers) must be i32", guards=_INDEX_OPERANDS)
 def _index_dtype(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path in _compute_nodes(ctx):
         name = _INDEX_OPERANDS.get(n.op)

@@ -335,6 +335,10 @@ class _Parser:
             if not isinstance(a, ast.Name):
                 raise _Bad("parse.type", a, f"operand `{oname}` of `{op}` must be a buffer name")
             return a.id
+        if kind == "name":
+            if not isinstance(a, ast.Name):
+                raise _Bad("parse.type", a, f"operand `{oname}` of `{op}` is a new name it binds, such as `tm`")
+            return a.id
         if kind == "view":
             return self.view(a, op, oname)
         if kind == "expr":

@@ -7,14 +7,14 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from cake_core.ir.expr import Expr, Sym
-from cake_core.ir.opdef import Op
+from cake_core.ir.opdef import Op, Scope
 
 
 def walk(nodes: tuple[Any, ...], path: str = "",
          scope: frozenset[str] = frozenset()) -> Iterator[tuple[Any, str, frozenset[str]]]:
     """Every node with its IR path (``for[kt].mma``) and the index names in scope there (loop
     variables of the enclosing loops, and bindings made earlier in this block or an enclosing
-    one), depth first, in program order."""
+    one: the ``name`` operands their declarations scope), depth first, in program order."""
     counts: dict[str, int] = {}
     for n in nodes:
         key = n.op.value
@@ -33,10 +33,11 @@ def walk(nodes: tuple[Any, ...], path: str = "",
         if counts[key] > 1:
             here += f"#{counts[key]}"
         yield n, here, scope
-        if n.body:
-            yield from walk(n.body, here, scope | {n.args[0]} if n.op is Op.FOR else scope)
-        if n.op is Op.LET:      # visible to the rest of this block (not to the binding itself)
-            scope = scope | {n.args[0]}
+        if n.body:      # a loop variable is visible in its body
+            yield from walk(n.body, here, scope | set(n.decl.bound_names(n, Scope.BODY)))
+        bound = n.decl.bound_names(n, Scope.BLOCK)
+        if bound:       # a binding, to the rest of this block (not to the binding itself)
+            scope = scope | set(bound)
 
 
 def for_args(var: str, stop: Expr, start: Expr = 0, step: Expr = 1) -> tuple:

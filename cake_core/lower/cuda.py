@@ -24,7 +24,6 @@ A grid that uses ``num_sms`` is evaluated at launch with the GPU's SM count
 from __future__ import annotations
 
 from cake_core.ir.expr import LAUNCH_SYMBOLS, Bin, Call, Expr, Sym, symbols
-from cake_core.ir.ops import Op
 from cake_core.ir.program import Program, walk
 from cake_core.ir.zeroing import accumulated_params
 from cake_core.lower import lower_async
@@ -79,8 +78,7 @@ def _names(p: Program) -> list[tuple[str, int]]:
         n = w[0]
         if n.result:
             out.append((n.result, n.line))
-        if n.op in (Op.FOR, Op.LET):
-            out.append((n.args[0], n.line))
+        out += [(a, n.line) for o, a in zip(n.decl.operands, n.args) if o.binds is not None]
     return out
 
 

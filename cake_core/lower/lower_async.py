@@ -41,7 +41,7 @@ from typing import Any
 from cake_core.ir.ops import At, Node, Op, Slot, Tile, View
 from cake_core.ir.program import walk
 from cake_core.ir.types import DType, MemSpace, Swizzle, TileType
-from cake_core.lower.context import Buf, Ctx, Line, LowerError, window
+from cake_core.lower.context import Buf, Ctx, Line, Lowering, LowerError, window
 
 
 @dataclass(frozen=True)
@@ -586,3 +586,25 @@ def kernel_extras(ctx: Ctx) -> tuple[list[str], str, tuple[TensorMapArg, ...], t
     if st["cluster"]:
         attrs = "__cluster_dims__({}, {}, {}) ".format(*st["cluster"])
     return params, attrs, maps, st["cluster"] or ()
+
+
+# This module's ops that lower one way (dispatch.LOWERINGS assembles them with the variant tables).
+HOOKS: dict[Op, Lowering] = {
+    Op.ROLE: lower_role,
+    Op.CLUSTER: lower_cluster,
+    Op.MBARRIER: lower_mbarrier,
+    Op.EXPECT_TX: lower_expect_tx,
+    Op.ARRIVE: lower_arrive,
+    Op.WAIT: lower_wait,
+    Op.TMA_LOAD: lower_tma_load,
+    Op.TMA_STORE: lower_tma_store,
+    Op.CP_ASYNC: lower_cp_async,
+    Op.CP_ASYNC_BAR: lower_cp_async_bar,
+    Op.CP_ASYNC_WAIT: lower_cp_async_wait,
+    Op.FENCE_ASYNC: lower_fence,
+    Op.CLUSTER_SYNC: lower_cluster_sync,
+    Op.WGMMA: lower_wgmma,
+    Op.WGMMA_WAIT: lower_wgmma_wait,
+    Op.TCGEN05_MMA: lower_tcgen05,
+    Op.ARGMIN_BIAS: lower_argmin_bias,
+}

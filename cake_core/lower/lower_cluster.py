@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import math
 
-from cake_core.ir.ops import Node
+from cake_core.ir.ops import Node, Op
 from cake_core.ir.types import DType, MemSpace
-from cake_core.lower.context import Buf, Ctx, Line, LowerError, window
+from cake_core.lower.context import Buf, Ctx, Line, Lowering, LowerError, window
 from cake_core.lower.lower_async import zero_unwritten_acc
 
 
@@ -68,3 +68,10 @@ def lower_acc_cluster_reduce(n: Node, ctx: Ctx) -> list[Line]:
     return [f"cake::cluster_reduce_gmem_f32<{rows}, {cols}, {math.prod(cl)}>({w.base}, {w.ld_row}, {w.ld_col}, "
             f"(int)({w.rows_in}), (int)({w.cols_in}), {p.name}, (int)threadIdx.x, {ctx.threads});"
             "  // this CTA's share of the tile, summed over the cluster"]
+
+
+# This module's ops that lower one way (dispatch.LOWERINGS assembles them with the variant tables).
+HOOKS: dict[Op, Lowering] = {
+    Op.ACC_PUBLISH: lower_acc_publish,
+    Op.ACC_CLUSTER_REDUCE: lower_acc_cluster_reduce,
+}

@@ -28,7 +28,7 @@ from cake_core.ir.ops import At, Full, Node, Op, Tile, View
 from cake_core.ir.scratch import SCRATCH_ALIGN, staged_operands
 from cake_core.ir.shapes import broadcasts_to, norm_axis
 from cake_core.ir.types import DType, MemSpace, TileType
-from cake_core.lower.context import Buf, Ctx, Line, LowerError, c_literal, window
+from cake_core.lower.context import Buf, Ctx, Line, Lowering, LowerError, c_literal, window
 
 _TILE = (MemSpace.SMEM, MemSpace.RMEM)
 _FN_CODE = {"sum": 0, "max": 1, "min": 2}
@@ -514,3 +514,21 @@ def lower_gather_add(n: Node, ctx: Ctx) -> list[Line]:
     return _block([], [f"cake::gather_add_bucketed<{idx.numel}, {C}, {E}, THREADS>({dst_v.buf}, {cnt_v.buf}, "
                        f"{idx_name}, {q_name}, (int)({first}), {w.base}, {w.ld_row}, {w.ld_col}, (int)({w.rows_in}), "
                        f"(int)({w.cols_in}), (int)({valid}));"])
+
+
+# This module's ops that lower one way (dispatch.LOWERINGS assembles them with the variant tables).
+HOOKS: dict[Op, Lowering] = {
+    Op.FILL: lower_fill,
+    Op.CAST: lower_cast,
+    Op.UNARY: lower_unary,
+    Op.EWISE: lower_ewise,
+    Op.TRANSPOSE: lower_transpose,
+    Op.REDUCE: lower_reduce,
+    Op.SCAN: lower_scan,
+    Op.ARGMIN: lower_argreduce,
+    Op.ARGMAX: lower_argreduce,
+    Op.ARGMIN_UPDATE: lower_argmin_update,
+    Op.TOPK_MERGE: lower_topk_merge,
+    Op.SCATTER_ADD: lower_scatter_add,
+    Op.GATHER_ADD: lower_gather_add,
+}

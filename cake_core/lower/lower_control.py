@@ -7,8 +7,8 @@
 """
 from __future__ import annotations
 
-from cake_core.ir.ops import Node, loop_range
-from cake_core.lower.context import Ctx, Line, LowerError
+from cake_core.ir.ops import Node, Op, loop_range
+from cake_core.lower.context import Ctx, Line, Lowering, LowerError
 
 
 def lower_for(n: Node, ctx: Ctx) -> list[Line]:
@@ -50,3 +50,11 @@ def lower_let(n: Node, ctx: Ctx) -> list[Line]:
     c = ctx.check_expr(value, f"binding `{var}`")
     ctx.bound.append(var)
     return [f"const int {var} = {c};"]
+
+
+# This module's ops that lower one way (dispatch.LOWERINGS assembles them with the variant tables).
+HOOKS: dict[Op, Lowering] = {
+    Op.FOR: lower_for,
+    Op.IF: lower_if,
+    Op.LET: lower_let,
+}

@@ -33,7 +33,7 @@ from cake_core.ir.expr import evaluate
 from cake_core.ir.ops import REGISTRY, Node, Op
 from cake_core.ir.program import walk
 from cake_core.ir.types import DType, MemSpace, Swizzle, TileType
-from cake_core.lower.context import Buf, Ctx, Line, LowerError, box_args, c_literal, window
+from cake_core.lower.context import Buf, Ctx, Line, Lowering, LowerError, box_args, c_literal, window
 from cake_core.targets import Arch
 
 
@@ -267,3 +267,10 @@ def layout_guard(n: Node, ctx: Ctx) -> None:
                      f"`{n.op.value}` here would address its elements in the default distribution",
                      "store it to gmem (or use fill/cast/unary/ewise with rmem operands of its shape only), "
                      'or accumulate with atom="fma"')
+
+
+# This module's ops that lower one way (dispatch.LOWERINGS assembles them with the variant tables).
+HOOKS: dict[Op, Lowering] = {
+    Op.SMEM: lower_smem,
+    Op.SYNC: lower_sync,
+}

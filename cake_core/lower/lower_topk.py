@@ -20,7 +20,7 @@ import math
 from cake_core.ir.ops import Node, Op, Tile
 from cake_core.ir.program import walk
 from cake_core.ir.types import DType, MemSpace, TileType
-from cake_core.lower.context import Buf, Ctx, Line, LowerError, window
+from cake_core.lower.context import Buf, Ctx, Line, Lowering, LowerError, window
 from cake_core.ir.rules_topk import KMAX_LIMIT
 from cake_core.lower.lower_async import (epilogue_operands, fragment_rows, in_role, named_barrier, role_threads,
                                         slot_ptr)
@@ -179,3 +179,12 @@ def lower_topk_cluster_merge(n: Node, ctx: Ctx) -> list[Line]:
     return [f"cake::topk_cluster_merge_gmem<{rows}, {kmax}, {math.prod(cl)}, {which}>({w.base}, {w.ld_row}, "
             f"{w.ld_col}, (int)({w.rows_in}), (int)({w.cols_in}), {pv.name}, {pi.name}, (int)threadIdx.x, "
             f"{ctx.threads});  // this CTA's share of the rows, merged over the cluster"]
+
+
+# This module's ops that lower one way (dispatch.LOWERINGS assembles them with the variant tables).
+HOOKS: dict[Op, Lowering] = {
+    Op.TOPK_BIAS: lower_topk_bias,
+    Op.SQNORM_ROWS: lower_sqnorm_rows,
+    Op.TOPK_PUBLISH: lower_topk_publish,
+    Op.TOPK_CLUSTER_MERGE: lower_topk_cluster_merge,
+}

@@ -14,8 +14,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from cake_core.ir.expr import evaluate, try_evaluate
-from cake_core.ir.opdef import CostClass, Effect
+from cake_core.ir.expr import UnboundSymbol, evaluate
+from cake_core.ir.opdef import CostClass, Effect, Scope
 from cake_core.ir.ops import REGISTRY, Node, Op, loop_range
 from cake_core.ir.program import Program
 from cake_core.ir.rule_ctx import build_ctx, smem_bytes, view_extent
@@ -105,12 +105,12 @@ def _free(n: Node, ctx, env, trips: float, w: Work) -> None:
 
 
 def _bind(n: Node, ctx, env, trips: float, w: Work) -> None:
-    """A binding costs nothing; its value joins ``env`` (when CTA 0's is known) for the extents after it."""
-    v = try_evaluate(n.args[1], env)
-    if v is None:
-        env.pop(n.args[0], None)
-    else:
-        env[n.args[0]] = int(v)
+    """A binding costs nothing; its values join ``env`` (when CTA 0's are known) for the extents after it."""
+    try:
+        env.update(REGISTRY[n.op].bind(n, lambda e: int(evaluate(e, env))))
+    except (UnboundSymbol, ZeroDivisionError, ValueError):     # unknown here, or outside the op's domain
+        for name in REGISTRY[n.op].bound_names(n, Scope.BLOCK):
+            env.pop(name, None)
 
 
 # One hook per cost class (a test checks every class has one); an op's declaration names its class.
