@@ -62,6 +62,7 @@ class Op(str, enum.Enum):
     FOR = "for"
     IF = "if"
     LET = "let"
+    TILE_ORDER = "tile_order"
     ROLE = "role"
     CLUSTER = "cluster"
     # -- elementwise tile math

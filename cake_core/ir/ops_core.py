@@ -7,7 +7,7 @@ All tile ops are CTA-collective: every thread of the CTA executes them and they 
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -55,6 +55,22 @@ def store(cta: CTA, n: Any) -> None:
 def mma(cta: CTA, n: Any) -> None:
     acc, a, b = (cta.tiles[n.arg(x)] for x in ("acc", "a", "b"))
     acc += a.astype(np.float32) @ b.astype(np.float32)
+
+
+def tile_order(n: Any, ev: Callable[[Any], int]) -> dict[str, int]:
+    """The coordinates of linear tile ``t`` of a (tiles_m, tiles_n) grid in grouped order: runs of ``group`` tile
+    rows (fewer in the last run) are walked column by column, so the CTAs at work at one time share the
+    operand tiles of a few rows and columns in L2."""
+    tm, tn, t, tiles_m, tiles_n, group = n.args
+    t, tiles_m, tiles_n, group = ev(t), ev(tiles_m), ev(tiles_n), ev(group)
+    if group < 1:
+        raise ValueError(f"group={group}: a group is at least one tile row")
+    if not 0 <= t < tiles_m * tiles_n:
+        raise ValueError(f"tile {t} of a {tiles_m} x {tiles_n} grid of tiles")
+    width = group * tiles_n                    # tiles per run of `group` tile rows
+    first = t // width * group                 # the run's first tile row
+    rows = min(tiles_m - first, group)
+    return {tm: first + t % width % rows, tn: t % width // rows}
 
 
 # -------------------------------------------------------------- declarations
@@ -123,4 +139,16 @@ DECLS: tuple[OpDef, ...] = (
                          "used only after it, within its block",
                          "an integer expression (no float literal)",
                          "not between two sibling roles (bind before the first role or inside a role)")),
+    OpDef(Op.TILE_ORDER, Family.STRUCTURE, (value("tm", "name", binds=Scope.BLOCK), value("tn", "name", binds=Scope.BLOCK),
+                                            value("t"), value("tiles_m"), value("tiles_n"),
+                                            value("group", keyword=True)),
+          interp_cta.run_binding, CostClass.BIND, bind=tile_order,
+          summary="Bind the coordinates (tm, tn) of linear tile t of a tiles_m x tiles_n grid of tiles in grouped "
+                  "order: runs of `group` tile rows (fewer in the last run) are walked column by column, so the "
+                  "CTAs of a persistent grid at work at one time share the a and b tiles of a few rows and "
+                  "columns in L2. tm and tn are bindings: visible, like `name = expr`, to the rest of the block.",
+          example="tile_order(tm, tn, t, cdiv(M, BM), cdiv(N, BN), group=G)",
+          preconditions=("tm and tn are new names (the let rules: not a const, dim, parameter, buffer, loop "
+                         "variable or binding in scope)",
+                         "0 <= t < tiles_m * tiles_n", "group is a positive compile-time constant")),
 )

@@ -3,7 +3,8 @@
 - ``for`` → a C ``for`` loop; ``range(start, stop, step)`` keeps its bounds (``ncta.x`` → ``gridDim.x``).
 - ``if`` → a C ``if`` over the condition (uniform across the CTA).
 - ``name = expr`` (``let``) → ``const int name = expr;`` in the C block of its IR block (the same int
-  arithmetic as the expression written inline at each use).
+  arithmetic as the expression written inline at each use); ``tile_order`` → two ints set by
+  ``cake::tile_order`` (header/cake.cuh), the same grouped order the interpreter binds.
 """
 from __future__ import annotations
 
@@ -40,16 +41,34 @@ def lower_if(n: Node, ctx: Ctx) -> list[Line]:
     return [(n.line, f"{pad}if {cond} {{")] + body + [(n.line, pad + "}")]
 
 
+def _free(ctx: Ctx, names: list[str]) -> None:
+    """Refuse the names a binding op binds when one is already in scope (or bound twice by the op)."""
+    for i, var in enumerate(names):
+        if var in ctx.loop_vars or var in ctx.bound or var in ctx.consts or var in ctx.dims or var in names[:i]:
+            raise LowerError("lower.shadowed_name", f"binding `{var}` shadows a name already in scope")
+
+
 def lower_let(n: Node, ctx: Ctx) -> list[Line]:
     # check_expr writes int arithmetic (consts, dims and loop variables are int; blockIdx/gridDim cast to
     # int), so the binding is exactly the int the expression would be where it is used; 64-bit offsets are
     # formed from it at the use (cake::index_t casts in the window code), as from an inline expression
     var, value = n.args
-    if var in ctx.loop_vars or var in ctx.bound or var in ctx.consts or var in ctx.dims:
-        raise LowerError("lower.shadowed_name", f"binding `{var}` shadows a name already in scope")
+    _free(ctx, [var])
     c = ctx.check_expr(value, f"binding `{var}`")
     ctx.bound.append(var)
     return [f"const int {var} = {c};"]
+
+
+def lower_tile_order(n: Node, ctx: Ctx) -> list[Line]:
+    """``tile_order(tm, tn, t, tiles_m, tiles_n, group=G)`` → ``cake::tile_order`` into two ints of the block."""
+    tm, tn, t, tiles_m, tiles_n, group = n.args
+    _free(ctx, [tm, tn])
+    g = ctx.static(group, "tile_order's group")
+    args = [ctx.check_expr(e, f"tile_order's {what}") for e, what in ((t, "tile"), (tiles_m, "tiles_m"),
+                                                                       (tiles_n, "tiles_n"))]
+    ctx.bound.extend([tm, tn])
+    return [f"int {tm}, {tn};  // tile_order: grouped tile coordinates",
+            f"cake::tile_order({tm}, {tn}, {', '.join(args)}, {g});"]
 
 
 # This module's ops that lower one way (dispatch.LOWERINGS assembles them with the variant tables).
@@ -57,4 +76,5 @@ HOOKS: dict[Op, Lowering] = {
     Op.FOR: lower_for,
     Op.IF: lower_if,
     Op.LET: lower_let,
+    Op.TILE_ORDER: lower_tile_order,
 }
