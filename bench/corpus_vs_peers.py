@@ -11,7 +11,7 @@ them out), with ``--variants`` every other program under ``cake_core/problems/se
 sm_90a), check and time each with ``cake_core.runtime.gpu.check_and_time`` (fresh seeded inputs,
 poisoned outputs, fp64 oracle, perturbation check, re-check after timing; CUDA events, warm-up,
 L2 flushed by a 256 MiB read before every timed run, median of ≥ 20); then run every peer of the
-problem (``cake_core.problems.peers``) on the same inputs, check its output against the same oracle
+problem (``cake_core.runtime.peers``) on the same inputs, check its output against the same oracle
 (a wrong peer is timed but marked PEER WRONG, with the error), and time it with the same protocol.
 
 Large shapes: when a shape's fp64 oracle would take long on the CPU (over ``--full-oracle-flops``
@@ -25,7 +25,7 @@ bytes / 4.22 TB/s) and the fraction of it each reaches. A short table is printed
 so a run cut short still leaves what it measured. ``--deadline-s`` skips shapes once it has passed.
 
 ``--timer graph`` times ours and the peers alike by graph replay instead: per replay, after the flush,
-a CUDA graph launches the kernel (or the peer's call) back to back ``cake_core.runtime.gpu.GRAPH_LAUNCHES``
+a CUDA graph launches the kernel (or the peer's call) back to back ``cake_core.runtime.timing.GRAPH_LAUNCHES``
 times, each on its own input copy; ms per launch (see ``cake_core.runtime.gpu``). Every row records its
 timer.
 
@@ -56,11 +56,12 @@ from cake_core.ir.text import parse_program  # noqa: E402
 from cake_core.lower import compile_kernel, lower  # noqa: E402
 from cake_core.problems import PROBLEMS, get_problem, shape_key  # noqa: E402
 from cake_core.problems.base import SEEDS_DIR, parse_shape_key  # noqa: E402
-from cake_core.problems.peers import PeerUnavailable, make_peer, peer_names, time_peer  # noqa: E402
 from cake_core.runtime.gate import pick_rows  # noqa: E402
+from cake_core.runtime.peers import PeerUnavailable, make_peer, peer_names, time_peer  # noqa: E402
+from cake_core.runtime.timing import GRAPH_LAUNCHES  # noqa: E402
 
-PEAK_BF16_FLOPS = 790e12      # DESIGN §10: cuBLAS bf16 8192³ on this H200, upper end
-PEAK_BYTES_PER_S = 4.22e12    # DESIGN §10: measured copy bandwidth (read + write)
+PEAK_BF16_FLOPS = 790e12      # docs/architecture.md §10: cuBLAS bf16 8192³ on this H200, upper end
+PEAK_BYTES_PER_S = 4.22e12    # docs/architecture.md §10: measured copy bandwidth (read + write)
 ORDER = ("tinygemm", "gemm_bf16", "kmeans_assign", "knn_topk", "kmeans_update")
 BENCH_SETS = {"tinygemm": "tinygemm_decode", "gemm_bf16": "gemm_aligned", "kmeans_assign": "kmeans_assign_large",
               "knn_topk": "knn_topk_large", "kmeans_update": "kmeans_update_large"}
@@ -197,7 +198,7 @@ def run_peer(problem, peer_name: str, shape, inputs, rows, want, args) -> dict:
     res: dict = {"peer": peer_name, "key": peer_name}
     peer = None
     try:
-        from cake_core.runtime.gpu import graph_launches  # noqa: PLC0415
+        from cake_core.runtime.timing import graph_launches  # noqa: PLC0415
         copies = graph_launches(sum(int(v.nbytes) for v in inputs.values())) if args.timer == "graph" else None
         peer = make_peer(problem.name, peer_name, inputs, copies=copies)
         res.update(peer=peer.peer, library=peer.library, note=peer.note, copies=peer.copies,
@@ -280,7 +281,7 @@ def main() -> int:
     ap.add_argument("--no-best", action="store_true", help="leave the problems' best-known programs out")
     ap.add_argument("--variants", action="store_true",
                     help="also every other program under cake_core/problems/seeds/ whose parameters fit the problem")
-    ap.add_argument("--peers", default="", help="only these peers (names from cake_core.problems.peers.PEERS)")
+    ap.add_argument("--peers", default="", help="only these peers (names from cake_core.runtime.peers.PEERS)")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
@@ -319,7 +320,7 @@ def main() -> int:
               "protocol": ("CUDA events; warm-up; 256 MiB read before each timed run (cold, clean L2); inputs rotated "
                            "among up to 4 copies when under 64 MiB; median of >= reps") if args.timer == "event" else
                           ("CUDA graph replays of back-to-back launches, each on its own input copy (up to "
-                           f"{gpu.GRAPH_LAUNCHES}); CUDA events around each replay; warm-up; 256 MiB read before "
+                           f"{GRAPH_LAUNCHES}); CUDA events around each replay; warm-up; 256 MiB read before "
                            "each replay (cold, clean L2); ms per launch; median of >= reps replays"),
               "timer": args.timer,
               "programs": programs, "rows": rows}

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cake_core.ir.expr import Bin, Sym  # noqa: E402
 from cake_core.ir.ops import Node, Op, make_attrs  # noqa: E402
-from cake_core.ir.ops_async import Slot  # noqa: E402
+from cake_core.ir.ops import Slot  # noqa: E402
 from cake_core.ir.program import Program  # noqa: E402
 from cake_core.ir.text import parse, parse_program  # noqa: E402
 from cake_core.ir.types import DType  # noqa: E402

@@ -29,8 +29,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cake_core.runtime.gpu import (L2Flush, MAX_COPIES, ROTATE_BELOW_BYTES, capture_graph,  # noqa: E402
-                                   gpu_model, graph_launches, time_regions)
+from cake_core.runtime.gpu import L2Flush, capture_graph, gpu_model  # noqa: E402
+from cake_core.runtime.timing import (MAX_COPIES, ROTATE_BELOW_BYTES, cupy_clock, graph_launches,  # noqa: E402
+                                      time_regions)
 
 _SRC = r"""
 template <int U>
@@ -101,13 +102,13 @@ def _time(cp, fn, grid, block, bufs, n, sink, flush, stream, reps: int, warmup: 
             fn((grid,), (block,), (bufs[(r + j) % len(bufs)], n, sink), stream=stream)
 
     before = (lambda: hold(stream)) if hold is not None else None
-    ms = time_regions(cp, reps, stream, flush, body, stream.synchronize, before)
+    ms = time_regions(cupy_clock(cp), reps, stream, flush, body, stream.synchronize, before)
     return [m / max(launches, 1) for m in ms]
 
 
 def _time_graph(cp, fn, grid, block, bufs, n, sink, flush, stream, reps: int, warmup: int) -> list[float]:
     """ms per launch under the graph timer: one CUDA graph of len(bufs) back-to-back launches, one per
-    buffer, replayed after each flush between a pair of events (``cake_core.runtime.gpu``'s helpers)."""
+    buffer, replayed after each flush between a pair of events (``cake_core.runtime.timing``'s helpers)."""
     def enqueue() -> None:
         for b in bufs:
             fn((grid,), (block,), (b, n, sink), stream=stream)
@@ -115,7 +116,7 @@ def _time_graph(cp, fn, grid, block, bufs, n, sink, flush, stream, reps: int, wa
     graph = capture_graph(stream, enqueue)
     for _ in range(warmup):
         graph.launch(stream)
-    ms = time_regions(cp, reps, stream, flush, lambda r: graph.launch(stream), stream.synchronize)
+    ms = time_regions(cupy_clock(cp), reps, stream, flush, lambda r: graph.launch(stream), stream.synchronize)
     return [m / len(bufs) for m in ms]
 
 

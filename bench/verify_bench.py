@@ -19,9 +19,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cake_core.ir.protocol import check_protocol  # noqa: E402
-from cake_core.ir.targets import load_target  # noqa: E402
 from cake_core.ir.text import parse_program  # noqa: E402
-from cake_core.ir.verify import build_ctx, verify  # noqa: E402
+from cake_core.ir.rule_ctx import build_ctx  # noqa: E402
+from cake_core.ir.verify import verify  # noqa: E402
+from cake_core.targets import get_arch  # noqa: E402
 
 SEED = Path(__file__).resolve().parents[1] / "cake_core/problems/seeds/gemm_bf16_ws.cake"
 TARGET_MS = 50.0
@@ -51,7 +52,7 @@ def main() -> int:
         print("the seed does not verify:", *[d.format(SEED.name) for d in diags], sep="\n")
         return 1
     total = _times(lambda: verify(prog), args.runs)
-    target = load_target(prog.target)
+    target = get_arch(prog.target)
     proto = _times(lambda: check_protocol(build_ctx(prog, target)), args.runs)
     res = {"program": prog.name, "hash": prog.hash, "runs": args.runs, "cores": 1,
            "verify_median_ms": round(statistics.median(total), 3), "verify_min_ms": round(min(total), 3),

@@ -22,10 +22,11 @@ from cake_core.agents.base import Context
 from cake_core.agents.tactic_agent import TacticAgent
 from cake_core.agents.tactics import TACTICS
 from cake_core.errors import CakeError
-from cake_core.model.cost import CostModel, gpu_for_name
+from cake_core.model.cost import CostModel
 from cake_core.outcome import Outcome
 from cake_core.pipeline import nvcc_available
 from cake_core.problems import get_problem, load_shape_set, shape_key
+from cake_core.targets import gpu_for_name
 from tasks.harness import load_harness
 from tasks.record import Attempt, now
 from tasks.stages import (check_cpu, compact, compile_one, confirm_gpu, cost_filter, generate, record, time_gpu,

@@ -37,7 +37,7 @@ from cake_core.ir.ops import Node, Op, View
 from cake_core.ir.program import Program
 from cake_core.ir.types import DType, MemSpace, TileType
 from cake_core.ir.verify import build_ctx
-from cake_core.ir.targets import load_target
+from cake_core.targets import find_arch
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,9 @@ class Mainloop:
 
 
 def _types(p: Program) -> dict[str, TileType]:
-    return dict(build_ctx(p, load_target(p.target) or {}).buffers)
+    arch = find_arch(p.target)
+    refuse_unless(arch is not None, f"no target data for {p.target}")
+    return dict(build_ctx(p, arch).buffers)
 
 
 def find_mainloop(p: Program) -> Mainloop:

@@ -12,8 +12,7 @@ from dataclasses import replace
 from typing import Callable, Iterable, Iterator
 
 from cake_core.ir.expr import Bin, Call, Cmp, Expr, Sym, fmt_expr, symbols
-from cake_core.ir.ops import REGISTRY, At, Node, Op, Tile, View, make_attrs
-from cake_core.ir.ops_async import Slot
+from cake_core.ir.ops import REGISTRY, At, Node, Op, Slot, Tile, View, make_attrs
 from cake_core.ir.program import Program
 from cake_core.ir.text import parse
 
@@ -105,7 +104,7 @@ def set_attrs(n: Node, **kv) -> Node:
 def buf_args(n: Node) -> list[str]:
     """The buffer names ``n`` names: buf operands, view buffers and ring-slot buffers."""
     out = []
-    for (_, kind), a in zip(REGISTRY[n.op].operands, n.args):
+    for kind, a in zip((o.kind for o in REGISTRY[n.op].operands), n.args):
         if kind == "buf":
             out.append(a)
         elif kind == "view":
@@ -191,7 +190,7 @@ def map_exprs(n: Node, fn: Callable[[Expr], Expr]) -> Node:
         if kind == "slot" and isinstance(a, Slot) and a.index is not None:
             return Slot(a.buf, fn(a.index))
         return a
-    kinds = [k for _, k in REGISTRY[n.op].operands]
+    kinds = [o.kind for o in REGISTRY[n.op].operands]
     return replace(n, args=tuple(one(k, a) for k, a in zip(kinds, n.args)),
                    body=tuple(map_exprs(b, fn) for b in n.body))
 

@@ -30,10 +30,9 @@ from cake_core.agents.tactics_grid import cluster_split, group_tiles, multicast,
 from cake_core.agents.tactics_sched import batch_wgmma, pingpong, pipeline_wgmma
 from cake_core.agents.tactics_ws import WGMMA_N, warp_specialize
 from cake_core.ir.expr import Bin, Sym, symbols
-from cake_core.ir.ops import Node, Op
-from cake_core.ir.ops_async import Slot
+from cake_core.ir.ops import Node, Op, Slot
 from cake_core.ir.program import Program
-from cake_core.ir.targets import load_target
+from cake_core.targets import find_arch
 
 TILE_SIZES = (16, 32, 64, 128, 256)
 THREAD_COUNTS = (64, 128, 256, 512)
@@ -170,10 +169,13 @@ def _mod_of(a: Slot) -> str | None:
 
 def occupancy(p: Program, rng: np.random.Generator, bounds: Bounds | None = None) -> Program:
     """Ask for another number of CTAs sharing an SM (``ctas_per_sm``; 0 leaves it to the compiler): more
-    CTAs cap the registers per thread and keep more memory requests in flight. Programs with setmaxnreg
-    roles own their SM and are left alone."""
+    CTAs cap the registers per thread and keep more memory requests in flight (1 is what the compiler
+    assumes without it, so it is not offered). Programs with setmaxnreg roles own their SM and are left
+    alone."""
     refuse_unless(not any(n.op is Op.ROLE and n.attr("regs") for n in p.body), "setmaxnreg roles own their SM")
-    fits = (load_target(p.target) or {}).get("max_threads_per_sm", 2048) // p.threads
+    arch = find_arch(p.target)
+    refuse_unless(arch is not None, f"no target data for {p.target}")
+    fits = arch.max_threads_per_sm // p.threads
     options = [c for c in range(0, min(fits, 4) + 1) if c != p.ctas_per_sm and c != 1]
     refuse_unless(bool(options), "no other CTA count fits")
     return replace(p, ctas_per_sm=int(rng.choice(options)))

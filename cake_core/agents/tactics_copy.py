@@ -43,10 +43,9 @@ import numpy as np
 from cake_core.agents.rewrite import (Refused, fresh, map_exprs, refuse_unless, replace_expr, stmt, stmts, subst_expr,
                                       view_syms, walk_nodes)
 from cake_core.ir.expr import Bin, Sym, fmt_expr, symbols, try_evaluate
-from cake_core.ir.ops import Node, Op, loop_range
-from cake_core.ir.ops_async import Slot
+from cake_core.ir.ops import Node, Op, Slot, loop_range
 from cake_core.ir.program import Program
-from cake_core.ir.text import _fmt_view
+from cake_core.ir.printer import fmt_view
 
 
 def _slot_text(s: Slot) -> str:
@@ -92,7 +91,7 @@ def _tma_block(p: Program, nodes: tuple[Node, ...]) -> tuple[tuple[Node, ...], b
             if i == groups[bar][0]:
                 total = " + ".join(_box_bytes(p, nodes[j].args[0]) for j in groups[bar])
                 out.append(stmt(f"expect_tx({_slot_text(bar)}, {total})"))
-            out.append(stmt(f"tma_load({_slot_text(n.args[0])}, {_fmt_view(n.args[1])}, bar={_slot_text(bar)})"))
+            out.append(stmt(f"tma_load({_slot_text(n.args[0])}, {fmt_view(n.args[1])}, bar={_slot_text(bar)})"))
             changed = True
         elif n.op is Op.ARRIVE and n.args[0] in convert and arrives.get(n.args[0]) == i:
             changed = True
@@ -230,10 +229,10 @@ def resident(p: Program, rng: np.random.Generator, bounds=None) -> Program:
     if tma_form:
         pre = [f"expect_tx({bar}[0], {box} * {extent})",
                f"for {rv} in range({extent}):",
-               f"    tma_load({buf}[{rv}], {_fmt_view(c.args[1])}, bar={bar}[0])"]
+               f"    tma_load({buf}[{rv}], {fmt_view(c.args[1])}, bar={bar}[0])"]
     else:
         pre = [f"for {rv} in range({extent}):",
-               f"    cp_async_bar({buf}[{rv}], {_fmt_view(c.args[1])}, bar={bar}[0])",
+               f"    cp_async_bar({buf}[{rv}], {fmt_view(c.args[1])}, bar={bar}[0])",
                f"arrive({bar}[0])"]
     pre_nodes = stmts("\n".join(pre))
 

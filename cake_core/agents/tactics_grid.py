@@ -15,10 +15,9 @@ import numpy as np
 from cake_core.agents.rewrite import (Refused, fresh, map_exprs, refuse_unless, replace_expr, stmt, stmts, subst_expr,
                                       subst_view, view_syms, walk_nodes)
 from cake_core.ir.expr import Bin, Call, Expr, Sym, fmt_expr, symbols
-from cake_core.ir.ops import REGISTRY, Node, Op, loop_range
-from cake_core.ir.ops_async import Slot
+from cake_core.ir.ops import REGISTRY, Node, Op, Slot, loop_range
 from cake_core.ir.program import Program
-from cake_core.ir.text import _fmt_view
+from cake_core.ir.printer import fmt_view
 
 _BAR_SLOT_OPS = {Op.WAIT: (0,), Op.ARRIVE: (0,), Op.EXPECT_TX: (0,), Op.TMA_LOAD: (2,), Op.CP_ASYNC_BAR: (2,)}
 
@@ -45,7 +44,7 @@ def _let_names_in_views(nodes: tuple[Node, ...]) -> set[str]:
     """Names (bindings, loop variables) that some view or ring-data slot of ``nodes`` uses."""
     out: set[str] = set()
     for n in walk_nodes(nodes):
-        for (_, kind), a in zip(REGISTRY[n.op].operands, n.args):
+        for kind, a in zip((o.kind for o in REGISTRY[n.op].operands), n.args):
             if kind == "view":
                 out |= view_syms(a)
     return out
@@ -227,7 +226,7 @@ def _bar_exprs(n: Node, bars: set[str], count: dict[str, Expr], view_names: set[
         elif m.op is Op.WAIT and m.args[0].buf in bars:
             m = replace(m, args=(slot_fix(m.args[0], "slot"), subst_expr(m.args[1], count)))
         elif m.op in _BAR_SLOT_OPS or m.op in (Op.WGMMA, Op.ARGMIN_BIAS, Op.TOPK_BIAS, Op.SQNORM_ROWS):
-            kinds = [k for _, k in REGISTRY[m.op].operands]
+            kinds = [o.kind for o in REGISTRY[m.op].operands]
             m = replace(m, args=tuple(slot_fix(a, k) for k, a in zip(kinds, m.args)))
         return replace(m, body=tuple(fix(b) for b in m.body))
 
@@ -236,7 +235,7 @@ def _bar_exprs(n: Node, bars: set[str], count: dict[str, Expr], view_names: set[
 
 def _offset_ring_slots(n: Node, rings: set[str], offset: Expr) -> Node:
     """A ring slot ``c % S`` named outside the ring loop becomes ``(offset + c) % S``."""
-    kinds = [k for _, k in REGISTRY[n.op].operands]
+    kinds = [o.kind for o in REGISTRY[n.op].operands]
     args = []
     for k, a in zip(kinds, n.args):
         if k == "slot" and isinstance(a, Slot) and a.buf in rings and isinstance(a.index, Bin) and a.index.op == "%":
@@ -253,7 +252,7 @@ def _ring_once(body: tuple[Node, ...], once: set[str], empties: dict[str, str], 
     ltx = fmt_expr(lt)
 
     def res_slot(m: Node) -> Node:
-        kinds = [k for _, k in REGISTRY[m.op].operands]
+        kinds = [o.kind for o in REGISTRY[m.op].operands]
         args = []
         for k, a in zip(kinds, m.args):
             if k == "slot" and isinstance(a, Slot) and a.index is not None:
@@ -338,7 +337,7 @@ def split_k(p: Program, rng: np.random.Generator, bounds=None) -> Program:
     share = Call("max", (Call("min", (ch, Bin("-", extent, Bin("*", z, ch)))), 0))
 
     def fix_views(n: Node, var: str) -> Node:
-        kinds = [k for _, k in REGISTRY[n.op].operands]
+        kinds = [o.kind for o in REGISTRY[n.op].operands]
         env = {var: Bin("+", Bin("*", z, ch), Sym(var))}
         args = tuple(subst_view(a, env) if k == "view" else a for k, a in zip(kinds, n.args))
         return replace(n, args=args, body=tuple(fix_views(b, var) for b in n.body))
@@ -350,7 +349,7 @@ def split_k(p: Program, rng: np.random.Generator, bounds=None) -> Program:
                 var = n.args[0]
                 n = replace(fix_views(n, var), args=(var, share) + tuple(n.args[2:]))
             elif n.op is Op.STORE:
-                n = stmt(f"atomic_add({_fmt_view(n.args[0])}, {n.args[1]})")
+                n = stmt(f"atomic_add({fmt_view(n.args[0])}, {n.args[1]})")
             out.append(n)
         return replace(r, body=tuple(out))
 
@@ -449,8 +448,8 @@ def cluster_split(p: Program, rng: np.random.Generator, bounds=None) -> Program:
     def shift(n: Node, var: str) -> Node:
         """Views and epilogue bases of the loop use the CTA's first tile plus the loop variable."""
         env = {var: Bin("+", start, Sym(var))}
-        kinds = [k for _, k in REGISTRY[n.op].operands]
-        names = [nm for nm, _ in REGISTRY[n.op].operands]
+        kinds = [o.kind for o in REGISTRY[n.op].operands]
+        names = [o.name for o in REGISTRY[n.op].operands]
         args = []
         for k, nm, a in zip(kinds, names, n.args):
             if k == "view":
@@ -471,13 +470,13 @@ def cluster_split(p: Program, rng: np.random.Generator, bounds=None) -> Program:
                 rows, kmax = (fmt_expr(d) for d in allocs[idxs].args[1])
                 pv, pi = name("pub_v"), name("pub_i")
                 pubs.append((f"{pv} = smem(f32, ({rows}, {kmax}))", f"{pi} = smem(i32, ({rows}, {kmax}))"))
-                merges.append(stmt(f"topk_cluster_merge({_fmt_view(n.args[0])}, {pv}, {pi})"))
+                merges.append(stmt(f"topk_cluster_merge({fmt_view(n.args[0])}, {pv}, {pi})"))
                 n = stmt(f"topk_publish({pv}, {pi}, {vals}, {idxs})")
             elif n.op is Op.STORE:
                 rows, cols = (fmt_expr(d) for d in allocs[n.args[1]].args[1])
                 part = name("part_s")
                 pubs.append((f"{part} = smem(f32, ({rows}, {cols}))",))
-                merges.append(stmt(f"acc_cluster_reduce({_fmt_view(n.args[0])}, {part})"))
+                merges.append(stmt(f"acc_cluster_reduce({fmt_view(n.args[0])}, {part})"))
                 n = stmt(f"acc_publish({part}, {n.args[1]})")
             out.append(n)
         return replace(r, body=tuple(out))
@@ -569,7 +568,7 @@ def multicast(p: Program, rng: np.random.Generator, bounds=None) -> Program:
         if n.body:
             n = replace(n, body=tuple(x for m in n.body for x in fix(m, in_consumer)))
         if n.op is Op.TMA_LOAD and id(n) in shared_ids:
-            cast = stmt(f"tma_load({_slot(n.args[0])}, {_fmt_view(n.args[1])}, bar={_slot(n.args[2])}, multicast=3)")
+            cast = stmt(f"tma_load({_slot(n.args[0])}, {fmt_view(n.args[1])}, bar={_slot(n.args[2])}, multicast=3)")
             return (replace(stmt("if bid.x % 2 == 0:\n    pass"), body=(cast,)),)
         if in_consumer and n.op is Op.ARRIVE and n.args[0].buf in release and not n.attr("multicast"):
             return (stmt(f"arrive({_slot(n.args[0])}, multicast=3)"),)

@@ -14,10 +14,9 @@ from cake_core.agents.rewrite import (Refused, fresh, map_exprs, refuse_unless, 
                                       walk_nodes)
 from cake_core.agents.tactics_copy import _box_bytes, _slot_text
 from cake_core.ir.expr import Bin, Call, Expr, Sym, fmt_expr, symbols
-from cake_core.ir.ops import REGISTRY, Node, Op, Tile, View, loop_range
-from cake_core.ir.ops_async import Slot
+from cake_core.ir.ops import REGISTRY, Node, Op, Slot, Tile, View, loop_range
 from cake_core.ir.program import Program
-from cake_core.ir.text import _fmt_view
+from cake_core.ir.printer import fmt_view
 
 BARRIER_OPS = (Op.WAIT, Op.ARRIVE, Op.EXPECT_TX)
 
@@ -197,7 +196,7 @@ def _halve_rows(v: View, rows: str, half: int) -> View:
             hit = True
         else:
             idx.append(i)
-    refuse_unless(hit, f"the window {_fmt_view(v)} has no tile of {rows} rows to split")
+    refuse_unless(hit, f"the window {fmt_view(v)} has no tile of {rows} rows to split")
     return View(v.buf, tuple(idx))
 
 
@@ -311,7 +310,7 @@ def pingpong(p: Program, rng: np.random.Generator, bounds=None) -> Program:
 
         def fix(m: Node) -> Node:
             args = []
-            for (_, kind), a in zip(REGISTRY[m.op].operands, m.args):
+            for kind, a in zip((o.kind for o in REGISTRY[m.op].operands), m.args):
                 if kind == "buf" and a in mapping:
                     a = mapping[a]
                 elif kind == "slot" and isinstance(a, Slot) and a.buf in mapping:

@@ -88,7 +88,7 @@ from cake_core.agents.rewrite import Refused, const_of, expr_text, fresh, refuse
 from cake_core.ir.expr import fmt_expr
 from cake_core.ir.ops import Node, Op, loop_range
 from cake_core.ir.program import Program
-from cake_core.ir.text import _fmt_view
+from cake_core.ir.printer import fmt_view
 
 PRODUCER_REGS, CONSUMER_REGS = 40, 232
 SPAN_BYTES = 128          # one swizzle-128 row: the K extent of a wgmma operand slot
@@ -161,8 +161,8 @@ def warp_specialize(p: Program, rng: np.random.Generator, bounds=None) -> Progra
     # ---- producer
     step = [f"{it} = {itx}",
             f"wait({empty}[{it} % {S}], phase=({it} // {S} + 1) % 2)",
-            f"cp_async_bar({a}[{it} % {S}], {_fmt_view(m.a.view)}, bar={full}[{it} % {S}])",
-            f"cp_async_bar({b}[{it} % {S}], {_fmt_view(m.b.view)}, bar={full}[{it} % {S}])",
+            f"cp_async_bar({a}[{it} % {S}], {fmt_view(m.a.view)}, bar={full}[{it} % {S}])",
+            f"cp_async_bar({b}[{it} % {S}], {fmt_view(m.b.view)}, bar={full}[{it} % {S}])",
             f"arrive({full}[{it} % {S}])"]
     if nrm:
         o = m.outer.args[0]
@@ -176,7 +176,7 @@ def warp_specialize(p: Program, rng: np.random.Generator, bounds=None) -> Progra
         trip = []
         if has_epi:
             trip.append(f"wait({eempty}[{o} % {EPI}], phase=({o} // {EPI} + 1) % 2)")
-            trip += [f"cp_async_bar({buf}[{o} % {EPI}], {_fmt_view(v)}, bar={efull}[{o} % {EPI}])"
+            trip += [f"cp_async_bar({buf}[{o} % {EPI}], {fmt_view(v)}, bar={efull}[{o} % {EPI}])"
                      for buf, v in m.epilogue_loads]
         trip += red_loop
         if has_epi:

@@ -35,10 +35,11 @@ from typing import Iterator
 from cake_core.ir.expr import Cmp, Expr, fmt_expr, substitute, symbols, try_evaluate
 from cake_core.ir.ops import REGISTRY, At, Node, Op, Tile, View, loop_range
 from cake_core.ir.program import Program, walk
-from cake_core.ir.targets import load_target
+from cake_core.targets import find_arch
 from cake_core.outcome import Diagnostic, Severity
 
-MAX_ENUMERATED = 4096       # loop-variable combinations tried when bounding a tile's static position
+MAX_ENUMERATED = 4096
+TMA_ALIGN_FALLBACK = 16     # an unknown target's TMA stride alignment (the verifier refuses the target anyway)       # loop-variable combinations tried when bounding a tile's static position
 _TMA_OPS = (Op.TMA_LOAD, Op.TMA_STORE)
 
 
@@ -102,7 +103,7 @@ def expand_lets(e: Expr, lets: dict[str, Expr]) -> Expr:
 
 
 def _gmem_views(n: Node) -> Iterator[View]:
-    for (name, kind), arg in zip(REGISTRY[n.op].operands, n.args):
+    for (name, kind), arg in zip(((o.name, o.kind) for o in REGISTRY[n.op].operands), n.args):
         if kind == "view" and isinstance(arg, View):
             yield arg
 
@@ -199,7 +200,7 @@ def _accesses(program: Program) -> tuple[Access, ...]:
     params = {p.name: p for p in program.params}
     out: list[Access] = []
     for n, conds, loops, path in walk_with_conds(program.body):
-        whole = [a for (name, kind), a in zip(REGISTRY[n.op].operands, n.args) if kind == "buf" and a in params]
+        whole = [a for o, a in zip(REGISTRY[n.op].operands, n.args) if o.kind == "buf" and a in params]
         for name in whole:       # a whole-tensor operand reaches every element
             for axis, _ in enumerate(params[name].type.shape):
                 out.append(Access(name, axis, None, conds, n, path, name))
@@ -262,8 +263,8 @@ def _kernel_domain(program: Program) -> list[Bound]:
                                     f"{fmt_expr(dim)} by {int(size)}", n, path,
                                     f"run it on multiples of {int(size)}, or drop guard=False", conds, v.buf))
     # domain.tma_stride: every stride of a tensor a TMA copy reads or writes
-    target = load_target(program.target) or {}
-    align = int(target.get("tma", {}).get("global_align_bytes", 16))
+    arch = find_arch(program.target)
+    align = arch.tma.global_align_bytes if arch is not None else TMA_ALIGN_FALLBACK
     for n, conds, _, path in walk_with_conds(program.body):
         if n.op not in _TMA_OPS:
             continue

@@ -1,11 +1,12 @@
-"""Op registrations: the Hopper async vocabulary (see ops.py for the registry).
+"""Op declarations and their interpreter semantics: the Hopper async vocabulary (``opdef`` says what a
+declaration holds; ``registry`` assembles them).
 
 Warp roles, mbarrier rings, TMA and cp.async copies, wgmma (and tcgen05 on
 Blackwell, declared only). The new operand kinds:
 
 - ``slot``: a buffer name, or a ring slot ``name[expr]`` of an smem tile with
   ``stages=S`` / of an ``mbarrier(S)`` (the index is taken modulo nothing: it
-  must lie in [0, S)). Represented by :class:`Slot`.
+  must lie in [0, S)). Represented by :class:`opdef.Slot`.
 - ``str``: a string literal (a role's name).
 - ``warps``: a pair of integer literals ``(lo, hi)``: warps lo..hi-1 (half-open).
 
@@ -49,8 +50,8 @@ lowering) agrees on:
   value: ``acc = a @ b`` (a fresh tile in a loop without a separate fill).
 - ``argmin_bias`` is the fused epilogue of a distance kernel on a wgmma
   accumulator: scores ``bias[j] - beta * dots[r, j]`` (bias an smem slot of
-  per-column values, e.g. squared centroid norms) feed a running arg-min like
-  ``argmin_update``. Its ``best`` / ``arg`` tiles are row state of the
+  per-column values, e.g. squared centroid norms) feed a running arg-min (as the
+  compute ops' running merge does). Its ``best`` / ``arg`` tiles are row state of the
   accumulator's fragment: the lowering keeps a private partial per thread for the
   rows it owns and merges the 4 lanes of a quad when the tile is stored, so
   ``store`` is the only other op that may read them.
@@ -85,206 +86,441 @@ lowering) agrees on:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Any
 
-from cake_core.ir.expr import Expr
-from cake_core.ir.ops import REGISTRY, AttrSpec, Op, OpDef, register  # noqa: F401
+import numpy as np
 
+from cake_core.ir import interp_cta
+from cake_core.ir.interp_cta import (CTA, Barrier, InterpFault, barrier_of, clip, no_effect, peers, round_to,
+                                     slot_array)
+from cake_core.ir.opdef import (Alloc, AttrSpec, BarrierUse, ByAttr, Completion, CostClass, Effect, Family, Op,
+                                OpDef, Ordering, Proxy, SyncKind, View, barrier, buf, slot, value, view)
+from cake_core.ir.types import MemSpace
 
-@dataclass(frozen=True)
-class Slot:
-    """``buf`` or ``buf[index]``: one slot of a ring (an smem tile with stages, or an mbarrier array)."""
-
-    buf: str
-    index: Expr | None = None
-
-
-ASYNC_OPS = (Op.ROLE, Op.MBARRIER, Op.EXPECT_TX, Op.ARRIVE, Op.WAIT, Op.TMA_LOAD, Op.TMA_STORE, Op.CP_ASYNC,
-             Op.CP_ASYNC_WAIT, Op.CP_ASYNC_BAR, Op.FENCE_ASYNC, Op.CLUSTER, Op.CLUSTER_SYNC, Op.WGMMA, Op.WGMMA_WAIT,
-             Op.ARGMIN_BIAS, Op.TOPK_BIAS, Op.SQNORM_ROWS, Op.TOPK_PUBLISH, Op.TOPK_CLUSTER_MERGE, Op.ACC_PUBLISH,
-             Op.ACC_CLUSTER_REDUCE, Op.TCGEN05_MMA)
-FRAGMENT_EPILOGUES = (Op.ARGMIN_BIAS, Op.TOPK_BIAS)     # running merges on a wgmma accumulator (row state per fragment)
+_R, _W, _RW = Effect.READ, Effect.WRITE, Effect.READWRITE
+_RMEM, _SMEM = (MemSpace.RMEM,), (MemSpace.SMEM,)
+_BASE_LIMIT = (value("base", keyword=True), value("limit", keyword=True))
+_ACC = buf("acc", ByAttr("accumulate", ((True, _RW), (False, _W))), _RMEM)
 
 
-register(OpDef(Op.ROLE, (("name", "str"), ("warps", "warps")),
-               {"regs": AttrSpec(int, 0)},
-               block=True, keyword_operands=("warps",),
-               summary="A block run only by warps [lo, hi) of the CTA (a warp role), with a setmaxnreg "
-                       "register budget `regs` per thread (0: leave the budget alone). Sibling roles run "
-                       "concurrently and talk through mbarriers.",
-               example='with role("producer", warps=(0, 4), regs=40):',
-               preconditions=("only at the kernel's top level, roles do not nest",
-                              "warp ranges lie within threads and do not overlap",
-                              "regs in [24, 256], step 8; sum of regs * threads within the register file")))
-register(OpDef(Op.MBARRIER, (("count", "expr"),),
-               {"arrivals": AttrSpec(int, 1)},
-               result=True,
-               summary="Allocate `count` mbarriers in shared memory (8 B each), each expecting `arrivals` "
-                       "arrivals per phase; index one as bar[s].",
-               example="full = mbarrier(S, arrivals=1)",
-               preconditions=("count is a compile-time constant", "allocated at top level, before the roles")))
-register(OpDef(Op.EXPECT_TX, (("bar", "slot"), ("bytes", "expr")),
-               summary="mbarrier.arrive.expect_tx: one arrival on `bar` plus `bytes` transaction bytes that "
-                       "async copies signalling `bar` must land before the phase completes.",
-               example="expect_tx(full[kt % S], (BM * BK + BK * BN) * 2)",
-               preconditions=("bytes equals the bytes of the copies that signal bar in this phase",)))
-register(OpDef(Op.ARRIVE, (("bar", "slot"),),
-               {"multicast": AttrSpec(int, 0)},
-               summary="Arrive on an mbarrier: one arrival per warpgroup of the executing role. multicast: a "
-                       "mask of cluster CTAs (this one included if its bit is set) on whose barrier at the same "
-                       "slot the role arrives instead (mapa + mbarrier.arrive.shared::cluster): how consumers "
-                       "release a ring slot that a multicast TMA copy refills in every CTA of the mask.",
-               example="arrive(empty[kt % S])",
-               preconditions=("the barrier's arrivals equal the arrivals made per phase",
-                              "multicast names CTAs of the declared cluster")))
-register(OpDef(Op.WAIT, (("bar", "slot"), ("phase", "expr")),
-               keyword_operands=("phase",),
-               summary="Block until the mbarrier phase of parity `phase` has completed (try_wait.parity).",
-               example="wait(full[kt % S], phase=(kt // S) % 2)",
-               preconditions=("phase is a parity: 0, 1 or an expression ending in % 2",
-                              "something arrives on the barrier, or the wait never returns")))
-register(OpDef(Op.TMA_LOAD, (("dst", "slot"), ("src", "view"), ("bar", "slot")),
-               {"multicast": AttrSpec(int, 0), "rows": AttrSpec(int, 0)},
-               keyword_operands=("bar",),
-               summary="TMA (cp.async.bulk.tensor) copy of a gmem box into an smem slot; elements past the "
-                       "tensor's edge are zero-filled; completes the box's bytes on `bar`. multicast: a "
-                       "mask of cluster CTAs that receive the box too (0: this CTA only). rows=R (0: all): "
-                       "only the first R rows of the box are copied, into the slot's first R rows, and only "
-                       "their bytes complete on `bar`; the slot's other rows keep what they held (for an "
-                       "operand whose rows past a small M feed results that are never stored).",
-               example="tma_load(a_s[kt % S], a[tile(bid.y, BM), tile(kt, BK)], bar=full[kt % S])",
-               preconditions=("box dims <= 256, inner box bytes <= swizzle span",
-                              "global inner dimension 16-byte aligned", "smem slot 128-byte aligned",
-                              "rows: a multiple of 8 below the slot's rows, without multicast")))
-register(OpDef(Op.TMA_STORE, (("dst", "view"), ("src", "slot")),
-               summary="TMA store of an smem tile (slot) to a gmem box; elements past the edge are skipped. "
-                       "Completes before the next op (bulk group committed and waited).",
-               example="tma_store(c[tile(bid.y, BM), tile(bid.x, BN)], c_s)",
-               preconditions=("fence_async() after ordinary smem writes to src",)))
-register(OpDef(Op.CP_ASYNC, (("dst", "slot"), ("src", "view")),
-               summary="cp.async (Ampere-style, per-thread 16 B) copy of a gmem window into an smem slot, "
-                       "zero-filling past the edge; visible after cp_async_wait and a barrier.",
-               example="cp_async(a_s[kt % S], a[tile(bid.y, BM), tile(kt, BK)])",
-               preconditions=("dst shape equals the window",)))
-register(OpDef(Op.CP_ASYNC_WAIT, (("n", "expr"),),
-               summary="Wait until at most `n` cp.async groups of this thread are in flight.",
-               example="cp_async_wait(0)"))
-register(OpDef(Op.CP_ASYNC_BAR, (("dst", "slot"), ("src", "view"), ("bar", "slot")),
-               keyword_operands=("bar",),
-               summary="cp.async copy of a gmem window into an smem slot (laid out in the slot's swizzle, "
-                       "zero past the tensor's edge) in 16, 8 or 4-byte chunks, as the window's row alignment "
-                       "allows (element by element otherwise): the TMA-free producer for rows that are not "
-                       "16-byte aligned. The copies complete on `bar` (cp.async.mbarrier.arrive) without an "
-                       "arrival of their own: the role arrives on `bar` after them; a wgmma reader runs "
-                       "fence_async() after its wait (the copies are generic-proxy writes).",
-               example="cp_async_bar(c_s[s], c[bid.y, tile(kt, BN), tile(0, BK)], bar=full[s])",
-               preconditions=("inside a role (the role's threads synchronise before it returns)",
-                              "dst shape and dtype equal the window's",
-                              "a swizzled dst has rows of exactly one 128-byte span",
-                              "arrive(bar) after it in the same phase; wait(bar) and fence_async() before "
-                              "a wgmma reads dst")))
-register(OpDef(Op.FENCE_ASYNC, (),
-               summary="fence.proxy.async: order ordinary smem writes before later TMA/wgmma reads.",
-               example="fence_async()"))
-register(OpDef(Op.CLUSTER, (("dims", "shape"),),
-               summary="Declare the thread-block cluster shape (CTAs along x, y, z); at most the target's "
-                       "max_cluster_size CTAs.",
-               example="cluster((2, 1, 1))",
-               preconditions=("static dims", "top level, first statement")))
-register(OpDef(Op.CLUSTER_SYNC, (),
-               summary="Cluster-wide barrier (barrier.cluster.arrive + wait).",
-               example="cluster_sync()"))
-register(OpDef(Op.WGMMA, (("acc", "buf"), ("a", "slot"), ("b", "slot")),
-               {"b_major": AttrSpec(str, "n", ("n", "k")), "accumulate": AttrSpec(bool, True)},
-               summary="Warpgroup MMA, issued asynchronously by the role: acc (rmem f32, 64 rows per "
-                       "warpgroup) += a (smem, M x K) @ b (smem, K x N), one commit group. b_major=\"k\": b is "
-                       "(N, K), rows along the reduction dim like a (e.g. centroid or database rows), and acc += "
-                       "a @ b.T. accumulate=False: acc = a @ b (acc's old value dropped).",
-               example='wgmma(acc, x_s[0], c_s[kt % S], b_major="k", accumulate=False)',
-               preconditions=("inside a role of whole warpgroups", "M = 64 * warpgroups, N in 8..256 step 8, "
-                              "K a multiple of 16 (16-bit)", "a and b in smem with the same swizzle",
-                              "b_major=\"k\": b is (N, K) with swizzle=128 rows of one span (K = 64 for 16-bit)",
-                              "wgmma_wait before the slots are released")))
-register(OpDef(Op.WGMMA_WAIT, (("n", "expr"),),
-               summary="wgmma.wait_group: wait until at most `n` wgmma groups of the role are in flight.",
-               example="wgmma_wait(0)"))
-register(OpDef(Op.ARGMIN_BIAS, (("best", "buf"), ("arg", "buf"), ("dots", "buf"), ("bias", "slot"),
-                                 ("base", "expr"), ("limit", "expr")),
-               {"beta": AttrSpec(float, 2.0)},
-               keyword_operands=("base", "limit"),
-               summary="Running arg-min on a wgmma accumulator: for each row r of dots (R, C), the scores "
-                       "bias[j] - beta * dots[r, j] over columns with base + j < limit; the smallest replaces "
-                       "(best[r], arg[r]) with (score, base + j) when strictly smaller than best[r] (ties keep the "
-                       "smaller candidate index). bias is an smem slot of C f32 values (e.g. ||c_j||^2, with "
-                       "beta=2 the scores rank squared L2 distances). best and arg are fragment row state: store "
-                       "is the only other op that reads them.",
-               example="argmin_bias(best, arg, acc, csq_s[kt % S], base=kt * BN, limit=K)",
-               preconditions=("dots is the role's wgmma accumulator (R, C), f32", "best (R,) f32 filled with inf, "
-                              "arg (R,) i32, both rmem in the same role", "bias is an smem f32 slot of C elements",
-                              "wgmma_wait before it: dots complete")))
-register(OpDef(Op.TOPK_BIAS, (("top_v", "buf"), ("top_i", "buf"), ("dots", "buf"), ("bias", "slot"),
-                               ("base", "expr"), ("limit", "expr")),
-               {"beta": AttrSpec(float, 2.0)},
-               keyword_operands=("base", "limit"),
-               summary="Running top-k (smallest) on a wgmma accumulator: for each row r of dots (R, C), the "
-                       "scores bias[j] - beta * dots[r, j] over columns with base + j < limit merge into the "
-                       "row's KMAX smallest (score, index) pairs kept in top_v[r, :] / top_i[r, :] (R, KMAX), "
-                       "ascending by score, then by index. bias is an smem slot of C f32 values (e.g. ||db_j||^2: "
-                       "with beta=2 the scores rank squared L2 distances). top_v and top_i are fragment row state: "
-                       "store is the only other op that reads them, writing the first k <= KMAX columns.",
-               example="topk_bias(top_v, top_i, acc, nrm_s[t % S], base=t * BN, limit=N)",
-               preconditions=("dots is the role's wgmma accumulator (R, C), f32", "top_v (R, KMAX) f32 filled with "
-                              "inf, top_i (R, KMAX) i32, both rmem in the same role, KMAX <= 32",
-                              "bias is an smem f32 slot of C elements", "wgmma_wait before it: dots complete")))
-register(OpDef(Op.SQNORM_ROWS, (("dst", "slot"), ("src", "slot")),
-               {"accumulate": AttrSpec(bool, False)},
-               summary="dst[r] = sum_c src[r, c]^2 in f32 (accumulate=True: dst[r] += ...) for an smem tile src "
-                       "(R, C) of 16-bit rows (swizzled or not: a row's sum does not depend on the order of its "
-                       "chunks) and an smem f32 slot dst of R values; one or two threads per row. The role's threads "
-                       "synchronise before it returns, so an arrive after it publishes dst.",
-               example="sqnorm_rows(nrm_s[t % S], db_s[t % S * 2], accumulate=False)",
-               preconditions=("inside a role (every thread of the role runs it)", "src (R, C) bf16/f16 smem, each "
-                              "row at most one swizzle span when swizzled", "dst an smem f32 slot of R values",
-                              "src landed (wait on its full barrier first)")))
-register(OpDef(Op.TOPK_PUBLISH, (("pub_v", "buf"), ("pub_i", "buf"), ("top_v", "buf"), ("top_i", "buf")),
-               summary="Publish topk_bias lists to the cluster: write each row's merged (R, KMAX) list, ascending "
-                       "by (value, index), into smem tiles pub_v (f32) and pub_i (i32) of this CTA (the quad merge "
-                       "of store, every column). Visible to the cluster's CTAs after the next cluster_sync().",
-               example="topk_publish(pub_v, pub_i, top_v, top_i)",
-               preconditions=("inside the role of the topk_bias that fills top_v / top_i, after its loop",
-                              "pub_v (R, KMAX) f32 and pub_i (R, KMAX) i32 smem tiles of one stage, the "
-                              "lists' shape")))
-register(OpDef(Op.TOPK_CLUSTER_MERGE, (("dst", "view"), ("pub_v", "buf"), ("pub_i", "buf")),
-               summary="Merge published top-k lists across the cluster: CTA rank c of n takes rows [c * ceil(R / n), "
-                       "(c + 1) * ceil(R / n)) of the (R, KMAX) tiles pub_v / pub_i, merges the lists of every CTA "
-                       "of the cluster (mapa + ld.shared::cluster) by (value, index) and writes the first k "
-                       "(the window's columns) of each row to dst: indices for an i32 dst, values for f32. Rows "
-                       "past the tensor's edge are skipped.",
-               example="topk_cluster_merge(idx[tile(bid.x, BM), tile(0, k)], pub_v, pub_i)",
-               preconditions=("top level, after the roles: every thread of the CTA runs it",
-                              "cluster_sync() between the topk_publish and it, and again before the kernel exits",
-                              "dst a (R, k) window, k <= KMAX; the CTAs of a cluster share the window's rows")))
-register(OpDef(Op.ACC_PUBLISH, (("part", "buf"), ("acc", "buf")),
-               summary="Publish a wgmma accumulator to the cluster: write acc (R, C) f32, this CTA's partial sum, "
-                       "into the smem tile part of this CTA (laid out by the lowering: only acc_cluster_reduce "
-                       "reads it). Visible to the cluster's CTAs after the next cluster_sync().",
-               example="acc_publish(part_s, acc)",
-               preconditions=("inside the role of the wgmma that accumulates acc, after its wgmma_wait(0)",
-                              "part a one-stage smem f32 tile of acc's shape, touched by no other op")))
-register(OpDef(Op.ACC_CLUSTER_REDUCE, (("dst", "view"), ("part", "buf")),
-               summary="Sum the published partial tiles over the cluster and store them: the in-bounds elements of "
-                       "the (R, C) window, as row-major chunks of 4 columns, are split evenly over the cluster's "
-                       "CTAs (rank c takes chunks [c * ceil(T / n), (c + 1) * ceil(T / n)) of T); each sums its "
-                       "chunks over every CTA's part (mapa + 16-byte ld.shared::cluster, in rank order, f32) and "
-                       "stores them with plain (vector) stores. Every in-bounds element is written once, so the "
-                       "output needs no zeroing and no atomics.",
-               example="acc_cluster_reduce(c[tile(bid.z, BM), tile(bid.x, BN)], part_s)",
-               preconditions=("top level, after the roles: every thread of the CTA runs it",
-                              "cluster_sync() between the acc_publish and it, and again before the kernel exits",
-                              "dst an f32 window of part's shape; the CTAs of a cluster share the window (its "
-                              "indices do not use the bid coordinates the cluster spans)")))
-register(OpDef(Op.TCGEN05_MMA, (("acc", "buf"), ("a", "slot"), ("b", "slot")),
-               summary="Blackwell tcgen05 MMA (sm_100a only; declared, not lowered for sm_90a): acc += a @ b "
-                       "with the accumulator in tensor memory.",
-               example="tcgen05_mma(acc, a_s[s], b_s[s])",
-               preconditions=("target sm_100a",)))
+# ----------------------------------------------------------------- semantics
+# Copies are synchronous here: ``tma_load`` writes its box (zero-filled past the tensor edge) and completes
+# its bytes on the barrier at once; ``wgmma`` computes ``acc += a @ b`` in fp32 at issue, so ``wgmma_wait``
+# and ``cp_async_wait`` have nothing left to wait for. Races that only an asynchronous machine would show
+# are the protocol checker's job (``ir.protocol``).
+
+def _box(cta: CTA, n: Any, v: View, dst: np.ndarray, dtype, rows: int = 0) -> int:
+    """Copy a gmem window into ``dst``, zero past the edge; returns the box bytes. ``rows`` > 0: only the
+    first ``rows`` rows (first dimension) of the box land, in the slot's first rows; the rest of the slot
+    keeps what it held."""
+    win, shape = cta.window(n, v)
+    g, t = clip(n, v, win, shape, True, "read")
+    ext = tuple(length for _, length, kept in win if kept)
+    if int(np.prod(ext)) != dst.size:
+        raise InterpFault(n, f"the window {ext} of `{v.buf}` does not fill the {dst.shape} slot")
+    tile = np.zeros(ext, dtype=dst.dtype)
+    tile[t] = cta.gmem[v.buf][g].reshape(tile[t].shape)
+    box = round_to(dtype, tile.reshape(dst.shape))
+    if not rows:
+        dst[...] = box
+        return dst.size * dtype.bytes
+    dst[:rows] = box[:rows]
+    return dst[:rows].size * dtype.bytes
+
+
+# ---------------------------------------------------------------- semantics
+
+def mbarrier(cta: CTA, n: Any) -> None:
+    cta.async_state["bars"][n.result] = [Barrier(n.attr("arrivals")) for _ in range(cta.ev(n.args[0]))]
+
+
+def arrive(cta: CTA, n: Any) -> None:
+    wgs = cta.async_state["role_wgs"]
+    count = wgs if wgs is not None else -(-cta.prog.threads // cta.arch.warpgroup_threads)
+    mask = n.attr("multicast")
+    for dst in peers(cta, n, mask) if mask else [cta]:
+        barrier_of(cta, n, n.arg("bar"), dst).arrive(count)
+
+
+def expect_tx(cta: CTA, n: Any) -> None:
+    barrier_of(cta, n, n.arg("bar")).expect_tx(cta.ev(n.arg("bytes")))
+
+
+def wait(cta: CTA, n: Any) -> None:
+    if not barrier_of(cta, n, n.arg("bar")).passed(cta.ev(n.arg("phase"))):
+        raise InterpFault(n, "deadlock: this wait can never return (no other role runs here)")
+
+
+def tma_load(cta: CTA, n: Any) -> None:
+    dst = n.arg("dst")
+    mask = n.attr("multicast")
+    for c in peers(cta, n, mask) if mask else [cta]:      # the box and its bytes land in every CTA of the mask
+        nbytes = _box(cta, n, n.arg("src"), slot_array(cta, n, dst, c), cta.dtypes[dst.buf], n.attr("rows"))
+        barrier_of(cta, n, n.arg("bar"), c).complete_tx(nbytes)
+
+
+def cp_async(cta: CTA, n: Any) -> None:
+    dst = n.arg("dst")
+    _box(cta, n, n.arg("src"), slot_array(cta, n, dst), cta.dtypes[dst.buf])
+
+
+def cp_async_bar(cta: CTA, n: Any) -> None:
+    """The window lands at once; its completion adds nothing to the barrier's phase (the role arrives)."""
+    dst = n.arg("dst")
+    barrier_of(cta, n, n.arg("bar"))
+    _box(cta, n, n.arg("src"), slot_array(cta, n, dst), cta.dtypes[dst.buf])
+
+
+def tma_store(cta: CTA, n: Any) -> None:
+    v, src = n.arg("dst"), slot_array(cta, n, n.arg("src"))
+    win, shape = cta.window(n, v)
+    g, t = clip(n, v, win, shape, True, "write")
+    tile = src.reshape(tuple(length for _, length, kept in win if kept))
+    out = cta.gmem[v.buf]
+    out[g] = round_to(cta.dtypes[v.buf], tile[t]).reshape(out[g].shape)
+
+
+def mma_slots(cta: CTA, n: Any) -> None:
+    acc = cta.tiles[n.arg("acc")]
+    a, b = slot_array(cta, n, n.arg("a")), slot_array(cta, n, n.arg("b"))
+    if n.op is Op.WGMMA and n.attr("b_major") == "k":
+        b = b.T
+    prod = a.astype(np.float32) @ b.astype(np.float32)
+    if prod.shape != acc.shape:
+        raise InterpFault(n, f"a {a.shape} @ b {b.shape} gives {prod.shape}, the accumulator is {acc.shape}")
+    if n.op is Op.WGMMA and not n.attr("accumulate"):
+        acc[...] = prod
+    else:
+        acc += prod
+
+
+def _bias_scores(cta: CTA, n: Any) -> tuple[np.ndarray, int]:
+    """(scores, base) of a fused epilogue: bias[j] - beta * dots[r, j] in f32 over the columns j with
+    base + j < limit (R, m)."""
+    dots, bias = cta.tiles[n.arg("dots")], slot_array(cta, n, n.arg("bias")).reshape(-1)
+    if dots.ndim != 2 or bias.size != dots.shape[1]:
+        raise InterpFault(n, f"dots {dots.shape} needs a bias of {dots.shape[-1]} values, got {bias.shape}")
+    base, limit = cta.ev(n.arg("base")), cta.ev(n.arg("limit"))
+    m = max(0, min(dots.shape[1], limit - base))
+    with np.errstate(all="ignore"):
+        s = bias[None, :m].astype(np.float32) - np.float32(n.attr("beta")) * dots[:, :m].astype(np.float32)
+    return s, base
+
+
+def argmin_bias(cta: CTA, n: Any) -> None:
+    """scores = bias - beta * dots (f32), then a running arg-min (strictly smaller wins, ties keep the earlier)."""
+    s, base = _bias_scores(cta, n)
+    if s.shape[1] == 0:
+        return
+    best, arg = cta.tiles[n.arg("best")].reshape(-1), cta.tiles[n.arg("arg")].reshape(-1)
+    j = np.argmin(s, axis=1)
+    v = s[np.arange(s.shape[0]), j]
+    better = v < best.astype(np.float32)
+    best[better] = v[better]
+    arg[better] = base + j[better]
+
+
+def topk_bias(cta: CTA, n: Any) -> None:
+    """scores = bias - beta * dots (f32) merged into each row's KMAX smallest (score, index), ascending by
+    score, then index (a candidate equal in both to a kept pair cannot occur: indices are unique)."""
+    s, base = _bias_scores(cta, n)
+    tv, ti = cta.tiles[n.arg("top_v")], cta.tiles[n.arg("top_i")]
+    if tv.ndim != 2 or tv.shape != ti.shape or tv.shape[0] != s.shape[0]:
+        raise InterpFault(n, f"top_v {tv.shape} / top_i {ti.shape} must both be ({s.shape[0]}, KMAX)")
+    m = s.shape[1]
+    if m == 0:
+        return
+    kmax = tv.shape[1]
+    cand = np.arange(base, base + m, dtype=np.int64)
+    for r in range(s.shape[0]):
+        allv = np.concatenate([tv[r].astype(np.float32), s[r]])
+        alli = np.concatenate([ti[r].astype(np.int64), cand])
+        order = np.lexsort((alli, allv))[:kmax]
+        tv[r], ti[r] = allv[order], alli[order]
+
+
+def sqnorm_rows(cta: CTA, n: Any) -> None:
+    """dst[r] (+)= sum_c src[r, c]^2 in f32."""
+    dst, src = slot_array(cta, n, n.arg("dst")).reshape(-1), slot_array(cta, n, n.arg("src"))
+    if src.ndim != 2 or dst.size != src.shape[0]:
+        raise InterpFault(n, f"dst of {dst.size} values for src {src.shape}: one value per row needed")
+    x = src.astype(np.float64)
+    part = np.einsum("rc,rc->r", x, x)
+    dst[...] = (dst.astype(np.float64) + part if n.attr("accumulate") else part).astype(np.float32)
+
+
+def topk_publish(cta: CTA, n: Any) -> None:
+    """pub_v / pub_i = the rows' lists (already merged here: the interpreter keeps one list per row)."""
+    tv, ti = cta.tiles[n.arg("top_v")], cta.tiles[n.arg("top_i")]
+    pv, pi = cta.tiles[n.arg("pub_v")], cta.tiles[n.arg("pub_i")]
+    if pv.shape != tv.shape or pi.shape != ti.shape:
+        raise InterpFault(n, f"pub_v {pv.shape} / pub_i {pi.shape} must have the lists' shape {tv.shape}")
+    pv[...], pi[...] = tv, ti
+
+
+def topk_cluster_merge(cta: CTA, n: Any) -> None:
+    """CTA rank c of n: rows [c * ceil(R / n), (c + 1) * ceil(R / n)) of the cluster's published lists,
+    merged by (value, index); the first k (the window's columns) to dst, rows past the edge skipped."""
+    members = cta.cluster or [cta]
+    rank = next(i for i, c in enumerate(members) if c is cta)
+    pv = [c.tiles[n.arg("pub_v")] for c in members]
+    pi = [c.tiles[n.arg("pub_i")] for c in members]
+    rows, kmax = pv[0].shape
+    v = n.arg("dst")
+    win, shape = cta.window(n, v)
+    if len(win) != 2 or not all(kept for _, _, kept in win) or win[0][1] != rows or not 1 <= win[1][1] <= kmax:
+        raise InterpFault(n, f"the window of `{v.buf}` must be ({rows}, k <= {kmax}) for lists {pv[0].shape}")
+    k, out = win[1][1], cta.gmem[v.buf]
+    share = -(-rows // len(members))
+    for r in range(rank * share, min(rows, (rank + 1) * share)):
+        allv = np.concatenate([p[r].astype(np.float32) for p in pv])
+        alli = np.concatenate([p[r].astype(np.int64) for p in pi])
+        order = np.lexsort((alli, allv))[:k]
+        g = win[0][0] + r
+        lo, hi = max(win[1][0], 0), min(win[1][0] + k, shape[1])
+        if 0 <= g < shape[0] and lo < hi:
+            vals = allv[order] if cta.dtypes[v.buf].is_float else alli[order]
+            out[g, lo:hi] = round_to(cta.dtypes[v.buf], vals[lo - win[1][0]:hi - win[1][0]])
+
+
+def acc_publish(cta: CTA, n: Any) -> None:
+    """part = acc: this CTA's partial sum, in the smem tile the cluster's reduction reads."""
+    acc, part = cta.tiles[n.arg("acc")], cta.tiles[n.arg("part")]
+    if part.shape != acc.shape:
+        raise InterpFault(n, f"part {part.shape} must have the accumulator's shape {acc.shape}")
+    part[...] = acc
+
+
+def acc_cluster_reduce(cta: CTA, n: Any) -> None:
+    """CTA rank c of n: chunks [c * ceil(T / n), (c + 1) * ceil(T / n)) of the T in-bounds chunks of 4 columns
+    (row-major) of the window, each the f32 sum in rank order of the cluster's published tiles."""
+    members = cta.cluster or [cta]
+    rank = next(i for i, c in enumerate(members) if c is cta)
+    parts = [c.tiles[n.arg("part")] for c in members]
+    v = n.arg("dst")
+    win, shape = cta.window(n, v)
+    if len(win) != 2 or not all(kept for _, _, kept in win) or (win[0][1], win[1][1]) != parts[0].shape:
+        raise InterpFault(n, f"the window of `{v.buf}` must be a 2-D window of part's shape {parts[0].shape}")
+    for c in members:
+        if c.window(n, v)[0] != win:
+            raise InterpFault(n, f"cluster CTAs {rank} and {members.index(c)} reduce into different windows of "
+                                 f"`{v.buf}`: the CTAs of a cluster must share the window")
+    (r0, nr, _), (c0, nc, _) = win
+    if r0 < 0 or c0 < 0:
+        raise InterpFault(n, f"the window of `{v.buf}` starts before the tensor")
+    rows, cols = max(0, min(nr, shape[0] - r0)), max(0, min(nc, shape[1] - c0))
+    per_row = -(-cols // 4)
+    total = rows * per_row
+    share = -(-total // len(members))
+    out, dt = cta.gmem[v.buf], cta.dtypes[v.buf]
+    for i in range(rank * share, min(total, (rank + 1) * share)):
+        r, q = divmod(i, per_row)
+        hi = min(4 * q + 4, cols)
+        s = parts[0][r, 4 * q:hi].astype(np.float32)
+        for p in parts[1:]:
+            s = s + p[r, 4 * q:hi].astype(np.float32)
+        out[r0 + r, c0 + 4 * q:c0 + hi] = round_to(dt, s)
+
+
+# -------------------------------------------------------------- declarations
+
+DECLS: tuple[OpDef, ...] = (
+    OpDef(Op.ROLE, Family.STRUCTURE, (value("name", "str"), value("warps", "warps", keyword=True)),
+          interp_cta.run_role, CostClass.STRUCTURE, {"regs": AttrSpec(int, 0)}, block=True,
+          summary="A block run only by warps [lo, hi) of the CTA (a warp role), with a setmaxnreg "
+                  "register budget `regs` per thread (0: leave the budget alone). Sibling roles run "
+                  "concurrently and talk through mbarriers.",
+          example='with role("producer", warps=(0, 4), regs=40):',
+          preconditions=("only at the kernel's top level, roles do not nest",
+                         "warp ranges lie within threads and do not overlap",
+                         "regs in [24, 256], step 8; sum of regs * threads within the register file")),
+    OpDef(Op.MBARRIER, Family.ALLOC, (value("count"),), mbarrier, CostClass.FREE,
+          {"arrivals": AttrSpec(int, 1)}, result=True, allocates=Alloc.MBARRIER,
+          summary="Allocate `count` mbarriers in shared memory (8 B each), each expecting `arrivals` "
+                  "arrivals per phase; index one as bar[s].",
+          example="full = mbarrier(S, arrivals=1)",
+          preconditions=("count is a compile-time constant", "allocated at top level, before the roles")),
+    OpDef(Op.EXPECT_TX, Family.SYNC, (barrier("bar", BarrierUse.EXPECT_TX), value("bytes")),
+          expect_tx, CostClass.FREE, ordering=Ordering.ASYNC,
+          summary="mbarrier.arrive.expect_tx: one arrival on `bar` plus `bytes` transaction bytes that "
+                  "async copies signalling `bar` must land before the phase completes.",
+          example="expect_tx(full[kt % S], (BM * BK + BK * BN) * 2)",
+          preconditions=("bytes equals the bytes of the copies that signal bar in this phase",)),
+    OpDef(Op.ARRIVE, Family.SYNC, (barrier("bar", BarrierUse.ARRIVE),), arrive, CostClass.FREE,
+          {"multicast": AttrSpec(int, 0)}, ordering=Ordering.ASYNC,
+          summary="Arrive on an mbarrier: one arrival per warpgroup of the executing role. multicast: a "
+                  "mask of cluster CTAs (this one included if its bit is set) on whose barrier at the same "
+                  "slot the role arrives instead (mapa + mbarrier.arrive.shared::cluster): how consumers "
+                  "release a ring slot that a multicast TMA copy refills in every CTA of the mask.",
+          example="arrive(empty[kt % S])",
+          preconditions=("the barrier's arrivals equal the arrivals made per phase",
+                         "multicast names CTAs of the declared cluster")),
+    OpDef(Op.WAIT, Family.SYNC, (barrier("bar", BarrierUse.WAIT), value("phase", keyword=True)),
+          wait, CostClass.FREE, ordering=Ordering.ASYNC,
+          summary="Block until the mbarrier phase of parity `phase` has completed (try_wait.parity).",
+          example="wait(full[kt % S], phase=(kt // S) % 2)",
+          preconditions=("phase is a parity: 0, 1 or an expression ending in % 2",
+                         "something arrives on the barrier, or the wait never returns")),
+    OpDef(Op.TMA_LOAD, Family.COPY, (slot("dst", _W), view("src", _R), barrier("bar", BarrierUse.COMPLETE_TX,
+                                                                                keyword=True)),
+          tma_load, CostClass.COPY, {"multicast": AttrSpec(int, 0), "rows": AttrSpec(int, 0)},
+          ordering=Ordering.ASYNC, proxy=Proxy.ASYNC, completion=Completion.BARRIER, engine="tma",
+          summary="TMA (cp.async.bulk.tensor) copy of a gmem box into an smem slot; elements past the "
+                  "tensor's edge are zero-filled; completes the box's bytes on `bar`. multicast: a "
+                  "mask of cluster CTAs that receive the box too (0: this CTA only). rows=R (0: all): "
+                  "only the first R rows of the box are copied, into the slot's first R rows, and only "
+                  "their bytes complete on `bar`; the slot's other rows keep what they held (for an "
+                  "operand whose rows past a small M feed results that are never stored).",
+          example="tma_load(a_s[kt % S], a[tile(bid.y, BM), tile(kt, BK)], bar=full[kt % S])",
+          preconditions=("box dims <= 256, inner box bytes <= swizzle span",
+                         "global inner dimension 16-byte aligned", "smem slot 128-byte aligned",
+                         "rows: a multiple of 8 below the slot's rows, without multicast")),
+    OpDef(Op.TMA_STORE, Family.COPY, (view("dst", _W), slot("src", _R)), tma_store, CostClass.COPY,
+          ordering=Ordering.ASYNC, proxy=Proxy.ASYNC, engine="tma",
+          summary="TMA store of an smem tile (slot) to a gmem box; elements past the edge are skipped. "
+                  "Completes before the next op (bulk group committed and waited).",
+          example="tma_store(c[tile(bid.y, BM), tile(bid.x, BN)], c_s)",
+          preconditions=("fence_async() after ordinary smem writes to src",)),
+    OpDef(Op.CP_ASYNC, Family.COPY, (slot("dst", _W), view("src", _R)), cp_async, CostClass.COPY,
+          ordering=Ordering.BARRIER, completion=Completion.COPY_GROUP, engine="cp_async",
+          summary="cp.async (Ampere-style, per-thread 16 B) copy of a gmem window into an smem slot, "
+                  "zero-filling past the edge; visible after cp_async_wait and a barrier.",
+          example="cp_async(a_s[kt % S], a[tile(bid.y, BM), tile(kt, BK)])",
+          preconditions=("dst shape equals the window",)),
+    OpDef(Op.CP_ASYNC_WAIT, Family.SYNC, (value("n"),), no_effect, CostClass.FREE,
+          sync=SyncKind.COPY_WAIT,
+          summary="Wait until at most `n` cp.async groups of this thread are in flight.",
+          example="cp_async_wait(0)"),
+    OpDef(Op.CP_ASYNC_BAR, Family.COPY, (slot("dst", _W), view("src", _R), barrier("bar", BarrierUse.TRACK,
+                                                                                    keyword=True)),
+          cp_async_bar, CostClass.COPY, ordering=Ordering.ASYNC, completion=Completion.BARRIER,
+          engine="cp_async",
+          summary="cp.async copy of a gmem window into an smem slot (laid out in the slot's swizzle, "
+                  "zero past the tensor's edge) in 16, 8 or 4-byte chunks, as the window's row alignment "
+                  "allows (element by element otherwise): the TMA-free producer for rows that are not "
+                  "16-byte aligned. The copies complete on `bar` (cp.async.mbarrier.arrive) without an "
+                  "arrival of their own: the role arrives on `bar` after them; a wgmma reader runs "
+                  "fence_async() after its wait (the copies are generic-proxy writes).",
+          example="cp_async_bar(c_s[s], c[bid.y, tile(kt, BN), tile(0, BK)], bar=full[s])",
+          preconditions=("inside a role (the role's threads synchronise before it returns)",
+                         "dst shape and dtype equal the window's",
+                         "a swizzled dst has rows of exactly one 128-byte span",
+                         "arrive(bar) after it in the same phase; wait(bar) and fence_async() before "
+                         "a wgmma reads dst")),
+    OpDef(Op.FENCE_ASYNC, Family.SYNC, (), no_effect, CostClass.FREE, sync=SyncKind.PROXY_FENCE,
+          summary="fence.proxy.async: order ordinary smem writes before later TMA/wgmma reads.",
+          example="fence_async()"),
+    OpDef(Op.CLUSTER, Family.STRUCTURE, (value("dims", "shape"),), no_effect, CostClass.FREE,
+          summary="Declare the thread-block cluster shape (CTAs along x, y, z); at most the target's "
+                  "max_cluster_size CTAs.",
+          example="cluster((2, 1, 1))",
+          preconditions=("static dims", "top level, first statement")),
+    OpDef(Op.CLUSTER_SYNC, Family.SYNC, (), no_effect, CostClass.FREE, sync=SyncKind.CLUSTER,
+          summary="Cluster-wide barrier (barrier.cluster.arrive + wait).",
+          example="cluster_sync()"),
+    OpDef(Op.WGMMA, Family.MMA, (_ACC, slot("a", _R), slot("b", _R)), mma_slots, CostClass.MMA,
+          {"b_major": AttrSpec(str, "n", ("n", "k")), "accumulate": AttrSpec(bool, True)},
+          ordering=Ordering.ASYNC, proxy=Proxy.ASYNC, completion=Completion.MMA_GROUP, atom="wgmma",
+          summary="Warpgroup MMA, issued asynchronously by the role: acc (rmem f32, 64 rows per "
+                  "warpgroup) += a (smem, M x K) @ b (smem, K x N), one commit group. b_major=\"k\": b is "
+                  "(N, K), rows along the reduction dim like a (e.g. centroid or database rows), and acc += "
+                  "a @ b.T. accumulate=False: acc = a @ b (acc's old value dropped).",
+          example='wgmma(acc, x_s[0], c_s[kt % S], b_major="k", accumulate=False)',
+          preconditions=("inside a role of whole warpgroups", "M = 64 * warpgroups, N in 8..256 step 8, "
+                         "K a multiple of 16 (16-bit)", "a and b in smem with the same swizzle",
+                         "b_major=\"k\": b is (N, K) with swizzle=128 rows of one span (K = 64 for 16-bit)",
+                         "wgmma_wait before the slots are released")),
+    OpDef(Op.WGMMA_WAIT, Family.SYNC, (value("n"),), no_effect, CostClass.FREE, sync=SyncKind.MMA_WAIT,
+          summary="wgmma.wait_group: wait until at most `n` wgmma groups of the role are in flight.",
+          example="wgmma_wait(0)"),
+    OpDef(Op.ARGMIN_BIAS, Family.EPILOGUE, (buf("best", _RW, _RMEM), buf("arg", _RW, _RMEM, index=True),
+                                            buf("dots", _R, _RMEM), slot("bias", _R)) + _BASE_LIMIT,
+          argmin_bias, CostClass.EPILOGUE, {"beta": AttrSpec(float, 2.0)}, ordering=Ordering.ASYNC,
+          summary="Running arg-min on a wgmma accumulator: for each row r of dots (R, C), the scores "
+                  "bias[j] - beta * dots[r, j] over columns with base + j < limit; the smallest replaces "
+                  "(best[r], arg[r]) with (score, base + j) when strictly smaller than best[r] (ties keep the "
+                  "smaller candidate index). bias is an smem slot of C f32 values (e.g. ||c_j||^2, with "
+                  "beta=2 the scores rank squared L2 distances). best and arg are fragment row state: store "
+                  "is the only other op that reads them.",
+          example="argmin_bias(best, arg, acc, csq_s[kt % S], base=kt * BN, limit=K)",
+          preconditions=("dots is the role's wgmma accumulator (R, C), f32", "best (R,) f32 filled with inf, "
+                         "arg (R,) i32, both rmem in the same role", "bias is an smem f32 slot of C elements",
+                         "wgmma_wait before it: dots complete")),
+    OpDef(Op.TOPK_BIAS, Family.EPILOGUE, (buf("top_v", _RW, _RMEM), buf("top_i", _RW, _RMEM, index=True),
+                                          buf("dots", _R, _RMEM), slot("bias", _R)) + _BASE_LIMIT,
+          topk_bias, CostClass.EPILOGUE, {"beta": AttrSpec(float, 2.0)}, ordering=Ordering.ASYNC,
+          summary="Running top-k (smallest) on a wgmma accumulator: for each row r of dots (R, C), the "
+                  "scores bias[j] - beta * dots[r, j] over columns with base + j < limit merge into the "
+                  "row's KMAX smallest (score, index) pairs kept in top_v[r, :] / top_i[r, :] (R, KMAX), "
+                  "ascending by score, then by index. bias is an smem slot of C f32 values (e.g. ||db_j||^2: "
+                  "with beta=2 the scores rank squared L2 distances). top_v and top_i are fragment row state: "
+                  "store is the only other op that reads them, writing the first k <= KMAX columns.",
+          example="topk_bias(top_v, top_i, acc, nrm_s[t % S], base=t * BN, limit=N)",
+          preconditions=("dots is the role's wgmma accumulator (R, C), f32", "top_v (R, KMAX) f32 filled with "
+                         "inf, top_i (R, KMAX) i32, both rmem in the same role, KMAX <= 32",
+                         "bias is an smem f32 slot of C elements", "wgmma_wait before it: dots complete")),
+    OpDef(Op.SQNORM_ROWS, Family.EPILOGUE, (slot("dst", ByAttr("accumulate", ((False, _W), (True, _RW)))),
+                                            slot("src", _R)),
+          sqnorm_rows, CostClass.ROW_REDUCE, {"accumulate": AttrSpec(bool, False)},
+          ordering=Ordering.ASYNC,
+          summary="dst[r] = sum_c src[r, c]^2 in f32 (accumulate=True: dst[r] += ...) for an smem tile src "
+                  "(R, C) of 16-bit rows (swizzled or not: a row's sum does not depend on the order of its "
+                  "chunks) and an smem f32 slot dst of R values; one or two threads per row. The role's threads "
+                  "synchronise before it returns, so an arrive after it publishes dst.",
+          example="sqnorm_rows(nrm_s[t % S], db_s[t % S * 2], accumulate=False)",
+          preconditions=("inside a role (every thread of the role runs it)", "src (R, C) bf16/f16 smem, each "
+                         "row at most one swizzle span when swizzled", "dst an smem f32 slot of R values",
+                         "src landed (wait on its full barrier first)")),
+    OpDef(Op.TOPK_PUBLISH, Family.CLUSTER, (buf("pub_v", _W, _SMEM, cluster=True),
+                                            buf("pub_i", _W, _SMEM, index=True, cluster=True),
+                                            buf("top_v", _R, _RMEM), buf("top_i", _R, _RMEM, index=True)),
+          topk_publish, CostClass.FREE, ordering=Ordering.ASYNC,
+          summary="Publish topk_bias lists to the cluster: write each row's merged (R, KMAX) list, ascending "
+                  "by (value, index), into smem tiles pub_v (f32) and pub_i (i32) of this CTA (the quad merge "
+                  "of store, every column). Visible to the cluster's CTAs after the next cluster_sync().",
+          example="topk_publish(pub_v, pub_i, top_v, top_i)",
+          preconditions=("inside the role of the topk_bias that fills top_v / top_i, after its loop",
+                         "pub_v (R, KMAX) f32 and pub_i (R, KMAX) i32 smem tiles of one stage, the "
+                         "lists' shape")),
+    OpDef(Op.TOPK_CLUSTER_MERGE, Family.CLUSTER, (view("dst", _W), buf("pub_v", _R, _SMEM, cluster=True),
+                                                  buf("pub_i", _R, _SMEM, index=True, cluster=True)),
+          topk_cluster_merge, CostClass.FREE, ordering=Ordering.ASYNC,
+          summary="Merge published top-k lists across the cluster: CTA rank c of n takes rows [c * ceil(R / n), "
+                  "(c + 1) * ceil(R / n)) of the (R, KMAX) tiles pub_v / pub_i, merges the lists of every CTA "
+                  "of the cluster (mapa + ld.shared::cluster) by (value, index) and writes the first k "
+                  "(the window's columns) of each row to dst: indices for an i32 dst, values for f32. Rows "
+                  "past the tensor's edge are skipped.",
+          example="topk_cluster_merge(idx[tile(bid.x, BM), tile(0, k)], pub_v, pub_i)",
+          preconditions=("top level, after the roles: every thread of the CTA runs it",
+                         "cluster_sync() between the topk_publish and it, and again before the kernel exits",
+                         "dst a (R, k) window, k <= KMAX; the CTAs of a cluster share the window's rows")),
+    OpDef(Op.ACC_PUBLISH, Family.CLUSTER, (buf("part", _W, _SMEM, cluster=True), buf("acc", _R, _RMEM)),
+          acc_publish, CostClass.FREE, ordering=Ordering.ASYNC,
+          summary="Publish a wgmma accumulator to the cluster: write acc (R, C) f32, this CTA's partial sum, "
+                  "into the smem tile part of this CTA (laid out by the lowering: only acc_cluster_reduce "
+                  "reads it). Visible to the cluster's CTAs after the next cluster_sync().",
+          example="acc_publish(part_s, acc)",
+          preconditions=("inside the role of the wgmma that accumulates acc, after its wgmma_wait(0)",
+                         "part a one-stage smem f32 tile of acc's shape, touched by no other op")),
+    OpDef(Op.ACC_CLUSTER_REDUCE, Family.CLUSTER, (view("dst", _W), buf("part", _R, _SMEM, cluster=True)),
+          acc_cluster_reduce, CostClass.COPY, ordering=Ordering.ASYNC,
+          summary="Sum the published partial tiles over the cluster and store them: the in-bounds elements of "
+                  "the (R, C) window, as row-major chunks of 4 columns, are split evenly over the cluster's "
+                  "CTAs (rank c takes chunks [c * ceil(T / n), (c + 1) * ceil(T / n)) of T); each sums its "
+                  "chunks over every CTA's part (mapa + 16-byte ld.shared::cluster, in rank order, f32) and "
+                  "stores them with plain (vector) stores. Every in-bounds element is written once, so the "
+                  "output needs no zeroing and no atomics.",
+          example="acc_cluster_reduce(c[tile(bid.z, BM), tile(bid.x, BN)], part_s)",
+          preconditions=("top level, after the roles: every thread of the CTA runs it",
+                         "cluster_sync() between the acc_publish and it, and again before the kernel exits",
+                         "dst an f32 window of part's shape; the CTAs of a cluster share the window (its "
+                         "indices do not use the bid coordinates the cluster spans)")),
+    OpDef(Op.TCGEN05_MMA, Family.MMA, (buf("acc", _RW, (MemSpace.RMEM, MemSpace.TMEM)), slot("a", _R),
+                                       slot("b", _R)),
+          mma_slots, CostClass.MMA, ordering=Ordering.ASYNC, proxy=Proxy.ASYNC,
+          completion=Completion.MMA_GROUP, atom="tcgen05",
+          summary="Blackwell tcgen05 MMA (sm_100a only; declared, not lowered for sm_90a): acc += a @ b "
+                  "with the accumulator in tensor memory.",
+          example="tcgen05_mma(acc, a_s[s], b_s[s])",
+          preconditions=("target sm_100a",)),
+)

@@ -1,4 +1,5 @@
-"""Op registrations: compute ops (see ops.py for the registry).
+"""Op declarations and their interpreter semantics: compute ops (``opdef`` says what a declaration holds;
+``registry`` assembles them).
 
 Tile math on smem and rmem tiles, reductions along an axis, the running
 arg-min and top-k merges of distance kernels, and atomic adds into gmem. Every
@@ -28,23 +29,22 @@ Semantics that the interpreter, the verifier and the lowering agree on:
   whose segment the tile holds are read, the others never are; each target
   row belongs to one warp, which adds its rows in row order without atomics.
 
-Ops that move rmem elements between threads (axis ops, broadcasts of an rmem
-source, ``transpose`` of an rmem source, the scatter index) exchange them
-through shared memory that the lowering allocates; ``staged_operands`` says
-which, so that the verifier can count that scratch against the smem budget.
+Operands whose elements move between threads (the axis ops' and running merges' tiles, broadcast ewise
+sources, a transposed source, the scatter index) are declared with an :class:`~cake_core.ir.opdef.Exchange`:
+in rmem they go through shared memory that the lowering allocates, and ``ir.scratch`` says which and how
+much, so that the verifier counts that scratch against the smem budget.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any
 
-from cake_core.ir.ops import REGISTRY, AttrSpec, Node, Op, OpDef, register  # noqa: F401
-from cake_core.ir.types import MemSpace, TileType
+import numpy as np
 
-COMPUTE_OPS = (Op.FILL, Op.CAST, Op.UNARY, Op.EWISE, Op.TRANSPOSE, Op.REDUCE, Op.SCAN, Op.ARGMIN, Op.ARGMAX,
-               Op.ARGMIN_UPDATE, Op.TOPK_MERGE, Op.ATOMIC_ADD, Op.SCATTER_ADD, Op.GATHER_ADD)
-AXIS_OPS = (Op.REDUCE, Op.SCAN, Op.ARGMIN, Op.ARGMAX)
-RUNNING_OPS = (Op.ARGMIN_UPDATE, Op.TOPK_MERGE)
-ATOMIC_OPS = (Op.ATOMIC_ADD, Op.SCATTER_ADD)
+from cake_core.ir.interp_cta import InterpFault, clip, round_to
+from cake_core.ir.opdef import (AttrSpec, ByAttr, CostClass, Effect, Exchange, Family, Op, OpDef, Ordering, View,
+                                buf, value, view)
+from cake_core.ir.shapes import broadcasts_to, norm_axis
+from cake_core.ir.types import MemSpace
 
 EWISE_FNS = ("add", "sub", "mul", "div", "max", "min")
 UNARY_FNS = ("neg", "abs", "square", "sqrt", "rsqrt", "exp", "log")
@@ -52,192 +52,394 @@ UNARY_INT_FNS = ("neg", "abs", "square")          # also defined on i32 tiles
 REDUCE_FNS = ("sum", "max", "min")
 # who adds a scatter row into an smem target: any thread with an atomic, or the warp that owns the row
 SCATTER_OWNERS = ("atomic", "warp")
+
+_R, _W, _RW = Effect.READ, Effect.WRITE, Effect.READWRITE
+_X = Exchange.ALWAYS
+_SMEM = (MemSpace.SMEM,)
 _AXIS = AttrSpec(int, -1, (-1, 0, 1))
-_BASE_LIMIT = (("base", "expr"), ("limit", "expr"))
+_BASE_LIMIT = (value("base", keyword=True), value("limit", keyword=True))
+_COMPUTE = dict(ordering=Ordering.INTERNAL)      # each thread its own elements, or CTA barriers inside the op
+_CROSS = dict(ordering=Ordering.BARRIER)         # threads touch each other's elements: sync() orders them
 
-register(OpDef(Op.FILL, (("dst", "buf"),),
-               {"value": AttrSpec(float, 0.0)},
-               summary="Set every element of an smem or rmem tile to `value` (rounded to the tile's dtype).",
-               example="fill(acc, value=0.0)",
-               preconditions=("dst is an smem or rmem tile",)))
-register(OpDef(Op.CAST, (("dst", "buf"), ("src", "buf")),
-               summary="dst := src converted to dst's dtype (16-bit floats round to nearest even; float -> i32 "
-                       "truncates toward zero).",
-               example="cast(acc_bf16, acc)",
-               preconditions=("dst and src have the same shape",)))
-register(OpDef(Op.UNARY, (("dst", "buf"), ("src", "buf")),
-               {"fn": AttrSpec(str, "neg", UNARY_FNS)},
-               summary="dst := fn(src) elementwise: neg, abs, square, sqrt, rsqrt, exp, log (computed in f32; "
-                       "neg/abs/square also in i32).",
-               example='unary(sq, db_s, fn="square")',
-               preconditions=("dst and src have the same shape",
-                              "sqrt, rsqrt, exp and log need a float dst")))
-register(OpDef(Op.EWISE, (("dst", "buf"), ("a", "buf"), ("b", "buf")),
-               {"fn": AttrSpec(str, "add", EWISE_FNS), "alpha": AttrSpec(float, 1.0),
-                "beta": AttrSpec(float, 1.0)},
-               summary="dst := fn(alpha * a, beta * b) elementwise, fn one of add, sub, mul, div, max, min; a and b "
-                       "broadcast to dst's shape like numpy (a (BK,) row vector or a (BN, 1) column vector against "
-                       "a (BN, BK) dst). dst may be a or b (in place).",
-               example='ewise(scores, c_sq_s, dot, fn="sub", beta=2.0)',
-               preconditions=("a and b broadcast to dst's shape",
-                              "with an i32 dst, alpha and beta are whole numbers")))
-register(OpDef(Op.TRANSPOSE, (("dst", "buf"), ("src", "buf")),
-               summary="dst (C, R) := src (R, C) transposed, e.g. to feed a K-major tile to mma as its b operand.",
-               example="transpose(ct_s, c_s)",
-               preconditions=("src is 2-D and dst's shape is src's reversed", "dst is not src")))
-register(OpDef(Op.REDUCE, (("dst", "buf"), ("src", "buf")),
-               {"axis": _AXIS, "fn": AttrSpec(str, "sum", REDUCE_FNS)},
-               summary="dst := the sum, max or min of src along `axis` (sums in f32, or i32 for an i32 src).",
-               example='reduce(part, sq, axis=1, fn="sum")',
-               preconditions=("src is 1-D or 2-D and axis is one of its axes",
-                              "dst has src's shape without the axis (or with it as 1)")))
-register(OpDef(Op.SCAN, (("dst", "buf"), ("src", "buf")),
-               {"axis": _AXIS, "fn": AttrSpec(str, "sum", REDUCE_FNS), "exclusive": AttrSpec(bool, False)},
-               summary="dst := the running sum, max or min of src along `axis` (inclusive; with exclusive=True "
-                       "element j combines elements before j and the first is 0 / -inf / +inf).",
-               example="scan(offsets, counts_s, axis=0, exclusive=True)",
-               preconditions=("src is 1-D or 2-D and axis is one of its axes", "dst has src's shape")))
-register(OpDef(Op.ARGMIN, (("val", "buf"), ("idx", "buf"), ("src", "buf")),
-               {"axis": _AXIS},
-               summary="val := min of src along `axis`, idx := its position in the tile (the first on ties).",
-               example="argmin(best, arg, scores, axis=1)",
-               preconditions=("idx is i32", "val and idx have src's shape without the axis (or with it as 1)")))
-register(OpDef(Op.ARGMAX, (("val", "buf"), ("idx", "buf"), ("src", "buf")),
-               {"axis": _AXIS},
-               summary="val := max of src along `axis`, idx := its position in the tile (the first on ties).",
-               example="argmax(top, arg, logits, axis=1)",
-               preconditions=("idx is i32", "val and idx have src's shape without the axis (or with it as 1)")))
-register(OpDef(Op.ARGMIN_UPDATE, (("best", "buf"), ("arg", "buf")) + (("scores", "buf"),) + _BASE_LIMIT,
-               keyword_operands=("base", "limit"),
-               summary="Running arg-min over candidate tiles: for each row r of scores (R, C), the smallest "
-                       "scores[r, j] over columns with base + j < limit replaces (best[r], arg[r]) with "
-                       "(scores[r, j], base + j) when it is strictly smaller than best[r] (ties keep the earlier "
-                       "candidate). Start best at inf.",
-               example="argmin_update(best, arg, scores, base=kt * BK, limit=K)",
-               preconditions=("scores is 2-D (R, C); best and arg are (R,) or (R, 1)",
-                              "best is f32, arg is i32", "best and arg are filled before the first update")))
-register(OpDef(Op.TOPK_MERGE, (("vals", "buf"), ("idx", "buf"), ("scores", "buf")) + _BASE_LIMIT,
-               keyword_operands=("base", "limit"),
-               summary="Running smallest-k: each row of (vals, idx) (R, k) is a list sorted by (value, index); "
-                       "the candidates (scores[r, j], base + j) with base + j < limit are merged in and the k "
-                       "smallest by (value, index) kept, sorted ascending. Start vals at inf and idx at -1.",
-               example="topk_merge(top_v, top_i, scores, base=nt * BN, limit=N)",
-               preconditions=("scores is 2-D (R, C); vals and idx are (R, k)", "vals is f32, idx is i32",
-                              "each row of (vals, idx) is sorted before the merge (a constant fill is)")))
-register(OpDef(Op.ATOMIC_ADD, (("dst", "view"), ("src", "buf")),
-               {"guard": AttrSpec(bool, True)},
-               summary="gmem window dst += src elementwise with atomic adds (src converted to dst's dtype); with "
-                       "guard, elements past the tensor's edge are skipped. Used to combine partial results of "
-                       "several CTAs into an output the harness zeroes before the launch.",
-               example="atomic_add(out[tile(bid.y, BM), tile(bid.x, BN)], acc)",
-               preconditions=("dst is a gmem parameter of dtype f32 or i32 (i32 takes an i32 src)",
-                              "src's shape equals the window's extent")))
-register(OpDef(Op.SCATTER_ADD, (("dst", "view"), ("idx", "buf"), ("src", "buf")) + _BASE_LIMIT,
-               {"guard": AttrSpec(bool, True), "owner": AttrSpec(str, "atomic", SCATTER_OWNERS),
-                "vector": AttrSpec(int, 1, (1, 4))},
-               keyword_operands=("base", "limit"),
-               summary="Scatter-add rows: for each row r of src with base + r < limit, window row idx[r] of dst "
-                       "+= src[r] with atomic adds (a 1-D window adds the element src[r]). With guard, rows whose "
-                       "index is outside the window and columns past the tensor's edge are skipped. dst may be a "
-                       "whole smem tile `acc_s[:, :]` (a per-CTA privatised accumulator, shared-memory atomics: "
-                       "conflict-free when C = 32 and threads is a multiple of 32); sync() before and after it. "
-                       "owner=\"warp\" (smem target and src only): warp w of the CTA adds the rows idx[r] with "
-                       "idx[r] % warps == w, with plain loads and stores instead of atomics (the sum is the same, "
-                       "its f32 rounding order differs). vector=4 (an rmem src into f32 gmem rows, C a multiple of "
-                       "4 dividing threads): 4 columns per 16-byte red.global.add.v4.f32 where the view is aligned "
-                       "at run time, element atomics elsewhere.",
-               example="scatter_add(sums[bid.y, :, tile(dt, BD)], a_r, x_r, base=bid.x * BN, limit=N)",
-               preconditions=("dst is a gmem parameter or a whole single-stage smem tile, of dtype f32 or i32 "
-                              "(i32 takes an i32 src)",
-                              "window (E, C) with src (R, C), or window (E,) with src (R,); idx is (R,) i32",
-                              "owner=\"warp\" takes a whole smem tile target and an smem src")))
+# ----------------------------------------------------------------- semantics
+# Floats compute in float32 and integers in int32, as the lowered code does; every write rounds to the
+# destination's dtype (``interp_cta.round_to``). The running ops and the scatter loop over rows in Python:
+# the interpreter runs small shapes only.
 
-register(OpDef(Op.GATHER_ADD, (("dst", "view"), ("count", "view"), ("idx", "buf"), ("queue", "buf"), ("src", "view"))
-               + _BASE_LIMIT + (("first", "expr"),),
-               keyword_operands=("base", "limit", "first"),
-               summary="Segment sums of gathered rows: for each row r of the gmem window src (R, C) with base + r "
-                       "< limit and inside the tensor, k = idx[r] - first; when 0 <= k < E, row k of dst (an smem "
-                       "tile (E, C), f32) += src row r (columns past the tensor's edge are skipped) and count[k] "
-                       "(an smem tile (E,), i32) += 1. A row whose k falls outside [0, E) is never read, so CTAs "
-                       "that split the segments between them read each row once in all. Warp w adds the rows with "
-                       "k % warps == w in row order, with plain loads and stores: no atomics, and the same f32 "
-                       "sums on every run. The rows reach their warps through a stable counting sort in queue, an "
-                       "i32 smem tile of R + 2 * warps * warps entries that is scratch: each warp scans R / warps "
-                       "indices, not all R. An owner keeps 16 of its rows' loads in flight (rows of 128 bf16 columns; "
-                       "fewer for wider rows). Every thread of the CTA runs it (it holds three CTA barriers), so it sits "
-                       "outside roles; sync() before and after it, as for any tile op.",
-               example="gather_add(acc_s[:, :], cnt_s[:], a_s, q_s, x[bid.y, tile(c, BN), tile(0, BD)], base=c * BN, "
-                       "limit=N, first=bid.x * KC)",
-               preconditions=("dst is a whole single-stage smem tile (E, C) of f32, count one (E,) of i32",
-                              "idx is an (R,) i32 smem tile; src a rank-2 gmem window (R, C) of bf16, f16 or f32",
-                              "queue is a whole (R + 2 * warps * warps,) i32 smem tile; R and E at most 65536",
-                              "outside roles: every thread of the CTA runs it")))
+def _tile(cta, name: str) -> np.ndarray:
+    return cta.tiles[name]
 
 
-# ------------------------------------------------------------------ shapes
-
-def broadcasts_to(src: tuple[int, ...], dst: tuple[int, ...]) -> bool:
-    """numpy broadcasting of ``src`` onto ``dst`` without changing ``dst``'s shape."""
-    if len(src) > len(dst):
-        return False
-    return all(s in (d, 1) for s, d in zip(reversed(src), reversed(dst)))
-
-
-def norm_axis(axis: int, rank: int) -> int | None:
-    """``axis`` as a non-negative index of a rank-``rank`` tile, or None if it is not one of its axes."""
-    a = axis + rank if axis < 0 else axis
-    return a if 0 <= a < rank else None
+def _write(cta, name: str, value: np.ndarray) -> None:
+    """dst := value (same shape, same element count, or broadcastable), rounded to dst's dtype."""
+    dst, dtype = cta.tiles[name], cta.dtypes[name]
+    value = np.asarray(value)
+    if value.shape != dst.shape:
+        value = value.reshape(dst.shape) if value.size == dst.size else np.broadcast_to(value, dst.shape)
+    if not dtype.is_float and value.dtype.kind == "f":
+        value = np.trunc(np.nan_to_num(value.astype(np.float64), nan=0.0, posinf=2**31 - 1, neginf=-2**31))
+    dst[...] = round_to(dtype, value)
 
 
-def reduced_shapes(shape: tuple[int, ...], axis: int) -> list[tuple[int, ...]]:
-    """The shapes a result of reducing ``shape`` along ``axis`` may have: dropped or kept as 1."""
-    dropped = shape[:axis] + shape[axis + 1:]
-    kept = shape[:axis] + (1,) + shape[axis + 1:]
-    return [dropped or (1,), kept]
+def _as_compute(x: np.ndarray, is_float: bool) -> np.ndarray:
+    return x.astype(np.float32) if is_float else np.trunc(x).astype(np.int32) if x.dtype.kind == "f" \
+        else x.astype(np.int32)
 
 
-def staged_operands(n: Node, types: Callable[[str], TileType | None],
-                    shape: Callable[[TileType], tuple[int, ...] | None]) -> list[str]:
-    """The rmem tiles that ``n`` exchanges between threads through shared-memory scratch.
-
-    ``types`` maps a buffer name to its type, ``shape`` a type to its static shape.
-    The lowering stages exactly these; the verifier counts their bytes.
-    """
-    def rmem(name: str) -> bool:
-        t = types(name)
-        return t is not None and t.space is MemSpace.RMEM
-
-    out: list[str] = []
-    if n.op in AXIS_OPS or n.op in RUNNING_OPS:
-        names = [a for (_, kind), a in zip(REGISTRY[n.op].operands, n.args) if kind == "buf"]
-        out = [x for x in names if rmem(x)]
-    elif n.op is Op.EWISE:
-        dst = types(n.args[0])
-        for x in n.args[1:]:
-            t = types(x)
-            if rmem(x) and dst is not None and t is not None and shape(t) != shape(dst):
-                out.append(x)
-    elif n.op is Op.TRANSPOSE and rmem(n.args[1]):
-        out = [n.args[1]]
-    elif n.op is Op.SCATTER_ADD and rmem(n.args[1]):
-        out = [n.args[1]]
-    return list(dict.fromkeys(out))
+def fill(cta, n: Any) -> None:
+    dst = n.args[0]
+    _write(cta, dst, np.full(cta.tiles[dst].shape, n.attr("value"), dtype=np.float64))
 
 
-SCRATCH_ALIGN = 16
+def cast(cta, n: Any) -> None:
+    _write(cta, n.args[0], _tile(cta, n.args[1]))
 
 
-def scratch_bytes(n: Node, types: Callable[[str], TileType | None],
-                  shape: Callable[[TileType], tuple[int, ...] | None]) -> int | None:
-    """Bytes of shared-memory scratch ``n`` needs (None if a shape is not static)."""
-    total = 0
-    for name in staged_operands(n, types, shape):
-        t = types(name)
-        s = shape(t) if t is not None else None
-        if s is None:
-            return None
-        numel = 1
-        for d in s:
-            numel *= d
-        total += -(-numel * t.dtype.bytes // SCRATCH_ALIGN) * SCRATCH_ALIGN
-    return total
+_UNARY = {"neg": np.negative, "abs": np.abs, "square": np.square, "sqrt": np.sqrt,
+          "rsqrt": lambda x: np.float32(1) / np.sqrt(x), "exp": np.exp, "log": np.log}
+
+
+def unary(cta, n: Any) -> None:
+    dst, src = n.args
+    x = _as_compute(_tile(cta, src), cta.dtypes[dst].is_float)
+    with np.errstate(all="ignore"):
+        _write(cta, dst, _UNARY[n.attr("fn")](x))
+
+
+def ewise(cta, n: Any) -> None:
+    dst, a_name, b_name = n.args
+    is_float = cta.dtypes[dst].is_float
+    shape = cta.tiles[dst].shape
+    a, b = (_as_compute(_tile(cta, x), is_float) for x in (a_name, b_name))
+    for name, x in ((a_name, a), (b_name, b)):
+        if not broadcasts_to(x.shape, shape):
+            raise InterpFault(n, f"`{name}` of shape {x.shape} does not broadcast to {shape}")
+    alpha, beta = n.attr("alpha"), n.attr("beta")
+    if is_float:
+        a, b = np.float32(alpha) * a, np.float32(beta) * b
+    else:
+        a, b = np.int32(int(alpha)) * a, np.int32(int(beta)) * b
+    fn = n.attr("fn")
+    with np.errstate(all="ignore"):
+        if fn == "add":
+            r = a + b
+        elif fn == "sub":
+            r = a - b
+        elif fn == "mul":
+            r = a * b
+        elif fn == "div":
+            if is_float:
+                r = a / b
+            else:
+                if np.any(b == 0):
+                    raise InterpFault(n, "integer division by zero in ewise(fn=\"div\")")
+                r = np.trunc(a.astype(np.float64) / b).astype(np.int32)
+        elif fn == "max":
+            r = np.maximum(a, b)
+        else:
+            r = np.minimum(a, b)
+    _write(cta, dst, np.broadcast_to(r, shape))
+
+
+def transpose(cta, n: Any) -> None:
+    _write(cta, n.args[0], _tile(cta, n.args[1]).T)
+
+
+def _axis(cta, n: Any, src: np.ndarray) -> int:
+    a = norm_axis(n.attr("axis"), src.ndim)
+    if a is None:
+        raise InterpFault(n, f"axis {n.attr('axis')} is not an axis of a {src.ndim}-D tile")
+    return a
+
+
+def _acc(cta, name: str) -> np.ndarray:
+    return _as_compute(_tile(cta, name), cta.dtypes[name].is_float)
+
+
+_REDUCE = {"sum": np.sum, "max": np.max, "min": np.min}
+_SCAN = {"sum": np.cumsum, "max": np.maximum.accumulate, "min": np.minimum.accumulate}
+
+
+def reduce(cta, n: Any) -> None:
+    dst, src = n.args
+    x = _acc(cta, src)
+    r = _REDUCE[n.attr("fn")](x, axis=_axis(cta, n, x))
+    _write(cta, dst, np.asarray(r, dtype=x.dtype))
+
+
+def _identity(fn: str, dtype: np.dtype):
+    if fn == "sum":
+        return 0
+    if dtype.kind == "f":
+        return -np.inf if fn == "max" else np.inf
+    return np.iinfo(np.int32).min if fn == "max" else np.iinfo(np.int32).max
+
+
+def scan(cta, n: Any) -> None:
+    dst, src = n.args
+    x = _acc(cta, src)
+    axis, fn = _axis(cta, n, x), n.attr("fn")
+    r = _SCAN[fn](x, axis=axis).astype(x.dtype)
+    if n.attr("exclusive"):
+        r = np.roll(r, 1, axis=axis)
+        first = [slice(None)] * r.ndim
+        first[axis] = 0
+        r[tuple(first)] = _identity(fn, x.dtype)
+    _write(cta, dst, r)
+
+
+def argreduce(cta, n: Any) -> None:
+    val, idx, src = n.args
+    x = _acc(cta, src)
+    axis = _axis(cta, n, x)
+    pick = np.argmin if n.op is Op.ARGMIN else np.argmax
+    i = pick(x, axis=axis)
+    _write(cta, val, np.take_along_axis(x, np.expand_dims(i, axis), axis))
+    _write(cta, idx, i.astype(np.int32))
+
+
+def _valid_columns(cta, n: Any, width: int) -> int:
+    base, limit = cta.ev(n.arg("base")), cta.ev(n.arg("limit"))
+    return max(0, min(width, limit - base))
+
+
+def argmin_update(cta, n: Any) -> None:
+    best, arg, scores = n.args[:3]
+    s = _acc(cta, scores)
+    if s.ndim != 2:
+        raise InterpFault(n, f"scores must be 2-D, got shape {s.shape}")
+    m = _valid_columns(cta, n, s.shape[1])
+    if m == 0:
+        return
+    b = cta.tiles[best].reshape(-1)
+    a = cta.tiles[arg].reshape(-1)
+    j = np.argmin(s[:, :m], axis=1)
+    v = s[np.arange(s.shape[0]), j]
+    better = v < b.astype(np.float32)
+    b[better] = v[better]
+    a[better] = cta.ev(n.arg("base")) + j[better]
+
+
+def topk_merge(cta, n: Any) -> None:
+    vals, idx, scores = n.args[:3]
+    s = _acc(cta, scores)
+    if s.ndim != 2:
+        raise InterpFault(n, f"scores must be 2-D, got shape {s.shape}")
+    v, i = cta.tiles[vals], cta.tiles[idx]
+    k = v.shape[-1]
+    m = _valid_columns(cta, n, s.shape[1])
+    base = cta.ev(n.arg("base"))
+    cand_i = np.arange(base, base + m, dtype=np.int64)
+    for r in range(s.shape[0]):
+        allv = np.concatenate([v[r].astype(np.float32), s[r, :m]])
+        alli = np.concatenate([i[r].astype(np.int64), cand_i])
+        order = np.lexsort((alli, allv))[:k]        # by value, then by index
+        v[r] = allv[order]
+        i[r] = alli[order]
+
+
+def _gmem_window(cta, n: Any, v: View, guard: bool):
+    """The in-bounds part of a gmem window as a writable numpy view (dropped dims removed),
+    the window's per-dim [lo, hi) of that part in window coordinates, and the window's extent."""
+    win, shape = cta.window(n, v)
+    g, t = clip(n, v, win, shape, guard, "write")
+    g = tuple(s if kept else s.start for s, (_, _, kept) in zip(g, win))
+    ext = tuple(length for _, length, kept in win if kept)
+    return cta.gmem[v.buf][g], t, ext
+
+
+def _add_into(cta, view: View, sub: np.ndarray, value: np.ndarray) -> None:
+    """gmem += value, the value converted to the gmem dtype first (i32 adds integers)."""
+    if cta.dtypes[view.buf].is_float:
+        sub += value.astype(np.float32).astype(sub.dtype)
+    else:
+        sub += np.trunc(value.astype(np.float64)).astype(sub.dtype)
+
+
+def atomic_add(cta, n: Any) -> None:
+    view, src = n.args
+    sub, t, ext = _gmem_window(cta, n, view, n.attr("guard"))
+    x = _tile(cta, src)
+    if x.size != int(np.prod(ext)):
+        raise InterpFault(n, f"tile `{src}` has {x.size} elements, the window {ext} has {int(np.prod(ext))}")
+    _add_into(cta, view, sub, x.reshape(ext)[t])
+
+
+def _smem_window(cta, view: View):
+    """A scatter target in shared memory: the whole tile (atomic.smem_target), as _gmem_window returns it."""
+    tile = cta.tiles[view.buf]
+    return tile, tuple(slice(0, d) for d in tile.shape), tile.shape
+
+
+def scatter_add(cta, n: Any) -> None:
+    view, idx, src = n.args[:3]
+    guard = n.attr("guard")
+    sub, t, ext = _smem_window(cta, view) if view.buf in cta.tiles else _gmem_window(cta, n, view, guard)
+    x, ix = _tile(cta, src), _tile(cta, idx).reshape(-1)
+    rows = _valid_columns(cta, n, x.shape[0])
+    lo, hi = t[0].start, t[0].stop
+    for r in range(rows):
+        i = int(ix[r])
+        if not lo <= i < hi:
+            if guard:
+                continue
+            raise InterpFault(n, f"scatter row {r} has index {i}, outside the in-bounds rows [{lo}, {hi}) of the "
+                                 f"window of `{view.buf}` (unguarded scatter_add)")
+        if len(ext) == 1:
+            _add_into(cta, view, sub[i - lo:i - lo + 1], x[r].reshape(1))
+        else:
+            _add_into(cta, view, sub[i - lo], x[r][t[1:]].reshape(sub[i - lo].shape))
+
+
+def gather_add(cta, n: Any) -> None:
+    """Row order within the call, f32 adds: the sums the lowering's owning warps produce, bit for bit."""
+    dst, cnt, idx, src = n.arg("dst"), n.arg("count"), n.arg("idx"), n.arg("src")
+    acc, counts = cta.tiles[dst.buf], cta.tiles[cnt.buf].reshape(-1)
+    sub, t, ext = _gmem_window(cta, n, src, True)
+    ix = _tile(cta, idx).reshape(-1)
+    if len(ext) != 2 or ix.size != ext[0] or acc.ndim != 2 or acc.shape[1] != ext[1]:
+        raise InterpFault(n, f"gather_add of a {ext} window with {ix.size} indices into `{dst.buf}` {acc.shape}")
+    r0, r1 = t[0].start, min(t[0].stop, _valid_columns(cta, n, ix.size))
+    if r1 <= r0:
+        return
+    k = ix[r0:r1].astype(np.int64) - cta.ev(n.arg("first"))
+    keep = np.nonzero((k >= 0) & (k < acc.shape[0]))[0]
+    if keep.size == 0:
+        return
+    np.add.at(acc, (k[keep][:, None], np.arange(t[1].start, t[1].stop)[None, :]), sub[keep].astype(np.float32))
+    np.add.at(counts, k[keep], 1)
+
+
+# -------------------------------------------------------------- declarations
+
+DECLS: tuple[OpDef, ...] = (
+    OpDef(Op.FILL, Family.ELEMENTWISE, (buf("dst", _W),), fill, CostClass.SIMT,
+          {"value": AttrSpec(float, 0.0)}, **_CROSS,
+          summary="Set every element of an smem or rmem tile to `value` (rounded to the tile's dtype).",
+          example="fill(acc, value=0.0)",
+          preconditions=("dst is an smem or rmem tile",)),
+    OpDef(Op.CAST, Family.ELEMENTWISE, (buf("dst", _W), buf("src", _R)), cast, CostClass.SIMT, **_COMPUTE,
+          summary="dst := src converted to dst's dtype (16-bit floats round to nearest even; float -> i32 "
+                  "truncates toward zero).",
+          example="cast(acc_bf16, acc)",
+          preconditions=("dst and src have the same shape",)),
+    OpDef(Op.UNARY, Family.ELEMENTWISE, (buf("dst", _W), buf("src", _R)), unary, CostClass.SIMT,
+          {"fn": AttrSpec(str, "neg", UNARY_FNS)}, **_COMPUTE,
+          summary="dst := fn(src) elementwise: neg, abs, square, sqrt, rsqrt, exp, log (computed in f32; "
+                  "neg/abs/square also in i32).",
+          example='unary(sq, db_s, fn="square")',
+          preconditions=("dst and src have the same shape",
+                         "sqrt, rsqrt, exp and log need a float dst")),
+    OpDef(Op.EWISE, Family.ELEMENTWISE, (buf("dst", _W), buf("a", _R, exchange=Exchange.BROADCAST),
+                                         buf("b", _R, exchange=Exchange.BROADCAST)), ewise, CostClass.SIMT,
+          {"fn": AttrSpec(str, "add", EWISE_FNS), "alpha": AttrSpec(float, 1.0), "beta": AttrSpec(float, 1.0)},
+          **_COMPUTE,
+          summary="dst := fn(alpha * a, beta * b) elementwise, fn one of add, sub, mul, div, max, min; a and b "
+                  "broadcast to dst's shape like numpy (a (BK,) row vector or a (BN, 1) column vector against "
+                  "a (BN, BK) dst). dst may be a or b (in place).",
+          example='ewise(scores, c_sq_s, dot, fn="sub", beta=2.0)',
+          preconditions=("a and b broadcast to dst's shape",
+                         "with an i32 dst, alpha and beta are whole numbers")),
+    OpDef(Op.TRANSPOSE, Family.ELEMENTWISE, (buf("dst", _W), buf("src", _R, exchange=_X)), transpose,
+          CostClass.SIMT, in_place=False, **_COMPUTE,
+          summary="dst (C, R) := src (R, C) transposed, e.g. to feed a K-major tile to mma as its b operand.",
+          example="transpose(ct_s, c_s)",
+          preconditions=("src is 2-D and dst's shape is src's reversed", "dst is not src")),
+    OpDef(Op.REDUCE, Family.AXIS, (buf("dst", _W, exchange=_X), buf("src", _R, exchange=_X)), reduce,
+          CostClass.SIMT, {"axis": _AXIS, "fn": AttrSpec(str, "sum", REDUCE_FNS)}, in_place=False, **_COMPUTE,
+          summary="dst := the sum, max or min of src along `axis` (sums in f32, or i32 for an i32 src).",
+          example='reduce(part, sq, axis=1, fn="sum")',
+          preconditions=("src is 1-D or 2-D and axis is one of its axes",
+                         "dst has src's shape without the axis (or with it as 1)")),
+    OpDef(Op.SCAN, Family.AXIS, (buf("dst", _W, exchange=_X), buf("src", _R, exchange=_X)), scan,
+          CostClass.SIMT, {"axis": _AXIS, "fn": AttrSpec(str, "sum", REDUCE_FNS),
+                           "exclusive": AttrSpec(bool, False)}, **_COMPUTE,
+          summary="dst := the running sum, max or min of src along `axis` (inclusive; with exclusive=True "
+                  "element j combines elements before j and the first is 0 / -inf / +inf).",
+          example="scan(offsets, counts_s, axis=0, exclusive=True)",
+          preconditions=("src is 1-D or 2-D and axis is one of its axes", "dst has src's shape")),
+    OpDef(Op.ARGMIN, Family.AXIS, (buf("val", _W, exchange=_X), buf("idx", _W, index=True, exchange=_X),
+                                   buf("src", _R, exchange=_X)), argreduce, CostClass.SIMT,
+          {"axis": _AXIS}, in_place=False, **_COMPUTE,
+          summary="val := min of src along `axis`, idx := its position in the tile (the first on ties).",
+          example="argmin(best, arg, scores, axis=1)",
+          preconditions=("idx is i32", "val and idx have src's shape without the axis (or with it as 1)")),
+    OpDef(Op.ARGMAX, Family.AXIS, (buf("val", _W, exchange=_X), buf("idx", _W, index=True, exchange=_X),
+                                   buf("src", _R, exchange=_X)), argreduce, CostClass.SIMT,
+          {"axis": _AXIS}, in_place=False, **_COMPUTE,
+          summary="val := max of src along `axis`, idx := its position in the tile (the first on ties).",
+          example="argmax(top, arg, logits, axis=1)",
+          preconditions=("idx is i32", "val and idx have src's shape without the axis (or with it as 1)")),
+    OpDef(Op.ARGMIN_UPDATE, Family.RUNNING, (buf("best", _RW, exchange=_X),
+                                             buf("arg", _RW, index=True, exchange=_X),
+                                             buf("scores", _R, exchange=_X)) + _BASE_LIMIT,
+          argmin_update, CostClass.SIMT, in_place=False, keeps_per_row=1, **_COMPUTE,
+          summary="Running arg-min over candidate tiles: for each row r of scores (R, C), the smallest "
+                  "scores[r, j] over columns with base + j < limit replaces (best[r], arg[r]) with "
+                  "(scores[r, j], base + j) when it is strictly smaller than best[r] (ties keep the earlier "
+                  "candidate). Start best at inf.",
+          example="argmin_update(best, arg, scores, base=kt * BK, limit=K)",
+          preconditions=("scores is 2-D (R, C); best and arg are (R,) or (R, 1)",
+                         "best is f32, arg is i32", "best and arg are filled before the first update")),
+    OpDef(Op.TOPK_MERGE, Family.RUNNING, (buf("vals", _RW, exchange=_X), buf("idx", _RW, index=True, exchange=_X),
+                                          buf("scores", _R, exchange=_X)) + _BASE_LIMIT,
+          topk_merge, CostClass.SIMT, in_place=False, **_COMPUTE,
+          summary="Running smallest-k: each row of (vals, idx) (R, k) is a list sorted by (value, index); "
+                  "the candidates (scores[r, j], base + j) with base + j < limit are merged in and the k "
+                  "smallest by (value, index) kept, sorted ascending. Start vals at inf and idx at -1.",
+          example="topk_merge(top_v, top_i, scores, base=nt * BN, limit=N)",
+          preconditions=("scores is 2-D (R, C); vals and idx are (R, k)", "vals is f32, idx is i32",
+                         "each row of (vals, idx) is sorted before the merge (a constant fill is)")),
+    OpDef(Op.ATOMIC_ADD, Family.ATOMIC, (view("dst", Effect.ATOMIC_ADD), buf("src", _R)), atomic_add,
+          CostClass.COPY, {"guard": AttrSpec(bool, True)}, **_CROSS,
+          summary="gmem window dst += src elementwise with atomic adds (src converted to dst's dtype); with "
+                  "guard, elements past the tensor's edge are skipped. Used to combine partial results of "
+                  "several CTAs into an output the harness zeroes before the launch.",
+          example="atomic_add(out[tile(bid.y, BM), tile(bid.x, BN)], acc)",
+          preconditions=("dst is a gmem parameter of dtype f32 or i32 (i32 takes an i32 src)",
+                         "src's shape equals the window's extent")),
+    OpDef(Op.SCATTER_ADD, Family.ATOMIC,
+          (view("dst", ByAttr("owner", (("atomic", Effect.ATOMIC_ADD), ("warp", Effect.OWNED_ADD))),
+                (MemSpace.GMEM, MemSpace.SMEM)),
+           buf("idx", _R, index=True, exchange=_X), buf("src", _R)) + _BASE_LIMIT,
+          scatter_add, CostClass.COPY,
+          {"guard": AttrSpec(bool, True), "owner": AttrSpec(str, "atomic", SCATTER_OWNERS),
+           "vector": AttrSpec(int, 1, (1, 4))}, **_CROSS,
+          summary="Scatter-add rows: for each row r of src with base + r < limit, window row idx[r] of dst "
+                  "+= src[r] with atomic adds (a 1-D window adds the element src[r]). With guard, rows whose "
+                  "index is outside the window and columns past the tensor's edge are skipped. dst may be a "
+                  "whole smem tile `acc_s[:, :]` (a per-CTA privatised accumulator, shared-memory atomics: "
+                  "conflict-free when C = 32 and threads is a multiple of 32); sync() before and after it. "
+                  "owner=\"warp\" (smem target and src only): warp w of the CTA adds the rows idx[r] with "
+                  "idx[r] % warps == w, with plain loads and stores instead of atomics (the sum is the same, "
+                  "its f32 rounding order differs). vector=4 (an rmem src into f32 gmem rows, C a multiple of "
+                  "4 dividing threads): 4 columns per 16-byte red.global.add.v4.f32 where the view is aligned "
+                  "at run time, element atomics elsewhere.",
+          example="scatter_add(sums[bid.y, :, tile(dt, BD)], a_r, x_r, base=bid.x * BN, limit=N)",
+          preconditions=("dst is a gmem parameter or a whole single-stage smem tile, of dtype f32 or i32 "
+                         "(i32 takes an i32 src)",
+                         "window (E, C) with src (R, C), or window (E,) with src (R,); idx is (R,) i32",
+                         "owner=\"warp\" takes a whole smem tile target and an smem src")),
+    OpDef(Op.GATHER_ADD, Family.GATHER,
+          (view("dst", Effect.OWNED_ADD, _SMEM), view("count", Effect.OWNED_ADD, _SMEM),
+           buf("idx", _R, _SMEM, index=True), buf("queue", _W, _SMEM), view("src", _R))
+          + _BASE_LIMIT + (value("first", keyword=True),),
+          gather_add, CostClass.GATHER, **_CROSS,
+          summary="Segment sums of gathered rows: for each row r of the gmem window src (R, C) with base + r "
+                  "< limit and inside the tensor, k = idx[r] - first; when 0 <= k < E, row k of dst (an smem "
+                  "tile (E, C), f32) += src row r (columns past the tensor's edge are skipped) and count[k] "
+                  "(an smem tile (E,), i32) += 1. A row whose k falls outside [0, E) is never read, so CTAs "
+                  "that split the segments between them read each row once in all. Warp w adds the rows with "
+                  "k % warps == w in row order, with plain loads and stores: no atomics, and the same f32 "
+                  "sums on every run. The rows reach their warps through a stable counting sort in queue, an "
+                  "i32 smem tile of R + 2 * warps * warps entries that is scratch: each warp scans R / warps "
+                  "indices, not all R. An owner keeps 16 of its rows' loads in flight (rows of 128 bf16 columns; "
+                  "fewer for wider rows). Every thread of the CTA runs it (it holds three CTA barriers), so it sits "
+                  "outside roles; sync() before and after it, as for any tile op.",
+          example="gather_add(acc_s[:, :], cnt_s[:], a_s, q_s, x[bid.y, tile(c, BN), tile(0, BD)], base=c * BN, "
+                  "limit=N, first=bid.x * KC)",
+          preconditions=("dst is a whole single-stage smem tile (E, C) of f32, count one (E,) of i32",
+                         "idx is an (R,) i32 smem tile; src a rank-2 gmem window (R, C) of bf16, f16 or f32",
+                         "queue is a whole (R + 2 * warps * warps,) i32 smem tile; R and E at most 65536",
+                         "outside roles: every thread of the CTA runs it")),
+)

@@ -1,4 +1,5 @@
-"""IR → IR passes that are not tactics: pure functions ``Program -> Program``.
+"""IR → IR passes that are not tactics: pure functions ``Program -> Program``, and the operand expressions they
+read and rewrite (``node_exprs``, ``map_operand_exprs``).
 
 - ``inline_lets``: substitute every binding (``name = expr``) at its uses and drop it, giving the
   program as it would be written without bindings (the same kernel: the lowering's ``const int``
@@ -11,9 +12,28 @@ from dataclasses import replace
 from typing import Any, Mapping
 
 from cake_core.ir.expr import Expr, substitute
-from cake_core.ir.ops import REGISTRY, At, Node, Op, Tile, View
-from cake_core.ir.ops_async import Slot
+from cake_core.ir.ops import REGISTRY, At, Node, Op, Slot, Tile, View
 from cake_core.ir.program import Program
+
+
+def node_exprs(n: Node, slots: bool = True) -> list[Expr]:
+    """The index expressions a node's operands hold (expr and shape operands, view indices and, with
+    ``slots``, ring-slot indices); ``cond`` operands are left out."""
+    exprs: list[Expr] = []
+    for o, a in zip(REGISTRY[n.op].operands, n.args):
+        if o.kind == "expr":
+            exprs.append(a)
+        elif o.kind == "shape":
+            exprs.extend(a)
+        elif o.kind == "view":
+            for i in a.index:
+                if isinstance(i, Tile):
+                    exprs += [i.index, i.size]
+                elif isinstance(i, At):
+                    exprs.append(i.index)
+        elif slots and o.kind == "slot" and getattr(a, "index", None) is not None:
+            exprs.append(a.index)
+    return exprs
 
 
 def map_operand_exprs(n: Node, fn) -> Node:
@@ -30,7 +50,7 @@ def map_operand_exprs(n: Node, fn) -> Node:
         if kind == "slot" and isinstance(a, Slot) and a.index is not None:
             return Slot(a.buf, fn(a.index))
         return a
-    kinds = [k for _, k in REGISTRY[n.op].operands]
+    kinds = [o.kind for o in REGISTRY[n.op].operands]
     return replace(n, args=tuple(one(k, a) for k, a in zip(kinds, n.args)))
 
 

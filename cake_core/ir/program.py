@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterator
+from typing import Any
 
 from cake_core.ir.expr import Expr
-from cake_core.ir.ops import Node, Op, for_args, make_attrs
+from cake_core.ir.ops import Node, Op, make_attrs
+from cake_core.ir.printer import print_program
+from cake_core.ir.tree import for_args, walk
 from cake_core.ir.types import DType, MemSpace, TileType
+
+__all__ = ["Param", "Program", "Builder", "walk"]
 
 
 @dataclass(frozen=True)
@@ -38,7 +42,6 @@ class Program:
         return dict(self.consts)
 
     def text(self) -> str:
-        from cake_core.ir.text import print_program
         return print_program(self)
 
     @property
@@ -52,35 +55,6 @@ class Program:
 
     def param(self, name: str) -> Param | None:
         return next((p for p in self.params if p.name == name), None)
-
-
-def walk(nodes: tuple[Node, ...], path: str = "",
-         scope: frozenset[str] = frozenset()) -> Iterator[tuple[Node, str, frozenset[str]]]:
-    """Every node with its IR path (``for[kt].mma``) and the index names in scope there (loop
-    variables of the enclosing loops, and bindings made earlier in this block or an enclosing
-    one), depth first, in program order."""
-    counts: dict[str, int] = {}
-    for n in nodes:
-        key = n.op.value
-        if n.op is Op.FOR:
-            key = f"for[{n.args[0]}]"
-        elif n.op is Op.LET:
-            key = f"let[{n.args[0]}]"
-        elif n.op is Op.IF:
-            key = "if"
-        elif n.op is Op.ROLE:
-            key = f"role[{n.args[0]}]"
-        elif n.result:
-            key = f"{n.op.value}[{n.result}]"
-        counts[key] = counts.get(key, 0) + 1
-        here = f"{path}.{key}" if path else key
-        if counts[key] > 1:
-            here += f"#{counts[key]}"
-        yield n, here, scope
-        if n.body:
-            yield from walk(n.body, here, scope | {n.args[0]} if n.op is Op.FOR else scope)
-        if n.op is Op.LET:      # visible to the rest of this block (not to the binding itself)
-            scope = scope | {n.args[0]}
 
 
 class Builder:

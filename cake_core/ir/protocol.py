@@ -44,11 +44,13 @@ Each carries a witness naming both sides: op, line, role and trip.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Iterator
 
 from cake_core.ir.expr import Cmp, Sym, UnboundSymbol, evaluate, try_evaluate
-from cake_core.ir.ops import Node, Op, loop_range
-from cake_core.ir.ops_async import Slot
+from cake_core.ir.opdef import Alloc, BarrierUse, ByAttr, Completion, Effect, Operand, Proxy, Slot, SyncKind
+from cake_core.ir.ops import REGISTRY, Node, Op
+from cake_core.ir.tree import is_persistent_loop, loop_range
 from cake_core.outcome import Diagnostic, Severity
 
 MAX_STEPS = 200_000     # ops simulated at most (a bound on the checker's time, not a finding)
@@ -57,14 +59,57 @@ PERSISTENT_TRIPS = 4    # tiles a persistent CTA walks here: ring phases carry a
                         # op count stays within MAX_STEPS (every role's tile loop is cut at the same trip)
 RULE_IDS = ("protocol.deadlock", "protocol.tx_mismatch", "protocol.read_before_ready", "protocol.slot_reuse",
             "protocol.cluster_read", "protocol.proxy_fence", "protocol.incomplete", "protocol.acc_in_flight")
-# ops that read a wgmma accumulator, and the operand that names it
-_ACC_READERS = {Op.STORE: "src", Op.ARGMIN_BIAS: "dots", Op.TOPK_BIAS: "dots", Op.ACC_PUBLISH: "acc",
-                Op.ATOMIC_ADD: "src"}
 
 
-# the smem tiles an op publishes to its cluster, or reads from every CTA of it (operand names)
-_CLUSTER_TILES = {Op.TOPK_PUBLISH: ("pub_v", "pub_i"), Op.TOPK_CLUSTER_MERGE: ("pub_v", "pub_i"),
-                  Op.ACC_PUBLISH: ("part",), Op.ACC_CLUSTER_REDUCE: ("part",)}
+@dataclass(frozen=True)
+class _Accesses:
+    """Which operands (by position) an op reads, read-writes and writes, as its declaration says."""
+
+    acc_reads: tuple[int, ...]      # tiles it reads (an accumulator a wgmma may still be writing)
+    acc_write: int | None           # the tile an async MMA writes (its accumulator)
+    reads: tuple[int, ...]          # slots and smem tiles of its own CTA it only reads
+    read_writes: tuple[int, ...]    # ... reads, then writes
+    writes: tuple[int, ...]         # ... writes or adds into (read_writes included)
+    publishes: tuple[int, ...]      # smem tiles it writes for the cluster's CTAs to read
+    cluster_reads: tuple[int, ...]  # smem tiles it reads from every CTA of the cluster
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What the simulation needs of an op's declaration (worked out once per op)."""
+
+    operands: tuple[Operand, ...]
+    barrier: tuple[int, BarrierUse] | None      # its barrier operand and what it does with it
+    issued: bool                                # an async MMA: its reads stay in flight until a wgmma_wait
+    fixed: _Accesses | None                     # its accesses, when no attribute selects an effect
+
+    def accesses(self, n: Node) -> _Accesses:
+        return self.fixed or _accesses(self.operands, n)
+
+
+def _accesses(operands: tuple[Operand, ...], n: Node | None) -> _Accesses:
+    eff = [(i, o, o.effect_of(n) if n is not None else o.effect) for i, o in enumerate(operands)]
+    smem = [(i, e) for i, o, e in eff if o.memory and o.kind != "view" and not o.cluster]
+    return _Accesses(tuple(i for i, o, e in eff if o.kind == "buf" and not o.cluster and e is Effect.READ),
+                     next((i for i, o, e in eff if o.kind == "buf" and not o.cluster and e.modifies), None),
+                     tuple(i for i, e in smem if e is Effect.READ), tuple(i for i, e in smem if e is Effect.READWRITE),
+                     tuple(i for i, e in smem if e.modifies),
+                     tuple(i for i, o, e in eff if o.cluster and e is Effect.WRITE),
+                     tuple(i for i, o, e in eff if o.cluster and e is Effect.READ))
+
+
+@lru_cache(maxsize=None)
+def _plan(op: Op) -> _Plan:
+    d = REGISTRY[op]
+    bar = next(((i, o.barrier) for i, o in enumerate(d.operands) if o.barrier is not None), None)
+    fixed = None if any(isinstance(o.effect, ByAttr) for o in d.operands) else _accesses(d.operands, None)
+    return _Plan(d.operands, bar, d.completion is Completion.MMA_GROUP, fixed)
+
+
+def _barrier(n: Node) -> tuple[BarrierUse, Slot] | None:
+    """The barrier operand of ``n`` and what ``n`` does with it (None without one)."""
+    b = _plan(n.op).barrier
+    return (b[1], n.args[b[0]]) if b is not None else None
 
 
 class _Abort(Exception):
@@ -140,8 +185,8 @@ class _Sim:
         self.ctx = ctx
         prog = ctx.program
         consts = prog.const_env
-        stages = [n.attr("stages") for n, _, _ in ctx.nodes if n.op is Op.SMEM]
-        stages += [self._static(n.args[0], consts) for n, _, _ in ctx.nodes if n.op is Op.MBARRIER]
+        stages = [n.attr("stages") for n, _, _ in ctx.nodes if n.decl.allocates is Alloc.SMEM]
+        stages += [self._static(n.args[0], consts) for n, _, _ in ctx.nodes if n.decl.allocates is Alloc.MBARRIER]
         big = max([v for v in consts.values() if isinstance(v, int)] + [1])
         if dim is None:
             dim = (max(stages + [1]) + 2) * big + ragged
@@ -157,7 +202,8 @@ class _Sim:
         self.syncs: dict[int, int] = {}                          # rank -> cluster_sync()s passed
         self.published: dict[tuple[str, int], tuple[int, Node, str]] = {}   # (tile, rank) -> (syncs, op, role)
         self.remote: list[tuple[int, int, int, Node]] = []       # (owner, reader, reader's syncs, op)
-        self.stages: dict[str, int] = {n.result: n.attr("stages") for n, _, _ in ctx.nodes if n.op is Op.SMEM}
+        self.stages: dict[str, int] = {n.result: n.attr("stages") for n, _, _ in ctx.nodes
+                                       if n.decl.allocates is Alloc.SMEM}
         self.fills: dict[tuple[str, int], _Fill] = {}
         self.reads: dict[tuple[str, int], list[_Read]] = {}
         self.diags: list[Diagnostic] = []
@@ -223,12 +269,13 @@ class _Sim:
         t = self.ctx.buffers.get(name)
         return t is not None and t.space.value == "smem"
 
-    def box_bytes(self, n: Node) -> int:
-        t = self.ctx.buffers.get(n.arg("dst").buf)
+    def box_bytes(self, n: Node, dst: Slot) -> int:
+        """The bytes a copy into the slot ``dst`` lands (a ``rows`` attribute: its first rows only)."""
+        t = self.ctx.buffers.get(dst.buf)
         if t is None:
             raise _Abort()
         dims = [self._static(d, self.ctx.consts) for d in t.shape]
-        if n.op is Op.TMA_LOAD and n.attr("rows"):       # only the first rows of the box land
+        if "rows" in n.decl.attrs and n.attr("rows"):       # only the first rows of the box land
             dims[0] = min(dims[0], n.attr("rows"))
         numel = 1
         for d in dims:
@@ -329,7 +376,7 @@ class _Sim:
                 if step < 1:
                     raise _Abort()      # control.loop_step reports it
                 trips = range(start, stop, step)
-                if _persistent(n):
+                if is_persistent_loop(n):
                     trips = trips[:PERSISTENT_TRIPS]
                 for i in trips:
                     r.env[var] = i
@@ -341,98 +388,101 @@ class _Sim:
                 if self.ev(r, n.args[0]):
                     yield from self.steps_of(r, n.body)
                 continue
-            if op is Op.LET:      # no memory effect: not a turn of its own, so bindings leave the interleaving as it was
-                r.env[n.args[0]] = self.ev(r, n.args[1])
+            if n.decl.bind is not None:     # a binding: no memory effect, so not a turn of its own (bindings
+                r.env.update(n.decl.bind(n, lambda e: self.ev(r, e)))   # leave the interleaving as it was)
                 continue
-            if op is Op.WAIT:
-                key, b = self.bar(r, n.arg("bar"))
+            waits = _barrier(n)
+            if waits is not None and waits[0] is BarrierUse.WAIT:
+                key, b = self.bar(r, waits[1])
                 parity = self.ev(r, n.arg("phase")) % 2
                 while b.done % 2 == parity:
                     r.blocked = n
                     yield n
                 r.blocked = None
                 r.seen[key] = max(r.seen.get(key, 0), b.done)
-            elif op is Op.MBARRIER:
-                cnt = self.ev(r, n.args[0])
-                self.bars[n.result + self.at(r.rank)] = [_Bar(n.attr("arrivals"), n.attr("arrivals"))
-                                                         for _ in range(cnt)]
-            elif op is Op.ARRIVE:      # on the role's own barrier, or on each of the multicast mask's
-                hit = [self.bar(r, n.arg("bar"), k) for k in self.targets(r, n)]
-                self.release(r, [(key, b.done) for key, b in hit], n)
-                for key, b in hit[:1] if self.cluster == 1 else [h for h in hit if h[0].endswith(self.at(r.rank))]:
-                    self.publish(r, key, b.done)      # smem the role's threads wrote is ready with this phase
-                for _, b in hit:
-                    b.pending -= r.wgs
-                    b.settle()
-            elif op is Op.EXPECT_TX:
-                key, b = self.bar(r, n.arg("bar"))
-                nbytes = self.ev(r, n.arg("bytes"))
-                self.release(r, [(key, b.done)], n)
-                b.expects.append((n, r.name, r.trip(), nbytes))
-                b.tx += nbytes
-                b.pending -= 1
-                b.settle()
-            elif op is Op.TMA_LOAD:    # into the role's own CTA, or into each CTA of the multicast mask
-                nbytes = self.box_bytes(n)
-                for rank in self.targets(r, n):
-                    key, b = self.bar(r, n.arg("bar"), rank)
-                    pe, pl = b.prev
-                    if not b.expects and pe and pe[-1][1] == r.name and pe[-1][2] == r.trip():
-                        self.tx_mismatch(key, b.done - 1, pe, pl + [(n, r.name, r.trip(), nbytes)],
-                                         f"the phase completed early, and this copy's {nbytes} B land in phase "
-                                         f"{b.done}")
-                    self.write(r, n, n.arg("dst"), key, b.done, rank)
-                    b.landed.append((n, r.name, r.trip(), nbytes))
-                    b.tx -= nbytes
-                    b.settle()
-            elif op is Op.CP_ASYNC:
-                self.write(r, n, n.arg("dst"), None, 0)
-            elif op is Op.CP_ASYNC_BAR:    # lands with the phase the role's arrive completes (no tx bytes)
-                key, b = self.bar(r, n.arg("bar"))
-                self.write(r, n, n.arg("dst"), key, b.done)
-                self.fills[self.slot(r, n.arg("dst"))].generic = True
-            elif op is Op.FENCE_ASYNC:
-                r.fenced = dict(r.seen)
-            elif op is Op.LOAD:
-                self.write(r, n, n.arg("dst"), None, 0)
-            elif op in (Op.WGMMA, Op.TCGEN05_MMA):
-                group: list[_Read] = []
-                self.read(r, n, n.arg("a"), group, True)
-                self.read(r, n, n.arg("b"), group, True)
-                r.inflight.append(group)
-                r.inflight_acc.append((n.arg("acc"), n))
-            elif op is Op.WGMMA_WAIT:
-                keep = max(self.ev(r, n.args[0]), 0)
-                while len(r.inflight) > keep:
-                    r.done_reads.extend(r.inflight.pop(0))
-                    r.inflight_acc.pop(0)
-            elif op is Op.MMA:
-                self.read(r, n, n.arg("a"), None)
-                self.read(r, n, n.arg("b"), None)
-            if op in _ACC_READERS:
-                self.acc_ready(r, n, n.arg(_ACC_READERS[op]))
-            if op is Op.STORE:
-                self.read(r, n, n.arg("src"), None)
-            elif op in (Op.ARGMIN_BIAS, Op.TOPK_BIAS):
-                self.read(r, n, n.arg("bias"), None)
-            elif op is Op.SQNORM_ROWS:
-                self.read(r, n, n.arg("src"), None)
-                if n.attr("accumulate"):
-                    self.read(r, n, n.arg("dst"), None)
-                self.write(r, n, n.arg("dst"), None, 0)
-                r.published.append(self.slot(r, n.arg("dst")))
-            elif op is Op.TMA_STORE:
-                self.read(r, n, n.arg("src"), None, True)
-            elif op is Op.CLUSTER_SYNC:
-                self.syncs[r.rank] = self.syncs.get(r.rank, 0) + 1
-            elif op in (Op.TOPK_PUBLISH, Op.ACC_PUBLISH):
-                for name in _CLUSTER_TILES[op]:
-                    self.published[(n.arg(name), r.rank)] = (self.syncs.get(r.rank, 0), n, r.name)
-            elif op in (Op.TOPK_CLUSTER_MERGE, Op.ACC_CLUSTER_REDUCE):
-                self.cluster_read(r, n)
-            elif op is Op.ROLE:
-                raise _Abort()      # nested roles: rules report them
+            else:
+                self.effects(r, n)
             yield None
+
+    def effects(self, r: _Role, n: Node) -> None:
+        """What one op does to barriers, smem slots, accumulators and the cluster, read from its declaration:
+        its barrier operand's use, its sync kind, its operands' effects, proxy and completion."""
+        d = REGISTRY[n.op]
+        if n.op is Op.ROLE:
+            raise _Abort()      # nested roles: rules report them
+        if d.allocates is Alloc.MBARRIER:
+            cnt = self.ev(r, n.args[0])
+            self.bars[n.result + self.at(r.rank)] = [_Bar(n.attr("arrivals"), n.attr("arrivals")) for _ in range(cnt)]
+            return
+        bar = _barrier(n)
+        if bar is not None and bar[0] is BarrierUse.ARRIVE:     # on the role's own barrier, or each of the mask's
+            hit = [self.bar(r, bar[1], k) for k in self.targets(r, n)]
+            self.release(r, [(key, b.done) for key, b in hit], n)
+            for key, b in hit[:1] if self.cluster == 1 else [h for h in hit if h[0].endswith(self.at(r.rank))]:
+                self.publish(r, key, b.done)      # smem the role's threads wrote is ready with this phase
+            for _, b in hit:
+                b.pending -= r.wgs
+                b.settle()
+        elif bar is not None and bar[0] is BarrierUse.EXPECT_TX:
+            key, b = self.bar(r, bar[1])
+            nbytes = self.ev(r, n.arg("bytes"))
+            self.release(r, [(key, b.done)], n)
+            b.expects.append((n, r.name, r.trip(), nbytes))
+            b.tx += nbytes
+            b.pending -= 1
+            b.settle()
+        if d.sync is SyncKind.PROXY_FENCE:
+            r.fenced = dict(r.seen)
+        elif d.sync is SyncKind.MMA_WAIT:
+            keep = max(self.ev(r, n.args[0]), 0)
+            while len(r.inflight) > keep:
+                r.done_reads.extend(r.inflight.pop(0))
+                r.inflight_acc.pop(0)
+        elif d.sync is SyncKind.CLUSTER:
+            self.syncs[r.rank] = self.syncs.get(r.rank, 0) + 1
+        plan = _plan(n.op)
+        acc = plan.accesses(n)
+        if not plan.issued:      # reading an accumulator whose wgmma may still run
+            for i in acc.acc_reads:
+                self.acc_ready(r, n, n.args[i])
+        group: list[_Read] | None = [] if plan.issued else None
+        for i in acc.reads + acc.read_writes:      # plain reads first, then the reads of read-writes
+            self.read(r, n, n.args[i], group, d.proxy is Proxy.ASYNC)
+        for i in acc.writes:
+            self.lands(r, n, n.args[i], bar)
+        if plan.issued:
+            r.inflight.append(group)
+            r.inflight_acc.append((n.args[acc.acc_write] if acc.acc_write is not None else None, n))
+        for i in acc.publishes:
+            self.published[(n.args[i], r.rank)] = (self.syncs.get(r.rank, 0), n, r.name)
+        if acc.cluster_reads:
+            self.cluster_read(r, n, [n.args[i] for i in acc.cluster_reads])
+
+    def lands(self, r: _Role, n: Node, s: Slot | str, bar: tuple[BarrierUse, Slot] | None) -> None:
+        """A write of ``s`` by ``n``: its bytes complete a transaction on the barrier (TMA, into each CTA of a
+        multicast mask), land with the barrier's phase (cp_async_bar), or are plain writes of the role's threads,
+        made ready by the role's next arrive."""
+        if bar is not None and bar[0] is BarrierUse.COMPLETE_TX:
+            nbytes = self.box_bytes(n, s)
+            for rank in self.targets(r, n):
+                key, b = self.bar(r, bar[1], rank)
+                pe, pl = b.prev
+                if not b.expects and pe and pe[-1][1] == r.name and pe[-1][2] == r.trip():
+                    self.tx_mismatch(key, b.done - 1, pe, pl + [(n, r.name, r.trip(), nbytes)],
+                                     f"the phase completed early, and this copy's {nbytes} B land in phase "
+                                     f"{b.done}")
+                self.write(r, n, s, key, b.done, rank)
+                b.landed.append((n, r.name, r.trip(), nbytes))
+                b.tx -= nbytes
+                b.settle()
+        elif bar is not None and bar[0] is BarrierUse.TRACK:
+            key, b = self.bar(r, bar[1])
+            self.write(r, n, s, key, b.done)
+            self.fills[self.slot(r, s)].generic = n.decl.proxy is Proxy.GENERIC
+        else:
+            self.write(r, n, s, None, 0)
+            if n.decl.completion is Completion.ISSUE and (not isinstance(s, str) or self.is_smem(s)):
+                r.published.append(self.slot(r, s))
 
     def acc_ready(self, r: _Role, n: Node, acc: str) -> None:
         """An op that reads a wgmma accumulator: no wgmma group writing it may still be in flight."""
@@ -445,18 +495,18 @@ class _Sim:
                          f"read: {n.op.value} at line {n.line}"],
                         "wgmma_wait(n) first, with n at most the number of wgmma groups committed after it")
 
-    def cluster_read(self, r: _Role, n: Node) -> None:
+    def cluster_read(self, r: _Role, n: Node, tiles: list[str]) -> None:
         """topk_cluster_merge (acc_cluster_reduce) reads pub_v / pub_i (part) of every CTA of the cluster: each
         must have been written before a cluster_sync() that the reader has passed since."""
         mine = self.syncs.get(r.rank, 0)
         for owner in range(self.cluster):
             self.remote.append((owner, r.rank, mine, n))
-            for name in _CLUSTER_TILES[n.op]:
-                w = self.published.get((n.arg(name), owner))
+            for tile in tiles:
+                w = self.published.get((tile, owner))
                 if w is None or w[0] < mine:
                     continue
                 self.report("protocol.cluster_read", n, (n.line, "sync"),
-                            f"{n.op.value} reads `{n.arg(name)}` of cluster CTA {owner} with no cluster_sync() between "
+                            f"{n.op.value} reads `{tile}` of cluster CTA {owner} with no cluster_sync() between "
                             f"its write and the read: the writing threads may not have finished",
                             [f"write: {w[1].op.value} at line {w[1].line} (role {w[2]}) after {w[0]} cluster_sync()",
                              f"read: {n.op.value} at line {n.line} (CTA {r.rank}) after {mine} cluster_sync()"],
@@ -541,7 +591,8 @@ class _Sim:
         for rank in range(self.cluster):
             env = dict(self.env0)
             env["bid.x"], env["bid.y"], env["bid.z"] = rank % cx, rank // cx % cy, rank // (cx * cy)
-            ctas.append(_Role("cta" + self.at(rank), -(-self.ctx.program.threads // 128), env, rank))
+            ctas.append(_Role("cta" + self.at(rank), -(-self.ctx.program.threads // self.ctx.target.warpgroup_threads),
+                              env, rank))
         while i < len(body):
             if body[i].op is Op.ROLE:
                 j = i
@@ -551,8 +602,8 @@ class _Sim:
                 for cta in ctas:
                     for rn in body[i:j]:
                         lo, hi = rn.args[1]
-                        r = _Role(rn.args[0] + self.at(cta.rank), max(-(-(hi - lo) // 4), 1), dict(cta.env),
-                                  cta.rank)
+                        r = _Role(rn.args[0] + self.at(cta.rank),
+                                  max(-(-(hi - lo) // self.ctx.target.warpgroup_warps), 1), dict(cta.env), cta.rank)
                         r.seen = dict(cta.seen)
                         r.gen = self.steps_of(r, rn.body)
                         group.append(r)
@@ -574,7 +625,7 @@ class _Sim:
 
 def check_protocol(ctx: Any) -> list[Diagnostic]:
     """All protocol findings of a verifier context (``verify.Ctx``); silent where other rules must speak first."""
-    if not any(n.op in (Op.MBARRIER, Op.ROLE, Op.TMA_LOAD) for n, _, _ in ctx.nodes):
+    if not any(n.op is Op.ROLE or n.decl.allocates is Alloc.MBARRIER for n, _, _ in ctx.nodes):
         return []
     # Loops in loops (a persistent tile loop around the k-loop): run again with every dimension one
     # past a tile multiple, so that the inner trip count is odd and a ring phase that restarts with
@@ -609,7 +660,8 @@ def _incomplete(ctx: Any) -> Diagnostic:
 
 
 def _cluster_dims(ctx: Any) -> tuple[int, int, int]:
-    """The cluster shape simulated (its CTAs, at most 16); (1, 1, 1) without one or for a malformed one."""
+    """The cluster shape simulated (at most the target's largest cluster); (1, 1, 1) without one or for a malformed
+    one."""
     for n in ctx.program.body:
         if n.op is Op.CLUSTER:
             try:
@@ -617,15 +669,9 @@ def _cluster_dims(ctx: Any) -> tuple[int, int, int]:
             except (UnboundSymbol, TypeError):
                 return (1, 1, 1)
             cx, cy, cz = dims[:3]
-            ok = len(n.args[0]) <= 3 and min(cx, cy, cz) >= 1 and cx * cy * cz <= 16
+            ok = len(n.args[0]) <= 3 and min(cx, cy, cz) >= 1 and cx * cy * cz <= ctx.target.max_cluster_size
             return (cx, cy, cz) if ok else (1, 1, 1)
     return (1, 1, 1)
-
-
-def _persistent(n: Node) -> bool:
-    """A persistent tile loop: ``for t in range(bid.x, tiles, ncta.x)``."""
-    start, _, step = loop_range(n)
-    return getattr(step, "name", None) == "ncta.x" and getattr(start, "name", None) == "bid.x"
 
 
 def _dim_turns(ctx: Any) -> list[int]:

@@ -9,34 +9,54 @@ from __future__ import annotations
 from typing import Iterable, Iterator
 
 from cake_core.ir.expr import CTA_COORDS, CTA_COUNTS, LAUNCH_SYMBOLS, fmt_expr, symbols, try_evaluate
-from cake_core.ir.ops import REGISTRY, At, Full, Node, Op, Tile, View, loop_range
+from cake_core.ir.opdef import Alloc, Effect, Family, Operand, Ordering, Scope, SyncKind
+from cake_core.ir.ops import REGISTRY, Node, Op, Tile, View, loop_range
+from cake_core.ir.passes import node_exprs
+from cake_core.ir.registry import ops_of
+from cake_core.ir.rule_ctx import (Ctx, RuleSet, fmt_shape, rmem_words_per_thread, same_extent, smem_bytes,
+                                   view_extent)
 from cake_core.ir.types import DType, MemSpace
-from cake_core.ir.verify import (Ctx, fmt_shape, rmem_words_per_thread, rule, same_extent, smem_bytes,
-                                 view_extent)
 from cake_core.outcome import Diagnostic, Severity
 
-_BUF_OPERANDS = {Op.LOAD: ("dst",), Op.STORE: ("src",), Op.MMA: ("acc", "a", "b")}
-_VIEW_OPERANDS = {Op.LOAD: "src", Op.STORE: "dst"}
+RULESET = RuleSet()
+rule = RULESET.rule
+
+# the CTA-wide copies: a tile and a gmem window of the same extent, one of them read, the other written
+_COPIES = (Op.LOAD, Op.STORE)
+_MMA = (Op.MMA,)
+_ALLOCS = frozenset(op for op, d in REGISTRY.items() if d.allocates in (Alloc.SMEM, Alloc.RMEM))
 
 
-def _operands(n: Node) -> Iterator[tuple[str, object]]:
-    for (name, _), a in zip(REGISTRY[n.op].operands, n.args):
-        yield name, a
+def _operands(n: Node) -> Iterator[tuple[Operand, object]]:
+    return zip(REGISTRY[n.op].operands, n.args)
+
+
+def _tile_operand(n: Node) -> str:
+    """The tile a CTA-wide copy reads or writes (its one buf operand)."""
+    return next(a for o, a in _operands(n) if o.kind == "buf")
+
+
+def _view_operand(n: Node) -> View:
+    return next(a for o, a in _operands(n) if o.kind == "view")
 
 
 # ------------------------------------------------------------------- types
 
-@rule("types.undefined", "types", "an operand names a buffer that is not defined before it")
+@rule("types.undefined", "types", "an operand names a buffer that is not defined before it",
+      guards=_COPIES + _MMA)
 def _undefined(ctx: Ctx) -> Iterable[Diagnostic]:
     seen = {p.name for p in ctx.program.params}
     for n, path, _ in ctx.nodes:
-        for name in _BUF_OPERANDS.get(n.op, ()):
-            buf = n.arg(name)
-            if buf not in seen:
+        if n.op not in _COPIES + _MMA:
+            if n.result:
+                seen.add(n.result)
+            continue
+        for o, buf in _operands(n):
+            if o.kind == "buf" and buf not in seen:
                 yield ctx.diag("types.undefined", n, f"`{buf}` is not defined here", path=path,
                                hint="allocate it with smem(...)/rmem(...) before use, or check the spelling")
-        if n.op in _VIEW_OPERANDS:
-            v = n.arg(_VIEW_OPERANDS[n.op])
+        if n.op in _COPIES:
+            v = _view_operand(n)
             if v.buf not in seen:
                 yield ctx.diag("types.undefined", n, f"`{v.buf}` is not a kernel parameter", path=path,
                                hint=f"parameters: {', '.join(p.name for p in ctx.program.params)}")
@@ -44,11 +64,13 @@ def _undefined(ctx: Ctx) -> Iterable[Diagnostic]:
             seen.add(n.result)
 
 
-@rule("types.redefined", "types", "a result name is bound twice or shadows a parameter")
+@rule("types.redefined", "types", "a result name is bound twice or shadows a parameter",
+      guards=_ALLOCS | {Op.MBARRIER} | {op for op, d in REGISTRY.items() if any(o.binds is Scope.BODY
+                                                                                  for o in d.operands)})
 def _redefined(ctx: Ctx) -> Iterable[Diagnostic]:
     seen = {p.name: None for p in ctx.program.params}
     for n, path, scope in ctx.nodes:
-        names = [n.result] if n.result else ([n.args[0]] if n.op is Op.FOR else [])
+        names = [n.result] if n.result else n.decl.bound_names(n, Scope.BODY)
         for name in names:
             if name in seen or name in scope or name in ctx.consts or name in ctx.dims:
                 first = seen.get(name)
@@ -59,28 +81,26 @@ def _redefined(ctx: Ctx) -> Iterable[Diagnostic]:
                 seen[name] = n
 
 
-@rule("types.space", "types", "an operand lives in a memory space the op cannot use")
+@rule("types.space", "types", "an operand lives in a memory space the op cannot use", guards=_COPIES + _MMA)
 def _space(ctx: Ctx) -> Iterable[Diagnostic]:
-    allowed = {(Op.LOAD, "dst"): (MemSpace.SMEM, MemSpace.RMEM), (Op.LOAD, "src"): (MemSpace.GMEM,),
-               (Op.STORE, "dst"): (MemSpace.GMEM,), (Op.STORE, "src"): (MemSpace.SMEM, MemSpace.RMEM),
-               (Op.MMA, "acc"): (MemSpace.RMEM,), (Op.MMA, "a"): (MemSpace.SMEM, MemSpace.RMEM),
-               (Op.MMA, "b"): (MemSpace.SMEM, MemSpace.RMEM)}
     for n, path, _ in ctx.nodes:
-        for name, a in _operands(n):
-            want = allowed.get((n.op, name))
+        if n.op not in _COPIES + _MMA:
+            continue
+        for o, a in _operands(n):
+            want = o.space
             t = ctx.buf_of(a) if want else None
             if t is not None and t.space not in want:
                 yield ctx.diag("types.space", n,
-                               f"`{n.op.value}` operand `{name}` must be in {'/'.join(s.value for s in want)}, "
+                               f"`{n.op.value}` operand `{o.name}` must be in {'/'.join(s.value for s in want)}, "
                                f"`{a.buf if isinstance(a, View) else a}` is in {t.space.value}", path=path,
                                hint="stage the data through the right memory space with load/store")
 
 
-@rule("types.view_rank", "types", "a view indexes a tensor with the wrong number of dimensions")
+@rule("types.view_rank", "types", "a view indexes a tensor with the wrong number of dimensions", guards=_COPIES)
 def _view_rank(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path, _ in ctx.nodes:
-        if n.op in _VIEW_OPERANDS:
-            v = n.arg(_VIEW_OPERANDS[n.op])
+        if n.op in _COPIES:
+            v = _view_operand(n)
             t = ctx.buffers.get(v.buf)
             if t is not None and len(v.index) != t.rank:
                 yield ctx.diag("types.view_rank", n, f"`{v.buf}` has {t.rank} dimensions, the view gives "
@@ -88,7 +108,7 @@ def _view_rank(ctx: Ctx) -> Iterable[Diagnostic]:
                                hint="give one index per dimension: tile(i, n), `:` or an index")
 
 
-@rule("types.dtype", "types", "a copy or an accumulator has the wrong dtype")
+@rule("types.dtype", "types", "a copy or an accumulator has the wrong dtype", guards=(Op.LOAD, Op.MMA))
 def _dtype(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path, _ in ctx.nodes:
         if n.op is Op.LOAD:
@@ -105,13 +125,13 @@ def _dtype(ctx: Ctx) -> Iterable[Diagnostic]:
 
 # ------------------------------------------------------------------ shapes
 
-@rule("shapes.extent", "shapes", "the tile and the gmem window of a load/store differ in shape")
+@rule("shapes.extent", "shapes", "the tile and the gmem window of a load/store differ in shape", guards=_COPIES)
 def _extent(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path, _ in ctx.nodes:
-        if n.op not in _VIEW_OPERANDS:
+        if n.op not in _COPIES:
             continue
-        v = n.arg(_VIEW_OPERANDS[n.op])
-        t = ctx.buf_of(n.arg("dst" if n.op is Op.LOAD else "src"))
+        v = _view_operand(n)
+        t = ctx.buf_of(_tile_operand(n))
         ext = view_extent(ctx, v)
         if t is None or ext is None:
             continue
@@ -121,10 +141,10 @@ def _extent(ctx: Ctx) -> Iterable[Diagnostic]:
                            hint="make the tile() sizes equal the tile's shape")
 
 
-@rule("shapes.static", "shapes", "an smem/rmem tile has a shape that is not known at compile time")
+@rule("shapes.static", "shapes", "an smem/rmem tile has a shape that is not known at compile time", guards=_ALLOCS)
 def _static(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path, _ in ctx.nodes:
-        if n.op in (Op.SMEM, Op.RMEM):
+        if n.op in _ALLOCS:
             for d in n.args[1]:
                 v = ctx.static(d)
                 if v is None or v < 1:
@@ -134,7 +154,8 @@ def _static(ctx: Ctx) -> Iterable[Diagnostic]:
                     break
 
 
-@rule("shapes.symbols", "shapes", "an index expression uses a name that is not defined")
+@rule("shapes.symbols", "shapes", "an index expression uses a name that is not defined",
+      guards=(op for op, d in REGISTRY.items() if any(o.kind in ("expr", "shape", "view", "cond") for o in d.operands)))
 def _symbols(ctx: Ctx) -> Iterable[Diagnostic]:
     # launch symbols out of place (num_sms in the body, ncta in the grid) are shapes.launch_symbols' to report
     base = set(ctx.consts) | ctx.dims | set(CTA_COORDS) | set(CTA_COUNTS) | set(LAUNCH_SYMBOLS)
@@ -142,9 +163,10 @@ def _symbols(ctx: Ctx) -> Iterable[Diagnostic]:
     for s in sorted(grid_syms - base):
         yield ctx.diag("shapes.symbols", None, f"the grid uses `{s}`, which is neither a const nor a "
                                                "problem dimension", hint="grid extents may use consts and dims")
-    bound = {n.args[0] for n, _, _ in ctx.nodes if n.op is Op.LET}    # out of scope: let.scope reports them
+    # bindings out of their scope: let.scope reports them
+    bound = {v for n, _, _ in ctx.nodes for v in n.decl.bound_names(n, Scope.BLOCK)}
     for n, path, scope in ctx.nodes:
-        exprs = _node_exprs(n, slots=False)
+        exprs = node_exprs(n, slots=False)
         bad = set().union(*(symbols(e) for e in exprs)) - base - scope - bound if exprs else set()
         for s in sorted(bad):
             yield ctx.diag("shapes.symbols", n, f"`{s}` is not defined", path=path,
@@ -152,42 +174,22 @@ def _symbols(ctx: Ctx) -> Iterable[Diagnostic]:
                                 "(`name = expr` above) and bid.x/y/z")
 
 
-def _node_exprs(n: Node, slots: bool = True) -> list:
-    """The index expressions a node's operands hold (expr and shape operands, view indices and, with
-    ``slots``, ring-slot indices)."""
-    exprs: list = []
-    for name, a in _operands(n):
-        kind = dict(REGISTRY[n.op].operands)[name]
-        if kind == "expr":
-            exprs.append(a)
-        elif kind == "shape":
-            exprs.extend(a)
-        elif kind == "view":
-            for i in a.index:
-                if isinstance(i, Tile):
-                    exprs += [i.index, i.size]
-                elif isinstance(i, At):
-                    exprs.append(i.index)
-        elif slots and kind == "slot" and getattr(a, "index", None) is not None:
-            exprs.append(a.index)
-    return exprs
-
-
-@rule("shapes.launch_symbols", "shapes", "num_sms appears in the grid only; ncta.x/y/z in the body only")
+@rule("shapes.launch_symbols", "shapes", "num_sms appears in the grid only; ncta.x/y/z in the body only",
+      guards=(op for op, d in REGISTRY.items() if any(o.kind in ("expr", "shape", "view", "slot") for o in d.operands)))
 def _launch_symbols(ctx: Ctx) -> Iterable[Diagnostic]:
     for g in ctx.program.grid:
         for s in sorted(symbols(g) & set(CTA_COUNTS)):
             yield ctx.diag("shapes.launch_symbols", None, f"the grid uses `{s}`, the grid's own CTA count",
                            path="kernel.grid", hint="size a persistent grid as min(tiles, num_sms)")
     for n, path, _ in ctx.nodes:
-        used = set().union(*(symbols(e) for e in _node_exprs(n)))
+        used = set().union(*(symbols(e) for e in node_exprs(n)))
         for s in sorted(used & set(LAUNCH_SYMBOLS)):
             yield ctx.diag("shapes.launch_symbols", n, f"`{s}` is a launch symbol of the grid only; the kernel "
                                                        "body does not see it", path=path,
                            hint="step a persistent tile loop by the CTA count: range(bid.x, tiles, ncta.x)")
 
 
-@rule("control.loop_step", "control", "a for loop's step must be positive")
+@rule("control.loop_step", "control", "a for loop's step must be positive", guards=(Op.FOR,))
 def _loop_step(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path, _ in ctx.nodes:
         if n.op is not Op.FOR:
@@ -200,14 +202,14 @@ def _loop_step(ctx: Ctx) -> Iterable[Diagnostic]:
 
 
 @rule("shapes.tail_guard", "shapes", "an unguarded load/store tiles a dimension the tile may not divide",
-      Severity.WARNING)
+      Severity.WARNING, guards=_COPIES)
 def _tail_guard(ctx: Ctx) -> Iterable[Diagnostic]:
     """A warning, not an error: a kernel specialised for tile multiples is legitimate, and
     the shape set decides. With the run's shapes known, the witness is a shape that breaks."""
     for n, path, _ in ctx.nodes:
-        if n.op not in _VIEW_OPERANDS or n.attr("guard"):
+        if n.op not in _COPIES or n.attr("guard"):
             continue
-        v = n.arg(_VIEW_OPERANDS[n.op])
+        v = _view_operand(n)
         t = ctx.buffers.get(v.buf)
         if t is None or len(v.index) != t.rank:
             continue
@@ -231,7 +233,7 @@ def _tail_guard(ctx: Ctx) -> Iterable[Diagnostic]:
 
 # ---------------------------------------------------------------------- mma
 
-@rule("mma.shape", "mma", "mma operand shapes do not chain: acc (M,N) += a (M,K) @ b (K,N)")
+@rule("mma.shape", "mma", "mma operand shapes do not chain: acc (M,N) += a (M,K) @ b (K,N)", guards=_MMA)
 def _mma_shape(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path, _ in ctx.nodes:
         if n.op is not Op.MMA:
@@ -250,7 +252,7 @@ def _mma_shape(ctx: Ctx) -> Iterable[Diagnostic]:
                            hint="acc must be (M, N), a (M, K) and b (K, N)")
 
 
-@rule("mma.operand_dtype", "mma", "mma operands must share a 16-bit dtype (f32 only with atom=fma)")
+@rule("mma.operand_dtype", "mma", "mma operands must share a 16-bit dtype (f32 only with atom=fma)", guards=_MMA)
 def _mma_dtype(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path, _ in ctx.nodes:
         if n.op is not Op.MMA:
@@ -265,16 +267,17 @@ def _mma_dtype(ctx: Ctx) -> Iterable[Diagnostic]:
                            hint="use bf16 or f16 for both operands")
 
 
-@rule("mma.atom_target", "mma", "the MMA atom does not exist on the target")
+@rule("mma.atom_target", "mma", "the MMA atom does not exist on the target", guards=_MMA)
 def _mma_atom(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path, _ in ctx.nodes:
-        if n.op is Op.MMA and n.attr("atom") not in ctx.target["mma_atoms"]:
+        if n.op is Op.MMA and n.attr("atom") not in ctx.target.mma_atoms:
             yield ctx.diag("mma.atom_target", n, f"atom `{n.attr('atom')}` is not available on "
-                                                 f"{ctx.target['arch']}", path=path,
-                           hint=f"atoms on {ctx.target['arch']}: {', '.join(ctx.target['mma_atoms'])}")
+                                                 f"{ctx.target.arch}", path=path,
+                           hint=f"atoms on {ctx.target.arch}: {', '.join(ctx.target.mma_atoms)}")
 
 
-@rule("mma.sync_tiling", "mma", "an mma_sync accumulator must tile into m16n8k16 atoms over the CTA's warps")
+@rule("mma.sync_tiling", "mma", "an mma_sync accumulator must tile into m16n8k16 atoms over the CTA's warps",
+      guards=_MMA)
 def _mma_sync_tiling(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path, _ in ctx.nodes:
         if n.op is not Op.MMA or n.attr("atom") != "mma_sync":
@@ -285,33 +288,37 @@ def _mma_sync_tiling(ctx: Ctx) -> Iterable[Diagnostic]:
         m, nn, k = ctx.static(acc.shape[0]), ctx.static(acc.shape[1]), ctx.static(a.shape[1])
         if None in (m, nn, k):
             continue
-        warps = ctx.program.threads // ctx.target["warp_size"]
+        warps = ctx.program.threads // ctx.target.warp_size
+        atom = ctx.target.mma_sync
         grids = [(wm, warps // wm) for wm in range(1, warps + 1) if warps % wm == 0]
-        if k % 16 or not any(m % (16 * wm) == 0 and nn % (8 * wn) == 0 for wm, wn in grids):
+        if k % atom.k_16bit or not any(m % (atom.m * wm) == 0 and nn % (atom.n * wn) == 0 for wm, wn in grids):
             yield ctx.diag("mma.sync_tiling", n, f"acc ({m}, {nn}) with K = {k} cannot be tiled by {warps} warps in "
-                                                 "m16n8k16 atoms", path=path,
-                           hint=f"K must be a multiple of 16, and M, N multiples of 16·WM and 8·WN for a warp grid "
-                                f"WM × WN = {warps} (e.g. M a multiple of {16 * warps})")
+                                                 f"m{atom.m}n{atom.n}k{atom.k_16bit} atoms", path=path,
+                           hint=f"K must be a multiple of {atom.k_16bit}, and M, N multiples of {atom.m}·WM and "
+                                f"{atom.n}·WN for a warp grid WM × WN = {warps} (e.g. M a multiple of "
+                                f"{atom.m * warps})")
 
 
 # ---------------------------------------------------------------- resources
 
-@rule("resources.smem", "resources", "shared memory per CTA exceeds the target's limit")
+@rule("resources.smem", "resources", "shared memory per CTA exceeds the target's limit",
+      guards=(op for op, d in REGISTRY.items() if d.allocates is Alloc.SMEM))
 def _smem(ctx: Ctx) -> Iterable[Diagnostic]:
     total = smem_bytes(ctx)
-    limit = ctx.target["smem_per_cta_bytes"]
+    limit = ctx.target.smem_per_cta_bytes
     if total is not None and total > limit:
-        last = [n for n, _, _ in ctx.nodes if n.op is Op.SMEM][-1]
-        yield ctx.diag("resources.smem", last, f"the CTA needs {total} B of shared memory; {ctx.target['arch']} "
+        last = [n for n, _, _ in ctx.nodes if REGISTRY[n.op].allocates is Alloc.SMEM][-1]
+        yield ctx.diag("resources.smem", last, f"the CTA needs {total} B of shared memory; {ctx.target.arch} "
                                                f"allows {limit} B", path="kernel",
                        hint="shrink the tiles or the number of stages")
 
 
 @rule("resources.threads", "resources", "threads per CTA must be a multiple of 32 and within the target")
 def _threads(ctx: Ctx) -> Iterable[Diagnostic]:
-    t, mx = ctx.program.threads, ctx.target["max_threads_per_cta"]
-    if t < 32 or t > mx or t % ctx.target["warp_size"]:
-        yield ctx.diag("resources.threads", None, f"threads={t}: must be a multiple of 32 between 32 and {mx}",
+    t, mx, warp = ctx.program.threads, ctx.target.max_threads_per_cta, ctx.target.warp_size
+    if t < warp or t > mx or t % warp:
+        yield ctx.diag("resources.threads", None, f"threads={t}: must be a multiple of {warp} between {warp} and "
+                                                  f"{mx}",
                        path="kernel", hint="use 128, 256 or 384 threads (whole warpgroups on Hopper)")
 
 
@@ -322,21 +329,21 @@ def _ctas_per_sm(ctx: Ctx) -> Iterable[Diagnostic]:
     if not n:
         return
     t = ctx.target
-    if n * ctx.program.threads > t["max_threads_per_sm"]:
+    if n * ctx.program.threads > t.max_threads_per_sm:
         yield ctx.diag("resources.ctas_per_sm", None, f"ctas_per_sm={n} CTAs of {ctx.program.threads} threads need "
                                                       f"{n * ctx.program.threads} threads; an SM holds "
-                                                      f"{t['max_threads_per_sm']}", path="kernel",
-                       hint=f"at most {t['max_threads_per_sm'] // ctx.program.threads} CTAs of this size")
+                                                      f"{t.max_threads_per_sm}", path="kernel",
+                       hint=f"at most {t.max_threads_per_sm // ctx.program.threads} CTAs of this size")
     total = smem_bytes(ctx)
-    if total is not None and n * total > t["smem_per_sm_bytes"]:
+    if total is not None and n * total > t.smem_per_sm_bytes:
         yield ctx.diag("resources.ctas_per_sm", None, f"ctas_per_sm={n} CTAs of {total} B of shared memory need "
-                                                      f"{n * total} B; an SM has {t['smem_per_sm_bytes']} B",
+                                                      f"{n * total} B; an SM has {t.smem_per_sm_bytes} B",
                        path="kernel", hint="fewer CTAs per SM, or smaller tiles or fewer stages")
     if n > 1 and any(m.op is Op.ROLE and m.attr("regs") for m, _, _ in ctx.nodes):
         yield ctx.diag("resources.ctas_per_sm", None, f"ctas_per_sm={n} with setmaxnreg roles: setmaxnreg moves "
                                                       "registers between the warps of one CTA that owns the SM",
                        path="kernel", hint="drop ctas_per_sm (one CTA per SM) or the roles' regs=")
-    cap = min(t["max_regs_per_thread"], t["regs_per_sm"] // (n * ctx.program.threads) // 8 * 8)
+    cap = min(t.max_regs_per_thread, t.regs_per_sm // (n * ctx.program.threads) // t.setmaxnreg.step * t.setmaxnreg.step)
     words = rmem_words_per_thread(ctx)
     if words is not None and words > cap:
         yield ctx.diag("resources.ctas_per_sm", None, f"rmem tiles need {words} registers per thread; "
@@ -344,22 +351,28 @@ def _ctas_per_sm(ctx: Ctx) -> Iterable[Diagnostic]:
                        hint="fewer CTAs per SM, or smaller register tiles")
 
 
-@rule("resources.registers", "resources", "register tiles need more registers per thread than exist")
+@rule("resources.registers", "resources", "register tiles need more registers per thread than exist",
+      guards=(op for op, d in REGISTRY.items() if d.allocates is Alloc.RMEM))
 def _regs(ctx: Ctx) -> Iterable[Diagnostic]:
     words = rmem_words_per_thread(ctx)
-    limit = ctx.target["max_regs_per_thread"]
+    limit = ctx.target.max_regs_per_thread
     if words is not None and words > limit:
         yield ctx.diag("resources.registers", None, f"rmem tiles need {words} registers per thread; the limit "
                                                     f"is {limit}", path="kernel",
                        hint="use more threads or smaller register tiles")
 
 
-@rule("resources.rmem_split", "resources", "an rmem tile must split evenly over the CTA's threads")
+@rule("resources.rmem_split", "resources", "an rmem tile must split evenly over the CTA's threads",
+      guards=(op for op, d in REGISTRY.items() if d.allocates is Alloc.RMEM))
 def _rmem_split(ctx: Ctx) -> Iterable[Diagnostic]:
-    # the row state of a fragment epilogue (argmin_bias best/arg, topk_bias top_v/top_i) is held per fragment row, not split
-    rowstate = {m.args[i] for m, _, _ in ctx.nodes if m.op in (Op.ARGMIN_BIAS, Op.TOPK_BIAS) for i in (0, 1)}
+    # a fused epilogue's row state (the rmem tiles it reads and writes, argmin_bias best/arg, topk_bias
+    # top_v/top_i) is held per fragment row, not split over the threads
+    epilogues = ops_of(Family.EPILOGUE)
+    rowstate = {a for m, _, _ in ctx.nodes if m.op in epilogues for o, a in _operands(m)
+                if o.kind == "buf" and o.effect_of(m) is Effect.READWRITE}
     for n, path, _ in ctx.nodes:
-        numel = ctx.static_numel(n.args[1]) if n.op is Op.RMEM and n.result not in rowstate else None
+        numel = ctx.static_numel(n.args[1]) if REGISTRY[n.op].allocates is Alloc.RMEM and n.result not in rowstate \
+            else None
         if numel is not None and numel % ctx.threads_of(n):
             yield ctx.diag("resources.rmem_split", n, f"`{n.result}` has {numel} elements, not a multiple "
                                                       f"of threads={ctx.threads_of(n)}", path=path,
@@ -379,38 +392,37 @@ def _grid(ctx: Ctx) -> Iterable[Diagnostic]:
 
 # --------------------------------------------------------------------- races
 
-@rule("races.smem", "races", "a shared-memory tile is read and written without a barrier between")
+_TRACKED = frozenset(op for op, d in REGISTRY.items() if d.ordering is Ordering.BARRIER)
+_SYNCS = frozenset(op for op, d in REGISTRY.items() if d.sync is SyncKind.CTA)
+_KIND = {Effect.READ: ("read",), Effect.WRITE: ("write",), Effect.READWRITE: ("read", "write"),
+         Effect.ATOMIC_ADD: ("atomic",), Effect.OWNED_ADD: ("owned",)}
+
+
+@rule("races.smem", "races", "a shared-memory tile is read and written without a barrier between",
+      guards=_TRACKED | _SYNCS)
 def _races(ctx: Ctx) -> Iterable[Diagnostic]:
     """Simulate the statement order (loop bodies twice, so the wrap into the next
     trip is seen) and track, per smem tile, accesses since the last sync().
     Tile ops are collective and distributed, so an access by one thread may
     touch elements another thread accesses: both read-after-write and
-    write-after-read need a barrier."""
+    write-after-read need a barrier. The ops followed are those whose declaration
+    says sync() orders them (``Ordering.BARRIER``); role blocks are the protocol
+    checker's (sync() cannot stand in them)."""
     smem = {name for name, t in ctx.buffers.items() if t.space is MemSpace.SMEM}
     reported: set[tuple[int, int]] = set()
     pending: dict[str, list[tuple[str, Node, int]]] = {}
-
-    def accesses(n: Node) -> list[tuple[str, str]]:
-        if n.op is Op.LOAD and n.arg("dst") in smem:
-            return [("write", n.arg("dst"))]
-        if n.op is Op.STORE and n.arg("src") in smem:
-            return [("read", n.arg("src"))]
-        if n.op is Op.MMA:
-            return [("read", n.arg(x)) for x in ("a", "b") if n.arg(x) in smem]
-        return _compute_accesses(n, smem, ctx)
-
     out: list[Diagnostic] = []
 
     def run(nodes: tuple[Node, ...], trip: int) -> None:
         for n in nodes:
-            if n.op is Op.SYNC:
+            if n.op in _SYNCS:
                 pending.clear()
             elif n.op is Op.FOR:
                 run(n.body, 1)
                 run(n.body, 2)
             elif n.op is Op.IF:
                 run(n.body, trip)      # may run: its accesses count
-            for kind, buf in accesses(n):
+            for kind, buf in (smem_accesses(n, smem) if n.op in _TRACKED else ()):
                 for pkind, pn, ptrip in pending.get(buf, []):
                     if _conflict(kind, pkind) and (pn.line, n.line) not in reported:
                         reported.add((pn.line, n.line))
@@ -428,29 +440,21 @@ def _races(ctx: Ctx) -> Iterable[Diagnostic]:
     return out
 
 
-def _compute_accesses(n: Node, smem: set[str], ctx: Ctx) -> list[tuple[str, str]]:
-    """smem accesses of fill, atomic_add, scatter_add, gather_add and (outside roles, where sync() orders it)
-    cp_async. A scatter_add into an smem tile is an "atomic" access: atomics of several threads into one tile
-    do not race with each other, only with plain reads and writes. A warp-owned scatter_add or a gather_add is
-    an "owned" access: every such op gives target row k to the same warp, which adds in program order, so
-    owned accesses do not race with each other, only with atomics and with plain reads and writes. gather_add
-    writes its queue (scratch that its own barriers order inside the op): two of them need a sync() between."""
-    if n.op is Op.FILL and n.arg("dst") in smem:
-        return [("write", n.arg("dst"))]
-    if n.op is Op.CP_ASYNC and n.arg("dst").buf in smem and id(n) not in ctx.role_of:
-        return [("write", n.arg("dst").buf)]
-    if n.op is Op.ATOMIC_ADD and n.arg("src") in smem:
-        return [("read", n.arg("src"))]
-    if n.op is Op.SCATTER_ADD:
-        out = [("read", n.arg(x)) for x in ("idx", "src") if n.arg(x) in smem]
-        if n.arg("dst").buf in smem:
-            out.append(("owned" if n.attr("owner") == "warp" else "atomic", n.arg("dst").buf))
-        return out
-    if n.op is Op.GATHER_ADD:
-        out = [("read", n.arg("idx"))] if n.arg("idx") in smem else []
-        out += [("write", n.arg("queue"))] if n.arg("queue") in smem else []
-        return out + [("owned", n.arg(x).buf) for x in ("dst", "count") if n.arg(x).buf in smem]
-    return []
+def smem_accesses(n: Node, smem: set[str]) -> list[tuple[str, str]]:
+    """The ``(kind, tile)`` accesses of ``n`` to the smem tiles ``smem``, from its operands' declared effects:
+    read, write, "atomic" (atomic adds: several threads' adds into one tile do not race with each other, only
+    with plain reads and writes) and "owned" (every owned add gives target row k to the same warp, which adds
+    in program order: owned adds do not race with each other, only with atomics and with plain reads and
+    writes). Plain accesses come first, then the adds, each in operand order."""
+    plain: list[tuple[str, str]] = []
+    adds: list[tuple[str, str]] = []
+    for o, a in _operands(n):
+        name = getattr(a, "buf", a) if o.memory else None
+        if name not in smem:
+            continue
+        kinds = _KIND.get(o.effect_of(n), ())
+        (adds if o.effect_of(n) in (Effect.ATOMIC_ADD, Effect.OWNED_ADD) else plain).extend((k, name) for k in kinds)
+    return plain + adds
 
 
 def _conflict(a: str, b: str) -> bool:

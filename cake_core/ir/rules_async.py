@@ -1,30 +1,54 @@
 """Verifier rules for the async ops (roles, setmaxnreg, TMA, wgmma, mbarriers, clusters) and the protocol checker.
 
-Every limit comes from the target data (``targets/<arch>.json``: ``setmaxnreg``,
+Every limit comes from the target data (``cake_core.targets.Arch``: ``setmaxnreg``,
 ``regs_per_sm``, ``tma``, ``wgmma``, ``max_cluster_size``, ``warpgroup_warps``,
 ``mma_atoms``). Families: role, setmaxnreg, control, tma, wgmma, mbarrier,
-resources, async, protocol (``ir.protocol`` simulates the roles).
+resources, async, protocol (``ir.protocol`` simulates the roles). The ops a rule
+looks at come from their declarations: slot and barrier operands, the copy
+engine, the MMA ops' completion, barrier uses, the ``multicast`` attribute.
 """
 from __future__ import annotations
 
 import math
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from cake_core.ir.expr import CTA_COORDS, CTA_COUNTS, Bin, substitute, symbols, try_evaluate
-from cake_core.ir.ops import At, Node, Op, Tile, View
-from cake_core.ir.ops_async import Slot
+from cake_core.ir.opdef import Alloc, BarrierUse, Completion, Effect, Family, Proxy, Slot, SyncKind
+from cake_core.ir.ops import REGISTRY, At, Node, Op, Tile, View
 from cake_core.ir.protocol import RULE_IDS, check_protocol
+from cake_core.ir.registry import ops_of
+from cake_core.ir.rule_ctx import Ctx, RuleSet, fmt_shape, view_extent
 from cake_core.ir.rules_let import bound_values
 from cake_core.ir.types import DType, MemSpace
-from cake_core.ir.verify import Ctx, fmt_shape, rule, view_extent
 from cake_core.outcome import Diagnostic
 
-_SLOT_OPERANDS = {Op.EXPECT_TX: ("bar",), Op.ARRIVE: ("bar",), Op.WAIT: ("bar",), Op.TMA_LOAD: ("dst", "bar"),
-                  Op.TMA_STORE: ("src",), Op.CP_ASYNC: ("dst",), Op.CP_ASYNC_BAR: ("dst", "bar"), Op.WGMMA: ("a", "b"),
-                  Op.TCGEN05_MMA: ("a", "b"), Op.ARGMIN_BIAS: ("bias",),
-                  Op.TOPK_BIAS: ("bias",), Op.SQNORM_ROWS: ("dst", "src")}
-_BAR_OPERANDS = {(Op.EXPECT_TX, "bar"), (Op.ARRIVE, "bar"), (Op.WAIT, "bar"), (Op.TMA_LOAD, "bar"),
-                (Op.CP_ASYNC_BAR, "bar")}
+RULESET = RuleSet()
+rule = RULESET.rule
+
+_SLOTS = {op: tuple(o for o in d.operands if o.kind == "slot") for op, d in REGISTRY.items()}
+_SLOT_OPS = frozenset(op for op, s in _SLOTS.items() if s)
+# the async copies: a gmem window to or from an smem slot (TMA, cp.async)
+_ASYNC_COPIES = frozenset(op for op in ops_of(Family.COPY) if _SLOTS[op])
+_TMA = frozenset(op for op in _ASYNC_COPIES if REGISTRY[op].engine == "tma")
+# the MMAs a role issues asynchronously (wgmma, tcgen05): smem operands, a commit group retired by a wait
+_ASYNC_MMAS = frozenset(op for op in ops_of(Family.MMA) if REGISTRY[op].completion is Completion.MMA_GROUP)
+_MULTICAST = frozenset(op for op, d in REGISTRY.items() if "multicast" in d.attrs)
+_CTA_SYNCS = frozenset(op for op, d in REGISTRY.items() if d.sync is SyncKind.CTA)
+_CLUSTER_SYNCS = frozenset(op for op, d in REGISTRY.items() if d.sync is SyncKind.CLUSTER)
+_MBARRIERS = frozenset(op for op, d in REGISTRY.items() if d.allocates is Alloc.MBARRIER)
+
+
+def _uses(use: BarrierUse) -> frozenset[Op]:
+    """The ops with a barrier operand of this use."""
+    return frozenset(op for op, d in REGISTRY.items() if any(o.barrier is use for o in d.operands))
+
+
+def _barrier_operand(n: Node) -> tuple[BarrierUse, Slot] | None:
+    """The barrier operand of ``n`` and what ``n`` does with it (None without one)."""
+    for o, a in zip(REGISTRY[n.op].operands, n.args):
+        if o.barrier is not None:
+            return o.barrier, a
+    return None
 
 
 def _roles(ctx: Ctx) -> list[tuple[Node, str]]:
@@ -32,19 +56,18 @@ def _roles(ctx: Ctx) -> list[tuple[Node, str]]:
 
 
 def _barriers(ctx: Ctx) -> dict[str, Node]:
-    return {n.result: n for n, _, _ in ctx.nodes if n.op is Op.MBARRIER}
+    return {n.result: n for n, _, _ in ctx.nodes if n.op in _MBARRIERS}
 
 
 def _wgs(ctx: Ctx, n: Node) -> int:
     """Warpgroups that execute ``n`` (a partial warpgroup counts as one)."""
-    per = ctx.target["warpgroup_warps"] * ctx.target["warp_size"]
-    return max(-(-ctx.threads_of(n) // per), 1)
+    return max(-(-ctx.threads_of(n) // ctx.target.warpgroup_threads), 1)
 
 
 def _swizzle(ctx: Ctx, name: str) -> int:
     """The swizzle an smem tile was allocated with (0 for anything else)."""
     n = ctx.defined_at.get(name)
-    return n.attr("swizzle") if n is not None and n.op is Op.SMEM else 0
+    return n.attr("swizzle") if n is not None and "swizzle" in REGISTRY[n.op].attrs else 0
 
 
 def _numel(ctx: Ctx, shape) -> int | None:
@@ -70,7 +93,7 @@ def _blocks(nodes: tuple[Node, ...]) -> Iterator[tuple[Node, ...]]:
 
 # -------------------------------------------------------------------- roles
 
-@rule("role.placement", "role", "roles sit at the kernel's top level and do not nest")
+@rule("role.placement", "role", "roles sit at the kernel's top level and do not nest", guards=(Op.ROLE,))
 def _role_placement(ctx: Ctx) -> Iterable[Diagnostic]:
     top = {id(n) for n in ctx.program.body}
     for n, path in _roles(ctx):
@@ -79,18 +102,18 @@ def _role_placement(ctx: Ctx) -> Iterable[Diagnostic]:
                            hint="write the roles as sibling `with role(...)` blocks at the kernel's top level")
 
 
-@rule("role.bounds", "role", "a role's warps must lie within the kernel's threads")
+@rule("role.bounds", "role", "a role's warps must lie within the kernel's threads", guards=(Op.ROLE,))
 def _role_bounds(ctx: Ctx) -> Iterable[Diagnostic]:
-    warps = ctx.program.threads // ctx.target["warp_size"]
+    warps = ctx.program.threads // ctx.target.warp_size
     for n, path in _roles(ctx):
         lo, hi = n.args[1]
         if not 0 <= lo < hi <= warps:
             yield ctx.diag("role.bounds", n, f"role `{n.args[0]}` takes warps [{lo}, {hi}), but threads="
                                              f"{ctx.program.threads} has warps [0, {warps})", path=path,
-                           hint=f"raise threads to {max(hi, 1) * ctx.target['warp_size']} or move the role's warps")
+                           hint=f"raise threads to {max(hi, 1) * ctx.target.warp_size} or move the role's warps")
 
 
-@rule("role.overlap", "role", "two roles claim the same warp")
+@rule("role.overlap", "role", "two roles claim the same warp", guards=(Op.ROLE,))
 def _role_overlap(ctx: Ctx) -> Iterable[Diagnostic]:
     owner: dict[int, Node] = {}
     for n, path in _roles(ctx):
@@ -107,24 +130,25 @@ def _role_overlap(ctx: Ctx) -> Iterable[Diagnostic]:
 
 # --------------------------------------------------------------- setmaxnreg
 
-@rule("setmaxnreg.value", "setmaxnreg", "a role's register budget is outside setmaxnreg's range or step")
+@rule("setmaxnreg.value", "setmaxnreg", "a role's register budget is outside setmaxnreg's range or step",
+      guards=(Op.ROLE,))
 def _regs_value(ctx: Ctx) -> Iterable[Diagnostic]:
-    lim = ctx.target["setmaxnreg"]
+    lim = ctx.target.setmaxnreg
     for n, path in _roles(ctx):
         r = n.attr("regs")
-        if r and not (lim["min"] <= r <= lim["max"] and r % lim["step"] == 0):
-            yield ctx.diag("setmaxnreg.value", n, f"regs={r}: setmaxnreg takes {lim['min']}..{lim['max']} in steps "
-                                                  f"of {lim['step']}", path=path,
-                           hint=f"use a multiple of {lim['step']}, e.g. {max(lim['min'], r - r % lim['step'])}")
+        if r and not (lim.min <= r <= lim.max and r % lim.step == 0):
+            yield ctx.diag("setmaxnreg.value", n, f"regs={r}: setmaxnreg takes {lim.min}..{lim.max} in steps "
+                                                  f"of {lim.step}", path=path,
+                           hint=f"use a multiple of {lim.step}, e.g. {max(lim.min, r - r % lim.step)}")
 
 
-@rule("setmaxnreg.budget", "setmaxnreg", "the roles' register budgets exceed the register file")
+@rule("setmaxnreg.budget", "setmaxnreg", "the roles' register budgets exceed the register file", guards=(Op.ROLE,))
 def _regs_budget(ctx: Ctx) -> Iterable[Diagnostic]:
     roles = _roles(ctx)
     if not any(n.attr("regs") for n, _ in roles):
         return
     total = sum(n.attr("regs") * ctx.threads_of(n.body[0] if n.body else n) for n, _ in roles if n.body)
-    limit = ctx.target["regs_per_sm"]
+    limit = ctx.target.regs_per_sm
     if total > limit:
         last = max((n for n, _ in roles if n.attr("regs")), key=lambda n: n.line)
         yield ctx.diag("setmaxnreg.budget", last, f"the roles ask for {total} registers (sum of regs * threads); "
@@ -136,10 +160,11 @@ def _regs_budget(ctx: Ctx) -> Iterable[Diagnostic]:
 
 # ------------------------------------------------------------------ control
 
-@rule("control.sync_in_role", "control", "a CTA-wide barrier inside role-divergent code deadlocks")
+@rule("control.sync_in_role", "control", "a CTA-wide barrier inside role-divergent code deadlocks",
+      guards=_CTA_SYNCS)
 def _sync_in_role(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path, _ in ctx.nodes:
-        if n.op is Op.SYNC and id(n) in ctx.role_of:
+        if n.op in _CTA_SYNCS and id(n) in ctx.role_of:
             yield ctx.diag("control.sync_in_role", n, f"sync() inside role `{ctx.role_of[id(n)].args[0]}`: the "
                                                       "other roles never reach it", path=path,
                            hint="synchronise roles through mbarriers (arrive/wait), or move sync() out of the role")
@@ -147,13 +172,15 @@ def _sync_in_role(ctx: Ctx) -> Iterable[Diagnostic]:
 
 # ------------------------------------------------------------------ operands
 
-@rule("async.operands", "async", "an async op's operands name the wrong kind of buffer")
+@rule("async.operands", "async", "an async op's operands name the wrong kind of buffer",
+      guards=_SLOT_OPS | _ASYNC_COPIES)
 def _async_operands(ctx: Ctx) -> Iterable[Diagnostic]:
     bars = _barriers(ctx)
     for n, path, _ in ctx.nodes:
-        for name in _SLOT_OPERANDS.get(n.op, ()):
+        for o in _SLOTS[n.op]:
+            name = o.name
             s: Slot = n.arg(name)
-            is_bar = (n.op, name) in _BAR_OPERANDS
+            is_bar = o.barrier is not None
             if is_bar and s.buf not in bars:
                 yield ctx.diag("async.operands", n, f"`{n.op.value}` operand `{name}` must be an mbarrier; `{s.buf}` "
                                                     "is not", path=path,
@@ -165,8 +192,8 @@ def _async_operands(ctx: Ctx) -> Iterable[Diagnostic]:
                     yield ctx.diag("async.operands", n, f"`{n.op.value}` operand `{name}` must be an smem tile; "
                                                         f"`{s.buf}` is {where}", path=path,
                                    hint="allocate it with smem(..., stages=S) before this statement")
-        if n.op in (Op.TMA_LOAD, Op.CP_ASYNC, Op.CP_ASYNC_BAR, Op.TMA_STORE):
-            v: View = n.arg("dst" if n.op is Op.TMA_STORE else "src")
+        if n.op in _ASYNC_COPIES:
+            v: View = next(a for o, a in zip(REGISTRY[n.op].operands, n.args) if o.kind == "view")
             t = ctx.buffers.get(v.buf)
             if t is None or t.space is not MemSpace.GMEM:
                 yield ctx.diag("async.operands", n, f"`{n.op.value}` needs a gmem view; `{v.buf}` is not a kernel "
@@ -174,12 +201,13 @@ def _async_operands(ctx: Ctx) -> Iterable[Diagnostic]:
                                hint=f"parameters: {', '.join(p.name for p in ctx.program.params)}")
 
 
-@rule("async.slot_index", "async", "a ring (stages > 1, or an mbarrier array) is used without a valid slot index")
+@rule("async.slot_index", "async", "a ring (stages > 1, or an mbarrier array) is used without a valid slot index",
+      guards=_SLOT_OPS)
 def _slot_index(ctx: Ctx) -> Iterable[Diagnostic]:
     bars = _barriers(ctx)
     for n, path, scope in ctx.nodes:
-        for name in _SLOT_OPERANDS.get(n.op, ()):
-            s: Slot = n.arg(name)
+        for o in _SLOTS[n.op]:
+            s: Slot = n.arg(o.name)
             if s.buf in bars:
                 count = ctx.static(bars[s.buf].args[0])
             elif s.buf in ctx.buffers:
@@ -204,11 +232,11 @@ def _slot_index(ctx: Ctx) -> Iterable[Diagnostic]:
 # ---------------------------------------------------------------------- TMA
 
 def _tma_nodes(ctx: Ctx) -> Iterator[tuple[Node, str, View, Slot]]:
+    """The TMA copies with their gmem box and their smem slot."""
     for n, path, _ in ctx.nodes:
-        if n.op is Op.TMA_LOAD:
-            yield n, path, n.arg("src"), n.arg("dst")
-        elif n.op is Op.TMA_STORE:
-            yield n, path, n.arg("dst"), n.arg("src")
+        if n.op in _TMA:
+            kinds = {o.kind: a for o, a in zip(REGISTRY[n.op].operands, n.args) if o.barrier is None}
+            yield n, path, kinds["view"], kinds["slot"]
 
 
 def _box(ctx: Ctx, v: View) -> list[int | None] | None:
@@ -222,9 +250,10 @@ def _box(ctx: Ctx, v: View) -> list[int | None] | None:
     return out
 
 
-@rule("tma.box_dim", "tma", "a TMA box dimension exceeds the target's limit, or the box has too many dims")
+@rule("tma.box_dim", "tma", "a TMA box dimension exceeds the target's limit, or the box has too many dims",
+      guards=_TMA)
 def _tma_box_dim(ctx: Ctx) -> Iterable[Diagnostic]:
-    lim, rank = ctx.target["tma"]["max_box_dim"], ctx.target["tma"]["max_rank"]
+    lim, rank = ctx.target.tma.max_box_dim, ctx.target.tma.max_rank
     for n, path, v, _ in _tma_nodes(ctx):
         box = _box(ctx, v)
         if box is None:
@@ -238,9 +267,10 @@ def _tma_box_dim(ctx: Ctx) -> Iterable[Diagnostic]:
                 break
 
 
-@rule("tma.swizzle_span", "tma", "the inner box bytes must fit the smem swizzle span (16 B multiple unswizzled)")
+@rule("tma.swizzle_span", "tma", "the inner box bytes must fit the smem swizzle span (16 B multiple unswizzled)",
+      guards=_TMA)
 def _tma_swizzle(ctx: Ctx) -> Iterable[Diagnostic]:
-    mult = ctx.target["tma"]["no_swizzle_inner_bytes_multiple"]
+    mult = ctx.target.tma.no_swizzle_inner_bytes_multiple
     # the smem tiles read as wgmma's b (N-major): a tma_load into one of those may be a whole multiple of the
     # span wide; it is lowered as inner / span boxes, one span-wide column block each, stacked in smem
     # (swizzle atoms side by side, which the wgmma descriptor walks with its leading byte offset)
@@ -262,9 +292,9 @@ def _tma_swizzle(ctx: Ctx) -> Iterable[Diagnostic]:
                                                   f"need a multiple of {mult} B", path=path)
 
 
-@rule("tma.global_align", "tma", "TMA needs the gmem tensor's strides 16-byte aligned")
+@rule("tma.global_align", "tma", "TMA needs the gmem tensor's strides 16-byte aligned", guards=_TMA)
 def _tma_global_align(ctx: Ctx) -> Iterable[Diagnostic]:
-    align = ctx.target["tma"]["global_align_bytes"]
+    align = ctx.target.tma.global_align_bytes
     for n, path, v, _ in _tma_nodes(ctx):
         g = ctx.buffers.get(v.buf)
         if g is None:
@@ -301,15 +331,16 @@ def _stride_bytes(ctx: Ctx, dims, nbytes: int, shape: dict[str, int]) -> int | N
     return total * nbytes
 
 
-@rule("tma.smem_align", "tma", "each smem slot a TMA copy writes must stay aligned (128 B; 1024 B with swizzle 128)")
+@rule("tma.smem_align", "tma", "each smem slot a TMA copy writes must stay aligned (128 B; 1024 B with swizzle 128)",
+      guards=_TMA)
 def _tma_smem_align(ctx: Ctx) -> Iterable[Diagnostic]:
-    tma = ctx.target["tma"]
+    tma = ctx.target.tma
     for n, path, _, s in _tma_nodes(ctx):
         t = ctx.buffers.get(s.buf)
         size = _numel(ctx, t.shape) if t is not None else None
         if size is None:
             continue
-        align = tma["swizzle_smem_align_bytes"] if _swizzle(ctx, s.buf) == 128 else tma["smem_align_bytes"]
+        align = tma.swizzle_smem_align_bytes if _swizzle(ctx, s.buf) == 128 else tma.smem_align_bytes
         if t.stages > 1 and size * t.dtype.bytes % align:
             yield ctx.diag("tma.smem_align", n, f"slots of `{s.buf}` are {size * t.dtype.bytes} B: slot 1 would start "
                                                 f"off the {align} B alignment TMA needs", path=path,
@@ -327,7 +358,7 @@ def _copy_bytes(ctx: Ctx, n: Node) -> int | None:
 
 
 @rule("tma.rows", "tma", "tma_load's rows= is a multiple of 8 below the slot's rows, on a rank-2 or higher slot, "
-                         "without multicast")
+                         "without multicast", guards=(Op.TMA_LOAD,))
 def _tma_rows(ctx: Ctx) -> Iterable[Diagnostic]:
     """rows=R copies the first R rows of the box into the slot's first R rows. A swizzled slot repeats its
     pattern every 8 rows, so R rows of a box land where the whole box would put them only for R a multiple of
@@ -353,7 +384,7 @@ def _tma_rows(ctx: Ctx) -> Iterable[Diagnostic]:
                            hint="rows=8 (or 16, ...) below the slot's rows, on a tma_load of this CTA only")
 
 
-@rule("tma.box_shape", "tma", "the TMA box and the smem slot differ in shape")
+@rule("tma.box_shape", "tma", "the TMA box and the smem slot differ in shape", guards=_TMA)
 def _tma_box_shape(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path, v, s in _tma_nodes(ctx):
         t, ext = ctx.buffers.get(s.buf), view_extent(ctx, v)
@@ -374,7 +405,8 @@ def _cp_async_bars(ctx: Ctx) -> Iterator[tuple[Node, str]]:
             yield n, path
 
 
-@rule("cp_async_bar.role", "async", "cp_async_bar runs inside a role (its threads synchronise before it returns)")
+@rule("cp_async_bar.role", "async", "cp_async_bar runs inside a role (its threads synchronise before it returns)",
+      guards=(Op.CP_ASYNC_BAR,))
 def _cp_async_bar_role(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path in _cp_async_bars(ctx):
         if id(n) not in ctx.role_of:
@@ -384,7 +416,8 @@ def _cp_async_bar_role(ctx: Ctx) -> Iterable[Diagnostic]:
                            hint="issue it from the producer role: with role(\"producer\", warps=(0, 4)):")
 
 
-@rule("cp_async_bar.shape", "async", "cp_async_bar's window has the smem slot's shape and dtype")
+@rule("cp_async_bar.shape", "async", "cp_async_bar's window has the smem slot's shape and dtype",
+      guards=(Op.CP_ASYNC_BAR,))
 def _cp_async_bar_shape(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path in _cp_async_bars(ctx):
         v: View = n.arg("src")
@@ -401,7 +434,8 @@ def _cp_async_bar_shape(ctx: Ctx) -> Iterable[Diagnostic]:
                                                     "bytes", path=path, hint=f"allocate the slot as {g.dtype.value}")
 
 
-@rule("cp_async_bar.layout", "async", "a swizzled cp_async_bar slot has swizzle=128 and rows of one 128-byte span")
+@rule("cp_async_bar.layout", "async", "a swizzled cp_async_bar slot has swizzle=128 and rows of one 128-byte span",
+      guards=(Op.CP_ASYNC_BAR,))
 def _cp_async_bar_layout(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path in _cp_async_bars(ctx):
         s = n.arg("dst")
@@ -421,25 +455,26 @@ def _cp_async_bar_layout(ctx: Ctx) -> Iterable[Diagnostic]:
 
 def _mmas(ctx: Ctx) -> Iterator[tuple[Node, str]]:
     for n, path, _ in ctx.nodes:
-        if n.op in (Op.WGMMA, Op.TCGEN05_MMA):
+        if n.op in _ASYNC_MMAS:
             yield n, path
 
 
-@rule("async.atom_target", "async", "wgmma needs sm_90a; tcgen05_mma needs sm_100a")
+@rule("async.atom_target", "async", "wgmma needs sm_90a; tcgen05_mma needs sm_100a", guards=_ASYNC_MMAS)
 def _atom_target(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path in _mmas(ctx):
-        atom = "wgmma" if n.op is Op.WGMMA else "tcgen05"
-        if atom not in ctx.target["mma_atoms"]:
-            yield ctx.diag("async.atom_target", n, f"`{n.op.value}` does not exist on {ctx.target['arch']}",
-                           path=path, hint=f"atoms on {ctx.target['arch']}: {', '.join(ctx.target['mma_atoms'])}")
+        atom = REGISTRY[n.op].atom_of(n)
+        if atom not in ctx.target.mma_atoms:
+            yield ctx.diag("async.atom_target", n, f"`{n.op.value}` does not exist on {ctx.target.arch}",
+                           path=path, hint=f"atoms on {ctx.target.arch}: {', '.join(ctx.target.mma_atoms)}")
 
 
-@rule("wgmma.role", "wgmma", "wgmma is issued by whole warpgroups that start at a warp index divisible by 4")
+@rule("wgmma.role", "wgmma", "wgmma is issued by whole warpgroups that start at a warp index divisible by 4",
+      guards=_ASYNC_MMAS)
 def _wgmma_role(ctx: Ctx) -> Iterable[Diagnostic]:
-    per = ctx.target["warpgroup_warps"]
+    per = ctx.target.warpgroup_warps
     for n, path in _mmas(ctx):
         r = ctx.role_of.get(id(n))
-        lo, hi = r.args[1] if r is not None else (0, ctx.program.threads // ctx.target["warp_size"])
+        lo, hi = r.args[1] if r is not None else (0, ctx.program.threads // ctx.target.warp_size)
         if lo % per or (hi - lo) % per:
             who = f"role `{r.args[0]}` (warps [{lo}, {hi}))" if r is not None else f"threads={ctx.program.threads}"
             yield ctx.diag("wgmma.role", n, f"{n.op.value} issued by {who}: not whole warpgroups", path=path,
@@ -458,7 +493,7 @@ def _b_kn(ctx: Ctx, n: Node, b) -> tuple[int | None, int | None]:
     return (nn, k) if n.op is Op.WGMMA and n.attr("b_major") == "k" else (k, nn)
 
 
-@rule("wgmma.acc", "wgmma", "the wgmma accumulator is an rmem f32 tile")
+@rule("wgmma.acc", "wgmma", "the wgmma accumulator is an rmem f32 tile", guards=_ASYNC_MMAS)
 def _wgmma_acc(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path in _mmas(ctx):
         acc = ctx.buffers.get(n.arg("acc"))
@@ -467,9 +502,11 @@ def _wgmma_acc(ctx: Ctx) -> Iterable[Diagnostic]:
                                            "rmem f32 tile", path=path, hint="allocate it as rmem(f32, (BM, BN))")
 
 
-@rule("wgmma.m", "wgmma", "wgmma computes M = 64 rows per warpgroup")
+@rule("wgmma.m", "wgmma", "wgmma computes M = 64 rows per warpgroup", guards=_ASYNC_MMAS)
 def _wgmma_m(ctx: Ctx) -> Iterable[Diagnostic]:
-    m = ctx.target.get("wgmma", {}).get("m", 64)
+    if ctx.target.wgmma is None:
+        return                  # no wgmma on this target: async.atom_target says so
+    m = ctx.target.wgmma.m
     for n, path in _mmas(ctx):
         acc, a, _ = _mma_tiles(ctx, n)
         if acc is None or a is None or acc.rank != 2 or a.rank != 2:
@@ -481,9 +518,11 @@ def _wgmma_m(ctx: Ctx) -> Iterable[Diagnostic]:
                            hint=f"use BM = {m} * warpgroups of the role")
 
 
-@rule("wgmma.n", "wgmma", "wgmma's N is 8..256 in steps of 8, the same in acc and b")
+@rule("wgmma.n", "wgmma", "wgmma's N is 8..256 in steps of 8, the same in acc and b", guards=_ASYNC_MMAS)
 def _wgmma_n(ctx: Ctx) -> Iterable[Diagnostic]:
-    w = ctx.target.get("wgmma", {"n_min": 8, "n_max": 256, "n_step": 8})
+    w = ctx.target.wgmma
+    if w is None:
+        return
     for n, path in _mmas(ctx):
         acc, _, b = _mma_tiles(ctx, n)
         if acc is None or b is None or acc.rank != 2 or b.rank != 2:
@@ -491,30 +530,34 @@ def _wgmma_n(ctx: Ctx) -> Iterable[Diagnostic]:
         nn, bn = ctx.static(acc.shape[1]), _b_kn(ctx, n, b)[1]
         if nn is None:
             continue
-        if not (w["n_min"] <= nn <= w["n_max"] and nn % w["n_step"] == 0) or bn != nn:
+        if not (w.n_min <= nn <= w.n_max and nn % w.n_step == 0) or bn != nn:
             kmaj = n.op is Op.WGMMA and n.attr("b_major") == "k"
             yield ctx.diag("wgmma.n", n, f"N = {nn} (b has {bn} {'rows' if kmaj else 'columns'}): wgmma takes N in "
-                                         f"{w['n_min']}..{w['n_max']}, step {w['n_step']}, equal in acc and b",
+                                         f"{w.n_min}..{w.n_max}, step {w.n_step}, equal in acc and b",
                            path=path, hint="pick BN among 64, 128, 256" + (
                                "; with b_major=\"k\" b is (BN, BK)" if kmaj else ""))
 
 
-@rule("wgmma.k", "wgmma", "wgmma's K tile is a multiple of 16 (16-bit) or 32 (8-bit) and a and b agree")
+@rule("wgmma.k", "wgmma", "wgmma's K tile is a multiple of 16 (16-bit) or 32 (8-bit) and a and b agree",
+      guards=_ASYNC_MMAS)
 def _wgmma_k(ctx: Ctx) -> Iterable[Diagnostic]:
-    w = ctx.target.get("wgmma", {"k_16bit": 16, "k_8bit": 32})
+    w = ctx.target.wgmma
+    if w is None:
+        return
     for n, path in _mmas(ctx):
         _, a, b = _mma_tiles(ctx, n)
         if a is None or b is None or a.rank != 2 or b.rank != 2:
             continue
         k, bk = ctx.static(a.shape[1]), _b_kn(ctx, n, b)[0]
-        step = w["k_8bit"] if a.dtype.bytes == 1 else w["k_16bit"]
+        step = w.k_8bit if a.dtype.bytes == 1 else w.k_16bit
         if k is None or k % step or bk != k:
             yield ctx.diag("wgmma.k", n, f"K = {k} (b has {bk} along K): wgmma steps K by {step} for "
                                          f"{a.dtype.value}; a and b must agree", path=path,
                            hint=f"use BK a multiple of {step}")
 
 
-@rule("wgmma.operands", "wgmma", "wgmma's a and b live in smem, share a 16-bit (or 8-bit) dtype and a swizzle")
+@rule("wgmma.operands", "wgmma", "wgmma's a and b live in smem, share a 16-bit (or 8-bit) dtype and a swizzle",
+      guards=_ASYNC_MMAS)
 def _wgmma_operands(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path in _mmas(ctx):
         _, a, b = _mma_tiles(ctx, n)
@@ -534,7 +577,7 @@ def _wgmma_operands(ctx: Ctx) -> Iterable[Diagnostic]:
 
 
 @rule("wgmma.b_major", "wgmma", "a K-major b (b_major=\"k\") is an (N, K) smem tile with swizzle=128 rows of one "
-                              "span, like a")
+                              "span, like a", guards=(Op.WGMMA,))
 def _wgmma_b_major(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path in _mmas(ctx):
         if n.op is not Op.WGMMA or n.attr("b_major") != "k":
@@ -564,7 +607,7 @@ def fragment_state_checks(ctx: Ctx, op: Op, rule_id: str, state: tuple[str, str]
     per-row ``state`` tiles (values, indices) in rmem tiles allocated in that role."""
     accs: dict[str, Node | None] = {}
     for m, _, _ in ctx.nodes:
-        if m.op is Op.WGMMA:
+        if m.op in _ASYNC_MMAS:
             accs[m.arg("acc")] = ctx.role_of.get(id(m))
     for n, path, _ in ctx.nodes:
         if n.op is not op:
@@ -602,13 +645,14 @@ def fragment_dtype_checks(ctx: Ctx, op: Op, rule_id: str, state: tuple[str, str]
 
 
 @rule("argmin_bias.acc", "wgmma", "argmin_bias reads a wgmma accumulator of its own role and keeps row state in rmem "
-                                  "tiles of that role")
+                                  "tiles of that role", guards=(Op.ARGMIN_BIAS,))
 def _argmin_bias_acc(ctx: Ctx) -> Iterable[Diagnostic]:
     return fragment_state_checks(ctx, Op.ARGMIN_BIAS, "argmin_bias.acc", ("best", "arg"),
                                  "it is per-thread row state of the fragment")
 
 
-@rule("argmin_bias.shape", "wgmma", "argmin_bias: dots (R, C), best and arg (R,) or (R, 1), bias C values")
+@rule("argmin_bias.shape", "wgmma", "argmin_bias: dots (R, C), best and arg (R,) or (R, 1), bias C values",
+      guards=(Op.ARGMIN_BIAS,))
 def _argmin_bias_shape(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path in _epilogues(ctx):
         dots, bias = ctx.buffers.get(n.arg("dots")), ctx.buffers.get(n.arg("bias").buf)
@@ -630,7 +674,8 @@ def _argmin_bias_shape(ctx: Ctx) -> Iterable[Diagnostic]:
                            hint=f"allocate the bias as smem(f32, ({cols},), stages=S)")
 
 
-@rule("argmin_bias.dtype", "wgmma", "argmin_bias keeps f32 values and i32 indices and reads an f32 bias")
+@rule("argmin_bias.dtype", "wgmma", "argmin_bias keeps f32 values and i32 indices and reads an f32 bias",
+      guards=(Op.ARGMIN_BIAS,))
 def _argmin_bias_dtype(ctx: Ctx) -> Iterable[Diagnostic]:
     return fragment_dtype_checks(ctx, Op.ARGMIN_BIAS, "argmin_bias.dtype", ("best", "arg"),
                                  "load the per-column values into an smem(f32, ...) tile")
@@ -638,16 +683,22 @@ def _argmin_bias_dtype(ctx: Ctx) -> Iterable[Diagnostic]:
 
 # ----------------------------------------------------------------- mbarrier
 
-@rule("mbarrier.phase", "mbarrier", "a wait must name a reachable phase parity of a barrier that is arrived at")
+_SIGNALS = (BarrierUse.ARRIVE, BarrierUse.EXPECT_TX, BarrierUse.COMPLETE_TX)    # what completes a phase
+
+
+@rule("mbarrier.phase", "mbarrier", "a wait must name a reachable phase parity of a barrier that is arrived at",
+      guards=_uses(BarrierUse.WAIT))
 def _mbarrier_phase(ctx: Ctx) -> Iterable[Diagnostic]:
     signalled = set()
     for n, _, _ in ctx.nodes:
-        if n.op in (Op.ARRIVE, Op.EXPECT_TX, Op.TMA_LOAD):
-            signalled.add(n.arg("bar").buf)
+        b = _barrier_operand(n)
+        if b is not None and b[0] in _SIGNALS:
+            signalled.add(b[1].buf)
     for n, path, _ in ctx.nodes:
-        if n.op is not Op.WAIT:
+        b = _barrier_operand(n)
+        if b is None or b[0] is not BarrierUse.WAIT:
             continue
-        p, bar = substitute(n.arg("phase"), bound_values(ctx)[id(n)]), n.arg("bar").buf   # through bindings
+        p, bar = substitute(n.arg("phase"), bound_values(ctx)[id(n)]), b[1].buf   # through bindings
         parity = isinstance(p, int) and p in (0, 1) or isinstance(p, Bin) and p.op == "%" and p.b == 2
         if not parity:
             yield ctx.diag("mbarrier.phase", n, "the phase of a wait is a parity (0 or 1): completed phases are "
@@ -658,7 +709,8 @@ def _mbarrier_phase(ctx: Ctx) -> Iterable[Diagnostic]:
                            path=path, hint=f"arrive(...) or expect_tx(...) on `{bar}` in the role that releases it")
 
 
-@rule("mbarrier.arrivals", "mbarrier", "a barrier's arrival count must match the arrivals made per phase")
+@rule("mbarrier.arrivals", "mbarrier", "a barrier's arrival count must match the arrivals made per phase",
+      guards=_MBARRIERS | _uses(BarrierUse.ARRIVE) | _uses(BarrierUse.EXPECT_TX))
 def _mbarrier_arrivals(ctx: Ctx) -> Iterable[Diagnostic]:
     """Arrivals per phase: every role arrives each phase, so roles add up; within a role, arrive sites in
     one block add up, while sites in different blocks are alternatives (a persistent consumer releases a
@@ -666,11 +718,12 @@ def _mbarrier_arrivals(ctx: Ctx) -> Iterable[Diagnostic]:
     made: dict[str, list[str]] = {}
     per_block: dict[str, dict[tuple[str, str], int]] = {}
     for n, path, _ in ctx.nodes:
-        if n.op in (Op.ARRIVE, Op.EXPECT_TX):
-            k = 1 if n.op is Op.EXPECT_TX else _wgs(ctx, n)
-            if n.op is Op.ARRIVE and n.attr("multicast"):
+        b = _barrier_operand(n)
+        if b is not None and b[0] in (BarrierUse.ARRIVE, BarrierUse.EXPECT_TX):
+            k = 1 if b[0] is BarrierUse.EXPECT_TX else _wgs(ctx, n)
+            if n.op in _MULTICAST and n.attr("multicast"):
                 k *= _cluster_size(ctx)   # every CTA of the cluster arrives on each barrier of the mask
-            name = n.arg("bar").buf
+            name = b[1].buf
             who = ctx.role_of[id(n)].args[0] if id(n) in ctx.role_of else "cta"
             block = (who, path.rsplit(".", 1)[0] if "." in path else "")
             per_block.setdefault(name, {})[block] = per_block.get(name, {}).get(block, 0) + k
@@ -690,21 +743,24 @@ def _mbarrier_arrivals(ctx: Ctx) -> Iterable[Diagnostic]:
                                 "expect_tx counts one)")
 
 
-@rule("mbarrier.expect_tx", "mbarrier", "expect_tx bytes must equal the bytes of the TMA boxes that signal the barrier")
+@rule("mbarrier.expect_tx", "mbarrier", "expect_tx bytes must equal the bytes of the TMA boxes that signal the barrier",
+      guards=_uses(BarrierUse.EXPECT_TX) | _uses(BarrierUse.COMPLETE_TX))
 def _mbarrier_expect_tx(ctx: Ctx) -> Iterable[Diagnostic]:
+    landing = _uses(BarrierUse.COMPLETE_TX)
     for block in _blocks(ctx.program.body):
         for n in block:
-            if n.op is not Op.EXPECT_TX:
+            b = _barrier_operand(n)
+            if b is None or b[0] is not BarrierUse.EXPECT_TX:
                 continue
-            loads = [m for m in block if m.op is Op.TMA_LOAD and m.arg("bar") == n.arg("bar")]
-            if any(m.op is Op.TMA_LOAD and m.attr("multicast") for m in _nested(block)):
+            loads = [m for m in block if m.op in landing and _barrier_operand(m)[1] == b[1]]
+            if any(m.op in landing and m.op in _MULTICAST and m.attr("multicast") for m in _nested(block)):
                 continue    # peers' multicast boxes land here too: the protocol checker counts them per CTA
             sizes = [_copy_bytes(ctx, m) for m in loads]
             want, got = ctx.static(n.arg("bytes")), sum(s for s in sizes if s is not None)
             if not loads or None in sizes or want is None or want == got:
                 continue
             yield ctx.diag("mbarrier.expect_tx", n, f"expect_tx announces {want} B, the TMA copies signalling "
-                                                    f"`{n.arg('bar').buf}` here land {got} B",
+                                                    f"`{b[1].buf}` here land {got} B",
                            path=next(p for m, p, _ in ctx.nodes if m is n),
                            witness=[f"tma_load at line {m.line}: {s} B" for m, s in zip(loads, sizes)],
                            hint=f"expect_tx {got} B (whole boxes count, or their first rows=R rows; zero-filled edges included)")
@@ -712,7 +768,8 @@ def _mbarrier_expect_tx(ctx: Ctx) -> Iterable[Diagnostic]:
 
 # --------------------------------------------------------------- resources
 
-@rule("resources.cluster", "resources", "the cluster holds at most the target's max CTAs; multicast fits the cluster")
+@rule("resources.cluster", "resources", "the cluster holds at most the target's max CTAs; multicast fits the cluster",
+      guards=_MULTICAST | {Op.CLUSTER})
 def _cluster(ctx: Ctx) -> Iterable[Diagnostic]:
     size = 1
     for n, path, _ in ctx.nodes:
@@ -722,29 +779,30 @@ def _cluster(ctx: Ctx) -> Iterable[Diagnostic]:
                 yield ctx.diag("resources.cluster", n, "the cluster shape is 1 to 3 static dims", path=path)
                 continue
             size = math.prod(dims)
-            if size > ctx.target["max_cluster_size"]:
-                yield ctx.diag("resources.cluster", n, f"a cluster of {size} CTAs; {ctx.target['arch']} allows "
-                                                       f"{ctx.target['max_cluster_size']}", path=path,
+            if size > ctx.target.max_cluster_size:
+                yield ctx.diag("resources.cluster", n, f"a cluster of {size} CTAs; {ctx.target.arch} allows "
+                                                       f"{ctx.target.max_cluster_size}", path=path,
                                hint="use at most 8 CTAs per cluster (2 or 4 is usual)")
     for n, path, _ in ctx.nodes:
-        if n.op in (Op.TMA_LOAD, Op.ARRIVE) and n.attr("multicast") >> size:
+        if n.op in _MULTICAST and n.attr("multicast") >> size:
             yield ctx.diag("resources.cluster", n, f"multicast mask {n.attr('multicast'):#x} names CTAs beyond the "
                                                    f"cluster of {size}", path=path,
                            hint="declare cluster((n, 1, 1)) first, and use a mask below 1 << n")
 
 
 @rule("cluster.sync", "resources", "a kernel that writes into other CTAs of its cluster synchronises the cluster "
-                                   "after its mbarriers are initialised and again before it exits")
+                                   "after its mbarriers are initialised and again before it exits",
+      guards=_MULTICAST | _CLUSTER_SYNCS)
 def _cluster_sync(ctx: Ctx) -> Iterable[Diagnostic]:
-    remote = [(n, p) for n, p, _ in ctx.nodes if n.op in (Op.TMA_LOAD, Op.ARRIVE) and n.attr("multicast")]
+    remote = [(n, p) for n, p, _ in ctx.nodes if n.op in _MULTICAST and n.attr("multicast")]
     if not remote:
         return
     body = ctx.program.body
     roles = [i for i, n in enumerate(body) if n.op is Op.ROLE]
     first_remote = min((i for i, n in enumerate(body) if any(m is r for m, _, _ in _walk_one(n) for r, _ in remote)),
                        default=len(body))
-    last_bar = max((i for i, n in enumerate(body) if n.op is Op.MBARRIER), default=-1)
-    syncs = [i for i, n in enumerate(body) if n.op is Op.CLUSTER_SYNC]
+    last_bar = max((i for i, n in enumerate(body) if n.op in _MBARRIERS), default=-1)
+    syncs = [i for i, n in enumerate(body) if n.op in _CLUSTER_SYNCS]
     end = (roles[-1] if roles else first_remote)
     if not any(last_bar < i < first_remote for i in syncs):
         n, path = remote[0]
@@ -781,13 +839,21 @@ def _protocol(ctx: Ctx) -> list[Diagnostic]:
     return found
 
 
-def _protocol_rule(rule_id: str, summary: str) -> None:
-    @rule(rule_id, "protocol", summary)
+def _protocol_rule(rule_id: str, summary: str, guards: frozenset[Op]) -> None:
+    @rule(rule_id, "protocol", summary, guards=guards)
     def _check(ctx: Ctx) -> Iterable[Diagnostic]:
         return [d for d in _protocol(ctx) if d.rule == rule_id]
 
 
-for _id, _summary in zip(RULE_IDS, (
+def _smem_side(effect_test: Callable[[Effect], bool]) -> frozenset[Op]:
+    """The ops with a slot or smem-tile operand whose declared effect passes ``effect_test``."""
+    return frozenset(op for op, d in REGISTRY.items() for o in d.operands
+                     if o.memory and MemSpace.SMEM in o.space and o.kind != "view" and not o.cluster
+                     and any(effect_test(e) for e in o.effects))
+
+
+_READERS = _smem_side(lambda e: e.reads)
+for _id, _summary, _guards in zip(RULE_IDS, (
         "every role is blocked on a barrier phase that never completes",
         "a barrier's expected transaction bytes differ from the bytes its copies land",
         "a role reads an smem slot before waiting for the copy that fills it",
@@ -795,5 +861,15 @@ for _id, _summary in zip(RULE_IDS, (
         "a read of a cluster CTA's smem is not ordered after its write, or before its exit, by cluster_sync()",
         "a wgmma reads a slot filled by generic-proxy copies without a fence_async after its wait",
         "the checker stopped at its step budget: the rest of the protocol is unchecked (a warning)",
-        "an op reads a wgmma accumulator before a wgmma_wait covers the wgmma that writes it")):
-    _protocol_rule(_id, _summary)
+        "an op reads a wgmma accumulator before a wgmma_wait covers the wgmma that writes it"), (
+        _uses(BarrierUse.WAIT),
+        _uses(BarrierUse.EXPECT_TX) | _uses(BarrierUse.COMPLETE_TX),
+        _READERS,
+        _smem_side(lambda e: e.writes),
+        frozenset(op for op, d in REGISTRY.items() if any(o.cluster for o in d.operands)),
+        frozenset(op for op in _READERS if REGISTRY[op].proxy is Proxy.ASYNC),
+        frozenset(),
+        frozenset(op for op, d in REGISTRY.items()
+                  if any(o.kind == "buf" and MemSpace.RMEM in o.space and o.effect is Effect.READ for o in d.operands)
+                  and d.completion is not Completion.MMA_GROUP))):
+    _protocol_rule(_id, _summary, _guards)

@@ -12,8 +12,11 @@ from typing import Iterable, Iterator
 from cake_core.ir.expr import symbols
 from cake_core.ir.ops import At, Node, Op, Tile
 from cake_core.ir.types import DType, MemSpace
-from cake_core.ir.verify import Ctx, fmt_shape, rule, view_extent
+from cake_core.ir.rule_ctx import Ctx, RuleSet, fmt_shape, view_extent
 from cake_core.outcome import Diagnostic
+
+RULESET = RuleSet()
+rule = RULESET.rule
 
 _BID = ("bid.x", "bid.y", "bid.z")
 
@@ -42,7 +45,8 @@ def _part_type(ctx: Ctx, name: str) -> tuple[list[int | None] | None, str | None
 
 
 @rule("acc_publish.operands", "wgmma", "acc_publish runs in the role of the wgmma that accumulates acc, into a "
-                                       "one-stage smem f32 tile of acc's shape that no other op touches")
+                                       "one-stage smem f32 tile of acc's shape that no other op touches",
+      guards=(Op.ACC_PUBLISH,))
 def _acc_publish_operands(ctx: Ctx) -> Iterable[Diagnostic]:
     accs = {m.arg("acc"): ctx.role_of.get(id(m)) for m, _ in _nodes(ctx, Op.WGMMA)}
     for n, path in _nodes(ctx, Op.ACC_PUBLISH):
@@ -69,7 +73,7 @@ def _acc_publish_operands(ctx: Ctx) -> Iterable[Diagnostic]:
 
 @rule("acc_cluster_reduce.operands", "wgmma", "acc_cluster_reduce runs at the top level on a tile acc_publish "
                                               "wrote, into an f32 window of its shape that every CTA of the cluster "
-                                              "shares")
+                                              "shares", guards=(Op.ACC_CLUSTER_REDUCE,))
 def _acc_cluster_reduce_operands(ctx: Ctx) -> Iterable[Diagnostic]:
     published = {m.arg("part") for m, _ in _nodes(ctx, Op.ACC_PUBLISH)}
     cl = next((m for m in ctx.program.body if m.op is Op.CLUSTER), None)

@@ -11,16 +11,29 @@ from __future__ import annotations
 
 from typing import Iterable, Iterator
 
+from cake_core.ir.opdef import Exchange, Family
 from cake_core.ir.ops import REGISTRY, Full, Node, Op, View
-from cake_core.ir.ops_compute import (ATOMIC_OPS, AXIS_OPS, COMPUTE_OPS, RUNNING_OPS, UNARY_INT_FNS,
-                                      broadcasts_to, norm_axis, reduced_shapes, scratch_bytes)
+from cake_core.ir.ops_compute import UNARY_INT_FNS
+from cake_core.ir.registry import COMPUTE_OPS, ops_of
+from cake_core.ir.rule_ctx import Ctx, RuleSet, fmt_shape, same_extent, smem_bytes, view_extent
+from cake_core.ir.scratch import scratch_bytes
+from cake_core.ir.shapes import broadcasts_to, norm_axis, reduced_shapes
 from cake_core.ir.types import DType, MemSpace, TileType
-from cake_core.ir.verify import Ctx, fmt_shape, rule, same_extent, smem_bytes, view_extent
 from cake_core.outcome import Diagnostic
 
-_INDEX_OPERANDS = {Op.ARGMIN: "idx", Op.ARGMAX: "idx", Op.ARGMIN_UPDATE: "arg", Op.TOPK_MERGE: "idx",
-                   Op.SCATTER_ADD: "idx", Op.GATHER_ADD: "idx"}
+RULESET = RuleSet()
+rule = RULESET.rule
+
+AXIS_OPS = ops_of(Family.AXIS)
+RUNNING_OPS = ops_of(Family.RUNNING)
+ATOMIC_OPS = ops_of(Family.ATOMIC)
+GATHER_OPS = ops_of(Family.GATHER)
+# the operand of each compute op that holds i32 indices
+_INDEX_OPERANDS = {op: o.name for op in COMPUTE_OPS for o in REGISTRY[op].operands if o.index}
 _SAME_SHAPE = (Op.CAST, Op.UNARY, Op.SCAN)
+# ops whose outputs must not alias their other operands: threads would overwrite elements others still read
+_NOT_IN_PLACE = frozenset(op for op in COMPUTE_OPS if not REGISTRY[op].in_place)
+_STAGING = frozenset(op for op in COMPUTE_OPS if any(o.exchange is not Exchange.NONE for o in REGISTRY[op].operands))
 
 
 def _compute_nodes(ctx: Ctx) -> Iterator[tuple[Node, str]]:
@@ -31,7 +44,7 @@ def _compute_nodes(ctx: Ctx) -> Iterator[tuple[Node, str]]:
 
 def _tiles(n: Node) -> list[tuple[str, str]]:
     """(operand name, buffer name) of the op's tile operands."""
-    return [(name, a) for (name, kind), a in zip(REGISTRY[n.op].operands, n.args) if kind == "buf"]
+    return [(o.name, a) for o, a in zip(REGISTRY[n.op].operands, n.args) if o.kind == "buf"]
 
 
 def _shape(ctx: Ctx, t: TileType | None) -> tuple[int, ...] | None:
@@ -56,7 +69,8 @@ def _fmt(s: tuple[int, ...]) -> str:
 
 # ------------------------------------------------------------------ compute
 
-@rule("compute.undefined", "compute", "a compute op names a tile or a gmem tensor that is not defined before it")
+@rule("compute.undefined", "compute", "a compute op names a tile or a gmem tensor that is not defined before it",
+      guards=COMPUTE_OPS)
 def _undefined(ctx: Ctx) -> Iterable[Diagnostic]:
     seen = {p.name for p in ctx.program.params}
     for n, path, _ in ctx.nodes:
@@ -74,7 +88,8 @@ def _undefined(ctx: Ctx) -> Iterable[Diagnostic]:
             seen.add(n.result)
 
 
-@rule("compute.space", "compute", "compute ops take single-stage smem or rmem tiles, not gmem tensors or rings")
+@rule("compute.space", "compute", "compute ops take single-stage smem or rmem tiles, not gmem tensors or rings",
+      guards=COMPUTE_OPS)
 def _space(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path in _compute_nodes(ctx):
         for name, buf in _tiles(n):
@@ -91,7 +106,8 @@ def _space(ctx: Ctx) -> Iterable[Diagnostic]:
                                hint="allocate a separate single-stage tile for the compute")
 
 
-@rule("compute.shape", "compute", "cast/unary/scan need equal shapes; transpose needs a 2-D source and its reverse")
+@rule("compute.shape", "compute", "cast/unary/scan need equal shapes; transpose needs a 2-D source and its reverse",
+      guards=_SAME_SHAPE + (Op.TRANSPOSE,))
 def _same_shape(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path in _compute_nodes(ctx):
         if n.op not in _SAME_SHAPE and n.op is not Op.TRANSPOSE:
@@ -109,7 +125,8 @@ def _same_shape(ctx: Ctx) -> Iterable[Diagnostic]:
                            hint="dst and src must have the same shape (use reduce/transpose to change it)")
 
 
-@rule("compute.broadcast", "compute", "an ewise source does not broadcast to the destination's shape")
+@rule("compute.broadcast", "compute", "an ewise source does not broadcast to the destination's shape",
+      guards=(Op.EWISE,))
 def _broadcast(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path in _compute_nodes(ctx):
         if n.op is not Op.EWISE:
@@ -124,7 +141,8 @@ def _broadcast(ctx: Ctx) -> Iterable[Diagnostic]:
                                     "(C,), a column vector (R, 1)")
 
 
-@rule("compute.axis", "compute", "the axis of reduce/scan/argmin/argmax is not an axis of a 1-D or 2-D source")
+@rule("compute.axis", "compute", "the axis of reduce/scan/argmin/argmax is not an axis of a 1-D or 2-D source",
+      guards=AXIS_OPS)
 def _axis(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path in _compute_nodes(ctx):
         if n.op not in AXIS_OPS:
@@ -141,7 +159,8 @@ def _axis(ctx: Ctx) -> Iterable[Diagnostic]:
                            hint="use axis=0 (or the default axis=-1) for a 1-D tile")
 
 
-@rule("compute.reduce_shape", "compute", "a reduction's or a running merge's result does not fit its source")
+@rule("compute.reduce_shape", "compute", "a reduction's or a running merge's result does not fit its source",
+      guards=(AXIS_OPS - {Op.SCAN}) | RUNNING_OPS)
 def _reduce_shape(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path in _compute_nodes(ctx):
         if n.op in (Op.REDUCE, Op.ARGMIN, Op.ARGMAX):
@@ -166,7 +185,8 @@ def _reduce_shape(ctx: Ctx) -> Iterable[Diagnostic]:
                                hint="compute scores as a (rows, candidates) tile")
                 continue
             rows = scores[0]
-            want = [(rows,), (rows, 1)] if n.op is Op.ARGMIN_UPDATE else None
+            # one candidate kept per row: (R,) or (R, 1); k of them: (R, k), the same in both state tiles
+            want = [(rows,), (rows, 1)] if REGISTRY[n.op].keeps_per_row == 1 else None
             for name, s in ((n.args[0], a), (n.args[1], b)):
                 if s is None:
                     continue
@@ -176,12 +196,13 @@ def _reduce_shape(ctx: Ctx) -> Iterable[Diagnostic]:
                     yield ctx.diag("compute.reduce_shape", n, f"`{name}` is {_fmt(s)}; scores {_fmt(scores)} "
                                                               f"need {w}", path=path,
                                    hint="one running entry (or k) per row of scores")
-            if n.op is Op.TOPK_MERGE and a is not None and b is not None and a != b:
+            if want is None and a is not None and b is not None and a != b:
                 yield ctx.diag("compute.reduce_shape", n, f"vals {_fmt(a)} and idx {_fmt(b)} differ in shape",
                                path=path, hint="allocate both as (rows, k)")
 
 
-@rule("compute.index_dtype", "compute", "index tiles (argmin/argmax/argmin_update/topk_merge/scatter_add) must be i32")
+@rule("compute.index_dtype", "compute", "the index tiles of the compute ops (arg-reductions, running merges, "
+                                        "scatters, gathers) must be i32", guards=_INDEX_OPERANDS)
 def _index_dtype(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path in _compute_nodes(ctx):
         name = _INDEX_OPERANDS.get(n.op)
@@ -193,7 +214,7 @@ def _index_dtype(ctx: Ctx) -> Iterable[Diagnostic]:
 
 
 @rule("compute.dtype", "compute", "float-only math on an integer tile, a non-f32 running value, or a fractional "
-                                  "integer scale")
+                                  "integer scale", guards=RUNNING_OPS | {Op.UNARY, Op.EWISE})
 def _dtype(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path in _compute_nodes(ctx):
         t = ctx.buffers.get(n.args[0]) if isinstance(n.args[0], str) else None
@@ -213,20 +234,15 @@ def _dtype(ctx: Ctx) -> Iterable[Diagnostic]:
                            hint=f"allocate `{n.args[0]}` as rmem(f32, ...) filled with inf")
 
 
-@rule("compute.alias", "compute", "an op's outputs alias each other or a source that other threads still read")
+@rule("compute.alias", "compute", "an op's outputs alias each other or a source that other threads still read",
+      guards=_NOT_IN_PLACE)
 def _alias(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path in _compute_nodes(ctx):
-        pairs: list[tuple[str, str]] = []
-        if n.op is Op.TRANSPOSE:
-            pairs = [("dst", "src")]
-        elif n.op in (Op.ARGMIN, Op.ARGMAX):
-            pairs = [("val", "idx"), ("idx", "src")]
-        elif n.op is Op.ARGMIN_UPDATE:
-            pairs = [("best", "arg"), ("best", "scores"), ("arg", "scores")]
-        elif n.op is Op.TOPK_MERGE:
-            pairs = [("vals", "idx"), ("vals", "scores"), ("idx", "scores")]
-        elif n.op is Op.REDUCE:
-            pairs = [("dst", "src")]
+        if n.op not in _NOT_IN_PLACE:
+            continue
+        tiles = [o for o in REGISTRY[n.op].operands if o.kind == "buf"]
+        # each output against every later tile operand: another output, or a source
+        pairs = [(x.name, y.name) for i, x in enumerate(tiles) if x.effect_of(n).writes for y in tiles[i + 1:]]
         for x, y in pairs:
             if n.arg(x) == n.arg(y):
                 yield ctx.diag("compute.alias", n, f"`{n.op.value}` operands `{x}` and `{y}` are the same tile "
@@ -235,26 +251,26 @@ def _alias(ctx: Ctx) -> Iterable[Diagnostic]:
 
 
 @rule("compute.scratch_smem", "compute", "smem tiles plus the scratch a cross-thread compute op needs exceed the "
-                                         "target's shared memory")
+                                         "target's shared memory", guards=_STAGING)
 def _scratch(ctx: Ctx) -> Iterable[Diagnostic]:
     base = smem_bytes(ctx)
-    limit = ctx.target["smem_per_cta_bytes"]
+    limit = ctx.target.smem_per_cta_bytes
     if base is None or base > limit:
         return                     # resources.smem reports the tiles alone
-    align = ctx.target["smem_alloc_align_bytes"]
+    align = ctx.target.smem_alloc_align_bytes
     for n, path in _compute_nodes(ctx):
         need = scratch_bytes(n, ctx.buffers.get, lambda t: _shape(ctx, t))
         if need and -(-base // align) * align + need > limit:
             yield ctx.diag("compute.scratch_smem", n, f"`{n.op.value}` exchanges rmem tiles through {need} B of "
                                                       f"shared scratch; with {base} B of smem tiles the CTA needs "
-                                                      f"more than the {limit} B of {ctx.target['arch']}", path=path,
+                                                      f"more than the {limit} B of {ctx.target.arch}", path=path,
                            hint="put the operands in smem tiles (no scratch needed), or shrink the tiles")
 
 
 # ------------------------------------------------------------------- atomic
 
 @rule("atomic.space", "atomic", "atomic_add must target a gmem kernel parameter; scatter_add a gmem parameter or "
-                                "an smem tile")
+                                "an smem tile", guards=ATOMIC_OPS)
 def _atomic_space(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path in _compute_nodes(ctx):
         if n.op in ATOMIC_OPS:
@@ -269,7 +285,7 @@ def _atomic_space(ctx: Ctx) -> Iterable[Diagnostic]:
 
 
 @rule("atomic.dtype", "atomic", "atomics add into f32 or i32 gmem (or smem) only, and into i32 only from an i32 "
-                                "tile")
+                                "tile", guards=ATOMIC_OPS)
 def _atomic_dtype(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path in _compute_nodes(ctx):
         if n.op not in ATOMIC_OPS:
@@ -287,7 +303,7 @@ def _atomic_dtype(ctx: Ctx) -> Iterable[Diagnostic]:
                            hint="cast(...) the tile into an i32 tile first")
 
 
-@rule("atomic.shape", "atomic", "the tile of an atomic add does not match its gmem window")
+@rule("atomic.shape", "atomic", "the tile of an atomic add does not match its gmem window", guards=ATOMIC_OPS)
 def _atomic_shape(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path in _compute_nodes(ctx):
         if n.op not in ATOMIC_OPS:
@@ -318,7 +334,8 @@ def _atomic_shape(ctx: Ctx) -> Iterable[Diagnostic]:
                            hint="window (E, C) takes src (R, C) and idx (R,); window (E,) takes src (R,)")
 
 
-@rule("atomic.owner", "atomic", "a warp-owned scatter_add (owner=\"warp\") adds an smem src into an smem tile")
+@rule("atomic.owner", "atomic", "a warp-owned scatter_add (owner=\"warp\") adds an smem src into an smem tile",
+      guards=(Op.SCATTER_ADD,))
 def _atomic_owner(ctx: Ctx) -> Iterable[Diagnostic]:
     """Ownership splits the target rows between the CTA's warps, so the target is one CTA's tile; each warp
     reads every source row it owns, so the source is in shared memory, not spread over other threads' registers."""
@@ -334,7 +351,8 @@ def _atomic_owner(ctx: Ctx) -> Iterable[Diagnostic]:
                                                "accumulate into smem(f32, (K, C)); or drop owner=\"warp\"")
 
 
-@rule("atomic.smem_target", "atomic", "a scatter_add into shared memory takes a whole single-stage smem tile")
+@rule("atomic.smem_target", "atomic", "a scatter_add into shared memory takes a whole single-stage smem tile",
+      guards=(Op.SCATTER_ADD,))
 def _atomic_smem_target(ctx: Ctx) -> Iterable[Diagnostic]:
     """The privatised accumulator: the lowering adds into the tile itself (``t[:, :]``), with shared-memory
     atomics; a window of it or a ring slot would need index arithmetic that the op does not define."""
@@ -378,7 +396,7 @@ def _whole_smem(ctx: Ctx, v: View, rank: int, dtype: DType, what: str) -> str | 
 
 
 @rule("gather.target", "gather", "gather_add adds into a whole single-stage smem tile (E, C) of f32 and counts into "
-                                 "one (E,) of i32")
+                                 "one (E,) of i32", guards=GATHER_OPS)
 def _gather_target(ctx: Ctx) -> Iterable[Diagnostic]:
     """Warps own rows of the target, so it is one CTA's tile, added whole; the sums are f32 and the counts i32,
     one count per target row."""
@@ -399,7 +417,7 @@ def _gather_target(ctx: Ctx) -> Iterable[Diagnostic]:
 
 
 @rule("gather.source", "gather", "gather_add reads a rank-2 gmem window (R, C) of bf16, f16 or f32 with one i32 "
-                                 "smem index per row")
+                                 "smem index per row", guards=GATHER_OPS)
 def _gather_source(ctx: Ctx) -> Iterable[Diagnostic]:
     """The rows are read from gmem by the warp that owns their target row, so the source is a gmem window
     whose columns match the target's; every warp reads every index, so the indices sit in shared memory."""
@@ -433,7 +451,7 @@ def _gather_source(ctx: Ctx) -> Iterable[Diagnostic]:
 
 
 @rule("gather.queue", "gather", "gather_add's queue is a whole (R + 2 * warps * warps,) i32 smem tile, and every "
-                                "thread of the CTA runs it (outside roles)")
+                                "thread of the CTA runs it (outside roles)", guards=GATHER_OPS)
 def _gather_queue(ctx: Ctx) -> Iterable[Diagnostic]:
     """The lowering sorts the rows to their owning warps through the queue: R entries for the rows (each packs
     its row and target row in 16 bits, so R and E are at most 65536) and two warps x warps tables of counts
@@ -443,7 +461,7 @@ def _gather_queue(ctx: Ctx) -> Iterable[Diagnostic]:
             continue
         q_name, idx_name, dst = n.arg("queue"), n.arg("idx"), n.arg("dst")
         q, ix, d = ctx.buffers.get(q_name), ctx.buffers.get(idx_name), ctx.buffers.get(dst.buf)
-        warps = ctx.program.threads // ctx.target["warp_size"]
+        warps = ctx.program.threads // ctx.target.warp_size
         r = ctx.static_numel(ix.shape) if ix is not None else None
         why = []
         if id(n) in ctx.role_of:

@@ -1,7 +1,8 @@
-"""Verifier rules of bindings (``name = expr``, ``Op.LET``): family ``let``.
+"""Verifier rules of bindings: family ``let``. A binding is a name an op binds for the rest of its block (a
+``name`` operand of ``Scope.BLOCK``): ``name = expr`` (``let``), or a name any other op declares so.
 
 A binding is visible from the statement after it to the end of its block, nested blocks included
-(``program.walk`` puts it in their scope). Its name is new there: not a const, dim, parameter,
+(``tree.walk`` puts it in their scope). Its name is new there: not a const, dim, parameter,
 earlier buffer, launch symbol, loop variable or binding in scope. Its value is an integer index
 expression; it may not split a group of sibling roles (they run concurrently only while adjacent).
 An undefined name in a binding's value is ``shapes.symbols``' to report; a use of a bound name
@@ -11,15 +12,26 @@ from __future__ import annotations
 
 from typing import Iterable, Iterator
 
-from cake_core.ir.expr import LAUNCH_SYMBOLS, Bin, Call, Cmp, Expr, substitute, symbols
-from cake_core.ir.ops import Node, Op
-from cake_core.ir.verify import Ctx, rule
+from cake_core.ir.expr import LAUNCH_SYMBOLS, Bin, Call, Cmp, Expr, Sym, substitute, symbols
+from cake_core.ir.opdef import Scope
+from cake_core.ir.ops import REGISTRY, Node, Op
+from cake_core.ir.passes import node_exprs
+from cake_core.ir.rule_ctx import Ctx, RuleSet
 from cake_core.outcome import Diagnostic
+
+RULESET = RuleSet()
+rule = RULESET.rule
+
+BINDERS = frozenset(op for op, d in REGISTRY.items() if any(o.binds is Scope.BLOCK for o in d.operands))
+
+
+def _bound(n: Node) -> list[str]:
+    return n.decl.bound_names(n, Scope.BLOCK)
 
 
 def bindings(ctx: Ctx) -> list[tuple[Node, str, frozenset[str]]]:
-    """The ``let`` nodes of the program, with their paths and the names in scope before them."""
-    return [(n, p, s) for n, p, s in ctx.nodes if n.op is Op.LET]
+    """The binding nodes of the program, with their paths and the names in scope before them."""
+    return [(n, p, s) for n, p, s in ctx.nodes if n.op in BINDERS]
 
 
 def _scoped(nodes: tuple[Node, ...], loops: dict[str, Node], lets: dict[str, Node]
@@ -28,70 +40,76 @@ def _scoped(nodes: tuple[Node, ...], loops: dict[str, Node], lets: dict[str, Nod
     for n in nodes:
         yield n, loops, lets
         if n.body:
-            inner = {**loops, n.args[0]: n} if n.op is Op.FOR else loops
+            inner = {**loops, **{v: n for v in n.decl.bound_names(n, Scope.BODY)}}
             yield from _scoped(n.body, inner, lets)
-        if n.op is Op.LET:
-            lets = {**lets, n.args[0]: n}
+        if n.op in BINDERS:
+            lets = {**lets, **{v: n for v in _bound(n)}}
 
 
 def bound_values(ctx: Ctx) -> dict[int, dict[str, Expr]]:
     """id(node) -> the bindings visible to it, each inlined to an expression over consts, dims, loop
-    variables and CTA symbols: for rules that read an expression's form (a wait's parity)."""
+    variables and CTA symbols (a name an op computes, such as a tile coordinate, stays a symbol): for rules
+    that read an expression's form (a wait's parity)."""
     cached = ctx.__dict__.get("let_values")
     if cached is None:
         cached, values = {}, {}
         for n, _, lets in _scoped(ctx.program.body, {}, {}):
-            env = {k: values[id(b)] for k, b in lets.items()}
+            env = {k: values.get((id(b), k), Sym(k)) for k, b in lets.items()}
             cached[id(n)] = env
             if n.op is Op.LET:
-                values[id(n)] = substitute(n.args[1], env)
+                values[(id(n), n.args[0])] = substitute(n.args[1], env)
         ctx.__dict__["let_values"] = cached
     return cached
 
 
 @rule("let.shadow", "let", "a binding's name is already a const, dim, parameter, buffer, launch symbol or loop "
-                           "variable")
+                           "variable", guards=BINDERS)
 def _shadow(ctx: Ctx) -> Iterable[Diagnostic]:
     params = {p.name for p in ctx.program.params}
     paths = {id(n): p for n, p, _ in ctx.nodes}
     order = {id(n): i for i, (n, _, _) in enumerate(ctx.nodes)}
     for n, loops, _ in _scoped(ctx.program.body, {}, {}):
-        if n.op is not Op.LET:
+        if n.op not in BINDERS:
             continue
-        name = n.args[0]
-        buf = ctx.defined_at.get(name)
-        what = ("the const" if name in ctx.consts else "the problem dimension" if name in ctx.dims
-                else "the parameter" if name in params else "the launch symbol" if name in LAUNCH_SYMBOLS
-                else f"the loop variable (line {loops[name].line})" if name in loops
-                else f"the buffer (line {buf.line})" if buf is not None and order[id(buf)] < order[id(n)]
-                else None)
-        if what:
-            yield ctx.diag("let.shadow", n, f"binding `{name}` shadows {what} `{name}`", path=paths[id(n)],
-                           hint="give the binding a name of its own, e.g. " + f"`{name}_i`")
+        for name in _bound(n):
+            buf = ctx.defined_at.get(name)
+            what = ("the const" if name in ctx.consts else "the problem dimension" if name in ctx.dims
+                    else "the parameter" if name in params else "the launch symbol" if name in LAUNCH_SYMBOLS
+                    else f"the loop variable (line {loops[name].line})" if name in loops
+                    else f"the buffer (line {buf.line})" if buf is not None and order[id(buf)] < order[id(n)]
+                    else None)
+            if what:
+                yield ctx.diag("let.shadow", n, f"binding `{name}` shadows {what} `{name}`", path=paths[id(n)],
+                               hint="give the binding a name of its own, e.g. " + f"`{name}_i`")
 
 
-@rule("let.redefined", "let", "a name is bound twice where the first binding is still visible")
+@rule("let.redefined", "let", "a name is bound twice where the first binding is still visible", guards=BINDERS)
 def _redefined(ctx: Ctx) -> Iterable[Diagnostic]:
     paths = {id(n): p for n, p, _ in ctx.nodes}
     for n, _, lets in _scoped(ctx.program.body, {}, {}):
-        if n.op is Op.LET and n.args[0] in lets:
-            first = lets[n.args[0]]
-            yield ctx.diag("let.redefined", n, f"`{n.args[0]}` is already bound at line {first.line}",
-                           path=paths[id(n)], witness=[f"first bound at line {first.line}"],
-                           hint="bindings are immutable: give this value a new name, or compute it from the first "
-                                "one inside the loop that needs it")
+        if n.op not in BINDERS:
+            continue
+        names = _bound(n)
+        for i, name in enumerate(names):
+            first = lets.get(name) or (n if name in names[:i] else None)
+            if first is not None:
+                yield ctx.diag("let.redefined", n, f"`{name}` is already bound at line {first.line}",
+                               path=paths[id(n)], witness=[f"first bound at line {first.line}"],
+                               hint="bindings are immutable: give this value a new name, or compute it from the "
+                                    "first one inside the loop that needs it")
 
 
 def _exprs(n: Node) -> list[Expr]:
-    from cake_core.ir.rules import _node_exprs
-    return _node_exprs(n, slots=False) + ([n.args[0]] if n.op is Op.IF else [])
+    return node_exprs(n, slots=False) + ([n.args[0]] if n.op is Op.IF else [])
 
 
-@rule("let.scope", "let", "a bound name is used before its binding or outside the block it is bound in")
+@rule("let.scope", "let", "a bound name is used before its binding or outside the block it is bound in",
+      guards=BINDERS)
 def _scope(ctx: Ctx) -> Iterable[Diagnostic]:
     bound: dict[str, list[Node]] = {}
     for n, _, _ in bindings(ctx):
-        bound.setdefault(n.args[0], []).append(n)
+        for name in _bound(n):
+            bound.setdefault(name, []).append(n)
     if not bound:
         return
     base = set(ctx.consts) | ctx.dims
@@ -119,25 +137,26 @@ def _has_float(e: Expr) -> bool:
     return False
 
 
-@rule("let.value", "let", "a binding's value is an integer index expression (no float literal)")
+@rule("let.value", "let", "a binding's value is an integer index expression (no float literal)", guards=BINDERS)
 def _value(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path, _ in bindings(ctx):
-        if _has_float(n.args[1]):
-            yield ctx.diag("let.value", n, f"binding `{n.args[0]}` holds a float; bindings are integer indices",
-                           path=path, hint="write the value with integers, consts and dims only")
+        if any(_has_float(e) for e in node_exprs(n)):
+            yield ctx.diag("let.value", n, f"binding `{', '.join(_bound(n))}` holds a float; bindings are integer "
+                                           "indices", path=path,
+                           hint="write the value with integers, consts and dims only")
 
 
 @rule("let.placement", "let", "a binding between two sibling roles splits them (they run concurrently only "
-                              "while adjacent)")
+                              "while adjacent)", guards=BINDERS)
 def _placement(ctx: Ctx) -> Iterable[Diagnostic]:
     body = ctx.program.body
     paths = {id(n): p for n, p, _ in ctx.nodes}
     for i, n in enumerate(body):
-        if n.op is not Op.LET:
+        if n.op not in BINDERS:
             continue
-        before = next((m for m in reversed(body[:i]) if m.op is not Op.LET), None)
-        after = next((m for m in body[i + 1:] if m.op is not Op.LET), None)
+        before = next((m for m in reversed(body[:i]) if m.op not in BINDERS), None)
+        after = next((m for m in body[i + 1:] if m.op not in BINDERS), None)
         if before is not None and after is not None and before.op is Op.ROLE and after.op is Op.ROLE:
-            yield ctx.diag("let.placement", n, f"binding `{n.args[0]}` sits between the roles `{before.args[0]}` "
-                                               f"and `{after.args[0]}`", path=paths[id(n)],
+            yield ctx.diag("let.placement", n, f"binding `{', '.join(_bound(n))}` sits between the roles "
+                                               f"`{before.args[0]}` and `{after.args[0]}`", path=paths[id(n)],
                            hint="bind it before the first role (every role sees it) or inside the roles that use it")

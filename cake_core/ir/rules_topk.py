@@ -12,8 +12,11 @@ from typing import Iterable, Iterator
 from cake_core.ir.ops import Node, Op
 from cake_core.ir.types import DType, MemSpace
 from cake_core.ir.rules_async import fragment_dtype_checks, fragment_state_checks
-from cake_core.ir.verify import Ctx, fmt_shape, rule, view_extent
+from cake_core.ir.rule_ctx import Ctx, RuleSet, fmt_shape, view_extent
 from cake_core.outcome import Diagnostic
+
+RULESET = RuleSet()
+rule = RULESET.rule
 
 KMAX_LIMIT = 32
 
@@ -33,13 +36,14 @@ def _smem_slot(ctx: Ctx, name: str):
 
 
 @rule("topk_bias.acc", "wgmma", "topk_bias reads a wgmma accumulator of its own role and keeps its lists in rmem "
-                                "tiles of that role")
+                                "tiles of that role", guards=(Op.TOPK_BIAS,))
 def _topk_bias_acc(ctx: Ctx) -> Iterable[Diagnostic]:
     return fragment_state_checks(ctx, Op.TOPK_BIAS, "topk_bias.acc", ("top_v", "top_i"),
                                  "per-thread lists of the fragment rows")
 
 
-@rule("topk_bias.shape", "wgmma", "topk_bias: dots (R, C), top_v and top_i (R, KMAX) with KMAX <= 32, bias C values")
+@rule("topk_bias.shape", "wgmma", "topk_bias: dots (R, C), top_v and top_i (R, KMAX) with KMAX <= 32, bias C values",
+      guards=(Op.TOPK_BIAS,))
 def _topk_bias_shape(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path in _nodes(ctx, Op.TOPK_BIAS):
         dots = ctx.buffers.get(n.arg("dots"))
@@ -74,14 +78,16 @@ def _topk_bias_shape(ctx: Ctx) -> Iterable[Diagnostic]:
                                hint=f"allocate the bias as smem(f32, ({cols},), stages=S)")
 
 
-@rule("topk_bias.dtype", "wgmma", "topk_bias keeps f32 values and i32 indices and reads an f32 bias")
+@rule("topk_bias.dtype", "wgmma", "topk_bias keeps f32 values and i32 indices and reads an f32 bias",
+      guards=(Op.TOPK_BIAS,))
 def _topk_bias_dtype(ctx: Ctx) -> Iterable[Diagnostic]:
     return fragment_dtype_checks(ctx, Op.TOPK_BIAS, "topk_bias.dtype", ("top_v", "top_i"),
                                  "compute the norms into an smem(f32, ...) tile (sqnorm_rows)")
 
 
 @rule("sqnorm_rows.operands", "wgmma", "sqnorm_rows runs in a role: src an smem (R, C) 16-bit tile with rows of at "
-                                       "most one swizzle span, dst an smem f32 slot of R values")
+                                       "most one swizzle span, dst an smem f32 slot of R values",
+      guards=(Op.SQNORM_ROWS,))
 def _sqnorm_rows_operands(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path in _nodes(ctx, Op.SQNORM_ROWS):
         if ctx.role_of.get(id(n)) is None:
@@ -94,7 +100,7 @@ def _sqnorm_rows_operands(ctx: Ctx) -> Iterable[Diagnostic]:
             continue
         rows, cols = (ctx.static(d) for d in src.shape) if src.rank == 2 else (None, None)
         at = ctx.defined_at.get(n.arg("src").buf)
-        span = at.attr("swizzle") if at is not None and at.op is Op.SMEM else 0
+        span = at.attr("swizzle") if at is not None and "swizzle" in at.decl.attrs else 0
         if src.rank != 2 or src.dtype not in (DType.BF16, DType.F16) or (span and cols is not None
                                                                            and cols * 2 > span):
             yield ctx.diag("sqnorm_rows.operands", n, f"src `{n.arg('src').buf}` {src.dtype.value} "
@@ -110,7 +116,7 @@ def _sqnorm_rows_operands(ctx: Ctx) -> Iterable[Diagnostic]:
 
 def _stages(ctx: Ctx, name: str) -> int:
     at = ctx.defined_at.get(name)
-    return at.attr("stages") if at is not None and at.op is Op.SMEM else 1
+    return at.attr("stages") if at is not None and "stages" in at.decl.attrs else 1
 
 
 def _pub_shape(ctx: Ctx, n: Node) -> tuple[list | None, list[str]]:
@@ -133,7 +139,8 @@ def _pub_shape(ctx: Ctx, n: Node) -> tuple[list | None, list[str]]:
 
 
 @rule("topk_publish.operands", "wgmma", "topk_publish runs in the role of a topk_bias, on its top_v / top_i lists, "
-                                        "into one-stage smem tiles pub_v (f32) / pub_i (i32) of the lists' shape")
+                                        "into one-stage smem tiles pub_v (f32) / pub_i (i32) of the lists' shape",
+      guards=(Op.TOPK_PUBLISH,))
 def _topk_publish_operands(ctx: Ctx) -> Iterable[Diagnostic]:
     lists = {(m.arg("top_v"), m.arg("top_i")): ctx.role_of.get(id(m)) for m, _ in _nodes(ctx, Op.TOPK_BIAS)}
     for n, path in _nodes(ctx, Op.TOPK_PUBLISH):
@@ -154,7 +161,8 @@ def _topk_publish_operands(ctx: Ctx) -> Iterable[Diagnostic]:
 
 
 @rule("topk_cluster_merge.operands", "wgmma", "topk_cluster_merge runs at the top level, after the roles, on tiles "
-                                              "a topk_publish wrote, into an (R, k <= KMAX) i32 or f32 window")
+                                              "a topk_publish wrote, into an (R, k <= KMAX) i32 or f32 window",
+      guards=(Op.TOPK_CLUSTER_MERGE,))
 def _topk_cluster_merge_operands(ctx: Ctx) -> Iterable[Diagnostic]:
     published = {(m.arg("pub_v"), m.arg("pub_i")) for m, _ in _nodes(ctx, Op.TOPK_PUBLISH)}
     for n, path in _nodes(ctx, Op.TOPK_CLUSTER_MERGE):

@@ -2,8 +2,8 @@
 
 ``parse`` collects every syntax-level mistake as a Diagnostic (``parse.*``
 rules) with line, column and a hint, and keeps going past a bad statement so
-the agent sees all of them at once. ``print_program`` writes the canonical
-text; ``parse(print_program(p)).program == p`` for every program.
+the agent sees all of them at once. ``print_program`` (``ir.printer``) writes the
+canonical text; ``parse(print_program(p)).program == p`` for every program.
 
 An assignment is an op call when its right side calls an op (``a_s = smem(...)``,
 any plain-named call other than the index functions cdiv/min/max), and
@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cake_core.errors import CakeError
-from cake_core.ir.expr import BINOPS, FUNCS, Bin, Call, Cmp, Expr, Sym, fmt_expr
-from cake_core.ir.ops import REGISTRY, At, Full, Node, Op, OpDef, Tile, View, for_args, loop_range, make_attrs
-from cake_core.ir.ops_async import Slot
+from cake_core.ir.expr import BINOPS, FUNCS, Bin, Call, Cmp, Expr, Sym
+from cake_core.ir.ops import REGISTRY, At, Full, Node, Op, OpDef, Slot, Tile, View, for_args, make_attrs
+from cake_core.ir.printer import fmt_attr, print_program  # noqa: F401 - the text form's two directions
 from cake_core.ir.program import Param, Program
 from cake_core.ir.types import DType, MemSpace, TileType
 from cake_core.outcome import Diagnostic, Severity
@@ -262,14 +262,14 @@ class _Parser:
         kw = {k.arg: k.value for k in c.keywords if k.arg in d.keyword_operands}
         missing = [k for k in d.keyword_operands if k not in kw]
         if len(c.args) != npos or missing:
-            want = ", ".join(n if n not in d.keyword_operands else f"{n}=..." for n, _ in d.operands)
+            want = ", ".join(o.name if not o.keyword else f"{o.name}=..." for o in d.operands)
             got = f"{len(c.args)}" + (f", without {', '.join(m + '=' for m in missing)}" if missing else "")
             raise _Bad("parse.arity", c, f"`{name}` takes {npos} operands then {len(d.keyword_operands)} keyword "
                                          f"operands ({want}), got {got}" if d.keyword_operands else
                        f"`{name}` takes {len(d.operands)} operands ({want}), got {len(c.args)}",
                        f"example: {d.example}")
         given = list(c.args) + [kw[k] for k in d.keyword_operands]
-        return tuple(self.operand(kind, a, name, oname) for (oname, kind), a in zip(d.operands, given))
+        return tuple(self.operand(o.kind, a, name, o.name) for o, a in zip(d.operands, given))
 
     def call(self, c: ast.expr, result: str | None, s: ast.stmt) -> Node:
         if not (isinstance(c, ast.Call) and isinstance(c.func, ast.Name)):
@@ -312,13 +312,13 @@ class _Parser:
                 val = float("inf") if v.id == "inf" else float("-inf")
             else:
                 raise _Bad("parse.attr", v, f"attribute `{k.arg}` must be a literal",
-                           f"write e.g. {k.arg}={_fmt_attr(spec.default)}")
+                           f"write e.g. {k.arg}={fmt_attr(spec.default)}")
             if spec.kind is float and type(val) is int:
                 val = float(val)
             if type(val) is not spec.kind:
                 raise _Bad("parse.type", v, f"attribute `{k.arg}` of `{d.op.value}` is a "
                                             f"{spec.kind.__name__}, got {type(val).__name__}",
-                           f"write e.g. {k.arg}={_fmt_attr(spec.choices[-1] if spec.choices else spec.default)}")
+                           f"write e.g. {k.arg}={fmt_attr(spec.choices[-1] if spec.choices else spec.default)}")
             if spec.choices and val not in spec.choices:
                 raise _Bad("parse.attr", v, f"`{k.arg}={val!r}` is not allowed",
                            f"choose one of {', '.join(map(repr, spec.choices))}")
@@ -334,6 +334,10 @@ class _Parser:
         if kind == "buf":
             if not isinstance(a, ast.Name):
                 raise _Bad("parse.type", a, f"operand `{oname}` of `{op}` must be a buffer name")
+            return a.id
+        if kind == "name":
+            if not isinstance(a, ast.Name):
+                raise _Bad("parse.type", a, f"operand `{oname}` of `{op}` is a new name it binds, such as `tm`")
             return a.id
         if kind == "view":
             return self.view(a, op, oname)
@@ -424,93 +428,3 @@ def _is_op_call(v: ast.expr) -> bool:
     """``name = op(...)`` (an op, known or not) rather than ``name = expr``: a call of a plain name that
     is not one of the index functions (cdiv, min, max)."""
     return isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and v.func.id not in FUNCS
-
-
-# --------------------------------------------------------------------- print
-
-def print_program(p: Program) -> str:
-    consts = "{" + ", ".join(f'"{k}": {v}' for k, v in p.consts) + "}"
-    grid = ", ".join(fmt_expr(g) for g in p.grid) + ("," if len(p.grid) == 1 else "")
-    head = f'@kernel(target="{p.target}", grid=({grid}), threads={p.threads}'
-    head += f", ctas_per_sm={p.ctas_per_sm}" if p.ctas_per_sm else ""
-    head += f", consts={consts})" if p.consts else ")"
-    params = ", ".join(f"{q.name}: {_fmt_param_type(q.type)}" for q in p.params)
-    lines = [head, f"def {p.name}({params}):"]
-    _print_block(p.body, 1, lines)
-    return "\n".join(lines) + "\n"
-
-
-def _fmt_param_type(t: TileType) -> str:
-    return f"gmem[{t.dtype.value}, {_fmt_shape(t.shape)}]"
-
-
-def _fmt_shape(s: tuple[Expr, ...]) -> str:
-    return "(" + ", ".join(fmt_expr(d) for d in s) + ("," if len(s) == 1 else "") + ")"
-
-
-def _fmt_view(v: View) -> str:
-    parts = []
-    for i in v.index:
-        if isinstance(i, Full):
-            parts.append(":")
-        elif isinstance(i, Tile):
-            parts.append(f"tile({fmt_expr(i.index)}, {fmt_expr(i.size)})")
-        else:
-            parts.append(fmt_expr(i.index))
-    return f"{v.buf}[{', '.join(parts)}]"
-
-
-def _fmt_operand(kind: str, a: Any) -> str:
-    if kind == "dtype":
-        return a.value
-    if kind == "shape":
-        return _fmt_shape(a)
-    if kind in ("buf", "name"):
-        return a
-    if kind == "view":
-        return _fmt_view(a)
-    if kind == "slot":
-        return a.buf if a.index is None else f"{a.buf}[{fmt_expr(a.index)}]"
-    if kind == "str":
-        return f'"{a}"'
-    if kind == "warps":
-        return f"({a[0]}, {a[1]})"
-    return fmt_expr(a)
-
-
-def _fmt_attr(v: Any) -> str:
-    if isinstance(v, float) and v in (float("inf"), float("-inf")):
-        return "inf" if v > 0 else "-inf"
-    return repr(v) if not isinstance(v, str) else f'"{v}"'
-
-
-def _print_block(nodes: tuple[Node, ...], depth: int, lines: list[str]) -> None:
-    pad = "    " * depth
-    if not nodes:
-        lines.append(pad + "pass")
-    for n in nodes:
-        d = REGISTRY[n.op]
-        kws = [f"{k}={_fmt_attr(v)}" for k, v in n.attrs]
-        if n.op is Op.FOR:
-            start, stop, step = loop_range(n)
-            bounds = [fmt_expr(stop)] if len(n.args) == 2 else \
-                [fmt_expr(start), fmt_expr(stop)] + ([fmt_expr(step)] if step != 1 else [])
-            rng = ", ".join(bounds + kws)
-            lines.append(f"{pad}for {n.args[0]} in range({rng}):")
-            _print_block(n.body, depth + 1, lines)
-            continue
-        if n.op is Op.IF:
-            lines.append(f"{pad}if {fmt_expr(n.args[0])}:")
-            _print_block(n.body, depth + 1, lines)
-            continue
-        if n.op is Op.LET:
-            lines.append(f"{pad}{n.args[0]} = {fmt_expr(n.args[1])}")
-            continue
-        args = [_fmt_operand(kind, a) if name not in d.keyword_operands else f"{name}={_fmt_operand(kind, a)}"
-                for (name, kind), a in zip(d.operands, n.args)] + kws
-        if d.block:      # `with role(...):`
-            lines.append(f"{pad}with {n.op.value}({', '.join(args)}):")
-            _print_block(n.body, depth + 1, lines)
-            continue
-        call = f"{n.op.value}({', '.join(args)})"
-        lines.append(f"{pad}{n.result} = {call}" if n.result else pad + call)

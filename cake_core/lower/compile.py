@@ -5,7 +5,7 @@ resource report are stored under ``cache_dir`` as ``<key>.cubin`` and
 ``<key>.json`` (written to a temporary name, then renamed, so concurrent
 workers never see half a file). CPU workers compile; GPU workers only load.
 
-Architectures come from ``cake_core/ir/targets/<arch>.json``: a target that is
+Architectures come from the target data (``cake_core.targets``): a target that is
 not there is refused (``compile.unknown_arch``), never swapped for another.
 ``sm_90a`` is compiled as ``-gencode=arch=compute_90a,code=sm_90a`` (the
 ``-arch=sm_90a`` shorthand of nvcc 13.0 also runs a plain sm_90 pass that
@@ -24,11 +24,11 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from cake_core.lower.cuda import LoweredKernel
+from cake_core.lower.context import LoweredKernel
 from cake_core.outcome import Diagnostic, Outcome, Severity, StageResult
+from cake_core.targets import find_arch, known_archs
 
 HEADER_DIR = Path(__file__).resolve().parent / "header"
-TARGETS_DIR = Path(__file__).resolve().parents[1] / "ir" / "targets"
 DEFAULT_CACHE = Path(os.environ.get("CAKE_CUBIN_CACHE", Path.home() / ".cache" / "cake" / "cubin"))
 STAGE = "compile"
 
@@ -54,12 +54,6 @@ class Compiled:
     seconds: float            # nvcc wall time (0.0 on a cache hit)
     cached: bool
     arch: str = "sm_90a"
-
-
-def target(arch: str) -> dict | None:
-    """The target data of ``arch`` (``cake_core/ir/targets/<arch>.json``), or None."""
-    p = TARGETS_DIR / f"{arch}.json"
-    return json.loads(p.read_text()) if p.exists() else None
 
 
 def nvcc_path() -> str | None:
@@ -185,10 +179,10 @@ def compile_kernel(lowered: LoweredKernel, arch: str = "sm_90a", cache_dir: Path
     """
     cache_dir = Path(cache_dir or DEFAULT_CACHE)
     arts = {"kernel.cu": lowered.source}
-    if target(arch) is None:
-        known = sorted(p.stem for p in TARGETS_DIR.glob("*.json"))
-        return _fail("compile.unknown_arch", f"no target data for `{arch}` (cake_core/ir/targets/{arch}.json)",
-                     f"known targets: {', '.join(known)}; Cake never falls back to another architecture", arts)
+    if find_arch(arch) is None:
+        return _fail("compile.unknown_arch", f"no target data for `{arch}` (cake_core/targets/archs/{arch}.json)",
+                     f"known targets: {', '.join(known_archs())}; Cake never falls back to another architecture",
+                     arts)
     key = cache_key(lowered.source, arch)
     cubin = cache_dir / f"{key}.cubin"
     meta = cache_dir / f"{key}.json"

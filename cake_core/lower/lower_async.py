@@ -1,4 +1,4 @@
-"""Lowering hooks of the async ops (registered in cake_core.lower.cuda.LOWERINGS), onto header/cake_async.cuh.
+"""Lowering hooks of the async ops (``dispatch.LOWERINGS`` names them), onto header/cake_async.cuh.
 
 - ``role``: sibling roles become one ``if / else if`` chain over thread ranges (what setmaxnreg needs),
   each branch opening with ``setmaxnreg.inc`` (regs above the entry cap) or ``.dec``; the kernel then
@@ -10,7 +10,7 @@
   ``wait``: every thread spins on ``try_wait.parity``.
 - ``tma_load`` / ``tma_store``: ``cp.async.bulk.tensor`` from the role's first thread, through a tensor
   map kernel argument (see :class:`TensorMapArg`; the host encodes it). Smem tiles with swizzle=128
-  are placed at 1024-byte aligned offsets (the swizzle pattern is address-based).
+  are placed at 1024-byte aligned offsets (lower_tile: the swizzle pattern is address-based).
 - ``cp_async_bar``: every thread of the role copies its chunks of the window (cp.async of 16/8/4 bytes
   as the row alignment allows, into the slot's swizzle-128 layout), then cp.async.mbarrier.arrive on the
   barrier and a named barrier of the role (``cake::cp_async_bar_smem_gmem``).
@@ -25,26 +25,23 @@
 - ``argmin_bias``: on the accumulator's fragment (``cake::argmin_bias_rmem_wgmma_acc``): each thread keeps
   (best, arg) for the 2 rows it owns per warpgroup (``float best[2]; int arg[2]``) over its own columns;
   ``store`` of either tile merges the 4 lanes of each quad (shuffles) and writes one value per row.
-- ``topk_bias`` / ``sqnorm_rows``: see lower_topk.py (its lists' ``rmem`` and ``store`` are routed there).
+- ``topk_bias`` / ``sqnorm_rows``: see lower_topk.py (its lists' ``rmem`` and ``store`` are variants there).
 - ``tcgen05_mma``: not lowered (``lower.unsupported_atom``) on any target yet.
 Inside roles, only ``rmem`` accumulators of wgmma and ``store`` of them are lowered among the v1 tile
-ops (the v1 helpers distribute tiles over all CTA threads): others get ``lower.unsupported_in_role``.
+ops (the v1 helpers distribute tiles over all CTA threads): the others' in-role variants here refuse them
+with ``lower.unsupported_in_role``. The wgmma variants of ``rmem`` and ``store`` (and the argmin_bias row
+state's) are chosen in ``dispatch`` by the predicates below.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-from cake_core.ir.ops import At, Node, Op, Tile, View
-from cake_core.ir.ops_async import Slot
+from cake_core.ir.ops import At, Node, Op, Slot, Tile, View
 from cake_core.ir.program import walk
 from cake_core.ir.types import DType, MemSpace, Swizzle, TileType
-from cake_core.lower import lower_topk
-from cake_core.lower.cuda import LOWERINGS, Buf, Ctx, Line, LowerError, _window, lowering
-
-SWIZZLE_ALIGN = 1024      # bytes: a swizzle-128 tile starts on a whole swizzle pattern
-_SWIZZLE_MODE = {Swizzle.B128: 1, Swizzle.B64: 2, Swizzle.B32: 3}
+from cake_core.lower.context import Buf, Ctx, Line, Lowering, LowerError, window
 
 
 @dataclass(frozen=True)
@@ -65,7 +62,9 @@ class TensorMapArg:
     swizzle: int
 
 
-def _st(ctx: Ctx) -> dict[str, Any]:
+def async_state(ctx: Ctx) -> dict[str, Any]:
+    """The async lowering's state on the context: the role being lowered, barriers, tensor maps, wgmma
+    accumulators (``frag``) and argmin_bias row state, setmaxnreg and the cluster."""
     st = ctx.__dict__.get("async_state")
     if st is None:
         nodes = [w[0] for w in walk(ctx.program.body)]
@@ -81,17 +80,23 @@ def _st(ctx: Ctx) -> dict[str, Any]:
     return st
 
 
-def _role(ctx: Ctx) -> tuple[int, int]:
+def role_threads(ctx: Ctx) -> tuple[int, int]:
     """(first thread, threads) of the enclosing role, or the whole CTA."""
-    r = _st(ctx)["role"]
+    r = async_state(ctx)["role"]
     return r if r is not None else (0, ctx.threads)
 
 
+def named_barrier(ctx: Ctx, first: int) -> int:
+    """The named barrier of the role whose first thread is ``first``: 1 + its first warpgroup (0 is
+    __syncthreads')."""
+    return 1 + first // ctx.arch.warpgroup_threads
+
+
 def _first(ctx: Ctx) -> str:
-    return f"threadIdx.x == {_role(ctx)[0]}"
+    return f"threadIdx.x == {role_threads(ctx)[0]}"
 
 
-def _slot_ptr(ctx: Ctx, s: Slot, what: str) -> tuple[Buf, str]:
+def slot_ptr(ctx: Ctx, s: Slot, what: str) -> tuple[Buf, str]:
     b = ctx.buf(s.buf, (MemSpace.SMEM,), what)
     if s.index is None:
         return b, s.buf
@@ -99,7 +104,7 @@ def _slot_ptr(ctx: Ctx, s: Slot, what: str) -> tuple[Buf, str]:
 
 
 def _bar_ptr(ctx: Ctx, s: Slot) -> str:
-    if s.buf not in _st(ctx)["bars"]:
+    if s.buf not in async_state(ctx)["bars"]:
         raise LowerError("lower.unknown_name", f"`{s.buf}` is not an mbarrier in scope",
                          "allocate it with mbarrier(S) at the kernel's top level, before the roles")
     return f"&{s.buf}[{ctx.check_expr(s.index, 'a barrier slot') if s.index is not None else 0}]"
@@ -107,21 +112,20 @@ def _bar_ptr(ctx: Ctx, s: Slot) -> str:
 
 # --------------------------------------------------------------------- roles
 
-@lowering(Op.ROLE)
-def _lower_role(n: Node, ctx: Ctx) -> list[Line]:
-    st = _st(ctx)
+def lower_role(n: Node, ctx: Ctx) -> list[Line]:
+    st = async_state(ctx)
     if st["role"] is not None or ctx.loop_vars:
         raise LowerError("lower.role_placement", "roles are lowered only at the kernel's top level")
     body = ctx.program.body
     i = next(k for k, m in enumerate(body) if m is n)
     chained = i > 0 and body[i - 1].op is Op.ROLE
     lo, hi = n.args[1]
-    t0, t1 = lo * 32, hi * 32
+    t0, t1 = lo * ctx.arch.warp_size, hi * ctx.arch.warp_size
     pad = "    " * ctx.depth
     cond = f"threadIdx.x >= {t0}u && threadIdx.x < {t1}u" if t0 else f"threadIdx.x < {t1}u"
     out: list[Line] = [(n.line, f"{pad}{'else if' if chained else 'if'} ({cond}) {{  // role {n.args[0]}")]
     regs = n.attr("regs")
-    cap = min(255, 65536 // ctx.threads) // 8 * 8
+    cap = ctx.arch.entry_regs(ctx.threads)
     if regs:
         st["setmaxnreg"] = True
         out.append((n.line, f"{pad}    cake::setmaxnreg_{'inc' if regs > cap else 'dec'}<{regs}>();"))
@@ -140,9 +144,8 @@ def _lower_role(n: Node, ctx: Ctx) -> list[Line]:
 
 # ------------------------------------------------------------------ mbarriers
 
-@lowering(Op.MBARRIER)
-def _lower_mbarrier(n: Node, ctx: Ctx) -> list[Line]:
-    st = _st(ctx)
+def lower_mbarrier(n: Node, ctx: Ctx) -> list[Line]:
+    st = async_state(ctx)
     if st["role"] is not None or ctx.loop_vars:
         raise LowerError("lower.role_placement", "allocate mbarriers at the kernel's top level, before the roles")
     count = ctx.static(n.args[0], "the number of barriers")
@@ -155,27 +158,24 @@ def _lower_mbarrier(n: Node, ctx: Ctx) -> list[Line]:
             "__syncthreads();"]
 
 
-@lowering(Op.EXPECT_TX)
-def _lower_expect_tx(n: Node, ctx: Ctx) -> list[Line]:
+def lower_expect_tx(n: Node, ctx: Ctx) -> list[Line]:
     return [f"if ({_first(ctx)}) cake::mbarrier_arrive_expect_tx({_bar_ptr(ctx, n.arg('bar'))}, "
             f"{ctx.check_expr(n.arg('bytes'), 'the byte count')});"]
 
 
-@lowering(Op.ARRIVE)
-def _lower_arrive(n: Node, ctx: Ctx) -> list[Line]:
-    first = _role(ctx)[0]
+def lower_arrive(n: Node, ctx: Ctx) -> list[Line]:
+    first, wg = role_threads(ctx)[0], ctx.arch.warpgroup_threads
     mc = n.attr("multicast")
     if mc:      # one remote arrival per warpgroup on each cluster CTA of the mask
-        ranks = [r for r in range(16) if mc >> r & 1]
-        return [f"if ((threadIdx.x - {first}u) % 128u == 0u) {{  // one arrival per warpgroup on cluster CTAs "
+        ranks = [r for r in range(ctx.arch.max_cluster_size) if mc >> r & 1]
+        return [f"if ((threadIdx.x - {first}u) % {wg}u == 0u) {{  // one arrival per warpgroup on cluster CTAs "
                 f"{ranks}"] + [f"    cake::mbarrier_arrive_cluster({_bar_ptr(ctx, n.arg('bar'))}, {r}u);"
                                for r in ranks] + ["}"]
-    return [f"if ((threadIdx.x - {first}u) % 128u == 0u) cake::mbarrier_arrive({_bar_ptr(ctx, n.arg('bar'))});"
+    return [f"if ((threadIdx.x - {first}u) % {wg}u == 0u) cake::mbarrier_arrive({_bar_ptr(ctx, n.arg('bar'))});"
             "  // one arrival per warpgroup"]
 
 
-@lowering(Op.WAIT)
-def _lower_wait(n: Node, ctx: Ctx) -> list[Line]:
+def lower_wait(n: Node, ctx: Ctx) -> list[Line]:
     return [f"cake::mbarrier_wait_parity({_bar_ptr(ctx, n.arg('bar'))}, "
             f"{ctx.check_expr(n.arg('phase'), 'the phase')});"]
 
@@ -219,7 +219,7 @@ def _tensor_map(ctx: Ctx, v: View, tile: Buf, split: int = 1, rows: int = 0) -> 
     if full != tile.numel:
         raise LowerError("lower.shape_mismatch", f"the TMA box {tuple(box)} of `{v.buf}` does not fill the smem "
                                                  f"tile {tile.shape}")
-    maps = _st(ctx)["maps"]
+    maps = async_state(ctx)["maps"]
     key = (v.buf, tuple(box), int(tile.type.swizzle))
     if key not in maps:
         maps[key] = TensorMapArg(f"cake_tmap_{v.buf}_{len(maps)}", v.buf, g.type.dtype, tuple(box),
@@ -245,9 +245,8 @@ def _column_blocks(b: Buf) -> int:
     return row_bytes // span
 
 
-@lowering(Op.TMA_LOAD)
-def _lower_tma_load(n: Node, ctx: Ctx) -> list[Line]:
-    b, ptr = _slot_ptr(ctx, n.arg("dst"), "TMA destination")
+def lower_tma_load(n: Node, ctx: Ctx) -> list[Line]:
+    b, ptr = slot_ptr(ctx, n.arg("dst"), "TMA destination")
     split = _column_blocks(b)
     tmap, coords = _tensor_map(ctx, n.arg("src"), b, split, n.attr("rows"))
     bar = _bar_ptr(ctx, n.arg("bar"))
@@ -266,9 +265,8 @@ def _lower_tma_load(n: Node, ctx: Ctx) -> list[Line]:
     return out
 
 
-@lowering(Op.TMA_STORE)
-def _lower_tma_store(n: Node, ctx: Ctx) -> list[Line]:
-    b, ptr = _slot_ptr(ctx, n.arg("src"), "TMA source")
+def lower_tma_store(n: Node, ctx: Ctx) -> list[Line]:
+    b, ptr = slot_ptr(ctx, n.arg("src"), "TMA source")
     if _column_blocks(b) > 1:
         raise LowerError("lower.unsupported_layout", f"tma_store from {b.name} {b.shape}: rows wider than the "
                                                      "swizzle span are lowered for tma_load into wgmma's b only")
@@ -276,55 +274,49 @@ def _lower_tma_store(n: Node, ctx: Ctx) -> list[Line]:
     return [f"if ({_first(ctx)}) cake::tma_store_{len(coords)}d(&{tmap}, {ptr}, {', '.join(coords)});"]
 
 
-@lowering(Op.CP_ASYNC)
-def _lower_cp_async(n: Node, ctx: Ctx) -> list[Line]:
-    b, ptr = _slot_ptr(ctx, n.arg("dst"), "cp.async destination")
+def lower_cp_async(n: Node, ctx: Ctx) -> list[Line]:
+    b, ptr = slot_ptr(ctx, n.arg("dst"), "cp.async destination")
     if _column_blocks(b) > 1:
         raise LowerError("lower.unsupported_layout", f"cp_async into {b.name} {b.shape}: rows wider than the "
                                                      "swizzle span are lowered for tma_load into wgmma's b only")
-    w = _window(n.arg("src"), b.shape, ctx, "source")
-    first, count = _role(ctx)
+    w = window(n.arg("src"), b.shape, ctx, "source")
+    first, count = role_threads(ctx)
     return [f"cake::cp_async_smem_gmem<{w.rows}, {w.cols}, {count}>({ptr}, {w.base}, {w.ld_row}, {w.ld_col}, "
             f"{w.rows_in}, {w.cols_in}, (int)threadIdx.x - {first});"]
 
 
-@lowering(Op.CP_ASYNC_BAR)
-def _lower_cp_async_bar(n: Node, ctx: Ctx) -> list[Line]:
-    if _st(ctx)["role"] is None:
+def lower_cp_async_bar(n: Node, ctx: Ctx) -> list[Line]:
+    if async_state(ctx)["role"] is None:
         raise LowerError("lower.role_placement", "cp_async_bar is lowered inside a role (it ends with a named "
                                                  "barrier of the role's threads)")
-    b, ptr = _slot_ptr(ctx, n.arg("dst"), "cp.async destination")
+    b, ptr = slot_ptr(ctx, n.arg("dst"), "cp.async destination")
     swz = int(b.type.swizzle)
     if swz and (swz != 128 or b.shape[-1] * b.type.dtype.bytes != 128):
         raise LowerError("lower.unsupported_layout", f"cp_async_bar into {b.name} {b.shape} with swizzle={swz}: "
                                                      "swizzled slots are lowered with rows of one 128-byte span")
-    w = _window(n.arg("src"), b.shape, ctx, "source")
-    first, count = _role(ctx)
-    bar_id = 1 + first // 128     # named barrier of the role (as sqnorm_rows; 0 is __syncthreads)
+    w = window(n.arg("src"), b.shape, ctx, "source")
+    first, count = role_threads(ctx)
+    bar_id = named_barrier(ctx, first)
     return [f"cake::cp_async_bar_smem_gmem<{w.rows}, {w.cols}, {'true' if swz else 'false'}, {count}, {bar_id}>("
             f"{ptr}, {w.base}, {w.ld_row}, {w.ld_col}, {w.rows_in}, {w.cols_in}, (int)threadIdx.x - {first}, "
             f"{_bar_ptr(ctx, n.arg('bar'))});"]
 
 
-@lowering(Op.CP_ASYNC_WAIT)
-def _lower_cp_async_wait(n: Node, ctx: Ctx) -> list[Line]:
+def lower_cp_async_wait(n: Node, ctx: Ctx) -> list[Line]:
     return [f"cake::cp_async_wait<{ctx.static(n.args[0], 'the groups left in flight') if n.args[0] else 0}>();"]
 
 
-@lowering(Op.FENCE_ASYNC)
-def _lower_fence(n: Node, ctx: Ctx) -> list[Line]:
+def lower_fence(n: Node, ctx: Ctx) -> list[Line]:
     return ["cake::fence_async();"]
 
 
-@lowering(Op.CLUSTER)
-def _lower_cluster(n: Node, ctx: Ctx) -> list[Line]:
+def lower_cluster(n: Node, ctx: Ctx) -> list[Line]:
     dims = [ctx.static(d, "a cluster dimension") for d in n.args[0]]
-    _st(ctx)["cluster"] = tuple(dims + [1] * (3 - len(dims)))
+    async_state(ctx)["cluster"] = tuple(dims + [1] * (3 - len(dims)))
     return [f"// cluster {tuple(dims)}: __cluster_dims__ on the kernel"]
 
 
-@lowering(Op.CLUSTER_SYNC)
-def _lower_cluster_sync(n: Node, ctx: Ctx) -> list[Line]:
+def lower_cluster_sync(n: Node, ctx: Ctx) -> list[Line]:
     return ["cake::cluster_sync();"]
 
 
@@ -341,16 +333,14 @@ def _wgmma_asm(n_cols: int, ab: str, scale_d: str = '"n"(1)', tnsp_b: int = 1) -
             f'\\n\\t}}" : {outs} : "l"(cake_da), "l"(cake_db), {scale_d});')
 
 
-@lowering(Op.WGMMA)
-def _lower_wgmma(n: Node, ctx: Ctx) -> list[Line]:
-    if ctx.program.target != "sm_90a":
-        raise LowerError("lower.unsupported_atom", f"wgmma exists on sm_90a only, not {ctx.program.target}")
+def lower_wgmma(n: Node, ctx: Ctx) -> list[Line]:
+    rows = _wgmma_rows(ctx)
     acc_n = n.arg("acc")
-    frag = _st(ctx)["frag"].get(acc_n)
+    frag = async_state(ctx)["frag"].get(acc_n)
     if frag is None:
         raise LowerError("lower.unsupported_operand", f"`{acc_n}` is not a wgmma accumulator in scope")
-    a, pa = _slot_ptr(ctx, n.arg("a"), "operand a")
-    b, pb = _slot_ptr(ctx, n.arg("b"), "operand b")
+    a, pa = slot_ptr(ctx, n.arg("a"), "operand a")
+    b, pb = slot_ptr(ctx, n.arg("b"), "operand b")
     kmajor = n.attr("b_major") == "k"
     (m, k), (bk, nn) = a.shape, (b.shape[::-1] if kmajor else b.shape)
     dt = a.type.dtype
@@ -369,7 +359,7 @@ def _lower_wgmma(n: Node, ctx: Ctx) -> list[Line]:
                          "allocate a (BM, 64) and b (64, BN) with swizzle=128")
     if (m, nn) != frag[:2] or bk != k or k % 16:
         raise LowerError("lower.shape_mismatch", f"wgmma shapes: acc {frag[:2]}, a {a.shape}, b {b.shape}")
-    first = _role(ctx)[0]
+    first = role_threads(ctx)[0]
     ab = "bf16" if dt is DType.BF16 else "f16"
     fresh = frag[2] if len(frag) > 2 else None
     if not n.attr("accumulate"):
@@ -387,8 +377,8 @@ def _lower_wgmma(n: Node, ctx: Ctx) -> list[Line]:
     return [
         "{",
         "    cake::wgmma_fence();",
-        f"    const int cake_wg = ((int)threadIdx.x - {first}) / 128;",
-        f"    const {dt.c_type}* const cake_a = {pa} + cake_wg * {64 * k};  // 64 rows per warpgroup",
+        f"    const int cake_wg = ((int)threadIdx.x - {first}) / {ctx.arch.warpgroup_threads};",
+        f"    const {dt.c_type}* const cake_a = {pa} + cake_wg * {rows * k};  // {rows} rows per warpgroup",
         f"    const {dt.c_type}* const cake_b = {pb};",
         "#pragma unroll",
         f"    for (int cake_k = 0; cake_k < {k // 16}; ++cake_k) {{",
@@ -402,52 +392,53 @@ def _lower_wgmma(n: Node, ctx: Ctx) -> list[Line]:
     ]
 
 
-@lowering(Op.WGMMA_WAIT)
-def _lower_wgmma_wait(n: Node, ctx: Ctx) -> list[Line]:
+def lower_wgmma_wait(n: Node, ctx: Ctx) -> list[Line]:
     return [f"cake::wgmma_wait<{ctx.static(n.args[0], 'the groups left in flight') if n.args[0] else 0}>();"]
 
 
-@lowering(Op.TCGEN05_MMA)
-def _lower_tcgen05(n: Node, ctx: Ctx) -> list[Line]:
+def lower_tcgen05(n: Node, ctx: Ctx) -> list[Line]:
     raise LowerError("lower.unsupported_atom", "tcgen05_mma is declared (sm_100a) but not lowered yet: tensor "
                                                "memory allocation and tcgen05.mma are missing from the header",
                      "use wgmma on sm_90a")
 
 
-# ------------------------------------- v1 tile ops: wgmma accumulators, role guards
+# -------------------------------- variants of the v1 tile ops: wgmma accumulators, row state, in-role refusals
 
-_BASE = {op: LOWERINGS[op] for op in (Op.SMEM, Op.RMEM, Op.STORE, Op.LOAD, Op.MMA)}
-
-
-@lowering(Op.SMEM)
-def _lower_smem(n: Node, ctx: Ctx) -> list[Line]:
-    if n.attr("swizzle") == 128:
-        ctx.smem_top = -(-ctx.smem_top // SWIZZLE_ALIGN) * SWIZZLE_ALIGN
-    out = _BASE[Op.SMEM](n, ctx)
-    b = ctx.scopes[-1][n.result]       # keep the swizzle in the buffer's type (wgmma descriptors read it)
-    ctx.scopes[-1][n.result] = Buf(b.name, replace(b.type, swizzle=Swizzle(n.attr("swizzle"))), b.shape,
-                                   b.smem_offset)
-    return out
+def in_role(n: Node, ctx: Ctx) -> bool:
+    """The node is lowered inside a warp role."""
+    return async_state(ctx)["role"] is not None
 
 
-@lowering(Op.RMEM)
-def _lower_rmem(n: Node, ctx: Ctx) -> list[Line]:
-    st = _st(ctx)
-    if n.result in st["rowstate"] and st["role"] is not None:
-        return _lower_rowstate(n, ctx)
-    if st["role"] is not None and n.result in lower_topk.topk_rowstate(ctx):
-        return lower_topk.lower_topk_rmem(n, ctx)
-    if n.result not in st["accs"]:
-        if st["role"] is not None:
-            raise LowerError("lower.unsupported_in_role", f"rmem tile `{n.result}` inside a role: v1 lowers rmem "
-                                                          "inside roles only as a wgmma accumulator")
-        return _BASE[Op.RMEM](n, ctx)
+def is_rowstate(n: Node, ctx: Ctx) -> bool:
+    """An rmem allocation, inside a role, of argmin_bias row state (best / arg)."""
+    return n.result in async_state(ctx)["rowstate"] and in_role(n, ctx)
+
+
+def is_wgmma_acc(n: Node, ctx: Ctx) -> bool:
+    """An rmem allocation of a wgmma accumulator."""
+    return n.result in async_state(ctx)["accs"]
+
+
+def stores_rowstate(n: Node, ctx: Ctx) -> bool:
+    """A store of argmin_bias row state allocated in a role."""
+    return n.arg("src") in async_state(ctx)["rows"]
+
+
+def reads_wgmma_acc(n: Node, ctx: Ctx) -> bool:
+    """A store or an atomic_add of a wgmma accumulator in scope."""
+    return n.arg("src") in async_state(ctx)["frag"]
+
+
+def lower_acc_rmem(n: Node, ctx: Ctx) -> list[Line]:
+    """A wgmma accumulator: the m64nN fragment of each warpgroup, N / 2 floats per thread."""
+    st = async_state(ctx)
     dtype, shape = n.args
     m, nn = (ctx.static(d, "an rmem shape") for d in shape)
-    first, count = _role(ctx)
-    if dtype is not DType.F32 or m != 64 * (count // 128) or count % 128:
+    first, count = role_threads(ctx)
+    rows, wg = _wgmma_rows(ctx), ctx.arch.warpgroup_threads
+    if dtype is not DType.F32 or m != rows * (count // wg) or count % wg:
         raise LowerError("lower.shape_mismatch", f"wgmma accumulator `{n.result}` is {dtype.value} {(m, nn)} over "
-                                                 f"{count} threads; f32 with 64 rows per warpgroup needed")
+                                                 f"{count} threads; f32 with {rows} rows per warpgroup needed")
     ctx.scopes[-1][n.result] = Buf(n.result, TileType(dtype, tuple(shape), MemSpace.RMEM), (m, nn))
     st["frag"][n.result] = (m, nn)
     fill = n.attr("fill")
@@ -462,22 +453,35 @@ def _lower_rmem(n: Node, ctx: Ctx) -> list[Line]:
     return [decl, f"cake::fill_rmem({n.result}, {float(fill)!r}f);"]
 
 
+def _wgmma_rows(ctx: Ctx) -> int:
+    """Accumulator rows per warpgroup (wgmma's M)."""
+    if ctx.arch.wgmma is None:
+        raise LowerError("lower.unsupported_atom", f"wgmma exists on sm_90a only, not {ctx.program.target}")
+    return ctx.arch.wgmma.m
+
+
+def fragment_rows(ctx: Ctx, threads: int) -> int:
+    """The accumulator rows the whole warpgroups of ``threads`` threads hold (wgmma's M per warpgroup)."""
+    return _wgmma_rows(ctx) * (threads // ctx.arch.warpgroup_threads)
+
+
 def _fresh(acc: str) -> str:
     return f"cake_{acc}_fresh"
 
 
-def _lower_rowstate(n: Node, ctx: Ctx) -> list[Line]:
+def lower_rowstate_rmem(n: Node, ctx: Ctx) -> list[Line]:
     """best / arg of argmin_bias: 2 slots per thread, the fragment rows it owns (see cake_async.cuh)."""
-    st = _st(ctx)
+    st = async_state(ctx)
     dtype, shape = n.args
     dims = [ctx.static(d, "an rmem shape") for d in shape]
-    first, count = _role(ctx)
+    first, count = role_threads(ctx)
     which = st["rowstate"][n.result][0]
-    if count % 128 or dims not in ([64 * (count // 128)], [64 * (count // 128), 1]) or \
+    rows, wg = _wgmma_rows(ctx), ctx.arch.warpgroup_threads
+    if count % wg or dims not in ([rows * (count // wg)], [rows * (count // wg), 1]) or \
             dtype is not (DType.I32 if which else DType.F32):
         raise LowerError("lower.shape_mismatch", f"argmin_bias row state `{n.result}` is {dtype.value} {tuple(dims)} "
-                                                 f"over {count} threads; ({64 * (count // 128)},) "
-                                                 f"{'i32' if which else 'f32'} (64 rows per warpgroup) needed")
+                                                 f"over {count} threads; ({rows * (count // wg)},) "
+                                                 f"{'i32' if which else 'f32'} ({rows} rows per warpgroup) needed")
     ctx.scopes[-1][n.result] = Buf(n.result, TileType(dtype, tuple(shape), MemSpace.RMEM), tuple(dims))
     st["rows"][n.result] = dims[0]
     c = dtype.c_type
@@ -491,84 +495,82 @@ def _lower_rowstate(n: Node, ctx: Ctx) -> list[Line]:
 def epilogue_operands(n: Node, ctx: Ctx) -> tuple[str, tuple, str]:
     """(dots, its wgmma fragment, the bias pointer) of a fused epilogue on a wgmma accumulator
     (argmin_bias, topk_bias): inside a role, dots an accumulator in scope, bias C f32 values in smem."""
-    st = _st(ctx)
+    st = async_state(ctx)
     if st["role"] is None:
         raise LowerError("lower.unsupported_operand", f"{n.op.value} is lowered inside a role, on a wgmma accumulator")
     dots = n.arg("dots")
     frag = st["frag"].get(dots)
     if frag is None:
         raise LowerError("lower.unsupported_operand", f"`{dots}` is not a wgmma accumulator in scope")
-    bias, pb = _slot_ptr(ctx, n.arg("bias"), "bias")
+    bias, pb = slot_ptr(ctx, n.arg("bias"), "bias")
     if bias.type.dtype is not DType.F32 or bias.numel != frag[1]:
         raise LowerError("lower.shape_mismatch", f"bias {bias.shape} {bias.type.dtype.value}: {frag[1]} f32 values "
                                                  "needed")
     return dots, frag, pb
 
 
-@lowering(Op.ARGMIN_BIAS)
-def _lower_argmin_bias(n: Node, ctx: Ctx) -> list[Line]:
+def lower_argmin_bias(n: Node, ctx: Ctx) -> list[Line]:
     dots, frag, pb = epilogue_operands(n, ctx)
     for x in (n.arg("best"), n.arg("arg")):
-        if x not in _st(ctx)["rows"]:
+        if x not in async_state(ctx)["rows"]:
             raise LowerError("lower.unsupported_operand", f"`{x}` is not argmin_bias row state allocated in this role")
-    first = _role(ctx)[0]
+    first = role_threads(ctx)[0]
     beta = float(n.attr("beta"))
     return [f"cake::argmin_bias_rmem_wgmma_acc<{frag[1]}>({n.arg('best')}, {n.arg('arg')}, {dots}, {pb}, "
             f"{beta!r}f, {ctx.check_expr(n.arg('base'), 'base')}, {ctx.check_expr(n.arg('limit'), 'limit')}, "
             f"(int)threadIdx.x - {first});"]
 
 
-def _store_rowstate(n: Node, ctx: Ctx) -> list[Line]:
-    st = _st(ctx)
+def lower_store_rowstate(n: Node, ctx: Ctx) -> list[Line]:
+    st = async_state(ctx)
     view, src = n.args
     which, partner = st["rowstate"][src]
     best, arg = (src, partner) if which == 0 else (partner, src)
     if partner not in st["rows"]:
         raise LowerError("lower.unsupported_operand", f"`{partner}`, the partner of `{src}`, is not in scope")
     rows = st["rows"][src]
-    w = _window(view, (rows,), ctx, "destination")
+    w = window(view, (rows,), ctx, "destination")
     if w.rows != 1 or w.cols != rows:
         raise LowerError("lower.shape_mismatch", f"argmin_bias row state `{src}` ({rows},) stores into a 1-D window "
                                                  f"of {rows}, not {w.rows} x {w.cols}")
     n_in = f"(({w.rows_in}) > 0 ? (int)({w.cols_in}) : 0)" if n.attr("guard") else str(rows)
-    first = _role(ctx)[0]
+    first = role_threads(ctx)[0]
     return [f"cake::store_gmem_rowstate<{which}>({w.base}, {best}, {arg}, {w.ld_col}, {n_in}, "
             f"(int)threadIdx.x - {first});  // merges each row's quad"]
 
 
-@lowering(Op.STORE)
-def _lower_store(n: Node, ctx: Ctx) -> list[Line]:
-    st = _st(ctx)
+def lower_store_acc(n: Node, ctx: Ctx) -> list[Line]:
+    """A store of a wgmma accumulator from its fragments (zeros when no wgmma wrote it)."""
     view, src = n.args
-    if src in st["rows"]:
-        return _store_rowstate(n, ctx)
-    if st["role"] is not None and src in lower_topk.topk_rowstate(ctx):
-        return lower_topk.lower_topk_store(n, ctx)
-    frag = st["frag"].get(src)
-    if frag is None:
-        if st["role"] is not None:
-            raise LowerError("lower.unsupported_in_role", "store inside a role: v1 lowers it only for a wgmma "
-                                                          "accumulator")
-        return _BASE[Op.STORE](n, ctx)
-    w = _window(view, frag[:2], ctx, "destination")
+    frag = async_state(ctx)["frag"][src]
+    w = window(view, frag[:2], ctx, "destination")
     guard = "true" if n.attr("guard") else "false"
-    first = _role(ctx)[0]
-    zero = [f"if ({frag[2]}) cake::fill_rmem({src}, 0.0f);  // no wgmma wrote it"] if len(frag) > 2 else []
-    return zero + [f"cake::store_gmem_wgmma_acc<{frag[1]}, {guard}>({w.base}, {src}, {w.ld_row}, {w.ld_col}, "
-                   f"{w.rows_in}, {w.cols_in}, (int)threadIdx.x - {first});"]
+    first = role_threads(ctx)[0]
+    return zero_unwritten_acc(ctx, src) + [
+        f"cake::store_gmem_wgmma_acc<{frag[1]}, {guard}>({w.base}, {src}, {w.ld_row}, {w.ld_col}, "
+        f"{w.rows_in}, {w.cols_in}, (int)threadIdx.x - {first});"]
 
 
-def _guard_in_role(op: Op):
-    def hook(n: Node, ctx: Ctx) -> list[Line]:
-        if _st(ctx)["role"] is not None:
-            raise LowerError("lower.unsupported_in_role", f"`{op.value}` inside a role: the v1 helper spreads it over "
-                                                          "all CTA threads", "use tma_load/cp_async and wgmma in roles")
-        return _BASE[op](n, ctx)
-    return hook
+def zero_unwritten_acc(ctx: Ctx, acc: str) -> list[str]:
+    """The line that zero-fills a lazily zeroed accumulator no wgmma wrote (none for one filled up front)."""
+    frag = async_state(ctx)["frag"][acc]
+    return [f"if ({frag[2]}) cake::fill_rmem({acc}, 0.0f);  // no wgmma wrote it"] if len(frag) > 2 else []
 
 
-LOWERINGS[Op.LOAD] = _guard_in_role(Op.LOAD)
-LOWERINGS[Op.MMA] = _guard_in_role(Op.MMA)
+def refuse_rmem_in_role(n: Node, ctx: Ctx) -> list[Line]:
+    raise LowerError("lower.unsupported_in_role", f"rmem tile `{n.result}` inside a role: v1 lowers rmem "
+                                                  "inside roles only as a wgmma accumulator")
+
+
+def refuse_store_in_role(n: Node, ctx: Ctx) -> list[Line]:
+    raise LowerError("lower.unsupported_in_role", "store inside a role: v1 lowers it only for a wgmma "
+                                                  "accumulator")
+
+
+def refuse_cta_op_in_role(n: Node, ctx: Ctx) -> list[Line]:
+    """``load``, ``mma``: the v1 helpers spread them over all the CTA's threads."""
+    raise LowerError("lower.unsupported_in_role", f"`{n.op.value}` inside a role: the v1 helper spreads it over "
+                                                  "all CTA threads", "use tma_load/cp_async and wgmma in roles")
 
 
 # --------------------------------------------------------------------- kernel
@@ -584,3 +586,25 @@ def kernel_extras(ctx: Ctx) -> tuple[list[str], str, tuple[TensorMapArg, ...], t
     if st["cluster"]:
         attrs = "__cluster_dims__({}, {}, {}) ".format(*st["cluster"])
     return params, attrs, maps, st["cluster"] or ()
+
+
+# This module's ops that lower one way (dispatch.LOWERINGS assembles them with the variant tables).
+HOOKS: dict[Op, Lowering] = {
+    Op.ROLE: lower_role,
+    Op.CLUSTER: lower_cluster,
+    Op.MBARRIER: lower_mbarrier,
+    Op.EXPECT_TX: lower_expect_tx,
+    Op.ARRIVE: lower_arrive,
+    Op.WAIT: lower_wait,
+    Op.TMA_LOAD: lower_tma_load,
+    Op.TMA_STORE: lower_tma_store,
+    Op.CP_ASYNC: lower_cp_async,
+    Op.CP_ASYNC_BAR: lower_cp_async_bar,
+    Op.CP_ASYNC_WAIT: lower_cp_async_wait,
+    Op.FENCE_ASYNC: lower_fence,
+    Op.CLUSTER_SYNC: lower_cluster_sync,
+    Op.WGMMA: lower_wgmma,
+    Op.WGMMA_WAIT: lower_wgmma_wait,
+    Op.TCGEN05_MMA: lower_tcgen05,
+    Op.ARGMIN_BIAS: lower_argmin_bias,
+}

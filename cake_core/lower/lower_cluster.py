@@ -15,7 +15,8 @@ import math
 
 from cake_core.ir.ops import Node, Op
 from cake_core.ir.types import DType, MemSpace
-from cake_core.lower.cuda import Buf, Ctx, Line, LowerError, _window, lowering
+from cake_core.lower.context import Buf, Ctx, Line, Lowering, LowerError, window
+from cake_core.lower.lower_async import zero_unwritten_acc
 
 
 def _part(n: Node, ctx: Ctx) -> Buf:
@@ -26,8 +27,7 @@ def _part(n: Node, ctx: Ctx) -> Buf:
     return p
 
 
-@lowering(Op.ACC_PUBLISH)
-def _lower_acc_publish(n: Node, ctx: Ctx) -> list[Line]:
+def lower_acc_publish(n: Node, ctx: Ctx) -> list[Line]:
     st = ctx.__dict__.get("async_state")
     acc = n.arg("acc")
     frag = st["frag"].get(acc) if st is not None and st["role"] is not None else None
@@ -39,9 +39,9 @@ def _lower_acc_publish(n: Node, ctx: Ctx) -> list[Line]:
         raise LowerError("lower.shape_mismatch", f"part `{p.name}` {p.shape} for the accumulator {frag[:2]} "
                                                  "(one stage of the same shape needed)")
     first = st["role"][0]
-    zero = [f"if ({frag[2]}) cake::fill_rmem({acc}, 0.0f);  // no wgmma wrote it"] if len(frag) > 2 else []
-    return zero + [f"cake::store_smem_wgmma_acc_cluster<{frag[1]}>({p.name}, {acc}, (int)threadIdx.x - {first});"
-                   "  // this CTA's partial sum, published to the cluster"]
+    return zero_unwritten_acc(ctx, acc) + [
+        f"cake::store_smem_wgmma_acc_cluster<{frag[1]}>({p.name}, {acc}, (int)threadIdx.x - {first});"
+        "  // this CTA's partial sum, published to the cluster"]
 
 
 def cluster_top_level(n: Node, ctx: Ctx) -> dict | None:
@@ -54,8 +54,7 @@ def cluster_top_level(n: Node, ctx: Ctx) -> dict | None:
     return st
 
 
-@lowering(Op.ACC_CLUSTER_REDUCE)
-def _lower_acc_cluster_reduce(n: Node, ctx: Ctx) -> list[Line]:
+def lower_acc_cluster_reduce(n: Node, ctx: Ctx) -> list[Line]:
     st = cluster_top_level(n, ctx)
     p = _part(n, ctx)
     view = n.arg("dst")
@@ -64,8 +63,15 @@ def _lower_acc_cluster_reduce(n: Node, ctx: Ctx) -> list[Line]:
         raise LowerError("lower.unsupported_operand", f"acc_cluster_reduce into {g.type.dtype.value} `{view.buf}`: "
                                                       "f32 gmem needed")
     rows, cols = p.shape
-    w = _window(view, (rows, cols), ctx, "destination")
+    w = window(view, (rows, cols), ctx, "destination")
     cl = (st or {}).get("cluster") or (1, 1, 1)
     return [f"cake::cluster_reduce_gmem_f32<{rows}, {cols}, {math.prod(cl)}>({w.base}, {w.ld_row}, {w.ld_col}, "
             f"(int)({w.rows_in}), (int)({w.cols_in}), {p.name}, (int)threadIdx.x, {ctx.threads});"
             "  // this CTA's share of the tile, summed over the cluster"]
+
+
+# This module's ops that lower one way (dispatch.LOWERINGS assembles them with the variant tables).
+HOOKS: dict[Op, Lowering] = {
+    Op.ACC_PUBLISH: lower_acc_publish,
+    Op.ACC_CLUSTER_REDUCE: lower_acc_cluster_reduce,
+}

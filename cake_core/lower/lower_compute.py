@@ -1,4 +1,4 @@
-"""Lowering hooks of the compute ops (register with cake_core.lower.cuda.lowering).
+"""Lowering hooks of the compute ops (``dispatch.LOWERINGS`` names them).
 
 Correctness first, all CTA-collective:
 - Elementwise ops (``fill``, ``cast``, ``unary``, ``ewise``, ``transpose``)
@@ -12,7 +12,7 @@ Correctness first, all CTA-collective:
 - Ops that combine elements held by different threads (the axis ops, the
   running merges, broadcasts and transposes of an rmem source, the scatter
   index) stage their rmem operands into shared-memory scratch that the
-  lowering allocates (``ops_compute.staged_operands``), run one thread per
+  lowering allocates (``ir.scratch.staged_operands``), run one thread per
   line (cake_compute.cuh) and read rmem results back; they begin and end with
   ``__syncthreads()``.
 Scratch is one region reused by consecutive compute statements (grown to the
@@ -25,9 +25,10 @@ from __future__ import annotations
 
 from cake_core.ir.expr import Expr, evaluate
 from cake_core.ir.ops import At, Full, Node, Op, Tile, View
-from cake_core.ir.ops_compute import SCRATCH_ALIGN, broadcasts_to, norm_axis, staged_operands
+from cake_core.ir.scratch import SCRATCH_ALIGN, staged_operands
+from cake_core.ir.shapes import broadcasts_to, norm_axis
 from cake_core.ir.types import DType, MemSpace, TileType
-from cake_core.lower.cuda import SMEM_ALIGN, Buf, Ctx, Line, LowerError, _c_literal, _window, lowering
+from cake_core.lower.context import Buf, Ctx, Line, Lowering, LowerError, c_literal, window
 
 _TILE = (MemSpace.SMEM, MemSpace.RMEM)
 _FN_CODE = {"sum": 0, "max": 1, "min": 2}
@@ -50,7 +51,8 @@ def _scratch(ctx: Ctx, nbytes: int) -> int:
     """Offset of ``nbytes`` of smem scratch valid for one statement (see the module docstring)."""
     region = getattr(ctx, "compute_scratch", None)
     if region is None or region[0] + region[1] != ctx.smem_top:
-        region = (-(-ctx.smem_top // SMEM_ALIGN) * SMEM_ALIGN, 0)
+        align = ctx.arch.smem_alloc_align_bytes
+        region = (-(-ctx.smem_top // align) * align, 0)
     off, size = region[0], max(region[1], nbytes)
     ctx.compute_scratch = (off, size)         # lowering-private state on the context
     ctx.smem_top = off + size
@@ -172,11 +174,10 @@ def _block(pre: list[str], body: list[str], post: list[str] = ()) -> list[Line]:
     return ["{"] + ["    " + x for x in list(pre) + list(body) + list(post)] + ["}"]
 
 
-@lowering(Op.FILL)
-def _lower_fill(n: Node, ctx: Ctx) -> list[Line]:
+def lower_fill(n: Node, ctx: Ctx) -> list[Line]:
     dst = _tile(ctx, n.args[0], "destination")
     st = _Staging(ctx, n)
-    lit = _c_literal(n.attr("value"), dst.type.dtype)
+    lit = c_literal(n.attr("value"), dst.type.dtype)
     body = [f"{_access(dst, st, None)} = cake::convert<{dst.type.dtype.c_type}>({lit});"]
     return _block([], _owned_loop(ctx, dst.numel, dst.shape[-1], body))
 
@@ -187,8 +188,7 @@ def _cast_expr(x: str, src: DType, dst: DType) -> str:
     return f"cake::convert<{dst.c_type}>({x})"
 
 
-@lowering(Op.CAST)
-def _lower_cast(n: Node, ctx: Ctx) -> list[Line]:
+def lower_cast(n: Node, ctx: Ctx) -> list[Line]:
     dst, src = _tile(ctx, n.args[0], "destination"), _tile(ctx, n.args[1], "source")
     if dst.shape != src.shape:
         raise LowerError("lower.shape_mismatch", f"cast of {src.shape} into {dst.shape}")
@@ -202,8 +202,7 @@ _UNARY_F = {"neg": "(-{x})", "abs": "fabsf({x})", "square": "({x} * {x})", "sqrt
 _UNARY_I = {"neg": "(-{x})", "abs": "abs({x})", "square": "({x} * {x})"}
 
 
-@lowering(Op.UNARY)
-def _lower_unary(n: Node, ctx: Ctx) -> list[Line]:
+def lower_unary(n: Node, ctx: Ctx) -> list[Line]:
     dst, src = _tile(ctx, n.args[0], "destination"), _tile(ctx, n.args[1], "source")
     if dst.shape != src.shape:
         raise LowerError("lower.shape_mismatch", f"unary of {src.shape} into {dst.shape}")
@@ -224,8 +223,7 @@ _EWISE_I = {"add": "{a} + {b}", "sub": "{a} - {b}", "mul": "{a} * {b}", "div": "
             "max": "cake_max({a}, {b})", "min": "cake_min({a}, {b})"}
 
 
-@lowering(Op.EWISE)
-def _lower_ewise(n: Node, ctx: Ctx) -> list[Line]:
+def lower_ewise(n: Node, ctx: Ctx) -> list[Line]:
     dst = _tile(ctx, n.args[0], "destination")
     a, b = _tile(ctx, n.args[1], "operand a"), _tile(ctx, n.args[2], "operand b")
     st = _Staging(ctx, n)
@@ -242,8 +240,7 @@ def _lower_ewise(n: Node, ctx: Ctx) -> list[Line]:
     return _block(st.pre, _owned_loop(ctx, dst.numel, dst.shape[-1], body))
 
 
-@lowering(Op.TRANSPOSE)
-def _lower_transpose(n: Node, ctx: Ctx) -> list[Line]:
+def lower_transpose(n: Node, ctx: Ctx) -> list[Line]:
     dst, src = _tile(ctx, n.args[0], "destination"), _tile(ctx, n.args[1], "source")
     if len(src.shape) != 2 or dst.shape != src.shape[::-1]:
         raise LowerError("lower.shape_mismatch", f"transpose of {src.shape} into {dst.shape}")
@@ -282,8 +279,7 @@ def _check_reduced(src: Buf, outs: list[Buf], lines: int) -> None:
                                                      f"reducing `{src.name}` {src.shape}")
 
 
-@lowering(Op.REDUCE)
-def _lower_reduce(n: Node, ctx: Ctx) -> list[Line]:
+def lower_reduce(n: Node, ctx: Ctx) -> list[Line]:
     dst, src = _tile(ctx, n.args[0], "destination"), _tile(ctx, n.args[1], "source")
     L, N, LS, JS = _lines(n, src)
     _check_reduced(src, [dst], L)
@@ -293,8 +289,7 @@ def _lower_reduce(n: Node, ctx: Ctx) -> list[Line]:
     return _line_op(st, call, [dst])
 
 
-@lowering(Op.SCAN)
-def _lower_scan(n: Node, ctx: Ctx) -> list[Line]:
+def lower_scan(n: Node, ctx: Ctx) -> list[Line]:
     dst, src = _tile(ctx, n.args[0], "destination"), _tile(ctx, n.args[1], "source")
     if dst.shape != src.shape:
         raise LowerError("lower.shape_mismatch", f"scan of {src.shape} into {dst.shape}")
@@ -306,9 +301,7 @@ def _lower_scan(n: Node, ctx: Ctx) -> list[Line]:
     return _line_op(st, call, [dst])
 
 
-@lowering(Op.ARGMIN)
-@lowering(Op.ARGMAX)
-def _lower_argreduce(n: Node, ctx: Ctx) -> list[Line]:
+def lower_argreduce(n: Node, ctx: Ctx) -> list[Line]:
     val, idx, src = (_tile(ctx, x, r) for x, r in zip(n.args, ("value", "index", "source")))
     if idx.type.dtype is not DType.I32:
         raise LowerError("lower.unsupported_operand", f"index tile `{idx.name}` must be i32")
@@ -332,8 +325,7 @@ def _running(ctx: Ctx, n: Node) -> tuple[Buf, Buf, Buf, str, str]:
     return a, b, scores, base, limit
 
 
-@lowering(Op.ARGMIN_UPDATE)
-def _lower_argmin_update(n: Node, ctx: Ctx) -> list[Line]:
+def lower_argmin_update(n: Node, ctx: Ctx) -> list[Line]:
     best, arg, scores, base, limit = _running(ctx, n)
     R, C = scores.shape
     if best.numel != R or arg.numel != R:
@@ -344,8 +336,7 @@ def _lower_argmin_update(n: Node, ctx: Ctx) -> list[Line]:
     return _line_op(st, call, [best, arg])
 
 
-@lowering(Op.TOPK_MERGE)
-def _lower_topk_merge(n: Node, ctx: Ctx) -> list[Line]:
+def lower_topk_merge(n: Node, ctx: Ctx) -> list[Line]:
     vals, idx, scores, base, limit = _running(ctx, n)
     R, C = scores.shape
     if len(vals.shape) != 2 or vals.shape != idx.shape or vals.shape[0] != R:
@@ -371,12 +362,11 @@ def _atomic_value(x: str, src: DType, dst: DType) -> str:
     return f"cake::to_f32({x})" if dst is DType.F32 else _value(x, src, False)
 
 
-@lowering(Op.ATOMIC_ADD)
-def _lower_atomic_add(n: Node, ctx: Ctx) -> list[Line]:
+def lower_atomic_add(n: Node, ctx: Ctx) -> list[Line]:
     view, src_name = n.args
     src = _tile(ctx, src_name, "source")
     g = _gmem_dst(ctx, view)
-    w = _window(view, src.shape, ctx, "destination")
+    w = window(view, src.shape, ctx, "destination")
     st = _Staging(ctx, n)
     c = g.type.dtype.c_type
     guard = "true" if n.attr("guard") else "false"
@@ -401,8 +391,7 @@ def _scatter_extent(ctx: Ctx, view: View, g: Buf) -> tuple[list[tuple[object, Ex
     return kept, e
 
 
-@lowering(Op.SCATTER_ADD)
-def _lower_scatter_add(n: Node, ctx: Ctx) -> list[Line]:
+def lower_scatter_add(n: Node, ctx: Ctx) -> list[Line]:
     view, idx_name, src_name = n.args[:3]
     idx, src = _tile(ctx, idx_name, "index"), _tile(ctx, src_name, "source")
     if view.buf not in ctx.gmem:
@@ -415,7 +404,7 @@ def _lower_scatter_add(n: Node, ctx: Ctx) -> list[Line]:
     if len(src.shape) != len(kept) or idx.numel != src.shape[0]:
         raise LowerError("lower.shape_mismatch", f"scatter_add of src {src.shape} with idx {idx.shape} into a "
                                                  f"rank-{len(kept)} window")
-    w = _window(view, (e_static, src.shape[1]) if rank2 else (e_static,), ctx, "destination")
+    w = window(view, (e_static, src.shape[1]) if rank2 else (e_static,), ctx, "destination")
     st = _Staging(ctx, n)
     c = g.type.dtype.c_type
     guard = "true" if n.attr("guard") else "false"
@@ -461,7 +450,7 @@ def _rows_by_red_v4(ctx: Ctx, g: Buf, src: Buf, st: _Staging) -> bool:
     keep the scalar loop: the warp-owned kmeans_update variants' gmem branch spills with both paths."""
     R, C = src.shape
     return g.type.dtype is DType.F32 and C % 4 == 0 and src.type.space is MemSpace.RMEM \
-        and src.name not in st.ptr and ctx.threads % 32 == 0 and ctx.threads % C == 0 \
+        and src.name not in st.ptr and ctx.threads % ctx.arch.warp_size == 0 and ctx.threads % C == 0 \
         and (R * C) % ctx.threads == 0
 
 
@@ -498,8 +487,7 @@ def _lower_scatter_add_smem(n: Node, ctx: Ctx, idx: Buf, src: Buf) -> list[Line]
     return _block(st.pre, [call])
 
 
-@lowering(Op.GATHER_ADD)
-def _lower_gather_add(n: Node, ctx: Ctx) -> list[Line]:
+def lower_gather_add(n: Node, ctx: Ctx) -> list[Line]:
     """gather_add: ``cake::gather_add_bucketed`` (a stable counting sort of the rows to the warps that own
     their target rows, through the queue tile; each owner keeps two batches of its rows' loads in flight). As for other tile ops,
     ``sync()`` orders the target's zeroing before and its readers after."""
@@ -514,15 +502,33 @@ def _lower_gather_add(n: Node, ctx: Ctx) -> list[Line]:
     if idx.type.space is not MemSpace.SMEM:
         raise LowerError("lower.unsupported_operand", f"gather_add reads its indices from smem; `{idx_name}` is "
                                                       f"{idx.type.space.value}")
-    warps = ctx.threads // 32
+    warps = ctx.threads // ctx.arch.warp_size
     if queue.type.space is not MemSpace.SMEM or queue.type.dtype is not DType.I32 \
             or queue.numel < idx.numel + 2 * warps * warps:
         raise LowerError("lower.unsupported_operand", f"gather_add's queue `{q_name}` {queue.shape}: an i32 smem "
                                                       f"tile of {idx.numel + 2 * warps * warps} entries is needed")
     E, C = dst.shape
-    w = _window(n.arg("src"), (idx.numel, C), ctx, "source")
+    w = window(n.arg("src"), (idx.numel, C), ctx, "source")
     valid = f"{ctx.check_expr(n.arg('limit'), 'limit')} - ({ctx.check_expr(n.arg('base'), 'base')})"
     first = ctx.check_expr(n.arg("first"), "first")
     return _block([], [f"cake::gather_add_bucketed<{idx.numel}, {C}, {E}, THREADS>({dst_v.buf}, {cnt_v.buf}, "
                        f"{idx_name}, {q_name}, (int)({first}), {w.base}, {w.ld_row}, {w.ld_col}, (int)({w.rows_in}), "
                        f"(int)({w.cols_in}), (int)({valid}));"])
+
+
+# This module's ops that lower one way (dispatch.LOWERINGS assembles them with the variant tables).
+HOOKS: dict[Op, Lowering] = {
+    Op.FILL: lower_fill,
+    Op.CAST: lower_cast,
+    Op.UNARY: lower_unary,
+    Op.EWISE: lower_ewise,
+    Op.TRANSPOSE: lower_transpose,
+    Op.REDUCE: lower_reduce,
+    Op.SCAN: lower_scan,
+    Op.ARGMIN: lower_argreduce,
+    Op.ARGMAX: lower_argreduce,
+    Op.ARGMIN_UPDATE: lower_argmin_update,
+    Op.TOPK_MERGE: lower_topk_merge,
+    Op.SCATTER_ADD: lower_scatter_add,
+    Op.GATHER_ADD: lower_gather_add,
+}

@@ -1,15 +1,80 @@
-"""Lowering hooks of the structured control ops other than `for` (see cuda.py): `if`."""
+"""Lowering of the structure ops: ``for`` (a C ``for`` loop, ``#pragma unroll``), ``if`` and ``let``.
+
+- ``for`` → a C ``for`` loop; ``range(start, stop, step)`` keeps its bounds (``ncta.x`` → ``gridDim.x``).
+- ``if`` → a C ``if`` over the condition (uniform across the CTA).
+- ``name = expr`` (``let``) → ``const int name = expr;`` in the C block of its IR block (the same int
+  arithmetic as the expression written inline at each use); ``tile_order`` → two ints set by
+  ``cake::tile_order`` (header/cake.cuh), the same grouped order the interpreter binds.
+"""
 from __future__ import annotations
 
-from cake_core.ir.ops import Node, Op
-from cake_core.lower.cuda import Ctx, Line, lowering
+from cake_core.ir.ops import Node, Op, loop_range
+from cake_core.lower.context import Ctx, Line, Lowering, LowerError
 
 
-@lowering(Op.IF)
-def _lower_if(n: Node, ctx: Ctx) -> list[Line]:
+def lower_for(n: Node, ctx: Ctx) -> list[Line]:
+    var = n.args[0]
+    if var in ctx.loop_vars or var in ctx.consts or var in ctx.dims:
+        raise LowerError("lower.shadowed_name", f"loop variable `{var}` shadows a name already in scope")
+    start, stop, step = loop_range(n)
+    ext = ctx.check_expr(stop, "the loop extent")
+    pad = "    " * ctx.depth
+    out: list[Line] = []
+    unroll = n.attr("unroll")
+    if unroll != 1:
+        out.append(f"#pragma unroll {unroll}" if unroll > 1 else "#pragma unroll")
+    if len(n.args) == 2:
+        out.append(f"for (int {var} = 0; {var} < {ext}; ++{var}) {{")
+    else:     # range(start, stop, step): a persistent tile loop steps by ncta.x (gridDim.x)
+        first, by = ctx.check_expr(start, "the loop start"), ctx.check_expr(step, "the loop step")
+        out.append(f"for (int {var} = {first}; {var} < {ext}; {var} += {by}) {{")
+    body = ctx.lower_nested(n.body, loop_var=var)
+    return [(n.line, pad + x) for x in out] + body + [(n.line, pad + "}")]
+
+
+def lower_if(n: Node, ctx: Ctx) -> list[Line]:
     # the condition sees only consts, dims, loop variables and bid: uniform across the CTA, so
     # collective tile ops and __syncthreads() inside the body stay safe
     cond = ctx.check_expr(n.args[0], "the condition")
     pad = "    " * ctx.depth
     body = ctx.lower_nested(n.body)
     return [(n.line, f"{pad}if {cond} {{")] + body + [(n.line, pad + "}")]
+
+
+def _free(ctx: Ctx, names: list[str]) -> None:
+    """Refuse the names a binding op binds when one is already in scope (or bound twice by the op)."""
+    for i, var in enumerate(names):
+        if var in ctx.loop_vars or var in ctx.bound or var in ctx.consts or var in ctx.dims or var in names[:i]:
+            raise LowerError("lower.shadowed_name", f"binding `{var}` shadows a name already in scope")
+
+
+def lower_let(n: Node, ctx: Ctx) -> list[Line]:
+    # check_expr writes int arithmetic (consts, dims and loop variables are int; blockIdx/gridDim cast to
+    # int), so the binding is exactly the int the expression would be where it is used; 64-bit offsets are
+    # formed from it at the use (cake::index_t casts in the window code), as from an inline expression
+    var, value = n.args
+    _free(ctx, [var])
+    c = ctx.check_expr(value, f"binding `{var}`")
+    ctx.bound.append(var)
+    return [f"const int {var} = {c};"]
+
+
+def lower_tile_order(n: Node, ctx: Ctx) -> list[Line]:
+    """``tile_order(tm, tn, t, tiles_m, tiles_n, group=G)`` → ``cake::tile_order`` into two ints of the block."""
+    tm, tn, t, tiles_m, tiles_n, group = n.args
+    _free(ctx, [tm, tn])
+    g = ctx.static(group, "tile_order's group")
+    args = [ctx.check_expr(e, f"tile_order's {what}") for e, what in ((t, "tile"), (tiles_m, "tiles_m"),
+                                                                       (tiles_n, "tiles_n"))]
+    ctx.bound.extend([tm, tn])
+    return [f"int {tm}, {tn};  // tile_order: grouped tile coordinates",
+            f"cake::tile_order({tm}, {tn}, {', '.join(args)}, {g});"]
+
+
+# This module's ops that lower one way (dispatch.LOWERINGS assembles them with the variant tables).
+HOOKS: dict[Op, Lowering] = {
+    Op.FOR: lower_for,
+    Op.IF: lower_if,
+    Op.LET: lower_let,
+    Op.TILE_ORDER: lower_tile_order,
+}

@@ -10,7 +10,8 @@
 - ``sqnorm_rows``: ``cake::sqnorm_rows_smem``: one thread of the role per row, or two (a shuffle adds
   their halves) where the role has twice the rows' threads; 16-byte smem reads, f32 sums, then a named barrier over the role's threads (id 1 + the role's first warpgroup; ids 1..4 are
   the warpgroups' own barriers, never ``__syncthreads``'s 0).
-Hooked from lower_async: ``rmem`` and ``store`` of a topk_bias list inside a role come here.
+``rmem`` and ``store`` of a topk_bias list inside a role are variants of those ops (``dispatch``), chosen by
+:func:`is_topk_list` and :func:`stores_topk_list`.
 """
 from __future__ import annotations
 
@@ -19,7 +20,11 @@ import math
 from cake_core.ir.ops import Node, Op, Tile
 from cake_core.ir.program import walk
 from cake_core.ir.types import DType, MemSpace, TileType
-from cake_core.lower.cuda import Buf, Ctx, Line, LowerError, _window, lowering
+from cake_core.lower.context import Buf, Ctx, Line, Lowering, LowerError, window
+from cake_core.ir.rules_topk import KMAX_LIMIT
+from cake_core.lower.lower_async import (epilogue_operands, fragment_rows, in_role, named_barrier, role_threads,
+                                        slot_ptr)
+from cake_core.lower.lower_cluster import cluster_top_level
 
 
 def topk_rowstate(ctx: Ctx) -> dict[str, tuple[int, str]]:
@@ -39,19 +44,24 @@ def _kmax(ctx: Ctx) -> dict[str, int]:
     return ctx.__dict__["topk_state"]["kmax"]
 
 
-def _role(ctx: Ctx) -> tuple[int, int]:
-    r = ctx.__dict__["async_state"]["role"]
-    return r if r is not None else (0, ctx.threads)
+def is_topk_list(n: Node, ctx: Ctx) -> bool:
+    """An rmem allocation, inside a role, of a topk_bias list (top_v / top_i)."""
+    return in_role(n, ctx) and n.result in topk_rowstate(ctx)
+
+
+def stores_topk_list(n: Node, ctx: Ctx) -> bool:
+    """A store, inside a role, of a topk_bias list."""
+    return in_role(n, ctx) and n.arg("src") in topk_rowstate(ctx)
 
 
 def lower_topk_rmem(n: Node, ctx: Ctx) -> list[Line]:
     """top_v / top_i of topk_bias: 2 sorted lists of KMAX per thread, the fragment rows it owns."""
     dtype, shape = n.args
     dims = [ctx.static(d, "an rmem shape") for d in shape]
-    first, count = _role(ctx)
+    first, count = role_threads(ctx)
     which = topk_rowstate(ctx)[n.result][0]
-    rows = 64 * (count // 128)
-    if count % 128 or len(dims) != 2 or dims[0] != rows or not 1 <= dims[1] <= 32 or \
+    rows = fragment_rows(ctx, count)
+    if count % ctx.arch.warpgroup_threads or len(dims) != 2 or dims[0] != rows or not 1 <= dims[1] <= KMAX_LIMIT or \
             dtype is not (DType.I32 if which else DType.F32):
         raise LowerError("lower.shape_mismatch", f"topk_bias list `{n.result}` is {dtype.value} {tuple(dims)} over "
                                                  f"{count} threads; ({rows}, KMAX) {'i32' if which else 'f32'} "
@@ -70,9 +80,7 @@ def lower_topk_rmem(n: Node, ctx: Ctx) -> list[Line]:
             f"{n.result}[cake_h][cake_p] = {lit};"]
 
 
-@lowering(Op.TOPK_BIAS)
-def _lower_topk_bias(n: Node, ctx: Ctx) -> list[Line]:
-    from cake_core.lower.lower_async import epilogue_operands
+def lower_topk_bias(n: Node, ctx: Ctx) -> list[Line]:
     dots, frag, pb = epilogue_operands(n, ctx)
     kmax = _kmax(ctx)
     tv, ti = n.arg("top_v"), n.arg("top_i")
@@ -81,20 +89,17 @@ def _lower_topk_bias(n: Node, ctx: Ctx) -> list[Line]:
             raise LowerError("lower.unsupported_operand", f"`{x}` is not a topk_bias list allocated in this role")
     if kmax[tv] != kmax[ti]:
         raise LowerError("lower.shape_mismatch", f"`{tv}` keeps {kmax[tv]} and `{ti}` {kmax[ti]} per row")
-    first = _role(ctx)[0]
+    first = role_threads(ctx)[0]
     return [f"cake::topk_bias_rmem_wgmma_acc<{frag[1]}, {kmax[tv]}>({tv}, {ti}, {dots}, {pb}, "
             f"{float(n.attr('beta'))!r}f, {ctx.check_expr(n.arg('base'), 'base')}, "
             f"{ctx.check_expr(n.arg('limit'), 'limit')}, (int)threadIdx.x - {first});"]
 
 
-@lowering(Op.SQNORM_ROWS)
-def _lower_sqnorm_rows(n: Node, ctx: Ctx) -> list[Line]:
-    st = ctx.__dict__.get("async_state")
-    if st is None or st["role"] is None:
+def lower_sqnorm_rows(n: Node, ctx: Ctx) -> list[Line]:
+    if not in_role(n, ctx):
         raise LowerError("lower.unsupported_operand", "sqnorm_rows is lowered inside a role")
-    from cake_core.lower.lower_async import _slot_ptr
-    src, ps = _slot_ptr(ctx, n.arg("src"), "sqnorm_rows source")
-    dst, pd = _slot_ptr(ctx, n.arg("dst"), "sqnorm_rows destination")
+    src, ps = slot_ptr(ctx, n.arg("src"), "sqnorm_rows source")
+    dst, pd = slot_ptr(ctx, n.arg("dst"), "sqnorm_rows destination")
     if len(src.shape) != 2 or src.type.dtype not in (DType.BF16, DType.F16) or src.shape[1] % 8 or \
             (int(src.type.swizzle) and src.shape[1] * 2 > int(src.type.swizzle)):
         raise LowerError("lower.unsupported_layout", f"sqnorm_rows reads {src.name} {src.shape}: a 16-bit (R, C) tile, "
@@ -103,11 +108,12 @@ def _lower_sqnorm_rows(n: Node, ctx: Ctx) -> list[Line]:
     if dst.type.dtype is not DType.F32 or dst.numel != src.shape[0]:
         raise LowerError("lower.shape_mismatch", f"sqnorm_rows writes {dst.name} {dst.shape}: {src.shape[0]} f32 "
                                                  "values needed")
-    first, count = _role(ctx)
-    if count % 32:
+    first, count = role_threads(ctx)
+    if count % ctx.arch.warp_size:
         raise LowerError("lower.shape_mismatch", "sqnorm_rows runs on a role of whole warps")
     acc = "true" if n.attr("accumulate") else "false"
-    return [f"cake::sqnorm_rows_smem<{src.shape[0]}, {src.shape[1]}, {count}, {acc}, {1 + first // 128}>({pd}, {ps}, "
+    return [f"cake::sqnorm_rows_smem<{src.shape[0]}, {src.shape[1]}, {count}, {acc}, {named_barrier(ctx, first)}>("
+            f"{pd}, {ps}, "
             f"(int)threadIdx.x - {first});"]
 
 
@@ -119,9 +125,9 @@ def lower_topk_store(n: Node, ctx: Ctx) -> list[Line]:
         raise LowerError("lower.unsupported_operand", f"`{src}` and its partner `{partner}` must be allocated in this "
                                                       "role")
     tv, ti = (src, partner) if which == 0 else (partner, src)
-    first, count = _role(ctx)
-    rows, k = 64 * (count // 128), kmax[src]
-    w = _window(view, (rows, k), ctx, "destination")
+    first, count = role_threads(ctx)
+    rows, k = fragment_rows(ctx, count), kmax[src]
+    w = window(view, (rows, k), ctx, "destination")
     if (w.rows, w.cols) != (rows, k):
         raise LowerError("lower.shape_mismatch", f"topk_bias list `{src}` ({rows}, {k}) stores into a window of "
                                                  f"{w.rows} x {w.cols}")
@@ -142,25 +148,21 @@ def _pub_tiles(n: Node, ctx: Ctx, rows: int | None, kmax: int | None) -> tuple[B
     return pv, pi
 
 
-@lowering(Op.TOPK_PUBLISH)
-def _lower_topk_publish(n: Node, ctx: Ctx) -> list[Line]:
-    st = ctx.__dict__.get("async_state")
-    if st is None or st["role"] is None:
+def lower_topk_publish(n: Node, ctx: Ctx) -> list[Line]:
+    if not in_role(n, ctx):
         raise LowerError("lower.unsupported_operand", "topk_publish is lowered inside the role of its topk_bias")
     kmax = _kmax(ctx)
     tv, ti = n.arg("top_v"), n.arg("top_i")
     if tv not in kmax or ti not in kmax or topk_rowstate(ctx)[tv][0] != 0 or topk_rowstate(ctx)[ti][0] != 1:
         raise LowerError("lower.unsupported_operand", f"`{tv}` / `{ti}` are not the top_v / top_i lists of a "
                                                       "topk_bias allocated in this role")
-    first, count = _role(ctx)
-    _pub_tiles(n, ctx, 64 * (count // 128), kmax[tv])
+    first, count = role_threads(ctx)
+    _pub_tiles(n, ctx, fragment_rows(ctx, count), kmax[tv])
     return [f"cake::store_smem_topk<{kmax[tv]}>({n.arg('pub_v')}, {n.arg('pub_i')}, {tv}, {ti}, "
             f"(int)threadIdx.x - {first});  // the quad-merged lists, published to the cluster"]
 
 
-@lowering(Op.TOPK_CLUSTER_MERGE)
-def _lower_topk_cluster_merge(n: Node, ctx: Ctx) -> list[Line]:
-    from cake_core.lower.lower_cluster import cluster_top_level
+def lower_topk_cluster_merge(n: Node, ctx: Ctx) -> list[Line]:
     st = cluster_top_level(n, ctx)
     pv, pi = _pub_tiles(n, ctx, None, None)
     rows, kmax = pv.shape
@@ -170,10 +172,19 @@ def _lower_topk_cluster_merge(n: Node, ctx: Ctx) -> list[Line]:
     if cols is None or not 1 <= cols <= kmax:
         raise LowerError("lower.shape_mismatch", f"the window of `{view.buf}` must end in a tile of at most "
                                                  f"KMAX = {kmax} columns")
-    w = _window(view, (rows, cols), ctx, "destination")
+    w = window(view, (rows, cols), ctx, "destination")
     g = ctx.buf(view.buf, (MemSpace.GMEM,), "destination")
     which = 0 if g.type.dtype.is_float else 1
     cl = (st or {}).get("cluster") or (1, 1, 1)
     return [f"cake::topk_cluster_merge_gmem<{rows}, {kmax}, {math.prod(cl)}, {which}>({w.base}, {w.ld_row}, "
             f"{w.ld_col}, (int)({w.rows_in}), (int)({w.cols_in}), {pv.name}, {pi.name}, (int)threadIdx.x, "
             f"{ctx.threads});  // this CTA's share of the rows, merged over the cluster"]
+
+
+# This module's ops that lower one way (dispatch.LOWERINGS assembles them with the variant tables).
+HOOKS: dict[Op, Lowering] = {
+    Op.TOPK_BIAS: lower_topk_bias,
+    Op.SQNORM_ROWS: lower_sqnorm_rows,
+    Op.TOPK_PUBLISH: lower_topk_publish,
+    Op.TOPK_CLUSTER_MERGE: lower_topk_cluster_merge,
+}

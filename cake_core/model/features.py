@@ -31,13 +31,12 @@ from typing import Any
 import numpy as np
 
 from cake_core.ir.expr import Bin, Call, Cmp, Expr, Sym, substitute, symbols, try_evaluate
-from cake_core.ir.ops import At, Full, Node, Op, Tile, View, loop_range
-from cake_core.ir.ops_async import Slot
+from cake_core.ir.ops import REGISTRY, At, Full, Node, Op, Slot, Tile, View, loop_range
 from cake_core.ir.program import Program
-from cake_core.ir.targets import load_target
 from cake_core.ir.types import MemSpace
 from cake_core.ir.verify import build_ctx, rmem_words_per_thread, smem_bytes
-from cake_core.model.cost import COSTS, Work, load_gpu
+from cake_core.model.cost import HOOKS, Work, load_gpu
+from cake_core.targets import find_arch, get_arch
 
 ATOMS = ("none", "fma", "mma_sync", "wgmma", "tcgen05_mma")
 ENGINES = ("none", "load", "cp_async", "tma")
@@ -66,12 +65,13 @@ TRAFFIC: dict[Op, tuple[str, str]] = {
     Op.FENCE_ASYNC: ("none", ""), Op.CLUSTER: ("none", ""), Op.CLUSTER_SYNC: ("none", ""),
     Op.WGMMA_WAIT: ("none", ""), Op.FOR: ("none", ""), Op.IF: ("none", ""), Op.ROLE: ("none", ""),
     Op.LET: ("none", ""),
+    Op.TILE_ORDER: ("none", ""),
 }
 
 
 def cost_hook(op: Op):
-    """The per-op FLOP/byte hook of the analytic model (one place to change when hooks move)."""
-    return COSTS[op]
+    """The per-op FLOP/byte hook of the analytic model: the hook of the cost class the op declares."""
+    return HOOKS[REGISTRY[op].cost]
 
 
 @dataclass(frozen=True)
@@ -410,9 +410,9 @@ def _distinct(s: _Stream, env: dict[str, Any], ctas: int, first: int) -> tuple[i
 def _occupancy(threads: int, regs: int, smem: int, g: dict[str, Any], target: dict[str, Any]) -> tuple[int, str]:
     limits = {
         "ctas": g["max_ctas_per_sm"],
-        "threads": target["max_threads_per_sm"] // max(threads, 1),
-        "regs": target["regs_per_sm"] // max(regs * threads, 1),
-        "smem": target["smem_per_sm_bytes"] // (smem + SMEM_RESERVED_PER_CTA),
+        "threads": target.max_threads_per_sm // max(threads, 1),
+        "regs": target.regs_per_sm // max(regs * threads, 1),
+        "smem": target.smem_per_sm_bytes // (smem + SMEM_RESERVED_PER_CTA),
     }
     which = min(limits, key=lambda k: (limits[k], k != "smem"))
     return max(1, limits[which]), which
@@ -438,7 +438,7 @@ def extract(program: Program, shape: dict[str, int], gpu: str = "H200", resource
     Features
     """
     g = load_gpu(gpu)
-    target = load_target(program.target) or load_target(g["arch"])
+    target = find_arch(program.target) or get_arch(g["arch"])
     env: dict[str, int] = {**shape, **program.const_env, "num_sms": g["sms"]}
     grid = [int(try_evaluate(x, env) or 0) for x in program.grid] + [1, 1]
     gx, gy, gz = max(grid[0], 0), max(grid[1], 1), max(grid[2], 1)
@@ -456,7 +456,7 @@ def extract(program: Program, shape: dict[str, int], gpu: str = "H200", resource
             int(res.get("smem_bytes", ir_smem)), True
     else:
         words = rmem_words_per_thread(ctx) or 0
-        regs, spills, smem, from_ptxas = min(words + REG_ALLOC_EXTRA, target["max_regs_per_thread"]), 0, \
+        regs, spills, smem, from_ptxas = min(words + REG_ALLOC_EXTRA, target.max_regs_per_thread), 0, \
             ir_smem, False
     per_sm, limit = _occupancy(program.threads, regs, smem, g, target)
     concurrent = max(1, min(ctas, g["sms"] * per_sm))

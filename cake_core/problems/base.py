@@ -17,6 +17,7 @@ that it cannot separate).
 from __future__ import annotations
 
 import csv
+import sys
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from typing import Any, Callable
 import numpy as np
 
 from cake_core.errors import CakeError
+from cake_core.ir.numeric import bf16_round  # noqa: F401 - the problems' inputs are bf16 values
 
 SHAPES_DIR = Path(__file__).resolve().parents[2] / "datasets" / "shapes"
 SEEDS_DIR = Path(__file__).resolve().parent / "seeds"
@@ -46,8 +48,7 @@ def array_module(*arrays: Any):
     """``cupy`` when any of ``arrays`` is a CuPy array, else ``numpy`` (CuPy is imported only then)."""
     for a in arrays:
         if type(a).__module__.split(".")[0] == "cupy":
-            import cupy  # noqa: PLC0415 - only reached with a CuPy array in hand
-            return cupy
+            return sys.modules["cupy"]      # a CuPy array in hand: CuPy is loaded (the runtime loaded it)
     return np
 
 
@@ -292,16 +293,6 @@ def load_shape_set(problem: Problem, name: str) -> ShapeSet:
         shapes.append(shape)
         roles.append(role)
     return ShapeSet(name, problem.name, tuple(shapes), tuple(roles))
-
-
-def bf16_round(x: Any) -> Any:
-    """Round float32 values to the nearest bf16 (ties to even), returned as float32 (numpy or CuPy)."""
-    xp = array_module(x)
-    b = xp.ascontiguousarray(x, dtype=xp.float32).view(xp.uint32)
-    rounded = (b + xp.uint32(0x7FFF) + ((b >> xp.uint32(16)) & xp.uint32(1))) & xp.uint32(0xFFFF0000)
-    return rounded.astype(xp.uint32).view(xp.float32)
-
-
 def row_view(a: Any, count: int) -> Any:
     """Output ``a`` as ``(count, -1)``: one row per RowOracle row (every problem's outputs are laid out so)."""
     return a.reshape(count, -1)

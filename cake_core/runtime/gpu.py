@@ -3,7 +3,7 @@
 CuPy is imported lazily, so this module imports on a CPU machine; only calling
 into it needs a GPU.
 
-Correctness gate, per shape (DESIGN §5; the steps in ``runtime.gate``): a shape outside the
+Correctness gate, per shape (docs/architecture.md §7; the steps in ``runtime.gate``): a shape outside the
 program's domain (``ir.domain``, when the program is given) is refused before any launch; inputs
 drawn on the device, seeded per (seed, shape) (never zeros); outputs poisoned (NaN for floats, a
 sentinel for integers) before every run; the reference is the problem's fp64 oracle run on the
@@ -15,10 +15,10 @@ did), the others must still match the reference; after timing, the last timed ou
 again. Each ``ShapeRun`` says which check it got (``check``, ``rows_checked``, ``perturbed``,
 ``reference``).
 
-Timing protocol: CUDA events around each launch on one stream, ``warmup``
-launches first, L2 flushed before every timed launch by reading a 256 MiB
-buffer (the H200's L2 is 50 MiB; see :class:`L2Flush`), inputs rotated among up to 4 copies when they
-are small; median, p10 and p90 over ``reps`` (≥ 20) launches. Outputs the problem
+Timing protocol (``runtime.timing``, the peers' too): CUDA events around each launch on one stream,
+``warmup`` launches first, L2 flushed before every timed launch by reading twice the largest L2 of the
+target data (:class:`L2Flush`), inputs rotated among up to 4 copies when they are small; median, p10 and
+p90 over ``reps`` (≥ 20) launches. Outputs the problem
 declares zeroed (atomics accumulate into them) are zeroed inside each timed region,
 after the start event: the zeroing is charged to the kernel; a kernel that only stores
 into them (``LoweredKernel.accumulates``) gets them poisoned and no zeroing launch. The timer name and
@@ -30,7 +30,7 @@ copy of the inputs (so each reads its inputs from HBM, cold in L2: every copy is
 replay, after the same 256 MiB flush), zeroing included; CUDA events around the replay; the time per
 launch is the replay's over the launches. It leaves out the ~2 µs that an isolated launch costs
 on the GPU (``bench/read_floor.py`` measures it) and that a kernel of 10 µs cannot hide, and keeps
-the gap between launches. The peers are timed the same way (``cake_core.problems.peers.time_peer``).
+the gap between launches. The peers are timed the same way (``cake_core.runtime.peers.time_peer``).
 
 A fault poisons the CUDA context: after one, the remaining shapes are not run
 (the caller's worker process should be restarted). Waiting is a blocking device
@@ -48,26 +48,22 @@ import numpy as np
 from cake_core.errors import CakeError
 from cake_core.ir.domain import domain_violations
 from cake_core.ir.expr import evaluate
+from cake_core.ir.numeric import bf16_round
 from cake_core.ir.program import Program
 from cake_core.ir.types import DType
-from cake_core.lower.compile import Compiled, target
-from cake_core.lower.cuda import LoweredKernel
+from cake_core.lower.compile import Compiled
+from cake_core.lower.context import LoweredKernel
 from cake_core.outcome import Outcome
-from cake_core.problems.base import Problem, Shape, bf16_round, input_sampler, seed_words, shape_key
+from cake_core.problems.base import Problem, Shape, input_sampler, seed_words, shape_key
 from cake_core.runtime.gate import CheckInfo, compare_to, info_for, perturbation_check, pick_rows
 from cake_core.runtime.references import Reference, ReferenceCache, reference
+from cake_core.runtime.refused import GPURefused
+from cake_core.runtime.tma import encode_tensor_maps
+from cake_core.runtime.timing import (L2_FLUSH_BYTES, L2_STATE, MIN_REPS, TIMERS, cupy_clock, input_copies, stats,
+                                      time_regions)
+from cake_core.targets import find_arch
 
-L2_FLUSH_BYTES = 256 << 20       # ≥ 2x the L2 of every target we time on (H200: 50 MiB)
-ROTATE_BELOW_BYTES = 64 << 20    # inputs smaller than this are rotated among copies
-MAX_COPIES = 4
-TIMERS = {"event": "cuda_event", "graph": "cuda_graph"}   # check_and_time's timer= -> ShapeRun.timer
-GRAPH_LAUNCHES = 8               # launches per replay under timer="graph", each on its own input copy
-GRAPH_COPY_BYTES = 8 << 30       # at most this much in input copies: fewer launches per replay (>= 2) above
 INT_SENTINEL = -0x7FFFFFFF
-
-
-class GPURefused(CakeError):
-    """The kernel cannot run on this machine (compile-only target, wrong GPU, no GPU)."""
 
 
 @dataclass
@@ -83,7 +79,7 @@ class ShapeRun:
     p90_ms: float | None = None
     runs: int = 0
     timer: str = TIMERS["event"]
-    l2: str = "cold-clean"   # L2Flush: a 256 MiB read before each timed launch
+    l2: str = L2_STATE       # L2Flush: a read of twice the largest L2 before each timed launch
     outcome: str = Outcome.CHECKED.value   # checked | measured | wrong | runtime_fault | timeout
     refused: bool = False    # outside the program's domain: never launched (outcome wrong, the message names the bound)
     check: str = ""          # full | rows (see runtime.gate.CheckInfo); '' when not checked
@@ -199,8 +195,7 @@ class _Launcher:
     def args(self, dev_in: dict[str, Any]) -> tuple:
         bufs = [dev_in[a.name] if a.name in dev_in else self.outputs[a.name] for a in self.lowered.params]
         args = tuple(bufs) + tuple(np.int32(self.shape[d]) for d in self.lowered.dims)
-        if self.lowered.tensor_maps:   # TMA: one 128-byte CUtensorMap by value per map, after the dims
-            from cake_core.runtime.tma import encode_tensor_maps  # noqa: PLC0415 - raises TMARefused, no launch
+        if self.lowered.tensor_maps:   # TMA: one 128-byte CUtensorMap by value per map (TMARefused: no launch)
             args += tuple(encode_tensor_maps(self.lowered, {a.name: b for a, b in zip(self.lowered.params, bufs)},
                                              self.shape))
         return args
@@ -271,11 +266,6 @@ class _Launcher:
         return {n: _on_device(self.cp, buf, self.dtypes[n]) for n, buf in self.outputs.items()}
 
 
-def _stats(ms: list[float]) -> tuple[float, float, float]:
-    a = np.asarray(ms, dtype=np.float64)
-    return float(np.median(a)), float(np.percentile(a, 10)), float(np.percentile(a, 90))
-
-
 _FLUSH_SRC = r"""
 extern "C" __global__ void cake_l2_flush(const int4* __restrict__ p, unsigned long long n, int* sink) {
     int acc = 0;
@@ -290,11 +280,11 @@ extern "C" __global__ void cake_l2_flush(const int4* __restrict__ p, unsigned lo
 
 
 class L2Flush:
-    """Leaves the L2 cold and clean before a timed launch: one kernel reads a 256 MiB zero buffer
-    (5x the H200's L2) through L2. A write flush (memset) would leave ~50 MiB of dirty lines that the
-    timed kernel's own reads then have to write back to HBM; a read flush charges that writeback of
-    earlier outputs to the flush, as in a steady state where L2 holds data other kernels read. The
-    peers (``cake_core.problems.peers.time_peer``) are flushed the same way."""
+    """Leaves the L2 cold and clean before a timed launch: one kernel reads a zero buffer of
+    ``L2_FLUSH_BYTES`` (twice the largest L2 of the target data) through L2. A write flush (memset) would
+    leave dirty lines that the timed kernel's own reads then have to write back to HBM; a read flush charges
+    that writeback of earlier outputs to the flush, as in a steady state where L2 holds data other kernels
+    read. The peers (``cake_core.runtime.peers.time_peer``) are flushed the same way."""
 
     def __init__(self, cp, nbytes: int = L2_FLUSH_BYTES):
         self.buf = cp.zeros(nbytes // 16 * 4, dtype=np.int32)
@@ -304,23 +294,6 @@ class L2Flush:
 
     def __call__(self, stream) -> None:
         self.fn((1056,), (256,), (self.buf, self.n, self.sink), stream=stream)
-
-
-def time_regions(cp, reps: int, stream, flush, body: Callable[[int], None], wait: Callable[[], None],
-                 before: Callable[[], None] | None = None) -> list[float]:
-    """ms of each of ``reps`` timed regions: an L2 flush, then ``before`` (untimed), then ``body(r)`` between
-    its own pair of CUDA events; ``wait`` waits for them all (under a watchdog where the caller has one)."""
-    starts = [cp.cuda.Event() for _ in range(reps)]
-    ends = [cp.cuda.Event() for _ in range(reps)]
-    for r in range(reps):
-        flush(stream)
-        if before is not None:
-            before()
-        starts[r].record(stream)
-        body(r)
-        ends[r].record(stream)
-    wait()
-    return [float(cp.cuda.get_elapsed_time(s, e)) for s, e in zip(starts, ends)]
 
 
 def _timed_launches(cp, L: _Launcher, arg_sets: list[tuple], reps: int, stream, flush) -> list[float]:
@@ -333,12 +306,7 @@ def _timed_launches(cp, L: _Launcher, arg_sets: list[tuple], reps: int, stream, 
         L.zero_accumulators()
         L.launch(arg_sets[r % len(arg_sets)])
 
-    return time_regions(cp, reps, stream, flush, body, lambda: L.wait("timed runs"))
-
-
-def graph_launches(in_bytes: int) -> int:
-    """How many launches (and input copies) one replay of the graph timer holds for inputs of ``in_bytes``."""
-    return max(2, min(GRAPH_LAUNCHES, GRAPH_COPY_BYTES // max(in_bytes, 1)))
+    return time_regions(cupy_clock(cp), reps, stream, flush, body, lambda: L.wait("timed runs"))
 
 
 def capture_graph(stream, enqueue: Callable[[], None]):
@@ -364,7 +332,7 @@ def _graph_timed(cp, L: _Launcher, arg_sets: list[tuple], reps: int, warmup: int
     for _ in range(warmup):
         graph.launch(stream)
     L.wait("graph warm-up")
-    ms = time_regions(cp, reps, stream, flush, lambda r: graph.launch(stream),
+    ms = time_regions(cupy_clock(cp), reps, stream, flush, lambda r: graph.launch(stream),
                       lambda: L.wait("timed graph replays"))
     return [m / len(arg_sets) for m in ms]
 
@@ -409,16 +377,14 @@ def _check_shape(cp, fn, lowered: LoweredKernel, problem: Problem, shape: Shape,
                         outcome=Outcome.CHECKED.value).with_info(info)
 
     # timing: cold L2, rotating input copies (the graph timer: one copy per launch of a replay)
-    in_bytes = sum(int(b.nbytes) for b in dev_in.values())
-    n_copies = (graph_launches(in_bytes) if timer == "graph"
-                else MAX_COPIES if in_bytes < ROTATE_BELOW_BYTES else 1)
+    n_copies = input_copies(sum(int(b.nbytes) for b in dev_in.values()), timer)
     copies = [dev_in] + [{k: v.copy() for k, v in dev_in.items()} for _ in range(n_copies - 1)]
     arg_sets = [L.args(c) for c in copies]
     for r in range(warmup):
         L.launch(arg_sets[r % len(arg_sets)])
     L.wait("warm-up")
     L.reset_outputs()
-    reps = max(reps, 20)
+    reps = max(reps, MIN_REPS)
     if timer == "graph":
         ms = _graph_timed(cp, L, arg_sets, reps, warmup, stream, flush)
         how = f"{len(copies)} back-to-back launches per graph replay, each on its own input copy"
@@ -430,7 +396,7 @@ def _check_shape(cp, fn, lowered: LoweredKernel, problem: Problem, shape: Shape,
     if not ok2:
         return ShapeRun(dict(shape), False, err2, f"wrong after timing (re-check): {msg2}",
                         outcome=Outcome.WRONG.value).with_info(info)
-    med, p10, p90 = _stats(ms)
+    med, p10, p90 = stats(ms)
     return ShapeRun(dict(shape), True, max(err, p_err, err2), f"correct; {how}",
                     med, p10, p90, reps, timer=TIMERS[timer], outcome=Outcome.MEASURED.value).with_info(info)
 
@@ -461,21 +427,21 @@ def check_and_time(compiled: Compiled, lowered: LoweredKernel, problem: Problem,
     """
     if timer not in TIMERS:
         raise GPURefused(f"unknown timer {timer!r}: use one of {', '.join(TIMERS)}")
-    tgt = target(compiled.arch)
-    if tgt is None or not tgt.get("runs_here", False):
-        raise GPURefused(f"{compiled.arch} kernels are compile-only here (cake_core/ir/targets/{compiled.arch}.json "
+    tgt = find_arch(compiled.arch)
+    if tgt is None or not tgt.runs_here:
+        raise GPURefused(f"{compiled.arch} kernels are compile-only here (cake_core/targets/archs/{compiled.arch}.json "
                          "says runs_here=false); time it on a machine of that architecture")
     cp = _cupy()
     try:
         major = int(cp.cuda.Device(0).compute_capability) // 10
     except Exception as e:  # noqa: BLE001
         raise GPURefused(f"no usable CUDA GPU: {e}") from None
-    want_cc = int(compiled.arch.removeprefix("sm_").rstrip("a")) // 10
+    want_cc = tgt.compute_capability[0]
     if major != want_cc:
         raise GPURefused(f"the GPU has compute capability {major}.x; a {compiled.arch} cubin needs {want_cc}.x")
     mod = cp.RawModule(path=str(compiled.cubin_path))
     fn = mod.get_function(compiled.kernel_name)
-    if lowered.smem_bytes > 48 * 1024:
+    if lowered.smem_bytes > tgt.smem_static_limit_bytes:
         fn.max_dynamic_shared_size_bytes = lowered.smem_bytes
     stream = cp.cuda.Stream(non_blocking=True)
     flush = L2Flush(cp) if time else None

@@ -46,7 +46,7 @@ def tile_sizes(program: Program) -> dict[str, set[int]]:
     params = {p.name: p for p in program.params}
     out: dict[str, set[int]] = {}
     for n, _, _, _ in walk_with_conds(program.body):
-        for (_, kind), arg in zip(REGISTRY[n.op].operands, n.args):
+        for kind, arg in zip((o.kind for o in REGISTRY[n.op].operands), n.args):
             if kind != "view" or not isinstance(arg, View) or arg.buf not in params:
                 continue
             for i, dim in zip(arg.index, params[arg.buf].type.shape):
@@ -72,7 +72,7 @@ def _mods(e: Expr) -> Iterator[tuple[Expr, Expr]]:
 
 
 def _exprs(n: Node) -> Iterator[Expr]:
-    for (_, kind), arg in zip(REGISTRY[n.op].operands, n.args):
+    for kind, arg in zip((o.kind for o in REGISTRY[n.op].operands), n.args):
         if kind in ("expr", "cond"):
             yield arg
         elif kind == "slot" and getattr(arg, "index", None) is not None:

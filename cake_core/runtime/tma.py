@@ -26,8 +26,8 @@ import numpy as np
 
 from cake_core.ir.expr import c_expr, evaluate
 from cake_core.ir.types import DType
-from cake_core.lower.cuda import LoweredKernel
-from cake_core.runtime.gpu import GPURefused
+from cake_core.lower.context import LoweredKernel
+from cake_core.runtime.refused import GPURefused
 
 TMAP_BYTES = 128
 TMAP_DTYPE = np.dtype([("b", np.uint8, TMAP_BYTES)], align=True)

@@ -111,10 +111,30 @@ def test_calibration_moves_prediction_toward_measurement():
     assert abs(cal.estimate(SEED, shape).ms - pred * 2) < abs(pred - pred * 2)
 
 
-def test_every_op_has_a_cost_hook():
+def test_every_cost_class_has_a_hook_and_every_op_declares_one():
+    from cake_core.ir.opdef import CostClass
     from cake_core.ir.ops import REGISTRY
-    from cake_core.model.cost import COSTS
-    assert set(REGISTRY) == set(COSTS)
+    from cake_core.model.cost import HOOKS
+    assert set(HOOKS) == set(CostClass)
+    assert all(isinstance(d.cost, CostClass) for d in REGISTRY.values())
+
+
+def test_an_ops_cost_follows_its_declared_class(monkeypatch):
+    # the estimator charges each op by its declaration's class: declaring load FREE drops the seed's bytes
+    import dataclasses
+
+    from cake_core.ir import registry
+    from cake_core.ir.opdef import CostClass
+    from cake_core.ir.ops import Op
+    from cake_core.model import cost
+    m = CostModel("H200")
+    shape = {"M": 1024, "N": 1024, "K": 1024}
+    before = m.estimate(SEED, shape)
+    free_load = dict(registry.REGISTRY)
+    free_load[Op.LOAD] = dataclasses.replace(free_load[Op.LOAD], cost=CostClass.FREE)
+    monkeypatch.setattr(cost, "REGISTRY", free_load)
+    after = m.estimate(SEED, shape)
+    assert after.flops == before.flops and after.bytes < before.bytes
 
 
 def test_cost_model_covers_every_seed_and_wgmma_beats_fma():

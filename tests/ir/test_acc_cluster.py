@@ -12,7 +12,7 @@ from cake_core.ir import interp
 from cake_core.ir.check import check_text
 from cake_core.ir.interp import InterpFault
 from cake_core.ir.protocol import check_protocol
-from cake_core.ir.targets import load_target
+from cake_core.targets import get_arch
 from cake_core.ir.text import parse_program
 from cake_core.ir.verify import build_ctx
 from cake_core.problems import get_problem
@@ -91,7 +91,7 @@ def test_cluster_ctas_reducing_into_different_windows_fault_in_the_interpreter()
 
 def test_a_reduce_without_the_cluster_sync_after_the_roles_is_a_protocol_finding():
     wrong = _plant("    cluster_sync()\n" + REDUCE, REDUCE)
-    found = [d for d in check_protocol(build_ctx(parse_program(wrong), load_target("sm_90a")))]
+    found = [d for d in check_protocol(build_ctx(parse_program(wrong), get_arch("sm_90a")))]
     assert [(d.rule, d.line) for d in found] == [("protocol.cluster_read", 25)], found
     assert "reads `part_s`" in found[0].message and "no cluster_sync() between its write" in found[0].message
     assert any("acc_publish at line 18" in w for w in found[0].witness)

@@ -85,12 +85,13 @@ def test_planted_mistake_fails_with_the_rule_at_its_line(rule_id):
 
 
 def test_rule_limits_come_from_the_target_data(monkeypatch):
-    from cake_core.ir import targets
-    data = dict(targets.load_target("sm_90a"))
-    data["setmaxnreg"] = {"min": 24, "max": 256, "step": 16}
-    monkeypatch.setattr(targets, "load_target", lambda arch: data)
+    import dataclasses
+
     import cake_core.ir.verify as verify_mod
-    monkeypatch.setattr(verify_mod, "load_target", lambda arch: data)
+    from cake_core.targets import SetMaxNReg, get_arch
+    assert not any(d.rule == "setmaxnreg.value" for d in check_text(SEED))
+    arch = dataclasses.replace(get_arch("sm_90a"), setmaxnreg=SetMaxNReg(24, 256, 16))
+    monkeypatch.setattr(verify_mod, "find_arch", lambda name: arch)
     assert any(d.rule == "setmaxnreg.value" and d.line == 7 for d in check_text(SEED))   # 40 is not a step of 16
 
 

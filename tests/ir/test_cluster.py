@@ -10,7 +10,7 @@ from cake_core.ir import interp
 from cake_core.ir.check import check_text
 from cake_core.ir.interp import InterpFault
 from cake_core.ir.protocol import check_protocol
-from cake_core.ir.targets import load_target
+from cake_core.targets import get_arch
 from cake_core.ir.text import parse_program
 from cake_core.ir.verify import build_ctx
 from cake_core.problems import get_problem
@@ -25,7 +25,7 @@ B_LOAD = "kt) % S], multicast=3)\n"                                          # r
 
 
 def _protocol(text: str):
-    return check_protocol(build_ctx(parse_program(text), load_target("sm_90a")))
+    return check_protocol(build_ctx(parse_program(text), get_arch("sm_90a")))
 
 
 def _plant(old: str, new: str, text: str = MC) -> str:

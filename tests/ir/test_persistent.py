@@ -11,7 +11,7 @@ from cake_core.ir.expr import Bin, Call, Sym
 from cake_core.ir.ops import Op, loop_range
 from cake_core.ir.program import Builder
 from cake_core.ir.protocol import check_protocol
-from cake_core.ir.targets import load_target
+from cake_core.targets import get_arch
 from cake_core.ir.text import parse_program
 from cake_core.ir.types import DType
 from cake_core.ir.verify import build_ctx
@@ -34,7 +34,7 @@ def toy(x: gmem[f32, (N,)], y: gmem[f32, (N,)]):
 
 
 def _protocol(text: str):
-    return check_protocol(build_ctx(parse_program(text), load_target("sm_90a")))
+    return check_protocol(build_ctx(parse_program(text), get_arch("sm_90a")))
 
 
 def _rules(text: str) -> list[str]:

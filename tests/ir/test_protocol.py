@@ -2,7 +2,7 @@
 from pathlib import Path
 
 from cake_core.ir.check import check_text
-from cake_core.ir.targets import load_target
+from cake_core.targets import get_arch
 from cake_core.ir.protocol import check_protocol
 from cake_core.ir.text import parse_program
 from cake_core.ir.verify import build_ctx
@@ -14,7 +14,7 @@ ARRIVE = "            arrive(empty[kt % S])\n"
 
 
 def _protocol(text: str):
-    return check_protocol(build_ctx(parse_program(text), load_target("sm_90a")))
+    return check_protocol(build_ctx(parse_program(text), get_arch("sm_90a")))
 
 
 def _plant(old: str, new: str) -> str:

@@ -8,7 +8,7 @@ import pytest
 
 from cake_core.ir.check import check_text
 from cake_core.ir.protocol import check_protocol
-from cake_core.ir.targets import load_target
+from cake_core.targets import get_arch
 from cake_core.ir.text import parse_program
 from cake_core.ir.verify import build_ctx
 from cake_core.problems import get_problem
@@ -62,7 +62,7 @@ def test_global_indices_without_the_split_offset_fail_in_the_interpreter():
 
 def test_a_merge_without_the_cluster_sync_after_the_roles_is_a_protocol_finding():
     wrong = _plant("    cluster_sync()\n" + MERGE, MERGE)
-    found = [d for d in check_protocol(build_ctx(parse_program(wrong), load_target("sm_90a")))]
+    found = [d for d in check_protocol(build_ctx(parse_program(wrong), get_arch("sm_90a")))]
     assert [(d.rule, d.line) for d in found] == [("protocol.cluster_read", 42)], found
     assert "no cluster_sync() between its write and the read" in found[0].message
     assert any("topk_publish at line 41" in w for w in found[0].witness)

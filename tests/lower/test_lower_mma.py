@@ -13,7 +13,11 @@ import pytest
 from cake_core.ir.text import parse_program
 from cake_core.lower import compile_kernel, lower
 from cake_core.lower import compile as compile_mod
-from cake_core.lower.cuda import _warp_grid, LowerError
+from cake_core.lower.context import LowerError
+from cake_core.lower.lower_tile import warp_grid
+from cake_core.targets import get_arch
+
+SM90 = get_arch("sm_90a")
 from cake_core.problems import get_problem
 
 SEED = get_problem("gemm_bf16").seed_text()
@@ -62,12 +66,12 @@ def test_seed_with_mma_sync_lowers_to_tensor_core_helpers():
 
 
 def test_warp_grid_choice_and_refusal():
-    assert _warp_grid((64, 64), 256, "acc") == (4, 2)          # 16x32 per warp: 1 + 2 ldmatrix per 16 of K
-    assert _warp_grid((128, 128), 256, "acc") == (4, 2)        # 32x64: 2 + 4 (vs 64x32: 4 + 2, fewer rows)
-    assert _warp_grid((64, 24), 128, "acc") == (4, 1)          # NI = 3: the ldmatrix.x2.trans tail
-    assert _warp_grid((16, 64), 256, "acc") == (1, 8)
+    assert warp_grid((64, 64), 256, "acc", SM90) == (4, 2)          # 16x32 per warp: 1 + 2 ldmatrix per 16 of K
+    assert warp_grid((128, 128), 256, "acc", SM90) == (4, 2)        # 32x64: 2 + 4 (vs 64x32: 4 + 2, fewer rows)
+    assert warp_grid((64, 24), 128, "acc", SM90) == (4, 1)          # NI = 3: the ldmatrix.x2.trans tail
+    assert warp_grid((16, 64), 256, "acc", SM90) == (1, 8)
     with pytest.raises(LowerError) as e:
-        _warp_grid((24, 64), 256, "acc")
+        warp_grid((24, 64), 256, "acc", SM90)
     assert e.value.rule == "lower.mma_tiling"
 
 

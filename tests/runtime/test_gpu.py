@@ -211,7 +211,7 @@ def test_the_graph_timer_replays_zeroing_and_launch_per_input_copy_between_one_e
 
 
 def test_the_graph_timer_holds_up_to_8_copies_and_at_least_2():
-    from cake_core.runtime.gpu import GRAPH_COPY_BYTES, graph_launches
+    from cake_core.runtime.timing import GRAPH_COPY_BYTES, graph_launches
     assert graph_launches(32 << 20) == 8 and graph_launches(128 << 20) == 8
     assert graph_launches(GRAPH_COPY_BYTES // 4) == 4
     assert graph_launches(GRAPH_COPY_BYTES) == 2 and graph_launches(4 * GRAPH_COPY_BYTES) == 2
@@ -226,7 +226,7 @@ def test_an_unknown_timer_is_refused_before_any_gpu_work(tmp_path):
 
 
 def test_every_timer_the_runtime_records_is_one_the_warehouse_accepts():
-    from cake_core.runtime.gpu import TIMERS
+    from cake_core.runtime.timing import TIMERS
     from warehouse.expectations import TIMERS as ACCEPTED
     assert set(TIMERS.values()) <= set(ACCEPTED)
 

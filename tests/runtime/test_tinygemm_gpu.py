@@ -75,7 +75,8 @@ def test_a_splitk_kernel_that_drops_a_k_slice_fails_the_gate(tmp_path):
 def test_splitk_under_the_graph_timer_is_zeroed_before_every_launch_of_a_replay(splitk_built):
     # one replay launches the kernel 8 times into the same C, each on its own input copy: without the
     # zeroing captured before each launch, the re-check after the timed replays would see their sum
-    from cake_core.runtime.gpu import GRAPH_LAUNCHES, check_and_time
+    from cake_core.runtime.gpu import check_and_time
+    from cake_core.runtime.timing import GRAPH_LAUNCHES
     compiled, lk = splitk_built
     (r,) = check_and_time(compiled, lk, TINY, [{"M": 8, "N": 4096, "K": 4096}], seed=7, reps=20, timeout_s=20,
                           timer="graph")

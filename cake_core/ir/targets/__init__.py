@@ -1,25 +1,23 @@
-"""Architecture limits as data: one JSON file per arch (``sm_90a.json``, ``sm_100a.json``).
+"""``load_target``: an architecture's data as a plain dict, for callers that read keys.
 
-The verifier reads resource, TMA and MMA limits from here, never from literals;
-``runs_here`` says whether this workplace can run (not only compile) the arch.
+The data and its one loader live in :mod:`cake_core.targets` (typed, frozen :class:`~cake_core.targets.Arch`
+records); new code asks for those. This keeps ``load_target(arch)["smem_per_cta_bytes"]`` working.
 """
 from __future__ import annotations
 
-import json
-from functools import lru_cache
-from pathlib import Path
+import dataclasses
 from typing import Any
 
-_DIR = Path(__file__).resolve().parent
+from cake_core.targets import find_arch, known_archs
 
 
 def known_targets() -> list[str]:
-    return sorted(p.stem for p in _DIR.glob("*.json"))
+    return known_archs()
 
 
-@lru_cache(maxsize=None)
 def load_target(arch: str) -> dict[str, Any] | None:
-    path = _DIR / f"{arch}.json"
-    if not path.exists():
+    """The data of ``arch`` as the JSON file holds it (None for an unknown arch)."""
+    a = find_arch(arch)
+    if a is None:
         return None
-    return json.loads(path.read_text())
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(a).items()}

@@ -29,6 +29,17 @@ namespace cake {
 
 typedef long long index_t;  // gmem offsets: tensors may exceed 2^31 elements
 
+// tile_order(tm, tn, t, tiles_m, tiles_n, group): the coordinates of linear tile t (0 <= t < tiles_m * tiles_n,
+// group >= 1) in grouped order: runs of `group` tile rows (fewer in the last run) walked column by column, so the
+// CTAs of a persistent grid at work at one time share the a and b tiles of a few rows and columns in L2.
+__device__ __forceinline__ void tile_order(int& tm, int& tn, int t, int tiles_m, int tiles_n, int group) {
+    const int width = group * tiles_n;                    // tiles per run of `group` tile rows
+    const int first = t / width * group;                  // the run's first tile row
+    const int rows = cake_min(tiles_m - first, group);    // the last run may hold fewer rows
+    tm = first + t % width % rows;
+    tn = t % width / rows;
+}
+
 // ----------------------------------------------------------------- conversions
 template <typename T> __device__ __forceinline__ float to_f32(T x) { return static_cast<float>(x); }
 template <> __device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }

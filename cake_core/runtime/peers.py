@@ -6,9 +6,10 @@ the problem's numpy inputs (``Problem.make_inputs``) to the GPU and returns a :c
 a ``fetch()`` that returns the last run's outputs as numpy arrays under the problem's output names
 (so ``Problem.compare`` checks them against the same oracle as our kernels), and ``reset()`` where
 the outputs are accumulators that must be zeroed before a run (kmeans_update). :func:`time_peer`
-times a peer with the protocol of ``cake_core.runtime.gpu.check_and_time``: CUDA events around each
-run on one stream, warm-up first, a 256 MiB buffer read before every timed run (cold, clean L2), inputs
-rotated among up to 4 copies when they are small, median / p10 / p90 of at least 20 runs.
+times a peer with the protocol our kernels are timed with (``runtime.timing``, as
+``runtime.gpu.check_and_time`` uses it): CUDA events around each run on one stream, warm-up first, a
+read of ``L2_FLUSH_BYTES`` before every timed run (cold, clean L2), inputs rotated among up to 4 copies
+when they are small, median / p10 / p90 of at least 20 runs.
 
 Peers:
   gemm_bf16, tinygemm  torch.matmul on bf16 tensors (cuBLAS; bf16 C) and torch.mm(out_dtype=float32)
@@ -33,8 +34,8 @@ from typing import Any, Callable
 import numpy as np
 
 from cake_core.errors import CakeError
-
-from cake_core.runtime.gpu import L2_FLUSH_BYTES, MAX_COPIES, ROTATE_BELOW_BYTES, TIMERS
+from cake_core.runtime.timing import (L2_FLUSH_BYTES, L2_STATE, MIN_REPS, TIMERS, input_copies, stats, time_regions,
+                                      torch_clock)
 
 FLASH_KMEANS_VERSION = "0.3.1"
 # a peer that writes C in bf16 (torch.matmul on bf16 tensors) is checked at the problem's fp32-output
@@ -106,7 +107,7 @@ def _dev(torch, x: np.ndarray, dtype):
 
 def _copies(torch, tensors: dict[str, Any], copies: int | None) -> list[dict[str, Any]]:
     nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
-    n = copies if copies is not None else (MAX_COPIES if nbytes < ROTATE_BELOW_BYTES else 1)
+    n = copies if copies is not None else input_copies(nbytes)
     return [tensors] + [{k: v.clone() for k, v in tensors.items()} for _ in range(max(n, 1) - 1)]
 
 
@@ -353,14 +354,14 @@ def time_peer(peer: PeerRun, *, reps: int = 20, warmup: int = 3, timer: str = "e
     """Median / p10 / p90 ms of ``peer.run`` with check_and_time's protocol (see the module doc).
     ``timer="graph"``: as check_and_time's graph timer, one CUDA graph (torch.cuda.CUDAGraph) of
     ``peer.copies`` back-to-back runs, each on its own input copy (make the peer with
-    ``copies=cake_core.runtime.gpu.graph_launches(...)``), its resets inside; ms per run.
+    ``copies=cake_core.runtime.timing.graph_launches(...)``), its resets inside; ms per run.
     The last timed run's outputs stay in place for ``peer.fetch()``."""
     if timer not in TIMERS:
         raise ValueError(f"unknown timer {timer!r}: use one of {', '.join(TIMERS)}")
     torch = _torch()
-    reps = max(reps, 20)
+    reps = max(reps, MIN_REPS)
     stream = torch.cuda.Stream()
-    flush = torch.zeros(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")   # read, as runtime.gpu.L2Flush
+    l2 = torch.zeros(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")   # read, as runtime.gpu.L2Flush
 
     def once(r: int) -> None:
         if peer.reset:
@@ -382,18 +383,10 @@ def time_peer(peer: PeerRun, *, reps: int = 20, warmup: int = 3, timer: str = "e
                 graph.replay()
             stream.synchronize()
             run = lambda r: graph.replay()   # noqa: E731
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        for r in range(reps):
-            if timer == "event" and peer.reset:
-                peer.reset()   # outside the timed region, as before
-            flush.sum()
-            starts[r].record(stream)
-            run(r)
-            ends[r].record(stream)
-        stream.synchronize()
-    ms = np.array([s.elapsed_time(e) / per for s, e in zip(starts, ends)], dtype=np.float64)
-    del flush
-    return {"median_ms": float(np.median(ms)), "p10_ms": float(np.percentile(ms, 10)),
-            "p90_ms": float(np.percentile(ms, 90)), "runs": reps, "copies": peer.copies,
-            "timer": f"{TIMERS[timer]} (torch)", "l2": "cold-clean"}
+        # the event timer also resets the accumulators outside the timed region, before the flush
+        setup = peer.reset if timer == "event" else None
+        ms = time_regions(torch_clock(torch), reps, stream, lambda s: l2.sum(), run, stream.synchronize,
+                          setup=setup)
+    med, p10, p90 = stats([m / per for m in ms])
+    return {"median_ms": med, "p10_ms": p10, "p90_ms": p90, "runs": reps, "copies": peer.copies,
+            "timer": f"{TIMERS[timer]} (torch)", "l2": L2_STATE}

@@ -12,9 +12,9 @@ import pytest
 
 from cake_core.errors import CakeError
 from cake_core.problems import PROBLEMS, get_problem
-from cake_core.problems.base import bf16_round
-from cake_core.problems.peers import BF16_C_RTOL, PEERS, PeerUnavailable, make_peer
+from cake_core.ir.numeric import bf16_round
 from cake_core.runtime.gate import pick_rows
+from cake_core.runtime.peers import BF16_C_RTOL, PEERS, PeerUnavailable, make_peer
 
 SMALL = {"gemm_bf16": {"M": 40, "N": 33, "K": 50}, "tinygemm": {"M": 9, "N": 70, "K": 40},
          "kmeans_assign": {"B": 3, "N": 77, "K": 20, "D": 9}, "kmeans_update": {"B": 3, "N": 200, "K": 13, "D": 7},
@@ -192,7 +192,7 @@ def test_a_kernel_refused_before_launch_is_a_refused_row_and_a_crash_an_error_ro
 
 
 def test_an_unknown_timer_is_refused_before_the_peer_runs():
-    from cake_core.problems.peers import PeerRun, time_peer
+    from cake_core.runtime.peers import PeerRun, time_peer
     ran = []
     peer = PeerRun("tinygemm", "p", "lib", run=lambda i: ran.append(i), fetch=dict)
     with pytest.raises(ValueError, match="unknown timer 'wall'"):
@@ -205,8 +205,8 @@ def test_an_unknown_timer_is_refused_before_the_peer_runs():
 def test_a_peer_timed_by_graph_replay_runs_each_copy_and_stays_correct(problem, peer):
     # the graph holds one run per input copy (resets inside: kmeans_update's peers accumulate); after the
     # timed replays the outputs still match the oracle, so each run started from zeroed accumulators
-    from cake_core.problems.peers import time_peer
-    from cake_core.runtime.gpu import graph_launches
+    from cake_core.runtime.peers import time_peer
+    from cake_core.runtime.timing import graph_launches
     p = get_problem(problem)
     shape = {"tinygemm": {"M": 8, "N": 4096, "K": 4096},
              "kmeans_update": {"B": 2, "N": 4096, "K": 64, "D": 128}}[problem]

@@ -1,0 +1,329 @@
+"""The interpreter's machinery: one CTA's state, the statement runner, warp roles and clusters.
+
+Tiles are numpy arrays; bf16 values are float32 rounded to bf16 on every write to a bf16 tile
+(:func:`round_to`), as the hardware would store them. Each op's semantics is a function
+``(cta, node) -> None`` that its declaration names, defined beside it (``ops_core``, ``ops_async``,
+``ops_compute``); :class:`CTA` runs a block by looking each node's op up in the table it is given
+(``registry.SEMANTICS``), so this module knows no op but the structure ops it runs itself.
+
+Sibling ``with role(...)`` blocks run as cooperative coroutines (generators) inside one CTA: each role
+has its own loop variables and runs until a ``wait`` finds its barrier phase not yet completed, then
+yields to the next role. When a whole round passes with every unfinished role blocked, the CTA is
+deadlocked: that raises :class:`InterpFault` at the first blocked wait (what the GPU would show as a
+hang, caught by the watchdog). The CTAs of a cluster run their roles in the same round-robin.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable, Iterator, Mapping
+
+import numpy as np
+
+from cake_core.ir.expr import evaluate
+from cake_core.ir.numeric import bf16_round
+from cake_core.ir.opdef import Full, Op, Slot, Tile, View
+from cake_core.ir.tree import loop_range, walk
+from cake_core.ir.types import DType
+from cake_core.targets import Arch
+
+
+class InterpFault(Exception):
+    """What a GPU would report as an illegal address or a trap, with the IR line."""
+
+    def __init__(self, node: Any, message: str):
+        super().__init__(f"line {node.line}: {message}")
+        self.node, self.message = node, message
+
+
+NUMPY = {DType.BF16: np.float32, DType.F16: np.float16, DType.F32: np.float32, DType.I32: np.int32,
+         DType.I64: np.int64, DType.BOOL: np.bool_, DType.E4M3: np.float32, DType.E5M2: np.float32}
+
+
+def round_to(dtype: DType, x: np.ndarray) -> np.ndarray:
+    """``x`` as a tile of ``dtype`` holds it (bf16: float32 rounded to bf16)."""
+    if dtype is DType.BF16:
+        return bf16_round(x)
+    return x.astype(NUMPY[dtype])
+
+
+class CTA:
+    """One CTA's tiles, environment and barriers; ``semantics`` maps each op to its function, ``arch`` is the
+    program's target (warpgroup sizes)."""
+
+    def __init__(self, prog: Any, gmem: dict[str, np.ndarray], env: dict[str, int],
+                 semantics: Mapping[Op, Callable[["CTA", Any], None]], arch: Arch):
+        self.prog, self.gmem, self.env, self.semantics, self.arch = prog, gmem, env, semantics, arch
+        self.tiles: dict[str, np.ndarray] = {}
+        self.dtypes: dict[str, DType] = {p.name: p.type.dtype for p in prog.params}
+        self.cluster: list[CTA] | None = None
+        self._async: dict | None = None
+
+    def ev(self, e: Any) -> int:
+        return int(evaluate(e, self.env))
+
+    def window(self, n: Any, v: View) -> tuple[list[tuple[int, int, bool]], tuple[int, ...]]:
+        """Per dim: (start, length, kept); and the gmem shape."""
+        arr = self.gmem[v.buf]
+        out = []
+        for i, size in zip(v.index, arr.shape):
+            if isinstance(i, Tile):
+                s = self.ev(i.size)
+                out.append((self.ev(i.index) * s, s, True))
+            elif isinstance(i, Full):
+                out.append((0, size, True))
+            else:
+                out.append((self.ev(i.index), 1, False))
+        return out, arr.shape
+
+    def run(self, nodes: tuple[Any, ...]) -> None:
+        i = 0
+        while i < len(nodes):
+            if nodes[i].op is Op.ROLE:      # consecutive sibling roles run concurrently
+                j = i
+                while j < len(nodes) and nodes[j].op is Op.ROLE:
+                    j += 1
+                run_roles(self, nodes[i:j])
+                i = j
+                continue
+            self.semantics[nodes[i].op](self, nodes[i])
+            i += 1
+
+    @property
+    def async_state(self) -> dict:
+        """Barriers, the stages of each smem ring, and the warpgroups of the role running now."""
+        if self._async is None:
+            stages = {n.result: n.attr("stages") for n, _, _ in walk(self.prog.body) if n.op is Op.SMEM}
+            self._async = {"bars": {}, "stages": stages, "role_wgs": None, "steps": 0}
+        return self._async
+
+
+def clip(n: Any, v: View, win: list[tuple[int, int, bool]], shape: tuple[int, ...], guard: bool, verb: str):
+    """Slices into gmem and into the tile for the in-bounds part; fault if unguarded and out of bounds."""
+    g_sl, t_sl = [], []
+    for (start, length, kept), size in zip(win, shape):
+        lo, hi = max(start, 0), min(start + length, size)
+        if (start < 0 or start + length > size) and not guard:
+            raise InterpFault(n, f"out-of-bounds {verb} of `{v.buf}`: elements [{start}, {start + length}) of a "
+                                 f"dimension of size {size} (unguarded {n.op.value})")
+        if hi <= lo and not kept:
+            raise InterpFault(n, f"index {start} out of range for a dimension of size {size} of `{v.buf}`")
+        g_sl.append(slice(lo, max(hi, lo)))
+        if kept:
+            t_sl.append(slice(lo - start, max(hi, lo) - start))
+    return tuple(g_sl), tuple(t_sl)
+
+
+def loop_values(cta: CTA, n: Any) -> range:
+    """The values a ``for`` node's variable takes in this CTA."""
+    start, stop, step = (cta.ev(x) for x in loop_range(n))
+    if step < 1:
+        raise InterpFault(n, f"loop step {step}: a for loop steps by a positive amount")
+    return range(start, stop, step)
+
+
+# ------------------------------------------------------------- structure ops
+
+def run_for(cta: CTA, n: Any) -> None:
+    var = n.args[0]
+    for i in loop_values(cta, n):
+        cta.env[var] = i
+        cta.run(n.body)
+    cta.env.pop(var, None)
+
+
+def run_if(cta: CTA, n: Any) -> None:
+    if evaluate(n.args[0], cta.env):
+        cta.run(n.body)
+
+
+def run_binding(cta: CTA, n: Any) -> None:
+    """Bind the names an op binds (its declaration's ``bind``) in the CTA's (or the role's) environment. The
+    verifier confines uses to the binding's block, so a name need not be unbound at the block's end (a later
+    trip rebinds it). A value that cannot be computed (a division by zero, an argument outside the op's
+    domain) is a fault at the binding's line."""
+    try:
+        cta.env.update(n.decl.bind(n, cta.ev))
+    except (ZeroDivisionError, ValueError) as e:
+        raise InterpFault(n, f"{n.op.value}: {e}") from None
+
+
+def run_role(cta: CTA, n: Any) -> None:
+    """A role on its own (``CTA.run`` runs siblings together)."""
+    run_roles(cta, (n,))
+
+
+def no_effect(cta: CTA, n: Any) -> None:
+    """Ordering ops: tile ops are collective and copies and MMAs complete at issue here, so a barrier, a fence
+    or a wait has nothing left to order (races are the verifier's and the protocol checker's to find)."""
+
+
+# ------------------------------------------------------------------ barriers
+
+class Barrier:
+    """One mbarrier: completed phases, arrivals still pending in this phase, transaction bytes outstanding."""
+
+    __slots__ = ("arrivals", "pending", "tx", "done")
+
+    def __init__(self, arrivals: int):
+        self.arrivals, self.pending, self.tx, self.done = arrivals, arrivals, 0, 0
+
+    def _settle(self) -> None:
+        while self.pending <= 0 and self.tx == 0:
+            self.done += 1
+            self.pending += self.arrivals
+
+    def arrive(self, count: int = 1) -> None:
+        self.pending -= count
+        self._settle()
+
+    def expect_tx(self, nbytes: int) -> None:
+        self.tx += nbytes
+        self.arrive()
+
+    def complete_tx(self, nbytes: int) -> None:
+        self.tx -= nbytes
+        self._settle()
+
+    def passed(self, parity: int) -> bool:
+        """try_wait.parity: the phase of this parity has completed."""
+        return self.done % 2 != parity % 2
+
+
+def slot_array(cta: CTA, n: Any, s: Slot, owner: CTA | None = None) -> np.ndarray:
+    """The array of one ring slot (or the whole tile when it has one stage); the index is evaluated in
+    ``cta``, the slot taken from ``owner`` (a cluster peer: the same slot in another CTA)."""
+    owner = owner or cta
+    if s.buf not in owner.tiles:
+        raise InterpFault(n, f"`{s.buf}` is not allocated")
+    arr = owner.tiles[s.buf]
+    stages = cta.async_state["stages"].get(s.buf, 1)
+    if s.index is None:
+        if stages > 1:
+            raise InterpFault(n, f"`{s.buf}` is a ring of {stages} stages: index a slot, {s.buf}[s]")
+        return arr
+    i = cta.ev(s.index)
+    if stages == 1:
+        if i != 0:
+            raise InterpFault(n, f"slot {i} of `{s.buf}`, which has one stage")
+        return arr
+    if not 0 <= i < stages:
+        raise InterpFault(n, f"slot {i} of `{s.buf}` is outside its {stages} stages")
+    return arr[i]
+
+
+def barrier_of(cta: CTA, n: Any, s: Slot, owner: CTA | None = None) -> Barrier:
+    bars = (owner or cta).async_state["bars"].get(s.buf)
+    if bars is None:
+        raise InterpFault(n, f"`{s.buf}` is not an mbarrier")
+    i = cta.ev(s.index) if s.index is not None else 0
+    if not 0 <= i < len(bars):
+        raise InterpFault(n, f"barrier {s.buf}[{i}] is outside its {len(bars)} slots")
+    return bars[i]
+
+
+def peers(cta: CTA, n: Any, mask: int) -> list[CTA]:
+    """The CTAs of ``cta``'s cluster that a multicast mask names."""
+    if cta.cluster is None:
+        raise InterpFault(n, f"multicast={mask:#x} outside a cluster: declare cluster((n, 1, 1))")
+    if mask >> len(cta.cluster):
+        raise InterpFault(n, f"multicast mask {mask:#x} names CTAs beyond the cluster of {len(cta.cluster)}")
+    return [c for r, c in enumerate(cta.cluster) if mask >> r & 1]
+
+
+# --------------------------------------------------------------- role runner
+
+def _steps(cta: CTA, nodes: tuple[Any, ...], st: dict) -> Iterator[Any]:
+    """Run ``nodes`` as a coroutine: yields the blocking wait each time it cannot go on."""
+    for n in nodes:
+        if n.op is Op.FOR:
+            var = n.args[0]
+            for i in loop_values(cta, n):
+                cta.env[var] = i
+                yield from _steps(cta, n.body, st)
+            cta.env.pop(var, None)
+        elif n.op is Op.IF:
+            if cta.ev(n.args[0]):
+                yield from _steps(cta, n.body, st)
+        elif n.op is Op.WAIT:
+            while not barrier_of(cta, n, n.arg("bar")).passed(cta.ev(n.arg("phase"))):
+                yield n
+            st["steps"] += 1
+        elif n.op is Op.ROLE:
+            raise InterpFault(n, "roles do not nest")
+        else:
+            cta.semantics[n.op](cta, n)
+            st["steps"] += 1
+
+
+def run_roles(cta: CTA, roles: tuple[Any, ...]) -> None:
+    """Run sibling roles concurrently (round-robin until each blocks); InterpFault on a deadlock."""
+    _run_tasks([(cta, roles)])
+
+
+def _run_tasks(groups: list[tuple[CTA, tuple[Any, ...]]]) -> None:
+    """Run the roles of one or more CTAs (the CTAs of a cluster) concurrently, round-robin."""
+    tasks, outer = [], {}
+    for cta, roles in groups:
+        outer[id(cta)] = cta.env
+        st = cta.async_state
+        for r in roles:
+            lo, hi = r.args[1]
+            env = dict(cta.env)
+            cta.env = env
+            tasks.append([r, env, _steps(cta, r.body, st), -(-(hi - lo) // cta.arch.warpgroup_warps), None, cta])
+            cta.env = outer[id(cta)]
+    live = list(tasks)
+    ctas = [c for c, _ in groups]
+    try:
+        while live:
+            before = sum(c.async_state["steps"] for c in ctas)
+            for t in list(live):
+                cta = t[5]
+                cta.env, cta.async_state["role_wgs"] = t[1], t[3]
+                try:
+                    t[4] = next(t[2])
+                except StopIteration:
+                    live.remove(t)
+            if live and sum(c.async_state["steps"] for c in ctas) == before:
+                first = live[0][4]
+                parts = []
+                for t in live:
+                    cta = t[5]
+                    cta.env = t[1]
+                    b = t[4].arg("bar")
+                    slot = cta.ev(b.index) if b.index is not None else 0
+                    where = f" (CTA {cta.env['bid.x']})" if len(groups) > 1 else ""
+                    parts.append(f"role {t[0].args[0]}{where} waits on {b.buf}[{slot}] for parity "
+                                 f"{cta.ev(t[4].arg('phase')) % 2} at line {t[4].line}")
+                stuck = "; ".join(parts)
+                raise InterpFault(first, f"deadlock: every unfinished role is blocked ({stuck})")
+    finally:
+        for cta in ctas:
+            cta.env, cta.async_state["role_wgs"] = outer[id(cta)], None
+
+
+def run_clusters(program: Any, gmem: dict, env0: dict, grid: list[int], cl: tuple[int, int, int],
+                 outputs: dict, semantics: Mapping[Op, Callable[[CTA, Any], None]], arch: Arch) -> dict:
+    """Run the grid cluster by cluster, the CTAs of a cluster concurrently: each runs its statements up to its
+    roles, then the roles of all of them round-robin (multicast copies and remote arrivals reach the peers),
+    then what follows the roles."""
+    if any(g % c for g, c in zip(grid, cl)):
+        raise InterpFault(next(n for n in program.body if n.op is Op.CLUSTER),
+                          f"the grid {tuple(grid)} is not a whole number of clusters {cl}: the launch fails")
+    for cz, cy, cx in itertools.product(range(grid[2] // cl[2]), range(grid[1] // cl[1]), range(grid[0] // cl[0])):
+        members = []
+        for z, y, x in itertools.product(range(cl[2]), range(cl[1]), range(cl[0])):
+            env = {**env0, "bid.x": cx * cl[0] + x, "bid.y": cy * cl[1] + y, "bid.z": cz * cl[2] + z}
+            members.append(CTA(program, gmem, env, semantics, arch))
+        for c in members:
+            c.cluster = members
+        body = program.body
+        first = next((i for i, n in enumerate(body) if n.op is Op.ROLE), len(body))
+        last = max((i for i, n in enumerate(body) if n.op is Op.ROLE), default=first - 1)
+        for c in members:
+            c.run(body[:first])
+        if first <= last:
+            _run_tasks([(c, body[first:last + 1]) for c in members])
+        for c in members:
+            c.run(body[last + 1:])
+    return outputs

@@ -1,0 +1,406 @@
+"""The op vocabulary: the ``Op`` enum, what a declaration says about an op, and the operand values.
+
+One op is one :class:`OpDef` (declared in ``ops_core``, ``ops_async`` or ``ops_compute``, assembled in
+``registry``). Its declaration carries, once:
+
+- its :class:`Family`: every group of ops another module needs (the compute ops, the axis ops, the MMA ops,
+  the async copies...) is a set of families (``registry.ops_of``);
+- its operands (:class:`Operand`): kind (what the parser accepts), :class:`Effect` on the memory the operand
+  names (read, written, added into), the memory spaces it may live in, whether it names an mbarrier and what
+  the op does with it (:class:`BarrierUse`), whether it holds indices, a tile the cluster exchanges, or
+  elements that move between threads (:class:`Exchange`); whether an output may alias a source;
+- how its shared-memory accesses are ordered (:class:`Ordering`), which proxy they go through
+  (:class:`Proxy`) and when they complete (:class:`Completion`); the synchronisation it is (:class:`SyncKind`);
+- its interpreter semantics (a function of the CTA state and the node, defined beside the declaration) and
+  its :class:`CostClass`; for an op that binds index names (``let`` and any other), the function that gives
+  their values (``bind``), which the interpreter, the protocol checker and the cost model evaluate alike;
+- its documentation (summary, example, preconditions), from which ``docs/ops.md`` is generated.
+
+The verifier rules, the protocol checker, features, the reference and the cost model read these fields
+instead of keeping lists of ops; the lowering keeps one dispatch per op (``lower/dispatch.py``).
+
+This module depends on the standard library and ``expr``/``types`` only: declarations and semantics import
+it without importing ``ops`` (where ``Node`` reads the assembled registry).
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Callable
+
+from cake_core.ir.expr import Expr
+from cake_core.ir.types import MemSpace
+
+
+class Op(str, enum.Enum):
+    # -- allocation
+    SMEM = "smem"
+    RMEM = "rmem"
+    MBARRIER = "mbarrier"
+    # -- copies: gmem <-> smem <-> rmem, synchronous and asynchronous
+    LOAD = "load"
+    STORE = "store"
+    TMA_LOAD = "tma_load"
+    TMA_STORE = "tma_store"
+    CP_ASYNC = "cp_async"
+    CP_ASYNC_BAR = "cp_async_bar"
+    # -- synchronisation: CTA barrier, mbarriers, fences, wait groups, clusters
+    SYNC = "sync"
+    EXPECT_TX = "expect_tx"
+    ARRIVE = "arrive"
+    WAIT = "wait"
+    CP_ASYNC_WAIT = "cp_async_wait"
+    FENCE_ASYNC = "fence_async"
+    WGMMA_WAIT = "wgmma_wait"
+    CLUSTER_SYNC = "cluster_sync"
+    # -- matrix multiply-accumulate
+    MMA = "mma"
+    WGMMA = "wgmma"
+    TCGEN05_MMA = "tcgen05_mma"
+    # -- structure
+    FOR = "for"
+    IF = "if"
+    LET = "let"
+    TILE_ORDER = "tile_order"
+    ROLE = "role"
+    CLUSTER = "cluster"
+    # -- elementwise tile math
+    FILL = "fill"
+    CAST = "cast"
+    UNARY = "unary"
+    EWISE = "ewise"
+    TRANSPOSE = "transpose"
+    # -- reductions along an axis
+    REDUCE = "reduce"
+    SCAN = "scan"
+    ARGMIN = "argmin"
+    ARGMAX = "argmax"
+    # -- running arg-min / top-k over candidate tiles
+    ARGMIN_UPDATE = "argmin_update"
+    TOPK_MERGE = "topk_merge"
+    # -- atomic adds into gmem (or a privatised smem tile)
+    ATOMIC_ADD = "atomic_add"
+    SCATTER_ADD = "scatter_add"
+    # -- segment sums of gathered rows
+    GATHER_ADD = "gather_add"
+    # -- fused epilogues on a wgmma accumulator, row norms of a landed tile
+    ARGMIN_BIAS = "argmin_bias"
+    TOPK_BIAS = "topk_bias"
+    SQNORM_ROWS = "sqnorm_rows"
+    # -- exchanges between the CTAs of a cluster
+    TOPK_PUBLISH = "topk_publish"
+    TOPK_CLUSTER_MERGE = "topk_cluster_merge"
+    ACC_PUBLISH = "acc_publish"
+    ACC_CLUSTER_REDUCE = "acc_cluster_reduce"
+
+
+class Family(str, enum.Enum):
+    """What kind of op it is: the reference's sections, and every op group other modules use."""
+
+    ALLOC = "allocation"
+    COPY = "copies"
+    SYNC = "synchronisation"
+    MMA = "matrix multiply-accumulate"
+    STRUCTURE = "structure"
+    ELEMENTWISE = "elementwise tile math"
+    AXIS = "reductions along an axis"
+    RUNNING = "running arg-min / top-k"
+    ATOMIC = "atomic adds"
+    GATHER = "gathered segment sums"
+    EPILOGUE = "fused epilogues and row norms"
+    CLUSTER = "cluster exchanges"
+
+
+class Effect(str, enum.Enum):
+    """What an op does to the memory an operand names."""
+
+    NONE = "none"              # names no memory (a dtype, a shape, an index expression), or an mbarrier
+    READ = "read"
+    WRITE = "write"
+    READWRITE = "read and write"
+    ATOMIC_ADD = "atomic add"  # adds with atomics: adds of several threads into one element commute
+    OWNED_ADD = "owned add"    # the warp that owns a row adds into it, in program order: owned adds commute
+
+    @property
+    def reads(self) -> bool:
+        return self in (Effect.READ, Effect.READWRITE)
+
+    @property
+    def writes(self) -> bool:
+        return self in (Effect.WRITE, Effect.READWRITE)
+
+    @property
+    def modifies(self) -> bool:
+        """It writes or adds into the memory."""
+        return self.writes or self in (Effect.ATOMIC_ADD, Effect.OWNED_ADD)
+
+
+@dataclass(frozen=True)
+class ByAttr:
+    """An effect an attribute selects (``owner="warp"``: an owned add; ``accumulate=True``: read, then write)."""
+
+    attr: str
+    effects: tuple[tuple[Any, Effect], ...]
+
+    def __call__(self, n: Any) -> Effect:
+        return dict(self.effects)[n.attr(self.attr)]
+
+
+class Exchange(str, enum.Enum):
+    """Whether an operand's elements move between threads (an rmem one is then staged through smem scratch that
+    the lowering allocates and the verifier counts)."""
+
+    NONE = "none"
+    ALWAYS = "always"            # a reduction, a running merge, a transposed source, a scatter index
+    BROADCAST = "when broadcast"  # an ewise source whose shape is not the destination's
+
+
+class Scope(str, enum.Enum):
+    """Where the name a ``name`` operand binds is visible."""
+
+    BODY = "the op's body"                        # a loop variable
+    BLOCK = "the rest of the op's block"          # a binding: later statements and the blocks nested in them
+
+
+class BarrierUse(str, enum.Enum):
+    """What an op does with the mbarrier slot an operand names."""
+
+    ARRIVE = "arrives (one arrival per warpgroup of the role)"
+    EXPECT_TX = "arrives once and expects transaction bytes"
+    COMPLETE_TX = "its copy's bytes complete a transaction on it"
+    TRACK = "its copies complete with the barrier's phase, without an arrival of their own"
+    WAIT = "waits for a phase"
+
+
+@dataclass(frozen=True)
+class Operand:
+    """One operand of an op: the kind the parser reads (dtype, shape, buf, view, expr, cond, name, slot, str,
+    warps), the effect on the memory it names, the spaces that memory may live in, and its roles."""
+
+    name: str
+    kind: str
+    effect: Effect | ByAttr = Effect.NONE
+    space: tuple[MemSpace, ...] = ()
+    barrier: BarrierUse | None = None    # an mbarrier slot, and what the op does with it
+    index: bool = False                  # holds i32 indices (argmin's idx, scatter_add's idx...)
+    cluster: bool = False                # an smem tile the cluster's CTAs exchange (published, then read)
+    exchange: Exchange = Exchange.NONE   # its elements move between threads
+    binds: Scope | None = None           # a ``name`` operand: the index name it binds, and where it is visible
+    keyword: bool = False                # written `name=value`, after the positional operands
+
+    def effect_of(self, n: Any) -> Effect:
+        return self.effect(n) if isinstance(self.effect, ByAttr) else self.effect
+
+    @property
+    def effects(self) -> tuple[Effect, ...]:
+        """Every effect it may have: its one, or one per value of the attribute that selects it."""
+        return tuple(e for _, e in self.effect.effects) if isinstance(self.effect, ByAttr) else (self.effect,)
+
+    @property
+    def memory(self) -> bool:
+        """Whether it names a tile, a window or a slot (not an mbarrier, not a value)."""
+        return self.kind in ("buf", "view", "slot") and self.barrier is None
+
+
+@dataclass(frozen=True)
+class AttrSpec:
+    kind: type            # bool, int, float, str
+    default: Any
+    choices: tuple = ()   # allowed values, empty = any of kind
+
+
+class Ordering(str, enum.Enum):
+    """What orders an op's shared-memory accesses against other ops'."""
+
+    BARRIER = "a CTA barrier, sync(): its threads touch each other's elements (races.smem follows it)"
+    INTERNAL = "itself: CTA barriers inside it, or each thread touching the elements it owns"
+    ASYNC = "mbarriers, wait groups, fences and cluster syncs (the protocol checker follows it)"
+    NONE = "nothing to order: it touches no tile"
+
+
+class Proxy(str, enum.Enum):
+    """The memory proxy its shared-memory accesses go through (the async proxy needs a fence after generic
+    writes)."""
+
+    GENERIC = "generic"
+    ASYNC = "async"
+
+
+class Completion(str, enum.Enum):
+    """When its accesses are complete."""
+
+    ISSUE = "when the op returns"
+    BARRIER = "when the phase of its barrier operand completes"
+    MMA_GROUP = "at the wgmma_wait that retires its commit group"
+    COPY_GROUP = "at the cp_async_wait that retires its group"
+
+
+class SyncKind(str, enum.Enum):
+    """The synchronisation an op is."""
+
+    CTA = "CTA-wide barrier"
+    PROXY_FENCE = "orders generic-proxy smem writes before async-proxy reads"
+    MMA_WAIT = "retires wgmma commit groups"
+    COPY_WAIT = "retires cp.async groups"
+    CLUSTER = "cluster-wide barrier"
+
+
+class Alloc(str, enum.Enum):
+    """What an allocating op's result is."""
+
+    SMEM = "smem"
+    RMEM = "rmem"
+    MBARRIER = "mbarrier"
+
+
+class CostClass(str, enum.Enum):
+    """How the cost model charges an op (``model.cost`` has one hook per class)."""
+
+    FREE = "free"              # no FLOPs and no gmem bytes: allocation, barriers, fences, waits, smem-only
+    STRUCTURE = "structure"    # a block the estimator walks (for, if, role)
+    BIND = "bind"              # a binding: its value joins the estimator's environment
+    COPY = "copy"              # the gmem bytes of its view operand
+    MMA = "mma"                # 2 * M * N * K FLOPs of its atom (operands acc (M, N), a (M, K))
+    SIMT = "simt"              # one SIMT op per element of its first operand
+    EPILOGUE = "epilogue"      # a few SIMT ops per element of the accumulator it reads
+    ROW_REDUCE = "row reduce"  # a multiply-add per element of the tile it reads
+    GATHER = "gather"          # the source window's bytes and an add per element
+
+
+Semantics = Callable[[Any, Any], None]     # (the interpreter's CTA state, the node) -> None
+# (the node, an evaluator of index expressions) -> the value of each name it binds for the rest of its block
+Binding = Callable[[Any, Callable[[Expr], int]], dict[str, int]]
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """One op's declaration (see the module docstring)."""
+
+    op: Op
+    family: Family
+    operands: tuple[Operand, ...]
+    semantics: Semantics
+    cost: CostClass
+    attrs: dict[str, AttrSpec] = field(default_factory=dict)
+    result: bool = False                   # binds `name = op(...)`
+    block: bool = False                    # has a body
+    allocates: Alloc | None = None
+    in_place: bool = True                  # an output may name one of its sources
+    ordering: Ordering = Ordering.NONE
+    proxy: Proxy = Proxy.GENERIC
+    completion: Completion = Completion.ISSUE
+    sync: SyncKind | None = None
+    bind: Binding | None = None            # an op that binds index names (Scope.BLOCK operands): their values
+    keeps_per_row: int | None = None       # a running merge: candidates kept per row (None: the state's columns)
+    atom: str = ""                         # an MMA op's atom when no `atom` attribute chooses it
+    engine: str = ""                       # a copy's engine: "plain", "cp_async" or "tma"
+    summary: str = ""
+    example: str = ""
+    preconditions: tuple[str, ...] = ()
+
+    @property
+    def keyword_operands(self) -> tuple[str, ...]:
+        """Operands written ``name=value``, after the positional ones."""
+        return tuple(o.name for o in self.operands if o.keyword)
+
+    @cached_property
+    def _positions(self) -> dict[str, int]:
+        return {o.name: i for i, o in enumerate(self.operands)}
+
+    def operand(self, name: str) -> Operand:
+        return self.operands[self.index_of(name)]
+
+    def index_of(self, name: str) -> int:
+        """The position of operand ``name``; KeyError naming the op's operands when it has none of that name."""
+        try:
+            return self._positions[name]
+        except KeyError:
+            raise KeyError(f"`{self.op.value}` has no operand `{name}` (its operands: "
+                           f"{', '.join(o.name for o in self.operands) or 'none'})") from None
+
+    def bound_names(self, n: Any, scope: Scope) -> list[str]:
+        """The names node ``n`` binds with this scope."""
+        return [a for o, a in zip(self.operands, n.args) if o.binds is scope]
+
+    def atom_of(self, n: Any) -> str:
+        """The MMA atom node ``n`` issues: its ``atom`` attribute, else the op's own."""
+        return n.attr("atom") if "atom" in self.attrs else self.atom
+
+
+# ------------------------------------------------------------- operand helpers
+
+_TILE = (MemSpace.SMEM, MemSpace.RMEM)
+
+
+def buf(name: str, effect: Effect | ByAttr, space: tuple[MemSpace, ...] = _TILE, **kw: Any) -> Operand:
+    """A tile operand named by its buffer (``acc``)."""
+    return Operand(name, "buf", effect, space, **kw)
+
+
+def view(name: str, effect: Effect | ByAttr, space: tuple[MemSpace, ...] = (MemSpace.GMEM,), **kw: Any) -> Operand:
+    """A window of a tensor (``a[tile(i, BM), :]``)."""
+    return Operand(name, "view", effect, space, **kw)
+
+
+def slot(name: str, effect: Effect | ByAttr, **kw: Any) -> Operand:
+    """An smem tile or one slot of its ring (``a_s[kt % S]``)."""
+    return Operand(name, "slot", effect, (MemSpace.SMEM,), **kw)
+
+
+def barrier(name: str, use: BarrierUse, **kw: Any) -> Operand:
+    """An mbarrier slot (``full[kt % S]``)."""
+    return Operand(name, "slot", Effect.NONE, (MemSpace.SMEM,), barrier=use, **kw)
+
+
+def value(name: str, kind: str = "expr", **kw: Any) -> Operand:
+    """An operand that names no memory: an index expression (default), a dtype, a shape, a name..."""
+    return Operand(name, kind, **kw)
+
+
+# --------------------------------------------------------------------- views
+
+@dataclass(frozen=True)
+class Tile:
+    """``tile(i, n)``: elements [i*n, i*n + n) of a dimension."""
+
+    index: Expr
+    size: Expr
+
+
+@dataclass(frozen=True)
+class Full:
+    """``:`` — the whole dimension."""
+
+
+@dataclass(frozen=True)
+class At:
+    """A single index of a dimension (the dimension is dropped)."""
+
+    index: Expr
+
+
+Index = Tile | Full | At
+
+
+@dataclass(frozen=True)
+class View:
+    """A rectangular window of a gmem buffer: ``buf[index, ...]``."""
+
+    buf: str
+    index: tuple[Index, ...]
+
+
+@dataclass(frozen=True)
+class Slot:
+    """``buf`` or ``buf[index]``: one slot of a ring (an smem tile with stages, or an mbarrier array)."""
+
+    buf: str
+    index: Expr | None = None
+
+
+def buffer_name(a: Any) -> str | None:
+    """The buffer an operand value names: a tile's name, a view's or a slot's buffer (None for values)."""
+    if isinstance(a, (View, Slot)):
+        return a.buf
+    return a if isinstance(a, str) else None

@@ -1,0 +1,154 @@
+"""Op declarations and their interpreter semantics: allocation, the CTA-wide copies, sync, mma and the structure
+ops (``opdef`` says what a declaration holds; ``registry`` assembles them).
+
+All tile ops are CTA-collective: every thread of the CTA executes them and they act on whole tiles. An
+``rmem`` tile is distributed over the CTA's threads: element ``e`` of the flattened tile lives in thread
+``e % threads``.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from cake_core.ir import interp_cta
+from cake_core.ir.interp_cta import CTA, NUMPY, clip, no_effect, round_to
+from cake_core.ir.opdef import (Alloc, AttrSpec, CostClass, Effect, Family, Op, OpDef, Ordering, Scope, SyncKind,
+                                buf, value, view)
+from cake_core.ir.types import MemSpace
+
+_R, _W, _RW = Effect.READ, Effect.WRITE, Effect.READWRITE
+
+
+# ----------------------------------------------------------------- semantics
+
+def alloc(cta: CTA, n: Any) -> None:
+    shape = tuple(cta.ev(d) for d in n.args[1])
+    if n.op is Op.SMEM:
+        shape = (n.attr("stages"),) + shape if n.attr("stages") > 1 else shape
+        # shared memory is not zeroed on the GPU: fill with NaN so reads of unwritten smem show up
+        cta.tiles[n.result] = np.full(shape, np.nan, dtype=np.float64).astype(NUMPY[n.args[0]]) \
+            if n.args[0].is_float else np.zeros(shape, NUMPY[n.args[0]])
+    else:
+        cta.tiles[n.result] = np.full(shape, n.attr("fill"), dtype=NUMPY[n.args[0]])
+    cta.dtypes[n.result] = n.args[0]
+
+
+def load(cta: CTA, n: Any) -> None:
+    dst, v = n.arg("dst"), n.arg("src")
+    win, shape = cta.window(n, v)
+    g, t = clip(n, v, win, shape, n.attr("guard"), "read")
+    tile = np.zeros(tuple(length for _, length, kept in win if kept), dtype=cta.tiles[dst].dtype)
+    tile[t] = cta.gmem[v.buf][g].reshape(tile[t].shape)
+    cta.tiles[dst][...] = round_to(cta.dtypes[dst], tile.reshape(cta.tiles[dst].shape))
+
+
+def store(cta: CTA, n: Any) -> None:
+    v, src = n.arg("dst"), n.arg("src")
+    win, shape = cta.window(n, v)
+    g, t = clip(n, v, win, shape, n.attr("guard"), "write")
+    tile = cta.tiles[src].reshape(tuple(length for _, length, kept in win if kept))
+    dst = cta.gmem[v.buf]
+    dst[g] = round_to(cta.dtypes[v.buf], tile[t]).reshape(dst[g].shape)
+
+
+def mma(cta: CTA, n: Any) -> None:
+    acc, a, b = (cta.tiles[n.arg(x)] for x in ("acc", "a", "b"))
+    acc += a.astype(np.float32) @ b.astype(np.float32)
+
+
+def tile_order(n: Any, ev: Callable[[Any], int]) -> dict[str, int]:
+    """The coordinates of linear tile ``t`` of a (tiles_m, tiles_n) grid in grouped order: runs of ``group`` tile
+    rows (fewer in the last run) are walked column by column, so the CTAs at work at one time share the
+    operand tiles of a few rows and columns in L2."""
+    tm, tn, t, tiles_m, tiles_n, group = n.args
+    t, tiles_m, tiles_n, group = ev(t), ev(tiles_m), ev(tiles_n), ev(group)
+    if group < 1:
+        raise ValueError(f"group={group}: a group is at least one tile row")
+    if not 0 <= t < tiles_m * tiles_n:
+        raise ValueError(f"tile {t} of a {tiles_m} x {tiles_n} grid of tiles")
+    width = group * tiles_n                    # tiles per run of `group` tile rows
+    first = t // width * group                 # the run's first tile row
+    rows = min(tiles_m - first, group)
+    return {tm: first + t % width % rows, tn: t % width // rows}
+
+
+# -------------------------------------------------------------- declarations
+
+DECLS: tuple[OpDef, ...] = (
+    OpDef(Op.SMEM, Family.ALLOC, (value("dtype", "dtype"), value("shape", "shape")), alloc,
+          CostClass.FREE, {"swizzle": AttrSpec(int, 0, (0, 32, 64, 128)), "stages": AttrSpec(int, 1)},
+          result=True, allocates=Alloc.SMEM,
+          summary="Allocate a shared-memory tile for one CTA (a ring of `stages` copies).",
+          example="a_s = smem(bf16, (BM, BK), swizzle=128)",
+          preconditions=("shape is static (constants only)", "total smem per CTA within the target")),
+    OpDef(Op.RMEM, Family.ALLOC, (value("dtype", "dtype"), value("shape", "shape")), alloc,
+          CostClass.FREE, {"fill": AttrSpec(float, 0.0)},
+          result=True, allocates=Alloc.RMEM,
+          summary="Allocate a register tile distributed over the CTA's threads, filled with `fill`.",
+          example="acc = rmem(f32, (BM, BN), fill=0.0)",
+          preconditions=("shape is static", "elements divisible by threads")),
+    OpDef(Op.LOAD, Family.COPY, (buf("dst", _W), view("src", _R)), load, CostClass.COPY,
+          {"guard": AttrSpec(bool, True)}, ordering=Ordering.BARRIER, engine="plain",
+          summary="Copy a gmem tile into an smem or rmem tile; with guard, elements past the "
+                  "tensor's edge read as zero.",
+          example="load(a_s, a[tile(bid.y, BM), tile(kt, BK)])",
+          preconditions=("dst shape equals the view's extent", "same dtype")),
+    OpDef(Op.STORE, Family.COPY, (view("dst", _W), buf("src", _R)), store, CostClass.COPY,
+          {"guard": AttrSpec(bool, True)}, ordering=Ordering.BARRIER, engine="plain",
+          summary="Write an rmem or smem tile to a gmem tile (converting to the gmem dtype); with "
+                  "guard, elements past the edge are skipped.",
+          example="store(c[tile(bid.y, BM), tile(bid.x, BN)], acc)",
+          preconditions=("src shape equals the view's extent",)),
+    OpDef(Op.SYNC, Family.SYNC, (), no_effect, CostClass.FREE, sync=SyncKind.CTA,
+          summary="CTA-wide barrier (__syncthreads): all smem writes before it are visible after it.",
+          example="sync()",
+          preconditions=("not inside role-divergent code",)),
+    OpDef(Op.MMA, Family.MMA, (buf("acc", _RW, (MemSpace.RMEM,)), buf("a", _R), buf("b", _R)), mma,
+          CostClass.MMA, {"atom": AttrSpec(str, "fma", ("fma", "mma_sync", "wgmma"))}, ordering=Ordering.BARRIER,
+          summary="acc += a @ b with fp32 accumulation, using the named MMA atom.",
+          example='mma(acc, a_s, b_s, atom="fma")',
+          preconditions=("acc is rmem f32 (M, N); a is (M, K); b is (K, N)",
+                         "a and b share a 16-bit dtype (or f32 with atom=fma)")),
+    OpDef(Op.FOR, Family.STRUCTURE, (value("var", "name", binds=Scope.BODY), value("extent"), value("start"),
+                                     value("step")),
+          interp_cta.run_for, CostClass.STRUCTURE, {"unroll": AttrSpec(int, 1)}, block=True,
+          summary="A sequential loop `for var in range(extent):`, or `range(start, stop, step)` (var = start, "
+                  "start + step, ... while var < stop), executed by the whole CTA (or role). A persistent "
+                  "kernel's tile loop reads `for t in range(bid.x, tiles, ncta.x):` with "
+                  "`grid=(min(tiles, num_sms),)`: each CTA walks every ncta.x-th tile, and ring phases "
+                  "continue across tiles through a running k-tile count such as "
+                  "`(t - bid.x) // ncta.x * cdiv(K, BK) + kt` (bind it once per trip, `it = ...`: see `let`).",
+          example="for t in range(bid.x, cdiv(M, BM) * cdiv(N, BN), ncta.x):",
+          preconditions=("bounds are uniform across the CTA", "step is positive")),
+    OpDef(Op.IF, Family.STRUCTURE, (value("cond", "cond"),), interp_cta.run_if, CostClass.STRUCTURE, block=True,
+          summary="Run the body only when the condition holds: `if a < b:` over index expressions "
+                  "(uniform across the CTA: conditions see consts, dims, loop variables and bid only).",
+          example="if kt < cdiv(K, BK) - 1:",
+          preconditions=("one comparison (<, <=, >, >=, ==, !=); no else branch",)),
+    OpDef(Op.LET, Family.STRUCTURE, (value("var", "name", binds=Scope.BLOCK), value("value")), interp_cta.run_binding,
+          CostClass.BIND, bind=lambda n, ev: {n.args[0]: ev(n.args[1])},
+          summary="Bind a name to an index expression, written `name = expr` (an expression, not an op call): "
+                  "later statements of the same block, and the blocks nested in it, may use the name wherever "
+                  "an index expression goes, so a long index is written once. Evaluated by the whole CTA (or "
+                  "role) where it stands, again on every trip of an enclosing loop; uniform like a `for` "
+                  "extent. A runtime value: smem/rmem shapes, tile sizes and other compile-time operands "
+                  "take consts, not bindings.",
+          example="kt0 = (t - bid.x) // ncta.x * cdiv(K, BK)",
+          preconditions=("a new name: not a const, dim, parameter, buffer, loop variable or binding in scope",
+                         "used only after it, within its block",
+                         "an integer expression (no float literal)",
+                         "not between two sibling roles (bind before the first role or inside a role)")),
+    OpDef(Op.TILE_ORDER, Family.STRUCTURE, (value("tm", "name", binds=Scope.BLOCK), value("tn", "name", binds=Scope.BLOCK),
+                                            value("t"), value("tiles_m"), value("tiles_n"),
+                                            value("group", keyword=True)),
+          interp_cta.run_binding, CostClass.BIND, bind=tile_order,
+          summary="Bind the coordinates (tm, tn) of linear tile t of a tiles_m x tiles_n grid of tiles in grouped "
+                  "order: runs of `group` tile rows (fewer in the last run) are walked column by column, so the "
+                  "CTAs of a persistent grid at work at one time share the a and b tiles of a few rows and "
+                  "columns in L2. tm and tn are bindings: visible, like `name = expr`, to the rest of the block.",
+          example="tile_order(tm, tn, t, cdiv(M, BM), cdiv(N, BN), group=G)",
+          preconditions=("tm and tn are new names (the let rules: not a const, dim, parameter, buffer, loop "
+                         "variable or binding in scope)",
+                         "0 <= t < tiles_m * tiles_n", "group is a positive compile-time constant")),
+)

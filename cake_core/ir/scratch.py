@@ -1,0 +1,54 @@
+"""Shared-memory scratch of the ops that move rmem elements between threads.
+
+An operand declared with an :class:`~cake_core.ir.opdef.Exchange` (a reduction's tiles, a running merge's,
+a transposed source, a scatter index, a broadcast ewise source) goes through shared memory when it is an
+rmem tile: the lowering stages exactly :func:`staged_operands`, the verifier counts :func:`scratch_bytes`
+against the smem budget.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from cake_core.ir.opdef import Exchange
+from cake_core.ir.registry import REGISTRY
+from cake_core.ir.types import MemSpace, TileType
+
+SCRATCH_ALIGN = 16      # bytes between staged operands in the scratch region
+
+
+def staged_operands(n: Any, types: Callable[[str], TileType | None],
+                    shape: Callable[[TileType], tuple[int, ...] | None]) -> list[str]:
+    """The rmem tiles that ``n`` exchanges between threads through shared-memory scratch.
+
+    ``types`` maps a buffer name to its type, ``shape`` a type to its static shape.
+    """
+    def rmem(name: str) -> TileType | None:
+        t = types(name)
+        return t if t is not None and t.space is MemSpace.RMEM else None
+
+    d = REGISTRY[n.op]
+    out: list[str] = []
+    dst = types(n.args[0]) if d.operands and d.operands[0].kind == "buf" else None
+    for o, a in zip(d.operands, n.args):
+        if o.kind != "buf" or o.exchange is Exchange.NONE or not rmem(a):
+            continue
+        if o.exchange is Exchange.BROADCAST and (dst is None or shape(rmem(a)) == shape(dst)):
+            continue
+        out.append(a)
+    return list(dict.fromkeys(out))
+
+
+def scratch_bytes(n: Any, types: Callable[[str], TileType | None],
+                  shape: Callable[[TileType], tuple[int, ...] | None]) -> int | None:
+    """Bytes of shared-memory scratch ``n`` needs (None if a shape is not static)."""
+    total = 0
+    for name in staged_operands(n, types, shape):
+        t = types(name)
+        s = shape(t) if t is not None else None
+        if s is None:
+            return None
+        numel = 1
+        for d in s:
+            numel *= d
+        total += -(-numel * t.dtype.bytes // SCRATCH_ALIGN) * SCRATCH_ALIGN
+    return total

@@ -1,0 +1,75 @@
+"""GPU products: one JSON file per product under ``gpus/`` (``h200.json``), read into :class:`Gpu`.
+
+The cost model reads the SM count, bandwidths, latencies and peak rates; the timing protocol sizes its L2 flush from
+the largest ``l2_bytes``; a device name as CUDA reports it (``NVIDIA H200``) maps to a product with
+:func:`gpu_for_name`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from cake_core.targets.arch import Arch, UnknownTarget, get_arch
+from cake_core.targets.records import load_record
+
+_DIR = Path(__file__).resolve().parent / "gpus"
+DEFAULT_GPU = "H200"        # the GPU a model is built for when the device is unknown or absent
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU product: its architecture, SMs, L2, HBM bandwidth and peak rates (where each comes from in
+    ``source``)."""
+
+    name: str
+    arch: str
+    sms: int
+    l2_bytes: int
+    hbm_bytes_per_s: float
+    bf16_tensor_flops: float
+    fp32_simt_flops: float
+    l2_bytes_per_s: float          # L2 -> SM bandwidth the cost model charges re-read operands at
+    smem_bytes_per_s: float        # shared-memory bandwidth of the whole GPU
+    l2_atomic_ops_per_s: float     # gmem (L2) atomics
+    smem_atomic_ops_per_s: float   # shared-memory read-modify-writes
+    launch_s: float                # an empty kernel launch, as the timing protocol measures it
+    dram_latency_s: float          # what Little's law puts between bytes in flight and bandwidth
+    sm_clock_hz: float
+    max_ctas_per_sm: int
+    source: str
+
+    @property
+    def arch_data(self) -> Arch:
+        return get_arch(self.arch)
+
+
+def known_gpus() -> list[str]:
+    return sorted(p.stem.upper() for p in _DIR.glob("*.json"))
+
+
+def get_gpu(name: str) -> Gpu:
+    """The :class:`Gpu` named ``name`` (any case); :class:`UnknownTarget` listing the known GPUs otherwise."""
+    path = _DIR / f"{name.lower()}.json"
+    if not name or "/" in name or not path.is_file():
+        raise UnknownTarget(f"no data for GPU `{name}`; known: {', '.join(known_gpus())}")
+    return _load(path)
+
+
+@lru_cache(maxsize=None)
+def _load(path: Path) -> Gpu:
+    return load_record(Gpu, path)
+
+
+def gpu_for_name(device_name: str | None) -> str:
+    """The product a device name (``NVIDIA H200``) names; :data:`DEFAULT_GPU` when unknown or absent."""
+    if device_name:
+        for name in sorted(known_gpus(), key=lambda n: -len(n)):
+            if name in device_name.upper():
+                return name
+    return DEFAULT_GPU
+
+
+def largest_l2_bytes() -> int:
+    """The largest L2 of the GPUs described here: what a flush must exceed on every one of them."""
+    return max(get_gpu(n).l2_bytes for n in known_gpus())
