@@ -77,8 +77,8 @@ def _wh(create: bool = False):
 
 
 def _samples(gpu: str, timer: str):
-    from cake_core.model.cost import gpu_for_name
     from cake_core.model.evaluate import dedupe, samples_from_rows
+    from cake_core.targets import gpu_for_name
 
     rows = [r for r in _wh().query(SAMPLES_SQL, [timer]).to_pylist() if gpu_for_name(r["gpu_model"]) == gpu]
     samples, bad = samples_from_rows(rows, gpu)
