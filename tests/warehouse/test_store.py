@@ -10,6 +10,9 @@ import pytest
 from wh_fixtures import attempt, dataset, measurement
 
 from warehouse import TABLES, BatchRejected, Warehouse, WarehouseError
+from warehouse.schema import load_schema
+
+CURRENT = load_schema().version
 
 
 def _norm(v):
@@ -87,14 +90,14 @@ def test_newer_schema_version_refused_without_writing(tmp_path):
     Warehouse(root)
     (root / "SCHEMA_VERSION").write_text("99\n")
     before = sorted(p for p in root.rglob("*"))
-    with pytest.raises(WarehouseError, match=r"schema version 99 .* up to version 1; upgrade Cake"):
+    with pytest.raises(WarehouseError, match=rf"schema version 99 .* up to version {CURRENT}; upgrade Cake"):
         Warehouse(root)
     assert sorted(p for p in root.rglob("*")) == before
 
 
 def test_version_bumped_while_open_blocks_append(wh):
-    (wh.root / "SCHEMA_VERSION").write_text("2\n")
-    with pytest.raises(WarehouseError, match="schema version 2"):
+    (wh.root / "SCHEMA_VERSION").write_text(f"{CURRENT + 1}\n")
+    with pytest.raises(WarehouseError, match=f"schema version {CURRENT + 1}"):
         wh.append("attempts", [attempt(0)])
     assert wh.query("select count(*) n from attempts").to_pylist() == [{"n": 0}]
 
@@ -176,17 +179,18 @@ def test_an_additive_migration_upgrades_and_keeps_old_batches(tmp_path, monkeypa
     old.append("runs", [row])
     sql = tmp_path / "schema"
     shutil.copytree(schema_mod.SCHEMA_DIR, sql)
-    (sql / "002_run_notes.sql").write_text("alter table runs add column note VARCHAR;\n")
+    nxt = CURRENT + 1
+    (sql / f"{nxt:03d}_run_notes.sql").write_text("alter table runs add column note VARCHAR;\n")
     monkeypatch.setattr(schema_mod, "SCHEMA_DIR", sql)
     schema_mod.load_schema.cache_clear()
     try:
         new = Warehouse(tmp_path / "wh")
-        assert (tmp_path / "wh" / "SCHEMA_VERSION").read_text().strip() == "2"
+        assert (tmp_path / "wh" / "SCHEMA_VERSION").read_text().strip() == str(nxt)
         new.append("runs", [{**row, "run_id": "r2", "note": "after the migration"}])
         got = new.query("select run_id, note from runs order by run_id").to_pylist()
         assert got == [{"run_id": "r1", "note": None}, {"run_id": "r2", "note": "after the migration"}]
     finally:
         monkeypatch.undo()
         schema_mod.load_schema.cache_clear()
-    with pytest.raises(WarehouseError, match="schema version 2 but this code knows only up to version 1"):
+    with pytest.raises(WarehouseError, match=f"schema version {nxt} but this code knows only up to version {CURRENT}"):
         Warehouse(tmp_path / "wh")
