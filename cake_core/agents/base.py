@@ -19,7 +19,12 @@ class Candidate:
 
 @dataclass
 class Context:
-    """What the agent sees: the harness version, the best so far, the budget left."""
+    """What the agent sees: the harness version, the best so far, the budget left.
+
+    ``cold``: the run starts from the problem's naive seed alone; its hand-written kernels are references to
+    beat, never offered as candidates or parents. An agent draws its random numbers from (its seed,
+    ``generation``) alone, so a resumed run proposes what the uninterrupted one would have.
+    """
 
     harness_version: int
     generation: int
@@ -28,6 +33,9 @@ class Context:
     tactic_stats: dict[str, tuple[int, int]] = field(default_factory=dict)  # tactic -> (tried, succeeded)
     seen: set[str] = field(default_factory=set)                      # IR hashes already tried
     feedback: list[str] = field(default_factory=list)                # diagnostics of recent failures
+    cold: bool = False
+    candidates_left: int | None = None                               # None: no candidate budget
+    gpu_minutes_left: float | None = None                            # None: no GPU-time budget
 
 
 class Agent(Protocol):
