@@ -7,6 +7,7 @@
 #   bash bench/gpu.sh corpus --variants   # also every unregistered program under cake_core/problems/seeds/
 #   bash bench/gpu.sh corpus --problems tinygemm --timer graph   # back-to-back launches from a CUDA graph
 #   bash bench/gpu.sh floor --mib 32,128  # what a bare read of W bytes takes under the timing protocol
+#   bash bench/gpu.sh throughput          # `cake evolve --cold` end to end: candidates per GPU- and wall-minute
 #   bash bench/gpu.sh profile 'regex:kmeans_update_gather' corpus --no-seed --no-best --no-peers ...
 #                                         # Nsight Compute on the first launch of the kernels the regex names
 #                                         # (PROFILE_COUNT, PROFILE_SKIP), while the named part runs
@@ -21,7 +22,7 @@ mkdir -p "$OUT" /tmp/site /tmp/whl
 what=${1:-all}; [ $# -gt 0 ] && shift
 case $what in
     all) [ $# -eq 0 ] || { echo "bench/gpu.sh: extra arguments go with 'tests' or 'corpus', not 'all'" >&2; exit 2; } ;;
-    tests|corpus|floor) ;;
+    tests|corpus|floor|throughput) ;;
     profile)
         [ $# -ge 2 ] || { echo "bench/gpu.sh: profile needs a kernel regex and a part: profile 'regex:NAME' corpus ..." >&2; exit 2; }
         kernels=$1; shift
@@ -42,7 +43,7 @@ case $what in
             "$OUT/profile/details.txt" | head -120
         python3 bench/ncu_summary.py "$OUT/profile/raw.csv" "$OUT/profile/sass.csv" | tee "$OUT/profile/summary.txt"
         exit $rc ;;
-    *) echo "bench/gpu.sh: unknown part '$what': all, tests, corpus, floor or profile" >&2; exit 2 ;;
+    *) echo "bench/gpu.sh: unknown part '$what': all, tests, corpus, floor, throughput or profile" >&2; exit 2 ;;
 esac
 if [ -f .gpu/site.tar.xz ] && [ ! -e /tmp/site/.unpacked ]; then
     tar -xJf .gpu/site.tar.xz -C /tmp/site && touch /tmp/site/.unpacked
@@ -62,6 +63,10 @@ if [ "$what" = all ] || [ "$what" = tests ]; then
 fi
 if [ "$what" = floor ]; then
     python3 bench/read_floor.py --out "$OUT" "$@"
+    exit $?
+fi
+if [ "$what" = throughput ]; then
+    python3 bench/evolve_throughput.py --out "$OUT" "$@"
     exit $?
 fi
 if [ "$what" = all ] || [ "$what" = corpus ]; then
