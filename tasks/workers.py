@@ -88,17 +88,21 @@ class GpuRunner:
 
     def run_batch(self, jobs: list) -> dict:
         """Run ``jobs`` (``GpuJob``) in order; ``{"verdicts", "restart", "pid"}``. After a job that poisoned
-        the context, the rest are not run (fewer verdicts than jobs) and ``restart`` is set."""
+        the context, the rest are not run (fewer verdicts than jobs) and ``restart`` is set; a runner poisoned
+        before the batch runs none of it."""
         out = []
         for job in jobs:
-            out.append(self.session.run(job))
             if self.session.poisoned:
                 break
+            out.append(self.session.run(job))
         return {"verdicts": out, "restart": self.session.poisoned is not None, "pid": os.getpid()}
 
-    def peer(self, problem: str, peer: str, shape: dict, seed: int, reps: int):
-        """One peer on one shape (``cake_core.pipeline.execute.GpuSession.peer``)."""
-        return self.session.peer(problem, peer, shape, seed, reps)
+    def peer(self, problem: str, peer: str, shape: dict, seed: int, reps: int) -> dict:
+        """One peer on one shape (``cake_core.pipeline.execute.GpuSession.peer``): ``{"verdict", "restart"}``."""
+        if self.session.poisoned:
+            return {"verdict": None, "restart": True}
+        v = self.session.peer(problem, peer, shape, seed, reps)
+        return {"verdict": v, "restart": self.session.poisoned is not None}
 
     def gpu_model(self) -> str | None:
         from cake_core.runtime.gpu import gpu_model

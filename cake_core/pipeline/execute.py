@@ -168,6 +168,8 @@ class GpuSession:
         except PeerUnavailable as e:
             return fault(key, "gpu", Outcome.RUNTIME_FAULT, str(e), time.monotonic() - t0)
         except Exception as e:  # noqa: BLE001 - a peer failing on a shape is reported, not raised
+            # a CUDA error in the peer's library may leave the context unusable, as one of ours does
+            self.poisoned = f"peer {peer}: {type(e).__name__}: {e}"
             return fault(key, "gpu", Outcome.RUNTIME_FAULT, f"{type(e).__name__}: {e}", time.monotonic() - t0)
         timing = Timing(t["median_ms"], t["p10_ms"], t["p90_ms"], t["runs"], t["timer"], t["l2"], self.gpu_model)
         return ShapeVerdict(key, "gpu", Outcome.MEASURED if ok else Outcome.WRONG,
