@@ -4,9 +4,12 @@ service.
 """
 from __future__ import annotations
 
-from typing import Any
+import fcntl
+import os
+from pathlib import Path
+from typing import IO, Any
 
-from cake_core.pipeline.plan import RunPlan, resume_plan
+from cake_core.pipeline.plan import ResumeRefused, RunPlan, resume_plan
 from warehouse import Warehouse
 
 FAILED = ("verify_failed", "compile_failed", "wrong", "runtime_fault", "timeout")
@@ -23,9 +26,33 @@ def run_rows(warehouse_root: str, run_id: str) -> list[dict[str, Any]]:
 
 
 def plan_resume(warehouse_root: str, run_id: str, asked: dict[str, Any], timed: bool) -> RunPlan:
-    """The plan of the next job of ``run_id``, checked against what was recorded (``ResumeRefused`` if none)."""
-    return resume_plan(run_id, run_rows(warehouse_root, run_id), harness_versions(warehouse_root),
+    """The plan of the next job of ``run_id``, checked against what was recorded and against a process running
+    it now (``ResumeRefused`` if there is none)."""
+    plan = resume_plan(run_id, run_rows(warehouse_root, run_id), harness_versions(warehouse_root),
                        where=f"the warehouse {warehouse_root}", asked=asked, timed=timed)
+    run_lock(warehouse_root, run_id).close()
+    return plan
+
+
+def run_lock(warehouse_root: str, run_id: str) -> IO[str]:
+    """An exclusive lock on run ``run_id`` (``locks/run-<id>.lock``; released when the returned file is closed
+    or this process ends, however it ends), or ``ResumeRefused`` when another process holds it."""
+    path = Path(warehouse_root) / "locks" / f"run-{run_id}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    f = open(path, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise ResumeRefused(f"run `{run_id}` is being run right now (by {holder}); wait for it to end, or stop "
+                            f"it before resuming") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()}")
+    f.flush()
+    return f
 
 
 def state_rows(warehouse_root: str, run_id: str) -> dict[str, Any]:

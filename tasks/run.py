@@ -8,8 +8,6 @@ running), then records the run's row and rebuilds its state from the warehouse.
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -31,7 +29,7 @@ from cake_core.pipeline.state import RunState, select_stage
 from cake_core.problems import get_problem, load_shape_set, shape_key
 from cake_core.problems.base import Shape
 from tasks.harness import load_harness
-from tasks.history import plan_resume, run_rows, state_rows
+from tasks.history import plan_resume, run_lock, run_rows, state_rows
 from tasks.record import Recorder, append, compact
 from tasks.stages import STAGE_TASKS
 from tasks.workers import worker_pools
@@ -126,26 +124,6 @@ def _shapes(problem: str, shape_set: str, check_shape_set: str | None, timed: bo
     return ss, check, check, small(held)
 
 
-def _lock(warehouse_root: str, run_id: str):
-    """An exclusive lock on the run (released when this process ends, however it ends)."""
-    path = Path(warehouse_root) / "locks" / f"run-{run_id}.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    f = open(path, "a+")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
-        holder = f.read().strip() or "another process"
-        f.close()
-        raise ResumeRefused(f"run `{run_id}` is being run right now (by {holder}); wait for it to end, or stop "
-                            f"it before resuming") from None
-    f.seek(0)
-    f.truncate()
-    f.write(f"pid {os.getpid()}")
-    f.flush()
-    return f
-
-
 @task(name="open-run", cache_policy=NO_CACHE)
 def open_run(*, problem: str, run_id: str, warehouse_root: str, cache_dir: str,
              gpu_models: list[str], timeout_s: float, reps: int, asked: dict[str, Any], resume: str | None,
@@ -170,7 +148,7 @@ def open_run(*, problem: str, run_id: str, warehouse_root: str, cache_dir: str,
     ss, search, check, held = _shapes(plan.problem, plan.shape_set, plan.check_shape_set, bool(gpus))
     harness = load_harness(warehouse_root, plan.harness_version)
     plan = replace(plan, harness_version=harness.version)
-    lock = _lock(warehouse_root, plan.run_id)
+    lock = run_lock(warehouse_root, plan.run_id)
     try:
         state = select_stage(plan, **state_rows(warehouse_root, plan.run_id))
         if resume and state.stop and run_rows(warehouse_root, plan.run_id)[0]["status"] == "completed":

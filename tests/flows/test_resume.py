@@ -190,3 +190,17 @@ def test_a_resume_that_cannot_be_is_one_line_and_touches_nothing(tmp_path, args,
     assert p.returncode in (1, 2) and len(lines) == 1 and "Traceback" not in p.stderr + p.stdout, p.stderr
     assert lines[0].startswith("error: ") and message in lines[0], lines[0]
     assert _files(tmp_path / "warehouse") == before
+
+
+def test_resuming_a_run_that_another_process_runs_is_refused(tmp_path):
+    from tasks.history import run_lock
+
+    _warehouse_with_runs(tmp_path)
+    held = run_lock(str(tmp_path / "warehouse"), "km-1")       # as the process running it holds it
+    try:
+        p = _cake(["evolve", "kmeans_assign", "--resume", "km-1"], tmp_path, timeout=120)
+    finally:
+        held.close()
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert p.returncode == 1 and len(lines) == 1 and "run `km-1` is being run right now (by pid" in lines[0], p.stderr
+    run_lock(str(tmp_path / "warehouse"), "km-1").close()       # released: it could be resumed now
