@@ -332,7 +332,12 @@ def cpu_count() -> int:
 
 @contextlib.contextmanager
 def worker_pools(gpus: int, kernel_timeout_s: float | None = None) -> Iterator[tuple[ActorPool, ActorPool | None]]:
-    """The pools of a run: one CPU worker per core, and one GPU runner per GPU (None without GPUs)."""
+    """The pools of a run: one CPU worker per core, and one GPU runner per GPU (None without GPUs).
+
+    ``cake evolve`` connects Ray first (``cake_cli.services.ray_runtime``); a flow run started otherwise (a
+    deployment's worker) joins ``RAY_ADDRESS`` or starts a local Ray here."""
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
     cpu = ActorPool(lambda: CpuWorker.remote(), cpu_count())
     gpu = None
     try:
