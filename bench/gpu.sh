@@ -9,6 +9,7 @@
 #   bash bench/gpu.sh floor --mib 32,128  # what a bare read of W bytes takes under the timing protocol
 #   bash bench/gpu.sh chains [PROBLEM=SHAPES ...]   # kernels made by tactic chains from the naive seeds
 #                                         # (bench/tactic_chains.py) beside the hand-written ones and the peers
+#   bash bench/gpu.sh throughput          # `cake evolve --cold` end to end: candidates per GPU- and wall-minute
 #   bash bench/gpu.sh profile 'regex:kmeans_update_gather' corpus --no-seed --no-best --no-peers ...
 #                                         # Nsight Compute on the first launch of the kernels the regex names
 #                                         # (PROFILE_COUNT, PROFILE_SKIP), while the named part runs
@@ -23,7 +24,7 @@ mkdir -p "$OUT" /tmp/site /tmp/whl
 what=${1:-all}; [ $# -gt 0 ] && shift
 case $what in
     all) [ $# -eq 0 ] || { echo "bench/gpu.sh: extra arguments go with 'tests' or 'corpus', not 'all'" >&2; exit 2; } ;;
-    tests|corpus|floor|chains) ;;
+    tests|corpus|floor|chains|throughput) ;;
     profile)
         [ $# -ge 2 ] || { echo "bench/gpu.sh: profile needs a kernel regex and a part: profile 'regex:NAME' corpus ..." >&2; exit 2; }
         kernels=$1; shift
@@ -44,7 +45,7 @@ case $what in
             "$OUT/profile/details.txt" | head -120
         python3 bench/ncu_summary.py "$OUT/profile/raw.csv" "$OUT/profile/sass.csv" | tee "$OUT/profile/summary.txt"
         exit $rc ;;
-    *) echo "bench/gpu.sh: unknown part '$what': all, tests, corpus, floor or profile" >&2; exit 2 ;;
+    *) echo "bench/gpu.sh: unknown part '$what': all, tests, corpus, floor, throughput or profile" >&2; exit 2 ;;
 esac
 if [ -f .gpu/site.tar.xz ] && [ ! -e /tmp/site/.unpacked ]; then
     tar -xJf .gpu/site.tar.xz -C /tmp/site && touch /tmp/site/.unpacked
@@ -80,6 +81,10 @@ if [ "$what" = chains ]; then
         sed -n '/^total /,$p' "$OUT/$prob.log"
     done
     exit $rc
+fi
+if [ "$what" = throughput ]; then
+    python3 bench/evolve_throughput.py --out "$OUT" "$@"
+    exit $?
 fi
 if [ "$what" = all ] || [ "$what" = corpus ]; then
     echo "== corpus vs peers"

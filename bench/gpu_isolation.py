@@ -21,7 +21,6 @@ import platform
 import sys
 import tempfile
 import time
-from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -30,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from cake_core.ir.text import parse_program  # noqa: E402
 from cake_core.lower import compile_kernel, lower  # noqa: E402
-from cake_core.problems import get_problem, shape_key  # noqa: E402
+from cake_core.problems import get_problem  # noqa: E402
 
 PROBLEM = "gemm_bf16"
 
@@ -70,28 +69,38 @@ def build(texts: dict[str, str], cache: Path) -> dict[str, tuple]:
     return out
 
 
-def summarize(result) -> dict:
-    """One candidate's verdict from a pool result (Fault or GpuRunner.run's dict)."""
+def summarize(answers: list) -> dict:
+    """One candidate's verdict from its shapes' answers (ShapeVerdict, or a pool Fault), judged as the time
+    stage judges (``cake_core.pipeline.verdicts.judge``)."""
+    from cake_core.pipeline.verdicts import fault, judge
     from tasks.workers import Fault
-    if isinstance(result, Fault):
-        return {"outcome": result.outcome, "message": result.message}
-    if "fault" in result:
-        return {"outcome": "runtime_fault", "message": result["fault"], "pid": result.get("pid")}
-    runs = result["runs"]
-    broken = next((r for r in runs if r.outcome in ("runtime_fault", "timeout")), None)
-    bad = broken or next((r for r in runs if not r.correct), None)
-    row = {"outcome": (bad.outcome if bad else "measured"), "message": (bad.message if bad else "correct"),
-           "pid": result.get("pid"), "runs": [asdict(r) for r in runs]}
-    return row
+    verdicts = [fault("?", "gpu", a.outcome, a.message) if isinstance(a, Fault) else a for a in answers]
+    r = judge("time", verdicts)
+    err = next((d for d in r.diagnostics if d.is_error), None)
+    return {"outcome": r.outcome.value, "message": err.message if err else "correct",
+            "runs": [{"shape": v.shape, "median_ms": v.timing.median_ms if v.timing else None,
+                      "p10_ms": v.timing.p10_ms if v.timing else None, "p90_ms": v.timing.p90_ms if v.timing else None}
+                     for v in verdicts]}
 
 
 def run_batch(pool, built: dict[str, tuple], names: list[str], shapes: list[dict], *, seed: int, reps: int,
-              timeouts: dict[str, float], kernel_timeout_s: float) -> tuple[dict[str, dict], float]:
-    jobs = [(built[n][0], built[n][1], built[n][2], PROBLEM, shapes, seed, reps, kernel_timeout_s) for n in names]
+              timeouts: dict[str, float]) -> tuple[dict[str, dict], float]:
+    """Every (candidate, shape) job, one at a time (so the pool's watchdog, not the in-actor one, ends a hang);
+    a candidate's remaining shapes are dropped once one faulted, hung or came out wrong."""
+    from cake_core.pipeline.execute import GpuJob
+    from tasks.workers import Fault, Unit
+    units = [Unit((n, j), GpuJob((n, j), built[n][0], built[n][1], built[n][2], PROBLEM, s, seed, reps),
+                  timeouts.get(n, 180.0), group=n) for n in names for j, s in enumerate(shapes)]
+    failed: set[str] = set()
+
+    def note(key, answer) -> None:
+        if isinstance(answer, Fault) or not answer.correct:
+            failed.add(key[0])
+
     t0 = time.monotonic()
-    results = pool.map("run", jobs, [timeouts.get(n, 180.0) for n in names])
+    answers = pool.run_units("run_batch", units, batch=1, skip=lambda k: k[0] in failed, on_answer=note)
     wall = time.monotonic() - t0
-    return {n: summarize(r) for n, r in zip(names, results)}, wall
+    return {n: summarize([answers[(n, j)] for j in range(len(shapes)) if (n, j) in answers]) for n in names}, wall
 
 
 def agree(a: dict, b: dict) -> bool:
@@ -214,16 +223,15 @@ def main() -> int:
     ray.init(num_cpus=4, num_gpus=1, include_dashboard=False, log_to_driver=False)
     try:
         t0 = time.monotonic()
-        pool = ActorPool(lambda: GpuRunner.remote(), 1)
+        pool = ActorPool(lambda: GpuRunner.remote(args.kernel_timeout), 1)
         start_s = time.monotonic() - t0
         model = ray.get(pool.actors[0].gpu_model.remote())
         timeouts = {n: (args.hang_timeout if n.startswith("hang") else 180.0) for n in texts}
         mixed, mixed_wall = run_batch(pool, built, list(texts), shapes, seed=args.seed, reps=args.reps,
-                                      timeouts=timeouts, kernel_timeout_s=args.kernel_timeout)
+                                      timeouts=timeouts)
         replaced_mixed = pool.replaced
         good = [n for n in texts if n.startswith("good")]
-        alone, alone_wall = run_batch(pool, built, good, shapes, seed=args.seed, reps=args.reps, timeouts=timeouts,
-                                      kernel_timeout_s=args.kernel_timeout)
+        alone, alone_wall = run_batch(pool, built, good, shapes, seed=args.seed, reps=args.reps, timeouts=timeouts)
         pool.shutdown()
     finally:
         ray.shutdown()
@@ -239,7 +247,7 @@ def main() -> int:
             comparisons.append({"candidate": n, "shape": "-", "ok": False})
             continue
         for ra, rb in zip(mixed[n]["runs"], alone[n]["runs"]):
-            comparisons.append({"candidate": n, "shape": shape_key(ra["shape"]), "mixed_ms": ra["median_ms"],
+            comparisons.append({"candidate": n, "shape": ra["shape"], "mixed_ms": ra["median_ms"],
                                 "mixed_p10": ra["p10_ms"], "mixed_p90": ra["p90_ms"], "alone_ms": rb["median_ms"],
                                 "alone_p10": rb["p10_ms"], "alone_p90": rb["p90_ms"],
                                 "diff_pct": 100 * (ra["median_ms"] - rb["median_ms"]) / rb["median_ms"],
@@ -258,7 +266,7 @@ def main() -> int:
           f"good-only batch {alone_wall:.1f} s")
     print(f"{'candidate':<24}{'expected':<15}{'got':<15}{'pid':>8}  message")
     for c in checks:
-        print(f"{c['candidate']:<24}{c['expected']:<15}{c['got']:<15}{str(mixed[c['candidate']].get('pid', '-')):>8}  "
+        print(f"{c['candidate']:<24}{c['expected']:<15}{c['got']:<15}{'':>8}  "
               f"{'OK ' if c['ok'] else 'BAD'} {c['message'][:110]}")
     print(f"{'good candidate':<16}{'shape':<20}{'mixed ms':>10}{'p10..p90':>18}{'alone ms':>10}{'p10..p90':>18}"
           f"{'diff':>8}")

@@ -81,18 +81,27 @@ def print_result(console: Any, result: Any, title: str | None = None,
 # ---------------------------------------------------------------- cake evolve
 
 
+# The run's best is the warehouse's `run_best` (kernel_scores: the one definition of a kernel's score);
+# the hand-written kernels and peers measured beside it are `baseline_scores`, scored the same way.
+BEST_QUERY = "select basis, score_ms from run_best where run_id = ?"
+BASELINES_QUERY = ("select name, source, basis, score_ms, correct from baseline_scores where run_id = ? "
+                   "order by source, score_ms nulls last, name")
+
+
 class RunProgress:
-    """What the warehouse says about one run: attempts by generation and outcome, best time."""
+    """What the warehouse says about one run: attempts by generation and outcome, best so far, baselines."""
 
     def __init__(self, root: Path, run_id: str):
         self.root, self.run_id = root, run_id
         self.counts: dict[tuple[int, str], int] = {}
         self._wh: Any = None            # opened once the flow has created the folder
         self.best_ms: float | None = None
+        self.best_basis: str | None = None   # measured | predicted
+        self.baselines: list[tuple] = []     # (name, source, basis, score_ms, correct)
         self.note: str | None = None    # why the counts may be stale
 
     def refresh(self) -> RunProgress:
-        """Re-read the counts; on any error keep the last ones and say why in ``note``."""
+        """Re-read the counts and the best; on any error keep the last ones and say why in ``note``."""
         if not self.root.exists():
             self.note = "waiting for the first attempt"
             return self
@@ -104,15 +113,16 @@ class RunProgress:
                 "select generation, outcome, count(*) as n from attempts where run_id = ? "
                 "group by all order by all", [self.run_id]))
             self.counts = {(int(g), str(o)): int(n) for g, o, n in rows if g is not None}
-            _, best = columns_rows(wh.query(
-                "select min(g) from (select exp(avg(ln(median_ms))) as g from measurements "
-                "where run_id = ? and correct and kind = 'search' group by attempt_id "
-                "having count(*) = (select count(distinct shape) from measurements where run_id = ?))",
-                [self.run_id, self.run_id]))
-            self.best_ms = best[0][0] if best and best[0] else None
             self.note = None
         except Exception as e:  # noqa: BLE001 - the display must outlive a busy or empty warehouse
             self.note = f"warehouse not readable yet ({type(e).__name__})"
+            return self
+        try:
+            _, best = columns_rows(wh.query(BEST_QUERY, [self.run_id]))
+            self.best_basis, self.best_ms = (best[0][0], best[0][1]) if best else (None, None)
+            _, self.baselines = columns_rows(wh.query(BASELINES_QUERY, [self.run_id]))
+        except Exception as e:  # noqa: BLE001 - an older warehouse, or one being compacted: counts still show
+            self.note = f"best so far not readable yet ({type(e).__name__})"
         return self
 
     @property
@@ -137,11 +147,28 @@ class RunProgress:
 
 
 def best_text(progress: RunProgress, timed: bool) -> str:
-    """The best median so far, or why there is none (CPU-only runs are checked, never timed)."""
+    """The best so far, or why there is none (CPU-only runs are checked, never timed: the model ranks them)."""
     if not timed:
+        if progress.best_basis == "predicted" and progress.best_ms is not None:
+            return f"checked on CPU, not timed (the cost model predicts {progress.best_ms:.4g} ms, geomean)"
         return "checked on CPU, not timed"
     return (f"{progress.best_ms:.4g} ms (geomean over the shapes of the best kernel's medians)"
-            if progress.best_ms is not None else "none yet")
+            if progress.best_ms is not None and progress.best_basis == "measured" else "none yet")
+
+
+def baseline_lines(progress: RunProgress) -> list[str]:
+    """One line per baseline measured in the run (hand-written kernels, peers), scored as the run's best."""
+    out = []
+    for name, source, basis, score, correct in progress.baselines:
+        who = "hand-written" if source == "hand_written" else "peer"
+        if score is None:
+            figure = "not timed" + ("" if correct is not False else ", wrong")
+        elif basis == "measured":
+            figure = f"{score:.4g} ms (geomean, measured in this run)"
+        else:
+            figure = f"model predicts {score:.4g} ms (geomean; not timed)"
+        out.append(f"{who} {name}: {figure}")
+    return out
 
 
 def live_view(progress: RunProgress, problem: str, generations: int, timed: bool,

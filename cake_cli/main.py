@@ -36,7 +36,7 @@ from rich.live import Live
 from rich.table import Table
 
 from cake_cli.config import ConfigError, Settings, load_settings
-from cake_cli.display import (RunProgress, best_text, columns_rows, live_view, print_result,
+from cake_cli.display import (RunProgress, baseline_lines, best_text, columns_rows, live_view, print_result,
                               summary_table, to_arrow)
 from cake_cli.services import gpu_policy, prefect_server, ray_runtime
 from cake_core.errors import CakeError
@@ -243,18 +243,38 @@ def _print_where(settings: Settings, ui_url: str, run_id: str) -> None:
 def evolve(
     problem: str = typer.Argument(..., metavar="PROBLEM", help="Problem to evolve a kernel for (see `cake problems`)."),
     shapes: str | None = typer.Option(None, "--shapes", metavar="SET",
-                                      help="Shape set to tune on (default: the problem's first)."),
-    generations: int = typer.Option(3, "--generations", min=1, help="Generations to run."),
-    population: int = typer.Option(8, "--population", min=1, help="Candidates per generation."),
-    seed: int = typer.Option(0, "--seed", help="Seed: the tactic agent is deterministic under it."),
-    agent: str = typer.Option("tactic", "--agent", help="tactic (offline) or llm."),
+                                      help="Shape set to tune on (default: the problem's first). Its held-out "
+                                           "rows are measured for the final best only, never selected on."),
+    generations: int | None = typer.Option(None, "--generations", min=1,
+                                           help="Generations to run in all (default 3; a resumed run may raise it)."),
+    population: int | None = typer.Option(None, "--population", min=1, help="Candidates per generation (default 8)."),
+    seed: int | None = typer.Option(None, "--seed", help="Seed (default 0): the tactic agent is deterministic under it."),
+    agent: str | None = typer.Option(None, "--agent", help="tactic (offline, the default) or llm."),
+    cold: bool = typer.Option(False, "--cold", help="Start from the problem's naive seed alone: its hand-written "
+                                                    "kernels are never offered, only measured beside the result."),
+    resume: str | None = typer.Option(None, "--resume", metavar="RUN_ID",
+                                      help="Continue run RUN_ID from the warehouse (after a kill, or a job split "
+                                           "in several)."),
+    harness: int | None = typer.Option(None, "--harness", min=0, metavar="N",
+                                       help="Harness version to run under (default: the newest approved)."),
+    budget_candidates: int | None = typer.Option(None, "--budget-candidates", min=1,
+                                                 help="Stop after this many attempts in all."),
+    budget_gpu_minutes: float | None = typer.Option(None, "--budget-gpu-minutes", min=0.001,
+                                                    help="Stop once the attempts held the GPUs this long."),
+    patience: int | None = typer.Option(None, "--patience", min=1,
+                                        help="Stop when the best has not improved for this many generations."),
+    check_shapes: str | None = typer.Option(None, "--check-shapes", metavar="SET",
+                                            help="Without a GPU: check on SET's rows (small enough for the "
+                                                 "interpreter) and rank by the cost model on --shapes."),
+    debug: bool = typer.Option(False, "--debug", help="Re-verify after every stage and dump numbered IR under "
+                                                      "<home>/debug."),
 ) -> None:
     """Evolve kernels for PROBLEM with a live display.
 
     Every attempt lands in the warehouse; the run also shows in the Prefect UI.
     """
     settings = _settings()
-    if agent not in ("tactic", "llm"):
+    if agent is not None and agent not in ("tactic", "llm"):
         raise UsageError(f"--agent {agent!r} is not known; use tactic or llm")
     if agent == "llm":
         if not settings.llm_model:
@@ -265,20 +285,40 @@ def evolve(
                               f"(named by setting llm_api_key_env)")
 
     # Check everything that can be wrong with the request before starting any service.
+    from cake_core.pipeline.plan import DEFAULT_GENERATIONS, DEFAULT_POPULATION
     from cake_core.problems import get_problem, load_shape_set
 
     prob = get_problem(problem)
-    shape_set = shapes
-    if shape_set is None:
-        declared = list(getattr(prob, "shape_sets", []) or [])
-        if not declared:
-            raise UsageError(f"problem {problem} declares no shape set; pass --shapes SET")
-        shape_set = declared[0]
-    load_shape_set(prob, shape_set)
     gpu_models = gpu_policy(settings)
     timed = bool(gpu_models)
+    asked: dict[str, Any] = dict(generations=generations, population=population, seed=seed, agent=agent,
+                                 cold=True if cold else None, harness_version=harness,
+                                 budget_candidates=budget_candidates, budget_gpu_minutes=budget_gpu_minutes,
+                                 patience=patience, check_shape_set=check_shapes)
+    if resume:
+        from tasks.history import plan_resume
 
-    run_id = f"{problem}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+        plan = plan_resume(str(_warehouse(settings).root), resume, {"problem": problem, "shape_set": shapes, **asked},
+                           timed)
+        run_id, shape_set = resume, plan.shape_set
+        shown = dict(generations=plan.generations, population=plan.population, seed=plan.seed, agent=plan.agent,
+                     cold=plan.cold)
+    else:
+        shape_set = shapes
+        if shape_set is None:
+            declared = list(getattr(prob, "shape_sets", []) or [])
+            if not declared:
+                raise UsageError(f"problem {problem} declares no shape set; pass --shapes SET")
+            shape_set = declared[0]
+        load_shape_set(prob, shape_set)
+        if check_shapes is not None:
+            load_shape_set(prob, check_shapes)
+        if harness:
+            _harness_exists(settings, harness)
+        run_id = f"{problem}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+        shown = dict(generations=generations or DEFAULT_GENERATIONS, population=population or DEFAULT_POPULATION,
+                     seed=seed or 0, agent=agent or "tactic", cold=cold)
+    total = shown["generations"]
     tag = f"cake-run:{run_id}"
     for d in (settings.warehouse_root.parent, settings.cache_dir, settings.logs_dir):
         d.mkdir(parents=True, exist_ok=True)
@@ -289,15 +329,24 @@ def evolve(
         import prefect
 
         _print_where(settings, pf.ui_url, run_id)
-        _say(f"run {run_id}: {problem} on {shape_set}, {generations} generations x "
-             f"{population}, seed {seed}, agent {agent}, "
+        what = f"resuming run {run_id}" if resume else f"run {run_id}"
+        _say(f"{what}: {problem} on {shape_set}, {total} generations x {shown['population']}, seed "
+             f"{shown['seed']}, agent {shown['agent']}{', cold' if shown['cold'] else ''}, "
              f"{', '.join(gpu_models) if gpu_models else 'CPU only (checked, not timed)'}")
         kwargs: dict[str, Any] = dict(
-            problem=problem, shape_set=shape_set, generations=generations, population=population,
-            seed=seed, run_id=run_id, warehouse_root=str(settings.warehouse_root),
+            problem=problem, shape_set=shape_set if not resume else shapes, generations=generations,
+            population=population, seed=seed, run_id=run_id, warehouse_root=str(settings.warehouse_root),
             cache_dir=str(settings.cache_dir), gpu_models=list(gpu_models))
         kwargs["agent"] = agent
-        if agent == "llm":
+        for k in ("cold", "harness_version", "budget_candidates", "budget_gpu_minutes", "patience",
+                  "check_shape_set"):
+            if asked[k] is not None:
+                kwargs[k] = asked[k]
+        if resume:
+            kwargs["resume"] = resume
+        if debug:
+            kwargs["debug"] = True
+        if shown["agent"] == "llm":
             kwargs["llm"] = {"base_url": settings.llm_base_url, "model": settings.llm_model,
                              "api_key_env": settings.llm_api_key_env}
 
@@ -314,12 +363,12 @@ def evolve(
         progress = RunProgress(settings.warehouse_root, run_id)
         started = time.monotonic()
         try:
-            with Live(live_view(progress, problem, generations, timed, started),
+            with Live(live_view(progress, problem, total, timed, started),
                       console=console, refresh_per_second=4, transient=True) as live:
                 worker.start()
                 while worker.is_alive():
                     worker.join(REFRESH_S)
-                    live.update(live_view(progress.refresh(), problem, generations, timed,
+                    live.update(live_view(progress.refresh(), problem, total, timed,
                                           started))
         except KeyboardInterrupt:
             _say("stopping: cancelling the flow run and shutting down the workers ...")
@@ -331,16 +380,34 @@ def evolve(
             if progress.total():
                 console.print(summary_table(progress))
             _say(f"look at them: {_sql_hint(run_id)}")
+            _say(f"continue it: cake evolve {problem} --resume {run_id}")
             raise typer.Exit(130) from None
 
         progress.refresh()
         if progress.total():
             console.print(summary_table(progress))
         _say(f"best: {best_text(progress, timed)}")
+        for line in baseline_lines(progress):
+            _say(line)
+        summary = outcome.get("value")
+        if isinstance(summary, dict) and summary.get("stop_reason"):
+            _say(f"stopped: {summary['stop_reason'].replace('_', ' ')} after {summary.get('attempts')} attempts")
         _print_where(settings, pf.ui_url, run_id)
         _say(f"ask: {_sql_hint(run_id)}")
         if "error" in outcome:
             raise outcome["error"]
+
+
+def _harness_exists(settings: Settings, version: int) -> None:
+    """A UsageError unless harness version ``version`` is in the warehouse (0, the built-in one, always is)."""
+    have = {0}
+    if settings.warehouse_root.exists():
+        from tasks.history import harness_versions
+
+        have = harness_versions(str(settings.warehouse_root))
+    if version not in have:
+        raise UsageError(f"--harness {version}: the warehouse {settings.warehouse_root} holds harness versions "
+                         f"{', '.join(map(str, sorted(have)))}; `cake harness versions` lists them")
 
 
 # ---------------------------------------------------------------- cake sql

@@ -8,17 +8,16 @@ the flow with the gate's report as the reason.
 """
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from prefect import flow, get_run_logger
-from prefect.client.orchestration import get_client
-from prefect.flow_runs import pause_flow_run, resume_flow_run
+from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 from prefect.runtime import flow_run
 
-from cake_core.errors import CakeError
-from tasks.harness import apply_decision, get_proposal, mine_proposals, record_proposal
+from tasks.harness import AlreadyDecided, apply_decision, decide_proposal, mine_proposals, record_proposal
+
+__all__ = ["Decision", "harness_review_flow", "decide_proposal"]
 
 
 class Decision(RunInput):
@@ -47,57 +46,9 @@ def harness_review_flow(warehouse_root: str = ".cake/warehouse", min_support: in
         decision = pause_flow_run(wait_for_input=Decision, timeout=pause_timeout_s, key=pid)
         try:
             version = apply_decision(warehouse_root, pid, decision.approve, decision.reason, decision.decided_by)
-        except CakeError as e:   # decided meanwhile without resuming this run (e.g. from another CLI)
+        except AlreadyDecided as e:   # decided meanwhile without resuming this run (e.g. from another CLI)
             log.warning(str(e))
             continue
         outcomes.append({"proposal_id": pid, "decision": "approved" if decision.approve else "rejected",
                          "new_version": version})
     return outcomes
-
-
-def _flow_run_state(flow_run_id: str) -> str | None:
-    """The flow run's state type (PAUSED, RUNNING, COMPLETED...), None if unknown or unreachable."""
-    import asyncio
-
-    async def state() -> str | None:
-        async with get_client() as client:
-            fr = await client.read_flow_run(flow_run_id)
-            return fr.state.type.value if fr.state else None
-
-    try:
-        return asyncio.run(state())
-    except Exception:
-        return None
-
-
-def _wait_until_settled(flow_run_id: str, wait_s: float) -> str | None:
-    """A proposal is recorded just before its flow run pauses: wait out that moment."""
-    deadline = time.monotonic() + wait_s
-    state = _flow_run_state(flow_run_id)
-    while state in ("RUNNING", "PENDING", "SCHEDULED") and time.monotonic() < deadline:
-        time.sleep(0.5)
-        state = _flow_run_state(flow_run_id)
-    return state
-
-
-def decide_proposal(proposal_id: str, approve: bool, reason: str, decided_by: str,
-                    warehouse_root: str, wait_s: float = 60.0) -> int | None:
-    """Approve or reject a proposal: resume its paused flow run if it waits, else record it here.
-
-    Returns the new harness version for an approval.
-    """
-    p = get_proposal(warehouse_root, proposal_id)
-    if p["status"] != "pending":
-        raise CakeError(f"proposal `{proposal_id}` was already {p['status']}")
-    if p["flow_run_id"] and _wait_until_settled(p["flow_run_id"], wait_s=30.0) == "PAUSED":
-        resume_flow_run(p["flow_run_id"], run_input={"approve": approve, "reason": reason,
-                                                      "decided_by": decided_by})
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            q = get_proposal(warehouse_root, proposal_id)
-            if q["status"] != "pending":
-                return q["new_version"]
-            time.sleep(0.5)
-        raise CakeError(f"the flow run {p['flow_run_id']} was resumed but did not record the decision within "
-                        f"{wait_s:.0f} s; look at it in the Prefect UI")
-    return apply_decision(warehouse_root, proposal_id, approve, reason, decided_by)

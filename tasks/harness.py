@@ -4,12 +4,15 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from prefect.client.orchestration import get_client
+from prefect.flow_runs import resume_flow_run
 
 from cake_core.errors import CakeError
 from cake_core.harness.gate import corpus_gate
@@ -17,15 +20,34 @@ from cake_core.harness.miners import Proposal, mine_calibration, mine_rule
 from cake_core.harness.version import HarnessSpec
 from cake_core.model.cost import CostModel
 from cake_core.problems import list_problems
-from tasks.record import now
+from cake_core.pipeline.rows import now
 from warehouse import Warehouse
 
 
-def load_harness(warehouse_root: str) -> HarnessSpec:
-    """The newest approved harness version (version 0, the built-in one, when none)."""
-    rows = Warehouse(warehouse_root).query(
-        "select spec from harness_versions order by version desc limit 1").to_pylist()
-    return HarnessSpec.from_json(rows[0]["spec"]) if rows else HarnessSpec()
+class AlreadyDecided(CakeError):
+    """The proposal was approved or rejected already (by the UI, the CLI or the corpus gate)."""
+
+
+def load_harness(warehouse_root: str, version: int | None = None) -> HarnessSpec:
+    """Harness version ``version`` (None: the newest approved; version 0 is the built-in one).
+
+    Raises
+    ------
+    CakeError
+        ``version`` is not in the warehouse.
+    """
+    wh = Warehouse(warehouse_root)
+    if version is None:
+        rows = wh.query("select spec from harness_versions order by version desc limit 1").to_pylist()
+        return HarnessSpec.from_json(rows[0]["spec"]) if rows else HarnessSpec()
+    if version == 0:
+        return HarnessSpec()
+    rows = wh.query("select spec from harness_versions where version = ? limit 1", [version]).to_pylist()
+    if not rows:
+        have = [r["version"] for r in wh.query("select distinct version from harness_versions order by 1").to_pylist()]
+        raise CakeError(f"harness version {version} does not exist in {warehouse_root} (it has "
+                        f"{', '.join(map(str, [0, *have]))}); `cake harness versions` lists them")
+    return HarnessSpec.from_json(rows[0]["spec"])
 
 
 def export_dir(warehouse_root: str) -> Path:
@@ -103,7 +125,7 @@ def apply_decision(warehouse_root: str, proposal_id: str, approve: bool, reason:
     with _decision_lock(warehouse_root):
         p = get_proposal(warehouse_root, proposal_id)
         if p["status"] != "pending":
-            raise CakeError(f"proposal `{proposal_id}` was already {p['status']}")
+            raise AlreadyDecided(f"proposal `{proposal_id}` was already {p['status']}")
         wh = Warehouse(warehouse_root)
         new_version = None
         if approve:
@@ -129,3 +151,51 @@ def _decision_lock(warehouse_root: str):
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _flow_run_state(flow_run_id: str) -> str | None:
+    """The flow run's state type (PAUSED, RUNNING, COMPLETED...), None if unknown or unreachable."""
+    import asyncio
+
+    async def state() -> str | None:
+        async with get_client() as client:
+            fr = await client.read_flow_run(flow_run_id)
+            return fr.state.type.value if fr.state else None
+
+    try:
+        return asyncio.run(state())
+    except Exception:
+        return None
+
+
+def _wait_until_settled(flow_run_id: str, wait_s: float) -> str | None:
+    """A proposal is recorded just before its flow run pauses: wait out that moment."""
+    deadline = time.monotonic() + wait_s
+    state = _flow_run_state(flow_run_id)
+    while state in ("RUNNING", "PENDING", "SCHEDULED") and time.monotonic() < deadline:
+        time.sleep(0.5)
+        state = _flow_run_state(flow_run_id)
+    return state
+
+
+def decide_proposal(proposal_id: str, approve: bool, reason: str, decided_by: str,
+                    warehouse_root: str, wait_s: float = 60.0) -> int | None:
+    """Approve or reject a proposal: resume its paused flow run if it waits, else record it here.
+
+    Returns the new harness version for an approval.
+    """
+    p = get_proposal(warehouse_root, proposal_id)
+    if p["status"] != "pending":
+        raise AlreadyDecided(f"proposal `{proposal_id}` was already {p['status']}")
+    if p["flow_run_id"] and _wait_until_settled(p["flow_run_id"], wait_s=30.0) == "PAUSED":
+        resume_flow_run(p["flow_run_id"], run_input={"approve": approve, "reason": reason,
+                                                      "decided_by": decided_by})
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            q = get_proposal(warehouse_root, proposal_id)
+            if q["status"] != "pending":
+                return q["new_version"]
+            time.sleep(0.5)
+        raise CakeError(f"the flow run {p['flow_run_id']} was resumed but did not record the decision within "
+                        f"{wait_s:.0f} s; look at it in the Prefect UI")
+    return apply_decision(warehouse_root, proposal_id, approve, reason, decided_by)

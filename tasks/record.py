@@ -1,91 +1,94 @@
-"""Rows for the warehouse: one attempt, at whatever stage it stopped, with everything it produced."""
+"""Landing a run's rows: one writer thread per run, appends retried on I/O, batch files compacted at the end.
+
+Stages hand their rows to the run's :class:`Recorder` and go on while it lands them (Great Expectations
+validates every batch first, which takes a good part of a second), child rows before the attempt rows that
+mark them complete. ``flush`` waits until everything handed over has landed and raises what went wrong.
+A crash loses only rows not landed yet, all of the generation being run: a generation counts as done once
+its ``select`` row has landed after the rest, so a resumed run redoes it and records nothing twice
+(``skip``: the attempt ids each table already holds).
+"""
 from __future__ import annotations
 
-import json
-import math
-import uuid
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
+import queue
+import threading
 from typing import Any
 
-from cake_core.agents.base import Candidate
-from cake_core.harness.signature import signature
-from cake_core.outcome import Diagnostic, Outcome, StageResult
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from cake_core.pipeline.attempt import Attempt
+from cake_core.pipeline.rows import CHILD_TABLES, merge_rows
+from warehouse import TABLES, Warehouse
+
+COMPACT_MIN_FILES = 8     # a table with this many batch files or more is merged at the end of a run
 
 
-def now() -> datetime:
-    return datetime.now(timezone.utc).replace(tzinfo=None)
+@retry(retry=retry_if_exception_type(OSError), stop=stop_after_attempt(4), wait=wait_exponential(0.2, max=2),
+       reraise=True)
+def append(wh: Warehouse, table: str, rows: list[dict[str, Any]]) -> int:
+    """Append one batch, retried alone on I/O errors (each append is atomic: nothing lands twice)."""
+    return wh.append(table, rows)
 
 
-@dataclass
-class Attempt:
-    """One candidate's journey through the stages; ``rows()`` turns it into warehouse rows."""
+class Recorder:
+    """The writer of one run: rows handed over land in order, in a thread of their own."""
 
-    run_id: str
-    generation: int
-    problem: str
-    harness_version: int
-    candidate: Candidate
-    ir_hash: str = ""
-    features: dict[str, Any] = field(default_factory=dict)
-    attempt_id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    stage: str = "verify"
-    outcome: Outcome = Outcome.OK
-    diagnostics: list[Diagnostic] = field(default_factory=list)
-    compile: dict[str, Any] | None = None
-    predictions: dict[str, float] = field(default_factory=dict)     # shape key -> ms
-    model_version: str = ""                                         # the cost model that predicted
-    checks: list[dict[str, Any]] = field(default_factory=list)
-    measurements: list[dict[str, Any]] = field(default_factory=list)
-    gpu_seconds: float = 0.0
-    program: Any = None       # the parsed Program once verified (not stored: ir_text is)
-    lowered: Any = None       # LoweredKernel after compile
-    compiled: Any = None      # Compiled (cubin) after compile; None when nvcc is absent
+    def __init__(self, warehouse_root: str):
+        self.wh = Warehouse(warehouse_root)
+        self.skip: dict[str, set[str]] = {}          # table -> attempt ids it holds already (a redone generation)
+        self._queue: queue.Queue = queue.Queue()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._work, name="cake-recorder", daemon=True)
+        self._thread.start()
 
-    def stop(self, result: StageResult) -> None:
-        self.stage, self.outcome = result.stage, result.outcome
-        self.diagnostics += result.diagnostics
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                table, rows = item
+                if self._error is None:
+                    append(self.wh, table, rows)
+            except BaseException as e:  # noqa: BLE001 - handed to the next flush
+                self._error = e
+            finally:
+                self._queue.task_done()
 
-    @property
-    def predicted_ms(self) -> float | None:
-        if not self.predictions:
-            return None
-        v = list(self.predictions.values())
-        return math.exp(sum(math.log(x) for x in v) / len(v))
+    def rows(self, table: str, rows: list[dict[str, Any]]) -> None:
+        """Hand over rows of one table (nothing for an empty list)."""
+        if rows:
+            self._queue.put((table, rows))
 
-    def rows(self) -> dict[str, list[dict[str, Any]]]:
-        err = next((d for d in self.diagnostics if d.is_error), None)
-        failed = self.outcome.failed
-        attempt = {
-            "attempt_id": self.attempt_id, "run_id": self.run_id, "generation": self.generation,
-            "problem": self.problem, "ir_hash": self.ir_hash, "ir_text": self.candidate.text,
-            "parents": list(self.candidate.parents), "agent": self.candidate.agent,
-            "tactic": self.candidate.tactic, "harness_version": self.harness_version, "stage": self.stage,
-            "outcome": self.outcome.value, "error_rule": err.rule if err else None,
-            "error_message": err.message if err else None,
-            "signature": signature(self.stage, self.outcome.value, err.rule if err else None,
-                                   err.message if err else None) if failed else None,
-            "features": json.dumps(self.features, sort_keys=True),
-            "prompt_tokens": self.candidate.prompt_tokens, "completion_tokens": self.candidate.completion_tokens,
-            "predicted_ms": self.predicted_ms, "gpu_seconds": self.gpu_seconds, "created_at": now(),
-        }
-        out: dict[str, list[dict[str, Any]]] = {"attempts": [attempt]}
-        out["diagnostics"] = [{"attempt_id": self.attempt_id, **{k: v for k, v in d.to_dict().items()}}
-                              for d in self.diagnostics]
-        if self.compile:
-            out["compiles"] = [{"attempt_id": self.attempt_id, **self.compile}]
-        out["predictions"] = [{"attempt_id": self.attempt_id, "model_version": self.model_version, "shape": k,
-                               "predicted_ms": v} for k, v in self.predictions.items()]
-        out["checks"] = [{"attempt_id": self.attempt_id, **c} for c in self.checks]
-        out["measurements"] = [{"attempt_id": self.attempt_id, "run_id": self.run_id, **m}
-                               for m in self.measurements]
-        return out
+    def attempts(self, attempts: list[Attempt]) -> int:
+        """Hand over every row of these finished attempts: child rows first, the attempt rows last."""
+        merged = merge_rows(attempts)
+        for table in (*CHILD_TABLES, "attempts"):
+            held = self.skip.get(table, set())
+            self.rows(table, [r for r in merged.get(table, []) if r["attempt_id"] not in held])
+        return len(attempts)
+
+    def flush(self) -> None:
+        """Wait until everything handed over has landed; raise the first error of the writer."""
+        self._queue.join()
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+
+    def close(self) -> None:
+        """Land what is left and stop the writer."""
+        try:
+            self.flush()
+        finally:
+            self._queue.put(None)
+            self._thread.join(timeout=60)
 
 
-def merge_rows(attempts: list[Attempt]) -> dict[str, list[dict[str, Any]]]:
-    """All rows of a batch of attempts, by table (one append per table)."""
-    merged: dict[str, list[dict[str, Any]]] = {}
-    for a in attempts:
-        for table, rows in a.rows().items():
-            merged.setdefault(table, []).extend(rows)
-    return merged
+@task(name="compact", cache_policy=NO_CACHE)
+def compact(warehouse_root: str, min_files: int = COMPACT_MIN_FILES) -> dict[str, int]:
+    """Merge each table's batch files once it has ``min_files`` or more: every batch of a run lands its own
+    small file, and queries slow down as they pile up. Returns files merged per table."""
+    wh = Warehouse(warehouse_root)
+    merged = {t: wh.compact(t, min_files=min_files) for t in TABLES}
+    return {t: n for t, n in merged.items() if n}

@@ -1,228 +1,249 @@
-"""Prefect tasks: thin wrappers over cake_core stages and the warehouse.
+"""Prefect tasks: one thin batch wrapper per stage of ``cake_core.pipeline.STAGES``.
 
-Each task takes a batch of attempts of one generation and returns the ones
-that go on; the attempts that stopped are recorded at once (so a crash later
-loses none of them). Retries only on I/O (the warehouse append).
+Each task takes the run and the attempts still going on, runs its stage over all of them (per-candidate
+stages on the CPU workers, every core busy; check and time on the runners), hands the attempts that stopped
+to the run's recorder at once and returns the ones that go on. ``select`` waits until the generation's rows
+have landed, marks the generation done and rebuilds the run's state from the warehouse.
 """
 from __future__ import annotations
 
 import math
-from pathlib import Path
-from typing import Any
+import time
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 from prefect import task
 from prefect.cache_policies import NO_CACHE
-from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from cake_core.agents.base import Candidate, Context
-from cake_core.harness.version import HarnessSpec
-from cake_core.ir.features import features
-from cake_core.model.cost import CostModel
 from cake_core.outcome import Diagnostic, Outcome, Severity, StageResult
-from cake_core.pipeline import check_stage, compile_stage, predict_stage, verify_stage
+from cake_core.pipeline.attempt import Attempt, attempt_id_for
+from cake_core.pipeline.execute import GpuJob
+from cake_core.pipeline.generate import generate_stage
+from cake_core.pipeline.rows import CHILD_TABLES, stage_time_row
+from cake_core.pipeline.stages import cost_filter_stage, keep_count
+from cake_core.pipeline.state import select_stage
+from cake_core.pipeline.verdicts import ShapeVerdict, fault, judge
 from cake_core.problems import get_problem
-from cake_core.problems.base import shape_key
-from tasks.record import Attempt, merge_rows, now
-from tasks.workers import ActorPool, Fault
-from warehouse import TABLES, Warehouse
+from cake_core.problems.base import Shape, shape_key
+from tasks.history import recorded, state_rows
+from tasks.workers import Fault, Unit
+
+if TYPE_CHECKING:
+    from tasks.run import Run
 
 _TASK = dict(cache_policy=NO_CACHE)
-CHILD_TABLES = ("diagnostics", "compiles", "predictions", "checks", "measurements")
+CPU_TIMEOUT_S = {"verify": 120.0, "lower": 120.0, "compile": 300.0}   # the pool's watchdog per candidate
+EXPLORE = 1               # candidates the cost filter lets through at random beside its top k
+MAX_BATCH = 8             # (candidate, shape) jobs a GPU runner takes at once
+COMPACT_EVERY = 10        # generations between compactions of the warehouse's batch files
 
 
-COMPACT_MIN_FILES = 8     # a table with this many batch files or more is merged at the end of a run
+def _timed(run: "Run", stage: str, n_in: int, body: Callable[[], list[Attempt]], workers: int,
+           work: Callable[[list[Attempt]], float] | None = None) -> list[Attempt]:
+    t0 = time.monotonic()
+    out = body()
+    wall = time.monotonic() - t0
+    run.stage_rows.append(stage_time_row(run.plan.run_id, run.plan.session, run.state.generation, stage, wall,
+                                         work(out) if work else wall, n_in, len(out), workers))
+    return out
 
 
-@task(name="compact", **_TASK)
-def compact(warehouse_root: str, min_files: int = COMPACT_MIN_FILES) -> dict[str, int]:
-    """Merge each table's batch files once it has ``min_files`` or more: every record() of a run
-    lands its own small files, and queries slow down as they pile up. Returns files merged per table."""
-    wh = Warehouse(warehouse_root)
-    merged = {t: wh.compact(t, min_files=min_files) for t in TABLES}
-    return {t: n for t, n in merged.items() if n}
+def _stop(run: "Run", stage: str, attempts: list[Attempt]) -> list[Attempt]:
+    """Record the attempts a stage stopped (debug: re-verify and dump the rest first); return those going on."""
+    if run.debug is not None:
+        run.debug.after(stage, attempts)
+    stopped = [a for a in attempts if not a.going_on]
+    run.recorder.attempts(stopped)
+    run.finished += stopped
+    return [a for a in attempts if a.going_on]
 
 
-@task(name="record", **_TASK)
-def record(warehouse_root: str, attempts: list[Attempt]) -> int:
-    """Land a batch of finished attempts: child rows first, the attempt rows last (the commit mark).
+_FAULT_RULES = {"died": ("worker.died", "the worker was replaced; the rest of the batch went on"),
+                "timeout": ("worker.timeout", "the worker was killed and replaced; the rest of the batch went on"),
+                "raised": ("stage.raised", "a stage raised instead of returning its result: a bug in the stage")}
 
-    Each append is atomic and retried alone on I/O errors, so nothing lands twice; a batch that
-    fails validation is quarantined by the warehouse and not retried.
-    """
+
+def _worker_fault(stage: str, f: Fault) -> StageResult:
+    rule, hint = _FAULT_RULES[f.cause]
+    return StageResult(stage, f.outcome, [Diagnostic(rule, Severity.ERROR, f.message, hint=hint)])
+
+
+def on_cpu(run: "Run", stage: str, attempts: list[Attempt], args: Callable[[Attempt], tuple],
+           timeout_s: float) -> None:
+    """Run one per-candidate stage over ``attempts`` on the CPU workers and record each result on its attempt."""
     if not attempts:
-        return 0
-    wh = Warehouse(warehouse_root)
-    rows = merge_rows(attempts)
-    for table in CHILD_TABLES:
-        if rows.get(table):
-            _append(wh, table, rows[table])
-    return _append(wh, "attempts", rows["attempts"])
+        return
+    results = run.cpu.map("stage", [(stage, *args(a)) for a in attempts], timeout_s)
+    for a, r, held in zip(attempts, results, run.cpu.elapsed):
+        if isinstance(r, Fault):
+            a.record(_worker_fault(stage, r), held)
+        else:
+            a.record(*r)
 
 
-@retry(retry=retry_if_exception_type(OSError), stop=stop_after_attempt(4), wait=wait_exponential(0.2, max=2),
-       reraise=True)
-def _append(wh: Warehouse, table: str, rows: list[dict[str, Any]]) -> int:
-    return wh.append(table, rows)
-
+# ---------------------------------------------------------------- the stages
 
 @task(name="generate", **_TASK)
-def generate(agent: Any, problem: str, ctx: Context) -> list[Candidate]:
+def generate(run: "Run", _: list[Attempt]) -> list[Attempt]:
     """Ask the agent for this generation's candidates."""
-    return agent.propose(get_problem(problem), ctx)
+    ctx = run.state.context(run.plan, run.harness.version)
+    # only the first generation a resumed job runs can have been cut short by a crash: what it landed then
+    # is not recorded again
+    skip: dict[str, set[str]] = {}
+    if run.plan.session > 0 and run.generations_run == 0:
+        ids = [attempt_id_for(run.plan.run_id, ctx.generation, i) for i in range(ctx.population)]
+        skip = recorded(run.warehouse_root, ids, (*CHILD_TABLES, "attempts"))
+    run.recorder.skip = skip
+    run.finished = []
+    return _timed(run, "generate", 0, lambda: generate_stage(run.agent, run.plan.run_id, run.plan.problem,
+                                                              run.harness.version, ctx), 1)
 
 
 @task(name="verify", **_TASK)
-def verify(attempts: list[Attempt], harness: HarnessSpec, shapes: list[dict]) -> tuple[list[Attempt], list[Attempt]]:
-    """Parse and verify (shape rules see the run's shapes); returns (passed, stopped)."""
-    problem = get_problem(attempts[0].problem) if attempts else None
-    passed, stopped = [], []
-    for a in attempts:
-        r = verify_stage(a.candidate.text, harness, problem, shapes)
-        if r.value is not None:
-            a.program, a.ir_hash, a.features = r.value, r.value.hash, features(r.value)
-        if r.outcome is Outcome.VERIFY_FAILED:
-            a.stop(r)
-            stopped.append(a)
-        else:
-            a.diagnostics += r.diagnostics     # warnings and hints travel with the attempt
-            passed.append(a)
-    return passed, stopped
+def verify(run: "Run", attempts: list[Attempt]) -> list[Attempt]:
+    """Parse and verify every candidate (shape rules see the shapes it will run on)."""
+    def body() -> list[Attempt]:
+        on_cpu(run, "verify", attempts, lambda a: (a.candidate.text, run.harness, run.plan.problem, run.run_shapes),
+               CPU_TIMEOUT_S["verify"])
+        return _stop(run, "verify", attempts)
+    return _timed(run, "verify", len(attempts), body, run.cpu.size, _seconds("verify", attempts))
+
+
+@task(name="lower", **_TASK)
+def lower(run: "Run", attempts: list[Attempt]) -> list[Attempt]:
+    """Lower every verified program to CUDA C++."""
+    def body() -> list[Attempt]:
+        on_cpu(run, "lower", attempts, lambda a: (a.program,), CPU_TIMEOUT_S["lower"])
+        return _stop(run, "lower", attempts)
+    return _timed(run, "lower", len(attempts), body, run.cpu.size, _seconds("lower", attempts))
 
 
 @task(name="compile", **_TASK)
-def compile_one(attempt: Attempt, cache_dir: str) -> Attempt:
-    """Lower to CUDA C++ and compile with nvcc (cached by source hash)."""
-    r = compile_stage(attempt.program, Path(cache_dir))
-    if r.outcome is not Outcome.OK:
-        attempt.stop(r)
-        attempt.compile = _compile_row(r, ok=False)
-        return attempt
-    attempt.diagnostics += r.diagnostics     # warnings (nvcc, ptxas) of a kernel that compiled
-    lowered, compiled = r.value
-    attempt.lowered, attempt.compiled = lowered, compiled
-    if compiled is not None:
-        attempt.compile = _compile_row(r, ok=True)
-    return attempt
-
-
-def _compile_row(r: StageResult, ok: bool) -> dict[str, Any]:
-    c = r.value[1] if ok and r.value else None
-    res = c.resources if c is not None else None
-    return {"source_hash": c.source_hash if c else r.metrics.get("source_hash", ""),
-            "arch": c.arch if c else r.metrics.get("arch", "sm_90a"),
-            "seconds": c.seconds if c else float(r.metrics.get("seconds", 0.0)),
-            "registers": res.registers if res else None, "spill_bytes": res.spill_bytes if res else None,
-            "smem_bytes": res.smem_bytes if res else None, "barriers": res.barriers if res else None,
-            "cached": c.cached if c else False, "ok": ok,
-            "log": r.artifacts.get("log", "")[-4000:]}
+def compile(run: "Run", attempts: list[Attempt]) -> list[Attempt]:  # noqa: A001 - the stage's name
+    """Compile with nvcc on every CPU core (cached by source hash)."""
+    def body() -> list[Attempt]:
+        on_cpu(run, "compile", attempts, lambda a: (a.lowered, run.cache_dir), CPU_TIMEOUT_S["compile"])
+        return _stop(run, "compile", attempts)
+    return _timed(run, "compile", len(attempts), body, run.cpu.size, _seconds("compile", attempts))
 
 
 @task(name="cost-filter", **_TASK)
-def cost_filter(attempts: list[Attempt], shapes: list[dict], keep: int, explore: int, seed: int,
-                model: CostModel) -> tuple[list[Attempt], list[Attempt]]:
-    """Rank by predicted time (geomean over shapes); keep the top ``keep`` plus ``explore``
-    random others, so the model cannot starve a candidate it misjudges."""
-    for a in attempts:
-        a.predictions = {shape_key(s): ms for s, ms in zip(shapes, predict_stage(a.program, shapes, model))}
-        a.model_version = model.version
-    ranked = sorted(attempts, key=lambda a: a.predicted_ms)
-    kept, rest = ranked[:keep], ranked[keep:]
-    rng = np.random.default_rng(seed)
-    picks = set(rng.choice(len(rest), size=min(explore, len(rest)), replace=False).tolist()) if rest else set()
-    kept += [a for i, a in enumerate(rest) if i in picks]
-    filtered = [a for i, a in enumerate(rest) if i not in picks]
-    for a in filtered:
-        a.stop(StageResult("cost_filter", Outcome.FILTERED))
-    return kept, filtered
+def cost_filter(run: "Run", attempts: list[Attempt]) -> list[Attempt]:
+    """Rank by the cost model; the top k and a random few go on, in rank order."""
+    def body() -> list[Attempt]:
+        if not attempts:
+            return []
+        rng = np.random.default_rng([run.plan.seed, run.state.generation])
+        results = cost_filter_stage([a.program for a in attempts], run.search_shapes, run.model,
+                                    keep_count(run.plan.population), EXPLORE, rng)
+        for a, r in zip(attempts, results):
+            a.record(r)
+        going = _stop(run, "cost_filter", attempts)
+        return sorted(going, key=lambda a: a.result("cost_filter").metrics["rank"])
+    return _timed(run, "cost_filter", len(attempts), body, 1)
 
 
-@task(name="check-cpu", **_TASK)
-def check_cpu(pool: ActorPool, attempts: list[Attempt], problem: str, shapes: list[dict], seed: int,
-              timeout_s: float) -> list[Attempt]:
-    """Correctness on the CPU interpreter in Ray actors; nothing is timed."""
-    results = pool.map("check", [(a.candidate.text, problem, shapes, seed) for a in attempts], timeout_s)
-    for a, r in zip(attempts, results):
-        if isinstance(r, Fault):
-            a.stop(_fault_result("check", r))
-            continue
-        a.checks = [{"shape": c.shape, "backend": "interpreter", "correct": c.correct,
-                     "max_error": c.max_error if c.max_error is not None and math.isfinite(c.max_error) else None,
-                     "message": c.message or None} for c in r.metrics["checks"]]
-        a.stop(r)
-    return attempts
+@task(name="check", **_TASK)
+def check(run: "Run", attempts: list[Attempt]) -> list[Attempt]:
+    """Correctness on the CPU interpreter, one candidate per core; nothing is timed."""
+    seed = run.input_seed()
+
+    def body() -> list[Attempt]:
+        on_cpu(run, "check", attempts, lambda a: (a.program, run.plan.problem, run.check_shapes, seed), run.timeout_s)
+        _stop(run, "check", attempts)
+        return list(attempts)
+    return _timed(run, "check", len(attempts), body, run.cpu.size, _seconds("check", attempts))
 
 
-@task(name="time-gpu", **_TASK)
-def time_gpu(pool: ActorPool, attempts: list[Attempt], problem: str, shapes: list[dict], seed: int,
-             timeout_s: float, gpu_model: str, reps: int) -> list[Attempt]:
-    """Correctness gate and CUDA-event timing on the GPU actors."""
-    jobs = [(a.lowered, Path(a.compiled.cubin_path).read_bytes(), a.compiled.kernel_name, problem, shapes,
-             seed, reps) for a in attempts]
-    t0 = now()
-    results = pool.map("run", jobs, timeout_s)
-    for a, r, held in zip(attempts, results, pool.elapsed):
-        # GPU time is what the candidate held the GPU worker for (checks, warm-up and timing
-        # included), for every outcome: a hang costs its whole watchdog bound
-        a.gpu_seconds = held
-        if isinstance(r, Fault):
-            a.stop(_fault_result("time", r))
-            continue
-        if "fault" in r:
-            a.stop(_fault_result("time", Fault("runtime_fault", r["fault"])))
-            continue
-        runs = r["runs"]
-        broken = next((s for s in runs if s.outcome in ("runtime_fault", "timeout")), None)
-        if broken is not None:
-            a.stop(_fault_result("time", Fault(broken.outcome, f"{shape_key(broken.shape)}: {broken.message}")))
-            continue
-        a.checks = [{"shape": shape_key(s.shape), "backend": "gpu", "correct": s.correct,
-                     "max_error": s.max_error if math.isfinite(s.max_error) else None,
-                     "message": s.message or None} for s in runs]
-        bad = next((s for s in runs if not s.correct), None)
-        if bad is not None:
-            a.stop(StageResult("time", Outcome.WRONG, [Diagnostic(
-                "check.mismatch", Severity.ERROR, f"{shape_key(bad.shape)}: {bad.message}", 0, 0, "",
-                "compare the indexing of loads and stores with the problem's semantics")]))
-            continue
-        a.measurements = [{"shape": shape_key(s.shape), "gpu_model": gpu_model, "timer": s.timer, "l2": s.l2,
-                           "median_ms": s.median_ms, "p10_ms": s.p10_ms, "p90_ms": s.p90_ms, "runs": s.runs,
-                           "correct": True, "max_error": s.max_error, "kind": "search", "measured_at": t0}
-                          for s in runs]
-        a.stop(StageResult("time", Outcome.MEASURED))
-    return attempts
+@task(name="time", **_TASK)
+def time_(run: "Run", attempts: list[Attempt]) -> list[Attempt]:
+    """The correctness gate and timing on the GPU runners, the shapes of each candidate spread over them."""
+    seed = run.input_seed()
+
+    def body() -> list[Attempt]:
+        verdicts = on_gpu(run, attempts, run.search_shapes, seed, drop_failed=True)
+        for i, a in enumerate(attempts):
+            a.record(judge("time", verdicts[i]))
+        _stop(run, "time", attempts)
+        return list(attempts)
+    return _timed(run, "time", len(attempts), body, run.gpu.size if run.gpu else 0,
+                  lambda done: sum(a.gpu_seconds for a in done))
 
 
-@task(name="confirm-gpu", **_TASK)
-def confirm_gpu(warehouse_root: str, pool: ActorPool, measured: list[Attempt], problem: str, shapes: list[dict],
-                seed: int, timeout_s: float, gpu_model: str, reps: int) -> int:
-    """Re-measure each shape's winner on fresh inputs and store those timings apart (kind 'confirm'):
-    the search picked the minimum of noisy medians, so its own figures flatter the winner."""
-    winners: dict[str, Attempt] = {}
-    best: dict[str, float] = {}
-    for a in measured:
-        for m in a.measurements:
-            if m["median_ms"] < best.get(m["shape"], float("inf")):
-                best[m["shape"]], winners[m["shape"]] = m["median_ms"], a
-    unique = list({a.attempt_id: a for a in winners.values()}.values())
-    if not unique:
-        return 0
-    jobs = [(a.lowered, Path(a.compiled.cubin_path).read_bytes(), a.compiled.kernel_name, problem, shapes,
-             seed + 7919, reps) for a in unique]
-    t0 = now()
-    rows = []
-    for a, r in zip(unique, pool.map("run", jobs, timeout_s)):
-        if isinstance(r, Fault) or "fault" in r:
-            continue      # the search rows stand; a winner that fails to confirm gets no confirm rows
-        rows += [{"attempt_id": a.attempt_id, "run_id": a.run_id, "shape": shape_key(s.shape),
-                  "gpu_model": gpu_model, "timer": s.timer, "l2": s.l2, "median_ms": s.median_ms,
-                  "p10_ms": s.p10_ms, "p90_ms": s.p90_ms, "runs": s.runs, "correct": True,
-                  "max_error": s.max_error, "kind": "confirm", "measured_at": t0}
-                 for s in r["runs"] if s.correct and s.median_ms is not None and shape_key(s.shape) in winners
-                 and winners[shape_key(s.shape)] is a]
-    return _append(Warehouse(warehouse_root), "measurements", rows) if rows else 0
+@task(name="select", **_TASK)
+def select(run: "Run", _: list[Attempt]) -> list[Attempt]:
+    """Wait for the generation's rows, mark it done, and rebuild the run's state from the warehouse."""
+    t0 = time.monotonic()
+    run.recorder.flush()
+    g = run.state.generation
+    rows = run.stage_rows + [stage_time_row(run.plan.run_id, run.plan.session, g, "select",
+                                            time.monotonic() - t0, 0.0, len(run.finished), 0, 1)]
+    run.recorder.rows("stage_times", rows)      # the select row marks the generation done: it lands last
+    run.recorder.flush()
+    run.stage_rows = []
+    run.generations_run += 1
+    run.state = select_stage(run.plan, **state_rows(run.warehouse_root, run.plan.run_id))
+    if run.generations_run % COMPACT_EVERY == 0:
+        run.compact()
+    return []
 
 
-def _fault_result(stage: str, f: Fault) -> StageResult:
-    rule = "runtime.timeout" if f.outcome == "timeout" else "runtime.fault"
-    return StageResult(stage, Outcome(f.outcome), [Diagnostic(rule, Severity.ERROR, f.message)])
+STAGE_TASKS = {"generate": generate, "verify": verify, "lower": lower, "compile": compile,
+               "cost_filter": cost_filter, "check": check, "time": time_, "select": select}
+
+
+# ---------------------------------------------------------------- runners
+
+def _seconds(stage: str, attempts: list[Attempt]) -> Callable[[list[Attempt]], float]:
+    """Worker seconds a stage spent on ``attempts`` (summed: above the wall time when workers ran at once)."""
+    return lambda _: sum(a.seconds.get(stage, 0.0) for a in attempts)
+
+
+def _cost_order(problem: str, shapes: list[Shape]) -> list[int]:
+    """Shape indices, cheapest first: a wrong kernel is caught on the smallest shape, before the large ones."""
+    prob = get_problem(problem)
+    return sorted(range(len(shapes)), key=lambda j: (prob.flops(shapes[j]) + prob.bytes(shapes[j]), j))
+
+
+def on_gpu(run: "Run", attempts: list[Attempt], shapes: list[Shape], seed: int, *, drop_failed: bool,
+           pairs: set[tuple[int, int]] | None = None) -> dict[int, list[ShapeVerdict]]:
+    """Every (attempt, shape) job (or only ``pairs`` of indices) on the GPU runners; returns each attempt's
+    verdicts in ``shapes``' order. With ``drop_failed``, the remaining shapes of a candidate that came out
+    wrong or faulted are not run.
+    """
+    failed: set[int] = set()
+    units = []
+    for j in _cost_order(run.plan.problem, shapes):
+        for i, a in enumerate(attempts):
+            if pairs is not None and (i, j) not in pairs:
+                continue
+            job = GpuJob((i, j), a.lowered, a.binary.cubin, a.binary.compiled.kernel_name, run.plan.problem,
+                         shapes[j], seed, run.reps)
+            units.append(Unit((i, j), job, run.timeout_s, group=j))
+    n_batch = max(1, min(MAX_BATCH, math.ceil(len(units) / (2 * run.gpu.size)))) if units else 1
+
+    def note(key, answer) -> None:
+        if isinstance(answer, Fault) or not answer.correct:
+            failed.add(key[0])
+
+    answers = run.gpu.run_units("run_batch", units, batch=n_batch, on_answer=note,
+                                skip=(lambda key: key[0] in failed) if drop_failed else (lambda key: False))
+    out: dict[int, list[ShapeVerdict]] = {i: [] for i in range(len(attempts))}
+    for (i, j), ans in sorted(answers.items(), key=lambda kv: kv[0][1]):
+        if isinstance(ans, Fault):
+            ans = fault(shape_key(shapes[j]), "gpu", ans.outcome, ans.message,
+                        run.timeout_s if ans.outcome is Outcome.TIMEOUT else 0.0)
+        out[i].append(ans)
+    return out
+
+
+def build(run: "Run", attempts: list[Attempt], shapes: list[Shape]) -> list[Attempt]:
+    """verify, lower and compile ``attempts`` on the CPU workers without recording them (the final stage's
+    kernels: the best of earlier jobs of a resumed run, the hand-written baselines); returns those built."""
+    on_cpu(run, "verify", attempts, lambda a: (a.candidate.text, run.harness, run.plan.problem, shapes),
+           CPU_TIMEOUT_S["verify"])
+    going = [a for a in attempts if a.going_on]
+    on_cpu(run, "lower", going, lambda a: (a.program,), CPU_TIMEOUT_S["lower"])
+    going = [a for a in going if a.going_on]
+    on_cpu(run, "compile", going, lambda a: (a.lowered, run.cache_dir), CPU_TIMEOUT_S["compile"])
+    return [a for a in going if a.going_on]

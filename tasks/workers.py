@@ -1,48 +1,62 @@
-"""Ray actors that run candidates, and a pool that survives their faults and hangs.
+"""Ray actors that run the stages, and a pool that survives their faults and hangs.
 
-A GPU actor holds one GPU (``num_gpus=1``) and loads cubins others compiled;
-a CPU actor runs the interpreter's correctness gate. A candidate that kills
-its actor (an illegal address poisons the CUDA context) or outlives the
-watchdog is recorded as ``runtime_fault`` / ``timeout``; the pool replaces
-the actor and the batch goes on.
+Every core busy: a :class:`CpuWorker` per CPU core runs the per-candidate stages (verify, lower, compile
+with nvcc, cached by source hash) and the interpreter's check; a :class:`GpuRunner` per GPU only loads
+cubins others compiled and runs them, taking batches of (candidate, shape) jobs, so the shapes of one
+candidate spread over the GPUs of the machine or the cluster. A job that kills its actor (an illegal
+address poisons the CUDA context) or outlives the watchdog is a :class:`Fault` (``runtime_fault`` /
+``timeout``); the pool replaces the actor and the rest go on.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Hashable, Iterator, Sequence
 
 import ray
+
+from cake_core.outcome import Outcome
 
 
 @dataclass(frozen=True)
 class Fault:
-    outcome: str          # runtime_fault | timeout
+    """A job without an answer: its worker died or raised (``runtime_fault``), or outlived the watchdog
+    (``timeout``). ``cause``: died | raised | timeout."""
+
+    outcome: Outcome
     message: str
-
-
-DEFAULT_KERNEL_TIMEOUT_S = 30.0     # GpuRunner's own watchdog per wait on the GPU (see runtime.gpu)
+    cause: str = "died"
 
 
 def _ident() -> tuple[str, int]:
     return ray.get_runtime_context().get_node_id(), os.getpid()
 
 
-# A quarter CPU each: checks are short numpy runs, and several flows on one machine must all get
-# workers (with 1 CPU each, a second flow's actors wait for the first flow to end).
+def _verify(text: str, harness, problem: str, shapes: list[dict]):
+    from cake_core.pipeline.stages import verify_stage
+    from cake_core.problems import get_problem
+    return verify_stage(text, harness, get_problem(problem), shapes)
+
+
+def _cpu_stage(name: str) -> Callable[..., Any]:
+    from cake_core.pipeline import stages
+    return {"verify": _verify, "lower": stages.lower_stage, "compile": stages.compile_stage,
+            "check": stages.check_stage}[name]
+
+
+# A quarter CPU each: several flows on one machine must all get workers (with 1 CPU each, a second
+# flow's actors would wait for the first flow to end); the pool starts one per core.
 @ray.remote(num_cpus=0.25)
-class CpuChecker:
-    """Checks candidates on the CPU interpreter."""
+class CpuWorker:
+    """Runs one per-candidate stage at a time (``cake_core.pipeline.stages``): verify, lower, compile, check."""
 
-    def check(self, text: str, problem: str, shapes: list[dict], seed: int):
-        from cake_core.ir.text import parse_program
-        from cake_core.pipeline import check_stage
-        from cake_core.problems import get_problem
-        return check_stage(parse_program(text), get_problem(problem), shapes, seed)
-
-    def pid(self) -> int:
-        return os.getpid()
+    def stage(self, name: str, *args: Any) -> tuple[Any, float]:
+        """``(StageResult, seconds)`` of stage ``name`` on ``args``."""
+        t0 = time.monotonic()
+        result = _cpu_stage(name)(*args)
+        return result, time.monotonic() - t0
 
     def ident(self) -> tuple[str, int]:
         """(node id, pid): the pool waits on it for readiness and, after a kill, for the process to exit."""
@@ -51,16 +65,16 @@ class CpuChecker:
 
 @ray.remote(num_gpus=1)
 class GpuRunner:
-    """Checks and times candidates on one GPU.
+    """Checks and times (candidate, shape) jobs on one GPU (``cake_core.pipeline.execute.GpuSession``).
 
-    A CUDA fault (illegal address, trap) or a kernel that outlives the watchdog leaves this
-    process's CUDA context unusable: the result then says ``restart`` and the actor refuses any
-    further work (``poisoned``) so that nothing runs on a dead context by mistake; the pool kills
-    it and starts a fresh one. ``ident`` initialises CUDA, so a ready actor has a live context.
+    After a fault or a hang the CUDA context is unusable: a batch stops at that job and its answer says
+    ``restart``; the session refuses any further work, and the pool replaces the actor. ``ident``
+    initialises CUDA, so a ready actor has a live context.
     """
 
-    def __init__(self):
-        self.poisoned: str | None = None
+    def __init__(self, kernel_timeout_s: float | None = None):
+        from cake_core.pipeline.execute import DEFAULT_KERNEL_TIMEOUT_S, GpuSession
+        self.session = GpuSession(kernel_timeout_s or DEFAULT_KERNEL_TIMEOUT_S)
 
     def ident(self) -> tuple[str, int]:
         try:
@@ -68,40 +82,27 @@ class GpuRunner:
             cupy.cuda.runtime.getDeviceCount()
             cupy.cuda.Device(0).use()
             cupy.cuda.runtime.free(cupy.cuda.runtime.malloc(256))   # creates the context now, not mid-timing
-        except Exception:  # noqa: BLE001 - no GPU: run() reports it per candidate
+        except Exception:  # noqa: BLE001 - no GPU: each job reports it
             pass
         return _ident()
 
-    def run(self, lowered: Any, cubin: bytes, kernel_name: str, problem: str, shapes: list[dict],
-            seed: int, reps: int, timeout_s: float | None = None) -> dict:
-        """Gate and time one candidate; ``timeout_s`` is the in-actor watchdog per GPU wait
-        (default ``DEFAULT_KERNEL_TIMEOUT_S``). Returns ``{"runs", "restart", "pid"}`` or
-        ``{"fault", "restart", "pid"}``."""
-        import tempfile
+    def run_batch(self, jobs: list) -> dict:
+        """Run ``jobs`` (``GpuJob``) in order; ``{"verdicts", "restart", "pid"}``. After a job that poisoned
+        the context, the rest are not run (fewer verdicts than jobs) and ``restart`` is set; a runner poisoned
+        before the batch runs none of it."""
+        out = []
+        for job in jobs:
+            if self.session.poisoned:
+                break
+            out.append(self.session.run(job))
+        return {"verdicts": out, "restart": self.session.poisoned is not None, "pid": os.getpid()}
 
-        from cake_core.lower.compile import Compiled
-        from cake_core.problems import get_problem
-        from cake_core.runtime.gpu import check_and_time
-        if self.poisoned:
-            return {"fault": f"worker refused: its CUDA context is unusable after {self.poisoned}",
-                    "restart": True, "pid": os.getpid()}
-        fd, path = tempfile.mkstemp(suffix=".cubin")
-        with os.fdopen(fd, "wb") as f:
-            f.write(cubin)
-        try:
-            compiled = Compiled(path, kernel_name, None, "", 0.0, True)
-            runs = check_and_time(compiled, lowered, get_problem(problem), shapes, seed=seed, time=True, reps=reps,
-                                  timeout_s=timeout_s or DEFAULT_KERNEL_TIMEOUT_S)
-            # after a fault or a hang the CUDA context is unusable: this actor must be replaced
-            broken = next((r for r in runs if r.outcome in ("runtime_fault", "timeout")), None)
-            if broken is not None:
-                self.poisoned = f"{broken.outcome}: {broken.message}"
-            return {"runs": runs, "restart": broken is not None, "pid": os.getpid()}
-        except Exception as e:  # a CUDA error leaves the context unusable: report and get replaced
-            self.poisoned = f"{type(e).__name__}: {e}"
-            return {"fault": f"{type(e).__name__}: {e}", "restart": True, "pid": os.getpid()}
-        finally:
-            os.unlink(path)
+    def peer(self, problem: str, peer: str, shape: dict, seed: int, reps: int) -> dict:
+        """One peer on one shape (``cake_core.pipeline.execute.GpuSession.peer``): ``{"verdict", "restart"}``."""
+        if self.session.poisoned:
+            return {"verdict": None, "restart": True}
+        v = self.session.peer(problem, peer, shape, seed, reps)
+        return {"verdict": v, "restart": self.session.poisoned is not None}
 
     def gpu_model(self) -> str | None:
         from cake_core.runtime.gpu import gpu_model
@@ -121,6 +122,17 @@ def _gone(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
     except OSError:
         return True
+
+
+@dataclass
+class Unit:
+    """One job of :meth:`ActorPool.run_units`: ``key`` names it, ``args`` is what the actor receives,
+    ``group`` is kept together on an actor (a shape: its inputs and reference stay warm there)."""
+
+    key: Hashable
+    args: Any
+    timeout_s: float
+    group: Hashable = None
 
 
 class ActorPool:
@@ -144,6 +156,10 @@ class ActorPool:
         self.actors = [factory() for _ in range(max(size, 1))]
         for a in self.actors:
             self._ready(a)
+
+    @property
+    def size(self) -> int:
+        return len(self.actors)
 
     def _ready(self, actor: Any) -> None:
         """Wait until ``actor`` answers (if it has ``ident``); remember its node and pid."""
@@ -196,27 +212,110 @@ class ActorPool:
             for ref in ready:
                 i, actor, t0 = pending.pop(ref)
                 self.elapsed[i] = time.monotonic() - t0
-                try:
-                    out = ray.get(ref)
-                    results[i] = out
-                    if isinstance(out, dict) and out.get("restart"):
-                        actor = self._replace(actor)
-                except ray.exceptions.RayActorError as e:
-                    results[i] = Fault("runtime_fault", f"worker died: {str(e).splitlines()[0][:300]}")
+                out, died = self._answer(ref)
+                results[i] = out
+                if died or (isinstance(out, dict) and out.get("restart")):
                     actor = self._replace(actor)
-                except ray.exceptions.RayTaskError as e:
-                    cause = e.cause if getattr(e, "cause", None) is not None else e
-                    results[i] = Fault("runtime_fault", f"{type(cause).__name__}: {str(cause)[:300]}")
                 free.append(actor)
             now = time.monotonic()
             for ref, (i, actor, t0) in list(pending.items()):
                 if now - t0 > limits[i]:
                     pending.pop(ref)
                     self.elapsed[i] = now - t0
-                    results[i] = Fault("timeout", f"no result after {limits[i]:g} s; the worker was killed "
-                                                  "and replaced")
+                    results[i] = Fault(Outcome.TIMEOUT, f"no result after {limits[i]:g} s; the worker was killed "
+                                                        "and replaced", "timeout")
                     free.append(self._replace(actor))
         return results
+
+    @staticmethod
+    def _answer(ref) -> tuple[Any, bool]:
+        """(result or Fault, whether the actor died)."""
+        try:
+            return ray.get(ref), False
+        except ray.exceptions.RayActorError as e:
+            return Fault(Outcome.RUNTIME_FAULT, f"worker died: {str(e).splitlines()[0][:300]}"), True
+        except ray.exceptions.RayTaskError as e:
+            cause = e.cause if getattr(e, "cause", None) is not None else e
+            return Fault(Outcome.RUNTIME_FAULT, f"{type(cause).__name__}: {str(cause)[:300]}", "raised"), False
+
+    def run_units(self, method: str, units: list[Unit], *, batch: int,
+                  skip: Callable[[Hashable], bool] = lambda key: False,
+                  on_answer: Callable[[Hashable, Any], None] = lambda key, answer: None) -> dict[Hashable, Any]:
+        """Run ``units`` in batches: ``actor.<method>([u.args for u in a batch])`` answers ``{"verdicts": [...],
+        "restart": bool}`` with one answer per unit in order, fewer when the actor stopped at a unit that
+        poisoned it (the rest go back to the queue). Returns ``key -> answer`` (a :class:`Fault` for a unit
+        without one); a unit for which ``skip(key)`` is true when its turn comes is not run and has no entry;
+        ``on_answer(key, answer)`` is called as each answer arrives (so ``skip`` can follow them).
+
+        A free actor takes up to ``batch`` units in queue order, those of the group it ran last first. A batch
+        whose actor dies or that outlives the sum of its units' timeouts goes back to the queue unit by unit,
+        so the unit that caused it is found alone and answered with the Fault; the others are run again.
+        """
+        queue: list[tuple[Unit, bool]] = [(u, False) for u in units]        # (unit, must run alone)
+        answers: dict[Hashable, Any] = {}
+        last_group: dict[Any, Hashable] = {}
+        free = list(self.actors)
+        pending: dict[Any, tuple[list[Unit], Any, float, float]] = {}
+
+        def answer(key: Hashable, value: Any) -> None:
+            answers[key] = value
+            on_answer(key, value)
+
+        def take(actor) -> list[Unit]:
+            queue[:] = [(u, alone) for u, alone in queue if not skip(u.key)]
+            if not queue:
+                return []
+            if queue[0][1]:
+                return [queue.pop(0)[0]]
+            want = last_group.get(actor, queue[0][0].group)
+            if not any(u.group == want and not alone for u, alone in queue):
+                want = queue[0][0].group
+            picked = [i for i, (u, alone) in enumerate(queue) if u.group == want and not alone][:batch]
+            got = [queue[i][0] for i in picked]
+            for i in reversed(picked):
+                queue.pop(i)
+            return got
+
+        while queue or pending:
+            while free:
+                chosen = take(free[-1])
+                if not chosen:
+                    break
+                actor = free.pop()
+                last_group[actor] = chosen[0].group
+                limit = sum(u.timeout_s for u in chosen)
+                ref = getattr(actor, method).remote([u.args for u in chosen])
+                pending[ref] = (chosen, actor, time.monotonic(), limit)
+            if not pending:
+                break
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.2)
+            for ref in ready:
+                chosen, actor, t0, _ = pending.pop(ref)
+                out, died = self._answer(ref)
+                if isinstance(out, Fault):
+                    if len(chosen) == 1:
+                        answer(chosen[0].key, out)
+                    else:
+                        queue[:0] = [(u, True) for u in chosen]
+                else:
+                    done = list(out.get("verdicts", []))
+                    for u, v in zip(chosen, done):
+                        answer(u.key, v)
+                    queue[:0] = [(u, False) for u in chosen[len(done):]]
+                if died or (isinstance(out, dict) and out.get("restart")):
+                    actor = self._replace(actor)
+                free.append(actor)
+            now = time.monotonic()
+            for ref, (chosen, actor, t0, limit) in list(pending.items()):
+                if now - t0 > limit:
+                    pending.pop(ref)
+                    if len(chosen) == 1:
+                        answer(chosen[0].key, Fault(Outcome.TIMEOUT, f"no result after {limit:g} s; the worker "
+                                                                     "was killed and replaced", "timeout"))
+                    else:
+                        queue[:0] = [(u, True) for u in chosen]
+                    free.append(self._replace(actor))
+        return answers
 
     def shutdown(self) -> None:
         for a in self.actors:
@@ -224,3 +323,28 @@ class ActorPool:
                 ray.kill(a, no_restart=True)
             except Exception:
                 pass
+
+
+def cpu_count() -> int:
+    """CPU cores Ray offers (the whole cluster's when joined to one)."""
+    return max(1, int(ray.cluster_resources().get("CPU", os.cpu_count() or 1)))
+
+
+@contextlib.contextmanager
+def worker_pools(gpus: int, kernel_timeout_s: float | None = None) -> Iterator[tuple[ActorPool, ActorPool | None]]:
+    """The pools of a run: one CPU worker per core, and one GPU runner per GPU (None without GPUs).
+
+    ``cake evolve`` connects Ray first (``cake_cli.services.ray_runtime``); a flow run started otherwise (a
+    deployment's worker) joins ``RAY_ADDRESS`` or starts a local Ray here."""
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+    cpu = ActorPool(lambda: CpuWorker.remote(), cpu_count())
+    gpu = None
+    try:
+        if gpus:
+            gpu = ActorPool(lambda: GpuRunner.remote(kernel_timeout_s), gpus)
+        yield cpu, gpu
+    finally:
+        cpu.shutdown()
+        if gpu is not None:
+            gpu.shutdown()

@@ -21,7 +21,7 @@ from warehouse.schema import load_schema
 # ------------------------------------------------------------------ value sets
 
 RUN_STATUS = ["running", "completed", "failed", "crashed"]
-STAGES = ["verify", "compile", "cost_filter", "check", "time"]
+STAGES = ["verify", "lower", "compile", "cost_filter", "check", "time"]   # cake_core.pipeline.STAGES
 OUTCOMES = ["verify_failed", "compile_failed", "filtered", "wrong", "runtime_fault",
             "timeout", "checked", "measured"]
 SEVERITIES = ["error", "warning", "hint"]
@@ -29,7 +29,10 @@ BACKENDS = ["interpreter", "gpu"]
 TIMERS = ["cuda_event", "cuda_graph"]   # runtime.gpu.TIMERS: one launch alone; back to back in a graph
 # cold-clean: L2 flushed by a read (runtime.gpu.L2Flush); cold: by a write (measurements before 2026-11-29 11:00 UTC)
 L2_STATES = ["cold-clean", "cold", "warm"]
-MEASURE_KINDS = ["search", "confirm"]
+MEASURE_KINDS = ["search", "confirm", "held_out"]   # held_out: the final best only, never selected on
+CHECK_KINDS = ["search", "held_out"]
+STOP_REASONS = ["generations", "budget_candidates", "budget_gpu_minutes", "no_improvement"]
+BASELINE_SOURCES = ["hand_written", "peer"]
 SHAPE_ROLES = ["headline", "tail", "held_out"]
 PROPOSAL_KINDS = ["rule", "primitive", "calibration", "tactic"]
 DECISIONS = ["approved", "rejected"]
@@ -62,8 +65,11 @@ def _a_ge_b(a: str, b: str) -> Check:
 
 VALUE_CHECKS: dict[str, list[Check]] = {
     "runs": [_in_set("status", RUN_STATUS), _between("generations", 0), _between("population", 1),
-             _between("harness_version", 0)],
+             _between("harness_version", 0), _in_set("stop_reason", STOP_REASONS), _between("session", 0),
+             _between("budget_candidates", 1), _between("budget_gpu_minutes", 0, strict_lo=True),
+             _between("patience", 1)],
     "attempts": [_in_set("stage", STAGES), _in_set("outcome", OUTCOMES), _between("generation", 0),
+                 _between("slot", 0),
                  _between("gpu_seconds", 0), _between("prompt_tokens", 0),
                  _between("completion_tokens", 0), _between("predicted_ms", 0, strict_lo=True)],
     "diagnostics": [_in_set("severity", SEVERITIES)],
@@ -72,7 +78,7 @@ VALUE_CHECKS: dict[str, list[Check]] = {
     "predictions": [_between("predicted_ms", 0, strict_lo=True), _in_set("decision", FILTER_DECISIONS),
                     _in_set("model_kind", MODEL_KINDS)],
     "model_versions": [_in_set("kind", MODEL_KINDS)],
-    "checks": [_in_set("backend", BACKENDS), _between("max_error", 0)],
+    "checks": [_in_set("backend", BACKENDS), _between("max_error", 0), _in_set("kind", CHECK_KINDS)],
     "measurements": [_in_set("timer", TIMERS), _in_set("l2", L2_STATES), _in_set("kind", MEASURE_KINDS),
                      _between("median_ms", 0, strict_lo=True), _between("p10_ms", 0, strict_lo=True),
                      _between("p90_ms", 0, strict_lo=True), _between("runs", 1),
@@ -82,6 +88,11 @@ VALUE_CHECKS: dict[str, list[Check]] = {
     "decisions": [_in_set("decision", DECISIONS)],
     "harness_versions": [_between("version", 0)],
     "dispatch": [_between("median_ms", 0, strict_lo=True)],
+    "stage_times": [_in_set("stage", ["generate", *STAGES, "select", "final"]), _between("wall_s", 0),
+                    _between("work_s", 0), _between("n_in", 0), _between("n_out", 0), _between("workers", 0),
+                    _between("generation", -1)],
+    "baselines": [_in_set("source", BASELINE_SOURCES), _in_set("role", SHAPE_ROLES),
+                  _between("median_ms", 0, strict_lo=True), _between("predicted_ms", 0, strict_lo=True)],
 }
 
 

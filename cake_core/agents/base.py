@@ -40,7 +40,13 @@ class Refusal:
 
 @dataclass
 class Context:
-    """What the agent sees: the harness version, the scored candidates so far, the budget left."""
+    """What the agent sees: the harness version, the scored candidates so far, the budget left.
+
+    ``cold``: the run starts from the problem's naive seed alone; its hand-written kernels are references to
+    beat, never offered as candidates or parents (a warm run passes them in ``known``). An agent draws its
+    random numbers from (the run's seed, ``generation``) alone, so a resumed run proposes what the
+    uninterrupted one would have.
+    """
 
     harness_version: int
     generation: int
@@ -54,6 +60,8 @@ class Context:
     cold: bool = False                                               # the naive seed alone: no hand-written kernels
     known: list[str] = field(default_factory=list)                   # hand-written programs a warm run offers first
     seed: int = 0                                                    # the run's seed: generation g draws from (seed, g)
+    candidates_left: int | None = None                               # None: no candidate budget
+    gpu_minutes_left: float | None = None                            # None: no GPU-time budget
 
 
 class Agent(Protocol):

@@ -1,10 +1,30 @@
-"""The pipeline's verify stage checks a candidate against its problem, not only against the rules."""
+"""The pipeline in the core: the stage list, typed results end to end, attempt -> rows, the debug switch."""
 from __future__ import annotations
 
+import math
+import subprocess
+import sys
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from cake_core.agents.base import Candidate
 from cake_core.harness.version import HarnessSpec
-from cake_core.outcome import Outcome
-from cake_core.pipeline import verify_stage
+from cake_core.ir.text import parse_program
+from cake_core.model.cost import CostModel
+from cake_core.outcome import Outcome, StageResult
+from cake_core.pipeline import STAGE_NAMES, Attempt, attempt_id_for, cost_filter_stage, stages_for, verify_stage
+from cake_core.pipeline.debug import Debug
+from cake_core.pipeline.rows import attempt_rows
+from cake_core.pipeline.stages import check_stage
+from cake_core.pipeline.verdicts import ShapeVerdict, Timing, fault, from_cpu_check, judge
 from cake_core.problems import get_problem
+from cake_core.runtime.cpu import ShapeCheck
+
+GEMM = get_problem("gemm_bf16")
+SEED = GEMM.seed_text()
+SHAPES = [{"M": 96, "N": 80, "K": 72}, {"M": 33, "N": 17, "K": 9}]
 
 
 def test_the_seed_passes_and_an_extra_parameter_fails_verify():
@@ -18,3 +38,171 @@ def test_the_seed_passes_and_an_extra_parameter_fails_verify():
     assert r.outcome is Outcome.VERIFY_FAILED
     assert [d.message for d in r.diagnostics if d.rule == "problem.params"] == \
         ["parameters scratch are not inputs or outputs of `tinygemm`"]
+
+
+def test_one_flat_list_of_named_stages():
+    assert STAGE_NAMES == ("generate", "verify", "lower", "compile", "cost_filter", "check", "time", "select")
+    assert [s.name for s in stages_for(timed=True)] == ["generate", "verify", "lower", "compile", "cost_filter",
+                                                       "time", "select"]
+    assert "time" not in [s.name for s in stages_for(timed=False)]
+
+
+def test_cake_core_pipeline_imports_no_prefect_ray_or_duckdb():
+    code = ("import sys, cake_core.pipeline, cake_core.pipeline.state, cake_core.pipeline.rows, "
+            "cake_core.pipeline.debug, cake_core.pipeline.execute, cake_core.pipeline.generate, "
+            "cake_core.pipeline.plan; print(sorted(m for m in ('prefect', 'ray', 'duckdb') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+# ---------------------------------------------------------------- verdicts: right or wrong, decided once
+
+def _v(shape, outcome, timing=None, **kw):
+    return ShapeVerdict(shape, kw.pop("backend", "gpu"), outcome, 1e-4, kw.pop("message", ""), timing, **kw)
+
+
+T = Timing(1.0, 0.9, 1.1, 20, "cuda_event", "cold-clean", "NVIDIA H200")
+
+
+def test_judge_measured_checked_wrong_and_faults():
+    assert judge("time", [_v("S1", Outcome.MEASURED, T), _v("S2", Outcome.MEASURED, T)]).outcome is Outcome.MEASURED
+    assert judge("check", [_v("S1", Outcome.CHECKED, backend="interpreter")]).outcome is Outcome.CHECKED
+    wrong = judge("time", [_v("S1", Outcome.MEASURED, T), _v("S2", Outcome.WRONG, message="wrong: x")])
+    assert wrong.outcome is Outcome.WRONG and wrong.diagnostics[0].rule == "check.mismatch"
+    assert wrong.diagnostics[0].message == "S2: wrong: x"
+    # a fault anywhere beats a wrong shape before it: the context (or the run) ended there
+    hang = judge("time", [_v("S1", Outcome.WRONG), _v("S2", Outcome.TIMEOUT, message="did not finish")])
+    assert hang.outcome is Outcome.TIMEOUT and hang.diagnostics[0].rule == "runtime.timeout"
+    died = judge("time", [fault("S1", "gpu", Outcome.RUNTIME_FAULT, "worker died: killed")])
+    assert died.outcome is Outcome.RUNTIME_FAULT and died.diagnostics[0].message == "worker died: killed"
+    assert died.diagnostics[0].witness == ("shape S1",)
+    with pytest.raises(ValueError, match="at least one shape"):
+        judge("time", [])
+    with pytest.raises(ValueError, match="runtime_fault or timeout"):
+        fault("S1", "gpu", Outcome.WRONG, "not a fault")
+
+
+def test_interpreter_faults_point_at_the_ir_line_and_nothing_is_inf():
+    v = from_cpu_check(ShapeCheck("M=33,N=17,K=9", False, None, "load out of bounds", fault=True, fault_line=12))
+    r = judge("check", [v])
+    assert r.outcome is Outcome.RUNTIME_FAULT and (r.diagnostics[0].line, r.diagnostics[0].rule) == (12, "runtime.fault")
+    wrong = from_cpu_check(ShapeCheck("S", False, math.inf, "NaN at (0, 0)"))
+    assert wrong.outcome is Outcome.WRONG and wrong.max_error is None
+
+
+def test_check_stage_on_the_interpreter():
+    good = check_stage(parse_program(SEED), "gemm_bf16", SHAPES, seed=1)
+    assert good.outcome is Outcome.CHECKED and [v.shape for v in good.value] == ["M=96,N=80,K=72", "M=33,N=17,K=9"]
+    bad = SEED.replace("tile(kt, BK), tile(bid.x, BN)", "tile(kt, BK), tile(bid.y, BN)")
+    r = check_stage(parse_program(bad), "gemm_bf16", SHAPES, seed=1)
+    assert r.outcome is Outcome.WRONG and r.diagnostics[0].rule == "check.mismatch"
+
+
+# ---------------------------------------------------------------- the attempt and its rows
+
+def test_attempt_ids_come_from_run_generation_and_slot():
+    assert attempt_id_for("r", 2, 5) == attempt_id_for("r", 2, 5) != attempt_id_for("r", 2, 6)
+    assert Attempt("r", 2, 5, "gemm_bf16", 0, Candidate(SEED)).attempt_id == attempt_id_for("r", 2, 5)
+
+
+def test_a_stopped_attempt_takes_no_further_stage():
+    a = Attempt("r", 0, 0, "gemm_bf16", 0, Candidate("def ("))
+    a.record(verify_stage("def (", HarnessSpec(), GEMM))
+    assert a.outcome is Outcome.VERIFY_FAILED and not a.going_on
+    with pytest.raises(ValueError, match="already stopped at verify"):
+        a.record(StageResult("lower", Outcome.OK))
+
+
+def test_rows_carry_the_outcome_value_and_every_stage_result():
+    a = Attempt("r", 1, 3, "gemm_bf16", 0, Candidate(SEED, tactic="retile"))
+    a.record(verify_stage(SEED, HarnessSpec(), GEMM, SHAPES), 0.5)
+    (f,) = cost_filter_stage([a.program], SHAPES, CostModel("H200"), 1, 0, np.random.default_rng(0))
+    a.record(f)
+    a.record(judge("time", [_v(k, Outcome.MEASURED, T, seconds=2.0) for k in a.predictions]))
+    rows = attempt_rows(a)
+    (row,) = rows["attempts"]
+    assert (row["outcome"], row["stage"], row["slot"], row["generation"]) == ("measured", "time", 3, 1)
+    assert row["gpu_seconds"] == 4.0 and row["predicted_ms"] == pytest.approx(a.predicted_ms)
+    assert [m["kind"] for m in rows["measurements"]] == ["search", "search"]
+    assert {c["shape"] for c in rows["checks"]} == set(a.predictions) and all(c["correct"] for c in rows["checks"])
+    assert len(rows["predictions"]) == 2 and rows["compiles"] == []
+    a2 = Attempt("r", 1, 4, "gemm_bf16", 0, Candidate(SEED))
+    a2.record(verify_stage(SEED, HarnessSpec(), GEMM, SHAPES))
+    a2.record(f)
+    a2.record(judge("time", [_v("S1", Outcome.WRONG, message="wrong: y")]))
+    r2 = attempt_rows(a2)
+    assert r2["measurements"] == [] and r2["attempts"][0]["signature"].startswith("time:wrong:check.mismatch")
+
+
+def test_the_cost_filter_keeps_the_top_k_and_explores_deterministically():
+    progs = [parse_program(SEED).with_consts(BM=bm, BN=bn) for bm in (16, 32, 64) for bn in (16, 32)]
+    model = CostModel("H200")
+    a = cost_filter_stage(progs, SHAPES, model, 2, 1, np.random.default_rng([4, 2]))
+    b = cost_filter_stage(progs, SHAPES, model, 2, 1, np.random.default_rng([4, 2]))
+    assert [r.outcome for r in a] == [r.outcome for r in b]
+    kept = [i for i, r in enumerate(a) if r.outcome is Outcome.OK]
+    assert len(kept) == 3 and sum(r.outcome is Outcome.FILTERED for r in a) == 3
+    ranks = {i: a[i].metrics["rank"] for i in range(len(progs))}
+    assert {i for i in kept if ranks[i] < 2} == {i for i in ranks if ranks[i] < 2}      # the top 2 always go on
+    assert all(set(r.metrics["predictions"]) == {"M=96,N=80,K=72", "M=33,N=17,K=9"} for r in a)
+
+
+# ---------------------------------------------------------------- the debug switch
+
+def test_debug_dumps_numbered_ir_and_passes_a_sound_journey(tmp_path):
+    dbg = Debug(tmp_path, HarnessSpec(), "gemm_bf16", SHAPES)
+    a = Attempt("r", 0, 2, "gemm_bf16", 0, Candidate(SEED))
+    a.record(verify_stage(SEED, HarnessSpec(), GEMM, SHAPES))
+    assert dbg.after("verify", [a]) == 0
+    from cake_core.pipeline.stages import lower_stage
+    a.record(lower_stage(a.program))
+    assert dbg.after("lower", [a]) == 0 and a.going_on
+    files = sorted(p.name for p in (tmp_path / "r" / "g000").iterdir())
+    assert files == ["002-01-verify.cake", "002-02-lower.cake", "002-02-lower.cu"]
+
+
+def test_debug_stops_an_attempt_whose_program_a_stage_changed(tmp_path):
+    dbg = Debug(tmp_path, HarnessSpec(), "gemm_bf16", SHAPES)
+    a = Attempt("r", 0, 0, "gemm_bf16", 0, Candidate(SEED))
+    a.record(verify_stage(SEED, HarnessSpec(), GEMM, SHAPES))
+    # a stage that (wrongly) rewrote the program: a racy one, with another identity
+    racy = parse_program(SEED.replace("        mma(acc, a_s, b_s)\n        sync()\n", "        mma(acc, a_s, b_s)\n"))
+    a.program = racy
+    assert dbg.after("lower", [a]) == 1
+    assert a.outcome is Outcome.VERIFY_FAILED and a.stage == "lower"
+    assert a.diagnostics[-1].rule == "debug.reverify" and "not the one verified" in a.diagnostics[-1].message
+    # same identity but no longer verifying under this run's shapes (a harness rule added mid-run, say)
+    b = Attempt("r", 0, 1, "gemm_bf16", 0, Candidate(racy.text()))
+    b.record(StageResult("verify", Outcome.OK, value=racy))
+    assert dbg.after("compile", [b]) == 1 and "no longer verifies: races.smem" in b.diagnostics[-1].message
+
+
+def test_a_gpu_session_draws_a_seeds_inputs_once_and_leaves_the_generator_as_a_fresh_draw_would():
+    from cake_core.pipeline.execute import GpuJob, GpuSession
+    session = GpuSession()
+    shape = {"M": 64, "N": 48, "K": 32}
+    job = lambda seed: GpuJob(0, None, b"", "k", "gemm_bf16", shape, seed, 20)  # noqa: E731
+    fresh = np.random.default_rng(5)
+    want = GEMM.make_inputs(shape, fresh)
+    first, again = (session._with_inputs_memo(GEMM, job(5)) for _ in range(2))
+    r1, r2 = np.random.default_rng(5), np.random.default_rng(5)
+    x1 = first.make_inputs(shape, r1)
+    x2 = again.make_inputs(shape, r2)
+    assert x2 is x1 and all(np.array_equal(x1[k], want[k]) for k in want) and session.drawn == 1
+    # the perturbation check draws from the generator next: it must see what a fresh draw leaves
+    assert r2.integers(1 << 30) == r1.integers(1 << 30) == fresh.integers(1 << 30)
+    other = session._with_inputs_memo(GEMM, job(6)).make_inputs(shape, np.random.default_rng(6))
+    assert other is not x1 and session.drawn == 2 and len(session._inputs) == 1     # a new seed drops the old
+
+
+def test_a_peer_that_cannot_run_here_is_a_fault_that_says_what_is_missing():
+    pytest.importorskip("cake_core.problems.peers")
+    try:
+        import torch  # noqa: F401
+        if torch.cuda.is_available():
+            pytest.skip("torch with CUDA here: tests/flows/test_evolve_gpu.py measures the peers")
+    except ImportError:
+        pass
+    from cake_core.pipeline.execute import GpuSession
+    v = GpuSession().peer("gemm_bf16", "torch.matmul", {"M": 64, "N": 48, "K": 32}, 0, 20)
+    assert v.outcome is Outcome.RUNTIME_FAULT and v.by_worker and "PyTorch" in v.message and v.timing is None

@@ -45,12 +45,11 @@ def _cake(services, *args, home, timeout=120):
 
 def test_planted_failure_becomes_an_approved_rule_used_by_the_next_run(services, tmp_path, monkeypatch):
     from flows.harness import harness_review_flow
-    import flows.evolve
 
     wh_root = tmp_path / "warehouse"
     # Plant a recurring failure: an agent that keeps dropping tail guards on ragged shapes.
     planted = {"drop_guards": tactics_mod.drop_guards, "retile": tactics_mod.retile}
-    monkeypatch.setattr(flows.evolve, "TACTICS", planted)
+    monkeypatch.setattr(tactics_mod, "TACTICS", planted)
     from dataclasses import replace
 
     from cake_core.problems import PROBLEMS

@@ -1,23 +1,26 @@
 """Task bodies without a Prefect server: each diagnostic is recorded once, failed programs keep their identity."""
 from cake_core.agents.base import Candidate
 from cake_core.harness.version import HarnessSpec
+from cake_core.pipeline import Attempt, verify_stage
+from cake_core.pipeline.rows import attempt_rows
 from cake_core.problems import get_problem
-from tasks.record import Attempt
-from tasks.stages import verify
 
 SEED = get_problem("gemm_bf16").seed_text()
 SHAPES = [{"M": 96, "N": 80, "K": 72}]
 
 
-def _attempt(text):
-    return Attempt("r", 0, "gemm_bf16", 0, Candidate(text))
+def _verified(slot, text):
+    a = Attempt("r", 0, slot, "gemm_bf16", 0, Candidate(text))
+    a.record(verify_stage(text, HarnessSpec(), get_problem("gemm_bf16"), SHAPES))
+    return a
 
 
 def test_verify_records_each_diagnostic_once_and_keeps_the_hash_of_a_failed_program():
     racy = SEED.replace("        mma(acc, a_s, b_s)\n        sync()\n", "        mma(acc, a_s, b_s)\n")
     unguarded = SEED.replace("tile(kt, BK)])", "tile(kt, BK)], guard=False)", 1)
-    passed, stopped = verify.fn([_attempt(SEED), _attempt(racy), _attempt(unguarded), _attempt("def (")],
-                                HarnessSpec(), SHAPES)
+    attempts = [_verified(i, t) for i, t in enumerate([SEED, racy, unguarded, "def ("])]
+    passed = [a for a in attempts if a.going_on]
+    stopped = [a for a in attempts if not a.going_on]
     assert [a.candidate.text for a in passed] == [SEED, unguarded]
     for a in passed + stopped:
         assert len(a.diagnostics) == len(set(a.diagnostics)), a.diagnostics
@@ -26,7 +29,7 @@ def test_verify_records_each_diagnostic_once_and_keeps_the_hash_of_a_failed_prog
     assert race.outcome.value == "verify_failed" and race.ir_hash and race.features["n_sync"] == 1
     assert {d.rule for d in race.diagnostics} == {"races.smem"}
     assert stopped[1].ir_hash == "" and stopped[1].diagnostics[0].rule == "parse.syntax"
-    rows = race.rows()
+    rows = attempt_rows(race)
     assert rows["attempts"][0]["signature"] == "verify:verify_failed:races.smem"
     assert len(rows["diagnostics"]) == len(race.diagnostics)
 
@@ -106,7 +109,7 @@ def test_two_approvals_at_once_get_consecutive_versions(tmp_path, monkeypatch):
 def test_compact_merges_tables_with_many_batches_and_keeps_every_row(tmp_path):
     from datetime import datetime
 
-    from tasks.stages import compact
+    from tasks.record import compact
     from warehouse import Warehouse
 
     wh = Warehouse(tmp_path / "warehouse")
@@ -126,7 +129,7 @@ def test_compact_merges_tables_with_many_batches_and_keeps_every_row(tmp_path):
 def test_dispatch_prefers_confirmed_figures(tmp_path):
     from datetime import datetime
 
-    from flows.evolve import _dispatch
+    from tasks.final import record_dispatch
     from warehouse import Warehouse
 
     wh = Warehouse(tmp_path / "warehouse")
@@ -138,6 +141,116 @@ def test_dispatch_prefers_confirmed_figures(tmp_path):
                 "correct": True, "max_error": 0.0, "kind": kind, "measured_at": t}
     wh.append("measurements", [m("lucky", "S1", 1.0, "search"), m("lucky", "S1", 1.3, "confirm"),
                                m("other", "S1", 1.1, "search"), m("other", "S2", 2.0, "search")])
-    _dispatch(wh, "r", "gemm_bf16", "set")
+    record_dispatch(str(wh.root), "r", "gemm_bf16", "set")
     got = {r["shape"]: (r["attempt_id"], r["median_ms"]) for r in wh.query("select * from dispatch").to_pylist()}
     assert got == {"S1": ("lucky", 1.3), "S2": ("other", 2.0)}
+
+
+# ---------------------------------------------------------------- the time stage's jobs on (stand-in) GPU runners
+
+import os  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+
+import pytest  # noqa: E402
+
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    if ray.is_initialized():
+        yield
+        return
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@ray.remote(num_cpus=0)
+class FakeGpu:
+    """A GPU runner's answers without a GPU: `job.lowered` says how the kernel behaves on every shape."""
+
+    def ident(self):
+        return ray.get_runtime_context().get_node_id(), os.getpid()
+
+    def run_batch(self, jobs):
+        from cake_core.outcome import Outcome
+        from cake_core.pipeline.verdicts import ShapeVerdict, Timing
+        out = []
+        for job in jobs:
+            key = ",".join(f"{k}={v}" for k, v in job.shape.items())
+            if job.lowered == "wrong" and job.shape["M"] > 64:
+                out.append(ShapeVerdict(key, "gpu", Outcome.WRONG, 0.5, "wrong: off by one", seconds=0.1))
+            else:
+                ms = job.shape["M"] / 1000
+                out.append(ShapeVerdict(key, "gpu", Outcome.MEASURED, 1e-6, f"correct in {os.getpid()}",
+                                        Timing(ms, ms * 0.9, ms * 1.1, 20, "cuda_event", "cold-clean", "H200"),
+                                        seconds=0.1))
+        return {"verdicts": out, "restart": False, "pid": os.getpid()}
+
+
+def _gpu_run(pool):
+    return SimpleNamespace(plan=SimpleNamespace(problem="gemm_bf16"), reps=20, timeout_s=30.0, gpu=pool)
+
+
+def test_the_time_stage_spreads_shapes_over_runners_and_drops_a_wrong_candidate_early(local_ray):
+    from cake_core.pipeline.stages import Binary
+    from cake_core.pipeline.verdicts import judge
+    from tasks.stages import on_gpu
+    from tasks.workers import ActorPool
+
+    shapes = [{"M": 256, "N": 64, "K": 64}, {"M": 32, "N": 64, "K": 64}, {"M": 128, "N": 64, "K": 64}]
+    binary = Binary(SimpleNamespace(kernel_name="k"), b"cubin")
+    attempts = [SimpleNamespace(lowered=how, binary=binary) for how in ("ok", "wrong", "ok")]
+    one = ActorPool(lambda: FakeGpu.remote(), 1)
+    try:
+        got = on_gpu(_gpu_run(one), attempts, shapes, seed=1, drop_failed=True)
+    finally:
+        one.shutdown()
+    # verdicts in the shape set's order; the smallest shape runs first, the wrong kernel stops at M=128,
+    # and its M=256 job is never run
+    assert [v.shape for v in got[0]] == ["M=256,N=64,K=64", "M=32,N=64,K=64", "M=128,N=64,K=64"]
+    assert [v.shape for v in got[1]] == ["M=32,N=64,K=64", "M=128,N=64,K=64"]
+    assert judge("time", got[1]).outcome.value == "wrong"
+    assert judge("time", got[2]).outcome.value == "measured"
+    assert [v.timing.median_ms for v in got[2]] == [0.256, 0.032, 0.128]
+    two = ActorPool(lambda: FakeGpu.remote(), 2)
+    try:
+        got = on_gpu(_gpu_run(two), [attempts[0]] * 4, shapes, seed=1, drop_failed=False)
+    finally:
+        two.shutdown()
+    pids = {v.message for vs in got.values() for v in vs}
+    assert len(pids) == 2 and all(len(vs) == 3 for vs in got.values())      # the shapes spread over both
+
+
+@ray.remote(num_cpus=0)
+class FakeCpu:
+    """A CPU worker whose stage answers, raises or dies as the candidate's text says."""
+
+    def ident(self):
+        return ray.get_runtime_context().get_node_id(), os.getpid()
+
+    def stage(self, name, text):
+        from cake_core.outcome import Outcome, StageResult
+        if text == "raise":
+            raise ValueError("a bug in the stage")
+        if text == "die":
+            os._exit(3)
+        return StageResult(name, Outcome.OK), 0.25
+
+
+def test_a_cpu_stage_that_raises_or_kills_its_worker_stops_only_its_candidate(local_ray):
+    from tasks.stages import on_cpu
+    from tasks.workers import ActorPool
+
+    pool = ActorPool(lambda: FakeCpu.remote(), 1)
+    attempts = [Attempt("r", 0, i, "gemm_bf16", 0, Candidate(t)) for i, t in enumerate(["ok", "raise", "die", "ok"])]
+    try:
+        on_cpu(SimpleNamespace(cpu=pool), "lower", attempts, lambda a: (a.candidate.text,), 60.0)
+    finally:
+        pool.shutdown()
+    assert [a.outcome.value for a in attempts] == ["ok", "runtime_fault", "runtime_fault", "ok"]
+    assert [d.rule for d in attempts[1].diagnostics] == ["stage.raised"]
+    assert "ValueError: a bug in the stage" in attempts[1].diagnostics[0].message
+    assert [d.rule for d in attempts[2].diagnostics] == ["worker.died"] and pool.replaced == 1
+    assert attempts[0].seconds == {"lower": 0.25} and attempts[1].stage == "lower"

@@ -67,3 +67,73 @@ def test_timeouts_must_match_jobs(local_ray):
 def test_gone():
     assert not _gone(os.getpid())
     assert _gone(2 ** 22 + 12345)
+
+
+@ray.remote(num_cpus=0)
+class Runner:
+    """Answers batches as tasks.workers.GpuRunner does: one verdict per job in order, stopping at a poison."""
+
+    def ident(self):
+        return ray.get_runtime_context().get_node_id(), os.getpid()
+
+    def run_batch(self, jobs):
+        out = []
+        for key, what in jobs:
+            if what == "hang":
+                time.sleep(3600)
+            if what == "die":
+                os._exit(3)
+            out.append((key, what, os.getpid()))
+            if what == "poison":
+                return {"verdicts": out, "restart": True}
+        return {"verdicts": out, "restart": False}
+
+
+def _units(spec, timeout=30.0):
+    from tasks.workers import Unit
+    return [Unit(key, (key, what), timeout, group=key[1]) for key, what in spec]
+
+
+def test_units_spread_over_actors_in_batches_of_one_group(local_ray):
+    pool = ActorPool(lambda: Runner.remote(), 2)
+    spec = [((i, j), "ok") for j in range(3) for i in range(4)]
+    got = pool.run_units("run_batch", _units(spec), batch=4)
+    assert set(got) == {k for k, _ in spec} and all(v[1] == "ok" for v in got.values())
+    by_pid = {}
+    for (i, j), (_, _, pid) in got.items():
+        by_pid.setdefault(pid, set()).add(j)
+    assert len(by_pid) == 2 and pool.replaced == 0          # both actors worked
+    pool.shutdown()
+
+
+def test_a_poisoned_actor_is_replaced_and_the_rest_of_its_batch_runs_on_the_fresh_one(local_ray):
+    pool = ActorPool(lambda: Runner.remote(), 1)
+    spec = [((0, 0), "ok"), ((1, 0), "poison"), ((2, 0), "ok"), ((3, 0), "ok")]
+    got = pool.run_units("run_batch", _units(spec), batch=4)
+    assert [got[(i, 0)][1] for i in range(4)] == ["ok", "poison", "ok", "ok"]
+    assert got[(0, 0)][2] == got[(1, 0)][2] != got[(2, 0)][2] == got[(3, 0)][2] and pool.replaced == 1
+    pool.shutdown()
+
+
+def test_a_death_or_a_hang_in_a_batch_is_found_alone_and_the_others_are_answered(local_ray):
+    pool = ActorPool(lambda: Runner.remote(), 1)
+    spec = [((0, 0), "ok"), ((1, 0), "die"), ((2, 0), "ok"), ((3, 1), "ok"), ((4, 1), "hang"), ((5, 1), "ok")]
+    units = _units(spec)
+    units[4].timeout_s = 2.0
+    for u in units[3:]:
+        u.timeout_s = 2.0
+    got = pool.run_units("run_batch", units, batch=3)
+    assert isinstance(got[(1, 0)], Fault) and got[(1, 0)].outcome == "runtime_fault"
+    assert isinstance(got[(4, 1)], Fault) and got[(4, 1)].outcome == "timeout"
+    assert all(got[k][1] == "ok" for k in [(0, 0), (2, 0), (3, 1), (5, 1)])
+    pool.shutdown()
+
+
+def test_skipped_units_are_not_run(local_ray):
+    pool = ActorPool(lambda: Runner.remote(), 1)
+    failed = set()
+    spec = [((0, 0), "poison"), ((1, 0), "ok"), ((0, 1), "ok"), ((1, 1), "ok")]
+    got = pool.run_units("run_batch", _units(spec), batch=1, skip=lambda k: k[0] in failed,
+                         on_answer=lambda k, v: failed.add(k[0]) if v[1] == "poison" else None)
+    assert set(got) == {(0, 0), (1, 0), (1, 1)}       # candidate 0's second shape was dropped
+    pool.shutdown()

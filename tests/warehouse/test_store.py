@@ -11,6 +11,9 @@ from wh_fixtures import attempt, dataset, measurement
 
 from warehouse.schema import load_schema
 from warehouse import TABLES, BatchRejected, Warehouse, WarehouseError
+from warehouse.schema import load_schema
+
+CURRENT = load_schema().version
 
 
 def _norm(v):
@@ -88,15 +91,14 @@ def test_newer_schema_version_refused_without_writing(tmp_path):
     Warehouse(root)
     (root / "SCHEMA_VERSION").write_text("99\n")
     before = sorted(p for p in root.rglob("*"))
-    with pytest.raises(WarehouseError, match=rf"schema version 99 .* up to version {load_schema().version}; upgrade Cake"):
+    with pytest.raises(WarehouseError, match=rf"schema version 99 .* up to version {CURRENT}; upgrade Cake"):
         Warehouse(root)
     assert sorted(p for p in root.rglob("*")) == before
 
 
 def test_version_bumped_while_open_blocks_append(wh):
-    newer = load_schema().version + 1
-    (wh.root / "SCHEMA_VERSION").write_text(f"{newer}\n")
-    with pytest.raises(WarehouseError, match=f"schema version {newer}"):
+    (wh.root / "SCHEMA_VERSION").write_text(f"{CURRENT + 1}\n")
+    with pytest.raises(WarehouseError, match=f"schema version {CURRENT + 1}"):
         wh.append("attempts", [attempt(0)])
     assert wh.query("select count(*) n from attempts").to_pylist() == [{"n": 0}]
 
@@ -178,18 +180,18 @@ def test_an_additive_migration_upgrades_and_keeps_old_batches(tmp_path, monkeypa
     old.append("runs", [row])
     sql = tmp_path / "schema"
     shutil.copytree(schema_mod.SCHEMA_DIR, sql)
-    v = schema_mod.load_schema().version
-    (sql / f"{v + 1:03d}_run_notes.sql").write_text("alter table runs add column note VARCHAR;\n")
+    nxt = CURRENT + 1
+    (sql / f"{nxt:03d}_run_notes.sql").write_text("alter table runs add column note VARCHAR;\n")
     monkeypatch.setattr(schema_mod, "SCHEMA_DIR", sql)
     schema_mod.load_schema.cache_clear()
     try:
         new = Warehouse(tmp_path / "wh")
-        assert (tmp_path / "wh" / "SCHEMA_VERSION").read_text().strip() == str(v + 1)
+        assert (tmp_path / "wh" / "SCHEMA_VERSION").read_text().strip() == str(nxt)
         new.append("runs", [{**row, "run_id": "r2", "note": "after the migration"}])
         got = new.query("select run_id, note from runs order by run_id").to_pylist()
         assert got == [{"run_id": "r1", "note": None}, {"run_id": "r2", "note": "after the migration"}]
     finally:
         monkeypatch.undo()
         schema_mod.load_schema.cache_clear()
-    with pytest.raises(WarehouseError, match=f"schema version {v + 1} but this code knows only up to version {v}"):
+    with pytest.raises(WarehouseError, match=f"schema version {nxt} but this code knows only up to version {CURRENT}"):
         Warehouse(tmp_path / "wh")

@@ -59,7 +59,8 @@ def test_convergence(filled):
     got = rows(filled, "select * from convergence where run_id = 'run-a' order by generation")
     assert [r["generation"] for r in got] == [0, 1, 2]
     assert [r["attempts"] for r in got] == [5, 5, 5]
-    assert [r["best_ms_so_far"] for r in got] == pytest.approx([1.0, 0.5, 1 / 3])
+    # the best so far is kernel_scores' figure: the winner's geomean over both shapes, not the fastest shape
+    assert [r["best_ms_so_far"] for r in got] == pytest.approx([2 ** 0.5, 2 ** 0.5 / 2, 2 ** 0.5 / 3])
     assert [r["cum_gpu_seconds"] for r in got] == pytest.approx([1.25, 2.5, 3.75])
     assert [r["cum_tokens"] for r in got] == [750, 1500, 2250]
 
@@ -102,3 +103,36 @@ def test_cost_filter_recall(tmp_path):
     import pytest
     with pytest.raises(BatchRejected, match="decision"):
         wh.append("predictions", [dict(preds[0], decision="maybe")])
+
+
+def test_kernel_scores_is_the_geomean_over_every_searched_shape(filled):
+    got = rows(filled, "select attempt_id, basis, score_ms, n_shapes from kernel_scores where run_id = 'run-a' "
+                       "order by score_ms")
+    # one winner per generation; the fast wrong run of att-0 on one shape scores nothing
+    assert [r["attempt_id"] for r in got] == ["run-a-att-14", "run-a-att-9", "run-a-att-4"]
+    assert {r["basis"] for r in got} == {"measured"} and {r["n_shapes"] for r in got} == {2}
+    assert got[0]["score_ms"] == pytest.approx((1 / 3 * 2 / 3) ** 0.5)
+
+
+def test_run_best_and_shape_best(filled):
+    best = rows(filled, "select run_id, attempt_id, ir_text from run_best order by run_id")
+    assert [(r["run_id"], r["attempt_id"]) for r in best] == [("run-a", "run-a-att-14"), ("run-b", "run-b-att-29")]
+    assert best[0]["ir_text"] == "kernel k14 { }"
+    per_shape = rows(filled, "select shape, attempt_id, median_ms, confirm_ms from shape_best "
+                             "where run_id = 'run-a' order by shape")
+    assert [(r["shape"], r["attempt_id"], r["confirm_ms"]) for r in per_shape] == \
+        [(SHAPES[0], "run-a-att-14", None), (SHAPES[1], "run-a-att-14", None)]
+    assert [r["median_ms"] for r in per_shape] == pytest.approx([1 / 3, 2 / 3])
+
+
+def test_kernel_scores_never_counts_held_out_rows(wh):
+    from wh_fixtures import attempt, measurement
+    wh.append("attempts", [attempt(0), attempt(1)])
+    # a and b on the two searched shapes: a is better; b is far better on a held-out row
+    wh.append("measurements", [measurement("run-a-att-0", "run-a", SHAPES[0], 1.0),
+                               measurement("run-a-att-0", "run-a", SHAPES[1], 1.0),
+                               measurement("run-a-att-1", "run-a", SHAPES[0], 1.2),
+                               measurement("run-a-att-1", "run-a", SHAPES[1], 1.2),
+                               measurement("run-a-att-1", "run-a", "M=1,N=1,K=1", 0.001, kind="held_out")])
+    assert rows(wh, "select attempt_id from run_best") == [{"attempt_id": "run-a-att-0"}]
+    assert {r["shape"] for r in rows(wh, "select shape from shape_best")} == set(SHAPES)

@@ -97,10 +97,17 @@ def dataset() -> dict[str, list[dict]]:
                              created_at=T0 + timedelta(hours=3))]
     dispatch = [dict(problem="kmeans_assign", shape_set="kmeans_portfolio", shape=s, attempt_id="run-a-att-14",
                      ir_hash="h000014", median_ms=0.5, created_at=T0) for s in SHAPES]
+    stage_times = [dict(run_id="run-a", session=0, generation=g, stage=st, wall_s=0.5, work_s=1.0, n_in=5,
+                        n_out=4, workers=2, recorded_at=T0 + timedelta(days=g))
+                   for g in range(3) for st in ("verify", "compile", "time")]
+    baselines = [dict(run_id="run-a", name="kmeans_assign_ws.cake", source="hand_written", shape=s, role="headline",
+                      gpu_model="H200", timer="cuda_event", l2="cold-clean", median_ms=0.3, p10_ms=0.29,
+                      p90_ms=0.31, runs=20, predicted_ms=0.2, correct=True, message=None,
+                      measured_at=T0 + timedelta(hours=2)) for s in SHAPES]
     model_versions = [dict(version="learned-1+n40", kind="learned", gpu="H200", target="sm_90a", path="m.json",
                            split="run", trained_on='{"samples": 40}', evaluation='{"overall": {}}',
                            beats_analytic=False, created_at=T0)]
     return dict(runs=runs, attempts=attempts, diagnostics=diagnostics, compiles=compiles,
                 predictions=predictions, checks=checks, measurements=measurements, shapes=shapes,
                 proposals=proposals, decisions=decisions, harness_versions=harness_versions, dispatch=dispatch,
-                model_versions=model_versions)
+                stage_times=stage_times, baselines=baselines, model_versions=model_versions)

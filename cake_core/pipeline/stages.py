@@ -1,0 +1,181 @@
+"""The pipeline's stages, in order, each a plain function returning a typed :class:`StageResult`.
+
+    generate     the agent proposes this generation's candidates          (once per generation)
+    verify       parse + built-in rules + the harness's learned rules + problem fit   (per candidate)
+    lower        IR -> CUDA C++ with #line directives                     (per candidate)
+    compile      nvcc + ptxas, cached by source hash (skipped honestly without nvcc)  (per candidate)
+    cost_filter  the cost model ranks; top-k plus random exploration go on            (once per generation)
+    check        correctness on the CPU interpreter, nothing timed  |  time: gate + timing on GPUs
+    select       the run's state from its rows: best so far, parents, tactic records, budget, stop
+
+``STAGES`` is that list; Prefect tasks (``tasks/stages.py``) run it, one task per stage, over the batch of
+a generation. Nothing here knows about Prefect, Ray or DuckDB.
+"""
+from __future__ import annotations
+
+import math
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from cake_core.harness.version import HarnessSpec
+from cake_core.ir.expr import symbols
+from cake_core.ir.features import features
+from cake_core.ir.program import Program
+from cake_core.ir.text import parse
+from cake_core.ir.verify import verify
+from cake_core.model.cost import CostModel
+from cake_core.outcome import Diagnostic, Outcome, Severity, StageResult
+from cake_core.pipeline.execute import check_on_interpreter
+from cake_core.pipeline.verdicts import judge
+from cake_core.problems.base import Problem, Shape, shape_key
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One named step of the pipeline.
+
+    ``scope``: ``generation`` (once over the whole batch, in the flow's process), ``candidate`` (once per
+    candidate, on the CPU workers, every core busy) or ``runner`` (per candidate and shape, on the check or
+    timing workers).
+    """
+
+    name: str
+    scope: str
+    doc: str
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage("generate", "generation", "the agent proposes this generation's candidates"),
+    Stage("verify", "candidate", "parse, types, verifier rules (built-in and learned), protocol, problem fit"),
+    Stage("lower", "candidate", "IR -> CUDA C++ with #line directives naming the IR"),
+    Stage("compile", "candidate", "nvcc + ptxas resource report, cached by source hash"),
+    Stage("cost_filter", "generation", "the cost model ranks: the top k and some random others go on"),
+    Stage("check", "runner", "correctness on the CPU interpreter (no GPU: nothing timed)"),
+    Stage("time", "runner", "correctness gate and CUDA-event timing on the GPU workers"),
+    Stage("select", "generation", "the run's state from its rows: best so far, parents, stop or go on"),
+)
+STAGE_NAMES = tuple(s.name for s in STAGES)
+
+
+def stages_for(timed: bool) -> tuple[Stage, ...]:
+    """The stages of a run: ``time`` on a GPU, else ``check`` on the interpreter."""
+    skip = "check" if timed else "time"
+    return tuple(s for s in STAGES if s.name != skip)
+
+
+# ---------------------------------------------------------------- verify
+
+def verify_stage(text: str, harness: HarnessSpec, problem: Problem, shapes: list[Shape] = ()) -> StageResult:
+    """Parse and verify ``text`` for ``problem`` (shape rules see ``shapes``).
+
+    ``value``: the parsed program whenever it parsed (a failed one still has a hash and features, in
+    ``metrics['features']``).
+    """
+    r = parse(text, "candidate.cake")
+    diags = list(r.diagnostics)
+    metrics = {}
+    if r.program is not None:
+        diags += verify(r.program, learned=harness.learned_rules, shapes=shapes)
+        dims = {d for p in r.program.params for d in _syms(p)} - set(r.program.const_env)
+        mismatch = problem.param_mismatch([p.name for p in r.program.params])
+        if mismatch:
+            diags.append(Diagnostic("problem.params", Severity.ERROR, mismatch, r.program.line, 1, "kernel",
+                                    f"the kernel's parameters must be {', '.join(problem.inputs + problem.outputs)}"))
+        unknown = dims - set(problem.dims)
+        if unknown:
+            diags.append(Diagnostic("problem.dims", Severity.ERROR,
+                                    f"parameter shapes use {', '.join(sorted(unknown))}, not dimensions of "
+                                    f"`{problem.name}`", r.program.line, 1, "kernel",
+                                    f"its dimensions: {', '.join(problem.dims)}"))
+        metrics["features"] = features(r.program)
+    failed = r.program is None or any(d.is_error for d in diags)
+    return StageResult("verify", Outcome.VERIFY_FAILED if failed else Outcome.OK, diags, metrics, value=r.program)
+
+
+def _syms(p) -> set[str]:
+    out: set[str] = set()
+    for d in p.type.shape:
+        out |= symbols(d)
+    return out
+
+
+# ---------------------------------------------------------------- lower, compile
+
+def nvcc_available() -> bool:
+    return shutil.which("nvcc") is not None
+
+
+@dataclass(frozen=True)
+class Binary:
+    """A compiled kernel as the GPU workers need it: the compile report and the cubin's bytes."""
+
+    compiled: object             # cake_core.lower.compile.Compiled
+    cubin: bytes
+
+
+def lower_stage(program: Program) -> StageResult:
+    """IR -> CUDA C++ (stage ``lower``; ``value``: the LoweredKernel)."""
+    from cake_core.lower.cuda import lower
+
+    return lower(program, "candidate.cake")
+
+
+def compile_stage(lowered, cache_dir: Path, arch: str | None = None) -> StageResult:
+    """nvcc + ptxas (stage ``compile``; ``value``: a :class:`Binary`).
+
+    Without nvcc the stage passes with ``metrics['skipped']`` and no binary, so a CPU-only machine still
+    checks candidates (and records that nothing was compiled).
+    """
+    from cake_core.lower.compile import compile_kernel
+
+    if not nvcc_available():
+        return StageResult("compile", Outcome.OK, metrics={"skipped": "nvcc not found on PATH"},
+                           artifacts={"cuda": lowered.source})
+    comp = compile_kernel(lowered, arch=arch or lowered.target, cache_dir=Path(cache_dir))
+    comp.artifacts.setdefault("cuda", lowered.source)
+    if comp.outcome is Outcome.OK:
+        comp.value = Binary(comp.value, Path(comp.value.cubin_path).read_bytes())
+    return comp
+
+
+# ---------------------------------------------------------------- cost filter
+
+def cost_filter_stage(programs: list[Program], shapes: list[Shape], model: CostModel, keep: int, explore: int,
+                      rng: np.random.Generator) -> list[StageResult]:
+    """Rank by the model's geometric mean over ``shapes``; the top ``keep`` plus ``explore`` random others go
+    on (``ok``), so the model cannot starve a candidate it misjudges; the rest are ``filtered``.
+
+    One result per program, in order; ``metrics['predictions']`` maps each shape key to the model's ms.
+    Ties rank in the given order.
+    """
+    preds = [{shape_key(s): ms for s, ms in zip(shapes, model.predict_ms(p, shapes))} for p in programs]
+    score = [geomean(p.values()) for p in preds]
+    order = sorted(range(len(programs)), key=lambda i: score[i])
+    kept, rest = order[:keep], order[keep:]
+    picks = set(rng.choice(len(rest), size=min(explore, len(rest)), replace=False).tolist()) if rest else set()
+    go_on = set(kept) | {i for j, i in enumerate(rest) if j in picks}
+    return [StageResult("cost_filter", Outcome.OK if i in go_on else Outcome.FILTERED,
+                        metrics={"predictions": preds[i], "model_version": model.version,
+                                 "rank": order.index(i)})
+            for i in range(len(programs))]
+
+
+def geomean(values) -> float:
+    """The geometric mean: how a kernel's figures over several shapes add up to one (see kernel_scores)."""
+    v = list(values)
+    return math.exp(sum(math.log(x) for x in v) / len(v))
+
+
+def keep_count(population: int) -> int:
+    """How many candidates of a generation the filter keeps by rank (half, at least 2)."""
+    return max(2, -(-population // 2))
+
+
+# ---------------------------------------------------------------- check
+
+def check_stage(program: Program, problem: str, shapes: list[Shape], seed: int) -> StageResult:
+    """The CPU correctness gate over ``shapes`` (the interpreter); ``value``: the verdicts."""
+    return judge("check", check_on_interpreter(program, problem, shapes, seed))

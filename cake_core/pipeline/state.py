@@ -1,0 +1,117 @@
+"""The select stage: a run's state, rebuilt from its warehouse rows before every generation.
+
+The state of generation ``n`` is a function of the rows of generations ``0 .. n-1`` only: the agent's
+context (the best kernels so far as parents, the tactics' track records, the programs already tried, the
+diagnostics of recent failures), the budget spent and whether the run stops. An uninterrupted run and a
+run resumed from the warehouse after a crash compute it from the same rows, so they go on identically.
+
+"Best" is ``kernel_scores``' ranking (warehouse/schema/003_runs_resume.sql): the callers pass its rows,
+nothing here recomputes a score.
+
+Rows, as the tasks query them (one dict per row):
+  attempts  : generation, slot, ir_hash, tactic, outcome, gpu_seconds, prompt_tokens, completion_tokens
+  scores    : generation, slot, ir_hash, score_ms, ir_text      (``kernel_scores`` of the run, with the text)
+  failures  : generation, slot, ir_text, rule, severity, message, line, col, path, hint, witness
+              (the first error diagnostic of each failed attempt)
+  generations_done : the generations whose select stage finished (their stage_times 'select' rows)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from cake_core.agents.base import Context
+from cake_core.outcome import Diagnostic, Outcome, Severity
+from cake_core.pipeline.plan import RunPlan
+
+PARENTS = 4          # best kernels the agent sees as parents
+FEEDBACK = 12        # failure diagnostics the agent sees (the most recent)
+WON = (Outcome.MEASURED.value, Outcome.CHECKED.value)   # a tactic's attempt that came out correct
+
+
+@dataclass
+class RunState:
+    """Where a run stands before generation ``generation``."""
+
+    generation: int                        # the next generation to run
+    attempts: int                          # attempts recorded so far
+    gpu_seconds: float
+    tokens: int
+    best: list[tuple[str, float]] = field(default_factory=list)      # (IR text, score), best first
+    best_generation: int = -1              # the generation that set the best score (-1: none yet)
+    best_score: float | None = None
+    tactic_stats: dict[str, tuple[int, int]] = field(default_factory=dict)
+    seen: set[str] = field(default_factory=set)
+    feedback: list[str] = field(default_factory=list)
+    stop: str | None = None                # why the run stops now (expectations.STOP_REASONS), None: go on
+    population: int = 0                    # candidates the next generation may propose
+
+    def context(self, plan: RunPlan, harness_version: int) -> Context:
+        """What the agent sees for the next generation."""
+        return Context(harness_version, self.generation, self.population, list(self.best),
+                       dict(self.tactic_stats), set(self.seen), list(self.feedback), cold=plan.cold,
+                       candidates_left=None if plan.budget_candidates is None else plan.budget_candidates - self.attempts,
+                       gpu_minutes_left=None if plan.budget_gpu_minutes is None
+                       else plan.budget_gpu_minutes - self.gpu_seconds / 60)
+
+
+def select_stage(plan: RunPlan, generations_done: set[int], attempts: list[dict[str, Any]],
+                 scores: list[dict[str, Any]], failures: list[dict[str, Any]]) -> RunState:
+    """The run's state before its next generation, from the rows of the generations it finished.
+
+    The next generation is the first one not finished; rows of later generations (a generation cut short
+    by a crash) are left out, so it is redone from the same state.
+    """
+    n = 0
+    while n in generations_done:
+        n += 1
+    attempts = [a for a in attempts if a["generation"] < n]
+    scores = sorted((s for s in scores if s["generation"] is not None and s["generation"] < n),
+                    key=lambda s: (s["score_ms"], s["generation"], s["slot"] if s["slot"] is not None else -1,
+                                   s["ir_hash"] or ""))
+    stats: dict[str, tuple[int, int]] = {}
+    for a in attempts:
+        for t in (a["tactic"] or "").split("+"):
+            if t:
+                tried, won = stats.get(t, (0, 0))
+                stats[t] = (tried + 1, won + int(a["outcome"] in WON))
+    st = RunState(generation=n, attempts=len(attempts), gpu_seconds=sum(a["gpu_seconds"] or 0.0 for a in attempts),
+                  tokens=sum((a["prompt_tokens"] or 0) + (a["completion_tokens"] or 0) for a in attempts),
+                  best=[(s["ir_text"], s["score_ms"]) for s in scores[:PARENTS]], tactic_stats=stats,
+                  seen={a["ir_hash"] for a in attempts})
+    if scores:
+        st.best_score = scores[0]["score_ms"]
+        st.best_generation = min(s["generation"] for s in scores if s["score_ms"] == st.best_score)
+    st.feedback = _feedback([f for f in failures if f["generation"] < n])
+    st.stop, st.population = _stop(plan, st)
+    return st
+
+
+def _feedback(failures: list[dict[str, Any]]) -> list[str]:
+    ordered = sorted(failures, key=lambda f: (f["generation"], f["slot"] if f["slot"] is not None else -1))
+    out, last = [], None
+    for f in ordered:
+        key = (f["generation"], f["slot"])
+        if key == last:       # one diagnostic per attempt
+            continue
+        last = key
+        d = Diagnostic(f["rule"], Severity(f["severity"]), f["message"], f["line"] or 0, f["col"] or 0,
+                       f["path"] or "", f["hint"] or "", tuple(f["witness"] or ()))
+        out.append(d.format("candidate.cake", f["ir_text"]))
+    return out[-FEEDBACK:]
+
+
+def _stop(plan: RunPlan, st: RunState) -> tuple[str | None, int]:
+    """Why the run stops before generation ``st.generation`` (None: it goes on), and the next population."""
+    population = plan.population
+    if plan.budget_candidates is not None:
+        population = min(population, plan.budget_candidates - st.attempts)
+    if st.generation >= plan.generations:
+        return "generations", 0
+    if population <= 0:
+        return "budget_candidates", 0
+    if plan.budget_gpu_minutes is not None and st.gpu_seconds / 60 >= plan.budget_gpu_minutes:
+        return "budget_gpu_minutes", 0
+    if plan.patience is not None and st.generation - 1 - st.best_generation >= plan.patience:
+        return "no_improvement", 0
+    return None, population

@@ -1,0 +1,171 @@
+"""The final stage of a run: confirm the winners, report the held-out rows, measure the baselines, dispatch.
+
+- confirm: each searched shape's winner (``shape_best``) re-measured on fresh inputs, stored apart (kind
+  ``confirm``): the search picked the minimum of noisy medians, so its own figures flatter the winner.
+- held-out: the run's best (``run_best``) on the held-out rows only, measured (or checked, without a GPU)
+  and stored apart (kind ``held_out``); nothing chose it by them.
+- baselines: the problem's hand-written kernels and its peers on every shape of the run, in the same run,
+  so the run's best is always shown beside them. They are never attempts and never parents.
+- dispatch: per searched shape, the kernel to dispatch on (a GPU run's ``shape_best``).
+
+A resumed run whose final stage was cut short redoes only the parts that landed nothing.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from cake_core.agents.base import Candidate
+from cake_core.pipeline.attempt import Attempt
+from cake_core.pipeline.rows import baseline_rows, check_row, dispatch_rows, measurement_rows, stage_time_row
+from cake_core.pipeline.verdicts import ShapeVerdict, as_kind, fault
+from cake_core.problems import get_problem
+from cake_core.problems.base import SEEDS_DIR, shape_key
+from tasks.history import final_recorded, run_best, shape_best
+from tasks.record import append
+from tasks.run import Run
+from tasks.stages import CPU_TIMEOUT_S, build, on_cpu, on_gpu
+from tasks.workers import Fault
+from warehouse import Warehouse
+
+# offsets of the final stage's input seeds from the run's: inputs no search saw. The baselines are measured
+# on the confirmation's inputs: beside the run's confirmed figures, and drawn once per shape for both.
+CONFIRM_SEED = 7919
+HELD_OUT_SEED = 104729
+BASELINE_SEED = CONFIRM_SEED
+
+
+def _kernel(run: Run, row: dict[str, Any]) -> Attempt:
+    """An attempt of the run rebuilt from its row, to run again (it is not recorded again)."""
+    return Attempt(run.plan.run_id, row["generation"], row["slot"] or 0, run.plan.problem, run.harness.version,
+                   Candidate(row["ir_text"]), attempt_id=row["attempt_id"])
+
+
+def _confirm(run: Run) -> int:
+    picks = shape_best(run.warehouse_root, run.plan.run_id)
+    rows = {r["attempt_id"]: r for r in Warehouse(run.warehouse_root).query(
+        "select attempt_id, generation, slot, ir_text from attempts where run_id = ?", [run.plan.run_id]).to_pylist()}
+    ids = list(dict.fromkeys(p["attempt_id"] for p in picks if p["attempt_id"] in rows))
+    kernels = build(run, [_kernel(run, rows[i]) for i in ids], run.search_shapes)
+    index = {a.attempt_id: i for i, a in enumerate(kernels)}
+    keys = [shape_key(s) for s in run.search_shapes]
+    pairs = {(index[p["attempt_id"]], keys.index(p["shape"])) for p in picks
+             if p["attempt_id"] in index and p["shape"] in keys}
+    verdicts = on_gpu(run, kernels, run.search_shapes, run.plan.seed + CONFIRM_SEED, drop_failed=False, pairs=pairs)
+    n = 0
+    for i, a in enumerate(kernels):
+        landed = measurement_rows(a.attempt_id, run.plan.run_id, as_kind(verdicts[i], "confirm"))
+        run.recorder.rows("measurements", landed)
+        n += len(landed)
+    return n
+
+
+def _held_out(run: Run, best: dict[str, Any]) -> int:
+    kernel = _kernel(run, best)
+    seed = run.plan.seed + HELD_OUT_SEED
+    if run.timed:
+        built = build(run, [kernel], run.held_out)
+        verdicts = on_gpu(run, built, run.held_out, seed, drop_failed=False)[0] if built else []
+    else:
+        verdicts = _check(run, kernel, run.held_out, seed)
+    if not verdicts:     # it does not verify (or build) for these shapes: that is the report
+        why = _why_not(kernel)
+        verdicts = [ShapeVerdict(shape_key(s), "gpu" if run.timed else "interpreter", kernel.outcome, message=why)
+                    for s in run.held_out]
+    verdicts = as_kind(verdicts, "held_out")
+    run.recorder.rows("measurements", measurement_rows(kernel.attempt_id, run.plan.run_id, verdicts))
+    run.recorder.rows("checks", [check_row(kernel.attempt_id, v) for v in verdicts])
+    return len(verdicts)
+
+
+def _check(run: Run, kernel: Attempt, shapes: list, seed: int) -> list:
+    """The interpreter's verdicts on ``kernel`` (verified for ``shapes`` first); [] if it does not verify."""
+    on_cpu(run, "verify", [kernel], lambda a: (a.candidate.text, run.harness, run.plan.problem, shapes),
+           CPU_TIMEOUT_S["verify"])
+    if not kernel.going_on:
+        return []
+    (answer,) = run.cpu.map("stage", [("check", kernel.program, run.plan.problem, shapes, seed)], run.timeout_s)
+    if isinstance(answer, Fault):
+        return [fault(shape_key(s), "interpreter", answer.outcome, answer.message) for s in shapes]
+    return list(answer[0].value or [])
+
+
+def _why_not(a: Attempt) -> str:
+    err = next((d for d in a.diagnostics if d.is_error), None)
+    return f"stopped at {a.stage} ({a.outcome.value})" + (f": {err.rule}: {err.message}" if err else "")
+
+
+def _baselines(run: Run) -> int:
+    prob = get_problem(run.plan.problem)
+    seed = run.plan.seed + BASELINE_SEED
+    every = run.search_shapes + run.held_out if run.timed else run.check_shapes + run.held_out
+    keys = list(dict.fromkeys(shape_key(s) for s in (every if run.timed else run.search_shapes + every)))
+    roles = {**{k: "headline" for k in keys}, **run.roles}      # --check-shapes rows count as headline checks
+    hand = [Attempt(run.plan.run_id, -1, i, prob.name, run.harness.version, Candidate((SEEDS_DIR / f).read_text()),
+                    attempt_id=f"hand-written:{f}") for i, f in enumerate(prob.best_files)]
+    rows: list[dict[str, Any]] = []
+    if run.timed:
+        built = build(run, hand, every)
+        verdicts = on_gpu(run, built, every, seed, drop_failed=False)
+        for i, a in enumerate(built):
+            preds = dict(zip((shape_key(s) for s in every), run.model.predict_ms(a.program, every)))
+            rows += baseline_rows(run.plan.run_id, prob.best_files[a.slot], "hand_written", keys, roles,
+                                  {v.shape: v for v in verdicts[i]}, preds)
+        for a in hand:
+            if not a.going_on:
+                rows += baseline_rows(run.plan.run_id, prob.best_files[a.slot], "hand_written", keys, roles, {},
+                                      message=_why_not(a))
+        from cake_core.problems.peers import peer_names
+        for peer in peer_names(prob.name):
+            got: dict[str, Any] = {}
+            for _ in range(2):      # a runner that an earlier job left unusable refuses: the fresh one answers
+                todo = [s for s in every if shape_key(s) not in got]
+                answers = run.gpu.map("peer", [(prob.name, peer, s, seed, run.reps) for s in todo], run.timeout_s)
+                for s, a in zip(todo, answers):
+                    if isinstance(a, Fault):
+                        got[shape_key(s)] = fault(shape_key(s), "gpu", a.outcome, a.message)
+                    elif a["verdict"] is not None:
+                        got[shape_key(s)] = a["verdict"]
+            rows += baseline_rows(run.plan.run_id, peer, "peer", keys, roles, got)
+    else:
+        for a in hand:
+            verdicts = {v.shape: v for v in _check(run, a, every, seed)}
+            preds = dict(zip((shape_key(s) for s in run.search_shapes),
+                             run.model.predict_ms(a.program, run.search_shapes))) if a.program is not None else {}
+            rows += baseline_rows(run.plan.run_id, prob.best_files[a.slot], "hand_written", keys, roles, verdicts,
+                                  preds, "" if a.going_on or a.stage == "check" else _why_not(a))
+    run.recorder.rows("baselines", rows)
+    return len(rows)
+
+
+def record_dispatch(warehouse_root: str, run_id: str, problem: str, shape_set: str) -> int:
+    """The run's dispatch table: per searched shape, ``shape_best``'s kernel and its (confirmed) median."""
+    picks = shape_best(warehouse_root, run_id)
+    return append(Warehouse(warehouse_root), "dispatch", dispatch_rows(problem, shape_set, picks)) if picks else 0
+
+
+@task(name="final", cache_policy=NO_CACHE)
+def final(run: Run) -> dict[str, Any]:
+    """Confirm, held-out report, baselines, dispatch; returns what landed of each."""
+    t0 = time.monotonic()
+    run.recorder.flush()
+    done = final_recorded(run.warehouse_root, run.plan.run_id)
+    best = run_best(run.warehouse_root, run.plan.run_id)
+    landed = {"confirm": 0, "held_out": 0, "baselines": 0, "dispatch": 0}
+    if run.timed and not done["confirm"]:
+        landed["confirm"] = _confirm(run)
+    if not done["baselines"]:          # right after the confirmation: on the inputs it drew
+        landed["baselines"] = _baselines(run)
+    if run.held_out and best is not None and not done["held_out"]:
+        landed["held_out"] = _held_out(run, best)
+    run.recorder.flush()
+    if run.timed:
+        landed["dispatch"] = record_dispatch(run.warehouse_root, run.plan.run_id, run.plan.problem, run.plan.shape_set)
+    run.recorder.rows("stage_times", [stage_time_row(run.plan.run_id, run.plan.session, -1, "final",
+                                                     time.monotonic() - t0, 0.0, sum(landed.values()), 0,
+                                                     run.gpu.size if run.gpu else run.cpu.size)])
+    run.recorder.flush()
+    return landed
