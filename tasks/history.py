@@ -62,15 +62,25 @@ def state_rows(warehouse_root: str, run_id: str) -> dict[str, Any]:
         "select distinct generation from stage_times where run_id = ? and stage = 'select'", [run_id]).to_pylist()}
     attempts = wh.query("select generation, slot, ir_hash, tactic, outcome, gpu_seconds, prompt_tokens, "
                         "completion_tokens from attempts where run_id = ?", [run_id]).to_pylist()
-    scores = wh.query("select k.generation, k.slot, k.ir_hash, k.score_ms, a.ir_text from kernel_scores k "
-                      "join attempts a using (attempt_id) where k.run_id = ?", [run_id]).to_pylist()
+    scores = wh.query("select k.generation, k.slot, k.ir_hash, k.score_ms, a.ir_text, a.lineage, a.parents "
+                      "from kernel_scores k join attempts a using (attempt_id) where k.run_id = ?", [run_id]).to_pylist()
+    # the tactics' records of the problem's runs that had finished when this run first started
+    history = wh.query("""
+        select k.run_id, k.ir_hash, k.score_ms, a.lineage, a.parents
+        from kernel_scores k join attempts a using (attempt_id)
+        join runs_latest r on r.run_id = k.run_id
+        join (select run_id, problem, min(started_at) as started from runs where run_id = ? group by all) me
+          on r.problem = me.problem
+        where r.run_id <> ? and r.finished_at is not null and r.finished_at < me.started""",
+                       [run_id, run_id]).to_pylist()
     failures = wh.query(f"""
         select a.generation, a.slot, a.ir_text, d.rule, d.severity, d.message, d.line, d.col, d.path, d.hint,
                d.witness
         from attempts a join diagnostics d on d.attempt_id = a.attempt_id and d.rule = a.error_rule
                                               and d.message = a.error_message
         where a.run_id = ? and a.outcome in ({", ".join(f"'{o}'" for o in FAILED)})""", [run_id]).to_pylist()
-    return {"generations_done": done, "attempts": attempts, "scores": scores, "failures": failures}
+    return {"generations_done": done, "attempts": attempts, "scores": scores, "failures": failures,
+            "history": history}
 
 
 def recorded(warehouse_root: str, attempt_ids: list[str], tables: tuple[str, ...]) -> dict[str, set[str]]:

@@ -180,7 +180,8 @@ def open_run(*, problem: str, run_id: str, warehouse_root: str, cache_dir: str,
 @contextlib.contextmanager
 def workers(run: Run) -> Iterator[Run]:
     """The run's CPU workers (one per core) and GPU runners (one per GPU), shut down on the way out."""
-    with worker_pools(len(run.gpus)) as (cpu, gpu):
+    refs = str(Path(run.cache_dir).parent / "refs")      # the Cake home's: references outlive the run
+    with worker_pools(len(run.gpus), refs_dir=refs) as (cpu, gpu):
         run.cpu, run.gpu = cpu, gpu
         try:
             yield run

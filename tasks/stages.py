@@ -19,7 +19,7 @@ from cake_core.outcome import Diagnostic, Outcome, Severity, StageResult
 from cake_core.pipeline.attempt import Attempt, attempt_id_for
 from cake_core.pipeline.execute import GpuJob
 from cake_core.pipeline.generate import generate_stage
-from cake_core.pipeline.rows import CHILD_TABLES, stage_time_row
+from cake_core.pipeline.rows import CHILD_TABLES, refusal_rows, stage_time_row
 from cake_core.pipeline.stages import cost_filter_stage, keep_count
 from cake_core.pipeline.state import select_stage
 from cake_core.pipeline.verdicts import ShapeVerdict, fault, judge
@@ -86,7 +86,10 @@ def on_cpu(run: "Run", stage: str, attempts: list[Attempt], args: Callable[[Atte
 @task(name="generate", **_TASK)
 def generate(run: "Run", _: list[Attempt]) -> list[Attempt]:
     """Ask the agent for this generation's candidates."""
-    ctx = run.state.context(run.plan, run.harness.version)
+    search = run.search_shapes
+    bounds = {d: max(s[d] for s in search) for d in search[0]} if search else {}
+    known = [] if run.plan.cold else get_problem(run.plan.problem).best_texts()
+    ctx = run.state.context(run.plan, run.harness.version, bounds, known)
     # only the first generation a resumed job runs can have been cut short by a crash: what it landed then
     # is not recorded again
     skip: dict[str, set[str]] = {}
@@ -95,8 +98,13 @@ def generate(run: "Run", _: list[Attempt]) -> list[Attempt]:
         skip = recorded(run.warehouse_root, ids, (*CHILD_TABLES, "attempts"))
     run.recorder.skip = skip
     run.finished = []
-    return _timed(run, "generate", 0, lambda: generate_stage(run.agent, run.plan.run_id, run.plan.problem,
-                                                              run.harness.version, ctx), 1)
+    def body() -> list[Attempt]:
+        out = generate_stage(run.agent, run.plan.run_id, run.plan.problem, run.harness.version, ctx)
+        refused = getattr(run.agent, "refusals", [])
+        if refused and not skip:
+            run.recorder.rows("tactic_refusals", refusal_rows(run.plan.run_id, ctx.generation, refused))
+        return out
+    return _timed(run, "generate", 0, body, 1)
 
 
 @task(name="verify", **_TASK)
@@ -149,7 +157,9 @@ def check(run: "Run", attempts: list[Attempt]) -> list[Attempt]:
     seed = run.input_seed()
 
     def body() -> list[Attempt]:
-        on_cpu(run, "check", attempts, lambda a: (a.program, run.plan.problem, run.check_shapes, seed), run.timeout_s)
+        on_cpu(run, "check", attempts, lambda a: (a.program, run.plan.problem,
+                                                  [s for s in run.check_shapes if a.runs_on(shape_key(s))], seed),
+               run.timeout_s)
         _stop(run, "check", attempts)
         return list(attempts)
     return _timed(run, "check", len(attempts), body, run.cpu.size, _seconds("check", attempts))
@@ -209,14 +219,14 @@ def on_gpu(run: "Run", attempts: list[Attempt], shapes: list[Shape], seed: int, 
            pairs: set[tuple[int, int]] | None = None) -> dict[int, list[ShapeVerdict]]:
     """Every (attempt, shape) job (or only ``pairs`` of indices) on the GPU runners; returns each attempt's
     verdicts in ``shapes``' order. With ``drop_failed``, the remaining shapes of a candidate that came out
-    wrong or faulted are not run.
+    wrong or faulted are not run; a shape outside a candidate's domain never is.
     """
     failed: set[int] = set()
     units = []
     for j in _cost_order(run.plan.problem, shapes):
         for i, a in enumerate(attempts):
-            if pairs is not None and (i, j) not in pairs:
-                continue
+            if pairs is not None and (i, j) not in pairs or not a.runs_on(shape_key(shapes[j])):
+                continue        # not asked for, or outside the kernel's domain (refused before any launch)
             job = GpuJob((i, j), a.lowered, a.binary.cubin, a.binary.compiled.kernel_name, run.plan.problem,
                          shapes[j], seed, run.reps)
             units.append(Unit((i, j), job, run.timeout_s, group=j))

@@ -72,9 +72,9 @@ class GpuRunner:
     initialises CUDA, so a ready actor has a live context.
     """
 
-    def __init__(self, kernel_timeout_s: float | None = None):
+    def __init__(self, kernel_timeout_s: float | None = None, refs_dir: str | None = None):
         from cake_core.pipeline.execute import DEFAULT_KERNEL_TIMEOUT_S, GpuSession
-        self.session = GpuSession(kernel_timeout_s or DEFAULT_KERNEL_TIMEOUT_S)
+        self.session = GpuSession(kernel_timeout_s or DEFAULT_KERNEL_TIMEOUT_S, refs_dir)
 
     def ident(self) -> tuple[str, int]:
         try:
@@ -331,8 +331,10 @@ def cpu_count() -> int:
 
 
 @contextlib.contextmanager
-def worker_pools(gpus: int, kernel_timeout_s: float | None = None) -> Iterator[tuple[ActorPool, ActorPool | None]]:
-    """The pools of a run: one CPU worker per core, and one GPU runner per GPU (None without GPUs).
+def worker_pools(gpus: int, kernel_timeout_s: float | None = None,
+                 refs_dir: str | None = None) -> Iterator[tuple[ActorPool, ActorPool | None]]:
+    """The pools of a run: one CPU worker per core, and one GPU runner per GPU (None without GPUs); the GPU
+    runners keep the gate's references under ``refs_dir`` (the Cake home's ``refs``).
 
     ``cake evolve`` connects Ray first (``cake_cli.services.ray_runtime``); a flow run started otherwise (a
     deployment's worker) joins ``RAY_ADDRESS`` or starts a local Ray here."""
@@ -342,7 +344,7 @@ def worker_pools(gpus: int, kernel_timeout_s: float | None = None) -> Iterator[t
     gpu = None
     try:
         if gpus:
-            gpu = ActorPool(lambda: GpuRunner.remote(kernel_timeout_s), gpus)
+            gpu = ActorPool(lambda: GpuRunner.remote(kernel_timeout_s, refs_dir), gpus)
         yield cpu, gpu
     finally:
         cpu.shutdown()

@@ -46,6 +46,7 @@ class Attempt:
     model_version: str = ""
     verdicts: list[Any] = field(default_factory=list)               # pipeline.verdicts.ShapeVerdict
     seconds: dict[str, float] = field(default_factory=dict)         # worker seconds per stage
+    outside: tuple[str, ...] = ()        # keys of the run's shapes outside the kernel's domain (never run)
 
     def __post_init__(self) -> None:
         if not self.attempt_id:
@@ -82,6 +83,7 @@ class Attempt:
         if result.stage == "verify" and product is not None:
             self.program, self.ir_hash = product, product.hash
             self.features = dict(result.metrics.get("features", {}))
+            self.outside = tuple(result.metrics.get("outside", ()))
         elif result.stage == "lower" and result.outcome is Outcome.OK:
             self.lowered = product
         elif result.stage == "compile" and result.outcome is Outcome.OK:
@@ -91,6 +93,10 @@ class Attempt:
             self.model_version = result.metrics.get("model_version", "")
         elif result.stage in ("check", "time") and product is not None:
             self.verdicts = list(product)
+
+    def runs_on(self, shape_key: str) -> bool:
+        """Whether the kernel is run on this shape (it lies inside its domain)."""
+        return shape_key not in self.outside
 
     @property
     def predicted_ms(self) -> float | None:

@@ -5,8 +5,9 @@ Workers (Ray actors in ``tasks/workers.py``) call these and nothing else of ``ca
 of how references are computed or cached, or of the timing protocol, is wired in here. Each function answers
 with :class:`~cake_core.pipeline.verdicts.ShapeVerdict` values, never raises for a candidate's own faults, and
 keeps the runtime's protocol: fresh seeded inputs, poisoned outputs, the fp64 oracle, the perturbation check,
-CUDA events after warm-up with L2 flushed. A shape too large for the fp64 oracle on a CPU is checked on a
-seeded random subset of its output rows (:func:`gate_problem`).
+CUDA events after warm-up with L2 flushed. On a GPU the inputs are drawn and the references computed on the
+device, cached under the Cake home (``runtime.references``); a very large shape is checked on a seeded random
+subset of its output rows (:func:`gate_rows`).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import hashlib
 import os
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,9 @@ from cake_core.problems import get_problem
 from cake_core.problems.base import Shape, shape_key
 
 DEFAULT_KERNEL_TIMEOUT_S = 30.0   # the runtime's own watchdog per wait on the GPU (see runtime.gpu)
-# Above these a shape's fp64 oracle takes long on a CPU: the gate checks a random subset of output rows
-# against the oracle of those rows alone (``problems.peers.row_subset_problem``), as bench/corpus_vs_peers.py.
+# Above these a shape is checked on a random subset of its output rows (the reference of those rows alone, as
+# bench/corpus_vs_peers.py does): the peers' host-side oracle would take seconds, and a kernel's gate on the
+# device does not need every row to catch a wrong index.
 FULL_ORACLE_FLOPS = 2e10
 FULL_ORACLE_BYTES = 2.5e8
 SUBSET_ROWS = {"kmeans_assign": 4096}    # rows checked on a large shape; 256 for the other problems
@@ -58,54 +60,33 @@ def check_on_interpreter(program, problem: str, shapes: list[Shape], seed: int) 
     return [from_cpu_check(c, per) for c in checks]
 
 
-def gate_problem(problem: str, shape: Shape, seed: int):
-    """The problem the GPU gate judges ``shape`` by: the problem itself, or for a shape too large for the
-    full fp64 oracle on a CPU, the problem restricted to a seeded random subset of its output rows."""
-    from cake_core.problems.peers import pick_rows, row_subset_problem
-
+def gate_rows(problem: str, shape: Shape) -> int | None:
+    """How many output rows the gate checks of ``shape`` (None: all of them)."""
     prob = get_problem(problem)
     if prob.rows is None or (prob.flops(shape) <= FULL_ORACLE_FLOPS and prob.bytes(shape) <= FULL_ORACLE_BYTES):
-        return prob
-    return row_subset_problem(prob, pick_rows(prob, shape, SUBSET_ROWS.get(problem, 256), seed))
+        return None
+    return SUBSET_ROWS.get(problem, 256)
 
 
 class GpuSession:
-    """What one GPU worker keeps between jobs: the cubins it wrote to disk (by content hash), the inputs of the
-    current seed (by problem and shape) and the GPU's name.
+    """What one GPU worker keeps between jobs: the cubins it wrote to disk (by content hash), the reference
+    cache (``refs_dir``: the Cake home's ``refs``; None: computed every time) and the GPU's name.
 
-    Every candidate of a generation is checked on the same seeded inputs, and drawing a large shape's inputs
-    takes longer than timing a kernel on it: the session draws them once per (problem, shape, seed) and hands
-    the same arrays, with the generator left exactly where drawing them leaves it, to every later job (the
-    runtime never writes into them; the perturbation check copies). A new seed drops the old inputs.
+    Every candidate of a generation is checked on the same seeded inputs, drawn on the device per (problem,
+    shape, seed); their references are computed once and cached (``runtime.references``).
 
     A fault or a hang leaves the process's CUDA context unusable: :meth:`run` then sets ``poisoned`` and
     refuses every later job, and the worker must be replaced.
     """
 
-    def __init__(self, timeout_s: float = DEFAULT_KERNEL_TIMEOUT_S):
+    def __init__(self, timeout_s: float = DEFAULT_KERNEL_TIMEOUT_S, refs_dir: str | Path | None = None):
+        from cake_core.runtime.references import ReferenceCache
+
         self.timeout_s = timeout_s
         self.poisoned: str | None = None
         self.dir = Path(tempfile.mkdtemp(prefix="cake-gpu-"))
         self._model: str | None = None
-        self._inputs: dict[tuple[str, str, int], tuple[dict, dict]] = {}
-        self.drawn = 0                      # input sets drawn (the rest came from the memo)
-
-    def _with_inputs_memo(self, prob, job: GpuJob):
-        key = (job.problem, shape_key(job.shape), job.seed)
-
-        def make_inputs(shape, rng):
-            hit = self._inputs.get(key)
-            if hit is not None:
-                x, state = hit
-                rng.bit_generator.state = state
-                return x
-            x = prob.make_inputs(shape, rng)
-            self._inputs = {k: v for k, v in self._inputs.items() if k[2] == job.seed}
-            self._inputs[key] = (x, rng.bit_generator.state)
-            self.drawn += 1
-            return x
-
-        return replace(prob, make_inputs=make_inputs)
+        self.refs = ReferenceCache(refs_dir) if refs_dir else None
 
     @property
     def gpu_model(self) -> str:
@@ -134,9 +115,9 @@ class GpuSession:
         t0 = time.monotonic()
         try:
             compiled = Compiled(self._cubin(job), job.kernel_name, None, "", 0.0, True, job.lowered.target)
-            prob = self._with_inputs_memo(gate_problem(job.problem, job.shape, job.seed), job)
-            (run,) = check_and_time(compiled, job.lowered, prob, [job.shape], seed=job.seed,
-                                    time=job.time, reps=job.reps, timeout_s=self.timeout_s)
+            (run,) = check_and_time(compiled, job.lowered, get_problem(job.problem), [job.shape], seed=job.seed,
+                                    time=job.time, reps=job.reps, timeout_s=self.timeout_s, refs=self.refs,
+                                    rows=gate_rows(job.problem, job.shape))
         except CakeError as e:     # refused before any launch (wrong GPU, compile-only target): not a fault
             return fault(key, "gpu", Outcome.RUNTIME_FAULT, str(e), time.monotonic() - t0)
         except Exception as e:  # noqa: BLE001 - a CUDA error leaves the context unusable: report and get replaced
@@ -153,17 +134,22 @@ class GpuSession:
         cannot run here (no torch, no flash-kmeans) is a ``runtime_fault`` verdict saying what is missing."""
         import numpy as np
 
-        from cake_core.problems.peers import PeerUnavailable, make_peer, time_peer
+        from cake_core.runtime.peers import PeerUnavailable, make_peer, time_peer
+
+        from cake_core.runtime.gate import pick_rows
 
         key = shape_key(shape)
-        job = GpuJob(None, None, b"", "", problem, shape, seed, reps)
-        prob = self._with_inputs_memo(gate_problem(problem, shape, seed), job)
+        prob = get_problem(problem)
+        n = gate_rows(problem, shape)
+        sel = None if n is None else pick_rows(prob, shape, n, seed)
         t0 = time.monotonic()
         try:
             inputs = prob.make_inputs(shape, np.random.default_rng(seed))
             run = make_peer(problem, peer, inputs)
             t = time_peer(run, reps=reps)
-            ok, err, msg = prob.compare(run.fetch(), prob.oracle(inputs))
+            got = run.fetch()
+            want = prob.oracle(inputs) if sel is None else prob.oracle_rows(inputs, sel)
+            ok, err, msg = prob.compare(got if sel is None else prob.take_rows(got, sel), want)
             run.release()
         except PeerUnavailable as e:
             return fault(key, "gpu", Outcome.RUNTIME_FAULT, str(e), time.monotonic() - t0)

@@ -44,7 +44,8 @@ def attempt_rows(a: Attempt, created_at: datetime | None = None) -> Rows:
                                err.message if err else None) if failed else None,
         "features": json.dumps(a.features, sort_keys=True),
         "prompt_tokens": a.candidate.prompt_tokens, "completion_tokens": a.candidate.completion_tokens,
-        "predicted_ms": a.predicted_ms, "gpu_seconds": a.gpu_seconds, "created_at": created_at or now()}]}
+        "predicted_ms": a.predicted_ms, "gpu_seconds": a.gpu_seconds, "created_at": created_at or now(),
+        "lineage": list(a.candidate.lineage), "outside": list(a.outside)}]}
     out["diagnostics"] = [{"attempt_id": aid, **d.to_dict()} for d in diags]
     comp = a.result("compile")
     out["compiles"] = [compile_row(aid, comp)] if comp is not None and "skipped" not in comp.metrics else []
@@ -53,6 +54,12 @@ def attempt_rows(a: Attempt, created_at: datetime | None = None) -> Rows:
     out["checks"] = [check_row(aid, v) for v in a.verdicts]
     out["measurements"] = measurement_rows(aid, a.run_id, a.verdicts) if a.outcome is Outcome.MEASURED else []
     return out
+
+
+def refusal_rows(run_id: str, generation: int, refusals: Iterable) -> list[dict]:
+    """The ``tactic_refusals`` rows of a generation: each tactic the agent drew that refused a parent, and why."""
+    return [{"run_id": run_id, "generation": generation, "tactic": r.tactic, "parent_hash": r.parent,
+             "reason": r.reason, "recorded_at": now()} for r in refusals]
 
 
 def merge_rows(attempts: Iterable[Attempt]) -> Rows:

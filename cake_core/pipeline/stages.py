@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from cake_core.harness.version import HarnessSpec
+from cake_core.ir.domain import domain_violations
 from cake_core.ir.expr import symbols
 from cake_core.ir.features import features
 from cake_core.ir.program import Program
@@ -68,17 +69,29 @@ def stages_for(timed: bool) -> tuple[Stage, ...]:
 
 # ---------------------------------------------------------------- verify
 
+DOMAIN_BOUNDS = ("domain.extent", "domain.tma_stride")   # the bounds that make a shape outside a kernel's domain
+
 def verify_stage(text: str, harness: HarnessSpec, problem: Problem, shapes: list[Shape] = ()) -> StageResult:
-    """Parse and verify ``text`` for ``problem`` (shape rules see ``shapes``).
+    """Parse and verify ``text`` for ``problem`` (shape rules see the ``shapes`` inside its domain).
 
     ``value``: the parsed program whenever it parsed (a failed one still has a hash and features, in
-    ``metrics['features']``).
+    ``metrics['features']``); ``metrics['outside']``: the keys of the shapes outside its domain.
     """
     r = parse(text, "candidate.cake")
     diags = list(r.diagnostics)
     metrics = {}
     if r.program is not None:
-        diags += verify(r.program, learned=harness.learned_rules, shapes=shapes)
+        # the kernel's domain: shapes outside it are refused before any launch, neither wrong nor measured;
+        # the shape rules judge the others, and a kernel that handles none of the run's shapes fails here.
+        # What a kernel is written for (TMA's strides, a bounded extent) is its domain; an unguarded tile on a
+        # ragged shape is a defect the gate reports where it faults (DOMAIN_BOUNDS)
+        outside = {shape_key(s): v for s in shapes
+                   if (v := [d for d in domain_violations(r.program, s) if d.rule in DOMAIN_BOUNDS])}
+        inside = [s for s in shapes if shape_key(s) not in outside]
+        metrics["outside"] = sorted(outside)
+        if shapes and not inside:
+            diags += next(iter(outside.values()))
+        diags += verify(r.program, learned=harness.learned_rules, shapes=inside)
         dims = {d for p in r.program.params for d in _syms(p)} - set(r.program.const_env)
         mismatch = problem.param_mismatch([p.name for p in r.program.params])
         if mismatch:

@@ -10,7 +10,10 @@ nothing here recomputes a score.
 
 Rows, as the tasks query them (one dict per row):
   attempts  : generation, slot, ir_hash, tactic, outcome, gpu_seconds, prompt_tokens, completion_tokens
-  scores    : generation, slot, ir_hash, score_ms, ir_text      (``kernel_scores`` of the run, with the text)
+  scores    : generation, slot, ir_hash, score_ms, ir_text, lineage, parents
+              (``kernel_scores`` of the run, with the text, the lineage and the parents' hashes)
+  history   : ir_hash, score_ms, lineage, parents, run_id  (the scored kernels of the problem's runs that had
+              finished when this one started: the tactics' track records carry across runs)
   failures  : generation, slot, ir_text, rule, severity, message, line, col, path, hint, witness
               (the first error diagnostic of each failed attempt)
   generations_done : the generations whose select stage finished (their stage_times 'select' rows)
@@ -20,13 +23,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from cake_core.agents.base import Context
+from cake_core.agents.base import Context, Scored
+from cake_core.agents.search import tactic_record
 from cake_core.outcome import Diagnostic, Outcome, Severity
 from cake_core.pipeline.plan import RunPlan
 
 PARENTS = 4          # best kernels the agent sees as parents
 FEEDBACK = 12        # failure diagnostics the agent sees (the most recent)
-WON = (Outcome.MEASURED.value, Outcome.CHECKED.value)   # a tactic's attempt that came out correct
 
 
 @dataclass
@@ -45,22 +48,30 @@ class RunState:
     feedback: list[str] = field(default_factory=list)
     stop: str | None = None                # why the run stops now (expectations.STOP_REASONS), None: go on
     population: int = 0                    # candidates the next generation may propose
+    scored: list[Scored] = field(default_factory=list)   # every scored kernel of the run, in score order
 
-    def context(self, plan: RunPlan, harness_version: int) -> Context:
-        """What the agent sees for the next generation."""
+    def context(self, plan: RunPlan, harness_version: int, bounds: dict[str, int] | None = None,
+                known: list[str] | None = None) -> Context:
+        """What the agent sees for the next generation; ``bounds``: the largest value of each dimension over
+        the search shapes (never the held-out ones); ``known``: the hand-written programs a warm run offers
+        (ignored by a cold one)."""
         return Context(harness_version, self.generation, self.population, list(self.best),
-                       dict(self.tactic_stats), set(self.seen), list(self.feedback), cold=plan.cold,
+                       dict(self.tactic_stats), set(self.seen), list(self.feedback), list(self.scored),
+                       dict(bounds or {}), cold=plan.cold, known=[] if plan.cold else list(known or []),
+                       seed=plan.seed,
                        candidates_left=None if plan.budget_candidates is None else plan.budget_candidates - self.attempts,
                        gpu_minutes_left=None if plan.budget_gpu_minutes is None
                        else plan.budget_gpu_minutes - self.gpu_seconds / 60)
 
 
 def select_stage(plan: RunPlan, generations_done: set[int], attempts: list[dict[str, Any]],
-                 scores: list[dict[str, Any]], failures: list[dict[str, Any]]) -> RunState:
+                 scores: list[dict[str, Any]], failures: list[dict[str, Any]],
+                 history: list[dict[str, Any]] = ()) -> RunState:
     """The run's state before its next generation, from the rows of the generations it finished.
 
     The next generation is the first one not finished; rows of later generations (a generation cut short
-    by a crash) are left out, so it is redone from the same state.
+    by a crash) are left out, so it is redone from the same state. A tactic's record counts the children it
+    made that scored better than their parent, in this run and in the ``history`` of earlier runs.
     """
     n = 0
     while n in generations_done:
@@ -69,22 +80,27 @@ def select_stage(plan: RunPlan, generations_done: set[int], attempts: list[dict[
     scores = sorted((s for s in scores if s["generation"] is not None and s["generation"] < n),
                     key=lambda s: (s["score_ms"], s["generation"], s["slot"] if s["slot"] is not None else -1,
                                    s["ir_hash"] or ""))
-    stats: dict[str, tuple[int, int]] = {}
-    for a in attempts:
-        for t in (a["tactic"] or "").split("+"):
-            if t:
-                tried, won = stats.get(t, (0, 0))
-                stats[t] = (tried + 1, won + int(a["outcome"] in WON))
+    scored = _scored(scores)
+    stats = tactic_record(_scored(sorted(history, key=lambda h: (h["run_id"], h["ir_hash"]))) + scored)
     st = RunState(generation=n, attempts=len(attempts), gpu_seconds=sum(a["gpu_seconds"] or 0.0 for a in attempts),
                   tokens=sum((a["prompt_tokens"] or 0) + (a["completion_tokens"] or 0) for a in attempts),
                   best=[(s["ir_text"], s["score_ms"]) for s in scores[:PARENTS]], tactic_stats=stats,
-                  seen={a["ir_hash"] for a in attempts})
+                  seen={a["ir_hash"] for a in attempts}, scored=scored)
     if scores:
         st.best_score = scores[0]["score_ms"]
         st.best_generation = min(s["generation"] for s in scores if s["score_ms"] == st.best_score)
     st.feedback = _feedback([f for f in failures if f["generation"] < n])
     st.stop, st.population = _stop(plan, st)
     return st
+
+
+def _scored(rows: list[dict[str, Any]]) -> list[Scored]:
+    """Scored kernels with their lineage and their parent's score (the first parent scored in the same rows)."""
+    by_hash: dict[str, float] = {}
+    for r in rows:
+        by_hash.setdefault(r["ir_hash"], r["score_ms"])
+    return [Scored(r["ir_text"] if "ir_text" in r else "", r["score_ms"], tuple(r.get("lineage") or ()),
+                   next((by_hash[h] for h in (r.get("parents") or ()) if h in by_hash), None)) for r in rows]
 
 
 def _feedback(failures: list[dict[str, Any]]) -> list[str]:

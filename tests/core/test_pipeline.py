@@ -177,26 +177,18 @@ def test_debug_stops_an_attempt_whose_program_a_stage_changed(tmp_path):
     assert dbg.after("compile", [b]) == 1 and "no longer verifies: races.smem" in b.diagnostics[-1].message
 
 
-def test_a_gpu_session_draws_a_seeds_inputs_once_and_leaves_the_generator_as_a_fresh_draw_would():
-    from cake_core.pipeline.execute import GpuJob, GpuSession
-    session = GpuSession()
-    shape = {"M": 64, "N": 48, "K": 32}
-    job = lambda seed: GpuJob(0, None, b"", "k", "gemm_bf16", shape, seed, 20)  # noqa: E731
-    fresh = np.random.default_rng(5)
-    want = GEMM.make_inputs(shape, fresh)
-    first, again = (session._with_inputs_memo(GEMM, job(5)) for _ in range(2))
-    r1, r2 = np.random.default_rng(5), np.random.default_rng(5)
-    x1 = first.make_inputs(shape, r1)
-    x2 = again.make_inputs(shape, r2)
-    assert x2 is x1 and all(np.array_equal(x1[k], want[k]) for k in want) and session.drawn == 1
-    # the perturbation check draws from the generator next: it must see what a fresh draw leaves
-    assert r2.integers(1 << 30) == r1.integers(1 << 30) == fresh.integers(1 << 30)
-    other = session._with_inputs_memo(GEMM, job(6)).make_inputs(shape, np.random.default_rng(6))
-    assert other is not x1 and session.drawn == 2 and len(session._inputs) == 1     # a new seed drops the old
+def test_a_gpu_session_keeps_references_under_the_home_and_checks_very_large_shapes_on_rows(tmp_path):
+    from cake_core.pipeline.execute import SUBSET_ROWS, GpuSession, gate_rows
+    session = GpuSession(refs_dir=tmp_path / "refs")
+    assert session.refs is not None and session.refs.root == tmp_path / "refs"
+    assert GpuSession().refs is None                        # no home: references are computed every time
+    assert gate_rows("gemm_bf16", {"M": 64, "N": 48, "K": 32}) is None                       # every row
+    assert gate_rows("gemm_bf16", {"M": 8192, "N": 8192, "K": 8192}) == 256
+    assert gate_rows("kmeans_assign", {"B": 32, "N": 65536, "K": 1024, "D": 128}) == SUBSET_ROWS["kmeans_assign"]
 
 
 def test_a_peer_that_cannot_run_here_is_a_fault_that_says_what_is_missing():
-    pytest.importorskip("cake_core.problems.peers")
+    pytest.importorskip("cake_core.runtime.peers")
     try:
         import torch  # noqa: F401
         if torch.cuda.is_available():

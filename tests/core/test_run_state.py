@@ -19,8 +19,9 @@ def _att(g, slot, outcome="checked", tactic="retile", h=None, gpu=0.0):
             "gpu_seconds": gpu, "prompt_tokens": 0, "completion_tokens": 0}
 
 
-def _score(g, slot, ms):
-    return {"generation": g, "slot": slot, "ir_hash": f"h{g}{slot}", "score_ms": ms, "ir_text": f"text{g}{slot}"}
+def _score(g, slot, ms, lineage=(), parents=()):
+    return {"generation": g, "slot": slot, "ir_hash": f"h{g}{slot}", "score_ms": ms, "ir_text": f"text{g}{slot}",
+            "lineage": list(lineage), "parents": list(parents)}
 
 
 PLAN = RunPlan("r", "gemm_bf16", "gemm_small", generations=6, population=4)
@@ -28,12 +29,19 @@ PLAN = RunPlan("r", "gemm_bf16", "gemm_small", generations=6, population=4)
 
 def test_state_comes_from_finished_generations_only():
     attempts = [_att(0, 0), _att(0, 1, "wrong"), _att(1, 0, tactic="retile+unroll"), _att(2, 0)]
-    scores = [_score(0, 0, 2.0), _score(1, 0, 1.0), _score(2, 0, 0.5)]
-    st = select_stage(PLAN, {0, 1}, attempts, scores, [])
+    scores = [_score(0, 0, 2.0), _score(1, 0, 1.0, ("retile+unroll",), ("h00",)),
+              _score(2, 0, 0.5, ("retile+unroll", "tma"), ("h10",))]
+    # an earlier run's slower child: its tactic was tried and did not win
+    history = [{"run_id": "old", "ir_hash": "p", "score_ms": 1.0, "lineage": [], "parents": []},
+               {"run_id": "old", "ir_hash": "c", "score_ms": 3.0, "lineage": ["retile"], "parents": ["p"]}]
+    st = select_stage(PLAN, {0, 1}, attempts, scores, [], history)
     # generation 2 was cut short (no select row): it is redone, its rows do not count
     assert st.generation == 2 and st.attempts == 3 and st.seen == {"h00", "h01", "h10"}
     assert st.best == [("text10", 1.0), ("text00", 2.0)] and st.best_generation == 1
-    assert st.tactic_stats == {"retile": (3, 2), "unroll": (1, 1)}
+    # a tactic wins when its child scores better than the parent: retile won here and lost in the old run
+    assert st.tactic_stats == {"retile": (2, 1), "unroll": (1, 1)}
+    assert [(s.score, s.lineage, s.parent_score) for s in st.scored] == [(1.0, ("retile+unroll",), 2.0),
+                                                                         (2.0, (), None)]
     assert st.stop is None and st.population == 4
 
 

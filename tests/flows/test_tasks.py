@@ -201,7 +201,7 @@ def test_the_time_stage_spreads_shapes_over_runners_and_drops_a_wrong_candidate_
 
     shapes = [{"M": 256, "N": 64, "K": 64}, {"M": 32, "N": 64, "K": 64}, {"M": 128, "N": 64, "K": 64}]
     binary = Binary(SimpleNamespace(kernel_name="k"), b"cubin")
-    attempts = [SimpleNamespace(lowered=how, binary=binary) for how in ("ok", "wrong", "ok")]
+    attempts = [SimpleNamespace(lowered=how, binary=binary, runs_on=lambda key: True) for how in ("ok", "wrong", "ok")]
     one = ActorPool(lambda: FakeGpu.remote(), 1)
     try:
         got = on_gpu(_gpu_run(one), attempts, shapes, seed=1, drop_failed=True)

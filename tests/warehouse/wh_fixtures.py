@@ -110,4 +110,6 @@ def dataset() -> dict[str, list[dict]]:
     return dict(runs=runs, attempts=attempts, diagnostics=diagnostics, compiles=compiles,
                 predictions=predictions, checks=checks, measurements=measurements, shapes=shapes,
                 proposals=proposals, decisions=decisions, harness_versions=harness_versions, dispatch=dispatch,
-                stage_times=stage_times, baselines=baselines, model_versions=model_versions)
+                stage_times=stage_times, baselines=baselines, model_versions=model_versions,
+                tactic_refusals=[dict(run_id="run-a", generation=1, tactic="tma", parent_hash="h000001",
+                                      reason="no cp_async_bar copies to turn into TMA", recorded_at=T0)])
