@@ -1,6 +1,6 @@
 """The pipeline's stages as plain functions, each returning a StageResult.
 
-    verify  → parse + built-in rules + the harness's learned rules
+    verify  → composite calls expanded + parse + built-in rules + the harness's learned rules
     compile → lower to CUDA C++ + nvcc/ptxas (skipped honestly when nvcc is absent)
     predict → the cost model's estimate per shape (ranks, filters)
     check   → correctness on the CPU interpreter (no GPU)   |  time → on a GPU (runtime.gpu)
@@ -24,8 +24,11 @@ from cake_core.runtime.cpu import check_on_cpu
 
 
 def verify_stage(text: str, harness: HarnessSpec, problem: Problem, shapes: list[Shape] = ()) -> StageResult:
-    r = parse(text, "candidate.cake")
-    diags = list(r.diagnostics)
+    """Parse (the harness's composite calls expanded first, line for line) and verify; the expanded text,
+    when a composite was called, is ``artifacts["expanded_ir"]``: what the later stages read."""
+    exp = harness.expand(text)
+    r = parse(exp.text, "candidate.cake")
+    diags = list(exp.diagnostics) + list(r.diagnostics)
     if r.program is not None:
         diags += verify(r.program, learned=harness.learned_rules, shapes=shapes)
         dims = {d for p in r.program.params for d in _syms(p)} - set(r.program.const_env)
@@ -41,7 +44,8 @@ def verify_stage(text: str, harness: HarnessSpec, problem: Problem, shapes: list
                                     f"its dimensions: {', '.join(problem.dims)}"))
     failed = r.program is None or any(d.is_error for d in diags)
     # value: the parsed program whenever it parsed (a failed one still has a hash and features)
-    return StageResult("verify", Outcome.VERIFY_FAILED if failed else Outcome.OK, diags, value=r.program)
+    return StageResult("verify", Outcome.VERIFY_FAILED if failed else Outcome.OK, diags,
+                       artifacts={"expanded_ir": exp.text} if exp.used else {}, value=r.program)
 
 
 def _syms(p) -> set[str]:

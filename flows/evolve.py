@@ -22,7 +22,8 @@ from cake_core.agents.base import Context
 from cake_core.agents.tactic_agent import TacticAgent
 from cake_core.agents.tactics import TACTICS
 from cake_core.errors import CakeError
-from cake_core.model.cost import CostModel, gpu_for_name
+from cake_core.harness.version import HarnessSpec
+from cake_core.model.cost import gpu_for_name
 from cake_core.outcome import Outcome
 from cake_core.pipeline import nvcc_available
 from cake_core.problems import get_problem, load_shape_set, shape_key
@@ -72,11 +73,8 @@ def evolve_flow(problem: str, shape_set: str, generations: int = 3, population: 
     log.info(f"run {run_id}: {problem} on {len(shapes)} shapes of {shape_set}, harness v{harness.version}, "
              f"{'GPU ' + gpus[0] if gpus else 'CPU interpreter (not timed)'}")
 
-    proposer = _make_agent(agent, seed, harness.disabled_tactics, llm)
-    model = CostModel(gpu_for_name(gpus[0] if gpus else None))
-    if harness.cost_eff:   # a calibrated model is another model: its predictions say so
-        model.eff.update(dict(harness.cost_eff))
-        model.version = f"{model.version}+harness-v{harness.version}"
+    proposer = _make_agent(agent, seed, harness, llm)
+    model = harness.cost_model(gpu_for_name(gpus[0] if gpus else None))
     ctx = Context(harness.version, 0, population)
     if gpus:
         pool = ActorPool(lambda: GpuRunner.remote(), len(gpus))
@@ -153,9 +151,9 @@ def _learn(ctx: Context, attempts: list[Attempt], done: list[Attempt], totals: d
     ctx.best = [(t, s) for s, t in best[:4]]
 
 
-def _make_agent(kind: str, seed: int, disabled: tuple[str, ...], llm: dict[str, Any] | None):
-    if kind == "tactic":
-        return TacticAgent(seed, {k: v for k, v in TACTICS.items() if k not in disabled})
+def _make_agent(kind: str, seed: int, harness: HarnessSpec, llm: dict[str, Any] | None):
+    if kind == "tactic":   # the harness's macros join the tactics; its composites are read and written
+        return TacticAgent(seed, harness.tactics(TACTICS), read=harness.read, write=harness.write)
     if kind == "llm":
         from cake_core.agents.llm_agent import LLMAgent, LLMConfig
         from cake_core.ir.reference import render_reference
@@ -163,7 +161,8 @@ def _make_agent(kind: str, seed: int, disabled: tuple[str, ...], llm: dict[str, 
         if not cfg.get("model"):
             raise CakeError("the llm agent needs a model: set CAKE_LLM_MODEL")
         key = os.environ.get(cfg.pop("api_key_env", "OPENAI_API_KEY"), "")
-        return LLMAgent(LLMConfig(api_key=key, **cfg), render_reference())
+        reference = render_reference() + "".join("\n" + c.reference() for c in harness.composites)
+        return LLMAgent(LLMConfig(api_key=key, **cfg), reference)
     raise CakeError(f"unknown agent `{kind}`; use tactic or llm")
 
 

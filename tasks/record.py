@@ -38,6 +38,7 @@ class Attempt:
     checks: list[dict[str, Any]] = field(default_factory=list)
     measurements: list[dict[str, Any]] = field(default_factory=list)
     gpu_seconds: float = 0.0
+    expanded_text: str | None = None   # the text with the harness's composite calls expanded (line for line)
     program: Any = None       # the parsed Program once verified (not stored: ir_text is)
     lowered: Any = None       # LoweredKernel after compile
     compiled: Any = None      # Compiled (cubin) after compile; None when nvcc is absent

@@ -81,6 +81,7 @@ def verify(attempts: list[Attempt], harness: HarnessSpec, shapes: list[dict]) ->
         r = verify_stage(a.candidate.text, harness, problem, shapes)
         if r.value is not None:
             a.program, a.ir_hash, a.features = r.value, r.value.hash, features(r.value)
+        a.expanded_text = r.artifacts.get("expanded_ir")
         if r.outcome is Outcome.VERIFY_FAILED:
             a.stop(r)
             stopped.append(a)
@@ -141,7 +142,8 @@ def cost_filter(attempts: list[Attempt], shapes: list[dict], keep: int, explore:
 def check_cpu(pool: ActorPool, attempts: list[Attempt], problem: str, shapes: list[dict], seed: int,
               timeout_s: float) -> list[Attempt]:
     """Correctness on the CPU interpreter in Ray actors; nothing is timed."""
-    results = pool.map("check", [(a.candidate.text, problem, shapes, seed) for a in attempts], timeout_s)
+    results = pool.map("check", [(a.expanded_text or a.candidate.text, problem, shapes, seed) for a in attempts],
+                       timeout_s)
     for a, r in zip(attempts, results):
         if isinstance(r, Fault):
             a.stop(_fault_result("check", r))

@@ -3,13 +3,14 @@
 A rule is a small function ``(Ctx) -> Iterable[Diagnostic]`` registered with
 ``@rule(id, family, summary)``. ``verify`` builds the symbol table once
 (``Ctx``), runs every rule, and returns all diagnostics sorted by line.
-Learned rules (``LearnedRule``: a predicate over ``features(program)``) come
-from approved harness versions and run beside the built-in ones.
+Learned rules (anything with ``diagnose(program, shapes) -> [Diagnostic]``,
+``cake_core.harness.learned.LearnedRule``) come from approved harness versions
+and run beside the built-in ones.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
 
 from cake_core.ir.expr import CTA_COORDS, Expr, Sym, fmt_expr, symbols, try_evaluate
 from cake_core.ir.ops import REGISTRY, At, Full, Node, Op, Tile, View
@@ -113,21 +114,16 @@ def rule(rule_id: str, family: str, summary: str, severity: Severity = Severity.
     return deco
 
 
-@dataclass(frozen=True)
-class LearnedRule:
-    """A rule from an approved harness proposal: every ``(feature, value)`` pair must match."""
+class LearnedCheck(Protocol):
+    """A rule from an approved harness version (``cake_core.harness.learned.LearnedRule``)."""
 
     id: str
-    predicate: tuple[tuple[str, Any], ...]
-    message: str
-    hint: str = ""
 
-    def matches(self, feats: dict[str, Any]) -> bool:
-        return all(feats.get(k) == v for k, v in self.predicate)
+    def diagnose(self, program: Program, shapes: Sequence[dict[str, int]]) -> list[Diagnostic]: ...
 
 
 def verify(program: Program, target: str | None = None,
-           learned: Sequence[LearnedRule] = (), shapes: Sequence[dict[str, int]] = ()) -> list[Diagnostic]:
+           learned: Sequence[LearnedCheck] = (), shapes: Sequence[dict[str, int]] = ()) -> list[Diagnostic]:
     """All diagnostics of ``program`` (built-in rules, then learned rules), sorted by line.
 
     ``shapes``, when given (the run's shape set), lets shape rules name a witness shape.
@@ -142,13 +138,8 @@ def verify(program: Program, target: str | None = None,
     out: list[Diagnostic] = []
     for r in RULES.values():
         out.extend(r.check(ctx))
-    if learned:
-        from cake_core.ir.features import features
-        feats = features(program)
-        for lr in learned:
-            if lr.matches(feats):
-                out.append(Diagnostic(lr.id, Severity.ERROR, lr.message, program.line, 1, "kernel", lr.hint,
-                                      tuple(f"{k} = {v!r}" for k, v in lr.predicate)))
+    for lr in learned:
+        out.extend(lr.diagnose(program, ctx.shapes))
     return sorted(out, key=lambda d: (d.line, d.col, d.rule))
 
 
