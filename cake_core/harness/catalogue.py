@@ -6,7 +6,8 @@ over them (:mod:`cake_core.harness.predicate`). The families, by name prefix:
 - ``op.`` op patterns, derived from the op registry (no op is named here): how often each op occurs
   (``op.wgmma``), with each value of its categorical attributes (``op.load.guard=False``,
   ``op.mma.atom=mma_sync``), the largest value of its integer attributes (``op.smem.stages.max``), in each
-  role (``op.tma_load@producer``) and the deepest loop nesting it sits in (``op.mma.depth``).
+  role (``op.tma_load@producer``), inside loops over each problem dimension (``op.mma.loop.K``: a loop
+  whose extent names ``K``) and the deepest loop nesting it sits in (``op.mma.depth``).
 - ``order.`` op order: how often op B directly follows op A in one block (``order.sync>mma``).
 - ``sched.`` the schedule: threads, CTAs per SM, grid rank, loops, their depth and unrolling, ring stages,
   roles with their warps and register budgets, persistence (a tile loop stepping by the CTA count), the
@@ -109,6 +110,8 @@ def describe(name: str) -> str:
             return f"`{parts[0]}` ops"
         if parts[-1] == "depth":
             return f"the loop depth of the deepest `{parts[0]}`"
+        if len(parts) == 3 and parts[1] == "loop":
+            return f"`{parts[0]}` ops inside a loop over `{parts[2]}`"
         if parts[-1] == "max":
             return f"the largest `{parts[1]}` of a `{parts[0]}`"
         return f"`{parts[0]}` ops with {'.'.join(parts[1:])}"
@@ -159,7 +162,9 @@ def _raise_max(cat: Catalogue, name: str, value: int | float, node: Node) -> Non
 
 
 def _ops(program: Program, cat: Catalogue) -> None:
-    def block(nodes: tuple[Node, ...], depth: int, role: str | None) -> None:
+    dims = {s for p in program.params for d in p.type.shape for s in symbols(d)} - set(program.const_env)
+
+    def block(nodes: tuple[Node, ...], depth: int, role: str | None, over: frozenset[str]) -> None:
         prev: Node | None = None
         for n in nodes:
             if n.op is Op.LET:           # a binding names an expression: it is not a step of the schedule
@@ -170,6 +175,8 @@ def _ops(program: Program, cat: Catalogue) -> None:
             _raise_max(cat, f"op.{name}.depth", depth, n)
             if role is not None:
                 _count(cat, f"op.{name}@{role}", n)
+            for dim in sorted(over):
+                _count(cat, f"op.{name}.loop.{dim}", n)
             for attr, spec in d.attrs.items():
                 v = n.attr(attr)
                 if spec.kind in (bool, str) or spec.choices:
@@ -181,8 +188,9 @@ def _ops(program: Program, cat: Catalogue) -> None:
             prev = n
             if n.body:
                 inner_role = n.args[0] if n.op is Op.ROLE else role
-                block(n.body, depth + (n.op is Op.FOR), inner_role)
-    block(program.body, 0, None)
+                inner = over | (symbols(loop_range(n)[1]) & dims if n.op is Op.FOR else set())
+                block(n.body, depth + (n.op is Op.FOR), inner_role, frozenset(inner))
+    block(program.body, 0, None, frozenset())
 
 
 # ------------------------------------------------------------------ schedule and resources
@@ -274,10 +282,15 @@ def _shape_relations(program: Program, shapes: Sequence[dict[str, int]], cat: Ca
     for t in tiled:
         sizes.setdefault(t.dim, []).append(t.size)
     v = cat.values
+    first = {}
+    for t in tiled:
+        first.setdefault(t.dim, t.node)
     for dim, tiles in sizes.items():
         vals = [int(s[dim]) for s in shapes if dim in s]
         if not vals:
             continue
+        for what in _SHAPE:         # a shape relation points at the first view that tiles the dimension
+            cat.sites[f"shape.{dim}.{what}"] = first[dim]
         v[f"shape.{dim}.min"] = min(vals)
         v[f"shape.{dim}.max"] = max(vals)
         pw = [_pow2(x) for x in vals]

@@ -73,7 +73,7 @@ def kernel_problem(filename: str) -> str | None:
 
 def corpus(best: Sequence[AttemptRecord] = (), per_problem: int = BEST_PER_PROBLEM) -> list[Kernel]:
     """The gate's corpus: every kernel file under seeds/ and the ``per_problem`` best passing attempts of
-    each problem (lowest score first, one per IR hash)."""
+    each problem (lowest score first, one per IR hash, none that is a kernel file's text)."""
     out = []
     seeds = {p.seed_file for p in PROBLEMS.values()}
     for path in sorted(SEEDS_DIR.glob("*.cake")):
@@ -81,10 +81,11 @@ def corpus(best: Sequence[AttemptRecord] = (), per_problem: int = BEST_PER_PROBL
         if prob is not None:
             out.append(Kernel(f"seeds/{path.name}", "seed" if path.name in seeds else "hand-written", prob,
                               path.read_text()))
+    files = {k.text for k in out}
     by_problem: dict[str, list[AttemptRecord]] = {}
     for a in sorted((a for a in best if a.passed and a.score is not None), key=lambda a: a.score):
         picked = by_problem.setdefault(a.problem, [])
-        if len(picked) < per_problem and a.ir_hash not in {b.ir_hash for b in picked}:
+        if len(picked) < per_problem and a.ir_hash not in {b.ir_hash for b in picked} and a.ir_text not in files:
             picked.append(a)
     for rows in by_problem.values():
         out += [Kernel(f"attempt:{a.attempt_id}", "best-attempt", a.problem, a.ir_text) for a in rows]
@@ -313,11 +314,37 @@ def run_gate(proposal: Proposal, current: HarnessSpec, kernels: Sequence[Kernel]
              *, failures: Sequence[AttemptRecord] = (), passing: Sequence[AttemptRecord] = (),
              cluster: Sequence[str] = (), samples: Sequence[cal.Sample] = (), tactics: dict | None = None,
              seed: int = 0, gpu: GpuCheck | None = None) -> dict[str, Any]:
-    """Replay the corpus under ``current`` with ``proposal`` applied; the report as plain data.
+    """Replay the corpus under ``current`` with ``proposal`` applied.
 
-    ``failures`` / ``passing``: the warehouse's failing and passing attempts (with their run shapes);
-    ``cluster``: the attempt ids of the proposal's cluster; ``samples``: measured samples (calibration);
-    ``tactics``: the tactic table a macro chains (tactic proposals; the agent's built-in table by default).
+    Parameters
+    ----------
+    proposal : Proposal
+        The change; its payload must apply to ``current`` (else HarnessDataError).
+    current : HarnessSpec
+        The harness the corpus passes today.
+    kernels : sequence of Kernel
+        The corpus (:func:`corpus`).
+    cache : GateCache, optional
+        Harness-independent results to reuse.
+    failures, passing : sequence of AttemptRecord
+        The warehouse's failing and passing attempts with their runs' shapes (rule proposals).
+    cluster : sequence of str
+        The attempt ids of the proposal's cluster.
+    samples : sequence of Sample
+        Measured samples (calibration proposals).
+    tactics : dict, optional
+        The tactic table a macro chains (tactic proposals; the agent's built-in table by default).
+    seed : int
+        Seeds the interpreter's inputs.
+    gpu : GpuCheck, optional
+        A GPU correctness check run after the interpreter.
+
+    Returns
+    -------
+    dict
+        Plain JSON-able data: ``passed``, ``refusals``, ``flips`` (kernel, shape, why), ``corpus`` (counts,
+        replays, kernels outside every gate shape or failing today), ``caught`` (rules) or ``gained``
+        (the other kinds), ``seconds`` and the cache's hits.
     """
     t0 = _time.monotonic()
     cache = cache if cache is not None else GateCache()

@@ -10,6 +10,7 @@ proposed again.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -41,12 +42,22 @@ class Reviewed:
 
 
 def read_programs(attempts: Sequence[AttemptRecord], harness: HarnessSpec) -> None:
-    """Parse each attempt's text (composites of ``harness`` expanded) into ``program``."""
+    """Parse each attempt's text (composites of ``harness`` expanded) into ``program``; attempts of one
+    program under the same shapes share one parse and one catalogue."""
+    parsed: dict[str, Any] = {}
+    cats: dict[tuple[str, str], Any] = {}
     for a in attempts:
         if a.program is None:
-            r = parse(harness.expand(a.ir_text).text)
-            if r.program is not None and not any(d.is_error for d in r.diagnostics):
-                a.program = r.program
+            if a.ir_text not in parsed:
+                r = parse(harness.expand(a.ir_text).text)
+                parsed[a.ir_text] = r.program if not any(d.is_error for d in r.diagnostics) else None
+            a.program = parsed[a.ir_text]
+        if a.program is not None:
+            key = (a.program.hash, json.dumps(a.shapes, sort_keys=True))
+            if key in cats:
+                a.__dict__["catalogue"] = cats[key]      # AttemptRecord.catalogue is a cached property
+            else:
+                cats[key] = a.catalogue
 
 
 def winners(attempts: Sequence[AttemptRecord], per_run: int = WINNERS_PER_RUN) -> list[AttemptRecord]:
@@ -73,7 +84,29 @@ def samples(measured: Sequence[MeasuredRecord], harness: HarnessSpec) -> list[ca
 def review(data: ReviewInput, current: HarnessSpec, *, min_support: int = 3, cache: GateCache | None = None,
            gpu: GpuCheck | None = None, seed: int = 0, kinds: Sequence[str] = KINDS
            ) -> tuple[list[Reviewed], list[dict[str, Any]]]:
-    """Mine, deduplicate and gate; returns (proposals with their gate reports, what was not proposed)."""
+    """Mine, deduplicate and gate.
+
+    Parameters
+    ----------
+    data : ReviewInput
+        The warehouse's attempts (with their runs' shapes), clusters, measurements and earlier keys.
+    current : HarnessSpec
+        The harness the proposals would change.
+    min_support : int
+        Failing attempts a cluster needs before the rule miner reads it.
+    cache : GateCache, optional
+        Built-in verdicts and interpreter checks shared with earlier gates (pure results).
+    gpu : GpuCheck, optional
+        A GPU correctness check the gate runs too (see :func:`cake_core.harness.gate.gpu_check`).
+    kinds : sequence of str
+        The miners to run.
+
+    Returns
+    -------
+    (list of Reviewed, list of dict)
+        The proposals, each with its gate report (also in its evidence under ``gate``), and what was
+        not proposed, each ``{"signature", "why", ...}``.
+    """
     cache = cache if cache is not None else GateCache()
     read_programs(data.attempts, current)
     passing = [a for a in data.attempts if a.passed and a.program is not None]

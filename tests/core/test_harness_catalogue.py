@@ -25,6 +25,7 @@ def test_op_patterns_schedule_and_resources_come_from_the_program():
     v = c.values
     assert v["op.load"] == 2 and v["op.load.guard=True"] == 2 and v["op.mma.atom=fma"] == 1
     assert v["op.load.depth"] == 1 and v["op.store.depth"] == 0            # in the k loop / after it
+    assert v["op.mma.loop.K"] == 1 and c.get("op.store.loop.K") == 0        # the loop over K holds the mma
     assert v["order.sync>mma"] == 1 and v["order.mma>sync"] == 1 and c.get("order.mma>load") == 0
     assert v["sched.threads"] == 256 and v["sched.loops"] == 1 and v["sched.roles"] == 0
     assert v["res.smem_bytes"] == 2 * 64 * 32 * 2 and v["const.BK"] == 32
