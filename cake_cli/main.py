@@ -497,8 +497,10 @@ def harness_review(
 
         _say(f"reviewing failure clusters in {settings.warehouse_root}; paused proposals wait in "
              f"the Prefect UI at {pf.ui_url} or for `cake harness approve ID`")
+        gpus = gpu_policy(settings)     # where there is a GPU, the corpus gate checks the corpus on it too
         results = harness_review_flow(warehouse_root=str(settings.warehouse_root), min_support=min_support,
-                                      pause_timeout_s=int(timeout_h * 3600), policy=policy)
+                                      pause_timeout_s=int(timeout_h * 3600), policy=policy,
+                                      gpu_cache_dir=str(settings.cache_dir) if gpus else None)
     if not results:
         _say("no cluster yielded a proposal")
     for r in results:

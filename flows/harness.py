@@ -39,12 +39,14 @@ class Decision(RunInput):
 
 @flow(name="harness-review", log_prints=True)
 def harness_review_flow(warehouse_root: str = ".cake/warehouse", min_support: int = 3,
-                        pause_timeout_s: int = 86400, policy: str = "manual") -> list[dict[str, Any]]:
-    """Propose harness changes from the warehouse and have each decided under ``policy``."""
+                        pause_timeout_s: int = 86400, policy: str = "manual",
+                        gpu_cache_dir: str | None = None) -> list[dict[str, Any]]:
+    """Propose harness changes from the warehouse and have each decided under ``policy``; with
+    ``gpu_cache_dir`` (a GPU machine) the corpus gate checks the corpus on the GPU too."""
     if policy not in POLICIES:
         raise CakeError(f"unknown approval policy `{policy}`; use one of {', '.join(POLICIES)}")
     log = get_run_logger()
-    mined = mine_proposals(warehouse_root, min_support)
+    mined = mine_proposals(warehouse_root, min_support, gpu_cache_dir)
     for s in mined["skipped"]:
         log.info(f"not proposed ({s.get('signature', '?')}): {s['why']}")
     outcomes = []

@@ -18,7 +18,7 @@ from prefect.cache_policies import NO_CACHE
 
 from cake_core.errors import CakeError
 from cake_core.harness.errors import HarnessDataError
-from cake_core.harness.gate import GateCache
+from cake_core.harness.gate import GateCache, gpu_check
 from cake_core.harness.proposal import Proposal, proposal_key
 from cake_core.harness.records import AttemptRecord, ClusterRecord, MeasuredRecord
 from cake_core.harness.review import ReviewInput, review
@@ -114,11 +114,14 @@ def known_keys(wh: Warehouse) -> dict[str, str]:
 
 
 @task(name="mine-proposals", cache_policy=NO_CACHE)
-def mine_proposals(warehouse_root: str, min_support: int) -> dict[str, Any]:
-    """Mine every kind, deduplicated against all earlier proposals, each gated on the corpus: returns
+def mine_proposals(warehouse_root: str, min_support: int, gpu_cache_dir: str | None = None) -> dict[str, Any]:
+    """Mine every kind, deduplicated against all earlier proposals, each gated on the corpus (and on the
+    GPU, building cubins under ``gpu_cache_dir``, when given): returns
     ``{"proposals": [(Proposal, gate report)], "skipped": [what was not proposed, and why]}``."""
     current = load_harness(warehouse_root)
-    found, skipped = review(load_review_input(warehouse_root), current, min_support=min_support, cache=GATE_CACHE)
+    gpu = gpu_check(Path(gpu_cache_dir)) if gpu_cache_dir else None
+    found, skipped = review(load_review_input(warehouse_root), current, min_support=min_support, cache=GATE_CACHE,
+                            gpu=gpu)
     return {"proposals": [(r.proposal, r.gate) for r in found], "skipped": skipped}
 
 

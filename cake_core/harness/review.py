@@ -139,8 +139,9 @@ def review(data: ReviewInput, current: HarnessSpec, *, min_support: int = 3, cac
             if not gate["passed"]:
                 refused.append((prop, gate))
                 continue
-            prop.evidence["refused_by_the_gate_first"] = [
-                {"title": p.title, "refusals": g["refusals"], "flips": g["flips"][:5]} for p, g in refused]
+            if refused:
+                prop.evidence["refused_by_the_gate_first"] = [
+                    {"title": p.title, "refusals": g["refusals"], "flips": g["flips"][:5]} for p, g in refused]
             accept(prop, gate)
             return
         if refused:

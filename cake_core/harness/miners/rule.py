@@ -152,7 +152,7 @@ def _proposal(cluster: ClusterRecord, pred: Predicate, failing: Sequence[Attempt
     said = first.error_message or first.error_rule or first.outcome
     message = (f"{' and '.join(a.words() for a in pred.atoms)}: {len(failing)} attempts like this {outcome} at "
                f"the {cluster.stage} stage ({_short(said)}) and none passed")
-    hint = "make " + ", or ".join(a.negated_words() for a in pred.atoms)
+    hint = "a kernel passes the rule where " + ", or ".join(a.negated_words() for a in pred.atoms)
     if first.error_rule and first.error_rule not in ("check.mismatch", "runtime.fault", "runtime.timeout"):
         hint += f" (the failure was `{first.error_rule}`)"
     payload = {"id": rule_id(pred), "predicate": pred.to_data(), "message": message, "hint": hint}
