@@ -56,9 +56,12 @@ def test_rule_from_a_real_failure_cluster_blocks_it_in_a_later_run(knn_runs, tmp
     found, skipped = review(load_review_input(str(root)), HarnessSpec(), kinds=("rule",), cache=gate_cache)
     prop, gate = _one(found, "rule")
     atoms = prop.payload["predicate"]["all"]
-    # a k beyond the fixed tile of results is never written: a relation of views and shapes, not a size
-    assert len(atoms) == 1 and atoms[0]["feature"] in ("view.fixed.max_tiles", "shape.k.max_tiles")
-    assert atoms[0]["op"] == ">" and atoms[0]["value"] == 1.0
+    # a k beyond the tile of results is never written; the more general relation of fixed-position views
+    # and shapes came first, and the gate refused it on hand-written kernels that pass with one
+    assert atoms == [{"feature": "shape.k.max_tiles", "op": ">", "value": 1.0}]
+    first = prop.evidence["refused_by_the_gate_first"]
+    assert [r["title"] for r in first] == ["reject programs where view.fixed.max_tiles > 1.0"]
+    assert first[0]["flips"] and {f["origin"] for f in first[0]["flips"]} == {"hand-written"}
     assert prop.signature.startswith("check:wrong:") and "none passed" in prop.payload["message"]
     assert gate["passed"] and gate["flips"] == [] and gate["corpus"]["replays"] > 60
     assert gate["caught"]["cluster_caught"] == gate["caught"]["cluster_size"] >= 3
