@@ -544,12 +544,19 @@ def harness_review(
     min_support: int = typer.Option(3, "--min-support", min=1,
                                     help="Failing attempts a cluster needs before a proposal is mined."),
     timeout_h: float = typer.Option(24.0, "--timeout-h", min=0.01, help="How long each proposal waits for a person."),
+    policy: str = typer.Option("manual", "--policy",
+                               help="Who decides what passed the corpus gate: manual (pause for a person), "
+                                    "approve-gated (approve it at once) or record-only (leave it pending)."),
 ) -> None:
-    """Mine failure clusters into proposals and pause on each until a person decides.
+    """Mine the warehouse into proposals (rules, primitives, calibrations, macro tactics), gate each on the
+    kernel corpus, and pause on each until a person decides.
 
     Approve or reject in the Prefect UI (the paused run asks for a decision), or from
     another terminal with `cake harness approve ID` / `cake harness reject ID --reason R`.
     """
+    from flows.harness import POLICIES
+    if policy not in POLICIES:
+        raise UsageError(f"--policy must be one of {', '.join(POLICIES)}, not `{policy}`")
     settings = _settings()
     _warehouse(settings)
     with prefect_server(settings) as pf:
@@ -557,8 +564,10 @@ def harness_review(
 
         _say(f"reviewing failure clusters in {settings.warehouse_root}; paused proposals wait in "
              f"the Prefect UI at {pf.ui_url} or for `cake harness approve ID`")
+        gpus = gpu_policy(settings)     # where there is a GPU, the corpus gate checks the corpus on it too
         results = harness_review_flow(warehouse_root=str(settings.warehouse_root), min_support=min_support,
-                                      pause_timeout_s=int(timeout_h * 3600))
+                                      pause_timeout_s=int(timeout_h * 3600), policy=policy,
+                                      gpu_cache_dir=str(settings.cache_dir) if gpus else None)
     if not results:
         _say("no cluster yielded a proposal")
     for r in results:

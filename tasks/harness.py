@@ -1,4 +1,9 @@
-"""Harness tasks: the current version, failure clusters, proposals and decisions, in the warehouse."""
+"""Harness tasks: the current version, the review's records, proposals and decisions, in the warehouse.
+
+The SQL lives here; the mining, deduplication and gating are ``cake_core.harness.review`` over plain
+records. A proposal is stored with its key (``evidence.key``): the review reads every earlier proposal's
+key, whatever its version or decision, and proposes nothing twice.
+"""
 from __future__ import annotations
 
 import contextlib
@@ -15,13 +20,19 @@ from prefect.client.orchestration import get_client
 from prefect.flow_runs import resume_flow_run
 
 from cake_core.errors import CakeError
-from cake_core.harness.gate import corpus_gate
-from cake_core.harness.miners import Proposal, mine_calibration, mine_rule
+from cake_core.harness.errors import HarnessDataError
+from cake_core.harness.gate import GateCache, gpu_check
+from cake_core.harness.proposal import Proposal, proposal_key
+from cake_core.harness.records import AttemptRecord, ClusterRecord, MeasuredRecord
+from cake_core.harness.review import ReviewInput, review
 from cake_core.harness.version import HarnessSpec
-from cake_core.model.cost import CostModel
-from cake_core.problems import list_problems
 from cake_core.pipeline.rows import now
+from cake_core.problems import PROBLEMS
+from cake_core.problems.base import ShapeSetError, parse_shape_key
 from warehouse import Warehouse
+
+REVIEW_ATTEMPTS = 50_000     # the newest attempts a review reads
+GATE_CACHE = GateCache()     # the corpus's built-in verdicts and interpreter checks: pure, kept per process
 
 
 class AlreadyDecided(CakeError):
@@ -54,58 +65,96 @@ def export_dir(warehouse_root: str) -> Path:
     return Path(warehouse_root).parent / "harness"
 
 
-@task(name="mine-proposals", cache_policy=NO_CACHE)
-def mine_proposals(warehouse_root: str, min_support: int) -> list[tuple[Proposal, dict[str, Any]]]:
-    """Clusters of recurring failures that no proposal has addressed yet → proposals + gate reports."""
-    wh = Warehouse(warehouse_root)
-    current = load_harness(warehouse_root)
-    seen = {r["signature"] for r in wh.query(
-        "select signature from proposals where base_version = ?", [current.version]).to_pylist()}
-    clusters = wh.query("select signature, n_attempts from failure_clusters where n_attempts >= ? "
-                        "and stage <> 'verify' order by n_attempts desc", [min_support]).to_pylist()
-    passing = wh.query("select ir_text, features from attempts where outcome in ('checked', 'measured')").to_pylist()
-    corpus = [(p.name, p.seed_text()) for p in list_problems()]
-    corpus += [(f"passing-{i}", r["ir_text"]) for i, r in enumerate(passing)]
-    out = []
-    n_rules = len(current.learned_rules)
-    for c in clusters:
-        if c["signature"] in seen:
+def _run_shapes(wh: Warehouse) -> dict[str, tuple[dict[str, int], ...]]:
+    """The shapes each run checked its candidates on: those its predictions name, else (a run whose every
+    candidate stopped at verify) its shape set as the evolve flow picks it."""
+    out: dict[str, tuple[dict[str, int], ...]] = {}
+    runs = {r["run_id"]: r for r in wh.query(
+        "select run_id, problem, shape_set, gpu_model from runs_latest").to_pylist()}
+    for r in wh.query("""select a.run_id, a.problem, list(distinct p.shape) as shapes
+                         from predictions p join attempts a using (attempt_id) group by all""").to_pylist():
+        prob = PROBLEMS.get(r["problem"])
+        if prob is not None:
+            with contextlib.suppress(ShapeSetError):
+                out[r["run_id"]] = tuple(parse_shape_key(k, prob.dims) for k in sorted(r["shapes"]))
+    for run_id, r in runs.items():
+        prob = PROBLEMS.get(r["problem"])
+        if run_id in out or prob is None:
             continue
-        failing = wh.query("select ir_text, features, gpu_seconds from attempts where signature = ?",
-                           [c["signature"]]).to_pylist()
-        prop = mine_rule(c["signature"], [json.loads(f["features"]) for f in failing],
-                         [json.loads(p["features"]) for p in passing], f"harness.learned_{n_rules + len(out) + 1}",
-                         min_support)
-        if prop is None:
-            continue
-        proposed = current.apply(prop.kind, prop.payload, current.version + 1)
-        gate = corpus_gate(current, proposed, corpus, [(f["ir_text"], f["gpu_seconds"] or 0.0) for f in failing])
-        out.append((prop, gate.to_dict()))
-    cal = _mine_calibration(wh, current)
-    if cal is not None and cal.signature not in seen:
-        # a refit changes no verdict: its gate is the held-out error it would remove
-        out.append((cal, {"passed": True, "kind": "calibration", **cal.evidence}))
+        with contextlib.suppress(ShapeSetError):
+            ss = prob.shape_set(r["shape_set"])
+            out[run_id] = tuple(ss.shapes) if r["gpu_model"] else tuple(ss.cpu_shapes(prob.cpu_limit))
     return out
 
 
-def _mine_calibration(wh: Warehouse, current: HarnessSpec) -> Proposal | None:
-    rows = wh.query("""
-        select e.predicted_ms, e.measured_ms, json_extract_string(a.features, '$.mma_atom') as atom
-        from cost_model_error e join attempts a using (attempt_id)
-        where e.kind = 'search' order by a.created_at""").to_pylist()
-    if not rows:
-        return None
-    model = CostModel()
-    model.eff.update(dict(current.cost_eff))
-    return mine_calibration([(r["predicted_ms"], r["measured_ms"], r["atom"] or "fma") for r in rows], model)
+def load_review_input(warehouse_root: str) -> ReviewInput:
+    """Attempts (with their run's shapes, diagnostics and score), clusters, measurements, earlier keys."""
+    wh = Warehouse(warehouse_root)
+    shapes = _run_shapes(wh)
+    rules = {r["attempt_id"]: frozenset(r["rules"]) for r in wh.query(
+        "select attempt_id, list(distinct rule) as rules from diagnostics group by 1").to_pylist()}
+    rows = wh.query(f"""
+        with m as (select attempt_id, exp(avg(ln(median_ms))) as ms from measurements
+                   where correct and kind = 'search' and median_ms > 0 group by 1)
+        select a.*, m.ms as measured_ms from attempts a left join m using (attempt_id)
+        order by a.created_at desc limit {REVIEW_ATTEMPTS}""").to_pylist()
+    attempts = []
+    for r in rows:
+        score, basis = (r["measured_ms"], "measured") if r["measured_ms"] else \
+            ((r["predicted_ms"], "predicted") if r["predicted_ms"] else (None, None))
+        attempts.append(AttemptRecord(
+            r["attempt_id"], r["run_id"], r["problem"], r["ir_text"], r["outcome"], r["stage"], r["generation"],
+            r["ir_hash"], tuple(r["parents"] or ()), r["tactic"], r["signature"], r["error_rule"],
+            r["error_message"], r["gpu_seconds"] or 0.0, score, basis, r["created_at"],
+            shapes.get(r["run_id"], ()), rules.get(r["attempt_id"], frozenset())))
+    clusters = [ClusterRecord(c["signature"], c["stage"], c["rule"], c["n_attempts"], c["n_runs"], c["n_problems"],
+                              c["gpu_seconds"] or 0.0, c["first_seen"], c["last_seen"])
+                for c in wh.query("select * from failure_clusters").to_pylist()]
+    measured = []
+    for m in wh.query("""select m.attempt_id, a.problem, a.ir_text, m.shape, median(m.median_ms) as ms
+                         from measurements m join attempts a using (attempt_id)
+                         where m.correct and m.median_ms > 0 group by all""").to_pylist():
+        prob = PROBLEMS.get(m["problem"])
+        if prob is not None:
+            with contextlib.suppress(ShapeSetError):
+                measured.append(MeasuredRecord(m["attempt_id"], m["problem"], m["ir_text"],
+                                               parse_shape_key(m["shape"], prob.dims), m["ms"]))
+    return ReviewInput(attempts, clusters, measured, known_keys(wh))
+
+
+def known_keys(wh: Warehouse) -> dict[str, str]:
+    """Every earlier proposal's key with what became of it (``approved``, ``rejected``, ``pending``)."""
+    out: dict[str, str] = {}
+    for p in wh.query("select proposal_id, kind, payload, evidence, status, base_version "
+                      "from proposals_latest").to_pylist():
+        try:
+            key = json.loads(p["evidence"]).get("key") or proposal_key(p["kind"], json.loads(p["payload"]))
+        except (HarnessDataError, json.JSONDecodeError, AttributeError):
+            continue        # an unreadable old proposal cannot be the same change as a readable new one
+        out[key] = f"{p['status']} as {p['proposal_id']} on v{p['base_version']}"
+    return out
+
+
+@task(name="mine-proposals", cache_policy=NO_CACHE)
+def mine_proposals(warehouse_root: str, min_support: int, gpu_cache_dir: str | None = None) -> dict[str, Any]:
+    """Mine every kind, deduplicated against all earlier proposals, each gated on the corpus (and on the
+    GPU, building cubins under ``gpu_cache_dir``, when given): returns
+    ``{"proposals": [(Proposal, gate report)], "skipped": [what was not proposed, and why]}``."""
+    current = load_harness(warehouse_root)
+    gpu = gpu_check(Path(gpu_cache_dir)) if gpu_cache_dir else None
+    found, skipped = review(load_review_input(warehouse_root), current, min_support=min_support, cache=GATE_CACHE,
+                            gpu=gpu)
+    return {"proposals": [(r.proposal, r.gate) for r in found], "skipped": skipped}
 
 
 def record_proposal(warehouse_root: str, prop: Proposal, gate: dict[str, Any], flow_run_id: str | None) -> str:
     pid = "p" + uuid.uuid4().hex[:8]
+    evidence = {**prop.evidence, "key": prop.key}
     Warehouse(warehouse_root).append("proposals", [{
         "proposal_id": pid, "kind": prop.kind, "signature": prop.signature, "title": prop.title,
-        "evidence": json.dumps(prop.evidence), "payload": json.dumps(prop.payload), "gate_report": json.dumps(gate),
-        "flow_run_id": flow_run_id, "base_version": load_harness(warehouse_root).version, "created_at": now()}])
+        "evidence": json.dumps(evidence, default=str), "payload": json.dumps(prop.payload),
+        "gate_report": json.dumps(gate, default=str), "flow_run_id": flow_run_id,
+        "base_version": load_harness(warehouse_root).version, "created_at": now()}])
     return pid
 
 
@@ -131,7 +180,11 @@ def apply_decision(warehouse_root: str, proposal_id: str, approve: bool, reason:
         if approve:
             current = load_harness(warehouse_root)
             new_version = current.version + 1
-            spec = current.apply(p["kind"], json.loads(p["payload"]), new_version)
+            try:
+                spec = current.apply(p["kind"], json.loads(p["payload"]), new_version)
+            except HarnessDataError as e:
+                raise CakeError(f"proposal `{proposal_id}` cannot be applied to harness v{current.version}: {e}; "
+                                "reject it with `cake harness reject`") from None
             wh.append("harness_versions", [{"version": new_version, "parent": current.version,
                                             "proposal_id": proposal_id, "spec": spec.to_json(),
                                             "created_at": now()}])

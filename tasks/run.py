@@ -156,13 +156,10 @@ def open_run(*, problem: str, run_id: str, warehouse_root: str, cache_dir: str,
             hint = STOP_HINTS[state.stop].format(**vars(plan))
             raise ResumeRefused(f"run `{plan.run_id}` already stopped ({state.stop.replace('_', ' ')} after "
                                 f"{state.attempts} attempts); {hint} to continue it")
-        model = CostModel(gpu_for_name(gpus[0] if gpus else None))
-        if harness.cost_eff:   # a calibrated model is another model: its predictions say so
-            model.eff.update(dict(harness.cost_eff))
-            model.version = f"{model.version}+harness-v{harness.version}"
+        model = harness.cost_model(gpu_for_name(gpus[0] if gpus else None))
         run = Run(plan, warehouse_root, cache_dir, harness, gpus, search, check, held,
                   {shape_key(s): r for s, r in zip(ss.shapes, ss.roles)}, model,
-                  make_agent(plan.agent, plan.seed, harness.disabled_tactics, llm), timeout_s, reps,
+                  make_agent(plan.agent, plan.seed, harness, llm), timeout_s, reps,
                   str(flow_run.id) if flow_run.id else None, Recorder(warehouse_root), state, lock=lock)
         if debug:
             run.debug = Debug(Path(warehouse_root).parent / "debug", harness, plan.problem, run.run_shapes)

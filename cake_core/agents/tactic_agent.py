@@ -8,8 +8,15 @@ for the program at hand, weighted by its record (Laplace-smoothed rate of childr
 parent). A tactic that refuses is recorded with its reason (``refusals``) and another is drawn. No
 program is proposed twice. Every choice draws from a generator seeded by (run seed, generation), so a
 resumed run proposes what the uninterrupted one would have.
+
+``read`` and ``write`` say how a program's text is read and written (the plain IR text by default): a harness
+with composite ops reads texts that call them and writes each program with its composites.
 """
 from __future__ import annotations
+
+from typing import Callable
+
+from typing import Callable
 
 import numpy as np
 
@@ -18,7 +25,9 @@ from cake_core.agents.rewrite import Refused
 from cake_core.agents.search import Archive, niche
 from cake_core.agents.tactics import TACTICS, apply
 from cake_core.ir.program import Program
-from cake_core.ir.text import parse, parse_program
+from cake_core.errors import CakeError
+from cake_core.ir.program import Program
+from cake_core.ir.text import parse_program
 from cake_core.problems.base import Problem
 
 MAX_STEP = 3            # tactics applied in a row to make one child
@@ -28,9 +37,12 @@ TRIES_PER_CHILD = 20
 class TacticAgent:
     name = "tactic"
 
-    def __init__(self, seed: int, tactics: dict | None = None):
+    def __init__(self, seed: int, tactics: dict | None = None, read: Callable[[str], Program] | None = None,
+                 write: Callable[[Program], str] | None = None):
         self.seed = seed
         self.tactics = dict(tactics or TACTICS)
+        self.read = read or parse_program
+        self.write = write or Program.text
         self.refusals: list[Refusal] = []          # what the last propose() was refused, for the warehouse
         self._refused: set[Refusal] = set()
 
@@ -46,15 +58,15 @@ class TacticAgent:
         seen = set(ctx.seen)
         out: list[Candidate] = []
         if ctx.generation == 0 or not (ctx.scored or ctx.best):
-            known = [Candidate(seed.text(), (), self.name, "seed")]
+            known = [Candidate(self.write(seed), (), self.name, "seed")]
             if not ctx.cold:
-                known += [Candidate(parse_program(t).text(), (), self.name, "best-known") for t in ctx.known]
+                known += [Candidate(self.write(parse_program(t)), (), self.name, "best-known") for t in ctx.known]
             for c in known[: ctx.population]:
-                h = parse_program(c.text).hash
+                h = self.read(c.text).hash
                 if h not in seen:
                     seen.add(h)
                     out.append(c)
-            parents = [Scored(seed.text(), float("inf"))]
+            parents = [Scored(self.write(seed), float("inf"))]
         else:
             parents = None
         scored = ctx.scored or [Scored(t, s) for t, s in ctx.best]
@@ -73,12 +85,12 @@ class TacticAgent:
                 continue
             seen.add(prog.hash)
             step = "+".join(used)
-            out.append(Candidate(prog.text(), (parse_program(parent.text).hash,), self.name, step,
+            out.append(Candidate(self.write(prog), (self.read(parent.text).hash,), self.name, step,
                                  lineage=tuple(parent.lineage) + (step,)))
         return out
 
     def _child(self, parent: Scored, ctx: Context, rng: np.random.Generator) -> tuple[Program, list[str]] | None:
-        prog = parse_program(parent.text)
+        prog = self.read(parent.text)
         used: list[str] = []
         for _ in range(int(rng.integers(1, MAX_STEP + 1))):
             names = [n for n in self.tactics]
@@ -101,7 +113,8 @@ class TacticAgent:
                 break
         return (prog, used) if used else None
 
-    @staticmethod
-    def _niche_of(text: str):
-        r = parse(text)
-        return niche(r.program) if r.program is not None else None
+    def _niche_of(self, text: str):
+        try:
+            return niche(self.read(text))
+        except CakeError:
+            return None

@@ -2,23 +2,22 @@
 
 The rule modules each keep a :class:`~cake_core.ir.rule_ctx.RuleSet`; they are assembled here, in this
 order, into :data:`RULES` (rule ids are unique). ``verify`` builds the symbol table once (``Ctx``), runs
-every rule, and returns all diagnostics sorted by line. Learned rules (``LearnedRule``: a predicate over
-``features(program)``) come from approved harness versions and run beside the built-in ones.
+every rule, and returns all diagnostics sorted by line. Learned rules (anything with
+``diagnose(program, shapes) -> [Diagnostic]``: ``cake_core.harness.learned.LearnedRule``) come from approved
+harness versions and run beside the built-in ones.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
 from cake_core.ir import rules, rules_async, rules_cluster, rules_compute, rules_let, rules_topk
-from cake_core.ir.features import features
 from cake_core.ir.program import Program
 from cake_core.ir.rule_ctx import (Ctx, Rule, build_ctx, fmt_shape, rmem_words_per_thread, same_extent,  # noqa: F401
                                    smem_bytes, view_extent)
 from cake_core.outcome import Diagnostic, Severity
 from cake_core.targets import find_arch, known_archs
 
-__all__ = ["RULES", "LearnedRule", "verify", "Ctx", "Rule", "build_ctx", "fmt_shape", "rmem_words_per_thread",
+__all__ = ["RULES", "LearnedCheck", "verify", "Ctx", "Rule", "build_ctx", "fmt_shape", "rmem_words_per_thread",
            "same_extent", "smem_bytes", "view_extent"]
 
 
@@ -36,21 +35,16 @@ def _assemble(*modules: Any) -> dict[str, Rule]:
 RULES: dict[str, Rule] = _assemble(rules, rules_async, rules_compute, rules_topk, rules_cluster, rules_let)
 
 
-@dataclass(frozen=True)
-class LearnedRule:
-    """A rule from an approved harness proposal: every ``(feature, value)`` pair must match."""
+class LearnedCheck(Protocol):
+    """A rule from an approved harness version (``cake_core.harness.learned.LearnedRule``)."""
 
     id: str
-    predicate: tuple[tuple[str, Any], ...]
-    message: str
-    hint: str = ""
 
-    def matches(self, feats: dict[str, Any]) -> bool:
-        return all(feats.get(k) == v for k, v in self.predicate)
+    def diagnose(self, program: Program, shapes: Sequence[dict[str, int]]) -> list[Diagnostic]: ...
 
 
 def verify(program: Program, target: str | None = None,
-           learned: Sequence[LearnedRule] = (), shapes: Sequence[dict[str, int]] = ()) -> list[Diagnostic]:
+           learned: Sequence[LearnedCheck] = (), shapes: Sequence[dict[str, int]] = ()) -> list[Diagnostic]:
     """All diagnostics of ``program`` (built-in rules, then learned rules), sorted by line.
 
     ``shapes``, when given (the run's shape set), lets shape rules name a witness shape.
@@ -66,10 +60,6 @@ def verify(program: Program, target: str | None = None,
     out: list[Diagnostic] = []
     for r in RULES.values():
         out.extend(r.check(ctx))
-    if learned:
-        feats = features(program)
-        for lr in learned:
-            if lr.matches(feats):
-                out.append(Diagnostic(lr.id, Severity.ERROR, lr.message, program.line, 1, "kernel", lr.hint,
-                                      tuple(f"{k} = {v!r}" for k, v in lr.predicate)))
+    for lr in learned:
+        out.extend(lr.diagnose(program, ctx.shapes))
     return sorted(out, key=lambda d: (d.line, d.col, d.rule))

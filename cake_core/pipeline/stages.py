@@ -72,13 +72,15 @@ def stages_for(timed: bool) -> tuple[Stage, ...]:
 DOMAIN_BOUNDS = ("domain.extent", "domain.tma_stride")   # the bounds that make a shape outside a kernel's domain
 
 def verify_stage(text: str, harness: HarnessSpec, problem: Problem, shapes: list[Shape] = ()) -> StageResult:
-    """Parse and verify ``text`` for ``problem`` (shape rules see the ``shapes`` inside its domain).
+    """Parse (the harness's composite calls expanded first) and verify ``text`` for ``problem`` (shape rules see
+    the ``shapes`` inside its domain).
 
     ``value``: the parsed program whenever it parsed (a failed one still has a hash and features, in
     ``metrics['features']``); ``metrics['outside']``: the keys of the shapes outside its domain.
     """
-    r = parse(text, "candidate.cake")
-    diags = list(r.diagnostics)
+    exp = harness.expand(text)          # the harness's composite calls, expanded line for line
+    r = parse(exp.text, "candidate.cake")
+    diags = list(exp.diagnostics) + list(r.diagnostics)
     metrics = {}
     if r.program is not None:
         # the kernel's domain: shapes outside it are refused before any launch, neither wrong nor measured;
@@ -105,7 +107,8 @@ def verify_stage(text: str, harness: HarnessSpec, problem: Problem, shapes: list
                                     f"its dimensions: {', '.join(problem.dims)}"))
         metrics["features"] = features(r.program)
     failed = r.program is None or any(d.is_error for d in diags)
-    return StageResult("verify", Outcome.VERIFY_FAILED if failed else Outcome.OK, diags, metrics, value=r.program)
+    return StageResult("verify", Outcome.VERIFY_FAILED if failed else Outcome.OK, diags, metrics,
+                       artifacts={"expanded_ir": exp.text} if exp.used else {}, value=r.program)
 
 
 def _syms(p) -> set[str]:

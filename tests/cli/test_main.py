@@ -264,6 +264,25 @@ def test_harness_approve_and_reject_call_decide_proposal(monkeypatch, tmp_path, 
     assert result.exit_code == 2 and len(calls) == 2
 
 
+def test_harness_review_runs_under_a_named_policy_and_refuses_an_unknown_one(monkeypatch, warehouse, no_services):
+    calls = []
+
+    def harness_review_flow(**kw):
+        calls.append(kw)
+        return [{"proposal_id": "p1", "kind": "rule", "decision": "approved", "new_version": 2}]
+
+    fake_module(monkeypatch, "flows.harness", harness_review_flow=harness_review_flow,
+                POLICIES=("manual", "approve-gated", "record-only"))
+    monkeypatch.setenv("CAKE_GPU", "off")
+    result = run("harness", "review", "--policy", "approve-gated")
+    assert result.exit_code == 0, result.output
+    assert "proposal p1: approved, harness version 2" in result.stdout
+    assert calls[0]["policy"] == "approve-gated" and calls[0]["gpu_cache_dir"] is None
+    result = run("harness", "review", "--policy", "yolo")
+    assert one_error_line(result) == "error: --policy must be one of manual, approve-gated, record-only, not `yolo`"
+    assert len(calls) == 1
+
+
 def test_harness_lists(warehouse):
     warehouse.tables["proposals_latest"] = pa.table({"proposal_id": ["p1"], "status": ["pending"]})
     warehouse.tables["harness_versions"] = pa.table({"version": [0, 1]})

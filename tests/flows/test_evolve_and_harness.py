@@ -1,6 +1,8 @@
-"""The whole loop on the CPU: evolve → warehouse → clusters → proposal → pause → CLI approval → new version."""
+"""The whole loop on the CPU: a real run → warehouse → clusters → proposal → pause → CLI approval → new version
+used by the next evolve run; and the named approval policies a program runs the review with."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -9,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from cake_core.agents import tactics as tactics_mod
 from warehouse import Warehouse
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))   # harness_runs: real CPU runs
 
 pytestmark = pytest.mark.services
 
@@ -43,52 +46,77 @@ def _cake(services, *args, home, timeout=120):
     return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=timeout, env=env)
 
 
-def test_planted_failure_becomes_an_approved_rule_used_by_the_next_run(services, tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def knn_warehouse(tmp_path_factory):
+    """A real cold-start knn_topk run on the CPU whose agent keeps writing fewer result columns than k."""
+    from harness_runs import cpu_run
+    root = tmp_path_factory.mktemp("knn") / "warehouse"
+    totals = cpu_run(root, "knn_topk", "knn_topk_small", "knn-1", generations=4, population=8, seed=2)
+    assert totals.get("wrong", 0) >= 3, totals
+    return root
+
+
+def _pending(wh, timeout_s=240):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        rows = wh.query("select proposal_id, kind, title, gate_report, evidence from proposals_latest "
+                        "where status = 'pending'").to_pylist()
+        if rows:
+            return rows
+        time.sleep(0.5)
+    return []
+
+
+def test_a_mined_rule_pauses_the_review_is_approved_from_the_cli_and_used_by_the_next_run(
+        services, knn_warehouse, tmp_path):
     from flows.harness import harness_review_flow
 
     wh_root = tmp_path / "warehouse"
-    # Plant a recurring failure: an agent that keeps dropping tail guards on ragged shapes.
-    planted = {"drop_guards": tactics_mod.drop_guards, "retile": tactics_mod.retile}
-    monkeypatch.setattr(tactics_mod, "TACTICS", planted)
-    from dataclasses import replace
-
-    from cake_core.problems import PROBLEMS
-    monkeypatch.setitem(PROBLEMS, "gemm_bf16", replace(PROBLEMS["gemm_bf16"], best_files=()))  # mutants only
-    first = _evolve(services, wh_root, "run-1", generations=2, population=5, seed=11)
-    assert first["outcomes"].get("runtime_fault", 0) >= 3, first
-
+    shutil.copytree(knn_warehouse, wh_root)
     result: dict = {}
     t = threading.Thread(target=lambda: result.setdefault("out", harness_review_flow(
-        warehouse_root=str(wh_root), min_support=3, pause_timeout_s=300)))
+        warehouse_root=str(wh_root), min_support=3, pause_timeout_s=600)))
     t.start()
     wh = Warehouse(wh_root)
-    deadline = time.monotonic() + 120
-    pending = []
-    while time.monotonic() < deadline and not pending:
-        pending = wh.query("select proposal_id, kind, title, gate_report from proposals_latest "
-                           "where status = 'pending'").to_pylist()
-        time.sleep(0.5)
+    pending = _pending(wh)
     assert pending, "the harness flow made no proposal"
     prop = pending[0]
-    assert prop["kind"] == "rule" and "unguarded" in prop["title"]
+    assert prop["kind"] == "rule" and "max_tiles > 1.0" in prop["title"]
     gate = json.loads(prop["gate_report"])
-    assert gate["passed"] and gate["caught"] == gate["cluster_size"] >= 3
+    assert gate["passed"] and gate["caught"]["cluster_caught"] == gate["caught"]["cluster_size"] >= 3
+    assert json.loads(prop["evidence"])["gate"]["corpus"]["hand-written"] >= 20
 
     # Approve through the CLI (its warehouse is CAKE_HOME/warehouse), which resumes the paused flow run.
-    out = _cake(services, "harness", "approve", prop["proposal_id"], "--reason", "caught by the interpreter",
+    out = _cake(services, "harness", "approve", prop["proposal_id"], "--reason", "k columns never written",
                 home=tmp_path)
     assert out.returncode == 0, out.stderr + out.stdout
-    t.join(timeout=60)
+    t.join(timeout=120)
     assert not t.is_alive()
-    assert result["out"][0]["decision"] == "approved" and result["out"][0]["new_version"] == 1
+    assert result["out"] == [{"proposal_id": prop["proposal_id"], "kind": "rule", "decision": "approved",
+                              "new_version": 1}]
     versions = wh.query("select version, parent from harness_versions").to_pylist()
     assert versions == [{"version": 1, "parent": 0}]
     assert (tmp_path / "harness" / "harness-v1.json").exists()
 
-    second = _evolve(services, wh_root, "run-2", generations=1, population=6, seed=12)
+    from flows.evolve import evolve_flow
+    second = evolve_flow(problem="knn_topk", shape_set="knn_topk_small", run_id="knn-2", generations=2,
+                         population=8, seed=2, warehouse_root=str(wh_root), cache_dir=str(services["home"] / "cache"))
     assert second["harness_version"] == 1
-    rows = wh.query("select outcome, error_rule, features from attempts where run_id = 'run-2'").to_pylist()
-    unguarded = [r for r in rows if json.loads(r["features"]).get("unguarded_load")]
-    assert unguarded, "the planted agent should still propose unguarded programs"
-    assert all(r["outcome"] == "verify_failed" and r["error_rule"] == "harness.learned_1" for r in unguarded)
-    assert not any(r["outcome"] == "runtime_fault" for r in rows)
+    rule_id = json.loads(wh.query("select payload from proposals_latest").to_pylist()[0]["payload"])["id"]
+    rows = wh.query("select outcome, error_rule, signature from attempts where run_id = 'knn-2'").to_pylist()
+    assert any(r["error_rule"] == rule_id for r in rows)
+    assert not any(r["outcome"] == "wrong" and "idx" in (r["signature"] or "") for r in rows)
+
+
+@pytest.mark.parametrize("policy, decision", [("approve-gated", "approved"), ("record-only", "pending")])
+def test_a_named_policy_decides_without_a_person(services, knn_warehouse, tmp_path, policy, decision):
+    from flows.harness import harness_review_flow
+
+    wh_root = tmp_path / "warehouse"
+    shutil.copytree(knn_warehouse, wh_root)
+    out = harness_review_flow(warehouse_root=str(wh_root), min_support=3, policy=policy)
+    assert [o["decision"] for o in out] == [decision]
+    versions = Warehouse(wh_root).query("select version from harness_versions").to_pylist()
+    assert versions == ([{"version": 1}] if decision == "approved" else [])
+    again = harness_review_flow(warehouse_root=str(wh_root), min_support=3, policy=policy)
+    assert again == []                                   # nothing is proposed twice, whatever became of it

@@ -1,0 +1,102 @@
+"""Real CPU evolution runs for the harness tests, in this process (no Prefect server, no Ray).
+
+``cpu_run`` is the evolve flow's generation loop with the pipeline's stages: the tactic agent proposes, the
+verify stage verifies under the harness, the cost filter predicts, the check stage checks on the interpreter,
+every attempt lands (``pipeline.rows``), and the scored kernels feed the next generation. A cold start: the
+naive seed is the only program the agent starts from (the hand-written kernels are the gate's corpus, never
+parents).
+
+``replay_measurements`` lands attempts of kernels that were measured on an H200 (``bench/results``,
+through ``tasks.measured``): the verify and predict stages run here, and the time stage's result is the
+recorded measurement.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from cake_core.agents.base import Context, Scored
+from cake_core.agents.search import tactic_record
+from cake_core.agents.tactic_agent import TacticAgent
+from cake_core.agents.tactics import TACTICS
+from cake_core.harness.version import HarnessSpec
+from cake_core.pipeline import Attempt, check_stage, cost_filter_stage, lower_stage, verify_stage
+from cake_core.pipeline.rows import CHILD_TABLES, merge_rows, now
+from cake_core.problems import PROBLEMS, get_problem
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "results"
+
+
+def land(wh_root, attempts: list[Attempt]) -> None:
+    """Every row of ``attempts``: the child tables first, the attempt rows last (as the flow lands them)."""
+    from warehouse import Warehouse
+    rows = merge_rows(attempts)
+    wh = Warehouse(wh_root)
+    for table in CHILD_TABLES + ("attempts",):
+        if rows.get(table):
+            wh.append(table, rows[table])
+
+
+def cpu_run(wh_root, problem: str, shape_set: str, run_id: str, *, generations: int, population: int, seed: int,
+            harness: HarnessSpec = HarnessSpec(), tactics: dict | None = None) -> dict[str, int]:
+    """One cold-start evolution run on the CPU with the pipeline's stages: the tactic agent proposes, the
+    verify and lower stages run under ``harness``, the cost filter predicts (and keeps every candidate), the
+    interpreter checks; every attempt lands. Returns the outcome counts."""
+    from warehouse import Warehouse
+
+    prob = get_problem(problem)
+    PROBLEMS_COLD = replace(prob, best_files=())
+    ss = prob.shape_set(shape_set)
+    shapes = ss.cpu_shapes(prob.cpu_limit)
+    Warehouse(wh_root).append("runs", [{
+        "run_id": run_id, "problem": problem, "shape_set": shape_set, "harness_version": harness.version,
+        "agent": "tactic", "seed": seed, "generations": generations, "population": population, "host": "test",
+        "started_at": now(), "status": "completed", "finished_at": now(), "cold": True}])
+    agent = TacticAgent(seed, harness.tactics(tactics or TACTICS), read=harness.read, write=harness.write)
+    model = harness.cost_model()
+    bounds = {d: max(s[d] for s in shapes) for d in prob.dims}
+    totals: dict[str, int] = {}
+    scored: list[Scored] = []
+    score_of: dict[str, float] = {}
+    seen: set[str] = set()
+    for g in range(generations):
+        ctx = Context(harness.version, g, population, scored=list(scored), bounds=bounds, cold=True, seed=seed,
+                      seen=set(seen), tactic_stats=tactic_record(scored))
+        attempts = [Attempt(run_id, g, i, problem, harness.version, c)
+                    for i, c in enumerate(agent.propose(PROBLEMS_COLD, ctx))]
+        for a in attempts:
+            a.record(verify_stage(a.candidate.text, harness, prob, shapes))
+            if a.going_on:
+                a.record(lower_stage(a.program))
+        going = [a for a in attempts if a.going_on]
+        if going:
+            rng = np.random.default_rng([seed, g])
+            for a, r in zip(going, cost_filter_stage([a.program for a in going], shapes, model, len(going), 0, rng)):
+                a.record(r)
+        for a in [a for a in attempts if a.going_on]:
+            a.record(check_stage(a.program, problem, [s for s in shapes if a.runs_on(_key(s))], seed + g))
+        land(wh_root, attempts)
+        for a in attempts:
+            totals[a.outcome.value] = totals.get(a.outcome.value, 0) + 1
+            seen.add(a.ir_hash)
+            if a.outcome.value == "checked" and a.predicted_ms is not None and math.isfinite(a.predicted_ms):
+                parent = next((score_of[h] for h in a.candidate.parents if h in score_of), None)
+                score_of.setdefault(a.ir_hash, a.predicted_ms)
+                scored.append(Scored(a.candidate.text, a.predicted_ms, a.candidate.lineage, parent))
+        scored.sort(key=lambda s: s.score)
+    return totals
+
+
+def _key(shape):
+    from cake_core.problems.base import shape_key
+    return shape_key(shape)
+
+
+def replay_measurements(wh_root, run_id: str = "h200-corpus", harness: HarnessSpec = HarnessSpec()) -> int:
+    """Land the H200 measurements of the corpus kernels recorded under bench/results (verified and
+    predicted here, timed as recorded). Returns the number of attempts landed."""
+    from tasks.measured import bench_rows, land_bench_rows
+    return land_bench_rows(str(wh_root), bench_rows(sorted(BENCH.glob("corpus-vs-peers-*.json"))), run_id, harness)

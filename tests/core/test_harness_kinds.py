@@ -1,0 +1,172 @@
+"""Each proposal kind from real CPU runs: mined, gated, approved (as `cake harness approve` does), used later.
+
+The warehouses come from real cold-start runs of the tactic agent (``harness_runs.cpu_run``) and, for
+calibration, from the H200 measurements of the corpus kernels recorded under bench/results.
+"""
+import json
+import shutil
+
+import pytest
+
+from cake_core.agents.tactics import TACTICS
+from cake_core.harness.review import review
+from cake_core.harness.version import HarnessSpec
+from cake_core.ir.text import parse_program
+from harness_runs import cpu_run, replay_measurements
+from tasks.harness import load_harness, load_review_input, record_proposal
+from warehouse import Warehouse
+
+
+def _copy(src, tmp_path):
+    dst = tmp_path / "warehouse"
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _approve(root, prop, gate) -> int:
+    from flows.harness import decide_proposal          # what `cake harness approve ID` calls
+    pid = record_proposal(str(root), prop, gate, None)
+    return decide_proposal(pid, True, "caught in review", "test", str(root))
+
+
+def _one(found, kind):
+    got = [r for r in found if r.proposal.kind == kind]
+    assert len(got) == 1, [r.proposal.title for r in found]
+    return got[0].proposal, got[0].gate
+
+
+@pytest.fixture(scope="module")
+def knn_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("knn") / "warehouse"
+    totals = cpu_run(root, "knn_topk", "knn_topk_small", "knn-1", generations=4, population=8, seed=2)
+    assert totals.get("wrong", 0) >= 3, totals
+    return root
+
+
+@pytest.fixture(scope="module")
+def gemm_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gemm") / "warehouse"
+    for problem, shapes in (("gemm_bf16", "gemm_small"), ("tinygemm", "tinygemm_small")):
+        cpu_run(root, problem, shapes, f"{problem}-1", generations=4, population=8, seed=1)
+    return root
+
+
+def test_rule_from_a_real_failure_cluster_blocks_it_in_a_later_run(knn_runs, tmp_path, gate_cache):
+    root = _copy(knn_runs, tmp_path)
+    found, skipped = review(load_review_input(str(root)), HarnessSpec(), kinds=("rule",), cache=gate_cache)
+    prop, gate = _one(found, "rule")
+    atoms = prop.payload["predicate"]["all"]
+    # a k beyond the tile of results is never written; the more general relation of fixed-position views
+    # and shapes came first, and the gate refused it on hand-written kernels that pass with one
+    assert atoms == [{"feature": "shape.k.max_tiles", "op": ">", "value": 1.0}]
+    first = prop.evidence["refused_by_the_gate_first"]
+    assert [r["title"] for r in first] == ["reject programs where view.fixed.max_tiles > 1.0"]
+    assert first[0]["flips"] and {f["origin"] for f in first[0]["flips"]} == {"hand-written"}
+    assert prop.signature.startswith("check:wrong:") and "none passed" in prop.payload["message"]
+    assert gate["passed"] and gate["flips"] == [] and gate["corpus"]["replays"] > 60
+    assert gate["caught"]["cluster_caught"] == gate["caught"]["cluster_size"] >= 3
+    assert gate["caught"]["passing_blocked"] == []
+    # the unguarded-load faults restate the built-in tail_guard warning: not proposed as a rule of their own
+    assert any("shapes.tail_guard" in json.dumps(s) for s in skipped)
+    ev = json.loads(json.dumps(prop.evidence))                           # travels as plain data
+    assert {"definition", "cluster", "examples", "separation", "gate"} <= set(ev)
+    assert "store(idx[" in ev["examples"][0]["excerpt"] or "KMAX" in ev["examples"][0]["excerpt"]
+    assert _approve(root, prop, gate) == 1
+    spec = load_harness(str(root))
+    assert spec.learned_rules[0].id == prop.payload["id"]
+    cpu_run(root, "knn_topk", "knn_topk_small", "knn-2", generations=2, population=8, seed=2, harness=spec)
+    wh = Warehouse(root)
+    later = wh.query("select outcome, error_rule, signature from attempts where run_id = 'knn-2'").to_pylist()
+    assert any(r["error_rule"] == prop.payload["id"] for r in later)
+    assert not any(r["signature"] == prop.signature for r in later)       # the cluster no longer reaches check
+    diag = wh.query("select message, hint from diagnostics where rule = ?", [prop.payload["id"]]).to_pylist()
+    assert diag and diag[0]["message"] == prop.payload["message"] and diag[0]["hint"] == prop.payload["hint"]
+    again, skipped = review(load_review_input(str(root)), spec, kinds=("rule",), cache=gate_cache)
+    assert not again and any(f"stopped by {prop.payload['id']} of harness v1" in s["why"] for s in skipped)
+
+
+def test_primitive_from_winning_kernels_is_written_and_run_by_a_later_run(gemm_runs, tmp_path, gate_cache,
+                                                                         monkeypatch):
+    root = _copy(gemm_runs, tmp_path)
+    found, _ = review(load_review_input(str(root)), HarnessSpec(), kinds=("primitive",), cache=gate_cache)
+    prop, gate = _one(found, "primitive")
+    comp = prop.payload["composite"]
+    assert comp["name"] == "load2_sync_mma_sync" and len(comp["body"]) == 5
+    assert set(prop.evidence["cluster"]["problems"]) == {"gemm_bf16", "tinygemm"}
+    assert gate["passed"] and gate["gained"]["kernels_with_pattern"] >= 2
+    assert all(r["round_trip"] for r in gate["gained"]["kernels"])
+    assert _approve(root, prop, gate) == 1
+    spec = load_harness(str(root))
+    totals = cpu_run(root, "tinygemm", "tinygemm_small", "tiny-2", generations=2, population=6, seed=4, harness=spec)
+    rows = Warehouse(root).query("select ir_text, outcome from attempts where run_id = 'tiny-2'").to_pylist()
+    calls = [r for r in rows if "load2_sync_mma_sync(" in r["ir_text"]]
+    assert calls and totals.get("checked", 0) >= 3
+    assert {r["outcome"] for r in calls} <= {"checked", "runtime_fault", "wrong", "verify_failed"}
+    assert any(r["outcome"] == "checked" for r in calls)
+    assert parse_program(spec.expand(calls[0]["ir_text"]).text).text() != calls[0]["ir_text"]
+    from cake_core.pipeline.generate import make_agent                # the LLM agent's reference lists it
+    monkeypatch.setenv("CAKE_TEST_LLM_KEY", "not-a-key")                 # the client is made, never called
+    llm = make_agent("llm", 0, spec, {"model": "m", "base_url": "http://127.0.0.1:9/v1",
+                                          "api_key_env": "CAKE_TEST_LLM_KEY"})
+    assert "load2_sync_mma_sync(dst: buf, src: view" in llm.reference
+
+
+def test_calibration_from_measured_kernels_changes_the_next_runs_predictions(tmp_path, gate_cache):
+    root = tmp_path / "warehouse"
+    assert replay_measurements(root) >= 60
+    found, skipped = review(load_review_input(str(root)), HarnessSpec(), kinds=("calibration",), cache=gate_cache)
+    prop, gate = _one(found, "calibration")
+    judged = prop.evidence["judged_on_held_out"]
+    assert judged["after"]["median_abs_log_error"] < judged["before"]["median_abs_log_error"]
+    assert judged["predictions_changed"] > 0 and gate["passed"] and gate["gained"]["predictions_changed"] > 0
+    assert _approve(root, prop, gate) == 1
+    spec = load_harness(str(root))
+    # the refit moved the factor of memory-bound estimates: the naive kmeans_update is one
+    for run, harness in (("before", HarnessSpec()), ("after", spec)):
+        cpu_run(root, "kmeans_update", "kmeans_update_small", run, generations=1, population=2, seed=0,
+                harness=harness)
+    preds = Warehouse(root).query("""
+        select a.run_id, p.model_version, p.shape, p.predicted_ms from predictions p join attempts a using (attempt_id)
+        where a.run_id in ('before', 'after') and a.tactic = 'seed' order by p.shape""").to_pylist()
+    before = {r["shape"]: r["predicted_ms"] for r in preds if r["run_id"] == "before"}
+    after = {r["shape"]: r["predicted_ms"] for r in preds if r["run_id"] == "after"}
+    assert before.keys() == after.keys() and before
+    assert all(abs(after[k] / before[k] - 1) > 0.01 for k in before)
+    assert {r["model_version"] for r in preds if r["run_id"] == "after"} == {"analytic-1+harness-v1"}
+
+
+def test_macro_tactic_from_winning_sequences_is_applied_by_a_later_run(gemm_runs, tmp_path, gate_cache):
+    root = _copy(gemm_runs, tmp_path)
+    found, _ = review(load_review_input(str(root)), HarnessSpec(), kinds=("tactic",), cache=gate_cache)
+    prop, gate = _one(found, "tactic")
+    macro = prop.payload["macro"]
+    assert len(macro["steps"]) >= 2 and len(prop.evidence["cluster"]["problems"]) >= 2
+    assert all(e["speedup"] > 1 for e in prop.evidence["examples"])
+    assert gate["passed"] and gate["gained"]["children"] > 0
+    assert _approve(root, prop, gate) == 1
+    spec = load_harness(str(root))
+    assert macro["name"] in spec.tactics(TACTICS)
+    cpu_run(root, "gemm_bf16", "gemm_small", "gemm-2", generations=3, population=8, seed=7, harness=spec)
+    used = Warehouse(root).query("select tactic, outcome from attempts where run_id = 'gemm-2' and "
+                                 "tactic like ?", [f"%{macro['name']}%"]).to_pylist()
+    assert used, "the agent never applied the macro"
+
+
+def test_a_rejected_pending_or_approved_change_is_never_proposed_again(gemm_runs, tmp_path, gate_cache):
+    from flows.harness import decide_proposal
+    root = _copy(gemm_runs, tmp_path)
+    found, _ = review(load_review_input(str(root)), HarnessSpec(), kinds=("primitive", "tactic"), cache=gate_cache)
+    prim, gp = _one(found, "primitive")
+    tac, gt = _one(found, "tactic")
+    decide_proposal(record_proposal(str(root), prim, gp, None), False, "not worth a name", "test", str(root))
+    pending = record_proposal(str(root), tac, gt, None)
+    again, skipped = review(load_review_input(str(root)), load_harness(str(root)), kinds=("primitive", "tactic"),
+                            cache=gate_cache)
+    assert {prim.key, tac.key}.isdisjoint(r.proposal.key for r in again)
+    why = {s.get("key"): s["why"] for s in skipped}
+    assert why[prim.key].startswith("the same change was proposed before (rejected as ")
+    assert why[tac.key].startswith(f"the same change was proposed before (pending as {pending}")
+    assert decide_proposal(pending, True, "wins on two problems", "test", str(root)) == 1
+    later, _ = review(load_review_input(str(root)), load_harness(str(root)), kinds=("primitive", "tactic"),
+                      cache=gate_cache)
+    assert {prim.key, tac.key}.isdisjoint(r.proposal.key for r in later)
