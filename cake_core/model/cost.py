@@ -167,7 +167,9 @@ class CostModel:
             for n in nodes:
                 if n.op is Op.FOR:
                     start, stop, step = (int(evaluate(x, env)) for x in loop_range(n))
+                    env[n.args[0]] = start          # an inner extent may use the loop variable: its first trip
                     walk(n.body, trips * len(range(start, stop, max(step, 1))))
+                    env.pop(n.args[0], None)
                 elif n.body:                       # if (assumed taken), role
                     walk(n.body, trips)
                 else:
