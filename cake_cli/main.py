@@ -268,6 +268,12 @@ def evolve(
                                                  "interpreter) and rank by the cost model on --shapes."),
     debug: bool = typer.Option(False, "--debug", help="Re-verify after every stage and dump numbered IR under "
                                                       "<home>/debug."),
+    no_filter: bool = typer.Option(False, "--no-filter", help="Time every candidate that compiled (the cost model "
+                                                              "still predicts, and is graded on all of them)."),
+    cost_model: Path | None = typer.Option(None, "--cost-model", metavar="FILE",
+                                           help="Rank with this model file (cake model fit); a file that does not "
+                                                "load, or a learned model that did not beat the analytic one on "
+                                                "held-out runs, falls back to the analytic model."),
 ) -> None:
     """Evolve kernels for PROBLEM with a live display.
 
@@ -294,7 +300,8 @@ def evolve(
     asked: dict[str, Any] = dict(generations=generations, population=population, seed=seed, agent=agent,
                                  cold=True if cold else None, harness_version=harness,
                                  budget_candidates=budget_candidates, budget_gpu_minutes=budget_gpu_minutes,
-                                 patience=patience, check_shape_set=check_shapes)
+                                 patience=patience, check_shape_set=check_shapes,
+                                 cost_filter=False if no_filter else None)
     if resume:
         from tasks.history import plan_resume
 
@@ -339,13 +346,15 @@ def evolve(
             cache_dir=str(settings.cache_dir), gpu_models=list(gpu_models))
         kwargs["agent"] = agent
         for k in ("cold", "harness_version", "budget_candidates", "budget_gpu_minutes", "patience",
-                  "check_shape_set"):
+                  "check_shape_set", "cost_filter"):
             if asked[k] is not None:
                 kwargs[k] = asked[k]
         if resume:
             kwargs["resume"] = resume
         if debug:
             kwargs["debug"] = True
+        if cost_model is not None:
+            kwargs["cost_model"] = str(cost_model.resolve())
         if shown["agent"] == "llm":
             kwargs["llm"] = {"base_url": settings.llm_base_url, "model": settings.llm_model,
                              "api_key_env": settings.llm_api_key_env}
@@ -665,3 +674,5 @@ app.add_typer(model_app, name="model")
 
 if __name__ == "__main__":
     app()
+from cake_cli.lineage_cli import lineage as _lineage  # noqa: E402
+app.command(no_args_is_help=True)(_lineage)

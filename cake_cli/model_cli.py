@@ -205,7 +205,7 @@ def eval_(
     out: Path | None = typer.Option(None, "--out", "-o", help="write the figures as JSON here"),
 ) -> None:
     """Grade the cost models on held-out runs: within-shape Spearman, top-1, best survives, error factor."""
-    from cake_core.model.cost import load_gpu
+    from cake_core.model.charges import load_gpu
     from cake_core.model.evaluate import SPLITS
 
     if split not in SPLITS:

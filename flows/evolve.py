@@ -27,16 +27,18 @@ def evolve_flow(problem: str, shape_set: str | None = None, generations: int | N
                 llm: dict[str, Any] | None = None, cold: bool | None = None, resume: str | None = None,
                 harness_version: int | None = None, budget_candidates: int | None = None,
                 budget_gpu_minutes: float | None = None, patience: int | None = None,
-                check_shape_set: str | None = None, debug: bool = False) -> dict[str, Any]:
+                check_shape_set: str | None = None, debug: bool = False, cost_filter: bool | None = None,
+                cost_model: str | None = None) -> dict[str, Any]:
     """Evolve kernels for ``problem`` over the shapes of ``shape_set`` (or continue run ``resume``); returns a
     summary. Parameters left None take the run's recorded value on a resume, the defaults on a new run."""
     log = get_run_logger()
     asked = dict(shape_set=shape_set, generations=generations, population=population, seed=seed, agent=agent,
                  cold=cold, harness_version=harness_version, budget_candidates=budget_candidates,
-                 budget_gpu_minutes=budget_gpu_minutes, patience=patience, check_shape_set=check_shape_set)
+                 budget_gpu_minutes=budget_gpu_minutes, patience=patience, check_shape_set=check_shape_set,
+                 cost_filter=cost_filter)
     run = open_run(problem=problem, run_id=resume or run_id or uuid.uuid4().hex[:12], warehouse_root=warehouse_root,
                    cache_dir=cache_dir, gpu_models=gpu_models or [], timeout_s=timeout_s, reps=reps, asked=asked,
-                   resume=resume, llm=llm, debug=debug)
+                   resume=resume, llm=llm, debug=debug, cost_model=cost_model)
     log.info(f"run {run.plan.run_id} (job {run.plan.session}): {run.plan.problem} on {run.plan.shape_set}, "
              f"harness v{run.harness.version}{', cold' if run.plan.cold else ''}, from generation "
              f"{run.state.generation}, {'GPU ' + run.gpus[0] if run.gpus else 'CPU interpreter (not timed)'}")

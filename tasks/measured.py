@@ -16,7 +16,7 @@ from cake_core.agents.base import Candidate
 from cake_core.harness.gate import kernel_problem
 from cake_core.harness.version import HarnessSpec
 from cake_core.outcome import Outcome, StageResult
-from cake_core.pipeline import Attempt, verify_stage
+from cake_core.pipeline import Attempt, cost_filter_stage, verify_stage
 from cake_core.pipeline.rows import CHILD_TABLES, merge_rows, now
 from cake_core.pipeline.verdicts import ShapeVerdict, Timing
 from cake_core.problems import get_problem
@@ -60,8 +60,7 @@ def land_bench_rows(warehouse_root: str, rows: list[dict[str, Any]], run_id: str
         if not a.going_on or not a.runs_on(shape_key(shape)):
             continue
         key = shape_key(shape)
-        a.record(StageResult("cost_filter", Outcome.OK, metrics={
-            "predictions": {key: model.predict_ms(a.program, [shape])[0]}, "model_version": model.version}))
+        a.record(cost_filter_stage([a.program], [shape], model, 1, 0, 0, seed=i, problem=problem.name)[0])
         timing = Timing(r["median_ms"], min(r["p10_ms"], r["median_ms"]), max(r["p90_ms"], r["median_ms"]), r["runs"],
                         r["timer"], "cold-clean", r["gpu"])
         a.record(StageResult("time", Outcome.MEASURED, value=[ShapeVerdict(key, "gpu", Outcome.MEASURED, None, "",

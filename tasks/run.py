@@ -13,13 +13,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
 from cake_core.errors import CakeError
 from cake_core.harness.version import HarnessSpec
-from cake_core.model.cost import CostModel
+from cake_core.model.artifact import model_for_run
+from cake_core.model.base import CostModelBase
 from cake_core.targets import gpu_for_name
 from cake_core.pipeline.debug import Debug
 from cake_core.pipeline.generate import make_agent
@@ -54,7 +55,7 @@ class Run:
     check_shapes: list[Shape]       # what the interpreter checks (CPU); the search shapes on a GPU
     held_out: list[Shape]           # measured (or checked) for the final best only, reported apart
     roles: dict[str, str]           # shape key -> headline | tail | held_out, every shape of the run
-    model: CostModel
+    model: CostModelBase
     agent: Any
     timeout_s: float
     reps: int
@@ -128,8 +129,12 @@ def _shapes(problem: str, shape_set: str, check_shape_set: str | None, timed: bo
 @task(name="open-run", cache_policy=NO_CACHE)
 def open_run(*, problem: str, run_id: str, warehouse_root: str, cache_dir: str,
              gpu_models: list[str], timeout_s: float, reps: int, asked: dict[str, Any], resume: str | None,
-             llm: dict[str, Any] | None, debug: bool) -> Run:
-    """Check the request, record the run's row (and its shapes, for a new run), rebuild its state."""
+             llm: dict[str, Any] | None, debug: bool, cost_model: str | None = None) -> Run:
+    """Check the request, record the run's row (and its shapes, for a new run), rebuild its state.
+
+    ``cost_model``: a model file (``cake model fit``) to rank with instead of the harness's analytic model; one
+    that does not load, is for another GPU or (learned) did not beat the analytic model on held-out data falls
+    back to the harness's model, and the run's log says why."""
     from warehouse import Warehouse
 
     Warehouse(warehouse_root)
@@ -156,7 +161,11 @@ def open_run(*, problem: str, run_id: str, warehouse_root: str, cache_dir: str,
             hint = STOP_HINTS[state.stop].format(**vars(plan))
             raise ResumeRefused(f"run `{plan.run_id}` already stopped ({state.stop.replace('_', ' ')} after "
                                 f"{state.attempts} attempts); {hint} to continue it")
-        model = harness.cost_model(gpu_for_name(gpus[0] if gpus else None))
+        gpu = gpu_for_name(gpus[0] if gpus else None)
+        model = harness.cost_model(gpu)
+        if cost_model is not None:
+            model, why = model_for_run(cost_model, gpu, fallback=model)
+            get_run_logger().info(why)
         run = Run(plan, warehouse_root, cache_dir, harness, gpus, search, check, held,
                   {shape_key(s): r for s, r in zip(ss.shapes, ss.roles)}, model,
                   make_agent(plan.agent, plan.seed, harness, llm), timeout_s, reps,

@@ -11,7 +11,6 @@ import math
 import time
 from typing import TYPE_CHECKING, Callable
 
-import numpy as np
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
@@ -34,6 +33,7 @@ if TYPE_CHECKING:
 _TASK = dict(cache_policy=NO_CACHE)
 CPU_TIMEOUT_S = {"verify": 120.0, "lower": 120.0, "compile": 300.0}   # the pool's watchdog per candidate
 EXPLORE = 1               # candidates the cost filter lets through at random beside its top k
+SAMPLE_OUT = 1            # filtered-out candidates timed anyway, to measure what the filter threw away
 MAX_BATCH = 8             # (candidate, shape) jobs a GPU runner takes at once
 COMPACT_EVERY = 10        # generations between compactions of the warehouse's batch files
 
@@ -137,13 +137,17 @@ def compile(run: "Run", attempts: list[Attempt]) -> list[Attempt]:  # noqa: A001
 
 @task(name="cost-filter", **_TASK)
 def cost_filter(run: "Run", attempts: list[Attempt]) -> list[Attempt]:
-    """Rank by the cost model; the top k and a random few go on, in rank order."""
+    """Rank by the cost model; the top k, a random few and a sampled few go on, in rank order (a run with
+    ``--no-filter`` ranks and records the predictions but lets every candidate go on)."""
     def body() -> list[Attempt]:
         if not attempts:
             return []
-        rng = np.random.default_rng([run.plan.seed, run.state.generation])
+        on = run.plan.cost_filter
         results = cost_filter_stage([a.program for a in attempts], run.search_shapes, run.model,
-                                    keep_count(run.plan.population), EXPLORE, rng)
+                                    keep_count(run.plan.population) if on else len(attempts),
+                                    EXPLORE if on else 0, SAMPLE_OUT if on else 0,
+                                    seed=run.plan.seed * 1_000_003 + run.state.generation,
+                                    problem=run.plan.problem)
         for a, r in zip(attempts, results):
             a.record(r)
         going = _stop(run, "cost_filter", attempts)

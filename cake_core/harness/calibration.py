@@ -1,8 +1,8 @@
 """Cost-model calibration from measurements: where the error clusters, a refit, judged on held-out attempts.
 
 The seam to the cost model is small: a model predicts a program's time at a shape
-(``CostModel.estimate(...).ms``), names the term that bound the estimate (``Estimate.bound``), and has
-named positive factors (``CostModel.eff``) that a refit may move. The refit searches those factors on the
+(``AnalyticModel.estimate(...).ms``), names the term that bound the estimate (``Estimate.bound``), and has
+named positive factors (``AnalyticModel.eff``) that a refit may move. The refit searches those factors on the
 model itself (coordinate descent over a geometric grid, each candidate scored by re-predicting every fit
 sample), so a refit that is proposed is one whose predictions change; nothing assumes how a factor
 enters the formula.
@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Sequence
 
 from cake_core.ir.ops import Op
 from cake_core.ir.program import Program, walk
-from cake_core.model.cost import CostModel
+from cake_core.model.analytic import AnalyticModel
 from cake_core.model.quality import best_survives, median_abs_log_error, rank_correlation
 
 FACTOR_RANGE = (1e-4, 4.0)   # above 1: the model counts bytes that caches serve (re-reads across CTAs)
@@ -54,7 +54,7 @@ def unit(program: Program) -> str:
     return found
 
 
-def error_class(model: CostModel, s: Sample) -> str:
+def error_class(model: AnalyticModel, s: Sample) -> str:
     est = model.estimate(s.program, s.shape)
     return "memory" if est.bound == "memory" else f"compute:{unit(s.program)}"
 
@@ -63,7 +63,7 @@ def factor_of(cls: str) -> str:
     return "bytes" if cls == "memory" else cls.split(":", 1)[1]
 
 
-def predict(model: CostModel, samples: Sequence[Sample]) -> list[float]:
+def predict(model: AnalyticModel, samples: Sequence[Sample]) -> list[float]:
     return [model.estimate(s.program, s.shape).ms for s in samples]
 
 
@@ -85,7 +85,7 @@ def _log_errors(pred: Sequence[float], samples: Sequence[Sample]) -> list[float]
     return [math.log(p / s.measured_ms) for p, s in zip(pred, samples) if p > 0 and s.measured_ms > 0]
 
 
-def clusters(model: CostModel, samples: Sequence[Sample], threshold: float, min_samples: int) -> dict[str, dict]:
+def clusters(model: AnalyticModel, samples: Sequence[Sample], threshold: float, min_samples: int) -> dict[str, dict]:
     """Error classes whose median |log error| exceeds ``threshold`` on ``min_samples`` or more samples."""
     by: dict[str, list[Sample]] = {}
     for s in samples:
@@ -100,29 +100,54 @@ def clusters(model: CostModel, samples: Sequence[Sample], threshold: float, min_
     return out
 
 
-def _loss(model: CostModel, samples: Sequence[Sample]) -> float:
+def class_errors(model: AnalyticModel, samples: Sequence[Sample]) -> dict[str, dict]:
+    """Every error class with its sample count and median |log error| (clustered or not)."""
+    by: dict[str, list[Sample]] = {}
+    for s in samples:
+        by.setdefault(error_class(model, s), []).append(s)
+    out = {}
+    for cls, rows in sorted(by.items()):
+        errs = _log_errors(predict(model, rows), rows)
+        if errs:
+            out[cls] = {"samples": len(rows), "median_log_ratio": round(statistics.median(errs), 4),
+                        "median_abs_log_error": round(statistics.median(abs(e) for e in errs), 4),
+                        "factor": factor_of(cls)}
+    return out
+
+
+def factors_used(model: AnalyticModel, samples: Sequence[Sample]) -> list[str]:
+    """The model's factors whose change moves at least one of these samples' estimates."""
+    base = predict(model, samples)
+    return [f for f in sorted(model.eff)
+            if any(abs(a / b - 1) > 1e-6 for a, b in zip(predict(model.with_eff({f: model.eff[f] * 0.5}), samples),
+                                                        base) if b > 0)]
+
+
+def mean_abs_log_error(model: AnalyticModel, samples: Sequence[Sample]) -> float:
+    """The mean |log(predicted / measured)| over ``samples``: what a refit minimises."""
     errs = _log_errors(predict(model, samples), samples)
     return sum(abs(e) for e in errs) / len(errs) if errs else math.inf
 
 
-def refit(model: CostModel, fit: Sequence[Sample], factors: Sequence[str], sweeps: int = 2) -> CostModel:
+
+def refit(model: AnalyticModel, fit: Sequence[Sample], factors: Sequence[str], sweeps: int = 2) -> AnalyticModel:
     """``model`` with ``factors`` moved to minimise the mean |log error| over ``fit``."""
-    best = replace(model, eff=dict(model.eff))
-    best_loss = _loss(best, fit)
+    best = model.with_eff(dict(model.eff))
+    best_loss = mean_abs_log_error(best, fit)
     lo, hi = FACTOR_RANGE
     for _ in range(sweeps):
         for f in factors:
             start = best.eff.get(f, 0.05)
             for g in GRID:
                 v = min(hi, max(lo, start * g))
-                trial = replace(best, eff={**best.eff, f: v})
-                loss = _loss(trial, fit)
+                trial = best.with_eff({**best.eff, f: v})
+                loss = mean_abs_log_error(trial, fit)
                 if loss < best_loss - 1e-9:
                     best, best_loss = trial, loss
-    return replace(best, version=f"{model.version}+refit({','.join(sorted(factors))})")
+    return best.with_eff(best.eff, f"{model.version}+refit({','.join(sorted(factors))})")
 
 
-def quality(model: CostModel, samples: Sequence[Sample]) -> dict[str, float | None]:
+def quality(model: AnalyticModel, samples: Sequence[Sample]) -> dict[str, float | None]:
     """Median |log error|, rank correlation within each (problem, shape) group (mean over groups of 3 or
     more) and how often the truly fastest of a group is the predicted fastest."""
     pred = predict(model, samples)
@@ -138,6 +163,6 @@ def quality(model: CostModel, samples: Sequence[Sample]) -> dict[str, float | No
             "best_is_predicted_best": None if top1 is None else round(top1, 4)}
 
 
-def changed(before: CostModel, after: CostModel, samples: Sequence[Sample], rel: float = 0.01) -> int:
+def changed(before: AnalyticModel, after: AnalyticModel, samples: Sequence[Sample], rel: float = 0.01) -> int:
     """How many of ``samples`` the two models predict more than ``rel`` apart."""
     return sum(abs(b - a) > rel * b for b, a in zip(predict(before, samples), predict(after, samples)))

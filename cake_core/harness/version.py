@@ -25,7 +25,7 @@ from cake_core.harness.learned import LearnedRule
 from cake_core.harness.macro import Macro, Tactic, with_macros
 from cake_core.ir.program import Program
 from cake_core.ir.text import IRSyntaxError, parse_program
-from cake_core.model.cost import CostModel
+from cake_core.model.analytic import AnalyticModel
 
 KINDS = ("rule", "primitive", "calibration", "tactic")
 
@@ -42,12 +42,11 @@ class HarnessSpec:
 
     # ------------------------------------------------------------------ effects
 
-    def cost_model(self, gpu: str = "H200") -> CostModel:
+    def cost_model(self, gpu: str = "H200") -> AnalyticModel:
         """The cost model this version ranks with: the analytic model with its refit factors."""
-        model = CostModel(gpu)
+        model = AnalyticModel(gpu)
         if self.cost_eff:       # a calibrated model is another model: its predictions say so
-            model.eff.update(dict(self.cost_eff))
-            model.version = f"{model.version}+harness-v{self.version}"
+            model = model.with_eff(dict(self.cost_eff), f"{model.version}+harness-v{self.version}")
         return model
 
     def tactics(self, base: Mapping[str, Tactic]) -> dict[str, Tactic]:

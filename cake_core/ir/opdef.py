@@ -255,7 +255,7 @@ class Alloc(str, enum.Enum):
 
 
 class CostClass(str, enum.Enum):
-    """How the cost model charges an op (``model.cost`` has one hook per class)."""
+    """How the cost model charges an op (``model.charges`` has one hook per class)."""
 
     FREE = "free"              # no FLOPs and no gmem bytes: allocation, barriers, fences, waits, smem-only
     STRUCTURE = "structure"    # a block the estimator walks (for, if, role)

@@ -21,12 +21,13 @@ so a refit changes every prediction of that atom and nothing else.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 
 from cake_core.model.base import CostModelBase, NotEnoughData, Sample
-from cake_core.model.cost import load_gpu
+from cake_core.model.charges import load_gpu
 from cake_core.model.features import Features
 
 VERSION = "analytic-2"
@@ -40,6 +41,12 @@ MIN_FIT_SAMPLES = 3           # per atom, for update()
 def combine(a: float, b: float, depth: float) -> float:
     """Two works that overlap ``depth`` deep: ``max + min / depth`` (depth 1: one after the other)."""
     return max(a, b) + min(a, b) / max(depth, 1.0)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    ms: float
+    bound: str          # "memory" | "compute": the wave term that dominates
 
 
 class AnalyticModel(CostModelBase):
@@ -92,6 +99,16 @@ class AnalyticModel(CostModelBase):
 
     def predict_features(self, f: Features) -> float:
         return self.terms(f)["total"] * self.scale.get(f.atom, 1.0) * 1e3
+
+    def estimate(self, program, shape: dict[str, int]) -> Estimate:
+        """One program at one shape: milliseconds and what bound them (``memory`` or ``compute``)."""
+        f = Sample.of(program, shape, self.gpu).features
+        t = self.terms(f)
+        return Estimate(self.predict_features(f), "memory" if t["wave_memory"] > t["wave_math"] else "compute")
+
+    def with_eff(self, eff: dict[str, float], version: str | None = None) -> "AnalyticModel":
+        """The same model with efficiency factors ``eff`` (a refit is another model: another version)."""
+        return AnalyticModel(self.gpu, version or self.version, {**self.eff, **eff}, self.scale, self.fitted_on)
 
     def predict(self, samples: Sequence[Sample]) -> np.ndarray:
         return np.array([self.predict_features(s.features) for s in samples], dtype=float)

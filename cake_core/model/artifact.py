@@ -93,7 +93,7 @@ def load_model(path: str | Path, gpu: str | None = None) -> CostModelBase:
     if kind not in kinds:
         raise ModelFileError(f"model file {path} is of kind {kind!r}; known kinds: {', '.join(kinds)}")
     if gpu is not None:
-        from cake_core.model.cost import load_gpu
+        from cake_core.model.charges import load_gpu
         want = load_gpu(gpu)
         if str(doc.get("gpu", "")).upper() != want["name"].upper() or doc.get("target") != want["arch"]:
             raise ModelFileError(f"model file {path} is for {doc.get('gpu')} ({doc.get('target')}), not "
@@ -104,18 +104,21 @@ def load_model(path: str | Path, gpu: str | None = None) -> CostModelBase:
     return kinds[kind].from_payload(str(doc["gpu"]).upper(), str(doc["version"]), doc["payload"], doc)
 
 
-def model_for_run(path: str | Path | None, gpu: str) -> tuple[CostModelBase, str]:
+def model_for_run(path: str | Path | None, gpu: str,
+                  fallback: CostModelBase | None = None) -> tuple[CostModelBase, str]:
     """The model a run uses, and a line saying which and why: the file's model when it loads, is for
-    ``gpu`` and (if learned) beat the analytic model on held-out data; else the analytic model."""
+    ``gpu`` and (if learned) beat the analytic model on held-out data; else ``fallback`` (by default the
+    analytic model)."""
     from cake_core.model.analytic import AnalyticModel
 
+    base = fallback if fallback is not None else AnalyticModel(gpu)
     if path is None:
-        return AnalyticModel(gpu), "cost model: analytic (no model file given)"
+        return base, f"cost model: {base.kind} {base.version} (no model file given)"
     try:
         model = load_model(path, gpu)
     except ModelFileError as e:
-        return AnalyticModel(gpu), f"falling back to the analytic model: {e}"
+        return base, f"falling back to the analytic model: {e}"
     if model.kind == "learned" and not getattr(model, "beats_analytic", False):
-        return AnalyticModel(gpu), (f"falling back to the analytic model: learned model {model.version} did not beat "
+        return base, (f"falling back to the analytic model: learned model {model.version} did not beat "
                                     f"the analytic one on held-out data ({getattr(model, 'comparison_line', '')})")
     return model, f"cost model: {model.kind} {model.version} from {path}"

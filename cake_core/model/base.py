@@ -93,7 +93,7 @@ class CostModelBase(abc.ABC):
 
     @property
     def target(self) -> str:
-        from cake_core.model.cost import load_gpu
+        from cake_core.model.charges import load_gpu
         return load_gpu(self.gpu)["arch"]
 
     @abc.abstractmethod
@@ -103,6 +103,10 @@ class CostModelBase(abc.ABC):
     def score(self, samples: Sequence[Sample]) -> np.ndarray:
         """Ranking key per sample, higher = predicted faster; comparable among samples of one shape."""
         return -np.log(np.maximum(self.predict(samples), 1e-12))
+
+    def predict_ms(self, program: Program, shapes: Sequence[dict[str, int]]) -> list[float]:
+        """Predicted milliseconds of ``program`` at each shape (the IR's own resource estimates)."""
+        return [float(x) for x in self.predict([Sample.of(program, s, self.gpu) for s in shapes])]
 
     @abc.abstractmethod
     def update(self, samples: Sequence[Sample]) -> "CostModelBase":

@@ -1,7 +1,7 @@
 """Cost-model features of one program at one shape: what the IR does per CTA and over the grid, and what
 ptxas reported.
 
-Per CTA (CTA 0 stands for every CTA, as in ``cost.py``), summed over loop trips: tensor-core FLOPs by MMA
+Per CTA (CTA 0 stands for every CTA), summed over loop trips: tensor-core FLOPs by MMA
 atom (``mma``'s atom, ``wgmma``, ``tcgen05_mma``: every MMA op counts), SIMT work, gmem bytes by copy
 engine (plain loads, cp.async, TMA), gmem writes, atomics (gmem element or ``red.v4`` operations, smem
 atomics apart), the smem traffic of MMA operands, CTA barriers, and the bytes each copy keeps in flight
@@ -20,7 +20,7 @@ threads, and the GPU's CTA limit; waves and the tail wave follow. Every field is
 string: ``vector()`` is the fixed-length numeric form the learned model reads (schema ``FEATURE_NAMES``).
 
 Op coverage: ``TRAFFIC`` classifies every registered op (a test checks it); FLOPs and bytes per op come
-from the per-op hooks of ``cost.py`` (``cost_hook``), except atomics, counted here from the added tile.
+from the per-op hooks of ``charges.py`` (``cost_hook``), except atomics, counted here from the added tile.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from cake_core.ir.ops import REGISTRY, At, Full, Node, Op, Slot, Tile, View, loo
 from cake_core.ir.program import Program
 from cake_core.ir.types import MemSpace
 from cake_core.ir.verify import build_ctx, rmem_words_per_thread, smem_bytes
-from cake_core.model.cost import HOOKS, Work, load_gpu
+from cake_core.model.charges import HOOKS, Work, load_gpu
 from cake_core.targets import find_arch, get_arch
 
 ATOMS = ("none", "fma", "mma_sync", "wgmma", "tcgen05_mma")

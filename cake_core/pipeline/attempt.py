@@ -44,6 +44,9 @@ class Attempt:
     binary: Any = None                   # cake_core.pipeline.stages.Binary; None when nvcc is absent
     predictions: dict[str, float] = field(default_factory=dict)     # shape key -> ms, the search shapes
     model_version: str = ""
+    model_kind: str = ""
+    scores: dict[str, float] = field(default_factory=dict)          # shape key -> the model's ranking key
+    decision: str | None = None          # the filter's: kept | explored | sampled | filtered
     verdicts: list[Any] = field(default_factory=list)               # pipeline.verdicts.ShapeVerdict
     seconds: dict[str, float] = field(default_factory=dict)         # worker seconds per stage
     outside: tuple[str, ...] = ()        # keys of the run's shapes outside the kernel's domain (never run)
@@ -91,6 +94,9 @@ class Attempt:
         elif result.stage == "cost_filter":
             self.predictions = dict(result.metrics.get("predictions", {}))
             self.model_version = result.metrics.get("model_version", "")
+            self.model_kind = result.metrics.get("model_kind", "")
+            self.scores = dict(result.metrics.get("scores", {}))
+            self.decision = result.metrics.get("decision")
         elif result.stage in ("check", "time") and product is not None:
             self.verdicts = list(product)
 

@@ -37,6 +37,7 @@ class RunPlan:
     budget_gpu_minutes: float | None = None
     patience: int | None = None
     check_shape_set: str | None = None       # CPU only: check on this set's rows, rank by the model
+    cost_filter: bool = True                 # False: every compiled candidate is timed (--no-filter)
     session: int = 0                         # 0 for a new run; +1 per resume
     started_at: Any = None                   # when the run first started (kept across resumes)
 
@@ -51,7 +52,8 @@ class RunPlan:
 
 # what a resume may change: how far the run goes. Everything else decides its course and must stay.
 EXTENDABLE = ("generations", "budget_candidates", "budget_gpu_minutes", "patience")
-FIXED = ("problem", "shape_set", "seed", "population", "agent", "cold", "harness_version", "check_shape_set")
+FIXED = ("problem", "shape_set", "seed", "population", "agent", "cold", "harness_version", "check_shape_set",
+         "cost_filter")
 
 
 def plan_from_row(row: dict[str, Any]) -> RunPlan:
@@ -61,6 +63,7 @@ def plan_from_row(row: dict[str, Any]) -> RunPlan:
                    cold=bool(row.get("cold") or False), harness_version=int(row["harness_version"]),
                    budget_candidates=row.get("budget_candidates"), budget_gpu_minutes=row.get("budget_gpu_minutes"),
                    patience=row.get("patience"), check_shape_set=row.get("check_shape_set"),
+                   cost_filter=row.get("cost_filter") is not False,
                    session=int(row.get("session") or 0), started_at=row.get("started_at"))
 
 

@@ -49,7 +49,8 @@ def attempt_rows(a: Attempt, created_at: datetime | None = None) -> Rows:
     out["diagnostics"] = [{"attempt_id": aid, **d.to_dict()} for d in diags]
     comp = a.result("compile")
     out["compiles"] = [compile_row(aid, comp)] if comp is not None and "skipped" not in comp.metrics else []
-    out["predictions"] = [{"attempt_id": aid, "model_version": a.model_version, "shape": k, "predicted_ms": v}
+    out["predictions"] = [{"attempt_id": aid, "model_version": a.model_version, "model_kind": a.model_kind,
+                           "shape": k, "predicted_ms": v, "score": a.scores.get(k), "decision": a.decision}
                           for k, v in a.predictions.items()]
     out["checks"] = [check_row(aid, v) for v in a.verdicts]
     out["measurements"] = measurement_rows(aid, a.run_id, a.verdicts) if a.outcome is Outcome.MEASURED else []
@@ -111,7 +112,8 @@ def run_row(plan: RunPlan, status: str, *, harness_version: int, gpu_model: str 
             "gpu_model": gpu_model, "flow_run_id": flow_run_id, "started_at": plan.started_at, "status": status,
             "finished_at": finished_at, "cold": plan.cold, "session": plan.session, "stop_reason": stop_reason,
             "budget_candidates": plan.budget_candidates, "budget_gpu_minutes": plan.budget_gpu_minutes,
-            "patience": plan.patience, "check_shape_set": plan.check_shape_set, "recorded_at": now()}
+            "patience": plan.patience, "check_shape_set": plan.check_shape_set,
+            "cost_filter": plan.cost_filter, "recorded_at": now()}
 
 
 def shape_rows(shape_set: str, problem: str, shapes: Iterable[Shape], roles: Iterable[str]) -> list[dict[str, Any]]:

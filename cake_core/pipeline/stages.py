@@ -27,7 +27,8 @@ from cake_core.ir.features import features
 from cake_core.ir.program import Program
 from cake_core.ir.text import parse
 from cake_core.ir.verify import verify
-from cake_core.model.cost import CostModel
+from cake_core.model.base import CostModelBase
+from cake_core.model.filter import cost_filter
 from cake_core.outcome import Diagnostic, Outcome, Severity, StageResult
 from cake_core.pipeline.execute import check_on_interpreter
 from cake_core.pipeline.verdicts import judge
@@ -159,23 +160,25 @@ def compile_stage(lowered, cache_dir: Path, arch: str | None = None) -> StageRes
 
 # ---------------------------------------------------------------- cost filter
 
-def cost_filter_stage(programs: list[Program], shapes: list[Shape], model: CostModel, keep: int, explore: int,
-                      rng: np.random.Generator) -> list[StageResult]:
-    """Rank by the model's geometric mean over ``shapes``; the top ``keep`` plus ``explore`` random others go
-    on (``ok``), so the model cannot starve a candidate it misjudges; the rest are ``filtered``.
+def cost_filter_stage(programs: list[Program], shapes: list[Shape], model: CostModelBase, keep: int, explore: int,
+                      sample_out: int, seed: int, problem: str = "") -> list[StageResult]:
+    """Rank by the model's mean score over ``shapes`` (the analytic model's: its geometric mean of predicted
+    times); the top ``keep`` plus ``explore`` random others go on (``ok``), so the model cannot starve a
+    candidate it misjudges; ``sample_out`` random ones of the rest go on too, marked ``sampled``, so every
+    generation measures what the filter threw away (view ``cost_filter_recall``); the rest are ``filtered``.
 
-    One result per program, in order; ``metrics['predictions']`` maps each shape key to the model's ms.
-    Ties rank in the given order.
+    One result per program, in order; ``metrics``: ``predictions`` (shape key -> ms), ``scores``, ``decision``,
+    ``rank`` (0: predicted fastest), ``model_version``, ``model_kind``. Deterministic under ``seed``; ties
+    rank in the given order.
     """
-    preds = [{shape_key(s): ms for s, ms in zip(shapes, model.predict_ms(p, shapes))} for p in programs]
-    score = [geomean(p.values()) for p in preds]
-    order = sorted(range(len(programs)), key=lambda i: score[i])
-    kept, rest = order[:keep], order[keep:]
-    picks = set(rng.choice(len(rest), size=min(explore, len(rest)), replace=False).tolist()) if rest else set()
-    go_on = set(kept) | {i for j, i in enumerate(rest) if j in picks}
-    return [StageResult("cost_filter", Outcome.OK if i in go_on else Outcome.FILTERED,
-                        metrics={"predictions": preds[i], "model_version": model.version,
-                                 "rank": order.index(i)})
+    r = cost_filter(list(range(len(programs))), shapes, model, keep, explore, sample_out, seed,
+                    program=programs.__getitem__, problem=problem)
+    order = sorted(range(len(programs)), key=lambda i: (-r.scores[i], i))
+    rank = {i: n for n, i in enumerate(order)}
+    return [StageResult("cost_filter", Outcome.FILTERED if r.decisions[i] == "filtered" else Outcome.OK,
+                        metrics={"predictions": r.predicted_ms[i], "scores": r.shape_scores[i],
+                                 "decision": r.decisions[i], "rank": rank[i], "model_version": r.model_version,
+                                 "model_kind": r.model_kind})
             for i in range(len(programs))]
 
 

@@ -16,7 +16,6 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 
 from cake_core.agents.base import Context, Scored
 from cake_core.agents.search import tactic_record
@@ -73,8 +72,8 @@ def cpu_run(wh_root, problem: str, shape_set: str, run_id: str, *, generations: 
                 a.record(lower_stage(a.program))
         going = [a for a in attempts if a.going_on]
         if going:
-            rng = np.random.default_rng([seed, g])
-            for a, r in zip(going, cost_filter_stage([a.program for a in going], shapes, model, len(going), 0, rng)):
+            for a, r in zip(going, cost_filter_stage([a.program for a in going], shapes, model, len(going), 0, 0,
+                                                     seed=seed * 1_000_003 + g, problem=problem)):
                 a.record(r)
         for a in [a for a in attempts if a.going_on]:
             a.record(check_stage(a.program, problem, [s for s in shapes if a.runs_on(_key(s))], seed + g))

@@ -6,7 +6,7 @@ from cake_core.harness.errors import HarnessDataError
 from cake_core.harness.version import HarnessSpec
 from cake_core.ir.text import parse_program
 from cake_core.lower.cuda import lower
-from cake_core.model.cost import CostModel
+from cake_core.model.analytic import AnalyticModel
 from cake_core.outcome import Outcome
 from cake_core.pipeline import check_stage, verify_stage
 from cake_core.problems import get_problem
@@ -44,7 +44,7 @@ def test_the_composite_call_is_the_kernel_it_expands_to():
     assert r.outcome is Outcome.OK and r.artifacts["expanded_ir"] == exp.text
     assert check_stage(r.value, "gemm_bf16", RAGGED, 0).outcome is Outcome.CHECKED
     assert lower(r.value, "k.cake").outcome is Outcome.OK
-    m = CostModel()
+    m = AnalyticModel()
     assert m.predict_ms(r.value, RAGGED) == m.predict_ms(GEMM, RAGGED)
     assert SPEC.write(GEMM) == text and SPEC.read(text) == GEMM
     knn = parse_program(get_problem("knn_topk").seed_text())

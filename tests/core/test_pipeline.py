@@ -6,13 +6,12 @@ import subprocess
 import sys
 from dataclasses import replace
 
-import numpy as np
 import pytest
 
 from cake_core.agents.base import Candidate
 from cake_core.harness.version import HarnessSpec
 from cake_core.ir.text import parse_program
-from cake_core.model.cost import CostModel
+from cake_core.model.analytic import AnalyticModel
 from cake_core.outcome import Outcome, StageResult
 from cake_core.pipeline import STAGE_NAMES, Attempt, attempt_id_for, cost_filter_stage, stages_for, verify_stage
 from cake_core.pipeline.debug import Debug
@@ -116,7 +115,7 @@ def test_a_stopped_attempt_takes_no_further_stage():
 def test_rows_carry_the_outcome_value_and_every_stage_result():
     a = Attempt("r", 1, 3, "gemm_bf16", 0, Candidate(SEED, tactic="retile"))
     a.record(verify_stage(SEED, HarnessSpec(), GEMM, SHAPES), 0.5)
-    (f,) = cost_filter_stage([a.program], SHAPES, CostModel("H200"), 1, 0, np.random.default_rng(0))
+    (f,) = cost_filter_stage([a.program], SHAPES, AnalyticModel("H200"), 1, 0, 0, seed=0)
     a.record(f)
     a.record(judge("time", [_v(k, Outcome.MEASURED, T, seconds=2.0) for k in a.predictions]))
     rows = attempt_rows(a)
@@ -136,15 +135,36 @@ def test_rows_carry_the_outcome_value_and_every_stage_result():
 
 def test_the_cost_filter_keeps_the_top_k_and_explores_deterministically():
     progs = [parse_program(SEED).with_consts(BM=bm, BN=bn) for bm in (16, 32, 64) for bn in (16, 32)]
-    model = CostModel("H200")
-    a = cost_filter_stage(progs, SHAPES, model, 2, 1, np.random.default_rng([4, 2]))
-    b = cost_filter_stage(progs, SHAPES, model, 2, 1, np.random.default_rng([4, 2]))
+    model = AnalyticModel("H200")
+    a = cost_filter_stage(progs, SHAPES, model, 2, 1, 0, seed=42)
+    b = cost_filter_stage(progs, SHAPES, model, 2, 1, 0, seed=42)
     assert [r.outcome for r in a] == [r.outcome for r in b]
     kept = [i for i, r in enumerate(a) if r.outcome is Outcome.OK]
     assert len(kept) == 3 and sum(r.outcome is Outcome.FILTERED for r in a) == 3
     ranks = {i: a[i].metrics["rank"] for i in range(len(progs))}
     assert {i for i in kept if ranks[i] < 2} == {i for i in ranks if ranks[i] < 2}      # the top 2 always go on
     assert all(set(r.metrics["predictions"]) == {"M=96,N=80,K=72", "M=33,N=17,K=9"} for r in a)
+    assert {a[i].metrics["decision"] for i in kept} <= {"kept", "explored"}
+
+
+def test_the_cost_filter_times_a_sample_of_what_it_drops_and_records_every_decision():
+    progs = [parse_program(SEED).with_consts(BM=bm, BN=bn) for bm in (16, 32, 64) for bn in (16, 32)]
+    res = cost_filter_stage(progs, SHAPES, AnalyticModel("H200"), 2, 1, 1, seed=7)
+    decisions = [r.metrics["decision"] for r in res]
+    assert sorted(decisions) == ["explored", "filtered", "filtered", "kept", "kept", "sampled"]
+    # a sampled candidate goes on to be timed though it ranked below the cut
+    (s,) = [r for r in res if r.metrics["decision"] == "sampled"]
+    assert s.outcome is Outcome.OK and s.metrics["rank"] >= 2
+    assert all(r.outcome is Outcome.FILTERED for r in res if r.metrics["decision"] == "filtered")
+    a = Attempt("r", 0, 0, "gemm_bf16", 0, Candidate(SEED))
+    a.record(verify_stage(SEED, HarnessSpec(), GEMM, SHAPES))
+    a.record(s)
+    rows = attempt_rows(a)["predictions"]
+    assert {r["decision"] for r in rows} == {"sampled"} and {r["model_kind"] for r in rows} == {"analytic"}
+    assert all(r["score"] is not None for r in rows)
+    # without the filter (keep everything) nothing is dropped and nothing needs sampling
+    everyone = cost_filter_stage(progs, SHAPES, AnalyticModel("H200"), len(progs), 0, 0, seed=7)
+    assert all(r.outcome is Outcome.OK and r.metrics["decision"] == "kept" for r in everyone)
 
 
 # ---------------------------------------------------------------- the debug switch

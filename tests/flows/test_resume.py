@@ -123,18 +123,21 @@ def test_held_out_rows_never_decide_selection(services, tmp_path, monkeypatch):
     (shapes / "gemm_held.csv").write_text("\n".join(searched + ["31,47,13,held_out", "150,3,77,held_out"]) + "\n")
     (shapes / "gemm_searched.csv").write_text("\n".join(searched) + "\n")
     monkeypatch.setattr(base, "SHAPES_DIR", shapes)
-    root = tmp_path / "warehouse"
-    runs = {}
+    # each run in its own warehouse: the agent reads the problem's earlier runs (tactic records), so a shared
+    # warehouse would make the second run differ from the first for a reason that is not the held-out rows
+    runs, whs = {}, {}
     for run_id, shape_set in (("with-held", "gemm_held"), ("without", "gemm_searched")):
+        root = tmp_path / run_id
         runs[run_id] = evolve_flow(problem="gemm_bf16", shape_set=shape_set, generations=2, population=5, seed=9,
                                    run_id=run_id, warehouse_root=str(root), cache_dir=str(services["home"] / "cache"))
-    wh = Warehouse(root)
+        whs[run_id] = Warehouse(root)
 
     def journey(run_id):
-        return wh.query("select generation, slot, ir_hash, outcome, predicted_ms from attempts where run_id = ? "
-                        "order by generation, slot", [run_id]).to_pylist()
+        return whs[run_id].query("select generation, slot, ir_hash, outcome, predicted_ms from attempts "
+                                 "where run_id = ? order by generation, slot", [run_id]).to_pylist()
 
     assert journey("with-held") == journey("without")            # the held-out rows changed nothing
+    wh = whs["with-held"]
     held = {"M=31,N=47,K=13", "M=150,N=3,K=77"}
     seen = {r["shape"] for r in wh.query("select c.shape from checks c join attempts a using (attempt_id) "
                                           "where a.run_id = 'with-held' and c.kind = 'search' union all "

@@ -153,11 +153,11 @@ def test_arrive_sites_in_different_blocks_of_a_role_are_alternatives():
 
 
 def test_cost_model_walks_the_largest_tile_share():
-    from cake_core.model.cost import CostModel
-    est = CostModel().estimate(parse_program(SEED), {"M": 4096, "N": 4096, "K": 4096})
-    assert est.ctas == 132
-    # 512 tiles on 132 CTAs: CTA 0 walks 4, so the work counted is 132 * 4 tiles (wave quantization)
-    assert est.flops == pytest.approx(132 * 4 * 2 * 128 * 256 * 4096)
+    from cake_core.model.features import extract
+    f = extract(parse_program(SEED), {"M": 4096, "N": 4096, "K": 4096})
+    assert f.ctas == 132
+    # 512 tiles on 132 CTAs: CTA 0 walks 4, so the work counted per CTA is 4 tiles (wave quantization)
+    assert f.tensor_flops == pytest.approx(4 * 2 * 128 * 256 * 4096)
 
 
 def test_expression_helpers_know_the_new_symbols():
