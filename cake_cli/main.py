@@ -79,6 +79,11 @@ def _usage_error_types() -> tuple[type[BaseException], ...]:
         types += [UnknownProblem, ShapeSetError]
     except ImportError:
         pass
+    try:
+        from warehouse import ReadOnlyError   # a statement `cake sql` refuses is bad usage
+        types.append(ReadOnlyError)
+    except ImportError:
+        pass
     return tuple(types)
 
 
