@@ -17,7 +17,6 @@ import functools
 import getpass
 import io
 import json
-import logging
 import os
 import secrets
 import signal
@@ -32,13 +31,13 @@ from typing import Any, TypeVar
 import click
 import typer
 from rich.console import Console
-from rich.live import Live
 from rich.table import Table
 
 from cake_cli.config import ConfigError, Settings, load_settings
-from cake_cli.display import (RunProgress, best_text, columns_rows, live_view, print_result,
-                              summary_table, to_arrow)
-from cake_cli.services import gpu_policy, prefect_server, ray_runtime
+from cake_cli.display import columns_rows, console, print_result, to_arrow
+from cake_cli.display import say as _say
+from cake_cli.evolve_run import Stopped, exit_now, run_evolution, terminate
+from cake_cli.services import gpu_policy, preflight, prefect_server
 from cake_core.errors import CakeError
 
 app = typer.Typer(name="cake", no_args_is_help=True, add_completion=False,
@@ -49,11 +48,12 @@ harness_app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
                           help="Review harness proposals and list harness versions.")
 app.add_typer(harness_app, name="harness")
 
-console = Console(highlight=False)   # stdout; file=None follows sys.stdout (tests swap it)
-
-REFRESH_S = 0.5            # live display refresh period
-PROPOSALS_VIEW = "proposals_latest"
-VERSIONS_QUERY = "select * from harness_versions order by version"
+WORKER_STOP_S = 20.0       # a stopped worker may finish handing back its flow runs this long
+# What a person reviewing proposals needs on one screen; the JSON evidence is one `cake sql` away.
+PROPOSALS_QUERY = ("select proposal_id, kind, status, title, created_at from proposals_latest "
+                   "order by created_at, proposal_id")
+VERSIONS_QUERY = ("select version, parent, proposal_id, created_at from harness_versions "
+                  "order by version")
 
 _settings_cache: list[Settings] = []   # the settings of this invocation, once loaded
 
@@ -161,16 +161,7 @@ def _startup() -> None:
     # A SIGTERM (a scheduler, `timeout`) unwinds like Ctrl-C would: the services this process
     # started (the Prefect server, Ray) are stopped on the way out instead of left running.
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _terminate)
-
-
-def _terminate(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt  # the same orderly stop as Ctrl-C
-
-
-def _say(text: str) -> None:
-    """A plain line on stdout: no markup, never wrapped (paths and commands must stay copyable)."""
-    console.print(text, markup=False, soft_wrap=True)
+        signal.signal(signal.SIGTERM, terminate)
 
 
 def _ir_file(file: Path) -> None:
@@ -205,50 +196,13 @@ def _warehouse(settings: Settings):
 # ---------------------------------------------------------------- cake evolve
 
 
-def _quiet_prefect_console() -> None:
-    """Keep Prefect's INFO lines off the terminal (they stay in the UI): the live display owns it."""
-    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
-    for name in ["", "prefect", *logging.root.manager.loggerDict]:
-        logger = logging.getLogger(name)
-        for h in getattr(logger, "handlers", []):
-            if type(h).__name__ == "PrefectConsoleHandler" and h.level < logging.WARNING:
-                h.setLevel(logging.WARNING)
-
-
-def _cancel_flow_run(tag: str) -> None:
-    """Mark the run's Prefect flow run cancelled so the UI tells the truth (best effort)."""
-    try:
-        from prefect.client.orchestration import get_client
-        from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
-        from prefect.states import Cancelled
-
-        with get_client(sync_client=True) as client:
-            runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
-                tags=FlowRunFilterTags(all_=[tag])))
-            for run in runs:
-                if run.state is None or not run.state.is_final():
-                    client.set_flow_run_state(run.id, Cancelled(
-                        message="stopped with Ctrl-C in `cake evolve`"), force=True)
-    except Exception:  # noqa: BLE001 - stopping must not fail because the UI could not be told
-        pass
-
-
-def _sql_hint(run_id: str) -> str:
-    return (f'cake sql "select generation, outcome, count(*) from attempts '
-            f"where run_id = '{run_id}' group by all order by all\"")
-
-
-def _print_where(settings: Settings, ui_url: str, run_id: str) -> None:
-    _say(f"warehouse: {settings.warehouse_root}")
-    _say(f"Prefect UI: {ui_url}  (flow runs tagged cake-run:{run_id})")
-
-
 @app.command(no_args_is_help=True)
 @cli_errors
 def evolve(
     problem: str = typer.Argument(..., metavar="PROBLEM", help="Problem to evolve a kernel for (see `cake problems`)."),
     shapes: str | None = typer.Option(None, "--shapes", metavar="SET",
-                                      help="Shape set to tune on (default: the problem's first)."),
+                                      help="Shape set to tune on: a name under datasets/shapes/ or a path to "
+                                           "a CSV file (default: the problem's first set)."),
     generations: int = typer.Option(3, "--generations", min=1, help="Generations to run."),
     population: int = typer.Option(8, "--population", min=1, help="Candidates per generation."),
     seed: int = typer.Option(0, "--seed", help="Seed: the tactic agent is deterministic under it."),
@@ -257,6 +211,7 @@ def evolve(
     """Evolve kernels for PROBLEM with a live display.
 
     Every attempt lands in the warehouse; the run also shows in the Prefect UI.
+    Ctrl-C (or SIGTERM) stops it between stages and records it as cancelled.
     """
     settings = _settings()
     if agent not in ("tactic", "llm"):
@@ -271,6 +226,7 @@ def evolve(
 
     # Check everything that can be wrong with the request before starting any service.
     from cake_core.problems import get_problem, load_shape_set
+    from cake_core.problems.base import is_shape_file
 
     prob = get_problem(problem)
     shape_set = shapes
@@ -280,72 +236,124 @@ def evolve(
             raise UsageError(f"problem {problem} declares no shape set; pass --shapes SET")
         shape_set = declared[0]
     load_shape_set(prob, shape_set)
+    if is_shape_file(shape_set):   # the flow may run elsewhere: hand it the file, not the cwd
+        shape_set = str(Path(shape_set).expanduser().absolute())
     gpu_models = gpu_policy(settings)
-    timed = bool(gpu_models)
+    preflight(settings, agent, gpu_models)
+    from tasks.run_control import mark_crashed
+
+    crashed = mark_crashed(settings.warehouse_root)
+    if crashed:
+        _say(f"marked {len(crashed)} run(s) whose process died as crashed: {', '.join(crashed)}")
 
     run_id = f"{problem}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
-    tag = f"cake-run:{run_id}"
-    for d in (settings.warehouse_root.parent, settings.cache_dir, settings.logs_dir):
-        d.mkdir(parents=True, exist_ok=True)
 
-    with prefect_server(settings) as pf, ray_runtime(settings, num_gpus=len(gpu_models)):
-        _quiet_prefect_console()
-        from flows.evolve import evolve_flow
-        import prefect
+    try:
+        run_evolution(settings, problem, shape_set, generations, population, seed, agent, gpu_models,
+                      run_id)
+    except Stopped:
+        if _STANDALONE:
+            # The services are down and the count is said. The exit hooks left would only wait:
+            # Prefect's, to send a stopped flow's last events to a server that is gone.
+            exit_now(130)
+        raise typer.Exit(130) from None
 
-        _print_where(settings, pf.ui_url, run_id)
-        _say(f"run {run_id}: {problem} on {shape_set}, {generations} generations x "
-             f"{population}, seed {seed}, agent {agent}, "
-             f"{', '.join(gpu_models) if gpu_models else 'CPU only (checked, not timed)'}")
-        kwargs: dict[str, Any] = dict(
-            problem=problem, shape_set=shape_set, generations=generations, population=population,
-            seed=seed, run_id=run_id, warehouse_root=str(settings.warehouse_root),
-            cache_dir=str(settings.cache_dir), gpu_models=list(gpu_models))
-        kwargs["agent"] = agent
-        if agent == "llm":
-            kwargs["llm"] = {"base_url": settings.llm_base_url, "model": settings.llm_model,
-                             "api_key_env": settings.llm_api_key_env}
 
-        outcome: dict[str, Any] = {}
+_STANDALONE = False   # True in the `cake` process itself (main()); False when a test invokes `app`
 
-        def work() -> None:
-            try:
-                with prefect.tags(tag):
-                    outcome["value"] = evolve_flow(**kwargs)
-            except BaseException as e:  # noqa: BLE001 - handed to the main thread
-                outcome["error"] = e
 
-        worker = threading.Thread(target=work, name="cake-evolve", daemon=True)
-        progress = RunProgress(settings.warehouse_root, run_id)
-        started = time.monotonic()
+# ---------------------------------------------------------------- cake server / deploy / worker
+
+
+@app.command()
+@cli_errors
+def server() -> None:
+    """Keep this home's Prefect server and UI up until Ctrl-C.
+
+    Runs started meanwhile share it; it stops once the last of them ends.
+    """
+    settings = _settings()
+    preflight(settings)
+    try:
+        with prefect_server(settings) as pf:
+            if pf.note:
+                _say(pf.note)
+            _say(f"Prefect UI: {pf.ui_url}  (API {pf.api_url}, database in {settings.prefect_home})")
+            _say("Ctrl-C to leave it; it stops once no run uses it any more")
+            while True:
+                time.sleep(3600)
+    except KeyboardInterrupt:
+        _say("left the Prefect server")
+
+
+@app.command()
+@cli_errors
+def deploy(
+    file: Path | None = typer.Option(None, "--file", metavar="PREFECT.YAML",
+                                     help="Deployments to register (default: the repository's prefect.yaml)."),
+) -> None:
+    """Register prefect.yaml's deployments and their work pool.
+
+    On this home's Prefect server; then `cake worker` runs them (scheduled
+    ones, and those started from the UI).
+    """
+    settings = _settings()
+    from cake_cli.deployments import (REPO_PREFECT_FILE, WORK_POOL, ensure_work_pool, register,
+                                      unfilled_templates)
+
+    path = (file or REPO_PREFECT_FILE).expanduser()
+    if not path.is_file():
+        raise UsageError(f"no deployment file at {path}; pass --file PREFECT.YAML")
+    unknown = unfilled_templates(path)
+    if unknown:
+        raise UsageError(f"{path} uses {', '.join('$' + v for v in unknown)}, which `cake deploy` does not "
+                         f"set; write the values into the file")
+    preflight(settings)
+    with prefect_server(settings) as pf:
+        if pf.note:
+            _say(pf.note)
+        created = ensure_work_pool()
+        names = register(path, settings)
+    _say(f"work pool {WORK_POOL}: {'created' if created else 'already there'}")
+    for n in names:
+        _say(f"registered {n}")
+    _say("run them: cake worker  (scheduled runs, and runs started from the UI, wait for a worker)")
+
+
+@app.command()
+@cli_errors
+def worker() -> None:
+    """Run deployed flows: a Prefect worker on the cake work pool.
+
+    Against this home's Prefect server; Ctrl-C stops it.
+    """
+    import subprocess
+
+    from cake_cli.deployments import WORK_POOL, ensure_work_pool, worker_command
+
+    settings = _settings()
+    preflight(settings)
+    with prefect_server(settings) as pf:
+        if pf.note:
+            _say(pf.note)
+        ensure_work_pool()
+        _say(f"worker on work pool {WORK_POOL}; flow runs start here; Prefect UI: {pf.ui_url}")
+        env = {**os.environ, "CAKE_HOME": str(settings.home)}
+        proc = subprocess.Popen(worker_command(), env=env, stdin=subprocess.DEVNULL)
         try:
-            with Live(live_view(progress, problem, generations, timed, started),
-                      console=console, refresh_per_second=4, transient=True) as live:
-                worker.start()
-                while worker.is_alive():
-                    worker.join(REFRESH_S)
-                    live.update(live_view(progress.refresh(), problem, generations, timed,
-                                          started))
+            code = proc.wait()
         except KeyboardInterrupt:
-            _say("stopping: cancelling the flow run and shutting down the workers ...")
-            _cancel_flow_run(tag)
-            progress.refresh()
-            measured = progress.by_outcome().get("measured", 0)
-            _say(f"stopped. recorded {progress.total()} attempts of run {run_id} "
-                 f"({measured} measured) in {settings.warehouse_root}; they stay there")
-            if progress.total():
-                console.print(summary_table(progress))
-            _say(f"look at them: {_sql_hint(run_id)}")
-            raise typer.Exit(130) from None
-
-        progress.refresh()
-        if progress.total():
-            console.print(summary_table(progress))
-        _say(f"best: {best_text(progress, timed)}")
-        _print_where(settings, pf.ui_url, run_id)
-        _say(f"ask: {_sql_hint(run_id)}")
-        if "error" in outcome:
-            raise outcome["error"]
+            # Ctrl-C reached the worker too (same process group); SIGTERM reached only us: pass it on.
+            proc.terminate()
+            try:
+                proc.wait(WORKER_STOP_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            _say("worker stopped")
+            return
+    if code:
+        raise CakeError(f"the Prefect worker exited with code {code}")
 
 
 # ---------------------------------------------------------------- cake sql
@@ -434,8 +442,12 @@ def problems() -> None:
 @cli_errors
 def harness_proposals() -> None:
     """List harness proposals with their latest state."""
-    print_result(console, _warehouse(_settings()).query(f"select * from {PROPOSALS_VIEW}"),
-                  empty="no proposals yet")
+    result = _warehouse(_settings()).query(PROPOSALS_QUERY)
+    print_result(console, result, empty="no proposals yet")
+    if columns_rows(result)[1]:
+        _say("approve:  cake harness approve ID --reason TEXT")
+        _say("reject:   cake harness reject ID --reason TEXT")
+        _say("evidence: cake sql \"select * from proposals_latest where proposal_id = 'ID'\"")
 
 
 def _decide(proposal_id: str, approve: bool, reason: str) -> None:
@@ -507,7 +519,7 @@ def harness_review(
 @harness_app.command("versions")
 @cli_errors
 def harness_versions() -> None:
-    """List harness versions, newest last."""
+    """List harness versions, newest last (each also exported as <home>/harness/harness-vN.json)."""
     print_result(console, _warehouse(_settings()).query(VERSIONS_QUERY),
                   empty="no harness versions yet")
 
@@ -527,6 +539,13 @@ def check(
     Runs the parser, the type checks and the verifier rules for --target.
     """
     _ir_file(file)
+    n_err = _print_diagnostics(file, target, as_json)
+    if n_err:
+        raise typer.Exit(1)
+
+
+def _print_diagnostics(file: Path, target: str, as_json: bool = False, quiet_ok: bool = False) -> int:
+    """Check ``file`` and print its diagnostics as a compiler does (or as JSON); returns the error count."""
     from cake_core.ir.check import check_file
 
     diagnostics = list(check_file(str(file), target=target))
@@ -535,15 +554,16 @@ def check(
         sys.stdout.write(json.dumps({"file": str(file), "target": target, "errors": n_err,
                                      "diagnostics": [d.to_dict() for d in diagnostics]},
                                     indent=1) + "\n")
-    else:
-        source = file.read_text()
-        for d in diagnostics:
-            typer.echo(d.format(str(file), source))
-        n_other = len(diagnostics) - n_err
-        typer.echo(f"{file}: {n_err} error(s), {n_other} other diagnostic(s)" if diagnostics
-                   else f"{file}: ok")
-    if n_err:
-        raise typer.Exit(1)
+        return n_err
+    source = file.read_text()
+    for d in diagnostics:
+        typer.echo(d.format(str(file), source))
+    n_other = len(diagnostics) - n_err
+    if diagnostics:
+        typer.echo(f"{file}: {n_err} error(s), {n_other} other diagnostic(s)")
+    elif not quiet_ok:
+        typer.echo(f"{file}: ok")
+    return n_err
 
 
 # ---------------------------------------------------------------- cake run / cake ops
@@ -558,7 +578,12 @@ def run(
     cpu: bool = typer.Option(True, "--cpu/--no-cpu", help="Run on the CPU interpreter (the only backend here)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random inputs."),
 ) -> None:
-    """Run an IR file on the CPU interpreter against a problem's oracle; exit 1 if any shape is wrong."""
+    """Run an IR file on the CPU against an oracle.
+
+    The CPU interpreter runs FILE on each --shape against the problem's oracle;
+    exit 1 if any shape is wrong. A file that does not verify is not run: its
+    diagnostics print as `cake check` prints them.
+    """
     if not cpu:
         raise UsageError("only --cpu is available from `cake run`; GPU runs go through `cake evolve`")
     _ir_file(file)
@@ -568,10 +593,15 @@ def run(
 
     prob = get_problem(problem)
     shapes = [parse_shape_key(s, prob.dims) for s in shape]
+    # A file that does not verify is answered as `cake check` answers it, one diagnostic per block.
+    if _print_diagnostics(file, "sm_90a", quiet_ok=True):
+        typer.echo(f"{file}: not run: fix the errors above (`cake check {file}` shows them again)")
+        raise typer.Exit(1)
     checks = run_file(file, problem, shapes, seed=seed)
     t = Table(title=f"{file} on {problem} (CPU interpreter)")
-    for col in ("shape", "correct", "max rel error", "message"):
-        t.add_column(col)
+    for col in ("shape", "correct", "max rel error"):
+        t.add_column(col, no_wrap=True)
+    t.add_column("message", overflow="fold")
     for c in checks:
         t.add_row(c.shape, "yes" if c.correct else "NO", "" if c.max_error is None else f"{c.max_error:.3g}",
                   c.message)
@@ -583,11 +613,21 @@ def run(
 @app.command()
 @cli_errors
 def ops() -> None:
-    """Print the Cake IR reference (every op, its types, preconditions, example and guarding rules)."""
+    """Print the Cake IR reference.
+
+    Every op, its types, preconditions, example and the rules that guard it.
+    """
     from cake_core.ir.reference import render_reference
 
     sys.stdout.write(render_reference())
 
 
-if __name__ == "__main__":
+def main() -> None:
+    """The `cake` command (the console script): :data:`app` in a process of its own."""
+    global _STANDALONE
+    _STANDALONE = True
     app()
+
+
+if __name__ == "__main__":
+    main()

@@ -17,6 +17,7 @@ from typing import Any
 import ray
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
+from prefect.states import Cancelled
 
 from cake_core.agents.base import Context
 from cake_core.agents.tactic_agent import TacticAgent
@@ -27,7 +28,9 @@ from cake_core.outcome import Outcome
 from cake_core.pipeline import nvcc_available
 from cake_core.problems import get_problem, load_shape_set, shape_key
 from tasks.harness import load_harness
+from tasks.ray_runtime import ensure_ray
 from tasks.record import Attempt, now
+from tasks.run_control import begin_run, end_run, raise_if_stopped, status_for, stop_requested
 from tasks.stages import (check_cpu, compact, compile_one, confirm_gpu, cost_filter, generate, record, time_gpu,
                           verify)
 from tasks.workers import ActorPool, CpuChecker, GpuRunner
@@ -59,6 +62,7 @@ def evolve_flow(problem: str, shape_set: str, generations: int = 3, population: 
         raise CakeError(f"shape set `{shape_set}` has no shape small enough for the CPU interpreter (every "
                         f"dimension ≤ {prob.cpu_limit}); pick a smaller set such as "
                         f"{prob.shape_sets[0]} or run where a GPU is present")
+    ensure_ray(gpus=bool(gpus))   # a worker runs the flow in a bare process
     wh = Warehouse(warehouse_root)
     harness = load_harness(warehouse_root)
     started = now()
@@ -66,7 +70,7 @@ def evolve_flow(problem: str, shape_set: str, generations: int = 3, population: 
                 seed=seed, generations=generations, population=population,
                 gpu_model=gpus[0] if gpus else None, flow_run_id=str(flow_run.id) if flow_run.id else None,
                 started_at=started)
-    wh.append("runs", [_run_row(run_id, "running", **base)])
+    hold = begin_run(warehouse_root, _run_row(run_id, "running", **base))
     wh.append("shapes", [{"shape_set": shape_set, "problem": problem, "shape": shape_key(s),
                           "dims": json.dumps(s), "role": r} for s, r in zip(ss.shapes, ss.roles)])
     log.info(f"run {run_id}: {problem} on {len(shapes)} shapes of {shape_set}, harness v{harness.version}, "
@@ -79,16 +83,17 @@ def evolve_flow(problem: str, shape_set: str, generations: int = 3, population: 
         model.version = f"{model.version}+harness-v{harness.version}"
     ctx = Context(harness.version, 0, population)
     if gpus:
-        pool = ActorPool(lambda: GpuRunner.remote(), len(gpus))
+        pool = ActorPool(lambda: GpuRunner.remote(), len(gpus), should_stop=lambda: stop_requested(run_id))
     else:
         cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-        pool = ActorPool(lambda: CpuChecker.remote(), min(cpus, 4))
+        pool = ActorPool(lambda: CpuChecker.remote(), min(cpus, 4), should_stop=lambda: stop_requested(run_id))
     totals: dict[str, int] = {}
     best: list[tuple[float, str]] = []
     measured: list[Attempt] = []
     status = "failed"
     try:
         for g in range(generations):
+            raise_if_stopped(run_id)
             ctx.generation = g
             cands = generate(proposer, problem, ctx)
             attempts = [Attempt(run_id, g, problem, harness.version, c) for c in cands]
@@ -115,9 +120,15 @@ def evolve_flow(problem: str, shape_set: str, generations: int = 3, population: 
         if gpus:
             confirm_gpu(warehouse_root, pool, measured, problem, shapes, seed, timeout_s, gpus[0], reps)
         status = "completed"
+    except BaseException as e:
+        status = status_for(e, run_id)
+        if status != "cancelled":
+            raise
+        log.info(f"run {run_id} stopped before generation {ctx.generation + 1} ended")
+        return Cancelled(message=f"run {run_id} was stopped")
     finally:
         pool.shutdown()
-        wh.append("runs", [_run_row(run_id, status, **base, finished_at=now())])
+        end_run(warehouse_root, hold, _run_row(run_id, status, **base, finished_at=now()), status)
     if gpus:
         _dispatch(wh, run_id, problem, shape_set)
     try:

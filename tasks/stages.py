@@ -24,6 +24,7 @@ from cake_core.pipeline import check_stage, compile_stage, predict_stage, verify
 from cake_core.problems import get_problem
 from cake_core.problems.base import shape_key
 from tasks.record import Attempt, merge_rows, now
+from tasks.run_control import writing
 from tasks.workers import ActorPool, Fault
 from warehouse import TABLES, Warehouse
 
@@ -54,10 +55,11 @@ def record(warehouse_root: str, attempts: list[Attempt]) -> int:
         return 0
     wh = Warehouse(warehouse_root)
     rows = merge_rows(attempts)
-    for table in CHILD_TABLES:
-        if rows.get(table):
-            _append(wh, table, rows[table])
-    return _append(wh, "attempts", rows["attempts"])
+    with writing(a.run_id for a in attempts):   # a stopped run raises RunCancelled, writing nothing
+        for table in CHILD_TABLES:
+            if rows.get(table):
+                _append(wh, table, rows[table])
+        return _append(wh, "attempts", rows["attempts"])
 
 
 @retry(retry=retry_if_exception_type(OSError), stop=stop_after_attempt(4), wait=wait_exponential(0.2, max=2),

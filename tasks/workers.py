@@ -135,8 +135,9 @@ class ActorPool:
     """
 
     def __init__(self, factory: Callable[[], Any], size: int, *, start_timeout_s: float = 180.0,
-                 exit_timeout_s: float = 60.0):
+                 exit_timeout_s: float = 60.0, should_stop: Callable[[], bool] | None = None):
         self.factory = factory
+        self.should_stop = should_stop
         self.start_timeout_s, self.exit_timeout_s = start_timeout_s, exit_timeout_s
         self.replaced = 0
         self.elapsed: list[float] = []
@@ -152,10 +153,23 @@ class ActorPool:
         except AttributeError:
             self.idents[actor] = None
             return
-        try:
-            self.idents[actor] = tuple(ray.get(method.remote(), timeout=self.start_timeout_s))
-        except Exception:  # noqa: BLE001 - it may still come up; its first job's watchdog decides
-            self.idents[actor] = None
+        ref, deadline = method.remote(), time.monotonic() + self.start_timeout_s
+        self.idents[actor] = None
+        while time.monotonic() < deadline:
+            self._raise_if_stopped()
+            ready, _ = ray.wait([ref], timeout=0.2)
+            if ready:
+                try:
+                    self.idents[actor] = tuple(ray.get(ref))
+                except Exception:  # noqa: BLE001 - it may still come up; its first job's watchdog decides
+                    pass
+                return
+
+    def _raise_if_stopped(self) -> None:
+        """Raise RunCancelled once the run is asked to stop (the caller's finally shuts the pool down)."""
+        if self.should_stop is not None and self.should_stop():
+            from tasks.run_control import RunCancelled
+            raise RunCancelled("stopped while workers were busy")
 
     def _replace(self, actor: Any) -> Any:
         ident = self.idents.pop(actor, None)
@@ -188,6 +202,7 @@ class ActorPool:
         free = list(self.actors)
         pending: dict[Any, tuple[int, Any, float]] = {}
         while queue or pending:
+            self._raise_if_stopped()
             while free and queue:
                 i, args = queue.pop(0)
                 actor = free.pop()
