@@ -35,6 +35,7 @@ import httpx
 from cake_cli.config import Settings
 from cake_cli.leases import Lease, Registry, ServerRecord
 from cake_core.errors import CakeError
+from tasks.ray_runtime import RAY_ENV, RayUnavailable, check_address, start_ray
 
 HEALTH_TIMEOUT_S = 3.0        # an external Prefect API must answer /health within this
 STARTUP_TIMEOUT_S = 150.0     # the embedded server must be healthy within this (slow on a loaded machine)
@@ -42,13 +43,10 @@ STOP_TIMEOUT_S = 15.0         # after SIGTERM, wait this long before SIGKILL
 STALE_CHECKS = 3              # a recorded server that misses this many health checks in a row is hung
 LLM_CHECK_TIMEOUT_S = 5.0     # the LLM endpoint must answer within this
 
-# Set in every process Cake starts (the Prefect server, Ray workers).
+# Set in every process Cake starts (the Prefect server, Ray and its workers).
 QUIET_ENV = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",  # no telemetry errors offline
-    "RAY_AUTH_MODE": "disabled",                  # no token file written by Ray
-    "RAY_USAGE_STATS_ENABLED": "0",               # no usage-stats prompt or upload
-    "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",         # workers use this interpreter as is
-    "RAY_ENABLE_AUTO_CONNECT": "0",               # no Ray started behind a call after shutdown
+    **RAY_ENV,
 }
 
 
@@ -301,7 +299,7 @@ def prefect_server(settings: Settings) -> Iterator[PrefectServer]:
         return
 
     registry = Registry(settings.home)
-    with registry.locked():
+    with _held(registry):
         others = registry.live_leases()
         lease = registry.take_lease()
         try:
@@ -323,9 +321,20 @@ def prefect_server(settings: Settings) -> Iterator[PrefectServer]:
         raise
 
 
+@contextlib.contextmanager
+def _held(registry: Registry) -> Iterator[Registry]:
+    """The home's registry, held; a ServiceError if another process keeps it too long."""
+    try:
+        with registry.locked() as held:
+            yield held
+    except TimeoutError as e:
+        raise ServiceError(f"{e}: another Cake process of this home is starting or stopping its Prefect "
+                           f"server; try again (nothing waits on a lock of a process that died)") from None
+
+
 def _leave(registry: Registry, lease: Lease) -> None:
     """Drop this process's lease; the last user of a server Cake started stops it."""
-    with registry.locked():
+    with _held(registry):
         lease.release()
         rec = registry.read()
         if rec is not None and not registry.live_leases():
@@ -375,8 +384,6 @@ def ray_runtime(settings: Settings, num_gpus: int | None = None) -> Iterator[Ray
     for k, v in QUIET_ENV.items():
         os.environ.setdefault(k, v)
     import ray  # late: importing Ray costs a second or two, and `cake sql` never needs it
-
-    from tasks.ray_runtime import RayUnavailable, start_ray
 
     if ray.is_initialized():  # someone in this process already owns the connection
         yield RayRuntime(address=settings.ray_address, started=False,
@@ -438,8 +445,6 @@ def preflight(settings: Settings, agent: str = "tactic", gpus: list[str] | None 
     ServiceError
         The first thing found wrong, in one line that says what to change.
     """
-    from tasks.ray_runtime import RayUnavailable, check_address
-
     _check_home_writable(settings)
     if settings.ray_address:
         try:

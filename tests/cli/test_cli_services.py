@@ -298,6 +298,33 @@ def test_detect_gpus_reads_nvidia_smi(tmp_path, monkeypatch):
     assert detect_gpus() == []
 
 
+def test_a_registry_held_too_long_is_one_line(monkeypatch, free_port):
+    import cake_cli.leases as leases
+
+    monkeypatch.setenv("CAKE_PREFECT_PORT", str(free_port()))
+    monkeypatch.setattr(leases, "REGISTRY_WAIT_S", 0.3)
+    settings = load_settings()
+    holder = subprocess.Popen([sys.executable, "-c", """
+import sys, time
+from pathlib import Path
+from cake_cli.leases import Registry
+with Registry(Path(sys.argv[1])).locked():
+    print("ready", flush=True)
+    time.sleep(600)
+""", str(settings.home)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        with pytest.raises(ServiceError) as e:
+            with prefect_server(settings):
+                pass
+        msg = str(e.value)
+        assert "registry.lock stayed locked for 0 s" in msg and "try again" in msg and "\n" not in msg
+    finally:
+        holder.kill()
+        holder.wait()
+    assert list((settings.home / "services" / "leases").glob("*.lease")) == []
+
+
 def test_local_ray_start_is_retried_and_what_a_failed_start_left_is_killed(monkeypatch):
     import ray
 
@@ -408,3 +435,36 @@ def test_real_prefect_server_and_ray_on_loopback_with_this_homes_database(monkey
     assert (settings.logs_dir / "prefect-server.log").exists()
     assert Registry(settings.home).read() is None
     assert _listeners(marker) == [], "a process of this test still listens"
+
+
+@pytest.mark.services
+def test_cake_server_keeps_the_homes_server_up_until_ctrl_c(free_port, tmp_path):
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CAKE_", "PREFECT_"))}
+    env.update({"CAKE_HOME": str(tmp_path / "home"), "CAKE_PREFECT_PORT": str(port)})
+    cake = str(Path(sys.executable).parent / "cake")
+
+    def interactive():
+        signal.signal(signal.SIGINT, signal.SIG_DFL)   # as from a terminal (a test runner may ignore it)
+
+    proc = subprocess.Popen([cake, "server"], env=env, cwd=tmp_path, stdout=subprocess.PIPE, text=True,
+                            start_new_session=True, preexec_fn=interactive)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith(f"Prefect UI: http://127.0.0.1:{port}"), line
+        assert httpx.get(f"http://127.0.0.1:{port}/api/health").json() is True
+        # another command of the home uses the server through a lease of its own, and leaves it up
+        other = subprocess.run([cake, "harness", "approve", "prop-nope", "--reason", "r"], env=env, cwd=tmp_path,
+                               capture_output=True, text=True, timeout=300)
+        assert other.returncode == 1 and "prop-nope" in other.stderr, other.stderr
+        assert httpx.get(f"http://127.0.0.1:{port}/api/health").json() is True
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(60) == 0
+        assert "left the Prefect server" in proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=1)
+    assert Registry(tmp_path / "home").read() is None
