@@ -131,7 +131,9 @@ class ActorPool:
     waits for the killed process to exit when it ran on this node (its CUDA context, and any kernel
     still running in it, is gone only then: timings of later jobs must not share the GPU with it)
     and for the fresh actor to answer ``ident`` (for GpuRunner: CUDA initialised), so a job's
-    watchdog clock never counts an actor's start. ``replaced`` counts the replacements.
+    watchdog clock never counts an actor's start. ``replaced`` counts the replacements. With
+    ``should_stop``, every wait polls it and raises RunCancelled once it is true (a stopped run
+    gives up its batch; its jobs' results would not be written anyway).
     """
 
     def __init__(self, factory: Callable[[], Any], size: int, *, start_timeout_s: float = 180.0,

@@ -132,3 +132,33 @@ def test_a_run_whose_process_was_killed_is_marked_crashed_by_the_next_start(tmp_
         for h in holders:
             h.kill()
             h.wait()
+
+
+@pytest.mark.services
+def test_the_actor_pool_gives_up_a_batch_once_its_run_is_asked_to_stop(services):
+    import os
+
+    import ray
+
+    from tasks.workers import ActorPool
+
+    @ray.remote(num_cpus=0.25)
+    class Slow:
+        def ident(self):
+            return ray.get_runtime_context().get_node_id(), os.getpid()
+
+        def wait(self, seconds):
+            time.sleep(seconds)
+            return seconds
+
+    stop = threading.Event()
+    pool = ActorPool(lambda: Slow.remote(), 1, should_stop=stop.is_set)
+    try:
+        assert pool.map("wait", [(0.1,)], 60) == [0.1]
+        threading.Timer(1.0, stop.set).start()
+        t0 = time.monotonic()
+        with pytest.raises(rc.RunCancelled):
+            pool.map("wait", [(300,), (300,)], 600)
+        assert time.monotonic() - t0 < 60, "the pool waited for its jobs instead of giving up"
+    finally:
+        pool.shutdown()
