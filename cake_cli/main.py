@@ -1,8 +1,8 @@
 """The ``cake`` command line: evolve kernels, ask the warehouse, review the harness, check IR.
 
 Every command reports a problem as one red line on stderr (``error: ...``) and
-exits 2 for bad usage or configuration, 1 for a failure. An unexpected
-exception is one line too; its traceback goes to ``<home>/logs/cli.log``.
+exits 2 for bad usage or configuration, 1 for a failure (see
+:mod:`cake_cli.errors`).
 
 Heavy imports (Prefect, Ray, the flows, the warehouse) happen inside the
 commands, after the configuration is validated and after ``PREFECT_API_URL``
@@ -13,7 +13,6 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import enum
-import functools
 import getpass
 import io
 import json
@@ -23,12 +22,8 @@ import signal
 import sys
 import threading
 import time
-import traceback
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
 
-import click
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -36,6 +31,7 @@ from rich.table import Table
 from cake_cli.config import ConfigError, Settings, load_settings
 from cake_cli.display import columns_rows, console, print_result, to_arrow
 from cake_cli.display import say as _say
+from cake_cli.errors import UsageError, cli_errors, remember_home
 from cake_cli.evolve_run import Stopped, exit_now, run_evolution, terminate
 from cake_cli.services import gpu_policy, preflight, prefect_server
 from cake_core.errors import CakeError
@@ -58,97 +54,15 @@ VERSIONS_QUERY = ("select version, parent, proposal_id, created_at from harness_
 _settings_cache: list[Settings] = []   # the settings of this invocation, once loaded
 
 
-class UsageError(CakeError):
-    """The command line asked for something that cannot be done as asked (exit code 2)."""
-
-
-# ---------------------------------------------------------------- errors and settings
+# ---------------------------------------------------------------- settings
 
 
 def _settings() -> Settings:
     """Load and validate the configuration once per invocation."""
     if not _settings_cache:
         _settings_cache.append(load_settings())
+        remember_home(_settings_cache[0].home)
     return _settings_cache[0]
-
-
-def _usage_error_types() -> tuple[type[BaseException], ...]:
-    types: list[type[BaseException]] = [ConfigError, UsageError]
-    try:
-        from cake_core.problems import ShapeSetError, UnknownProblem
-        types += [UnknownProblem, ShapeSetError]
-    except ImportError:
-        pass
-    try:
-        from warehouse import ReadOnlyError   # a statement `cake sql` refuses is bad usage
-        types.append(ReadOnlyError)
-    except ImportError:
-        pass
-    return tuple(types)
-
-
-def _reported_error_types() -> tuple[type[BaseException], ...]:
-    types: list[type[BaseException]] = [CakeError]
-    try:
-        from warehouse import WarehouseError
-        types.append(WarehouseError)
-    except ImportError:
-        pass
-    return tuple(types)
-
-
-def _home_for_log() -> Path:
-    if _settings_cache:
-        return _settings_cache[0].home
-    return Path(os.environ.get("CAKE_HOME") or ".cake").expanduser().absolute()
-
-
-def _say_error(message: str) -> None:
-    # typer.secho, not rich: rich would wrap a long message over several lines.
-    first = " ".join(str(message).split()) or "(no message)"
-    typer.secho(f"error: {first}", fg="red", err=True)
-
-
-def _log_internal(exc: BaseException) -> Path | None:
-    """Append the traceback to <home>/logs/cli.log; return the path, or None if it cannot be written."""
-    log = _home_for_log() / "logs" / "cli.log"
-    try:
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with log.open("a") as f:
-            f.write(f"--- {dt.datetime.now().isoformat(timespec='seconds')} "
-                    f"cake {' '.join(sys.argv[1:])}\n")
-            f.write("".join(traceback.format_exception(exc)))
-    except OSError:
-        return None
-    return log
-
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def cli_errors(fn: F) -> F:
-    """Turn every exception out of a command into one line on stderr and an exit code."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except (typer.Exit, typer.Abort, click.exceptions.Exit, click.ClickException, click.Abort):
-            raise  # typer's own exits (typer >= 0.16 has its own classes) and usage errors
-        except KeyboardInterrupt:
-            _say_error("interrupted")
-            raise typer.Exit(130) from None
-        except _reported_error_types() as e:
-            _say_error(str(e))
-            raise typer.Exit(2 if isinstance(e, _usage_error_types()) else 1) from None
-        except Exception as e:  # noqa: BLE001 - the last line of defence: one line, log the rest
-            log = _log_internal(e)
-            where = f"full traceback in {log}" if log else "traceback could not be written"
-            msg = " ".join(str(e).split())
-            _say_error(f"internal: {type(e).__name__}: {msg} ({where})")
-            raise typer.Exit(1) from None
-
-    return wrapper  # type: ignore[return-value]
 
 
 @app.callback()
@@ -157,6 +71,7 @@ def _startup() -> None:
     """Cake evolves fast GPU kernels written in Cake IR."""
     # Validate the configuration before any command runs, so a typo fails first and alone.
     _settings_cache.clear()
+    remember_home(None)
     _settings()
     # A SIGTERM (a scheduler, `timeout`) unwinds like Ctrl-C would: the services this process
     # started (the Prefect server, Ray) are stopped on the way out instead of left running.
