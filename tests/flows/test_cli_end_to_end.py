@@ -100,7 +100,9 @@ def test_killed_run_loses_nothing_it_recorded(tmp_path, services):
              {"CAKE_PREFECT_API_URL": services["api_url"]})
     assert p.returncode == 0, p.stderr
     (killed,) = Warehouse(wh_root).query("select run_id, status from runs_latest").to_pylist()
-    assert killed["status"] == "running"   # nobody could say otherwise yet
+    log = tmp_path / "logs" / "cli.log"
+    why = (tmp_path / "stderr.txt").read_text()[-2000:] + (log.read_text()[-3000:] if log.exists() else "")
+    assert killed["status"] == "running", f"the run ended {killed['status']} before the kill: {why}"
     p = _run(["evolve", "gemm_bf16", "--generations", "1", "--population", "3"], tmp_path,
              {"CAKE_PREFECT_API_URL": services["api_url"]}, timeout=300)
     assert p.returncode == 0, p.stderr
