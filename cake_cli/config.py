@@ -33,7 +33,7 @@ DEFAULT_CONFIG_FILE = "cake.toml"
 
 # What each setting accepts, said the way an error message should say it.
 ALLOWED: dict[str, str] = {
-    "home": "a directory path (holds warehouse/, cache/ and logs/)",
+    "home": "a directory path (holds warehouse/, cache/, logs/, prefect/ and services/)",
     "prefect_api_url": "an http(s) URL of a Prefect API such as http://127.0.0.1:4200/api, or unset",
     "prefect_host": "a host name or IP address such as 127.0.0.1",
     "prefect_port": "an integer from 1 to 65535",
@@ -78,7 +78,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_ignore_empty=True,
                                       extra="forbid", validate_default=True)
 
-    home: Path = Path(".cake")                 # warehouse/, cache/ and logs/ live here
+    home: Path = Path(".cake")                 # warehouse/, cache/, logs/, prefect/, services/
     prefect_api_url: str | None = None         # None: the embedded local server
     prefect_host: str = "127.0.0.1"            # where the embedded server listens
     prefect_port: int = Field(4200, ge=1, le=65535)
@@ -133,6 +133,11 @@ class Settings(BaseSettings):
     @property
     def logs_dir(self) -> Path:
         return self.home / "logs"
+
+    @property
+    def prefect_home(self) -> Path:
+        """PREFECT_HOME of everything Cake runs for this home: its own Prefect database and profiles."""
+        return self.home / "prefect"
 
 
 def config_file() -> Path | None:

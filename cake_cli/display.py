@@ -1,17 +1,29 @@
 """What the CLI draws: query results as tables or files, and the live view of a run."""
 from __future__ import annotations
 
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
 
-from rich.console import Group
+from rich.console import Console, Group
+from rich.measure import Measurement
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+console = Console(highlight=False)   # stdout; file=None follows sys.stdout (tests swap it)
+
+
+def say(text: str) -> None:
+    """A plain line on stdout: no markup, never wrapped (paths and commands must stay copyable)."""
+    console.print(text, markup=False, soft_wrap=True)
+
+
 CELL_MAX = 60              # characters shown per cell in `cake sql` tables
+RECORD_CELL_MAX = 400      # characters shown per value when rows print as records
 TABLE_ROWS_MAX = 200       # rows shown in a terminal table; export for more
+PASSED = ("checked", "measured")   # outcomes of a kernel that passed its correctness check
 
 
 def columns_rows(result: Any) -> tuple[list[str], list[tuple]]:
@@ -46,33 +58,67 @@ def to_arrow(result: Any):
     return pa.table({c: [r[i] for r in rows] for i, c in enumerate(cols)})
 
 
-def cell(v: Any) -> str:
-    """One value as table text: floats to 6 significant digits, one line, at most CELL_MAX characters."""
+def _typed(column: str) -> bool:
+    """Columns whose values a person types back (ids, hashes): never cut."""
+    c = column.lower()
+    return c == "id" or c.endswith(("_id", "_hash"))
+
+
+def cell(v: Any, limit: int = CELL_MAX) -> str:
+    """One value as text: floats to 6 significant digits, one line, at most ``limit`` characters (0: all)."""
     if v is None:
         return ""
     text = f"{v:.6g}" if isinstance(v, float) else str(v)
     text = " ".join(text.split())
-    return text if len(text) <= CELL_MAX else text[:CELL_MAX - 1] + "…"
+    return text if not limit or len(text) <= limit else text[:limit - 1] + "…"
 
 
 def rich_table(cols: list[str], rows: list[tuple], title: str | None = None) -> Table:
-    """A rich Table of the first TABLE_ROWS_MAX rows, cells cut by :func:`cell`."""
+    """A rich Table of the first TABLE_ROWS_MAX rows; long cells cut by :func:`cell`, ids never."""
     table = Table(title=title, show_lines=False, header_style="bold")
     for c in cols:
-        table.add_column(c, overflow="ellipsis")
+        table.add_column(c, no_wrap=True)
     for r in rows[:TABLE_ROWS_MAX]:
-        table.add_row(*(cell(v) for v in r))
+        table.add_row(*(cell(v, 0 if _typed(c) else CELL_MAX) for c, v in zip(cols, r)))
     return table
+
+
+def records(cols: list[str], rows: list[tuple], width: int, title: str | None = None) -> Text:
+    """Rows as blocks of ``column  value`` lines: what a table too wide for ``width`` becomes.
+
+    Values wrap under their own start (a long id folds onto the next line, never cut).
+    """
+    pad = max(len(c) for c in cols) + 2
+    room = max(20, width - pad)
+    out = Text()
+    if title:
+        out.append(f"{title}\n", style="bold")
+    for i, r in enumerate(rows[:TABLE_ROWS_MAX], start=1):
+        out.append(f"-[ row {i} ]\n", style="dim")
+        for c, v in zip(cols, r):
+            lines = textwrap.wrap(cell(v, 0 if _typed(c) else RECORD_CELL_MAX), room, break_on_hyphens=False)
+            out.append(c.ljust(pad), style="bold")
+            out.append(("\n" + " " * pad).join(lines or [""]) + "\n")
+    return out
 
 
 def print_result(console: Any, result: Any, title: str | None = None,
                  empty: str = "(no rows)") -> None:
-    """Print a query result on ``console`` as a table, saying how many rows were left out."""
+    """Print a query result on ``console``: a table if it fits the width, else one record per row.
+
+    Nothing a person types back (an id) is ever cut; the width is the
+    terminal's, or 80 columns when the output is piped.
+    """
     cols, rows = columns_rows(result)
     if not rows:
         console.print(Text(empty, style="dim"))
         return
-    console.print(rich_table(cols, rows, title))
+    table = rich_table(cols, rows, title)
+    unbounded = console.options.update(width=1_000_000, max_width=1_000_000)
+    if Measurement.get(console, unbounded, table).maximum <= console.width:
+        console.print(table)
+    else:
+        console.print(records(cols, rows, console.width, title), soft_wrap=True)
     if len(rows) > TABLE_ROWS_MAX:
         console.print(Text(f"... {len(rows) - TABLE_ROWS_MAX} more rows; export them all with "
                            f"--format csv --out FILE", style="dim"))
@@ -98,6 +144,7 @@ class RunProgress:
         self.best_ms: float | None = None
         self.best_basis: str | None = None   # measured | predicted
         self.baselines: list[tuple] = []     # (name, source, basis, score_ms, correct)
+        self.predicted: dict[int, float] = {}   # generation -> best predicted ms of a checked kernel
         self.note: str | None = None    # why the counts may be stale
 
     def refresh(self) -> RunProgress:
@@ -109,10 +156,16 @@ class RunProgress:
             from warehouse import Warehouse
 
             wh = self._wh = self._wh or Warehouse(self.root)
+            # One query for the counts and the best predicted times (each query lists every batch).
             _, rows = columns_rows(wh.query(
-                "select generation, outcome, count(*) as n from attempts where run_id = ? "
-                "group by all order by all", [self.run_id]))
-            self.counts = {(int(g), str(o)): int(n) for g, o, n in rows if g is not None}
+                "select generation, outcome, count(*) as n, min(predicted_ms) as ms from attempts "
+                "where run_id = ? group by all order by all", [self.run_id]))
+            self.counts = {(int(g), str(o)): int(n) for g, o, n, _ in rows if g is not None}
+            predicted: dict[int, float] = {}
+            for g, o, _, ms in rows:
+                if g is not None and ms is not None and o in PASSED:
+                    predicted[int(g)] = min(float(ms), predicted.get(int(g), float("inf")))
+            self.predicted = predicted
             self.note = None
         except Exception as e:  # noqa: BLE001 - the display must outlive a busy or empty warehouse
             self.note = f"warehouse not readable yet ({type(e).__name__})"
@@ -124,6 +177,11 @@ class RunProgress:
         except Exception as e:  # noqa: BLE001 - an older warehouse, or one being compacted: counts still show
             self.note = f"best so far not readable yet ({type(e).__name__})"
         return self
+
+    @property
+    def best_predicted_ms(self) -> float | None:
+        """The lowest predicted time (cost model, geomean over the shapes) of a kernel that passed its check."""
+        return min(self.predicted.values()) if self.predicted else None
 
     @property
     def generations(self) -> list[int]:
@@ -146,13 +204,22 @@ class RunProgress:
         return sum(self.counts.values())
 
 
+def _ms(x: float) -> str:
+    return f"{x:.4g} ms"
+
+
 def best_text(progress: RunProgress, timed: bool) -> str:
-    """The best so far, or why there is none (CPU-only runs are checked, never timed: the model ranks them)."""
+    """The best so far (the warehouse's ``run_best``), or why there is none; a CPU run is checked, never
+    timed: its best is the cost model's prediction, with where it started."""
     if not timed:
-        if progress.best_basis == "predicted" and progress.best_ms is not None:
-            return f"checked on CPU, not timed (the cost model predicts {progress.best_ms:.4g} ms, geomean)"
-        return "checked on CPU, not timed"
-    return (f"{progress.best_ms:.4g} ms (geomean over the shapes of the best kernel's medians)"
+        if progress.best_basis != "predicted" or progress.best_ms is None:
+            return "nothing timed (CPU run: checked on the interpreter); no kernel passed its check yet"
+        first = progress.predicted.get(min(progress.predicted)) if progress.predicted else None
+        since = (f", from {_ms(first)} in generation {min(progress.predicted)}"
+                 if first and first > progress.best_ms else "")
+        return (f"predicted {_ms(progress.best_ms)}{since} (cost model, geomean over the shapes); nothing "
+                f"timed: a CPU run is checked on the interpreter")
+    return (f"{_ms(progress.best_ms)} (geomean over the shapes of the best kernel's medians)"
             if progress.best_ms is not None and progress.best_basis == "measured" else "none yet")
 
 
@@ -196,17 +263,26 @@ def live_view(progress: RunProgress, problem: str, generations: int, timed: bool
                  expand=False)
 
 
-def summary_table(progress: RunProgress) -> Table:
-    """Attempts per generation and outcome, with totals: printed when a run ends or stops."""
-    outcomes = sorted(progress.by_outcome())
+def summary_table(progress: RunProgress, timed: bool = True) -> Table:
+    """Per generation: attempts, their outcomes, and the best predicted time (a CPU run's only figure).
+
+    One row per generation with the outcomes as text keeps the table inside 80
+    columns however many outcomes there are.
+    """
     t = Table(title=f"run {progress.run_id}", header_style="bold")
-    t.add_column("generation", justify="right")
-    for o in outcomes:
-        t.add_column(o, justify="right")
-    t.add_column("total", justify="right")
+    t.add_column("gen", justify="right", no_wrap=True)
+    t.add_column("attempts", justify="right", no_wrap=True)
+    t.add_column("outcomes", overflow="fold")
+    t.add_column("best predicted" if not timed else "best predicted (model)", justify="right", no_wrap=True)
     for g in progress.generations:
-        row = [progress.counts.get((g, o), 0) for o in outcomes]
-        t.add_row(str(g), *map(str, row), str(sum(row)))
-    totals = progress.by_outcome()
-    t.add_row("all", *(str(totals[o]) for o in outcomes), str(progress.total()), style="bold")
+        row = {o: n for (gg, o), n in progress.counts.items() if gg == g}
+        t.add_row(str(g), str(sum(row.values())), _outcomes_text(row),
+                  _ms(progress.predicted[g]) if g in progress.predicted else "")
+    best = progress.best_predicted_ms
+    t.add_row("all", str(progress.total()), _outcomes_text(progress.by_outcome()),
+              _ms(best) if best is not None else "", style="bold")
     return t
+
+
+def _outcomes_text(counts: dict[str, int]) -> str:
+    return ", ".join(f"{o}={n}" for o, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))

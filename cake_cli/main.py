@@ -1,8 +1,8 @@
 """The ``cake`` command line: evolve kernels, ask the warehouse, review the harness, check IR.
 
 Every command reports a problem as one red line on stderr (``error: ...``) and
-exits 2 for bad usage or configuration, 1 for a failure. An unexpected
-exception is one line too; its traceback goes to ``<home>/logs/cli.log``.
+exits 2 for bad usage or configuration, 1 for a failure (see
+:mod:`cake_cli.errors`).
 
 Heavy imports (Prefect, Ray, the flows, the warehouse) happen inside the
 commands, after the configuration is validated and after ``PREFECT_API_URL``
@@ -13,32 +13,28 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import enum
-import functools
 import getpass
 import io
 import json
-import logging
 import os
 import secrets
 import signal
 import sys
 import threading
 import time
-import traceback
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import click
 import typer
 from rich.console import Console
-from rich.live import Live
 from rich.table import Table
 
 from cake_cli.config import ConfigError, Settings, load_settings
-from cake_cli.display import (RunProgress, baseline_lines, best_text, columns_rows, live_view, print_result,
-                              summary_table, to_arrow)
-from cake_cli.services import gpu_policy, prefect_server, ray_runtime
+from cake_cli.display import columns_rows, console, print_result, to_arrow
+from cake_cli.display import say as _say
+from cake_cli.errors import UsageError, cli_errors, remember_home
+from cake_cli.evolve_run import Stopped, exit_now, run_evolution, terminate
+from cake_cli.services import gpu_policy, preflight, prefect_server
 from cake_core.errors import CakeError
 
 app = typer.Typer(name="cake", no_args_is_help=True, add_completion=False,
@@ -49,101 +45,25 @@ harness_app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
                           help="Review harness proposals and list harness versions.")
 app.add_typer(harness_app, name="harness")
 
-console = Console(highlight=False)   # stdout; file=None follows sys.stdout (tests swap it)
-
-REFRESH_S = 0.5            # live display refresh period
-PROPOSALS_VIEW = "proposals_latest"
-VERSIONS_QUERY = "select * from harness_versions order by version"
+WORKER_STOP_S = 20.0       # a stopped worker may finish handing back its flow runs this long
+# What a person reviewing proposals needs on one screen; the JSON evidence is one `cake sql` away.
+PROPOSALS_QUERY = ("select proposal_id, kind, status, title, created_at from proposals_latest "
+                   "order by created_at, proposal_id")
+VERSIONS_QUERY = ("select version, parent, proposal_id, created_at from harness_versions "
+                  "order by version")
 
 _settings_cache: list[Settings] = []   # the settings of this invocation, once loaded
 
 
-class UsageError(CakeError):
-    """The command line asked for something that cannot be done as asked (exit code 2)."""
-
-
-# ---------------------------------------------------------------- errors and settings
+# ---------------------------------------------------------------- settings
 
 
 def _settings() -> Settings:
     """Load and validate the configuration once per invocation."""
     if not _settings_cache:
         _settings_cache.append(load_settings())
+        remember_home(_settings_cache[0].home)
     return _settings_cache[0]
-
-
-def _usage_error_types() -> tuple[type[BaseException], ...]:
-    types: list[type[BaseException]] = [ConfigError, UsageError]
-    try:
-        from cake_core.problems import ShapeSetError, UnknownProblem
-        types += [UnknownProblem, ShapeSetError]
-    except ImportError:
-        pass
-    return tuple(types)
-
-
-def _reported_error_types() -> tuple[type[BaseException], ...]:
-    types: list[type[BaseException]] = [CakeError]
-    try:
-        from warehouse import WarehouseError
-        types.append(WarehouseError)
-    except ImportError:
-        pass
-    return tuple(types)
-
-
-def _home_for_log() -> Path:
-    if _settings_cache:
-        return _settings_cache[0].home
-    return Path(os.environ.get("CAKE_HOME") or ".cake").expanduser().absolute()
-
-
-def _say_error(message: str) -> None:
-    # typer.secho, not rich: rich would wrap a long message over several lines.
-    first = " ".join(str(message).split()) or "(no message)"
-    typer.secho(f"error: {first}", fg="red", err=True)
-
-
-def _log_internal(exc: BaseException) -> Path | None:
-    """Append the traceback to <home>/logs/cli.log; return the path, or None if it cannot be written."""
-    log = _home_for_log() / "logs" / "cli.log"
-    try:
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with log.open("a") as f:
-            f.write(f"--- {dt.datetime.now().isoformat(timespec='seconds')} "
-                    f"cake {' '.join(sys.argv[1:])}\n")
-            f.write("".join(traceback.format_exception(exc)))
-    except OSError:
-        return None
-    return log
-
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def cli_errors(fn: F) -> F:
-    """Turn every exception out of a command into one line on stderr and an exit code."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except (typer.Exit, typer.Abort, click.exceptions.Exit, click.ClickException, click.Abort):
-            raise  # typer's own exits (typer >= 0.16 has its own classes) and usage errors
-        except KeyboardInterrupt:
-            _say_error("interrupted")
-            raise typer.Exit(130) from None
-        except _reported_error_types() as e:
-            _say_error(str(e))
-            raise typer.Exit(2 if isinstance(e, _usage_error_types()) else 1) from None
-        except Exception as e:  # noqa: BLE001 - the last line of defence: one line, log the rest
-            log = _log_internal(e)
-            where = f"full traceback in {log}" if log else "traceback could not be written"
-            msg = " ".join(str(e).split())
-            _say_error(f"internal: {type(e).__name__}: {msg} ({where})")
-            raise typer.Exit(1) from None
-
-    return wrapper  # type: ignore[return-value]
 
 
 @app.callback()
@@ -152,20 +72,12 @@ def _startup() -> None:
     """Cake evolves fast GPU kernels written in Cake IR."""
     # Validate the configuration before any command runs, so a typo fails first and alone.
     _settings_cache.clear()
+    remember_home(None)
     _settings()
     # A SIGTERM (a scheduler, `timeout`) unwinds like Ctrl-C would: the services this process
     # started (the Prefect server, Ray) are stopped on the way out instead of left running.
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _terminate)
-
-
-def _terminate(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt  # the same orderly stop as Ctrl-C
-
-
-def _say(text: str) -> None:
-    """A plain line on stdout: no markup, never wrapped (paths and commands must stay copyable)."""
-    console.print(text, markup=False, soft_wrap=True)
+        signal.signal(signal.SIGTERM, terminate)
 
 
 def _ir_file(file: Path) -> None:
@@ -200,51 +112,14 @@ def _warehouse(settings: Settings):
 # ---------------------------------------------------------------- cake evolve
 
 
-def _quiet_prefect_console() -> None:
-    """Keep Prefect's INFO lines off the terminal (they stay in the UI): the live display owns it."""
-    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
-    for name in ["", "prefect", *logging.root.manager.loggerDict]:
-        logger = logging.getLogger(name)
-        for h in getattr(logger, "handlers", []):
-            if type(h).__name__ == "PrefectConsoleHandler" and h.level < logging.WARNING:
-                h.setLevel(logging.WARNING)
-
-
-def _cancel_flow_run(tag: str) -> None:
-    """Mark the run's Prefect flow run cancelled so the UI tells the truth (best effort)."""
-    try:
-        from prefect.client.orchestration import get_client
-        from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
-        from prefect.states import Cancelled
-
-        with get_client(sync_client=True) as client:
-            runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
-                tags=FlowRunFilterTags(all_=[tag])))
-            for run in runs:
-                if run.state is None or not run.state.is_final():
-                    client.set_flow_run_state(run.id, Cancelled(
-                        message="stopped with Ctrl-C in `cake evolve`"), force=True)
-    except Exception:  # noqa: BLE001 - stopping must not fail because the UI could not be told
-        pass
-
-
-def _sql_hint(run_id: str) -> str:
-    return (f'cake sql "select generation, outcome, count(*) from attempts '
-            f"where run_id = '{run_id}' group by all order by all\"")
-
-
-def _print_where(settings: Settings, ui_url: str, run_id: str) -> None:
-    _say(f"warehouse: {settings.warehouse_root}")
-    _say(f"Prefect UI: {ui_url}  (flow runs tagged cake-run:{run_id})")
-
-
 @app.command(no_args_is_help=True)
 @cli_errors
 def evolve(
     problem: str = typer.Argument(..., metavar="PROBLEM", help="Problem to evolve a kernel for (see `cake problems`)."),
     shapes: str | None = typer.Option(None, "--shapes", metavar="SET",
-                                      help="Shape set to tune on (default: the problem's first). Its held-out "
-                                           "rows are measured for the final best only, never selected on."),
+                                      help="Shape set to tune on: a name under datasets/shapes/ or a path to a CSV "
+                                           "file (default: the problem's first set). Its held-out rows are "
+                                           "measured for the final best only, never selected on."),
     generations: int | None = typer.Option(None, "--generations", min=1,
                                            help="Generations to run in all (default 3; a resumed run may raise it)."),
     population: int | None = typer.Option(None, "--population", min=1, help="Candidates per generation (default 8)."),
@@ -278,6 +153,7 @@ def evolve(
     """Evolve kernels for PROBLEM with a live display.
 
     Every attempt lands in the warehouse; the run also shows in the Prefect UI.
+    Ctrl-C (or SIGTERM) stops it between stages and records it as cancelled.
     """
     settings = _settings()
     if agent is not None and agent not in ("tactic", "llm"):
@@ -293,15 +169,22 @@ def evolve(
     # Check everything that can be wrong with the request before starting any service.
     from cake_core.pipeline.plan import DEFAULT_GENERATIONS, DEFAULT_POPULATION
     from cake_core.problems import get_problem, load_shape_set
+    from cake_core.problems.base import is_shape_file
 
     prob = get_problem(problem)
     gpu_models = gpu_policy(settings)
     timed = bool(gpu_models)
+    preflight(settings, agent or "tactic", gpu_models)
     asked: dict[str, Any] = dict(generations=generations, population=population, seed=seed, agent=agent,
                                  cold=True if cold else None, harness_version=harness,
                                  budget_candidates=budget_candidates, budget_gpu_minutes=budget_gpu_minutes,
                                  patience=patience, check_shape_set=check_shapes,
                                  cost_filter=False if no_filter else None)
+    from tasks.run_control import mark_crashed
+
+    crashed = mark_crashed(settings.warehouse_root) if settings.warehouse_root.exists() else []
+    if crashed:
+        _say(f"marked {len(crashed)} run(s) whose process died as crashed: {', '.join(crashed)}")
     if resume:
         from tasks.history import plan_resume
 
@@ -318,93 +201,145 @@ def evolve(
                 raise UsageError(f"problem {problem} declares no shape set; pass --shapes SET")
             shape_set = declared[0]
         load_shape_set(prob, shape_set)
+        if is_shape_file(shape_set):   # the flow may run elsewhere: hand it the file, not the cwd
+            shape_set = str(Path(shape_set).expanduser().absolute())
         if check_shapes is not None:
             load_shape_set(prob, check_shapes)
+            if is_shape_file(check_shapes):
+                check_shapes = asked["check_shape_set"] = str(Path(check_shapes).expanduser().absolute())
         if harness:
             _harness_exists(settings, harness)
         run_id = f"{problem}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
         shown = dict(generations=generations or DEFAULT_GENERATIONS, population=population or DEFAULT_POPULATION,
                      seed=seed or 0, agent=agent or "tactic", cold=cold)
     total = shown["generations"]
-    tag = f"cake-run:{run_id}"
-    for d in (settings.warehouse_root.parent, settings.cache_dir, settings.logs_dir):
-        d.mkdir(parents=True, exist_ok=True)
+    what = f"resuming run {run_id}" if resume else f"run {run_id}"
+    start_line = (f"{what}: {problem} on {shape_set}, {total} generations x {shown['population']}, seed "
+                  f"{shown['seed']}, agent {shown['agent']}{', cold' if shown['cold'] else ''}, "
+                  f"{', '.join(gpu_models) if gpu_models else 'CPU only (checked, not timed)'}")
+    kwargs: dict[str, Any] = dict(
+        problem=problem, shape_set=shape_set if not resume else shapes, generations=generations,
+        population=population, seed=seed, run_id=run_id, warehouse_root=str(settings.warehouse_root),
+        cache_dir=str(settings.cache_dir), gpu_models=list(gpu_models))
+    kwargs["agent"] = agent
+    for k in ("cold", "harness_version", "budget_candidates", "budget_gpu_minutes", "patience",
+              "check_shape_set", "cost_filter"):
+        if asked[k] is not None:
+            kwargs[k] = asked[k]
+    if resume:
+        kwargs["resume"] = resume
+    if debug:
+        kwargs["debug"] = True
+    if cost_model is not None:
+        kwargs["cost_model"] = str(cost_model.resolve())
+    if shown["agent"] == "llm":
+        kwargs["llm"] = {"base_url": settings.llm_base_url, "model": settings.llm_model,
+                         "api_key_env": settings.llm_api_key_env}
+    try:
+        run_evolution(settings, problem, run_id, kwargs, start_line, total, gpu_models)
+    except Stopped:
+        if _STANDALONE:
+            # The services are down and the count is said. The exit hooks left would only wait:
+            # Prefect's, to send a stopped flow's last events to a server that is gone.
+            exit_now(130)
+        raise typer.Exit(130) from None
 
-    with prefect_server(settings) as pf, ray_runtime(settings, num_gpus=len(gpu_models)):
-        _quiet_prefect_console()
-        from flows.evolve import evolve_flow
-        import prefect
 
-        _print_where(settings, pf.ui_url, run_id)
-        what = f"resuming run {run_id}" if resume else f"run {run_id}"
-        _say(f"{what}: {problem} on {shape_set}, {total} generations x {shown['population']}, seed "
-             f"{shown['seed']}, agent {shown['agent']}{', cold' if shown['cold'] else ''}, "
-             f"{', '.join(gpu_models) if gpu_models else 'CPU only (checked, not timed)'}")
-        kwargs: dict[str, Any] = dict(
-            problem=problem, shape_set=shape_set if not resume else shapes, generations=generations,
-            population=population, seed=seed, run_id=run_id, warehouse_root=str(settings.warehouse_root),
-            cache_dir=str(settings.cache_dir), gpu_models=list(gpu_models))
-        kwargs["agent"] = agent
-        for k in ("cold", "harness_version", "budget_candidates", "budget_gpu_minutes", "patience",
-                  "check_shape_set", "cost_filter"):
-            if asked[k] is not None:
-                kwargs[k] = asked[k]
-        if resume:
-            kwargs["resume"] = resume
-        if debug:
-            kwargs["debug"] = True
-        if cost_model is not None:
-            kwargs["cost_model"] = str(cost_model.resolve())
-        if shown["agent"] == "llm":
-            kwargs["llm"] = {"base_url": settings.llm_base_url, "model": settings.llm_model,
-                             "api_key_env": settings.llm_api_key_env}
+_STANDALONE = False   # True in the `cake` process itself (main()); False when a test invokes `app`
 
-        outcome: dict[str, Any] = {}
 
-        def work() -> None:
-            try:
-                with prefect.tags(tag):
-                    outcome["value"] = evolve_flow(**kwargs)
-            except BaseException as e:  # noqa: BLE001 - handed to the main thread
-                outcome["error"] = e
+# ---------------------------------------------------------------- cake server / deploy / worker
 
-        worker = threading.Thread(target=work, name="cake-evolve", daemon=True)
-        progress = RunProgress(settings.warehouse_root, run_id)
-        started = time.monotonic()
+
+@app.command()
+@cli_errors
+def server() -> None:
+    """Keep this home's Prefect server and UI up until Ctrl-C.
+
+    Runs started meanwhile share it; it stops once the last of them ends.
+    """
+    settings = _settings()
+    preflight(settings)
+    try:
+        with prefect_server(settings) as pf:
+            if pf.note:
+                _say(pf.note)
+            _say(f"Prefect UI: {pf.ui_url}  (API {pf.api_url}, database in {settings.prefect_home})")
+            _say("Ctrl-C to leave it; it stops once no run uses it any more")
+            while True:
+                time.sleep(3600)
+    except KeyboardInterrupt:
+        _say("left the Prefect server")
+
+
+@app.command()
+@cli_errors
+def deploy(
+    file: Path | None = typer.Option(None, "--file", metavar="PREFECT.YAML",
+                                     help="Deployments to register (default: the repository's prefect.yaml)."),
+) -> None:
+    """Register prefect.yaml's deployments and their work pool.
+
+    On this home's Prefect server; then `cake worker` runs them (scheduled
+    ones, and those started from the UI).
+    """
+    settings = _settings()
+    from cake_cli.deployments import (REPO_PREFECT_FILE, WORK_POOL, ensure_work_pool, register,
+                                      unfilled_templates)
+
+    path = (file or REPO_PREFECT_FILE).expanduser()
+    if not path.is_file():
+        raise UsageError(f"no deployment file at {path}; pass --file PREFECT.YAML")
+    unknown = unfilled_templates(path)
+    if unknown:
+        raise UsageError(f"{path} uses {', '.join('$' + v for v in unknown)}, which `cake deploy` does not "
+                         f"set; write the values into the file")
+    preflight(settings)
+    with prefect_server(settings) as pf:
+        if pf.note:
+            _say(pf.note)
+        created = ensure_work_pool()
+        names = register(path, settings)
+    _say(f"work pool {WORK_POOL}: {'created' if created else 'already there'}")
+    for n in names:
+        _say(f"registered {n}")
+    _say("run them: cake worker  (scheduled runs, and runs started from the UI, wait for a worker)")
+
+
+@app.command()
+@cli_errors
+def worker() -> None:
+    """Run deployed flows: a Prefect worker on the cake work pool.
+
+    Against this home's Prefect server; Ctrl-C stops it.
+    """
+    import subprocess
+
+    from cake_cli.deployments import WORK_POOL, ensure_work_pool, worker_command
+
+    settings = _settings()
+    preflight(settings)
+    with prefect_server(settings) as pf:
+        if pf.note:
+            _say(pf.note)
+        ensure_work_pool()
+        _say(f"worker on work pool {WORK_POOL}; flow runs start here; Prefect UI: {pf.ui_url}")
+        env = {**os.environ, "CAKE_HOME": str(settings.home)}
+        proc = subprocess.Popen(worker_command(), env=env, stdin=subprocess.DEVNULL)
         try:
-            with Live(live_view(progress, problem, total, timed, started),
-                      console=console, refresh_per_second=4, transient=True) as live:
-                worker.start()
-                while worker.is_alive():
-                    worker.join(REFRESH_S)
-                    live.update(live_view(progress.refresh(), problem, total, timed,
-                                          started))
+            code = proc.wait()
         except KeyboardInterrupt:
-            _say("stopping: cancelling the flow run and shutting down the workers ...")
-            _cancel_flow_run(tag)
-            progress.refresh()
-            measured = progress.by_outcome().get("measured", 0)
-            _say(f"stopped. recorded {progress.total()} attempts of run {run_id} "
-                 f"({measured} measured) in {settings.warehouse_root}; they stay there")
-            if progress.total():
-                console.print(summary_table(progress))
-            _say(f"look at them: {_sql_hint(run_id)}")
-            _say(f"continue it: cake evolve {problem} --resume {run_id}")
-            raise typer.Exit(130) from None
-
-        progress.refresh()
-        if progress.total():
-            console.print(summary_table(progress))
-        _say(f"best: {best_text(progress, timed)}")
-        for line in baseline_lines(progress):
-            _say(line)
-        summary = outcome.get("value")
-        if isinstance(summary, dict) and summary.get("stop_reason"):
-            _say(f"stopped: {summary['stop_reason'].replace('_', ' ')} after {summary.get('attempts')} attempts")
-        _print_where(settings, pf.ui_url, run_id)
-        _say(f"ask: {_sql_hint(run_id)}")
-        if "error" in outcome:
-            raise outcome["error"]
+            # Ctrl-C reached the worker too (same process group); SIGTERM reached only us: pass it on.
+            proc.terminate()
+            try:
+                proc.wait(WORKER_STOP_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            _say("worker stopped")
+            return
+    if code:
+        raise CakeError(f"the Prefect worker exited with code {code}")
 
 
 def _harness_exists(settings: Settings, version: int) -> None:
@@ -505,8 +440,12 @@ def problems() -> None:
 @cli_errors
 def harness_proposals() -> None:
     """List harness proposals with their latest state."""
-    print_result(console, _warehouse(_settings()).query(f"select * from {PROPOSALS_VIEW}"),
-                  empty="no proposals yet")
+    result = _warehouse(_settings()).query(PROPOSALS_QUERY)
+    print_result(console, result, empty="no proposals yet")
+    if columns_rows(result)[1]:
+        _say("approve:  cake harness approve ID --reason TEXT")
+        _say("reject:   cake harness reject ID --reason TEXT")
+        _say("evidence: cake sql \"select * from proposals_latest where proposal_id = 'ID'\"")
 
 
 def _decide(proposal_id: str, approve: bool, reason: str) -> None:
@@ -587,7 +526,7 @@ def harness_review(
 @harness_app.command("versions")
 @cli_errors
 def harness_versions() -> None:
-    """List harness versions, newest last."""
+    """List harness versions, newest last (each also exported as <home>/harness/harness-vN.json)."""
     print_result(console, _warehouse(_settings()).query(VERSIONS_QUERY),
                   empty="no harness versions yet")
 
@@ -607,6 +546,13 @@ def check(
     Runs the parser, the type checks and the verifier rules for --target.
     """
     _ir_file(file)
+    n_err = _print_diagnostics(file, target, as_json)
+    if n_err:
+        raise typer.Exit(1)
+
+
+def _print_diagnostics(file: Path, target: str, as_json: bool = False, quiet_ok: bool = False) -> int:
+    """Check ``file`` and print its diagnostics as a compiler does (or as JSON); returns the error count."""
     from cake_core.ir.check import check_file
 
     diagnostics = list(check_file(str(file), target=target))
@@ -615,15 +561,16 @@ def check(
         sys.stdout.write(json.dumps({"file": str(file), "target": target, "errors": n_err,
                                      "diagnostics": [d.to_dict() for d in diagnostics]},
                                     indent=1) + "\n")
-    else:
-        source = file.read_text()
-        for d in diagnostics:
-            typer.echo(d.format(str(file), source))
-        n_other = len(diagnostics) - n_err
-        typer.echo(f"{file}: {n_err} error(s), {n_other} other diagnostic(s)" if diagnostics
-                   else f"{file}: ok")
-    if n_err:
-        raise typer.Exit(1)
+        return n_err
+    source = file.read_text()
+    for d in diagnostics:
+        typer.echo(d.format(str(file), source))
+    n_other = len(diagnostics) - n_err
+    if diagnostics:
+        typer.echo(f"{file}: {n_err} error(s), {n_other} other diagnostic(s)")
+    elif not quiet_ok:
+        typer.echo(f"{file}: ok")
+    return n_err
 
 
 # ---------------------------------------------------------------- cake run / cake ops
@@ -638,7 +585,12 @@ def run(
     cpu: bool = typer.Option(True, "--cpu/--no-cpu", help="Run on the CPU interpreter (the only backend here)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random inputs."),
 ) -> None:
-    """Run an IR file on the CPU interpreter against a problem's oracle; exit 1 if any shape is wrong."""
+    """Run an IR file on the CPU against an oracle.
+
+    The CPU interpreter runs FILE on each --shape against the problem's oracle;
+    exit 1 if any shape is wrong. A file that does not verify is not run: its
+    diagnostics print as `cake check` prints them.
+    """
     if not cpu:
         raise UsageError("only --cpu is available from `cake run`; GPU runs go through `cake evolve`")
     _ir_file(file)
@@ -648,10 +600,15 @@ def run(
 
     prob = get_problem(problem)
     shapes = [parse_shape_key(s, prob.dims) for s in shape]
+    # A file that does not verify is answered as `cake check` answers it, one diagnostic per block.
+    if _print_diagnostics(file, "sm_90a", quiet_ok=True):
+        typer.echo(f"{file}: not run: fix the errors above (`cake check {file}` shows them again)")
+        raise typer.Exit(1)
     checks = run_file(file, problem, shapes, seed=seed)
     t = Table(title=f"{file} on {problem} (CPU interpreter)")
-    for col in ("shape", "correct", "max rel error", "message"):
-        t.add_column(col)
+    for col in ("shape", "correct", "max rel error"):
+        t.add_column(col, no_wrap=True)
+    t.add_column("message", overflow="fold")
     for c in checks:
         t.add_row(c.shape, "yes" if c.correct else "NO", "" if c.max_error is None else f"{c.max_error:.3g}",
                   c.message)
@@ -663,7 +620,10 @@ def run(
 @app.command()
 @cli_errors
 def ops() -> None:
-    """Print the Cake IR reference (every op, its types, preconditions, example and guarding rules)."""
+    """Print the Cake IR reference.
+
+    Every op, its types, preconditions, example and the rules that guard it.
+    """
     from cake_core.ir.reference import render_reference
 
     sys.stdout.write(render_reference())
@@ -671,8 +631,16 @@ def ops() -> None:
 
 from cake_cli.model_cli import model_app  # noqa: E402  (its commands use the helpers above)
 app.add_typer(model_app, name="model")
-
-if __name__ == "__main__":
-    app()
 from cake_cli.lineage_cli import lineage as _lineage  # noqa: E402
 app.command(no_args_is_help=True)(_lineage)
+
+
+def main() -> None:
+    """The `cake` command (the console script): :data:`app` in a process of its own."""
+    global _STANDALONE
+    _STANDALONE = True
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -12,10 +12,12 @@ import uuid
 from typing import Any
 
 from prefect import flow, get_run_logger
+from prefect.states import Cancelled
 from prefect.utilities.annotations import opaque
 
 from tasks.final import final
 from tasks.run import close_run, open_run, workers
+from tasks.run_control import raise_if_stopped, status_for
 from tasks.summary import summarize
 
 
@@ -46,8 +48,10 @@ def evolve_flow(problem: str, shape_set: str | None = None, generations: int | N
     try:
         with workers(run):
             while run.state.stop is None:
+                raise_if_stopped(run.plan.run_id)       # Ctrl-C, SIGTERM, a cancelled flow run: between stages
                 batch: list = []
                 for stage in run.stages:
+                    raise_if_stopped(run.plan.run_id)
                     # opaque: Prefect would walk every program of the batch looking for futures, per task
                     batch = stage(opaque(run), opaque(batch))
                 log.info(f"generation {run.state.generation - 1}: {run.state.attempts} attempts so far, best "
@@ -55,6 +59,12 @@ def evolve_flow(problem: str, shape_set: str | None = None, generations: int | N
             stop = run.state.stop
             final(opaque(run))
         status = "completed"
+    except BaseException as e:
+        status = status_for(e, run.plan.run_id)
+        if status != "cancelled":
+            raise
+        log.info(f"run {run.plan.run_id} stopped in generation {run.state.generation}")
+        return Cancelled(message=f"run {run.plan.run_id} was stopped")
     finally:
         close_run(opaque(run), status, stop)
     return summarize(run, stop)

@@ -19,6 +19,7 @@ from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_ex
 
 from cake_core.pipeline.attempt import Attempt
 from cake_core.pipeline.rows import CHILD_TABLES, merge_rows
+from tasks.run_control import writing
 from warehouse import TABLES, Warehouse
 
 COMPACT_MIN_FILES = 8     # a table with this many batch files or more is merged at the end of a run
@@ -34,8 +35,9 @@ def append(wh: Warehouse, table: str, rows: list[dict[str, Any]]) -> int:
 class Recorder:
     """The writer of one run: rows handed over land in order, in a thread of their own."""
 
-    def __init__(self, warehouse_root: str):
+    def __init__(self, warehouse_root: str, run_id: str | None = None):
         self.wh = Warehouse(warehouse_root)
+        self.run_id = run_id                          # its writes stop once the run is asked to (run_control)
         self.skip: dict[str, set[str]] = {}          # table -> attempt ids it holds already (a redone generation)
         self._queue: queue.Queue = queue.Queue()
         self._error: BaseException | None = None
@@ -50,7 +52,8 @@ class Recorder:
                     return
                 table, rows = item
                 if self._error is None:
-                    append(self.wh, table, rows)
+                    with writing([self.run_id] if self.run_id else []):   # a stopped run writes nothing more
+                        append(self.wh, table, rows)
             except BaseException as e:  # noqa: BLE001 - handed to the next flush
                 self._error = e
             finally:

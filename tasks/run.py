@@ -32,7 +32,8 @@ from cake_core.problems import get_problem, load_shape_set, shape_key
 from cake_core.problems.base import Shape
 from tasks.harness import load_harness
 from tasks.history import plan_resume, run_lock, run_rows, state_rows
-from tasks.record import Recorder, append, compact
+from tasks.record import Recorder, compact
+from tasks.run_control import end_run, mark_crashed, status_for, stop_requested
 from tasks.stages import STAGE_TASKS
 from tasks.workers import worker_pools
 
@@ -126,6 +127,18 @@ def _shapes(problem: str, shape_set: str, check_shape_set: str | None, timed: bo
     return ss, check, check, small(held)
 
 
+@task(name="check-shape-sets", cache_policy=NO_CACHE)
+def check_shape_sets(problem: str, shape_sets: list[str] | None) -> list[str]:
+    """``shape_sets`` (default: every set ``problem`` declares), each loaded once so a bad one is refused now."""
+    prob = get_problem(problem)
+    sets = list(shape_sets or prob.shape_sets)
+    if not sets:
+        raise CakeError(f"problem {problem} declares no shape set; pass shape_sets")
+    for name in sets:
+        load_shape_set(prob, name)
+    return sets
+
+
 @task(name="open-run", cache_policy=NO_CACHE)
 def open_run(*, problem: str, run_id: str, warehouse_root: str, cache_dir: str,
              gpu_models: list[str], timeout_s: float, reps: int, asked: dict[str, Any], resume: str | None,
@@ -138,6 +151,7 @@ def open_run(*, problem: str, run_id: str, warehouse_root: str, cache_dir: str,
     from warehouse import Warehouse
 
     Warehouse(warehouse_root)
+    mark_crashed(warehouse_root)          # runs whose process died while running (kill -9) are crashed
     gpus = list(gpu_models or [])
     if gpus and not nvcc_available():
         raise CakeError("a GPU run builds cubins with nvcc, which is not on PATH; install the CUDA toolkit "
@@ -169,7 +183,7 @@ def open_run(*, problem: str, run_id: str, warehouse_root: str, cache_dir: str,
         run = Run(plan, warehouse_root, cache_dir, harness, gpus, search, check, held,
                   {shape_key(s): r for s, r in zip(ss.shapes, ss.roles)}, model,
                   make_agent(plan.agent, plan.seed, harness, llm), timeout_s, reps,
-                  str(flow_run.id) if flow_run.id else None, Recorder(warehouse_root), state, lock=lock)
+                  str(flow_run.id) if flow_run.id else None, Recorder(warehouse_root, plan.run_id), state, lock=lock)
         if debug:
             run.debug = Debug(Path(warehouse_root).parent / "debug", harness, plan.problem, run.run_shapes)
         run.recorder.rows("runs", [run_row(plan, "running", harness_version=harness.version,
@@ -187,7 +201,7 @@ def open_run(*, problem: str, run_id: str, warehouse_root: str, cache_dir: str,
 def workers(run: Run) -> Iterator[Run]:
     """The run's CPU workers (one per core) and GPU runners (one per GPU), shut down on the way out."""
     refs = str(Path(run.cache_dir).parent / "refs")      # the Cake home's: references outlive the run
-    with worker_pools(len(run.gpus), refs_dir=refs) as (cpu, gpu):
+    with worker_pools(len(run.gpus), refs_dir=refs, should_stop=lambda: stop_requested(run.plan.run_id)) as (cpu, gpu):
         run.cpu, run.gpu = cpu, gpu
         try:
             yield run
@@ -198,18 +212,19 @@ def workers(run: Run) -> Iterator[Run]:
 @task(name="close-run", cache_policy=NO_CACHE)
 def close_run(run: Run, status: str, stop_reason: str | None = None) -> None:
     """Land what is left, record the run's final status row, compact the batch files and release the run.
-    A run that failed gets its status row even when its last rows could not land (the error is raised after)."""
-    from warehouse import Warehouse
-
+    A run that failed gets its status row even when its last rows could not land (the error is raised after);
+    a run asked to stop lands nothing more and ends ``cancelled``."""
     error: BaseException | None = None
     try:
         run.recorder.close()
     except BaseException as e:  # noqa: BLE001 - the status row goes in first
-        error, status, stop_reason = e, "failed", None
+        status, stop_reason = status_for(e, run.plan.run_id), None
+        error = None if status == "cancelled" else e
     try:
-        append(Warehouse(run.warehouse_root), "runs", [run_row(
+        # a run sealed by a stop (Ctrl-C, SIGTERM) has its status written by whoever sealed it
+        end_run(run.warehouse_root, None, run_row(
             run.plan, status, harness_version=run.harness.version, gpu_model=run.gpus[0] if run.gpus else None,
-            flow_run_id=run.flow_run_id, stop_reason=stop_reason, finished_at=now())])
+            flow_run_id=run.flow_run_id, stop_reason=stop_reason, finished_at=now()), status)
         run.compact()
     finally:
         if run.lock is not None:

@@ -143,12 +143,15 @@ class ActorPool:
     waits for the killed process to exit when it ran on this node (its CUDA context, and any kernel
     still running in it, is gone only then: timings of later jobs must not share the GPU with it)
     and for the fresh actor to answer ``ident`` (for GpuRunner: CUDA initialised), so a job's
-    watchdog clock never counts an actor's start. ``replaced`` counts the replacements.
+    watchdog clock never counts an actor's start. ``replaced`` counts the replacements. With
+    ``should_stop``, every wait polls it and raises RunCancelled once it is true (a stopped run
+    gives up its batch; its jobs' results would not be written anyway).
     """
 
     def __init__(self, factory: Callable[[], Any], size: int, *, start_timeout_s: float = 180.0,
-                 exit_timeout_s: float = 60.0):
+                 exit_timeout_s: float = 60.0, should_stop: Callable[[], bool] | None = None):
         self.factory = factory
+        self.should_stop = should_stop
         self.start_timeout_s, self.exit_timeout_s = start_timeout_s, exit_timeout_s
         self.replaced = 0
         self.elapsed: list[float] = []
@@ -168,10 +171,23 @@ class ActorPool:
         except AttributeError:
             self.idents[actor] = None
             return
-        try:
-            self.idents[actor] = tuple(ray.get(method.remote(), timeout=self.start_timeout_s))
-        except Exception:  # noqa: BLE001 - it may still come up; its first job's watchdog decides
-            self.idents[actor] = None
+        ref, deadline = method.remote(), time.monotonic() + self.start_timeout_s
+        self.idents[actor] = None
+        while time.monotonic() < deadline:
+            self._raise_if_stopped()
+            ready, _ = ray.wait([ref], timeout=0.2)
+            if ready:
+                try:
+                    self.idents[actor] = tuple(ray.get(ref))
+                except Exception:  # noqa: BLE001 - it may still come up; its first job's watchdog decides
+                    pass
+                return
+
+    def _raise_if_stopped(self) -> None:
+        """Raise RunCancelled once the run is asked to stop (the caller's finally shuts the pool down)."""
+        if self.should_stop is not None and self.should_stop():
+            from tasks.run_control import RunCancelled
+            raise RunCancelled("stopped while workers were busy")
 
     def _replace(self, actor: Any) -> Any:
         ident = self.idents.pop(actor, None)
@@ -204,6 +220,7 @@ class ActorPool:
         free = list(self.actors)
         pending: dict[Any, tuple[int, Any, float]] = {}
         while queue or pending:
+            self._raise_if_stopped()
             while free and queue:
                 i, args = queue.pop(0)
                 actor = free.pop()
@@ -331,20 +348,20 @@ def cpu_count() -> int:
 
 
 @contextlib.contextmanager
-def worker_pools(gpus: int, kernel_timeout_s: float | None = None,
-                 refs_dir: str | None = None) -> Iterator[tuple[ActorPool, ActorPool | None]]:
+def worker_pools(gpus: int, kernel_timeout_s: float | None = None, refs_dir: str | None = None,
+                 should_stop: Callable[[], bool] | None = None) -> Iterator[tuple[ActorPool, ActorPool | None]]:
     """The pools of a run: one CPU worker per core, and one GPU runner per GPU (None without GPUs); the GPU
     runners keep the gate's references under ``refs_dir`` (the Cake home's ``refs``).
 
     ``cake evolve`` connects Ray first (``cake_cli.services.ray_runtime``); a flow run started otherwise (a
     deployment's worker) joins ``RAY_ADDRESS`` or starts a local Ray here."""
-    if not ray.is_initialized():
-        ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
-    cpu = ActorPool(lambda: CpuWorker.remote(), cpu_count())
+    from tasks.ray_runtime import ensure_ray
+    ensure_ray(gpus=bool(gpus))
+    cpu = ActorPool(lambda: CpuWorker.remote(), cpu_count(), should_stop=should_stop)
     gpu = None
     try:
         if gpus:
-            gpu = ActorPool(lambda: GpuRunner.remote(kernel_timeout_s, refs_dir), gpus)
+            gpu = ActorPool(lambda: GpuRunner.remote(kernel_timeout_s, refs_dir), gpus, should_stop=should_stop)
         yield cpu, gpu
     finally:
         cpu.shutdown()

@@ -6,10 +6,11 @@
 
 See ``warehouse.store`` for the on-disk layout and the concurrency rules,
 ``warehouse/schema/*.sql`` for the tables and views, ``warehouse.expectations``
-for the checks every batch must pass.
+for the checks every batch must pass, ``warehouse.readonly`` for what a query may do.
 """
 
 from warehouse.errors import BatchRejected, WarehouseError
+from warehouse.readonly import ReadOnlyError
 from warehouse.store import TABLES, Warehouse
 
-__all__ = ["Warehouse", "WarehouseError", "BatchRejected", "TABLES"]
+__all__ = ["Warehouse", "WarehouseError", "ReadOnlyError", "BatchRejected", "TABLES"]

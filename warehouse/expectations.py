@@ -20,7 +20,7 @@ from warehouse.schema import load_schema
 
 # ------------------------------------------------------------------ value sets
 
-RUN_STATUS = ["running", "completed", "failed", "crashed"]
+RUN_STATUS = ["running", "completed", "failed", "cancelled", "crashed"]
 STAGES = ["verify", "lower", "compile", "cost_filter", "check", "time"]   # cake_core.pipeline.STAGES
 OUTCOMES = ["verify_failed", "compile_failed", "filtered", "wrong", "runtime_fault",
             "timeout", "checked", "measured"]

@@ -18,11 +18,12 @@ folder fsynced; ``append()`` returns only after that, so a ``kill -9`` at any
 point loses nothing it acknowledged. Batch ids are ``<UTC time>-<pid>-<uuid>``,
 so any number of processes may write at once.
 
-Reads: every ``query()`` opens a fresh in-memory DuckDB, lists each table's
-batch files and creates one view per table over exactly those files
-(``read_parquet([...], union_by_name=true)`` unioned by name with a typed empty
-relation, so empty tables and batches from older schema versions work), then
-replays the schema's views.
+Reads: every ``query()`` checks that its statements are read-only, opens a
+fresh in-memory DuckDB that may read only the batch files it lists and nothing
+else (see ``warehouse.readonly``), creates one view per table over exactly those
+files (``read_parquet([...], union_by_name=true)`` unioned by name with a typed
+empty relation, so empty tables and batches from older schema versions work),
+then replays the schema's views.
 
 Compaction (``compact``) is safe against concurrent readers: the merged file is
 written under a temporary name, then a record listing its inputs is committed,
@@ -50,6 +51,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from warehouse.errors import BatchRejected, WarehouseError
+from warehouse.readonly import ReadOnlyError, locked_connection, outside_message, read_only_statements
 from warehouse.schema import Schema, eval_default, load_schema
 
 TABLES: tuple[str, ...] = tuple(load_schema().arrow)
@@ -58,7 +60,6 @@ EXPORT_FORMATS = ("csv", "parquet", "json")
 _TMP_SUFFIX = ".tmp"
 _STALE_TMP_S = 6 * 3600          # a temp file this old is abandoned whoever wrote it
 _DEAD_WRITER_TMP_S = 60          # ... or this old when its writer's pid is gone
-_READ_ONLY = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN, duckdb.StatementType.PRAGMA}
 _BATCH_PID_RE = re.compile(r"^\.?(?:compact-)?\d{8}T\d{12}Z-(\d+)-")
 
 
@@ -101,6 +102,10 @@ def _write_text_atomic(text: str, path: Path) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     _fsync_dir(path.parent)
+
+
+class _Relist(Exception):
+    """A batch file listed for a view vanished (pruned by a compaction): list the batches again."""
 
 
 def _sql_str(s: str | Path) -> str:
@@ -304,33 +309,45 @@ class Warehouse:
         return f"select {cols} where false"
 
     def _connect(self) -> duckdb.DuckDBPyConnection:
-        """Fresh in-memory DuckDB with one view per table over its current batches."""
-        con = duckdb.connect(":memory:")
-        for t in TABLES:
-            files, relisted = self._snapshot(t), False
-            while True:
-                body = self._empty_select(t)
-                if files:
-                    lst = "[" + ", ".join(_sql_str(f) for f in files) + "]"
-                    body += f" union all by name select * from read_parquet({lst}, union_by_name=true)"
-                try:
-                    con.execute(f'create view "{t}" as {body}')
-                    break
-                except duckdb.Error as e:
-                    bad = self._corrupt_files(files)
-                    if not bad and not relisted:
-                        # A file pruned by a compaction since we listed: list again, once.
-                        files, relisted = self._snapshot(t), True
-                        continue
-                    if not bad:
-                        raise WarehouseError(f"cannot read table {t!r}: {e}") from None
-                    if not self.skip_corrupt:
-                        raise WarehouseError(self._corrupt_message(bad)) from None
-                    warnings.warn(self._corrupt_message(bad), stacklevel=3)
-                    files = [f for f in files if f not in {p for p, _ in bad}]
-        for stmt in self.schema.view_sql:
-            con.execute(stmt)
-        return con
+        """Fresh in-memory DuckDB, locked down to read-only, with one view per table over its batches."""
+        for attempt in range(2):
+            snapshot = {t: [f.absolute() for f in self._snapshot(t)] for t in TABLES}
+            con = locked_connection(f for files in snapshot.values() for f in files)
+            try:
+                for t, files in snapshot.items():
+                    self._create_view(con, t, files, relist_ok=attempt == 0)
+                for stmt in self.schema.view_sql:
+                    con.execute(stmt)
+                return con
+            except _Relist:
+                con.close()  # a file pruned by a compaction since we listed: list again, once
+            except BaseException:
+                con.close()
+                raise
+        raise WarehouseError(f"the batch files of {self.root} kept changing while being listed; "
+                             f"query again")
+
+    def _create_view(self, con: duckdb.DuckDBPyConnection, table: str, files: list[Path],
+                     relist_ok: bool) -> None:
+        """The view ``table`` over ``files``; corrupt files are named (or skipped with ``skip_corrupt``)."""
+        while True:
+            body = self._empty_select(table)
+            if files:
+                lst = "[" + ", ".join(_sql_str(f) for f in files) + "]"
+                body += f" union all by name select * from read_parquet({lst}, union_by_name=true)"
+            try:
+                con.execute(f'create view "{table}" as {body}')
+                return
+            except duckdb.Error as e:
+                bad = self._corrupt_files(files)
+                if not bad and relist_ok:
+                    raise _Relist() from None
+                if not bad:
+                    raise WarehouseError(f"cannot read table {table!r}: {e}") from None
+                if not self.skip_corrupt:
+                    raise WarehouseError(self._corrupt_message(bad)) from None
+                warnings.warn(self._corrupt_message(bad), stacklevel=4)
+                files = [f for f in files if f not in {p for p, _ in bad}]
 
     @staticmethod
     def _corrupt_files(files: Iterable[Path]) -> list[tuple[Path, str]]:
@@ -357,27 +374,28 @@ class Warehouse:
 
         Raises
         ------
+        ReadOnlyError
+            A statement that could write, attach, install, load or change a
+            setting, or a read of a file outside the warehouse.
         WarehouseError
-            Malformed SQL (DuckDB's message plus the tables and views), a
-            statement that is not read-only, or a corrupted batch file.
+            Malformed SQL (DuckDB's message plus the tables and views), or a
+            corrupted batch file.
         """
         try:
-            statements = duckdb.extract_statements(sql)
-        except duckdb.Error as e:
+            statements = read_only_statements(sql)
+        except ReadOnlyError:
+            raise
+        except WarehouseError as e:
             raise WarehouseError(self._sql_error(e)) from None
-        if not statements:
-            raise WarehouseError("empty query")
-        for s in statements:
-            if s.type not in _READ_ONLY:
-                raise WarehouseError(f"query() is read-only; {s.type.name} statements are refused "
-                                     f"(use Warehouse.append / export): {s.query.strip()[:80]}")
         for attempt in range(2):
             con = self._connect()
             try:
                 for s in statements[:-1]:
-                    con.execute(s.query)
+                    con.execute(s.query).fetchall()  # DuckDB refuses the next one while a result is open
                 rel = con.sql(statements[-1].query, params=params or None)
                 return rel.to_arrow_table() if rel is not None else pa.table({})
+            except duckdb.PermissionException as e:
+                raise ReadOnlyError(outside_message(e)) from None
             except duckdb.IOException as e:
                 # A file pruned by a compaction between our listing and the read: list again.
                 if attempt == 0:

@@ -20,6 +20,7 @@ import csv
 import sys
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -264,12 +265,30 @@ class Problem:
         return worst <= self.rtol, worst, msg
 
 
+def is_shape_file(name: str) -> bool:
+    """True when ``name`` is a path to a CSV file rather than the name of a set in ``datasets/shapes/``."""
+    return name.endswith(".csv") or "/" in name or os.sep in name
+
+
 def load_shape_set(problem: Problem, name: str) -> ShapeSet:
-    """Read ``datasets/shapes/<name>.csv`` (columns: the problem's dims, then ``role``)."""
-    path = SHAPES_DIR / f"{name}.csv"
-    if not path.exists():
-        known = sorted(p.stem for p in SHAPES_DIR.glob("*.csv"))
-        raise ShapeSetError(f"no shape set `{name}` (looked for {path}); known: {', '.join(known) or 'none'}")
+    """Read a shape set (columns: the problem's dims, then ``role``).
+
+    ``name`` is a set under ``datasets/shapes/`` (``gemm_small``), or a path to a
+    CSV file, relative or absolute, when it ends in ``.csv`` or holds a ``/``.
+    """
+    known = sorted(p.stem for p in SHAPES_DIR.glob("*.csv"))
+    if is_shape_file(name):
+        path = Path(name).expanduser()
+        if path.is_dir():
+            raise ShapeSetError(f"shape file {path} is a directory; pass the path of a CSV file")
+        if not path.is_file():
+            raise ShapeSetError(f"no shape file {path} (looked for {path.absolute()}); pass the path of a "
+                                f"CSV file, or a set name: {', '.join(known) or 'none'}")
+    else:
+        path = SHAPES_DIR / f"{name}.csv"
+        if not path.exists():
+            raise ShapeSetError(f"no shape set `{name}` (looked for {path}); known: {', '.join(known) or 'none'}; "
+                                f"a CSV file elsewhere is passed by its path (my_shapes.csv)")
     shapes, roles = [], []
     with path.open() as f:
         rows = list(csv.DictReader(f))

@@ -26,3 +26,12 @@ def free_port():
             s.bind(("127.0.0.1", 0))
             return s.getsockname()[1]
     return pick
+
+
+@pytest.fixture(autouse=True)
+def logging_back_on():
+    """`cake evolve` turns logging off once a stopped run has said what it recorded; undo it between tests."""
+    import logging
+
+    yield
+    logging.disable(logging.NOTSET)

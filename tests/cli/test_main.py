@@ -5,6 +5,7 @@ import contextlib
 import getpass
 import json
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
+import cake_cli.evolve_run as evolve_run
 import cake_cli.main as main
 from cake_cli.main import app
 from cake_cli.services import PrefectServer, ServiceError
@@ -86,8 +88,9 @@ def no_services(monkeypatch):
         used.append(f"ray:{num_gpus}")
         yield None
 
-    monkeypatch.setattr(main, "prefect_server", fake_prefect)
-    monkeypatch.setattr(main, "ray_runtime", fake_ray)
+    for module in (main, evolve_run):
+        monkeypatch.setattr(module, "prefect_server", fake_prefect)
+    monkeypatch.setattr(evolve_run, "ray_runtime", fake_ray)
     monkeypatch.setattr(main, "gpu_policy", lambda settings: [])
     return used
 
@@ -359,8 +362,14 @@ def test_evolve_runs_the_flow_and_reports(monkeypatch, tmp_path, warehouse, no_s
         calls.append(kwargs)
         warehouse.tables["from attempts"] = pa.table(
             {"generation": [0, 0, 1], "outcome": ["checked", "verify_failed", "checked"],
-             "n": [5, 3, 8]})
+             "n": [5, 3, 8], "ms": [0.5, None, 0.25]})
         warehouse.tables["from measurements"] = pa.table({"m": pa.array([None], pa.float64())})
+        # the run's best is the warehouse's (view run_best over kernel_scores); a CPU run's is predicted
+        warehouse.tables["from run_best"] = pa.table({"basis": ["predicted"], "score_ms": [0.25]})
+        warehouse.tables["from baseline_scores"] = pa.table(
+            {"name": pa.array([], pa.string()), "source": pa.array([], pa.string()),
+             "basis": pa.array([], pa.string()), "score_ms": pa.array([], pa.float64()),
+             "correct": pa.array([], pa.bool_())})
         return None
 
     fake_module(monkeypatch, "flows.evolve", evolve_flow=evolve_flow)
@@ -376,9 +385,10 @@ def test_evolve_runs_the_flow_and_reports(monkeypatch, tmp_path, warehouse, no_s
     assert no_services == ["prefect", "ray:0"]
     out = result.stdout
     assert f"warehouse: {home / 'warehouse'}" in out and "http://127.0.0.1:4200" in out
-    assert "checked on CPU, not timed" in out and "cake sql" in out and kw["run_id"] in out
-    assert ("select generation, outcome, count(*) as n from attempts where run_id = ? "
-            "group by all order by all", [kw["run_id"]]) in warehouse.queries
+    assert "nothing timed" in out and "cake sql" in out and kw["run_id"] in out
+    assert ("select generation, outcome, count(*) as n, min(predicted_ms) as ms from attempts "
+            "where run_id = ? group by all order by all", [kw["run_id"]]) in warehouse.queries
+    assert "predicted 0.25 ms, from 0.5 ms in generation 0" in out
 
 
 def test_evolve_flow_failure_is_one_line(monkeypatch, warehouse, no_services, corpus):
@@ -411,22 +421,25 @@ def test_evolve_llm_agent_needs_a_model(no_services, corpus):
 
 
 def test_evolve_ctrl_c_stops_and_says_what_was_recorded(monkeypatch, warehouse, no_services, corpus):
-    import threading
+    from tasks.run_control import sealed, stop_requested
 
-    release = threading.Event()
-    cancelled = []
+    cancelled, seen = [], {}
 
     def evolve_flow(**kwargs):
         warehouse.tables["from attempts"] = pa.table(
-            {"generation": [0], "outcome": ["measured"], "n": [4]})
+            {"generation": [0], "outcome": ["measured"], "n": [4], "ms": [0.3]})
         warehouse.tables["from measurements"] = pa.table({"m": [0.25]})
-        release.wait(10)
+        deadline = time.monotonic() + 30
+        while not stop_requested(kwargs["run_id"]) and time.monotonic() < deadline:
+            time.sleep(0.01)        # a stage boundary: the real flow checks here too
+        seen["stopped"] = stop_requested(kwargs["run_id"])
 
     fake_module(monkeypatch, "flows.evolve", evolve_flow=evolve_flow)
     monkeypatch.setattr(main, "gpu_policy", lambda settings: ["NVIDIA H200"])
-    monkeypatch.setattr(main, "_cancel_flow_run", cancelled.append)
+    monkeypatch.setattr(main, "preflight", lambda *a: None)
+    monkeypatch.setattr(evolve_run, "_cancel_flow_run", cancelled.append)
     views = []
-    real_view = main.live_view
+    real_view = evolve_run.live_view
 
     def view(*args):
         views.append(args)
@@ -434,14 +447,137 @@ def test_evolve_ctrl_c_stops_and_says_what_was_recorded(monkeypatch, warehouse, 
             raise KeyboardInterrupt
         return real_view(*args)
 
-    monkeypatch.setattr(main, "live_view", view)
-    try:
-        result = run("evolve", "gemm_bf16")
-    finally:
-        release.set()
+    monkeypatch.setattr(evolve_run, "live_view", view)
+    result = run("evolve", "gemm_bf16")
     assert result.exit_code == 130, result.output
     assert result.stderr == ""
-    assert len(cancelled) == 1 and cancelled[0].startswith("cake-run:gemm_bf16-")
-    assert "stopped. recorded 4 attempts" in result.stdout and "(4 measured)" in result.stdout
-    assert "cake sql" in result.stdout
+    assert seen == {"stopped": True}   # the flow saw the stop (seal stops it too)
+    run_id = cancelled[0][len("cake-run:"):]
+    assert len(cancelled) == 1 and run_id.startswith("gemm_bf16-") and sealed(run_id)
+    out = result.stdout
+    assert out.index("stopping run") < out.index("stopped. recorded 4 attempts") and "(4 measured)" in out
+    assert "cake sql" in out
     assert no_services == ["prefect", "ray:1"]
+
+
+# ---------------------------------------------------------------- checks before any service
+
+
+def test_home_that_cannot_be_written_fails_before_any_service(monkeypatch, tmp_path, no_services, corpus):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("CAKE_HOME", str(blocker / "home"))
+    result = run("evolve", "gemm_bf16")
+    assert result.exit_code == 1
+    line = one_error_line(result)
+    assert f"the Cake home {blocker / 'home'} is not writable" in line and "set CAKE_HOME" in line
+    assert no_services == []
+
+
+def test_unreachable_llm_endpoint_fails_before_any_service(monkeypatch, free_port, no_services, corpus):
+    monkeypatch.setenv("CAKE_LLM_MODEL", "m")
+    monkeypatch.setenv("CAKE_LLM_BASE_URL", f"http://127.0.0.1:{free_port()}/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    result = run("evolve", "gemm_bf16", "--agent", "llm")
+    assert result.exit_code == 1
+    line = one_error_line(result)
+    assert "the LLM endpoint http://127.0.0.1:" in line and "does not answer" in line
+    assert "sk-test" not in result.output
+    assert no_services == []
+
+
+def test_unreachable_ray_address_fails_before_any_service(monkeypatch, free_port, no_services, corpus):
+    monkeypatch.setenv("CAKE_RAY_ADDRESS", f"127.0.0.1:{free_port()}")
+    result = run("evolve", "gemm_bf16")
+    assert result.exit_code == 1 and "unset CAKE_RAY_ADDRESS" in one_error_line(result)
+    assert no_services == []
+
+
+def test_gpu_run_without_nvcc_fails_before_any_service(monkeypatch, no_services, corpus):
+    monkeypatch.setattr(main, "gpu_policy", lambda settings: ["NVIDIA H200"])
+    monkeypatch.setattr("cake_core.lower.compile.nvcc_path", lambda: None)
+    result = run("evolve", "gemm_bf16")
+    assert result.exit_code == 1 and "nvcc, which is not on PATH" in one_error_line(result)
+    assert no_services == []
+
+
+def test_evolve_says_what_it_found_about_the_server(monkeypatch, warehouse, no_services, corpus):
+    @contextlib.contextmanager
+    def shared(settings):
+        no_services.append("prefect")
+        yield PrefectServer(api_url="http://127.0.0.1:4200/api", ui_url="http://127.0.0.1:4200", started=False,
+                            note="reusing this home's Prefect server (pid 7) left running by an earlier run")
+
+    monkeypatch.setattr(evolve_run, "prefect_server", shared)
+    fake_module(monkeypatch, "flows.evolve", evolve_flow=lambda **kw: None)
+    result = run("evolve", "gemm_bf16")
+    assert result.exit_code == 0, result.output
+    assert "reusing this home's Prefect server (pid 7)" in result.stdout
+
+
+# ---------------------------------------------------------------- output people read and type from
+
+
+def test_proposals_piped_keep_the_id_a_person_types(warehouse):
+    pid = "prop-rule-tail-guard-0123456789abcdef0123456789"
+    warehouse.tables["proposals_latest"] = pa.table({
+        "proposal_id": [pid], "kind": ["rule"], "status": ["pending"],
+        "title": ["reject unguarded loads on a dimension that is not a tile multiple (gemm_bf16)"],
+        "created_at": ["2026-11-29 12:00:00"]})
+    result = run("harness", "proposals")        # CliRunner output is a pipe: 80 columns
+    assert result.exit_code == 0, result.output
+    assert pid in result.stdout
+    assert max(len(line) for line in result.stdout.splitlines()) <= 80, result.stdout
+    assert "cake harness approve ID --reason" in result.stdout
+    assert "evidence" not in warehouse.queries[0][0].split("from")[0]   # the JSON stays out of the list
+
+
+def test_sql_table_piped_is_readable_at_80_columns(warehouse):
+    warehouse.tables["attempts"] = pa.table({c: [f"{c}-value-{i}" for i in range(3)] for c in
+                                             ["attempt_id", "run_id", "problem", "outcome", "stage", "tactic",
+                                              "error_rule", "signature"]})
+    result = run("sql", "select * from attempts")
+    assert result.exit_code == 0
+    assert max(len(line) for line in result.stdout.splitlines()) <= 80
+    assert "attempt_id-value-2" in result.stdout and "signature" in result.stdout and "…" not in result.stdout
+
+
+def test_run_prints_diagnostics_as_check_does(tmp_path):
+    src = tmp_path / "bad.cake"
+    src.write_text('@kernel(target="sm_90a", grid=(1,), threads=128)\n'
+                   'def k(a: gmem[bf16, (N,)], b: gmem[bf16, (N,)]):\n'
+                   '    lod(a)\n    stor(b)\n')
+    result = run("run", str(src), "--problem", "tinygemm", "--shape", "M=1,N=64,K=64")
+    assert result.exit_code == 1
+    checked = run("check", str(src))
+    lines = result.stdout.splitlines()
+    for line in checked.stdout.splitlines()[:-1]:       # every diagnostic block, line for line
+        assert line in lines
+    assert f"{src}:3:5: error[parse.unknown_op]" in result.stdout
+    assert all(line.count("error[") <= 1 for line in lines) and sum("error[" in ln for ln in lines) >= 2
+    assert "not run: fix the errors above" in result.stdout
+    assert result.stderr == ""
+
+
+def test_shapes_takes_a_path_relative_or_absolute(monkeypatch, tmp_path, no_services, warehouse):
+    from cake_core.problems import get_problem, load_shape_set
+
+    (tmp_path / "sets").mkdir()
+    csv_file = tmp_path / "sets" / "mine.csv"
+    csv_file.write_text("M,N,K,role\n64,64,64,headline\n33,17,9,tail\n")
+    loaded = load_shape_set(get_problem("gemm_bf16"), "sets/mine.csv")          # relative to the cwd
+    assert loaded.shapes == ({"M": 64, "N": 64, "K": 64}, {"M": 33, "N": 17, "K": 9})
+    assert loaded.roles == ("headline", "tail")
+    assert load_shape_set(get_problem("gemm_bf16"), str(csv_file)).shapes == loaded.shapes
+    calls = []
+    fake_module(monkeypatch, "flows.evolve", evolve_flow=lambda **kw: calls.append(kw))
+    for given in ("sets/mine.csv", str(csv_file), "./sets/mine.csv"):
+        result = run("evolve", "gemm_bf16", "--shapes", given)
+        assert result.exit_code == 0, result.output
+        assert calls[-1]["shape_set"] == str(csv_file)   # the flow gets the file, wherever it runs
+    result = run("evolve", "gemm_bf16", "--shapes", "nope/missing.csv")
+    assert result.exit_code == 2
+    line = one_error_line(result)
+    assert "no shape file nope/missing.csv" in line and str(tmp_path / "nope" / "missing.csv") in line
+    result = run("evolve", "gemm_bf16", "--shapes", "gemm_nope")
+    assert result.exit_code == 2 and "passed by its path" in one_error_line(result)

@@ -99,11 +99,20 @@ def test_killed_run_loses_nothing_it_recorded(tmp_path, services):
     p = _run(["sql", "select outcome, count(*) from attempts group by 1"], tmp_path,
              {"CAKE_PREFECT_API_URL": services["api_url"]})
     assert p.returncode == 0, p.stderr
+    (killed,) = Warehouse(wh_root).query("select run_id, status from runs_latest").to_pylist()
+    log = tmp_path / "logs" / "cli.log"
+    why = (tmp_path / "stderr.txt").read_text()[-2000:] + (log.read_text()[-3000:] if log.exists() else "")
+    assert killed["status"] == "running", f"the run ended {killed['status']} before the kill: {why}"
     p = _run(["evolve", "gemm_bf16", "--generations", "1", "--population", "3"], tmp_path,
              {"CAKE_PREFECT_API_URL": services["api_url"]}, timeout=300)
     assert p.returncode == 0, p.stderr
+    assert f"marked 1 run(s) whose process died as crashed: {killed['run_id']}" in p.stdout
     final = Warehouse(wh_root).query("select count(*) as n from attempts").to_pylist()[0]["n"]
     assert final >= after["n"] + 3
+    status = {r["run_id"]: r["status"] for r in
+              Warehouse(wh_root).query("select run_id, status from runs_latest").to_pylist()}
+    assert status[killed["run_id"]] == "crashed"
+    assert sorted(status.values()) == ["completed", "crashed"]
 
 
 def test_cake_run_on_the_cpu(tmp_path):

@@ -110,3 +110,23 @@ def test_compaction_under_readers_and_writers(procs, tmp_path):
     wh.compact("attempts", grace_s=0)
     assert _count(root) == 100
     assert len(list((root / "landing" / "attempts").glob("*.parquet"))) == 1
+
+
+def test_every_view_answers_read_only_while_a_run_writes(procs, tmp_path):
+    root = tmp_path / "wh"
+    Warehouse(root)
+    stop = tmp_path / "stop"
+    r = _start(procs, wh_workers.view_reader, str(root), str(stop), str(tmp_path / "r.log"))
+    c = _start(procs, wh_workers.compactor, str(root), str(stop), str(tmp_path / "c.log"))
+    w = _start(procs, wh_workers.writer, str(root), "w", 20, 5, str(tmp_path / "w.log"), 0.05)
+    w.join(60)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(n == "100" for (n,) in _lines(tmp_path / "r.log", "views")):
+        time.sleep(0.1)  # one full pass over the views after the last batch landed
+    stop.touch()
+    for p in (w, r, c):
+        p.join(60)
+        assert p.exitcode == 0
+    assert _lines(tmp_path / "r.log", "error") == []
+    seen = [int(n) for (n,) in _lines(tmp_path / "r.log", "views")]
+    assert len(seen) >= 2 and seen == sorted(seen) and seen[-1] == 100

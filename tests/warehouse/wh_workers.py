@@ -39,6 +39,23 @@ def reader(root: str, stop_path: str, log_path: str) -> None:
     os._exit(0)
 
 
+def view_reader(root: str, stop_path: str, log_path: str) -> None:
+    """Query every view in a loop until ``stop_path`` exists; print 'views <attempts>' or 'error ...'."""
+    from warehouse import Warehouse
+
+    sys.stdout = open(log_path, "w", buffering=1)
+    wh = Warehouse(root)
+    while not os.path.exists(stop_path):
+        try:
+            for view in wh.schema.views:
+                wh.query(f"select count(*) from {view}")
+            n = wh.query("select count(*) n from attempts").to_pylist()[0]["n"]
+            print(f"views {n}", flush=True)
+        except Exception:  # noqa: BLE001 - the test asserts there are none
+            print("error " + traceback.format_exc().replace("\n", " | "), flush=True)
+    os._exit(0)
+
+
 def compactor(root: str, stop_path: str, log_path: str) -> None:
     """Compact attempts every 0.2 s until ``stop_path`` exists; print 'merged <files>'."""
     from warehouse import Warehouse

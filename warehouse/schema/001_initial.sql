@@ -25,7 +25,7 @@ create table runs (
     gpu_model       VARCHAR,
     flow_run_id     VARCHAR,
     started_at      TIMESTAMP NOT NULL,
-    status          VARCHAR   NOT NULL,  -- running | completed | failed | crashed
+    status          VARCHAR   NOT NULL,  -- running | completed | failed | cancelled | crashed
     finished_at     TIMESTAMP,
     recorded_at     TIMESTAMP NOT NULL DEFAULT current_timestamp  -- orders status rows
 );

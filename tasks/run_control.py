@@ -1,0 +1,212 @@
+"""A run's life in the warehouse: begun (and held), asked to stop, sealed, ended with a status.
+
+- :func:`begin_run` marks runs whose process died while ``running`` as
+  ``crashed``, takes the run's hold (an flock on ``locks/run-<id>.lock`` in the
+  warehouse, dropped by the kernel when the process dies, ``kill -9`` included)
+  and records the run as ``running``.
+- :func:`request_stop` (Ctrl-C, SIGTERM) asks a run to stop: the next write of
+  its attempts (:func:`writing`), the actor pool's next poll and the flow's
+  next stage raise :class:`RunCancelled` instead of going on.
+- :func:`seal` ends every write of a run: after it returns nothing of that run
+  is written any more, so a count taken then is final.
+- :func:`end_run` records the final status (``completed``, ``failed``,
+  ``cancelled``) unless the run was sealed, and drops the hold.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from cake_core.errors import CakeError
+
+
+class RunCancelled(CakeError):
+    """The run was asked to stop (Ctrl-C, SIGTERM, a cancelled flow run)."""
+
+
+@dataclass
+class _Control:
+    stop: threading.Event = field(default_factory=threading.Event)
+    sealed: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)   # held by each write and by seal
+
+
+_CONTROLS: dict[str, _Control] = {}
+_CONTROLS_LOCK = threading.Lock()
+
+
+def _control(run_id: str) -> _Control:
+    with _CONTROLS_LOCK:
+        return _CONTROLS.setdefault(run_id, _Control())
+
+
+def request_stop(run_id: str) -> None:
+    """Ask ``run_id`` to stop at its next write, poll or stage."""
+    _control(run_id).stop.set()
+
+
+def stop_requested(run_id: str) -> bool:
+    """True once :func:`request_stop` was called for ``run_id``."""
+    return _control(run_id).stop.is_set()
+
+
+def raise_if_stopped(run_id: str) -> None:
+    """Raise :class:`RunCancelled` if ``run_id`` was asked to stop."""
+    if stop_requested(run_id):
+        raise RunCancelled(f"run {run_id} was stopped")
+
+
+@contextlib.contextmanager
+def writing(run_ids: Iterable[str]) -> Iterator[None]:
+    """Hold the runs' write lock around one write; raise :class:`RunCancelled` (writing nothing) if stopped."""
+    ids = sorted(set(run_ids))
+    controls = [_control(r) for r in ids]
+    with contextlib.ExitStack() as stack:
+        for c in controls:
+            stack.enter_context(c.lock)
+        for r, c in zip(ids, controls):
+            if c.stop.is_set() or c.sealed:
+                raise RunCancelled(f"run {r} was stopped; nothing more of it is written")
+        yield
+
+
+def seal(run_id: str) -> None:
+    """Stop ``run_id`` and wait for a write in progress: afterwards nothing of it is written."""
+    c = _control(run_id)
+    c.stop.set()
+    with c.lock:
+        c.sealed = True
+
+
+def sealed(run_id: str) -> bool:
+    return _control(run_id).sealed
+
+
+def forget(run_id: str) -> None:
+    """Drop the run's stop state (a process that runs many flows, such as a test session)."""
+    with _CONTROLS_LOCK:
+        _CONTROLS.pop(run_id, None)
+
+
+def status_for(exc: BaseException | None, run_id: str | None = None) -> str:
+    """The warehouse status of a run that ended with ``exc`` (None: completed).
+
+    A run asked to stop is ``cancelled`` whatever it ended with: its workers may
+    have been shut down under it.
+    """
+    if exc is None:
+        return "completed"
+    # A worker's cancellation of a flow run arrives as Prefect's TerminationSignal (SIGTERM).
+    if isinstance(exc, (RunCancelled, KeyboardInterrupt)) or type(exc).__name__ == "TerminationSignal":
+        return "cancelled"
+    return "cancelled" if run_id is not None and stop_requested(run_id) else "failed"
+
+
+# ---------------------------------------------------------------- holds and crashed runs
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+class RunHold:
+    """An flock on ``<warehouse>/locks/run-<run_id>.lock`` for as long as the run's process lives."""
+
+    def __init__(self, warehouse_root: str | Path, run_id: str):
+        self.path = Path(warehouse_root) / "locks" / f"run-{run_id}.lock"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd: int | None = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
+        fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        self.path.unlink(missing_ok=True)
+        os.close(self._fd)
+        self._fd = None
+
+
+def mark_crashed(warehouse_root: str | Path) -> list[str]:
+    """Record ``crashed`` for every run still ``running`` whose process is gone; returns their ids.
+
+    Only runs with a hold file are judged (their process took one); a hold file
+    that can be locked has no living owner.
+    """
+    from warehouse import Warehouse
+
+    locks = Path(warehouse_root) / "locks"
+    orphans: list[tuple[str, int, Path]] = []
+    for path in sorted(locks.glob("run-*.lock")) if locks.is_dir() else []:
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        orphans.append((path.name[len("run-"):-len(".lock")], fd, path))
+    if not orphans:
+        return []
+    try:
+        wh = Warehouse(warehouse_root)
+        ids = [r for r, _, _ in orphans]
+        rows = wh.query("select * from runs_latest where status = 'running' and list_contains(?, run_id)",
+                        [ids]).to_pylist()
+        if rows:
+            wh.append("runs", [{**{k: v for k, v in r.items() if k != "recorded_at"}, "status": "crashed",
+                                "finished_at": _now()} for r in rows])
+        return [r["run_id"] for r in rows]
+    finally:
+        for _, fd, path in orphans:
+            path.unlink(missing_ok=True)
+            os.close(fd)
+
+
+def record_cancelled(warehouse_root: str | Path, run_id: str) -> bool:
+    """After :func:`seal`: record ``cancelled`` unless the run already has a final status; True if recorded."""
+    from warehouse import Warehouse
+
+    root = Path(warehouse_root)
+    if not (root / "SCHEMA_VERSION").exists():
+        return False
+    wh = Warehouse(root)
+    rows = wh.query("select * from runs_latest where run_id = ? and status = 'running'", [run_id]).to_pylist()
+    if not rows:
+        return False
+    wh.append("runs", [{**{k: v for k, v in rows[0].items() if k != "recorded_at"}, "status": "cancelled",
+                        "finished_at": _now()}])
+    return True
+
+
+def begin_run(warehouse_root: str | Path, row: dict[str, Any]) -> RunHold:
+    """Mark crashed runs, hold ``row['run_id']`` and record it ``running``; returns the hold."""
+    from warehouse import Warehouse
+
+    mark_crashed(warehouse_root)
+    hold = RunHold(warehouse_root, row["run_id"])
+    Warehouse(warehouse_root).append("runs", [{**row, "status": "running"}])
+    return hold
+
+
+def end_run(warehouse_root: str | Path, hold: RunHold | None, row: dict[str, Any], status: str) -> None:
+    """Record the run's final ``status`` (nothing if it was sealed) and drop its hold."""
+    from warehouse import Warehouse
+
+    c = _control(row["run_id"])
+    try:
+        with c.lock:
+            if not c.sealed:   # sealed: whoever sealed it recorded the status
+                Warehouse(warehouse_root).append("runs", [{**row, "status": status,
+                                                           "finished_at": row.get("finished_at") or _now()}])
+    finally:
+        if hold is not None:
+            hold.release()
