@@ -13,7 +13,8 @@ from cake_core.ir.opdef import Alloc, Effect, Family, Operand, Ordering, Scope, 
 from cake_core.ir.ops import REGISTRY, Node, Op, Tile, View, loop_range
 from cake_core.ir.passes import node_exprs
 from cake_core.ir.registry import ops_of
-from cake_core.ir.rule_ctx import (Ctx, RuleSet, fmt_shape, rmem_words_per_thread, same_extent, smem_bytes,
+from cake_core.ir.smem_layout import SCRATCH
+from cake_core.ir.rule_ctx import (Ctx, RuleSet, fmt_shape, rmem_words_per_thread, same_extent, smem, smem_bytes,
                                    view_extent)
 from cake_core.ir.types import DType, MemSpace
 from cake_core.outcome import Diagnostic, Severity
@@ -301,16 +302,26 @@ def _mma_sync_tiling(ctx: Ctx) -> Iterable[Diagnostic]:
 
 # ---------------------------------------------------------------- resources
 
-@rule("resources.smem", "resources", "shared memory per CTA exceeds the target's limit",
-      guards=(op for op, d in REGISTRY.items() if d.allocates is Alloc.SMEM))
+@rule("resources.smem", "resources", "shared memory per CTA, as the lowering lays it out (tiles, mbarriers, "
+                                    "alignment gaps, scratch), exceeds the target's limit",
+      guards={op for op, d in REGISTRY.items() if d.allocates in (Alloc.SMEM, Alloc.MBARRIER)})
 def _smem(ctx: Ctx) -> Iterable[Diagnostic]:
-    total = smem_bytes(ctx)
-    limit = ctx.target.smem_per_cta_bytes
-    if total is not None and total > limit:
-        last = [n for n, _, _ in ctx.nodes if REGISTRY[n.op].allocates is Alloc.SMEM][-1]
-        yield ctx.diag("resources.smem", last, f"the CTA needs {total} B of shared memory; {ctx.target.arch} "
-                                               f"allows {limit} B", path="kernel",
-                       hint="shrink the tiles or the number of stages")
+    """The layout is ``ir.smem_layout``'s, the one the lowering emits; the statement reported is the first whose
+    memory ends past the limit (a scratch region past it is compute.scratch_smem's)."""
+    lay, limit = smem(ctx), ctx.target.smem_per_cta_bytes
+    first = lay.first_past(limit)
+    if lay.total is None or lay.total <= limit or first is None or first.kind == SCRATCH:
+        return
+    what = f"`{first.name}` ({first.nbytes} B at offset {first.offset})"
+    yield ctx.diag("resources.smem", first.node, f"the CTA needs {lay.total} B of shared memory; "
+                                                 f"{ctx.target.arch} allows {limit} B: {what} ends past the limit",
+                   path=_path_of(ctx, first.node), witness=[lay.breakdown()],
+                   hint="shrink the tiles or the number of stages (a swizzle-128 tile starts on a "
+                        f"{ctx.target.tma.swizzle_smem_align_bytes} B boundary; allocate those first to save the gap)")
+
+
+def _path_of(ctx: Ctx, n: Node) -> str:
+    return next((p for m, p, _ in ctx.nodes if m is n), "kernel")
 
 
 @rule("resources.threads", "resources", "threads per CTA must be a multiple of 32 and within the target")
