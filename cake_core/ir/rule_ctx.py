@@ -179,7 +179,10 @@ def rmem_words_per_thread(ctx: Ctx) -> int | None:
             numel = ctx.static_numel(n.args[1])
             if numel is None:
                 return None
-            words = -(-numel * max(n.args[0].bytes, 4) // 4 // ctx.threads_of(n))
+            threads = ctx.threads_of(n)
+            if threads <= 0:
+                return None         # a role without warps: role.bounds (or resources.threads) reports it
+            words = -(-numel * max(n.args[0].bytes, 4) // 4 // threads)
             r = ctx.role_of.get(id(n))
             if r is None:
                 shared += words

@@ -69,38 +69,13 @@ def _fmt(s: tuple[int, ...]) -> str:
 
 # ------------------------------------------------------------------ compute
 
-@rule("compute.undefined", "compute", "a compute op names a tile or a gmem tensor that is not defined before it",
-      guards=COMPUTE_OPS)
-def _undefined(ctx: Ctx) -> Iterable[Diagnostic]:
-    seen = {p.name for p in ctx.program.params}
-    for n, path, _ in ctx.nodes:
-        if n.op in COMPUTE_OPS:
-            for name, buf in _tiles(n):
-                if buf not in seen:
-                    yield ctx.diag("compute.undefined", n, f"`{buf}` ({n.op.value} operand `{name}`) is not defined "
-                                                           "here", path=path,
-                                   hint="allocate it with smem(...)/rmem(...) before use, or check the spelling")
-            for a in n.args:
-                if isinstance(a, View) and a.buf not in seen:
-                    yield ctx.diag("compute.undefined", n, f"`{a.buf}` is not a kernel parameter", path=path,
-                                   hint=f"parameters: {', '.join(p.name for p in ctx.program.params)}")
-        if n.result:
-            seen.add(n.result)
-
-
-@rule("compute.space", "compute", "compute ops take single-stage smem or rmem tiles, not gmem tensors or rings",
-      guards=COMPUTE_OPS)
+@rule("compute.space", "compute", "compute ops take single-stage tiles, not rings", guards=COMPUTE_OPS)
 def _space(ctx: Ctx) -> Iterable[Diagnostic]:
+    """A tile's memory space is types.space's; a ring (stages > 1) has no single tile for the op to name."""
     for n, path in _compute_nodes(ctx):
         for name, buf in _tiles(n):
             t = ctx.buffers.get(buf)
-            if t is None:
-                continue
-            if t.space is MemSpace.GMEM:
-                yield ctx.diag("compute.space", n, f"`{n.op.value}` operand `{name}` must be an smem or rmem tile; "
-                                                   f"`{buf}` is in gmem", path=path,
-                               hint=f"load(tile, {buf}[...]) into an smem/rmem tile first")
-            elif t.stages > 1:
+            if t is not None and t.space is not MemSpace.GMEM and t.stages > 1:
                 yield ctx.diag("compute.space", n, f"`{buf}` is a ring of {t.stages} stages; `{n.op.value}` takes a "
                                                    "single-stage tile", path=path,
                                hint="allocate a separate single-stage tile for the compute")
