@@ -141,3 +141,28 @@ def test_the_runs_shapes_name_the_witness_of_a_grid():
     grid = parse_program(MC.replace("num_sms // 2) * 2,)", "num_sms // 2),)"))
     (g,) = [d for d in verify(grid, shapes=[{"M": 384, "N": 128, "K": 64}]) if d.rule == "cluster.grid"]
     assert "M=384, N=128" in g.message
+
+
+ROWS = (SEEDS / "tinygemm_rows.cake").read_text()
+
+
+def test_an_undefined_name_in_an_if_condition_is_named_at_its_line():
+    assert not [d for d in check_text(ROWS) if d.rule == "shapes.symbols"]
+    text = ROWS.replace("            if M <= 8:", "            if Mx <= 8:", 1)
+    (d,) = [d for d in check_text(text) if d.rule == "shapes.symbols"]
+    assert d.line == _line_of(text, "            if Mx <= 8:") and "`Mx` is not defined" in d.message
+
+
+@pytest.mark.parametrize("old, new, rule_id", [
+    ('with role("producer", warps=(0, 4), regs=40)', 'with role("producer", warps=(4, 4), regs=40)', "role.bounds"),
+    ('with role("producer", warps=(0, 4), regs=40)', 'with role("producer", warps=(0, 1000000), regs=40)',
+     "role.bounds"),
+    ("full = mbarrier(S)", "full = mbarrier(1000000000)", "resources.smem"),      # 8 GB of barriers
+    ("empty = mbarrier(S, arrivals=2)", "empty = mbarrier(S, arrivals=-1)", "mbarrier.count"),
+], ids=["no threads", "huge warps", "huge barrier count", "negative arrivals"])
+def test_degenerate_roles_and_barriers_get_a_diagnostic_not_a_crash(old, new, rule_id):
+    # each of these once crashed (a role of no threads divided by zero) or hung (warps and barrier slots
+    # enumerated one by one, arrivals <= 0 settling forever)
+    assert old in WS
+    diags = check_text(WS.replace(old, new, 1))
+    assert rule_id in {d.rule for d in diags}, [d.rule for d in diags]
