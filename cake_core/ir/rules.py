@@ -300,8 +300,8 @@ def _threads(ctx: Ctx) -> Iterable[Diagnostic]:
                                           "memory, registers; setmaxnreg roles need the SM to themselves")
 def _ctas_per_sm(ctx: Ctx) -> Iterable[Diagnostic]:
     n = ctx.program.ctas_per_sm
-    if not n:
-        return
+    if not n or ctx.program.threads < 1:
+        return          # no threads: resources.threads reports the CTA itself
     t = ctx.target
     if n * ctx.program.threads > t.max_threads_per_sm:
         yield ctx.diag("resources.ctas_per_sm", None, f"ctas_per_sm={n} CTAs of {ctx.program.threads} threads need "
