@@ -22,6 +22,9 @@ __all__ = ["run", "grid_size", "cluster_dims", "InterpFault", "SEMANTICS", "INTE
 # The SM count the interpreter launches on (``num_sms`` in a grid): small, so that a persistent
 # kernel's CTAs each walk several tiles (and an uneven share) on the small shapes checked on a CPU.
 INTERP_NUM_SMS = 3
+# The most CTAs one interpreted launch runs: the shapes checked on a CPU are small, so a grid past this is a
+# grid that launches far more CTAs than the problem has tiles (a mistake), and would take hours in numpy.
+MAX_INTERP_CTAS = 1 << 16
 
 
 def run(program: Program, shape: dict[str, int], inputs: dict[str, np.ndarray],
@@ -38,6 +41,11 @@ def run(program: Program, shape: dict[str, int], inputs: dict[str, np.ndarray],
             raise KeyError(f"no array for parameter `{p.name}`")
     grid = list(grid_size(program, shape, num_sms)) + [1] * (3 - len(program.grid))
     env0 = {**shape, **program.const_env, "ncta.x": grid[0], "ncta.y": grid[1], "ncta.z": grid[2]}
+    if grid[0] * grid[1] * grid[2] > MAX_INTERP_CTAS:
+        raise InterpFault(program, f"the grid {' x '.join(map(str, grid))} launches "
+                                   f"{grid[0] * grid[1] * grid[2]:,} CTAs on the shape {shape}: more than the "
+                                   f"{MAX_INTERP_CTAS:,} the interpreter runs; size the grid by the problem's tiles "
+                                   "(cdiv(dim, tile)), or min(tiles, num_sms) for a persistent kernel")
     cl = cluster_dims(program)
     if cl != (1, 1, 1):
         return run_clusters(program, gmem, env0, grid, cl, outputs, SEMANTICS, arch)

@@ -113,11 +113,21 @@ def clip(n: Any, v: View, win: list[tuple[int, int, bool]], shape: tuple[int, ..
     return tuple(g_sl), tuple(t_sl)
 
 
+# The most trips one loop makes in the interpreter: its shapes are small, so a loop past this runs far past
+# the problem's tiles (a constant bound that does not follow the dims) and would take hours in numpy.
+MAX_LOOP_TRIPS = 1 << 15
+
+
 def loop_values(cta: CTA, n: Any) -> range:
     """The values a ``for`` node's variable takes in this CTA."""
     start, stop, step = (cta.ev(x) for x in loop_range(n))
     if step < 1:
         raise InterpFault(n, f"loop step {step}: a for loop steps by a positive amount")
+    trips = max(-(-(stop - start) // step), 0)
+    if trips > MAX_LOOP_TRIPS:
+        raise InterpFault(n, f"loop `{n.args[0]}` makes {trips:,} trips on this small shape, more than the "
+                             f"{MAX_LOOP_TRIPS:,} the interpreter runs: bound it by the problem's tiles "
+                             "(cdiv(dim, tile))")
     return range(start, stop, step)
 
 

@@ -14,6 +14,7 @@ from cake_core.ir.expr import Expr, fmt_expr, symbols, try_evaluate
 from cake_core.ir.opdef import Alloc
 from cake_core.ir.ops import REGISTRY, Full, Node, Op, Tile, View
 from cake_core.ir.program import Program, walk
+from cake_core.ir.smem_layout import SmemLayout, smem_layout
 from cake_core.ir.types import MemSpace, TileType
 from cake_core.outcome import Diagnostic, Severity
 from cake_core.targets import Arch
@@ -155,18 +156,18 @@ def fmt_shape(ctx: Ctx, s: Sequence[Expr]) -> str:
     return "(" + ", ".join(parts) + ")"
 
 
+def smem(ctx: Ctx) -> SmemLayout:
+    """The CTA's shared-memory layout, the one the lowering emits (``ir.smem_layout``), computed once."""
+    got = ctx.__dict__.get("_smem_layout")
+    if got is None:
+        got = ctx.__dict__["_smem_layout"] = smem_layout(ctx.program, ctx.target)
+    return got
+
+
 def smem_bytes(ctx: Ctx) -> int | None:
-    """Shared memory of one CTA, each allocation aligned to the target's alignment."""
-    align = ctx.target.smem_alloc_align_bytes
-    total = 0
-    for n, _, _ in ctx.nodes:
-        if REGISTRY[n.op].allocates is Alloc.SMEM:
-            numel = ctx.static_numel(n.args[1])
-            if numel is None:
-                return None
-            size = numel * n.args[0].bytes * n.attr("stages")
-            total = -(-total // align) * align + size
-    return total
+    """Shared memory of one CTA as launched: tiles, mbarriers, scratch and alignment gaps (None if a size is not
+    static)."""
+    return smem(ctx).total
 
 
 def rmem_words_per_thread(ctx: Ctx) -> int | None:
@@ -178,7 +179,10 @@ def rmem_words_per_thread(ctx: Ctx) -> int | None:
             numel = ctx.static_numel(n.args[1])
             if numel is None:
                 return None
-            words = -(-numel * max(n.args[0].bytes, 4) // 4 // ctx.threads_of(n))
+            threads = ctx.threads_of(n)
+            if threads <= 0:
+                return None         # a role without warps: role.bounds (or resources.threads) reports it
+            words = -(-numel * max(n.args[0].bytes, 4) // 4 // threads)
             r = ctx.role_of.get(id(n))
             if r is None:
                 shared += words

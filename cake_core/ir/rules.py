@@ -13,7 +13,8 @@ from cake_core.ir.opdef import Alloc, Effect, Family, Operand, Ordering, Scope, 
 from cake_core.ir.ops import REGISTRY, Node, Op, Tile, View, loop_range
 from cake_core.ir.passes import node_exprs
 from cake_core.ir.registry import ops_of
-from cake_core.ir.rule_ctx import (Ctx, RuleSet, fmt_shape, rmem_words_per_thread, same_extent, smem_bytes,
+from cake_core.ir.smem_layout import SCRATCH
+from cake_core.ir.rule_ctx import (Ctx, RuleSet, fmt_shape, rmem_words_per_thread, same_extent, smem, smem_bytes,
                                    view_extent)
 from cake_core.ir.types import DType, MemSpace
 from cake_core.outcome import Diagnostic, Severity
@@ -42,28 +43,6 @@ def _view_operand(n: Node) -> View:
 
 # ------------------------------------------------------------------- types
 
-@rule("types.undefined", "types", "an operand names a buffer that is not defined before it",
-      guards=_COPIES + _MMA)
-def _undefined(ctx: Ctx) -> Iterable[Diagnostic]:
-    seen = {p.name for p in ctx.program.params}
-    for n, path, _ in ctx.nodes:
-        if n.op not in _COPIES + _MMA:
-            if n.result:
-                seen.add(n.result)
-            continue
-        for o, buf in _operands(n):
-            if o.kind == "buf" and buf not in seen:
-                yield ctx.diag("types.undefined", n, f"`{buf}` is not defined here", path=path,
-                               hint="allocate it with smem(...)/rmem(...) before use, or check the spelling")
-        if n.op in _COPIES:
-            v = _view_operand(n)
-            if v.buf not in seen:
-                yield ctx.diag("types.undefined", n, f"`{v.buf}` is not a kernel parameter", path=path,
-                               hint=f"parameters: {', '.join(p.name for p in ctx.program.params)}")
-        if n.result:
-            seen.add(n.result)
-
-
 @rule("types.redefined", "types", "a result name is bound twice or shadows a parameter",
       guards=_ALLOCS | {Op.MBARRIER} | {op for op, d in REGISTRY.items() if any(o.binds is Scope.BODY
                                                                                   for o in d.operands)})
@@ -79,21 +58,6 @@ def _redefined(ctx: Ctx) -> Iterable[Diagnostic]:
                                hint="buffers are allocated once; give this one a new name")
             if n.result:        # loop variables are scoped to their loop (sibling roles may both use `kt`)
                 seen[name] = n
-
-
-@rule("types.space", "types", "an operand lives in a memory space the op cannot use", guards=_COPIES + _MMA)
-def _space(ctx: Ctx) -> Iterable[Diagnostic]:
-    for n, path, _ in ctx.nodes:
-        if n.op not in _COPIES + _MMA:
-            continue
-        for o, a in _operands(n):
-            want = o.space
-            t = ctx.buf_of(a) if want else None
-            if t is not None and t.space not in want:
-                yield ctx.diag("types.space", n,
-                               f"`{n.op.value}` operand `{o.name}` must be in {'/'.join(s.value for s in want)}, "
-                               f"`{a.buf if isinstance(a, View) else a}` is in {t.space.value}", path=path,
-                               hint="stage the data through the right memory space with load/store")
 
 
 @rule("types.view_rank", "types", "a view indexes a tensor with the wrong number of dimensions", guards=_COPIES)
@@ -154,7 +118,7 @@ def _static(ctx: Ctx) -> Iterable[Diagnostic]:
                     break
 
 
-@rule("shapes.symbols", "shapes", "an index expression uses a name that is not defined",
+@rule("shapes.symbols", "shapes", "an index expression (an `if` condition included) uses a name that is not defined",
       guards=(op for op, d in REGISTRY.items() if any(o.kind in ("expr", "shape", "view", "cond") for o in d.operands)))
 def _symbols(ctx: Ctx) -> Iterable[Diagnostic]:
     # launch symbols out of place (num_sms in the body, ncta in the grid) are shapes.launch_symbols' to report
@@ -166,7 +130,7 @@ def _symbols(ctx: Ctx) -> Iterable[Diagnostic]:
     # bindings out of their scope: let.scope reports them
     bound = {v for n, _, _ in ctx.nodes for v in n.decl.bound_names(n, Scope.BLOCK)}
     for n, path, scope in ctx.nodes:
-        exprs = node_exprs(n, slots=False)
+        exprs = node_exprs(n, slots=False) + [a for o, a in _operands(n) if o.kind == "cond"]   # `if` conditions
         bad = set().union(*(symbols(e) for e in exprs)) - base - scope - bound if exprs else set()
         for s in sorted(bad):
             yield ctx.diag("shapes.symbols", n, f"`{s}` is not defined", path=path,
@@ -301,16 +265,26 @@ def _mma_sync_tiling(ctx: Ctx) -> Iterable[Diagnostic]:
 
 # ---------------------------------------------------------------- resources
 
-@rule("resources.smem", "resources", "shared memory per CTA exceeds the target's limit",
-      guards=(op for op, d in REGISTRY.items() if d.allocates is Alloc.SMEM))
+@rule("resources.smem", "resources", "shared memory per CTA, as the lowering lays it out (tiles, mbarriers, "
+                                    "alignment gaps, scratch), exceeds the target's limit",
+      guards={op for op, d in REGISTRY.items() if d.allocates in (Alloc.SMEM, Alloc.MBARRIER)})
 def _smem(ctx: Ctx) -> Iterable[Diagnostic]:
-    total = smem_bytes(ctx)
-    limit = ctx.target.smem_per_cta_bytes
-    if total is not None and total > limit:
-        last = [n for n, _, _ in ctx.nodes if REGISTRY[n.op].allocates is Alloc.SMEM][-1]
-        yield ctx.diag("resources.smem", last, f"the CTA needs {total} B of shared memory; {ctx.target.arch} "
-                                               f"allows {limit} B", path="kernel",
-                       hint="shrink the tiles or the number of stages")
+    """The layout is ``ir.smem_layout``'s, the one the lowering emits; the statement reported is the first whose
+    memory ends past the limit (a scratch region past it is compute.scratch_smem's)."""
+    lay, limit = smem(ctx), ctx.target.smem_per_cta_bytes
+    first = lay.first_past(limit)
+    if lay.total is None or lay.total <= limit or first is None or first.kind == SCRATCH:
+        return
+    what = f"`{first.name}` ({first.nbytes} B at offset {first.offset})"
+    yield ctx.diag("resources.smem", first.node, f"the CTA needs {lay.total} B of shared memory; "
+                                                 f"{ctx.target.arch} allows {limit} B: {what} ends past the limit",
+                   path=_path_of(ctx, first.node), witness=[lay.breakdown()],
+                   hint="shrink the tiles or the number of stages (a swizzle-128 tile starts on a "
+                        f"{ctx.target.tma.swizzle_smem_align_bytes} B boundary; allocate those first to save the gap)")
+
+
+def _path_of(ctx: Ctx, n: Node) -> str:
+    return next((p for m, p, _ in ctx.nodes if m is n), "kernel")
 
 
 @rule("resources.threads", "resources", "threads per CTA must be a multiple of 32 and within the target")
@@ -326,8 +300,8 @@ def _threads(ctx: Ctx) -> Iterable[Diagnostic]:
                                           "memory, registers; setmaxnreg roles need the SM to themselves")
 def _ctas_per_sm(ctx: Ctx) -> Iterable[Diagnostic]:
     n = ctx.program.ctas_per_sm
-    if not n:
-        return
+    if not n or ctx.program.threads < 1:
+        return          # no threads: resources.threads reports the CTA itself
     t = ctx.target
     if n * ctx.program.threads > t.max_threads_per_sm:
         yield ctx.diag("resources.ctas_per_sm", None, f"ctas_per_sm={n} CTAs of {ctx.program.threads} threads need "
@@ -373,7 +347,7 @@ def _rmem_split(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path, _ in ctx.nodes:
         numel = ctx.static_numel(n.args[1]) if REGISTRY[n.op].allocates is Alloc.RMEM and n.result not in rowstate \
             else None
-        if numel is not None and numel % ctx.threads_of(n):
+        if numel is not None and ctx.threads_of(n) > 0 and numel % ctx.threads_of(n):
             yield ctx.diag("resources.rmem_split", n, f"`{n.result}` has {numel} elements, not a multiple "
                                                       f"of threads={ctx.threads_of(n)}", path=path,
                            hint="pick tile sizes whose product is a multiple of the thread count")

@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 from typing import Callable, Iterable, Iterator
 
-from cake_core.ir.expr import CTA_COORDS, CTA_COUNTS, Bin, substitute, symbols, try_evaluate
+from cake_core.ir.expr import CTA_COORDS, CTA_COUNTS, Bin, fmt_expr, substitute, symbols, try_evaluate
+from cake_core.ir.intervals import bounds, loop_bounds
 from cake_core.ir.opdef import Alloc, BarrierUse, Completion, Effect, Family, Proxy, Slot, SyncKind
 from cake_core.ir.ops import REGISTRY, At, Node, Op, Tile, View
 from cake_core.ir.protocol import RULE_IDS, check_protocol
@@ -115,17 +116,17 @@ def _role_bounds(ctx: Ctx) -> Iterable[Diagnostic]:
 
 @rule("role.overlap", "role", "two roles claim the same warp", guards=(Op.ROLE,))
 def _role_overlap(ctx: Ctx) -> Iterable[Diagnostic]:
-    owner: dict[int, Node] = {}
+    earlier: list[Node] = []
     for n, path in _roles(ctx):
         lo, hi = n.args[1]
-        clash = next((owner[w] for w in range(lo, hi) if w in owner), None)
+        # warp ranges as intervals: a warp range may be huge (a typo), so warps are never enumerated
+        clash = next((m for m in earlier if max(lo, m.args[1][0]) < min(hi, m.args[1][1])), None)
         if clash is not None:
             yield ctx.diag("role.overlap", n, f"role `{n.args[0]}` warps [{lo}, {hi}) overlap role "
                                               f"`{clash.args[0]}` warps {clash.args[1]}", path=path,
                            witness=[f"`{clash.args[0]}` declared at line {clash.line}"],
                            hint="give each role its own warps, e.g. warps=(0, 4) and warps=(4, 12)")
-        for w in range(lo, hi):
-            owner.setdefault(w, n)
+        earlier.append(n)
 
 
 # --------------------------------------------------------------- setmaxnreg
@@ -172,39 +173,32 @@ def _sync_in_role(ctx: Ctx) -> Iterable[Diagnostic]:
 
 # ------------------------------------------------------------------ operands
 
-@rule("async.operands", "async", "an async op's operands name the wrong kind of buffer",
-      guards=_SLOT_OPS | _ASYNC_COPIES)
+@rule("async.operands", "async", "an mbarrier operand names a tile, or a tile operand names an mbarrier",
+      guards=_SLOT_OPS)
 def _async_operands(ctx: Ctx) -> Iterable[Diagnostic]:
+    """Undefined names are types.undefined's, memory spaces types.space's."""
     bars = _barriers(ctx)
     for n, path, _ in ctx.nodes:
         for o in _SLOTS[n.op]:
-            name = o.name
-            s: Slot = n.arg(name)
-            is_bar = o.barrier is not None
-            if is_bar and s.buf not in bars:
-                yield ctx.diag("async.operands", n, f"`{n.op.value}` operand `{name}` must be an mbarrier; `{s.buf}` "
-                                                    "is not", path=path,
+            s: Slot = n.arg(o.name)
+            if o.barrier is not None and s.buf in ctx.buffers:
+                yield ctx.diag("async.operands", n, f"`{n.op.value}` operand `{o.name}` must be an mbarrier; "
+                                                    f"`{s.buf}` is a tile", path=path,
                                hint="allocate it with `bar = mbarrier(S, arrivals=1)`")
-            elif not is_bar:
-                t = ctx.buffers.get(s.buf)
-                if t is None or t.space is not MemSpace.SMEM:
-                    where = "not defined" if t is None else f"in {t.space.value}"
-                    yield ctx.diag("async.operands", n, f"`{n.op.value}` operand `{name}` must be an smem tile; "
-                                                        f"`{s.buf}` is {where}", path=path,
-                                   hint="allocate it with smem(..., stages=S) before this statement")
-        if n.op in _ASYNC_COPIES:
-            v: View = next(a for o, a in zip(REGISTRY[n.op].operands, n.args) if o.kind == "view")
-            t = ctx.buffers.get(v.buf)
-            if t is None or t.space is not MemSpace.GMEM:
-                yield ctx.diag("async.operands", n, f"`{n.op.value}` needs a gmem view; `{v.buf}` is not a kernel "
-                                                    "parameter", path=path,
-                               hint=f"parameters: {', '.join(p.name for p in ctx.program.params)}")
+            elif o.barrier is None and s.buf in bars:
+                yield ctx.diag("async.operands", n, f"`{n.op.value}` operand `{o.name}` must be an smem tile; "
+                                                    f"`{s.buf}` is an mbarrier", path=path,
+                               hint="allocate it with smem(..., stages=S) before this statement")
 
 
-@rule("async.slot_index", "async", "a ring (stages > 1, or an mbarrier array) is used without a valid slot index",
+@rule("async.slot_index", "async", "a ring (stages > 1, or an mbarrier array) is used without a slot index that "
+                                  "stays within its slots",
       guards=_SLOT_OPS)
 def _slot_index(ctx: Ctx) -> Iterable[Diagnostic]:
+    """A static index must name a slot; a symbolic one must stay within the slots for every shape and trip
+    (``ir.intervals`` bounds it over the loop ranges, dims unbounded)."""
     bars = _barriers(ctx)
+    ranges = loop_bounds(ctx.program, ctx.dims)
     for n, path, scope in ctx.nodes:
         for o in _SLOTS[n.op]:
             s: Slot = n.arg(o.name)
@@ -221,12 +215,20 @@ def _slot_index(ctx: Ctx) -> Iterable[Diagnostic]:
                 continue
             bad = symbols(s.index) - set(ctx.consts) - ctx.dims - scope - set(CTA_COORDS) - set(CTA_COUNTS)
             v = ctx.static(s.index)
+            reach = bounds(s.index, ranges[id(n)]) if count is not None and v is None and not bad else None
             if bad:
                 yield ctx.diag("async.slot_index", n, f"slot index of `{s.buf}` uses undefined `{sorted(bad)[0]}`",
                                path=path, hint="index with loop variables and consts")
             elif v is not None and count is not None and not 0 <= v < count:
                 yield ctx.diag("async.slot_index", n, f"slot {v} of `{s.buf}` is outside its {count} slots",
                                path=path, hint=f"use an index in [0, {count}), e.g. kt % {count}")
+            elif reach is not None and (reach.hi is None or reach.hi >= count or reach.hi < 0):
+                what = "grows without bound" if reach.hi is None else f"can reach {reach.hi}"
+                yield ctx.diag("async.slot_index", n, f"slot index `{fmt_expr(s.index)}` of `{s.buf}` {what} "
+                                                      f"(its values lie in {reach}), past its {count} slots",
+                               path=path, witness=[f"{k} in {ranges[id(n)][k]}" for k in sorted(symbols(s.index))
+                                                   if k in ranges[id(n)] and k not in ctx.consts],
+                               hint=f"take the ring index modulo the slots: [(...) % {count}]")
 
 
 # ---------------------------------------------------------------------- TMA
@@ -860,8 +862,9 @@ for _id, _summary, _guards in zip(RULE_IDS, (
         "a copy overwrites an smem slot before its readers released it",
         "a read of a cluster CTA's smem is not ordered after its write, or before its exit, by cluster_sync()",
         "a wgmma reads a slot filled by generic-proxy copies without a fence_async after its wait",
-        "the checker stopped at its step budget: the rest of the protocol is unchecked (a warning)",
-        "an op reads a wgmma accumulator before a wgmma_wait covers the wgmma that writes it"), (
+        "the protocol checker could not decide the kernel (its step budget spent, or an op it cannot simulate)",
+        "an op reads a wgmma accumulator before a wgmma_wait covers the wgmma that writes it",
+        "a ring slot or mbarrier index falls outside its slots at some trip of the simulated launches"), (
         _uses(BarrierUse.WAIT),
         _uses(BarrierUse.EXPECT_TX) | _uses(BarrierUse.COMPLETE_TX),
         _READERS,
@@ -871,5 +874,6 @@ for _id, _summary, _guards in zip(RULE_IDS, (
         frozenset(),
         frozenset(op for op, d in REGISTRY.items()
                   if any(o.kind == "buf" and MemSpace.RMEM in o.space and o.effect is Effect.READ for o in d.operands)
-                  and d.completion is not Completion.MMA_GROUP))):
+                  and d.completion is not Completion.MMA_GROUP),
+        frozenset(_SLOT_OPS))):
     _protocol_rule(_id, _summary, _guards)

@@ -15,8 +15,8 @@ from cake_core.ir.opdef import Exchange, Family
 from cake_core.ir.ops import REGISTRY, Full, Node, Op, View
 from cake_core.ir.ops_compute import UNARY_INT_FNS
 from cake_core.ir.registry import COMPUTE_OPS, ops_of
-from cake_core.ir.rule_ctx import Ctx, RuleSet, fmt_shape, same_extent, smem_bytes, view_extent
-from cake_core.ir.scratch import scratch_bytes
+from cake_core.ir.rule_ctx import Ctx, RuleSet, fmt_shape, same_extent, smem, view_extent
+from cake_core.ir.smem_layout import SCRATCH
 from cake_core.ir.shapes import broadcasts_to, norm_axis, reduced_shapes
 from cake_core.ir.types import DType, MemSpace, TileType
 from cake_core.outcome import Diagnostic
@@ -69,38 +69,13 @@ def _fmt(s: tuple[int, ...]) -> str:
 
 # ------------------------------------------------------------------ compute
 
-@rule("compute.undefined", "compute", "a compute op names a tile or a gmem tensor that is not defined before it",
-      guards=COMPUTE_OPS)
-def _undefined(ctx: Ctx) -> Iterable[Diagnostic]:
-    seen = {p.name for p in ctx.program.params}
-    for n, path, _ in ctx.nodes:
-        if n.op in COMPUTE_OPS:
-            for name, buf in _tiles(n):
-                if buf not in seen:
-                    yield ctx.diag("compute.undefined", n, f"`{buf}` ({n.op.value} operand `{name}`) is not defined "
-                                                           "here", path=path,
-                                   hint="allocate it with smem(...)/rmem(...) before use, or check the spelling")
-            for a in n.args:
-                if isinstance(a, View) and a.buf not in seen:
-                    yield ctx.diag("compute.undefined", n, f"`{a.buf}` is not a kernel parameter", path=path,
-                                   hint=f"parameters: {', '.join(p.name for p in ctx.program.params)}")
-        if n.result:
-            seen.add(n.result)
-
-
-@rule("compute.space", "compute", "compute ops take single-stage smem or rmem tiles, not gmem tensors or rings",
-      guards=COMPUTE_OPS)
+@rule("compute.space", "compute", "compute ops take single-stage tiles, not rings", guards=COMPUTE_OPS)
 def _space(ctx: Ctx) -> Iterable[Diagnostic]:
+    """A tile's memory space is types.space's; a ring (stages > 1) has no single tile for the op to name."""
     for n, path in _compute_nodes(ctx):
         for name, buf in _tiles(n):
             t = ctx.buffers.get(buf)
-            if t is None:
-                continue
-            if t.space is MemSpace.GMEM:
-                yield ctx.diag("compute.space", n, f"`{n.op.value}` operand `{name}` must be an smem or rmem tile; "
-                                                   f"`{buf}` is in gmem", path=path,
-                               hint=f"load(tile, {buf}[...]) into an smem/rmem tile first")
-            elif t.stages > 1:
+            if t is not None and t.space is not MemSpace.GMEM and t.stages > 1:
                 yield ctx.diag("compute.space", n, f"`{buf}` is a ring of {t.stages} stages; `{n.op.value}` takes a "
                                                    "single-stage tile", path=path,
                                hint="allocate a separate single-stage tile for the compute")
@@ -250,21 +225,21 @@ def _alias(ctx: Ctx) -> Iterable[Diagnostic]:
                                hint="give the result its own tile: threads would overwrite elements others read")
 
 
-@rule("compute.scratch_smem", "compute", "smem tiles plus the scratch a cross-thread compute op needs exceed the "
-                                         "target's shared memory", guards=_STAGING)
+@rule("compute.scratch_smem", "compute", "the scratch a cross-thread compute op stages rmem tiles through ends past "
+                                         "the target's shared memory", guards=_STAGING)
 def _scratch(ctx: Ctx) -> Iterable[Diagnostic]:
-    base = smem_bytes(ctx)
-    limit = ctx.target.smem_per_cta_bytes
-    if base is None or base > limit:
-        return                     # resources.smem reports the tiles alone
-    align = ctx.target.smem_alloc_align_bytes
-    for n, path in _compute_nodes(ctx):
-        need = scratch_bytes(n, ctx.buffers.get, lambda t: _shape(ctx, t))
-        if need and -(-base // align) * align + need > limit:
-            yield ctx.diag("compute.scratch_smem", n, f"`{n.op.value}` exchanges rmem tiles through {need} B of "
-                                                      f"shared scratch; with {base} B of smem tiles the CTA needs "
-                                                      f"more than the {limit} B of {ctx.target.arch}", path=path,
-                           hint="put the operands in smem tiles (no scratch needed), or shrink the tiles")
+    """The scratch is placed by ``ir.smem_layout`` after the tiles allocated before the op, as the lowering
+    places it; a tile that ends past the limit is resources.smem's."""
+    lay, limit = smem(ctx), ctx.target.smem_per_cta_bytes
+    first = lay.first_past(limit)
+    if lay.total is None or lay.total <= limit or first is None or first.kind != SCRATCH:
+        return
+    path = next((p for m, p, _ in ctx.nodes if m is first.node), "")
+    yield ctx.diag("compute.scratch_smem", first.node, f"`{first.node.op.value}` exchanges rmem tiles through "
+                                                       f"{first.nbytes} B of shared scratch at offset {first.offset}; "
+                                                       f"the CTA needs {lay.total} B, more than the {limit} B of "
+                                                       f"{ctx.target.arch}", path=path, witness=[lay.breakdown()],
+                   hint="put the operands in smem tiles (no scratch needed), or shrink the tiles")
 
 
 # ------------------------------------------------------------------- atomic

@@ -2,8 +2,8 @@
 
 An operand declared with an :class:`~cake_core.ir.opdef.Exchange` (a reduction's tiles, a running merge's,
 a transposed source, a scatter index, a broadcast ewise source) goes through shared memory when it is an
-rmem tile: the lowering stages exactly :func:`staged_operands`, the verifier counts :func:`scratch_bytes`
-against the smem budget.
+rmem tile: the lowering stages exactly :func:`staged_operands`, in the region of :func:`scratch_bytes` that
+``ir.smem_layout`` places (and the verifier checks against the smem budget).
 """
 from __future__ import annotations
 

@@ -16,6 +16,7 @@ from typing import Callable, Mapping, Union
 from cake_core.ir.expr import CTA_COORDS, CTA_COUNTS, LAUNCH_SYMBOLS, Expr, UnboundSymbol, c_expr, evaluate, symbols
 from cake_core.ir.ops import At, Full, Node, Op, Tile, View
 from cake_core.ir.program import Program
+from cake_core.ir.smem_layout import Region, SmemLayout
 from cake_core.ir.types import DType, MemSpace, TileType
 from cake_core.outcome import Diagnostic, Severity
 from cake_core.targets import Arch
@@ -117,7 +118,8 @@ class Ctx:
     scopes: list[dict[str, Buf]] = field(default_factory=lambda: [{}])
     loop_vars: list[str] = field(default_factory=list)
     bound: list[str] = field(default_factory=list)          # bindings (`let`) in scope, innermost last
-    smem_top: int = 0
+    smem: SmemLayout | None = None                          # the one shared-memory layout (ir.smem_layout)
+    smem_top: int = 0                                       # end of the smem placed so far
     diags: list[Diagnostic] = field(default_factory=list)
     paths: dict[int, str] = field(default_factory=dict)     # id(node) -> IR path
     depth: int = 1
@@ -144,6 +146,16 @@ class Ctx:
             raise LowerError("lower.unsupported_operand",
                              f"{role} `{name}` is {b.type.space.value}; this op takes {want} here")
         return b
+
+    def smem_region(self, n: Node, what: str) -> Region:
+        """Where ``n``'s shared memory lies in the layout the verifier checked (``ir.smem_layout``)."""
+        r = self.smem.region(n) if self.smem is not None else None
+        if r is None:
+            raise LowerError("lower.dynamic_shape", f"{what} has no place in shared memory: its size is not a "
+                                                    "positive compile-time constant",
+                             "use positive integers and consts for shapes, stages and barrier counts")
+        self.smem_top = max(self.smem_top, r.end)
+        return r
 
     def check_expr(self, e: Expr, what: str) -> str:
         known = set(self.consts) | set(self.dims) | set(self.loop_vars) | set(self.bound) | set(CTA_COORDS) | \

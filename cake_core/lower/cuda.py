@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from cake_core.ir.expr import LAUNCH_SYMBOLS, Bin, Call, Expr, Sym, symbols
 from cake_core.ir.program import Program, walk
+from cake_core.ir.smem_layout import smem_layout
 from cake_core.ir.zeroing import accumulated_params
 from cake_core.lower import lower_async
 from cake_core.lower.context import Buf, Ctx, KernelArg, LoweredKernel, LowerError  # noqa: F401 - the products
@@ -96,7 +97,7 @@ def lower(program: Program, ir_filename: str = "kernel.cake") -> StageResult:
             "kernel", f"known targets: {', '.join(known_archs())}; Cake never lowers for another architecture")])
     dims = _dims(program)
     gmem = {q.name: Buf(q.name, q.type, ()) for q in program.params}
-    ctx = Ctx(program, ir_filename, dims, gmem, arch, LOWERINGS)
+    ctx = Ctx(program, ir_filename, dims, gmem, arch, LOWERINGS, smem=smem_layout(program, arch))
     ctx.paths = {id(w[0]): w[1] for w in walk(program.body)}
     for name, line in _names(program):
         if name in _RESERVED or name.startswith("__") or name.startswith("cake_"):
@@ -149,7 +150,7 @@ def lower(program: Program, ir_filename: str = "kernel.cake") -> StageResult:
         src += [f"#line {line} {f}", text]
     src.append("}")
     source = "\n".join(src) + "\n"
-    smem = -(-ctx.smem_top // arch.smem_alloc_align_bytes) * arch.smem_alloc_align_bytes
+    smem = ctx.smem.total       # what the verifier checked against the target's limit
     lk = LoweredKernel(source, program.name, smem, program.threads, args, dims, program.grid,
                        program.consts, program.target, ir_filename, tmaps, cluster, accumulated_params(program))
     return StageResult(STAGE, Outcome.OK, ctx.diags, {"smem_bytes": smem, "source_lines": len(src)},

@@ -149,8 +149,7 @@ def lower_mbarrier(n: Node, ctx: Ctx) -> list[Line]:
     if st["role"] is not None or ctx.loop_vars:
         raise LowerError("lower.role_placement", "allocate mbarriers at the kernel's top level, before the roles")
     count = ctx.static(n.args[0], "the number of barriers")
-    off = -(-ctx.smem_top // 8) * 8
-    ctx.smem_top = off + 8 * count
+    off = ctx.smem_region(n, f"mbarrier array `{n.result}`").offset
     st["bars"][n.result] = count
     return [f"uint64_t* const {n.result} = reinterpret_cast<uint64_t*>(cake_smem + {off});  // {count} mbarriers",
             f"if (threadIdx.x == 0) {{ for (int i = 0; i < {count}; ++i) cake::mbarrier_init(&{n.result}[i], "

@@ -11,12 +11,13 @@ Correctness first, all CTA-collective:
   aligned at run time (``cake::scatter_add_gmem_f32x4``), else that loop.
 - Ops that combine elements held by different threads (the axis ops, the
   running merges, broadcasts and transposes of an rmem source, the scatter
-  index) stage their rmem operands into shared-memory scratch that the
-  lowering allocates (``ir.scratch.staged_operands``), run one thread per
+  index) stage their rmem operands (``ir.scratch.staged_operands``) into
+  shared-memory scratch that ``ir.smem_layout`` places, run one thread per
   line (cake_compute.cuh) and read rmem results back; they begin and end with
   ``__syncthreads()``.
-Scratch is one region reused by consecutive compute statements (grown to the
-largest need) and new when an smem tile was allocated after it.
+Scratch is one region reused by consecutive compute statements (sized for the
+largest need) and new when an smem tile was allocated after it: the layout's
+rule, which the verifier checks against the target's shared memory.
 
 Limits (LowerError): tiles of rank > 2 (``lower.unsupported_rank``), smem rings
 (``lower.unsupported_operand``), scatter windows of rank > 2.
@@ -47,16 +48,14 @@ def _tile(ctx: Ctx, name: str, role: str) -> Buf:
     return b
 
 
-def _scratch(ctx: Ctx, nbytes: int) -> int:
-    """Offset of ``nbytes`` of smem scratch valid for one statement (see the module docstring)."""
-    region = getattr(ctx, "compute_scratch", None)
-    if region is None or region[0] + region[1] != ctx.smem_top:
-        align = ctx.arch.smem_alloc_align_bytes
-        region = (-(-ctx.smem_top // align) * align, 0)
-    off, size = region[0], max(region[1], nbytes)
-    ctx.compute_scratch = (off, size)         # lowering-private state on the context
-    ctx.smem_top = off + size
-    return off
+def _scratch(ctx: Ctx, n: Node, nbytes: int) -> int:
+    """Offset of the ``nbytes`` of smem scratch statement ``n`` stages through (``ir.smem_layout`` places it)."""
+    r = ctx.smem_region(n, f"the scratch of `{n.op.value}`")
+    if r.nbytes != nbytes:
+        raise LowerError("lower.smem_layout", f"`{n.op.value}` stages {nbytes} B of rmem operands, but the "
+                                              f"shared-memory layout holds {r.nbytes} B for it",
+                         "the staged operands must resolve to the same tiles as in ir.smem_layout")
+    return r.offset
 
 
 class _Staging:
@@ -83,7 +82,7 @@ class _Staging:
             b = _tile(ctx, name, "operand")
             sizes[name] = total
             total += -(-b.numel * b.type.dtype.bytes // SCRATCH_ALIGN) * SCRATCH_ALIGN
-        base = _scratch(ctx, total)
+        base = _scratch(ctx, n, total)
         self.pre.append("__syncthreads();  // scratch and inputs free to overwrite / visible")
         for name in self.names:
             b = _tile(ctx, name, "operand")

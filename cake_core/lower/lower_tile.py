@@ -41,14 +41,9 @@ def lower_smem(n: Node, ctx: Ctx) -> list[Line]:
     dtype, shape = n.args
     static = tuple(ctx.static(d, "an smem shape") for d in shape)
     stages = n.attr("stages")
-    if n.attr("swizzle") == Swizzle.B128:
-        align = ctx.arch.tma.swizzle_smem_align_bytes      # a whole swizzle pattern: it is address-based
-        ctx.smem_top = -(-ctx.smem_top // align) * align
-    align = ctx.arch.smem_alloc_align_bytes
-    off = -(-ctx.smem_top // align) * align
+    off = ctx.smem_region(n, f"smem tile `{n.result}`").offset    # aligned there (a swizzle-128 tile: 1024 B)
     t = TileType(dtype, tuple(shape), MemSpace.SMEM, Swizzle(n.attr("swizzle")), stages)
     b = Buf(n.result, t, static, off)
-    ctx.smem_top = off + stages * b.numel * dtype.bytes
     ctx.scopes[-1][n.result] = b
     return [f"{dtype.c_type}* const {n.result} = reinterpret_cast<{dtype.c_type}*>(cake_smem + {off});"
             f"  // {stages} x {static}, {stages * b.numel * dtype.bytes} B"]

@@ -92,6 +92,7 @@ class Arch:
     tma: Tma
     warpgroup_warps: int
     mbarrier_bytes: int
+    mbarrier_max_arrivals: int              # mbarrier.init's count: 1 to this
 
     @property
     def warpgroup_threads(self) -> int:

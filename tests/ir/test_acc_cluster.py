@@ -48,7 +48,7 @@ def _run_poisoned(text: str, shape: dict, seed: int = 0) -> tuple[np.ndarray, np
 
 def test_the_cluster_seed_is_canonical_and_passes_every_rule():
     assert parse_program(SEED).text() == SEED
-    assert check_text(SEED) == []             # no findings, no protocol.incomplete warning either
+    assert check_text(SEED) == []             # no findings, no protocol.undecided either
 
 
 def test_the_interpreter_reproduces_the_oracle_on_the_aligned_set_and_ragged_shapes():

@@ -48,8 +48,7 @@ GATHER = "gather_add(g_acc[:, :], g_cnt[:], g_i, g_q, x[tile(bid.x, 128), tile(0
 
 # rule id -> (old, new, needle naming the line the diagnostic must point at)
 PLANTED = {
-    "compute.undefined": ("cast(h, a)", "cast(h, z)", "cast(h, z)"),
-    "compute.space": ('unary(a, a, fn="exp")', 'unary(a, x, fn="exp")', "unary("),
+    "compute.space": ("cast(h, a)", "r = smem(f32, (128, BC), stages=2)\n    fill(r, value=0.0)", "fill(r"),
     "compute.shape": ("h = rmem(bf16, (128, BC))", "h = rmem(bf16, (128, 32))", "cast(h, a)"),
     "compute.broadcast": ('ewise(a, a, col, fn="sub")', 'ewise(a, a, v, fn="sub")', "ewise("),
     "compute.axis": ('reduce(col, a, axis=1, fn="max")', 'reduce(col, v, axis=1, fn="max")', "reduce("),

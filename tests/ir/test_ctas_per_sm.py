@@ -89,3 +89,10 @@ def test_ptxas_keeps_the_cap_that_lets_three_ctas_share_an_sm(tmp_path):
     uncapped = compile_kernel(lower(parse_program(free), "d3.cake").value, arch="sm_90a", cache_dir=tmp_path).value
     assert capped.resources.registers <= 65536 // (3 * 256) and capped.resources.spill_bytes == 0
     assert uncapped.resources.registers > 65536 // (3 * 256)
+
+
+def test_a_cta_of_no_threads_is_resources_threads_not_a_crash():
+    # the per-thread register cap divides by the CTA's threads: a CTA of none is reported, not divided by
+    text = _with(RED4, 2).replace("threads=256, ctas_per_sm", "threads=0, ctas_per_sm", 1)
+    assert "threads=0" in text
+    assert "resources.threads" in _rules(text)

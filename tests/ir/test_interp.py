@@ -60,3 +60,28 @@ def test_smem_read_before_write_shows_as_nan():
     out = {"c": np.zeros((64, 64), np.float32)}
     interp.run(parse_program(text), {"M": 64, "N": 64, "K": 32}, x, out)
     assert np.isnan(out["c"]).all()
+
+
+def _run_gemm(text: str, shape: dict[str, int]):
+    p = get_problem("gemm_bf16")
+    prog = parse_program(text)
+    x = p.make_inputs(shape, np.random.default_rng(0))
+    from cake_core.runtime.cpu import _poisoned      # the gate's own poisoned (or zeroed) outputs
+    return interp.run(prog, shape, x, _poisoned(p, prog, shape))
+
+
+def test_a_grid_past_the_interpreters_launch_bound_faults_with_a_message():
+    seed = get_problem("gemm_bf16").seed_text()
+    shape = {"M": 64, "N": 64, "K": 64}
+    assert np.isfinite(_run_gemm(seed, shape)["c"]).all()          # the twin: the problem's grid runs
+    huge = seed.replace("grid=(cdiv(N, BN), cdiv(M, BM))", "grid=(1000000000, cdiv(M, BM))")
+    with pytest.raises(interp.InterpFault, match="launches 1,000,000,000 CTAs"):
+        _run_gemm(huge, shape)
+
+
+def test_a_loop_past_the_interpreters_trip_bound_faults_at_its_line():
+    seed = get_problem("gemm_bf16").seed_text()
+    huge = seed.replace("range(cdiv(K, BK))", "range(cdiv(K, BK) * 100000)")
+    with pytest.raises(interp.InterpFault, match="makes 200,000 trips") as e:
+        _run_gemm(huge, {"M": 64, "N": 64, "K": 64})
+    assert e.value.node.op.value == "for"

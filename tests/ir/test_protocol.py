@@ -83,18 +83,66 @@ def test_ring_wraps_in_the_simulation():
     assert d.line == 9 and any("role producer: wait at line 9 (trip kt=4) on empty[0]" in w for w in d.witness)
 
 
-def test_a_simulation_cut_by_its_step_budget_says_so():
-    # a loop of 50,000x the k-trips cannot be simulated whole: the checker warns instead of passing quietly
+def test_a_simulation_past_its_step_budget_is_undecided_an_error():
+    # a loop of 50,000x the k-trips cannot be simulated whole: the checker says so as an error, never silence
     huge = SEED.replace("range(cdiv(K, BK))", "range(cdiv(K, BK) * 50000)")
-    diags = check_text(huge, "huge.cake")
-    hits = [d for d in diags if d.rule == "protocol.incomplete"]
-    assert hits and hits[0].severity.value == "warning" and "200,000 simulated ops" in hits[0].message
-    assert not [d for d in check_text(SEED) if d.rule == "protocol.incomplete"]
-    # a deadlock within the budget is still found, and then the run is not cut
+    (d,) = [d for d in check_text(huge, "huge.cake") if d.rule == "protocol.undecided"]
+    assert d.severity.value == "error" and "100,000 simulated ops" in d.message and d.line in (8, 9, 10, 11, 12)
+    assert not [d for d in check_text(SEED) if d.rule == "protocol.undecided"]
+    # a deadlock within the budget is still found, and then the check is decided
     stuck = huge.replace("            arrive(empty[kt % S])\n", "")
     assert stuck != huge
-    assert {d.rule for d in check_text(stuck)} & {"protocol.deadlock"} and \
-        not [d for d in check_text(stuck) if d.rule == "protocol.incomplete"]
+    rules = {d.rule for d in check_text(stuck)}
+    assert "protocol.deadlock" in rules and "protocol.undecided" not in rules
+
+
+def test_an_op_the_simulation_cannot_evaluate_is_undecided_with_its_reason():
+    # the wait phase names an undefined symbol: shapes.symbols reports it, and the checker does not pass quietly
+    text = _plant("phase=kt // S % 2", "phase=kz // S % 2")
+    (d,) = [d for d in _protocol(text) if d.rule == "protocol.undecided"]
+    assert d.line == 16 and "`kz` has no value here" in d.message and d.path.endswith("wait")
+
+
+def test_a_deadlock_is_reported_at_the_producers_phase_whatever_the_role_order():
+    # the consumer declared first: its full wait blocks first, but the mistake is the producer's empty phase
+    prod = SEED[SEED.index('    with role("producer"'):SEED.index('    with role("consumer"')]
+    swapped = SEED.replace(prod, "") + prod
+    assert _protocol(swapped) == []
+    text = swapped.replace("phase=(kt // S + 1) % 2", "phase=kt // S % 2")
+    (d,) = [d for d in _protocol(text) if d.rule == "protocol.deadlock"]
+    line = next(i for i, ln in enumerate(text.splitlines(), 1) if "wait(empty" in ln)
+    assert d.line == line and d.path == "role[producer].for[kt].wait"
+    assert "with the other parity at this wait the roles finish" in d.message and "blocks consumer" in d.message
+    assert any(w.startswith("role consumer: wait at line") for w in d.witness)      # both sides named
+    assert any(w.startswith("role producer: wait at line") for w in d.witness)
+
+
+def test_a_deadlock_only_at_a_ragged_dimension_is_found():
+    # the producer loads K // BK tiles, the consumer waits for cdiv(K, BK): equal at tile multiples only
+    text = SEED.replace("        for kt in range(cdiv(K, BK)):\n            wait(empty",
+                        "        for kt in range(K // BK):\n            wait(empty", 1)
+    assert text != SEED
+    (d,) = [d for d in _protocol(text) if d.rule == "protocol.deadlock"]
+    assert d.line == 16 and "full[" in d.message
+    assert any(w.startswith("launch: K=") and "K=769" in w for w in d.witness)
+
+
+def test_a_deadlock_only_in_a_cta_other_than_the_first_is_found():
+    text = _plant(ARRIVE, "            if bid.x == 0:\n                arrive(empty[kt % S])\n")
+    hits = [d for d in _protocol(text) if d.rule == "protocol.deadlock"]
+    assert hits and "first CTA of the run (1, 0, 0)" in hits[0].witness[-1]
+
+
+def test_a_slot_index_out_of_range_at_some_trip():
+    # kt % S - 1 lies in [-1, S - 2]: below its slots at kt = 0 (the verifier's bound only catches the top end)
+    text = _plant("tma_load(a_s[kt % S]", "tma_load(a_s[kt % S - 1]")
+    (d,) = [d for d in _protocol(text) if d.rule == "protocol.slot_range"]
+    assert d.line == 11 and "at -1" in d.message and "trip kt=0" in d.witness[0]
+
+
+def test_every_corpus_kernel_decides():
+    for p in sorted((Path(__file__).resolve().parents[2] / "cake_core/problems/seeds").glob("*.cake")):
+        assert _protocol(p.read_text()) == [], p.name
 
 
 def test_an_accumulator_read_before_its_wgmma_is_waited_for():

@@ -78,7 +78,7 @@ def test_the_race_rule_reads_effects_from_the_declaration(monkeypatch):
 def test_the_protocol_checker_reads_effects_from_the_declaration(monkeypatch):
     # the ws gemm with the full wait removed: the wgmma reads a slot before its copy landed; declare the
     # wgmma as reading nothing and the finding goes: the checker has no list of wgmma's operands of its own
-    from cake_core.ir import protocol
+    from cake_core.ir import protocol_sim as protocol
     text = (SEEDS / "gemm_bf16_ws.cake").read_text().replace("            wait(full[kt % S], phase=kt // S % 2)\n", "")
     assert any(d.rule == "protocol.read_before_ready" for d in check_text(text))
     wg = REGISTRY[Op.WGMMA]

@@ -10,9 +10,7 @@ LOAD_A = "load(a_s, a[tile(bid.y, BM), tile(kt, BK)])"
 
 # rule id -> (old, new, line of the diagnostic)
 PLANTED = {
-    "types.undefined": ("mma(acc, a_s, b_s)", "mma(acc, a_x, b_s)", 10),
     "types.redefined": ("b_s = smem(bf16, (BK, BN))", "a_s = smem(bf16, (BK, BN))", 4),
-    "types.space": ("acc = rmem(f32, (BM, BN))", "acc = smem(f32, (BM, BN))", 10),
     "types.view_rank": (LOAD_A, "load(a_s, a[tile(bid.y, BM)])", 7),
     "types.dtype": ("a_s = smem(bf16, (BM, BK))", "a_s = smem(f16, (BM, BK))", 7),
     "shapes.extent": (LOAD_A, "load(a_s, a[tile(bid.y, BM), tile(kt, BN)])", 7),

@@ -30,7 +30,7 @@ def _plant(old: str, new: str, text: str = PP, count: int = 1) -> str:
 
 def test_the_pingpong_seed_is_canonical_and_passes_every_rule_and_the_protocol_checker():
     assert parse_program(PP).text() == PP
-    assert check_text(PP) == []                                     # no warning either: protocol.incomplete
+    assert check_text(PP) == []                                     # no protocol.undecided either
 
 
 def test_the_interpreter_reproduces_the_oracle_with_odd_and_empty_shares():
