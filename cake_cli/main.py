@@ -662,6 +662,8 @@ def ops() -> None:
 
 from cake_cli.model_cli import model_app  # noqa: E402  (its commands use the helpers above)
 app.add_typer(model_app, name="model")
+from cake_cli.report import report  # noqa: E402  (it uses the helpers above at call time)
+app.command("report", no_args_is_help=True)(report)
 
 if __name__ == "__main__":
     app()

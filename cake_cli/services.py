@@ -148,6 +148,7 @@ def _start_server(host: str, port: int, api_url: str, log_path: Path) -> subproc
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **QUIET_ENV}
     env.pop("PREFECT_API_URL", None)  # the server must not think it is a client of another
+    env["PREFECT_UI_API_URL"] = api_url  # else the UI it serves asks 127.0.0.1:4200, whatever the port
     with log_path.open("ab") as log:
         log.write(f"\n--- cake: prefect server start --host {host} --port {port} "
                   f"({time.strftime('%Y-%m-%d %H:%M:%S')})\n".encode())
