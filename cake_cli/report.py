@@ -89,26 +89,21 @@ def inline_figures(markdown: str, folder: Path) -> str:
 def publish(run_id: str, markdown: str, flow_run_id: str | None) -> str:
     """Create the artifact ``<run>-report`` on the current Prefect API, on the run's flow run when that
     server knows it; returns the artifact's key."""
-    import asyncio
-
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import ArtifactCreate
 
     from tasks.artifacts import artifact_key
 
     key = artifact_key(run_id, "report")
-
-    async def create() -> None:
-        async with get_client() as client:
-            run = None
-            if flow_run_id:
-                try:
-                    run = (await client.read_flow_run(flow_run_id)).id
-                except Exception:  # noqa: BLE001 - a run of another server: the report stands alone
-                    run = None
-            await client.create_artifact(ArtifactCreate(key=key, type="markdown", data=markdown, flow_run_id=run,
-                                                        description=f"run {run_id}: report"))
-    asyncio.run(create())
+    with get_client(sync_client=True) as client:
+        run = None
+        if flow_run_id:
+            try:
+                run = client.read_flow_run(flow_run_id).id
+            except Exception:  # noqa: BLE001 - a run of another server: the report stands alone
+                run = None
+        client.create_artifact(ArtifactCreate(key=key, type="markdown", data=markdown, flow_run_id=run,
+                                              description=f"run {run_id}: report"))
     return key
 
 
@@ -119,19 +114,19 @@ def report(
                                     help="Publish the report as a Prefect artifact on the run's flow run."),
 ) -> None:
     """Write a run's report: figures (PNG) and tables (Markdown), published as a Prefect artifact."""
-    main = _main()
+    _main().cli_errors(_report)(run_id, out, publish_it)
 
-    @main.cli_errors
-    def go() -> None:
-        settings = main._settings()
-        main._warehouse(settings)
-        folder = out or settings.home / "reports" / run_id
-        path, drawn = build_report(str(settings.warehouse_root), run_id, folder)
-        main._say(f"wrote {path} and {sum(1 for p in drawn.values() if p)} figures in {folder}")
-        if publish_it:
-            from tasks.history import run_rows
-            with main.prefect_server(settings) as server:
-                key = publish(run_id, inline_figures(path.read_text(), folder),
-                              run_rows(str(settings.warehouse_root), run_id)[0]["flow_run_id"])
-            main._say(f"published as artifact `{key}` at {server.ui_url}/artifacts/key/{key}")
-    go()
+
+def _report(run_id: str, out: Path | None, publish_it: bool) -> None:
+    main = _main()
+    settings = main._settings()
+    main._warehouse(settings)
+    folder = out or settings.home / "reports" / run_id
+    path, drawn = build_report(str(settings.warehouse_root), run_id, folder)
+    main._say(f"wrote {path} and {sum(1 for p in drawn.values() if p)} figures in {folder}")
+    if publish_it:     # after the files: a server that cannot be reached loses nothing
+        from tasks.history import run_rows
+        with main.prefect_server(settings) as server:
+            key = publish(run_id, inline_figures(path.read_text(), folder),
+                          run_rows(str(settings.warehouse_root), run_id)[0]["flow_run_id"])
+        main._say(f"published as artifact `{key}` at {server.ui_url}/artifacts/key/{key}")

@@ -5,8 +5,10 @@ The flow body only orchestrates: every step is a task of ``tasks/``. With GPUs, 
 timed on one GPU runner per GPU; without, checked on the CPU interpreter (one worker per core) and ranked
 by the cost model, recorded as ``checked`` (not timed). The flow run is named for what the run is
 (problem, shape set, harness version, cold or warm, run id), each task run for its stage, generation and
-candidates; each generation publishes its table and the end of the run its leaderboard (``tasks.artifacts``). Every attempt lands in the warehouse; a run killed at
-any point continues with ``resume=RUN_ID`` exactly where an uninterrupted run would have gone.
+candidates; each generation publishes its table and the end of the run its leaderboard
+(``tasks.artifacts``; one that cannot be published is a warning, never a stopped run). Every attempt lands
+in the warehouse; a run killed at any point continues with ``resume=RUN_ID`` exactly where an
+uninterrupted run would have gone.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 from prefect.utilities.annotations import opaque
 
-from tasks.artifacts import generation_artifact, leaderboard_artifact, name_flow_run
+from tasks.artifacts import generation_artifact, leaderboard_artifact, name_flow_run, shown
 from tasks.final import final
 from tasks.run import close_run, open_run, workers
 from tasks.summary import summarize
@@ -55,7 +57,7 @@ def evolve_flow(problem: str, shape_set: str | None = None, generations: int | N
     run = open_run(problem=problem, run_id=resume or run_id or uuid.uuid4().hex[:12], warehouse_root=warehouse_root,
                    cache_dir=cache_dir, gpu_models=gpu_models or [], timeout_s=timeout_s, reps=reps, asked=asked,
                    resume=resume, llm=llm, debug=debug)
-    name_flow_run(opaque(run))
+    shown(log, "the run's name", name_flow_run(opaque(run), return_state=True))
     log.info(f"run {run.plan.run_id} (job {run.plan.session}): {run.plan.problem} on {run.plan.shape_set}, "
              f"harness v{run.harness.version}{', cold' if run.plan.cold else ''}, from generation "
              f"{run.state.generation}, {'GPU ' + run.gpus[0] if run.gpus else 'CPU interpreter (not timed)'}")
@@ -68,14 +70,20 @@ def evolve_flow(problem: str, shape_set: str | None = None, generations: int | N
                     n = f"{run.state.population} asked" if stage.name == "generate" else f"{len(batch)} candidates"
                     # opaque: Prefect would walk every program of the batch looking for futures, per task
                     batch = stage.with_options(task_run_name=f"{stage.name} g{gen} ({n})")(opaque(run), opaque(batch))
-                g = generation_artifact(run.warehouse_root, run.plan.run_id, gen, run.timed)
-                best = g["best"]
-                log.info(f"generation {gen}: {g['attempts']} candidates ({_outcomes(g['outcomes'])}); "
-                         f"{run.state.attempts} attempts in the run; best so far "
-                         + (f"{best['score_ms']:.4g} ms ({best['basis']}, {best['attempt_id']})" if best else "none"))
+                g = shown(log, f"generation {gen}'s table", generation_artifact(
+                    run.warehouse_root, run.plan.run_id, gen, run.timed, return_state=True))
+                if g is not None:
+                    best = g["best"]
+                    log.info(f"generation {gen}: {g['attempts']} candidates ({_outcomes(g['outcomes'])}); "
+                             f"{run.state.attempts} attempts in the run; best so far "
+                             + (f"{best['score_ms']:.4g} ms ({best['basis']}, {best['attempt_id']})" if best
+                                else "none"))
+                else:
+                    log.info(f"generation {gen}: {run.state.attempts} attempts in the run")
             stop = run.state.stop
             final(opaque(run))
-            leaderboard_artifact(run.warehouse_root, run.plan.run_id)
+            shown(log, "the leaderboard", leaderboard_artifact(run.warehouse_root, run.plan.run_id,
+                                                                return_state=True))
         status = "completed"
     finally:
         close_run(opaque(run), status, stop)

@@ -22,7 +22,7 @@ from prefect import flow, get_run_logger
 from prefect.flow_runs import pause_flow_run
 from prefect.runtime import flow_run
 
-from tasks.artifacts import decision_artifact, proposal_artifact
+from tasks.artifacts import decision_artifact, proposal_artifact, shown
 from tasks.harness import (AlreadyDecided, CakeError, Decision, apply_decision, decide_proposal, mine_proposals,
                            record_proposal)
 
@@ -35,7 +35,7 @@ def _decided(log, pid: str, title: str, approve: bool, reason: str, by: str, ver
     """Log a decision on the run and publish it beside the proposal's evidence."""
     word = "approved" if approve else "rejected"
     log.info(f"proposal {pid} {word} by {by}: {reason}" + (f"; harness version {version} created" if version else ""))
-    decision_artifact(pid, title, word, reason, by, version)
+    shown(log, f"the decision on {pid}", decision_artifact(pid, title, word, reason, by, version, return_state=True))
     return {"decision": word, "new_version": version, "by": by}
 
 
@@ -55,7 +55,8 @@ def harness_review_flow(warehouse_root: str = ".cake/warehouse", min_support: in
     outcomes = []
     for prop, gate in mined["proposals"]:
         pid = record_proposal(warehouse_root, prop, gate, str(flow_run.id) if flow_run.id else None)
-        evidence = proposal_artifact(warehouse_root, pid)
+        evidence = shown(log, f"the evidence of {pid}", proposal_artifact(warehouse_root, pid, return_state=True)) \
+            or f"# Proposal {pid}: {prop.title}\n\nIts evidence is in `cake harness proposals` (not published here)."
         base = {"proposal_id": pid, "kind": prop.kind}
         if not gate["passed"]:
             reason = "corpus gate: " + "; ".join(gate["refusals"])

@@ -55,6 +55,15 @@ def md_table(header: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows])
 
 
+def shown(log: Any, what: str, state: Any) -> Any:
+    """The result of a UI task run with ``return_state=True``; one that failed is logged as a warning and
+    gives None: what the UI shows never stops a run or a review, whose rows are in the warehouse."""
+    if state.is_failed():
+        log.warning(f"{what} not published: {state.message}")
+        return None
+    return state.result()
+
+
 def run_name(plan: Any, harness_version: int) -> str:
     """A run's flow-run name: what it is (problem, shape set, harness version, cold or warm) and its id."""
     return (f"{plan.problem} · {plan.shape_set} · harness v{harness_version} · "
@@ -65,14 +74,10 @@ def run_name(plan: Any, harness_version: int) -> str:
 def name_flow_run(run: "Run") -> str:
     """Rename the current flow run for what the run turned out to be (a resume's values come from the
     warehouse); returns the name."""
-    import asyncio
-
     name = run_name(run.plan, run.harness.version)
     if flow_run.id:
-        async def rename() -> None:
-            async with get_client() as client:
-                await client.update_flow_run(flow_run.id, name=name)
-        asyncio.run(rename())
+        with get_client(sync_client=True) as client:
+            client.update_flow_run(flow_run.id, name=name)
     return name
 
 
@@ -171,7 +176,8 @@ def proposal_markdown(proposal_id: str, kind: str, title: str, evidence: dict[st
     cluster = ev.pop("cluster", None)
     examples = ev.pop("examples", None) or []
     out = [f"# Proposal {proposal_id}: {title}", "", f"**Kind**: {kind}", "", "## Definition", ""]
-    for label, k in (("Condition", "text"), ("In words", "in_words"), ("Message", "message"), ("Hint", "hint")):
+    for label, k in (("Condition", "text"), ("In words", "in_words"), ("Message", "message"), ("Hint", "hint"),
+                     ("Signature", "signature")):
         if isinstance(definition.get(k), str) and definition[k]:
             out += [f"- **{label}**: {definition[k]}"]
     out += ["", _block(definition or payload)]

@@ -232,15 +232,10 @@ def _decision_lock(warehouse_root: str):
 
 def _flow_run_state(flow_run_id: str) -> str | None:
     """The flow run's state type (PAUSED, RUNNING, COMPLETED...), None if unknown or unreachable."""
-    import asyncio
-
-    async def state() -> str | None:
-        async with get_client() as client:
-            fr = await client.read_flow_run(flow_run_id)
+    try:    # the sync client: callable from a thread whose event loop is already running
+        with get_client(sync_client=True) as client:
+            fr = client.read_flow_run(flow_run_id)
             return fr.state.type.value if fr.state else None
-
-    try:
-        return asyncio.run(state())
     except Exception:
         return None
 

@@ -69,3 +69,13 @@ def test_an_unknown_run_is_one_line(tmp_path):
 def test_no_warehouse_is_one_line(tmp_path):
     result = _cake("report", "run-a", "--no-publish")
     assert result.exit_code == 2 and result.stderr.startswith("error: no warehouse at ")
+
+
+def test_an_unreachable_server_is_one_line_and_the_files_stay(tmp_path, free_port, monkeypatch):
+    fill(tmp_path / "home" / "warehouse")
+    monkeypatch.setenv("CAKE_PREFECT_API_URL", f"http://127.0.0.1:{free_port()}/api")
+    result = _cake("report", "run-a")
+    assert result.exit_code == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "127.0.0.1" in lines[0]
+    assert "wrote " in result.stdout and (tmp_path / "home" / "reports" / "run-a" / "report.md").exists()

@@ -131,3 +131,19 @@ def test_a_decision_without_a_reason_is_refused_and_records_nothing(tmp_path):
     assert apply_decision(str(wh.root), "p1", False, "too broad", "ana") is None
     assert wh.query("select decision, reason from decisions").to_pylist() == [
         {"decision": "rejected", "reason": "too broad"}]
+
+
+def test_a_ui_task_that_failed_is_a_warning_not_a_stopped_run():
+    from prefect.states import Completed, Failed
+    from tasks.artifacts import shown
+
+    class Log:
+        warnings: list = []
+
+        def warning(self, m):
+            self.warnings.append(m)
+
+    log = Log()
+    assert shown(log, "the leaderboard", Completed(data={"rows": 3})) == {"rows": 3} and log.warnings == []
+    assert shown(log, "the leaderboard", Failed(message="API unreachable")) is None
+    assert log.warnings == ["the leaderboard not published: API unreachable"]

@@ -9,7 +9,6 @@ Chromium binary is installed (``apt-get install -y chromium``; ``.ci/run`` insta
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
@@ -50,13 +49,11 @@ def _until(what: str, check, timeout_s: float = 240.0):
     pytest.fail(f"{what} within {timeout_s:.0f} s")
 
 
-def _api(coro_fn):
+def _api(call):
+    """``call(client)`` with Prefect's sync client (Playwright's sync API holds this thread's event loop)."""
     from prefect.client.orchestration import get_client
-
-    async def go():
-        async with get_client() as client:
-            return await coro_fn(client)
-    return asyncio.run(go())
+    with get_client(sync_client=True) as client:
+        return call(client)
 
 
 def _artifacts(flow_run_id: str) -> list:
@@ -76,9 +73,10 @@ def home(services, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def evolved(services, home):
-    """A real CPU evolve run of two generations, recorded under ``home``/warehouse."""
+    """A real cold-start CPU evolve run of three generations, recorded under ``home``/warehouse."""
     from flows.evolve import evolve_flow
-    evolve_flow(problem="gemm_bf16", shape_set="gemm_small", run_id=RUN_ID, generations=2, population=4, seed=3,
+    evolve_flow(problem="gemm_bf16", shape_set="gemm_small", run_id=RUN_ID, generations=3, population=4, seed=3,
+                cold=True,
                 warehouse_root=str(home / "warehouse"), cache_dir=str(services["home"] / "cache"))
     row = Warehouse(home / "warehouse").query("select flow_run_id from runs_latest where run_id = ?",
                                              [RUN_ID]).to_pylist()
@@ -130,18 +128,18 @@ def _open_run(page, services, flow_run_id: str, tab: str | None = None) -> None:
 
 def test_the_run_and_its_tasks_are_named_and_each_generation_publishes_its_table(evolved):
     fr = _api(lambda c: c.read_flow_run(evolved))
-    assert fr.name == f"gemm_bf16 · gemm_small · harness v0 · warm · {RUN_ID}"
+    assert fr.name == f"gemm_bf16 · gemm_small · harness v0 · cold · {RUN_ID}"
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
     tasks = _api(lambda c: c.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[fr.id]))))
     names = {t.name for t in tasks}
-    assert {"artifacts g0", "artifacts g1"} <= names, sorted(names)
+    assert {"artifacts g0", "artifacts g1", "artifacts g2"} <= names, sorted(names)
     assert any(n.startswith("generate g0 (") and n.endswith(" asked)") for n in names), sorted(names)
     assert any(n.startswith("verify g1 (") and n.endswith(" candidates)") for n in names), sorted(names)
     arts = {a.key: a for a in _artifacts(evolved) if a.key}
     assert {f"{RUN_ID}-generation", f"{RUN_ID}-shapes", f"{RUN_ID}-leaderboard", f"{RUN_ID}-leaderboard-table"} <= \
         set(arts), sorted(arts)
     gens = sorted(a.description for a in _artifacts(evolved) if a.key == f"{RUN_ID}-generation")
-    assert gens == [f"run {RUN_ID}, generation 0", f"run {RUN_ID}, generation 1"]
+    assert gens == [f"run {RUN_ID}, generation {g}" for g in range(3)]
     board = arts[f"{RUN_ID}-leaderboard"].data
     assert f"# Leaderboard of run {RUN_ID}" in board and "| run best |" in board and "hand-written" in board
 
@@ -207,7 +205,9 @@ def test_a_paused_proposal_shows_its_evidence_and_the_form_records_the_decision(
         modal.get_by_role("heading", name=heading, exact=True).wait_for()
     assert modal.get_by_role("heading", name="Examples").count() == (1 if json.loads(first["evidence"]).get(
         "examples") else 0)
+    page.set_viewport_size({"width": 1400, "height": 2600})     # the whole form in the screenshot
     _shot(page, "ui-paused-proposal")
+    page.set_viewport_size({"width": 1400, "height": 1000})
 
     # untouched: the form refuses, nothing is decided, the run stays paused
     modal.get_by_role("button", name="Submit").click()
@@ -229,7 +229,11 @@ def test_a_paused_proposal_shows_its_evidence_and_the_form_records_the_decision(
     def the_rest_decided() -> bool:     # through the CLI's path, so the review ends
         left = [p for p in pending() if p["proposal_id"] != pid]
         if left and _state(flow_run_id) == "PAUSED":
-            decide_proposal(left[0]["proposal_id"], False, "not needed here", "test", str(root))
+            # in a thread of its own: this one's event loop is Playwright's
+            th = threading.Thread(target=decide_proposal, args=(left[0]["proposal_id"], False, "not needed here",
+                                                                "test", str(root)))
+            th.start()
+            th.join()
         return not t.is_alive()
     _until("the review did not end", the_rest_decided, 600)
     out = result["out"]
