@@ -27,6 +27,14 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
+def _generation_ticks(ax: Any, gens: list[int]) -> None:
+    """Whole generations on the x axis (every one while they are few)."""
+    if len(gens) <= 20:
+        ax.set_xticks(gens)
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def best_over_generations(rows: list[dict[str, Any]], path: Path) -> Path | None:
     """The best predicted and the best measured geomean so far per generation (``convergence_rows``)."""
     pred = [(r["generation"], r["predicted_so_far_ms"]) for r in rows if r["predicted_so_far_ms"]]
@@ -38,7 +46,7 @@ def best_over_generations(rows: list[dict[str, Any]], path: Path) -> Path | None
         if pts:
             ax.step(*zip(*pts), style, where="post", marker="o", label=label)
     ax.set_yscale("log")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    _generation_ticks(ax, sorted({g for g, _ in pred + meas}))
     ax.set_xlabel("generation")
     ax.set_ylabel("best geomean so far (ms)")
     ax.set_title("Best kernel over generations" + ("" if meas else " (not timed: predicted only)"))
@@ -90,7 +98,7 @@ def failure_clusters(rows: list[dict[str, Any]], path: Path) -> Path | None:
         if any(ys):
             ax.bar(gens, ys, bottom=bottom, label=c)
             bottom = [b + y for b, y in zip(bottom, ys)]
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    _generation_ticks(ax, gens)
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("generation")
     ax.set_ylabel("failed attempts")
