@@ -65,8 +65,9 @@ def speedup_per_shape(rows: list[dict[str, Any]], path: Path) -> Path | None:
     w = 0.38
     hw = [r["vs_hand_written"] or 0.0 for r in rows]
     peer = [r["vs_peer"] or 0.0 for r in rows]
-    ax.bar([x - w / 2 for x in xs], hw, w, label="vs hand-written best")
-    ax.bar([x + w / 2 for x in xs], peer, w, label="vs peer")
+    series = [(ys, label) for ys, label in ((hw, "vs hand-written best"), (peer, "vs peer")) if any(ys)]
+    for k, (ys, label) in enumerate(series):     # a source with no figure (no peer on a CPU) is left out
+        ax.bar([x + (k - (len(series) - 1) / 2) * w for x in xs], ys, w, label=label)
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set_xticks(list(xs))
     ax.set_xticklabels([r["shape"] + (" (held out)" if r["role"] == "held_out" else "") for r in rows],
