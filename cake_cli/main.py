@@ -468,9 +468,11 @@ def _decide(proposal_id: str, approve: bool, reason: str) -> None:
 @cli_errors
 def harness_approve(
     proposal_id: str = typer.Argument(..., metavar="ID", help="Proposal id (see `cake harness proposals`)."),
-    reason: str = typer.Option("", "--reason", help="Why (kept with the decision)."),
+    reason: str = typer.Option(..., "--reason", help="Why (required; kept with the decision)."),
 ) -> None:
-    """Approve a proposal: it becomes part of a new harness version."""
+    """Approve a proposal, with the reason: it becomes part of a new harness version."""
+    if not reason.strip():
+        raise UsageError("--reason must say why the proposal is approved")
     _decide(proposal_id, True, reason)
 
 
@@ -631,6 +633,8 @@ def ops() -> None:
 
 from cake_cli.model_cli import model_app  # noqa: E402  (its commands use the helpers above)
 app.add_typer(model_app, name="model")
+from cake_cli.report import report  # noqa: E402  (it uses the helpers above at call time)
+app.command("report", no_args_is_help=True)(report)
 from cake_cli.lineage_cli import lineage as _lineage  # noqa: E402
 app.command(no_args_is_help=True)(_lineage)
 

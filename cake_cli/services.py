@@ -186,6 +186,7 @@ def _start_server(settings: Settings, api_url: str) -> subprocess.Popen:
            "PREFECT_SERVER_API_HOST": host, "PREFECT_SERVER_API_PORT": str(port),
            "PREFECT_SERVER_UI_API_URL": api_url}             # the UI asks the port it is served on
     env.pop("PREFECT_API_URL", None)  # the server must not think it is a client of another
+    env["PREFECT_UI_API_URL"] = api_url  # else the UI it serves asks 127.0.0.1:4200, whatever the port
     with log_path.open("ab") as log:
         log.write(f"\n--- cake: prefect server start --host {host} --port {port} "
                   f"({time.strftime('%Y-%m-%d %H:%M:%S')})\n".encode())

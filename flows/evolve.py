@@ -3,8 +3,12 @@ run's state says stop; then the final stage (confirm, held-out report, baselines
 
 The flow body only orchestrates: every step is a task of ``tasks/``. With GPUs, candidates are checked and
 timed on one GPU runner per GPU; without, checked on the CPU interpreter (one worker per core) and ranked
-by the cost model, recorded as ``checked`` (not timed). Every attempt lands in the warehouse; a run killed at
-any point continues with ``resume=RUN_ID`` exactly where an uninterrupted run would have gone.
+by the cost model, recorded as ``checked`` (not timed). The flow run is named for what the run is
+(problem, shape set, harness version, cold or warm, run id), each task run for its stage, generation and
+candidates; each generation publishes its table and the end of the run its leaderboard
+(``tasks.artifacts``; one that cannot be published is a warning, never a stopped run). Every attempt lands
+in the warehouse; a run killed at any point continues with ``resume=RUN_ID`` exactly where an
+uninterrupted run would have gone.
 """
 from __future__ import annotations
 
@@ -12,16 +16,32 @@ import uuid
 from typing import Any
 
 from prefect import flow, get_run_logger
+from prefect.runtime import flow_run
 from prefect.states import Cancelled
 from prefect.utilities.annotations import opaque
 
+from tasks.artifacts import generation_artifact, leaderboard_artifact, name_flow_run, shown
 from tasks.final import final
 from tasks.run import close_run, open_run, workers
 from tasks.run_control import raise_if_stopped, status_for
 from tasks.summary import summarize
 
 
-@flow(name="evolve", log_prints=True, validate_parameters=False)
+def _asked_name() -> str:
+    """The flow run's name from its parameters, until ``name_flow_run`` names it for the opened run."""
+    p = flow_run.parameters
+    if p.get("resume"):
+        return f"{p['problem']} · resume {p['resume']}"
+    hv = p.get("harness_version")
+    return (f"{p['problem']} · {p.get('shape_set')} · harness {'newest' if hv is None else f'v{hv}'} · "
+            f"{'cold' if p.get('cold') else 'warm'}")
+
+
+def _outcomes(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n} {k}" for k, n in counts.items()) or "none"
+
+
+@flow(name="evolve", flow_run_name=_asked_name, log_prints=True, validate_parameters=False)
 def evolve_flow(problem: str, shape_set: str | None = None, generations: int | None = None,
                 population: int | None = None, seed: int | None = None, run_id: str | None = None,
                 warehouse_root: str = ".cake/warehouse", cache_dir: str = ".cake/cache",
@@ -41,6 +61,7 @@ def evolve_flow(problem: str, shape_set: str | None = None, generations: int | N
     run = open_run(problem=problem, run_id=resume or run_id or uuid.uuid4().hex[:12], warehouse_root=warehouse_root,
                    cache_dir=cache_dir, gpu_models=gpu_models or [], timeout_s=timeout_s, reps=reps, asked=asked,
                    resume=resume, llm=llm, debug=debug, cost_model=cost_model)
+    shown(log, "the run's name", name_flow_run(opaque(run), return_state=True))
     log.info(f"run {run.plan.run_id} (job {run.plan.session}): {run.plan.problem} on {run.plan.shape_set}, "
              f"harness v{run.harness.version}{', cold' if run.plan.cold else ''}, from generation "
              f"{run.state.generation}, {'GPU ' + run.gpus[0] if run.gpus else 'CPU interpreter (not timed)'}")
@@ -49,15 +70,26 @@ def evolve_flow(problem: str, shape_set: str | None = None, generations: int | N
         with workers(run):
             while run.state.stop is None:
                 raise_if_stopped(run.plan.run_id)       # Ctrl-C, SIGTERM, a cancelled flow run: between stages
-                batch: list = []
+                gen, batch = run.state.generation, []
                 for stage in run.stages:
                     raise_if_stopped(run.plan.run_id)
+                    n = f"{run.state.population} asked" if stage.name == "generate" else f"{len(batch)} candidates"
                     # opaque: Prefect would walk every program of the batch looking for futures, per task
-                    batch = stage(opaque(run), opaque(batch))
-                log.info(f"generation {run.state.generation - 1}: {run.state.attempts} attempts so far, best "
-                         f"{run.state.best_score}")
+                    batch = stage.with_options(task_run_name=f"{stage.name} g{gen} ({n})")(opaque(run), opaque(batch))
+                g = shown(log, f"generation {gen}'s table", generation_artifact(
+                    run.warehouse_root, run.plan.run_id, gen, run.timed, return_state=True))
+                if g is not None:
+                    best = g["best"]
+                    log.info(f"generation {gen}: {g['attempts']} candidates ({_outcomes(g['outcomes'])}); "
+                             f"{run.state.attempts} attempts in the run; best so far "
+                             + (f"{best['score_ms']:.4g} ms ({best['basis']}, {best['attempt_id']})" if best
+                                else "none"))
+                else:
+                    log.info(f"generation {gen}: {run.state.attempts} attempts in the run")
             stop = run.state.stop
             final(opaque(run))
+            shown(log, "the leaderboard", leaderboard_artifact(run.warehouse_root, run.plan.run_id,
+                                                                return_state=True))
         status = "completed"
     except BaseException as e:
         status = status_for(e, run.plan.run_id)

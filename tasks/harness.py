@@ -12,12 +12,14 @@ import json
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
 from prefect.flow_runs import resume_flow_run
+from prefect.input import RunInput
+from pydantic import Field
 
 from cake_core.errors import CakeError
 from cake_core.harness.errors import HarnessDataError
@@ -37,6 +39,26 @@ GATE_CACHE = GateCache()     # the corpus's built-in verdicts and interpreter ch
 
 class AlreadyDecided(CakeError):
     """The proposal was approved or rejected already (by the UI, the CLI or the corpus gate)."""
+
+
+class Decision(RunInput):
+    """What a reviewer answers to a paused proposal: both the decision and the reason are required (the
+    Prefect UI's form refuses to resume without them), so an untouched form decides nothing."""
+
+    decision: Literal["approve", "reject"] = Field(description="approve: a new harness version applies it; "
+                                                               "reject: it is never proposed again")
+    reason: str = Field(min_length=1, pattern=r"\S", description="why (kept with the decision)")
+    decided_by: str = Field("prefect-ui", min_length=1, description="who decides")
+
+    @property
+    def approve(self) -> bool:
+        return self.decision == "approve"
+
+
+def _need_reason(reason: str) -> str:
+    if not reason or not reason.strip():
+        raise CakeError("a decision needs a reason: say why with --reason (it is kept with the decision)")
+    return reason.strip()
 
 
 def load_harness(warehouse_root: str, version: int | None = None) -> HarnessSpec:
@@ -170,7 +192,9 @@ def apply_decision(warehouse_root: str, proposal_id: str, approve: bool, reason:
                    decided_by: str) -> int | None:
     """Record a decision; an approval creates (and exports) the next harness version, returned.
     Decisions on one warehouse are serialised (:func:`_decision_lock`): two approvals at the same
-    moment get versions N+1 and N+2, and a proposal is decided once."""
+    moment get versions N+1 and N+2, and a proposal is decided once; a decision without a reason is
+    refused."""
+    reason = _need_reason(reason)
     with _decision_lock(warehouse_root):
         p = get_proposal(warehouse_root, proposal_id)
         if p["status"] != "pending":
@@ -208,15 +232,10 @@ def _decision_lock(warehouse_root: str):
 
 def _flow_run_state(flow_run_id: str) -> str | None:
     """The flow run's state type (PAUSED, RUNNING, COMPLETED...), None if unknown or unreachable."""
-    import asyncio
-
-    async def state() -> str | None:
-        async with get_client() as client:
-            fr = await client.read_flow_run(flow_run_id)
+    try:    # the sync client: callable from a thread whose event loop is already running
+        with get_client(sync_client=True) as client:
+            fr = client.read_flow_run(flow_run_id)
             return fr.state.type.value if fr.state else None
-
-    try:
-        return asyncio.run(state())
     except Exception:
         return None
 
@@ -236,13 +255,21 @@ def decide_proposal(proposal_id: str, approve: bool, reason: str, decided_by: st
     """Approve or reject a proposal: resume its paused flow run if it waits, else record it here.
 
     Returns the new harness version for an approval.
+
+    Raises
+    ------
+    CakeError
+        ``reason`` is empty, the proposal is unknown, or a resumed run did not record the decision in time.
+    AlreadyDecided
+        The proposal was decided already.
     """
+    reason = _need_reason(reason)
     p = get_proposal(warehouse_root, proposal_id)
     if p["status"] != "pending":
         raise AlreadyDecided(f"proposal `{proposal_id}` was already {p['status']}")
     if p["flow_run_id"] and _wait_until_settled(p["flow_run_id"], wait_s=30.0) == "PAUSED":
-        resume_flow_run(p["flow_run_id"], run_input={"approve": approve, "reason": reason,
-                                                      "decided_by": decided_by})
+        resume_flow_run(p["flow_run_id"], run_input={"decision": "approve" if approve else "reject",
+                                                      "reason": reason, "decided_by": decided_by})
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             q = get_proposal(warehouse_root, proposal_id)
@@ -252,3 +279,4 @@ def decide_proposal(proposal_id: str, approve: bool, reason: str, decided_by: st
         raise CakeError(f"the flow run {p['flow_run_id']} was resumed but did not record the decision within "
                         f"{wait_s:.0f} s; look at it in the Prefect UI")
     return apply_decision(warehouse_root, proposal_id, approve, reason, decided_by)
+

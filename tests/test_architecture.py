@@ -45,7 +45,7 @@ TABLE: dict[str, tuple[str, ...]] = {
     "cake_core/pipeline": ("stdlib", "numpy", "cake_core/targets", "cake_core/ir", "cake_core/lower", "cake_core/model",
                            "cake_core/problems", "cake_core/agents", "cake_core/runtime", "cake_core/harness"),
     "warehouse": ("stdlib", "duckdb", "pyarrow", "great_expectations"),
-    "tasks": ("stdlib", "numpy", "cupy", "prefect", "ray", "tenacity", "cake_core", "warehouse"),
+    "tasks": ("stdlib", "numpy", "cupy", "prefect", "pydantic", "ray", "tenacity", "cake_core", "warehouse"),
     "flows": ("stdlib", "prefect", "tasks"),
     "cake_cli": ("everything",),
 }

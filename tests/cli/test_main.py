@@ -174,7 +174,7 @@ def test_service_error_is_one_line_exit_1(monkeypatch, warehouse):
 
     monkeypatch.setattr(main, "prefect_server", broken)
     fake_module(monkeypatch, "flows.harness", decide_proposal=lambda *a, **k: None)
-    result = run("harness", "approve", "p1")
+    result = run("harness", "approve", "p1", "--reason", "faster kernels")
     assert result.exit_code == 1
     assert one_error_line(result) == ("error: port 4200 is in use by another program; stop it or "
                                       "set CAKE_PREFECT_PORT=4201")
