@@ -662,6 +662,8 @@ def ops() -> None:
 
 from cake_cli.model_cli import model_app  # noqa: E402  (its commands use the helpers above)
 app.add_typer(model_app, name="model")
+from cake_cli.experiment_cli import experiment_app  # noqa: E402
+app.add_typer(experiment_app, name="experiment")
 
 if __name__ == "__main__":
     app()
