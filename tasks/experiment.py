@@ -169,8 +169,8 @@ def _kernel_scores(wh: Warehouse, run_id: str, shapes: list[str], timed: bool) -
         if r["ms"] is not None and r["ms"] > 0:
             k = per.setdefault(r["attempt_id"], {"generation": r["generation"], "slot": r["slot"], "ms": {}})
             k["ms"][r["shape"]] = r["ms"]
-    out = [{"attempt_id": a, "generation": k["generation"], "slot": k["slot"], "score_ms": _geomean(list(k["ms"].values()))}
-           for a, k in per.items() if len(k["ms"]) == len(shapes)]
+    out = [{"attempt_id": a, "generation": k["generation"], "slot": k["slot"],
+            "score_ms": _geomean(list(k["ms"].values()))} for a, k in per.items() if len(k["ms"]) == len(shapes)]
     return sorted(out, key=lambda k: (k["generation"], k["slot"] or 0))
 
 
@@ -294,10 +294,11 @@ def write_report(plan: dict[str, Any], rows: list[dict[str, Any]], reviews: list
     """``frozen-vs-evolving.json`` and ``.md`` under the plan's out dir; returns the report."""
     policy = {"name": plan["approve"], "harness_review_policy": plan["review_policy"],
               "meaning": POLICY_WORDS[plan["approve"]], "corpus_gate": "CPU interpreter"}
+    basis = "measured" if plan["mode"] == "gpu" else "predicted by the cost model"
     report = {"experiment": "frozen-vs-evolving", "plan": plan, "policy": policy, "rows": rows,
               "summary": summary(rows), "reviews": reviews,
               "converged_means": f"a kernel at least {CONVERGED_AT}x the speed of the best hand-written kernel "
-                                 f"on the run's headline shapes ({'measured' if plan['mode'] == 'gpu' else 'predicted by the cost model'})"}
+                                 f"on the run's headline shapes ({basis})"}
     out = Path(plan["out_dir"])
     old = json.loads((out / "experiment.json").read_text()) if (out / "experiment.json").exists() else {}
     report["reviews"] = old.get("reviews", []) + reviews
