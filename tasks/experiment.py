@@ -304,13 +304,13 @@ def write_report(plan: dict[str, Any], rows: list[dict[str, Any]], reviews: list
     report["reviews"] = old.get("reviews", []) + reviews
     (out / "experiment.json").write_text(json.dumps(report, indent=1, default=str))
     s = report["summary"]
-    budget = ", ".join(f"{k.replace('_', '-')} {plan[k]}" for k in ("budget_candidates", "budget_gpu_minutes")
+    budget = ", ".join(f"--{k.replace('_', '-')} {plan[k]}" for k in ("budget_candidates", "budget_gpu_minutes")
                        if plan[k] is not None) or "none"
     md = [f"# frozen vs evolving: {plan['problem']} on {plan['shape_set']} ({plan['mode'].upper()} mode)", "",
           f"- approval policy of the evolving arm: `{policy['name']}` ({policy['meaning']}; the corpus gate on the "
           f"{policy['corpus_gate']})",
           f"- per run: cold start, seeds {plan['seeds']}, population {plan['population']}, up to "
-          f"{plan['generations']} generations in blocks of {plan['block']}, budget {budget}",
+          f"{plan['generations']} generations in blocks of {plan['block']}, budget per run: {budget}",
           f"- converged: {report['converged_means']}", "",
           table(rows), "",
           f"frozen: {s['frozen']['converged']}/{s['frozen']['runs']} converged, {s['frozen']['gpu_s_failed']} GPU-s on "
