@@ -41,18 +41,18 @@ def no_services(monkeypatch):
 ])
 def test_bad_requests_get_one_line_before_anything_starts(monkeypatch, no_services, args, says):
     monkeypatch.setenv("CAKE_GPU", "off")
-    import flows.experiment as fe
+    import cake_cli.experiment_cli as fe
 
     def never(**kw):
-        raise AssertionError("the flow ran")
-    monkeypatch.setattr(fe, "frozen_vs_evolving_flow", never)
+        raise AssertionError("the experiment ran")
+    monkeypatch.setattr(fe, "run_experiment", never)
     result = run(*args)
     assert result.exit_code != 0
     assert says in one_error_line(result)
 
 
 def test_the_cpu_mode_hands_the_flow_its_arms_and_prints_the_table_last(monkeypatch, no_services, tmp_path):
-    import flows.experiment as fe
+    import cake_cli.experiment_cli as fe
     from tasks.experiment import POLICY_WORDS, summary
     got = {}
     rows = [{"arm": a, "seed": s, "attempts": 8, "converged": a == "evolving", "gpu_s_to_converge": 0.0,
@@ -62,7 +62,7 @@ def test_the_cpu_mode_hands_the_flow_its_arms_and_prints_the_table_last(monkeypa
         got.update(kw)
         return {"rows": rows, "summary": summary(rows), "converged_means": "a kernel at least 0.9x ...",
                 "policy": {"name": kw["approve"], "meaning": POLICY_WORDS[kw["approve"]]}}
-    monkeypatch.setattr(fe, "frozen_vs_evolving_flow", flow)
+    monkeypatch.setattr(fe, "run_experiment", flow)
     result = run("kmeans_assign", "--cpu", "--seeds", "2", "--budget-candidates", "16", "--block", "1",
                  "--out", str(tmp_path / "o"))
     assert result.exit_code == 0, result.output

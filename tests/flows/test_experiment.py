@@ -11,13 +11,13 @@ from warehouse import Warehouse
 def test_both_arms_run_in_blocks_the_evolving_one_under_what_its_review_approved(services, tmp_path):
     """kmeans_assign, seed 0, two blocks of two generations of 8 (a budget of 32 candidates): within its
     first block the agent's mma_sync children fail to lower three times, enough for the review between the
-    blocks to mine a rule; the frozen arm stays on v0. Both report every column; calling the flow again
+    blocks to mine a rule; the frozen arm stays on v0. Both report every column; calling it again
     continues nothing (every run is done) and reports the same."""
-    from flows.experiment import frozen_vs_evolving_flow
+    from cake_cli.experiment_cli import run_experiment
     out = tmp_path / "fve"
     kw = dict(problem="kmeans_assign", out_dir=str(out), seeds=[0], shape_set="kmeans_assign_small", population=8,
               block=2, budget_candidates=32, approve="gate-passing")
-    rep = frozen_vs_evolving_flow(**kw)
+    rep = run_experiment(**kw)
     assert rep["policy"]["name"] == "gate-passing" and rep["policy"]["harness_review_policy"] == "approve-gated"
     rows = {r["arm"]: r for r in rep["rows"]}
     assert set(rows) == {"frozen", "evolving"}
@@ -41,7 +41,7 @@ def test_both_arms_run_in_blocks_the_evolving_one_under_what_its_review_approved
     assert "`gate-passing`" in md and all(c in md for c in COLUMNS)
     on_disk = json.loads((out / "experiment.json").read_text())
     assert on_disk["policy"]["name"] == "gate-passing" and len(on_disk["reviews"]) == 1
-    again = frozen_vs_evolving_flow(**kw)                      # every run is done: nothing more runs
+    again = run_experiment(**kw)                      # every run is done: nothing more runs
     assert again["rows"] == rep["rows"] and again["reviews"] == rep["reviews"]
     assert fwh.query("select count(*) as n from attempts").to_pylist()[0]["n"] == 32
 
