@@ -3,8 +3,9 @@
     PYTHONPATH=. python3 bench/harness_kinds.py --out /tmp/kinds
 
 The product path end to end, on the embedded services (a Prefect server on a free 127.0.0.1 port, a
-local Ray, CPU only): ``evolve`` cold-start runs (the naive seed the only program the agent starts from) of knn_topk, gemm_bf16 and tinygemm on their small
-shape sets (the tactic agent; checked on the interpreter), the committed H200 measurements of the
+local Ray, CPU only): ``evolve`` cold-start runs (the naive seed the only program the agent starts from) of knn_topk,
+kmeans_assign and gemm_bf16 on their small shape sets (the tactic agent with its whole tactic table;
+checked on the interpreter), the committed H200 measurements of the
 corpus landed as measured attempts (``tasks.measured``), then the ``harness-review`` flow with the
 ``approve-gated`` policy (every proposal the corpus gate passes is approved, each a new version), then
 one later ``evolve`` run under the last version per kind, and what it shows: the rule stopping
@@ -26,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 RESULTS = Path(__file__).resolve().parent / "results"
-RUNS = (("knn_topk", "knn_topk_small", 2), ("gemm_bf16", "gemm_small", 1), ("tinygemm", "tinygemm_small", 1))
+RUNS = (("knn_topk", "knn_topk_small", 0), ("kmeans_assign", "kmeans_assign_small", 2), ("gemm_bf16", "gemm_small", 1))
 
 
 def _free_port() -> int:
@@ -88,7 +89,7 @@ def main() -> int:
         spec = load_harness(root)
         wh = Warehouse(root)
         props = {p["proposal_id"]: p for p in wh.query("select * from proposals_latest").to_pylist()}
-        later = {"knn_topk": ("knn_topk_small", 2), "tinygemm": ("tinygemm_small", 4),
+        later = {"knn_topk": ("knn_topk_small", 1), "tinygemm": ("tinygemm_small", 4),
                  "kmeans_update": ("kmeans_update_small", 0), "gemm_bf16": ("gemm_small", 7)}
         for problem, (shapes, seed) in later.items():
             evolve_flow(problem=problem, shape_set=shapes, run_id=f"{problem}-later", generations=args.generations,

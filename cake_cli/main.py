@@ -633,6 +633,8 @@ def ops() -> None:
 
 from cake_cli.model_cli import model_app  # noqa: E402  (its commands use the helpers above)
 app.add_typer(model_app, name="model")
+from cake_cli.experiment_cli import experiment_app  # noqa: E402
+app.add_typer(experiment_app, name="experiment")
 from cake_cli.report import report  # noqa: E402  (it uses the helpers above at call time)
 app.command("report", no_args_is_help=True)(report)
 from cake_cli.lineage_cli import lineage as _lineage  # noqa: E402

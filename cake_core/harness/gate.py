@@ -29,6 +29,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from cake_core.agents.rewrite import Refused
 from cake_core.agents.tactics import TACTICS
 from cake_core.harness import calibration as cal
 from cake_core.harness.composite import Composite, contract, windows
@@ -164,6 +165,8 @@ def verdict(text: str, problem: Problem, shape: Shape, harness: HarnessSpec, cac
         if hit:
             return Verdict(False, "verify", f"{lr.id}: {hit[0].message}")
     chk = cache.check(prog, problem, shape, seed)
+    if chk.refused and not chk.fault:       # outside the kernel's domain: never run, neither wrong nor passing
+        return Verdict(False, "domain", chk.message)
     if not chk.correct:
         return Verdict(False, "check", ("fault: " if chk.fault else "wrong: ") + chk.message)
     if gpu is not None:
@@ -247,9 +250,10 @@ def primitive_effect(proposed: HarnessSpec, comp: Composite, kernels: Sequence[K
         problem = get_problem(k.problem)
         shapes = []
         for s in gate_shapes(problem):
+            if not verdict(k.text, problem, s, proposed, cache, seed, gpu).passed:
+                continue        # outside its domain, or failing today: written with the composite, no flip
             v = verdict(text, problem, s, proposed, cache, seed, gpu)
-            if v.stage != "domain":
-                shapes.append({"shape": shape_key(s), "passed": v.passed, "why": v.reason})
+            shapes.append({"shape": shape_key(s), "passed": v.passed, "why": v.reason})
         rows.append({"kernel": k.name, "origin": k.origin, "round_trip": same,
                      "calls": text.count(f"{comp.name}("), "lines_saved": len(prog.text().splitlines())
                      - len(text.splitlines()), "shapes": shapes})
@@ -291,8 +295,12 @@ def macro_effect(proposed: HarnessSpec, macro: Macro, kernels: Sequence[Kernel],
         problem = get_problem(k.problem)
         shapes = gate_shapes(problem)
         row = per_problem.setdefault(k.problem, {"applied": 0, "passed": 0})
+        bounds = {d: max(s[d] for s in shapes) for d in problem.dims}
         for t in range(MACRO_TRIES):
-            child = tactic(prog, np.random.default_rng([seed, t]))
+            try:
+                child = tactic(prog, np.random.default_rng([seed, t]), bounds=bounds)
+            except Refused:         # a step's precondition does not hold here: the macro does not apply
+                continue
             if child is None or child == prog:
                 continue
             made += 1

@@ -50,9 +50,10 @@ class RunPlan:
             raise CakeError(f"budget-gpu-minutes must be above 0, got {self.budget_gpu_minutes}")
 
 
-# what a resume may change: how far the run goes. Everything else decides its course and must stay.
-EXTENDABLE = ("generations", "budget_candidates", "budget_gpu_minutes", "patience")
-FIXED = ("problem", "shape_set", "seed", "population", "agent", "cold", "harness_version", "check_shape_set",
+# what a resume may change: how far the run goes, and the harness it goes on under (a newer version only:
+# a run whose harness evolves between blocks of generations). Everything else decides its course and must stay.
+EXTENDABLE = ("generations", "budget_candidates", "budget_gpu_minutes", "patience", "harness_version")
+FIXED = ("problem", "shape_set", "seed", "population", "agent", "cold", "check_shape_set",
          "cost_filter")
 
 
@@ -103,5 +104,13 @@ def resume_plan(run_id: str, rows: list[dict[str, Any]], versions: set[int], *, 
         raise ResumeRefused(f"run `{run_id}` was {'timed on ' + str(row['gpu_model']) if was_timed else 'checked on the CPU'}"
                             f" and can only continue the same way; resume it "
                             f"{'on a machine with that GPU' if was_timed else 'with CAKE_GPU=off'}")
+    newer = asked.get("harness_version")
+    if newer is not None and newer < plan.harness_version:
+        raise ResumeRefused(f"run `{run_id}` went on under harness version {plan.harness_version}; a resumed run "
+                            f"may move to a newer version, not back to {newer}; drop --harness {newer} or start a "
+                            f"new run with it")
+    if newer is not None and newer not in versions | {0}:
+        raise ResumeRefused(f"--harness {newer}: {where} holds no harness version {newer}; `cake harness versions` "
+                            f"lists the versions there")
     changes = {k: asked[k] for k in EXTENDABLE if asked.get(k) is not None}
     return replace(plan, session=plan.session + 1, **changes)

@@ -125,7 +125,8 @@ def test_a_chain_of_tactics_compiles_for_sm90a(prob, names, tmp_path):
 
 
 REFUSALS = [
-    ("mma_sync", "kmeans_assign", [], "reads the accumulator"),
+    ("mma_sync", "gemm_bf16", ["mma_sync"], "no mma with the fma atom"),
+    ("mma_sync", "kmeans_update", [], "no mma with the fma atom"),
     ("warp_specialize", "kmeans_update", [], "no mma"),
     ("warp_specialize", "gemm_bf16", ["warp_specialize"], "already has warp roles"),
     ("tma", "gemm_bf16", [], "no cp_async_bar"),
@@ -152,6 +153,18 @@ def test_the_tactic_refuses_where_its_precondition_fails(name, prob, chain, reas
     out = apply(name, p, np.random.default_rng(0), None)
     assert isinstance(out, Refused), f"{name} applied to {prob} after {chain}"
     assert reason in out.reason, out.reason
+
+
+def test_mma_sync_on_a_kernel_whose_ewise_reads_the_accumulator_is_refused_by_the_lowering():
+    """The tactic rewrites the mma alone; the lowering refuses the ewise that reads the fragment layout (the
+    failure the harness tests mine a verifier rule from)."""
+    p = _chain("kmeans_assign", [])
+    out = apply("mma_sync", p, np.random.default_rng(0), None)
+    assert not isinstance(out, Refused) and 'atom="mma_sync"' in out.text()
+    assert not [d for d in verify(out, shapes=SHAPES["kmeans_assign"]) if d.is_error]
+    low = lower(out, "child.cake")
+    assert low.outcome is Outcome.COMPILE_FAILED
+    assert {d.rule for d in low.diagnostics if d.is_error} == {"lower.acc_layout"}
 
 
 def test_no_tactic_reads_a_stored_program(monkeypatch):

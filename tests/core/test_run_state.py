@@ -111,6 +111,15 @@ def test_resume_continues_the_recorded_run():
     assert _resume(generations=9, patience=2, seed=3).generations == 9       # how far it goes may change
 
 
+def test_a_resume_may_move_the_run_to_a_newer_harness_version_only():
+    assert _resume(versions=frozenset({1, 2, 3}), harness_version=3).harness_version == 3
+    assert _resume(harness_version=2).harness_version == 2
+    with pytest.raises(ResumeRefused, match="may move to a newer version, not back to 1"):
+        _resume(harness_version=1)
+    with pytest.raises(ResumeRefused, match="holds no harness version 5"):
+        _resume(harness_version=5)
+
+
 @pytest.mark.parametrize("kw, message", [
     ({"rows": ()}, "no run `r1` in the warehouse W"),
     ({"problem": "tinygemm"}, "run `r1` evolves gemm_bf16, not tinygemm; resume it with `cake evolve gemm_bf16"),

@@ -47,20 +47,23 @@ def _cake(services, *args, home, timeout=120):
 
 
 @pytest.fixture(scope="module")
-def knn_warehouse(tmp_path_factory):
-    """A real cold-start knn_topk run on the CPU whose agent keeps writing fewer result columns than k."""
-    from harness_runs import cpu_run
-    root = tmp_path_factory.mktemp("knn") / "warehouse"
-    totals = cpu_run(root, "knn_topk", "knn_topk_small", "knn-1", generations=4, population=8, seed=2)
-    assert totals.get("wrong", 0) >= 3, totals
+def mined_warehouse(tmp_path_factory):
+    """Real cold-start runs on the CPU (``harness_runs.mined_runs``: knn_topk, kmeans_assign, gemm_bf16)
+    whose agent keeps writing mma_sync children of the distance kernels that the lowering refuses."""
+    from harness_runs import mined_runs
+    root = tmp_path_factory.mktemp("mined") / "warehouse"
+    mined_runs(root)
+    n = Warehouse(root).query("select count(*) as n from attempts where error_rule = 'lower.acc_layout'").to_pylist()
+    assert n[0]["n"] >= 3, n
     return root
 
 
-def _pending(wh, timeout_s=240):
+def _pending(wh, timeout_s=240, seen=()):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         rows = wh.query("select proposal_id, kind, title, gate_report, evidence from proposals_latest "
                         "where status = 'pending'").to_pylist()
+        rows = [r for r in rows if r["proposal_id"] not in seen]
         if rows:
             return rows
         time.sleep(0.5)
@@ -68,11 +71,11 @@ def _pending(wh, timeout_s=240):
 
 
 def test_a_mined_rule_pauses_the_review_is_approved_from_the_cli_and_used_by_the_next_run(
-        services, knn_warehouse, tmp_path):
+        services, mined_warehouse, tmp_path):
     from flows.harness import harness_review_flow
 
     wh_root = tmp_path / "warehouse"
-    shutil.copytree(knn_warehouse, wh_root)
+    shutil.copytree(mined_warehouse, wh_root)
     result: dict = {}
     t = threading.Thread(target=lambda: result.setdefault("out", harness_review_flow(
         warehouse_root=str(wh_root), min_support=3, pause_timeout_s=600)))
@@ -81,42 +84,63 @@ def test_a_mined_rule_pauses_the_review_is_approved_from_the_cli_and_used_by_the
     pending = _pending(wh)
     assert pending, "the harness flow made no proposal"
     prop = pending[0]
-    assert prop["kind"] == "rule" and "max_tiles > 1.0" in prop["title"]
+    assert prop["kind"] == "rule" and "op.mma.atom=mma_sync > 0 and op.ewise > 0" in prop["title"]
     gate = json.loads(prop["gate_report"])
     assert gate["passed"] and gate["caught"]["cluster_caught"] == gate["caught"]["cluster_size"] >= 3
     assert json.loads(prop["evidence"])["gate"]["corpus"]["hand-written"] >= 20
 
-    # Approve through the CLI (its warehouse is CAKE_HOME/warehouse), which resumes the paused flow run.
-    out = _cake(services, "harness", "approve", prop["proposal_id"], "--reason", "k columns never written",
+    # Approve through the CLI (its warehouse is CAKE_HOME/warehouse), which resumes the paused flow run; the
+    # flow then pauses on the next proposal (the primitive and the macro these runs also give): rejected.
+    out = _cake(services, "harness", "approve", prop["proposal_id"], "--reason", "ewise on a fragment never lowers",
                 home=tmp_path)
     assert out.returncode == 0, out.stderr + out.stdout
+    rejected = []
+    while t.is_alive():
+        nxt = _pending(wh, timeout_s=120, seen=rejected)
+        if not nxt:
+            break
+        rejected.append(nxt[0]["proposal_id"])
+        out = _cake(services, "harness", "reject", nxt[0]["proposal_id"], "--reason", "not in this test",
+                    home=tmp_path)
+        assert out.returncode == 0, out.stderr + out.stdout
     t.join(timeout=120)
     assert not t.is_alive()
-    assert result["out"] == [{"proposal_id": prop["proposal_id"], "kind": "rule", "decision": "approved",
-                              "new_version": 1}]
+    assert result["out"][0] == {"proposal_id": prop["proposal_id"], "kind": "rule", "decision": "approved",
+                                "new_version": 1}
+    assert [o["proposal_id"] for o in result["out"][1:]] == rejected
+    assert {o["decision"] for o in result["out"][1:]} <= {"rejected"}
     versions = wh.query("select version, parent from harness_versions").to_pylist()
     assert versions == [{"version": 1, "parent": 0}]
     assert (tmp_path / "harness" / "harness-v1.json").exists()
 
+    # a later cold run with the whole tactic table; seed 0, whose first generations try mma_sync on the seed
     from flows.evolve import evolve_flow
     second = evolve_flow(problem="knn_topk", shape_set="knn_topk_small", run_id="knn-2", generations=2,
-                         population=8, seed=2, warehouse_root=str(wh_root), cache_dir=str(services["home"] / "cache"))
+                         population=8, seed=0, warehouse_root=str(wh_root), cache_dir=str(services["home"] / "cache"))
     assert second["harness_version"] == 1
-    rule_id = json.loads(wh.query("select payload from proposals_latest").to_pylist()[0]["payload"])["id"]
-    rows = wh.query("select outcome, error_rule, signature from attempts where run_id = 'knn-2'").to_pylist()
-    assert any(r["error_rule"] == rule_id for r in rows)
-    assert not any(r["outcome"] == "wrong" and "idx" in (r["signature"] or "") for r in rows)
+    payloads = wh.query("select kind, payload from proposals_latest where status = 'approved'").to_pylist()
+    rule_id = json.loads(payloads[0]["payload"])["id"]
+    rows = wh.query("select stage, error_rule from attempts where run_id = 'knn-2'").to_pylist()
+    assert any(r["error_rule"] == rule_id and r["stage"] == "verify" for r in rows)
+    assert not any(r["error_rule"] == "lower.acc_layout" for r in rows)
 
 
 @pytest.mark.parametrize("policy, decision", [("approve-gated", "approved"), ("record-only", "pending")])
-def test_a_named_policy_decides_without_a_person(services, knn_warehouse, tmp_path, policy, decision):
+def test_a_named_policy_decides_without_a_person(services, mined_warehouse, tmp_path, policy, decision):
     from flows.harness import harness_review_flow
 
     wh_root = tmp_path / "warehouse"
-    shutil.copytree(knn_warehouse, wh_root)
+    shutil.copytree(mined_warehouse, wh_root)
     out = harness_review_flow(warehouse_root=str(wh_root), min_support=3, policy=policy)
-    assert [o["decision"] for o in out] == [decision]
-    versions = Warehouse(wh_root).query("select version from harness_versions").to_pylist()
-    assert versions == ([{"version": 1}] if decision == "approved" else [])
+    assert [o["kind"] for o in out] == ["rule", "primitive", "tactic"]
+    assert {o["decision"] for o in out} == {decision} and {o["by"] for o in out} == {policy}
+    versions = Warehouse(wh_root).query("select version from harness_versions order by version").to_pylist()
+    assert versions == ([{"version": v} for v in (1, 2, 3)] if decision == "approved" else [])
     again = harness_review_flow(warehouse_root=str(wh_root), min_support=3, policy=policy)
-    assert again == []                                   # nothing is proposed twice, whatever became of it
+    # nothing is proposed twice, whatever became of it; once the winners' TMA producer step is a composite, the
+    # next pattern they share (the cp.async producer step) may come up in the next review
+    titles = [r["title"] for r in Warehouse(wh_root).query("select title from proposals_latest").to_pylist()]
+    assert len(titles) == len(set(titles)) == len(out) + len(again)
+    assert {o["kind"] for o in again} <= {"primitive"}
+    if decision == "pending":
+        assert again == []                               # a question awaiting its answer is not asked again

@@ -1,0 +1,140 @@
+"""``cake experiment ...``: experiments over the evolution loop.
+
+    cake experiment frozen-vs-evolving kmeans_assign --seeds 3 --budget-gpu-minutes 0.5 --block 2 \\
+        --approve gate-passing --out bench/results/fve-kmeans
+    cake experiment frozen-vs-evolving kmeans_assign --cpu --seeds 1 --budget-candidates 16 --block 1
+
+:func:`run_experiment` drives flows that exist already (``flows.evolve``, ``flows.harness``; a flow module
+imports no other flow): per arm and seed one evolve run in blocks of generations, each block a resume of
+the run that goes ``block`` generations further. The frozen arm pins harness v0; the evolving arm runs the
+harness review over its own warehouse between blocks, decided by the named approval policy, and goes on
+under the newest version. The report (``tasks.experiment``) says per run whether it converged and what it
+cost, and states the policy; the table is printed last and the report (``frozen-vs-evolving.json`` /
+``.md``) lands under ``--out``. The same command with the same ``--out`` continues an experiment a kill or
+a time limit cut short.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from cake_cli.model_cli import UsageError, _say, _settings, cli_errors
+
+log = logging.getLogger("cake.experiment")
+
+
+def run_experiment(problem: str, out_dir: str, seeds: list[int], shape_set: str | None = None,
+                   population: int = 8, block: int = 2, generations: int | None = None,
+                   budget_candidates: int | None = None, budget_gpu_minutes: float | None = None,
+                   approve: str = "gate-passing", gpu_models: list[str] | None = None,
+                   min_support: int = 3, timeout_s: float = 120.0, reps: int = 20) -> dict[str, Any]:
+    """Run (or continue) both arms for every seed and write the report under ``out_dir``; returns it.
+
+    Needs a Prefect API and Ray (the embedded services, as the command starts them).
+    """
+    from flows.evolve import evolve_flow
+    from flows.harness import harness_review_flow
+    from tasks.experiment import (experiment_plan, harness_for_block, next_block, run_progress, run_result,
+                                  write_report)
+
+    plan = experiment_plan(problem, shape_set, list(seeds), out_dir, population, block, generations,
+                           budget_candidates, budget_gpu_minutes, approve, bool(gpu_models))
+    reviews: list[dict[str, Any]] = []
+    for run in plan["runs"]:
+        root, rid = run["warehouse_root"], run["run_id"]
+        progress = run_progress(root, rid)
+        while (target := next_block(plan, progress)) is not None:
+            if run["arm"] == "evolving" and progress["generations"] > 0:
+                t0 = time.monotonic()
+                decided = harness_review_flow(warehouse_root=root, min_support=min_support,
+                                              policy=plan["review_policy"])
+                reviews.append({"arm": run["arm"], "seed": run["seed"], "after_generation": progress["generations"],
+                                "decisions": decided, "seconds": round(time.monotonic() - t0, 1)})
+            version = harness_for_block(run["arm"], root)
+            log.info(f"{rid}: generations {progress['generations']} -> {target} under harness v{version}")
+            evolve_flow(problem=plan["problem"], shape_set=plan["shape_set"], generations=target,
+                        population=plan["population"], seed=run["seed"],
+                        run_id=None if progress["exists"] else rid, resume=rid if progress["exists"] else None,
+                        warehouse_root=root, cache_dir=plan["cache_dir"], gpu_models=list(gpu_models or []),
+                        timeout_s=timeout_s, reps=reps, cold=True, harness_version=version,
+                        budget_candidates=plan["budget_candidates"], budget_gpu_minutes=plan["budget_gpu_minutes"])
+            before, progress = progress["generations"], run_progress(root, rid)
+            if progress["generations"] <= before:        # the run stopped on its own (see its stop reason)
+                log.warning(f"{rid}: the block ended at generation {before}; the run goes no further")
+                break
+    rows = [run_result(plan, run) for run in plan["runs"]]
+    return write_report(plan, rows, reviews)
+
+experiment_app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
+                             help="Experiments over the evolution loop: frozen-vs-evolving.")
+
+
+@experiment_app.command("frozen-vs-evolving", no_args_is_help=True)
+@cli_errors
+def frozen_vs_evolving(
+    problem: str = typer.Argument(..., help="Problem to evolve (see `cake problems`)."),
+    seeds: int = typer.Option(3, "--seeds", min=1, help="Seeds per arm (0 .. N-1), one cold run each."),
+    budget_candidates: int | None = typer.Option(None, "--budget-candidates", min=1,
+                                                 help="Attempts per run, the same for both arms."),
+    budget_gpu_minutes: float | None = typer.Option(None, "--budget-gpu-minutes", min=0.001,
+                                                    help="GPU minutes per run, the same for both arms."),
+    block: int = typer.Option(2, "--block", min=1, help="Generations per block (the evolving arm's harness "
+                                                        "review runs between blocks)."),
+    generations: int | None = typer.Option(None, "--generations", min=1,
+                                           help="Generations per run at most (default: what the candidate "
+                                                "budget allows, else 12)."),
+    population: int = typer.Option(8, "--population", min=1, help="Candidates per generation."),
+    approve: str = typer.Option("gate-passing", "--approve", help="The evolving arm's approval policy: "
+                                                                  "gate-passing (approve what the corpus gate "
+                                                                  "passes)."),
+    shapes: str | None = typer.Option(None, "--shapes", metavar="SET", help="Shape set (default: the problem's "
+                                                                            "first)."),
+    cpu: bool = typer.Option(False, "--cpu", help="CPU mode: checked on the interpreter, scored by the cost "
+                                                  "model (no GPU used even where one is)."),
+    out: Path | None = typer.Option(None, "--out", help="Where the runs' warehouses and the report go (default: "
+                                                        "<home>/experiments/PROBLEM-frozen-vs-evolving)."),
+) -> None:
+    """Frozen (harness v0) against evolving (reviewed between blocks) harness, same agent and budget."""
+    from cake_cli.main import _quiet_prefect_console
+    from cake_cli.services import gpu_policy, prefect_server, ray_runtime
+    from cake_core.problems import get_problem, load_shape_set
+    from tasks.experiment import APPROVALS, table
+
+    settings = _settings()
+    prob = get_problem(problem)
+    if shapes is not None:
+        load_shape_set(prob, shapes)
+    if approve not in APPROVALS:
+        raise UsageError(f"--approve {approve!r} is not a policy; use one of {', '.join(APPROVALS)}")
+    if budget_candidates is None and budget_gpu_minutes is None and generations is None:
+        raise UsageError("give the arms a budget: --budget-candidates N and/or --budget-gpu-minutes M "
+                         "(or --generations N)")
+    gpu_models = [] if cpu else gpu_policy(settings)
+    if not cpu and not gpu_models:
+        raise UsageError("no GPU here (or CAKE_GPU=off): pass --cpu for the CPU mode (interpreter as gate, cost "
+                         "model as score)")
+    if cpu and budget_gpu_minutes is not None:
+        raise UsageError("--budget-gpu-minutes needs a GPU; in --cpu mode give --budget-candidates")
+    out_dir = (out or settings.home / "experiments" / f"{problem}-frozen-vs-evolving").resolve()
+    _say(f"frozen vs evolving: {problem}, {seeds} seed(s) per arm, {'GPU ' + gpu_models[0] if gpu_models else 'CPU'}"
+         f" mode, policy {approve}; runs and report under {out_dir}")
+    kwargs: dict[str, Any] = dict(problem=problem, out_dir=str(out_dir), seeds=list(range(seeds)), shape_set=shapes,
+                                  population=population, block=block, generations=generations,
+                                  budget_candidates=budget_candidates, budget_gpu_minutes=budget_gpu_minutes,
+                                  approve=approve, gpu_models=gpu_models)
+    with prefect_server(settings), ray_runtime(settings, num_gpus=len(gpu_models)):
+        _quiet_prefect_console()
+        report = run_experiment(**kwargs)
+    s = report["summary"]
+    _say(f"policy of the evolving arm: {report['policy']['name']} ({report['policy']['meaning']})")
+    _say(f"converged means {report['converged_means']}")
+    _say(f"report: {out_dir / 'frozen-vs-evolving.md'} and {out_dir / 'experiment.json'}")
+    for arm in ("frozen", "evolving"):
+        a = s[arm]
+        _say(f"{arm}: {a['converged']}/{a['runs']} converged, {a['gpu_s_failed']} GPU-s on failed candidates "
+             f"({a['failed_candidates']} failed candidates)")
+    _say(table(report["rows"]))

@@ -1,0 +1,102 @@
+"""The frozen-vs-evolving experiment: its CPU mode end to end (services), and its bookkeeping."""
+import json
+
+import pytest
+
+from tasks.experiment import COLUMNS, convergence, next_block, summary, table
+from warehouse import Warehouse
+
+
+@pytest.mark.services
+def test_both_arms_run_in_blocks_the_evolving_one_under_what_its_review_approved(services, tmp_path):
+    """kmeans_assign, seed 0, two blocks of two generations of 8 (a budget of 32 candidates): within its
+    first block the agent's mma_sync children fail to lower three times, enough for the review between the
+    blocks to mine a rule; the frozen arm stays on v0. Both report every column; calling it again
+    continues nothing (every run is done) and reports the same."""
+    from cake_cli.experiment_cli import run_experiment
+    out = tmp_path / "fve"
+    kw = dict(problem="kmeans_assign", out_dir=str(out), seeds=[0], shape_set="kmeans_assign_small", population=8,
+              block=2, budget_candidates=32, approve="gate-passing")
+    rep = run_experiment(**kw)
+    assert rep["policy"]["name"] == "gate-passing" and rep["policy"]["harness_review_policy"] == "approve-gated"
+    rows = {r["arm"]: r for r in rep["rows"]}
+    assert set(rows) == {"frozen", "evolving"}
+    for r in rows.values():
+        assert set(COLUMNS) <= set(r) and r["attempts"] == 32 and r["generations"] == 4
+        assert r["hand_written_ms"] > 0 and r["best_ms"] > 0 and r["basis"] == "predicted"
+        assert r["gpu_s_failed"] == 0                           # nothing ran on a GPU
+    assert rows["frozen"]["harness_versions"] == [0] and rows["frozen"]["approved"] == {}
+    assert rows["evolving"]["harness_versions"][0] == 0 and rows["evolving"]["harness_versions"][-1] >= 1
+    assert rows["evolving"]["approved"].get("rule", 0) >= 1
+    [review] = rep["reviews"]
+    assert review["arm"] == "evolving" and review["after_generation"] == 2
+    assert {d["decision"] for d in review["decisions"]} == {"approved"}
+    ewh = Warehouse(out / "evolving-s0" / "warehouse")
+    by_gen = ewh.query("select generation, min(harness_version) as lo, max(harness_version) as hi from attempts "
+                       "group by 1 order by 1").to_pylist()
+    assert [(r["lo"], r["hi"]) for r in by_gen[:2]] == [(0, 0), (0, 0)] and all(r["lo"] >= 1 for r in by_gen[2:])
+    fwh = Warehouse(out / "frozen-s0" / "warehouse")
+    assert fwh.query("select count(*) as n from proposals").to_pylist()[0]["n"] == 0
+    md = (out / "frozen-vs-evolving.md").read_text()
+    assert "`gate-passing`" in md and all(c in md for c in COLUMNS)
+    on_disk = json.loads((out / "experiment.json").read_text())
+    assert on_disk["policy"]["name"] == "gate-passing" and len(on_disk["reviews"]) == 1
+    again = run_experiment(**kw)                      # every run is done: nothing more runs
+    assert again["rows"] == rep["rows"] and again["reviews"] == rep["reviews"]
+    assert fwh.query("select count(*) as n from attempts").to_pylist()[0]["n"] == 32
+
+
+def _row(**kw):
+    base = {"arm": "frozen", "seed": 0, "attempts": 8, "converged": False, "gpu_s_to_converge": None,
+            "gpu_s_failed": 0.0, "failed_candidates": 0}
+    return {**base, **kw}
+
+
+def test_convergence_is_the_first_kernel_within_ninety_percent_of_the_hand_written_best():
+    scores = [{"generation": 0, "score_ms": 2.0}, {"generation": 1, "score_ms": 1.2},
+              {"generation": 2, "score_ms": 1.05}, {"generation": 3, "score_ms": 0.9}]
+    assert convergence(scores, 1.0)["generation"] == 2          # 1.05 <= 1.0 / 0.9
+    assert convergence(scores, 0.5) is None
+    assert convergence(scores, None) is None                    # no hand-written kernel scored on these shapes
+
+
+def test_a_run_goes_block_by_block_until_its_generations_or_budget_are_spent():
+    plan = {"generations": 5, "block": 2, "budget_candidates": 24, "budget_gpu_minutes": None}
+    assert next_block(plan, {"generations": 0, "attempts": 0, "gpu_seconds": 0.0}) == 2
+    assert next_block(plan, {"generations": 4, "attempts": 16, "gpu_seconds": 0.0}) == 5
+    assert next_block(plan, {"generations": 5, "attempts": 20, "gpu_seconds": 0.0}) is None
+    assert next_block(plan, {"generations": 3, "attempts": 24, "gpu_seconds": 0.0}) is None
+    gpu = {**plan, "budget_candidates": None, "budget_gpu_minutes": 1.0}
+    assert next_block(gpu, {"generations": 2, "attempts": 16, "gpu_seconds": 59.0}) == 4
+    assert next_block(gpu, {"generations": 2, "attempts": 16, "gpu_seconds": 60.0}) is None
+
+
+def test_the_summary_counts_converged_runs_and_the_evolving_arms_saving_on_failures():
+    rows = [_row(seed=0, converged=True, gpu_s_to_converge=4.0, gpu_s_failed=10.0, failed_candidates=5),
+            _row(seed=1, gpu_s_failed=6.0, failed_candidates=3),
+            _row(arm="evolving", seed=0, converged=True, gpu_s_to_converge=2.0, gpu_s_failed=4.0, failed_candidates=2),
+            _row(arm="evolving", seed=1, converged=True, gpu_s_to_converge=3.0, gpu_s_failed=0.0, failed_candidates=0)]
+    s = summary(rows)
+    assert (s["frozen"]["converged"], s["evolving"]["converged"]) == (1, 2)
+    assert s["evolving"]["median_gpu_s_to_converge"] == 2.5 and s["frozen"]["gpu_s_failed"] == 16.0
+    assert s["evolving_fewer_gpu_s_failed"] == 0.75 and s["evolving_fewer_failed_candidates"] == 0.75
+    assert summary([_row(), _row(arm="evolving")])["evolving_fewer_gpu_s_failed"] is None    # nothing to save on
+    md = table(rows)
+    assert md.splitlines()[0] == "| " + " | ".join(COLUMNS) + " |" and len(md.splitlines()) == 2 + len(rows)
+
+
+def test_the_plan_refuses_what_it_cannot_run(tmp_path):
+    from cake_core.errors import CakeError
+    from tasks.experiment import experiment_plan
+    plan = experiment_plan.fn
+    args = dict(problem="kmeans_assign", shape_set=None, seeds=[0], out_dir=str(tmp_path / "x"), population=8,
+                block=2, generations=None, budget_candidates=16, budget_gpu_minutes=None, approve="gate-passing",
+                timed=False)
+    got = plan(**args)
+    assert got["generations"] == 2 and [r["arm"] for r in got["runs"]] == ["frozen", "evolving"]
+    with pytest.raises(CakeError, match="unknown approval policy `manual`"):
+        plan(**{**args, "approve": "manual"})
+    with pytest.raises(CakeError, match="--budget-gpu-minutes needs a GPU"):
+        plan(**{**args, "budget_gpu_minutes": 1.0})
+    with pytest.raises(CakeError, match="holds an experiment with other settings .block 2, not 3"):
+        plan(**{**args, "block": 3})
