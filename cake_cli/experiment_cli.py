@@ -99,7 +99,7 @@ def frozen_vs_evolving(
                                                         "<home>/experiments/PROBLEM-frozen-vs-evolving)."),
 ) -> None:
     """Frozen (harness v0) against evolving (reviewed between blocks) harness, same agent and budget."""
-    from cake_cli.main import _quiet_prefect_console
+    from cake_cli.evolve_run import _quiet_prefect_console
     from cake_cli.services import gpu_policy, prefect_server, ray_runtime
     from cake_core.problems import get_problem, load_shape_set
     from tasks.experiment import APPROVALS, table
