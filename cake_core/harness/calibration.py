@@ -85,34 +85,30 @@ def _log_errors(pred: Sequence[float], samples: Sequence[Sample]) -> list[float]
     return [math.log(p / s.measured_ms) for p, s in zip(pred, samples) if p > 0 and s.measured_ms > 0]
 
 
-def clusters(model: AnalyticModel, samples: Sequence[Sample], threshold: float, min_samples: int) -> dict[str, dict]:
-    """Error classes whose median |log error| exceeds ``threshold`` on ``min_samples`` or more samples."""
+def _by_class(model: AnalyticModel, samples: Sequence[Sample]) -> dict[str, list[Sample]]:
     by: dict[str, list[Sample]] = {}
     for s in samples:
         by.setdefault(error_class(model, s), []).append(s)
-    out = {}
-    for cls, rows in sorted(by.items()):
-        errs = _log_errors(predict(model, rows), rows)
-        if len(errs) >= min_samples and statistics.median(abs(e) for e in errs) > threshold:
-            out[cls] = {"samples": len(rows), "median_log_ratio": round(statistics.median(errs), 4),
-                        "median_abs_log_error": round(statistics.median(abs(e) for e in errs), 4),
-                        "factor": factor_of(cls), "attempts": len({s.attempt_id for s in rows})}
-    return out
+    return dict(sorted(by.items()))
 
 
 def class_errors(model: AnalyticModel, samples: Sequence[Sample]) -> dict[str, dict]:
-    """Every error class with its sample count and median |log error| (clustered or not)."""
-    by: dict[str, list[Sample]] = {}
-    for s in samples:
-        by.setdefault(error_class(model, s), []).append(s)
+    """Every error class with its sample and attempt counts and its median (|) log error, clustered or not."""
     out = {}
-    for cls, rows in sorted(by.items()):
+    for cls, rows in _by_class(model, samples).items():
         errs = _log_errors(predict(model, rows), rows)
         if errs:
             out[cls] = {"samples": len(rows), "median_log_ratio": round(statistics.median(errs), 4),
                         "median_abs_log_error": round(statistics.median(abs(e) for e in errs), 4),
-                        "factor": factor_of(cls)}
+                        "factor": factor_of(cls), "attempts": len({s.attempt_id for s in rows}),
+                        "errors": len(errs)}
     return out
+
+
+def clusters(model: AnalyticModel, samples: Sequence[Sample], threshold: float, min_samples: int) -> dict[str, dict]:
+    """Error classes whose median |log error| exceeds ``threshold`` on ``min_samples`` or more samples."""
+    return {cls: e for cls, e in class_errors(model, samples).items()
+            if e["errors"] >= min_samples and e["median_abs_log_error"] > threshold}
 
 
 def factors_used(model: AnalyticModel, samples: Sequence[Sample]) -> list[str]:
