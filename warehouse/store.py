@@ -95,7 +95,9 @@ def _write_parquet_atomic(table: pa.Table, path: Path, *, publish: bool = True) 
 
 
 def _write_text_atomic(text: str, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}{_TMP_SUFFIX}")
+    # a temporary name of its own per writer: two processes opening a new warehouse at once both write
+    # SCHEMA_VERSION, and a shared temporary file would be renamed away under one of them
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}{_TMP_SUFFIX}")
     with open(tmp, "w") as f:
         f.write(text)
         f.flush()

@@ -195,3 +195,25 @@ def test_an_additive_migration_upgrades_and_keeps_old_batches(tmp_path, monkeypa
         schema_mod.load_schema.cache_clear()
     with pytest.raises(WarehouseError, match=f"schema version {nxt} but this code knows only up to version {CURRENT}"):
         Warehouse(tmp_path / "wh")
+
+
+def test_many_writers_opening_a_new_warehouse_at_once_all_succeed(tmp_path):
+    # each writes SCHEMA_VERSION through a temporary file of its own (a shared one was renamed away under one)
+    import threading
+
+    from warehouse import Warehouse
+    for i in range(10):
+        root, errors = tmp_path / f"w{i}", []
+
+        def open_it():
+            try:
+                Warehouse(root)
+            except Exception as e:  # noqa: BLE001 - collected for the assertion
+                errors.append(e)
+
+        threads = [threading.Thread(target=open_it) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == [] and (root / "SCHEMA_VERSION").read_text().strip()
