@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from warehouse import Warehouse
+from marked_processes import marked
 
 pytestmark = pytest.mark.services
 
@@ -26,20 +27,6 @@ def _env(services, marker: str) -> dict[str, str]:
     env.update({"CAKE_HOME": str(services["home"]), "CAKE_PREFECT_PORT": str(services["port"]),
                 "CAKE_GPU": "off", marker.split("=")[0]: marker.split("=")[1]})
     return env
-
-
-def _marked(marker: str) -> list[int]:
-    pids = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                if marker.encode() in Path(f"/proc/{d}/environ").read_bytes().split(b"\0"):
-                    with open(f"/proc/{d}/stat") as f:
-                        if f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
-                            pids.append(int(d))
-            except OSError:
-                continue
-    return pids
 
 
 def _wait(client, run_id, timeout: float) -> str:
@@ -103,6 +90,6 @@ def test_every_deployment_registers_and_runs_with_a_real_worker(services, tmp_pa
     assert runs["gemm_small"]["status"] == "completed" and runs["gemm_small"]["problem"] == "gemm_bf16"
     assert runs["tinygemm_small"]["status"] == "completed" and runs["tinygemm_small"]["problem"] == "tinygemm"
     deadline = time.monotonic() + 30
-    while _marked(marker) and time.monotonic() < deadline:
+    while marked(marker) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert _marked(marker) == [], "the worker left processes behind"
+    assert marked(marker) == [], "the worker left processes behind"

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from warehouse import Warehouse
+from marked_processes import marked
 
 pytestmark = pytest.mark.services
 
@@ -34,20 +35,6 @@ def _as_from_a_terminal() -> None:
     # A test runner may run with SIGINT ignored (a background job), and an ignored SIGINT is
     # inherited, so Ctrl-C would never arrive; a command typed in a terminal has the default.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-def _marked(marker: str) -> list[int]:
-    pids = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                if marker.encode() in Path(f"/proc/{d}/environ").read_bytes().split(b"\0"):
-                    with open(f"/proc/{d}/stat") as f:
-                        if f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
-                            pids.append(int(d))
-            except OSError:
-                continue
-    return pids
 
 
 def _attempts(root: Path) -> int:
@@ -129,9 +116,9 @@ def test_stop_is_prompt_final_recorded_and_leaves_nothing(tmp_path, how):
     assert "Traceback" not in stderr and "Error logging" not in stderr, stderr
     assert len([ln for ln in stderr.splitlines() if ln.strip()]) <= 1, stderr   # at most "error: interrupted"
     deadline = time.monotonic() + 30
-    while _marked(marker) and time.monotonic() < deadline:
+    while marked(marker) and time.monotonic() < deadline:
         time.sleep(0.2)   # a process the kernel has not reaped yet
-    assert _marked(marker) == [], "processes left behind"
+    assert marked(marker) == [], "processes left behind"
     assert _attempts(root) == recorded, "attempts were written after the count was printed"
     wh = Warehouse(root)
     (run,) = wh.query("select run_id, status, finished_at from runs_latest").to_pylist()
