@@ -10,6 +10,8 @@
 #   bash bench/gpu.sh chains [PROBLEM=SHAPES ...]   # kernels made by tactic chains from the naive seeds
 #                                         # (bench/tactic_chains.py) beside the hand-written ones and the peers
 #   bash bench/gpu.sh throughput          # `cake evolve --cold` end to end: candidates per GPU- and wall-minute
+#   bash bench/gpu.sh cake evolve kmeans_assign --cold ...   # any cake command as a user runs it, CAKE_GPU=require,
+#                                         # CAKE_HOME=$CAKE_HOME (default $OUT/home): its warehouse comes back
 #   bash bench/gpu.sh profile 'regex:kmeans_update_gather' corpus --no-seed --no-best --no-peers ...
 #                                         # Nsight Compute on the first launch of the kernels the regex names
 #                                         # (PROFILE_COUNT, PROFILE_SKIP), while the named part runs
@@ -24,7 +26,7 @@ mkdir -p "$OUT" /tmp/site /tmp/whl
 what=${1:-all}; [ $# -gt 0 ] && shift
 case $what in
     all) [ $# -eq 0 ] || { echo "bench/gpu.sh: extra arguments go with 'tests' or 'corpus', not 'all'" >&2; exit 2; } ;;
-    tests|corpus|floor|chains|throughput) ;;
+    tests|corpus|floor|chains|throughput|cake) ;;
     profile)
         [ $# -ge 2 ] || { echo "bench/gpu.sh: profile needs a kernel regex and a part: profile 'regex:NAME' corpus ..." >&2; exit 2; }
         kernels=$1; shift
@@ -45,7 +47,7 @@ case $what in
             "$OUT/profile/details.txt" | head -120
         python3 bench/ncu_summary.py "$OUT/profile/raw.csv" "$OUT/profile/sass.csv" | tee "$OUT/profile/summary.txt"
         exit $rc ;;
-    *) echo "bench/gpu.sh: unknown part '$what': all, tests, corpus, floor, throughput or profile" >&2; exit 2 ;;
+    *) echo "bench/gpu.sh: unknown part '$what': all, tests, corpus, floor, chains, throughput, cake or profile" >&2; exit 2 ;;
 esac
 if [ -f .gpu/site.tar.xz ] && [ ! -e /tmp/site/.unpacked ]; then
     tar -xJf .gpu/site.tar.xz -C /tmp/site && touch /tmp/site/.unpacked
@@ -81,6 +83,11 @@ if [ "$what" = chains ]; then
         sed -n '/^total /,$p' "$OUT/$prob.log"
     done
     exit $rc
+fi
+if [ "$what" = cake ]; then
+    export CAKE_HOME=${CAKE_HOME:-$OUT/home} CAKE_GPU=${CAKE_GPU:-require} PREFECT_SERVER_ANALYTICS_ENABLED=false
+    python3 -c "from cake_cli.main import main; main()" "$@"
+    exit $?
 fi
 if [ "$what" = throughput ]; then
     python3 bench/evolve_throughput.py --out "$OUT" "$@"
