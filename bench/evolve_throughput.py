@@ -61,8 +61,14 @@ def run_one(problem: str, shapes: str, check: str, args, out: Path) -> dict:
     if args.cpu:
         cmd += ["--check-shapes", check]
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", "from cake_cli.main import app; app()", *cmd], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=args.timeout)
+    try:
+        proc = subprocess.run([sys.executable, "-c", "from cake_cli.main import main; main()", *cmd], cwd=ROOT,
+                              env=env, capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired as e:
+        text = lambda b: b.decode(errors="replace") if isinstance(b, bytes) else (b or "")   # noqa: E731
+        (out / f"{problem}-{shapes}.log").write_text(text(e.stdout) + "\n--- stderr ---\n" + text(e.stderr))
+        return {"command": "cake " + " ".join(cmd), "exit": 124, "command_wall_s": round(time.monotonic() - t0, 1),
+                "error": f"did not finish within --timeout {args.timeout:.0f} s"}
     wall = time.monotonic() - t0
     (out / f"{problem}-{shapes}.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
     row = {"command": "cake " + " ".join(cmd), "exit": proc.returncode, "command_wall_s": round(wall, 1)}

@@ -118,7 +118,7 @@ def _baselines(run: Run) -> int:
             if not a.going_on:
                 rows += baseline_rows(run.plan.run_id, prob.best_files[a.slot], "hand_written", keys, roles, {},
                                       message=_why_not(a))
-        from cake_core.problems.peers import peer_names
+        from cake_core.runtime.peers import peer_names
         for peer in peer_names(prob.name):
             got: dict[str, Any] = {}
             for _ in range(2):      # a runner that an earlier job left unusable refuses: the fresh one answers

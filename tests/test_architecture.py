@@ -253,3 +253,55 @@ def test_the_documented_table_is_the_enforced_one():
 def test_the_readme_points_to_the_architecture_inside_the_repository():
     readme = (ROOT / "README.md").read_text()
     assert "docs/architecture.md" in readme and "../shared" not in readme and "DESIGN.md" not in readme
+
+
+def _top_level_names(path: Path) -> set[str]:
+    names: set[str] = set()
+    for n in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(n.name)
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in n.names)
+        elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+            names.add(n.id)
+    return names
+
+
+def unresolved_imports(modules: dict[str, Path]) -> list[str]:
+    """First-party ``from X import y`` anywhere in a module (inside functions too, where an import runs only
+    when its path does) whose module X or name y does not exist."""
+    defined = {m: None for m in modules}
+    bad = []
+
+    def where(path: Path) -> str:
+        return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else path.name
+    for module, path in modules.items():
+        for n in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(n, ast.ImportFrom) or n.level or not n.module:
+                continue
+            if n.module.split(".")[0] not in FIRST_PARTY:
+                continue
+            if n.module not in modules:
+                bad.append(f"{where(path)}:{n.lineno}: no module {n.module}")
+                continue
+            if defined[n.module] is None:
+                defined[n.module] = _top_level_names(modules[n.module])
+            for a in n.names:
+                if a.name != "*" and f"{n.module}.{a.name}" not in modules and a.name not in defined[n.module]:
+                    bad.append(f"{where(path)}:{n.lineno}: {n.module} has no {a.name}")
+    return bad
+
+
+def test_every_first_party_import_resolves_also_inside_functions():
+    assert unresolved_imports(MODULES) == []
+
+
+def test_an_import_of_a_missing_module_inside_a_function_is_found(tmp_path):
+    good = tmp_path / "good.py"
+    good.write_text("def f():\n    from tasks.final import final\n")
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    from cake_core.problems.nowhere import peer_names\n"
+                   "    from cake_core.runtime.peers import no_such_name\n")
+    found = unresolved_imports({**MODULES, "probe.good": good, "probe.bad": bad})
+    assert [f.split(": ", 1)[1] for f in found] == ["no module cake_core.problems.nowhere",
+                                                     "cake_core.runtime.peers has no no_such_name"]

@@ -130,7 +130,7 @@ class GpuSession:
 
     def peer(self, problem: str, peer: str, shape: Shape, seed: int, reps: int) -> ShapeVerdict:
         """One peer on one shape, on the problem's own inputs (the session's, for this seed), checked against
-        the oracle and timed with the same protocol as our kernels (``problems.peers.time_peer``). A peer that
+        the oracle and timed with the same protocol as our kernels (``runtime.peers.time_peer``). A peer that
         cannot run here (no torch, no flash-kmeans) is a ``runtime_fault`` verdict saying what is missing."""
         import numpy as np
 
