@@ -106,6 +106,11 @@ def _write_text_atomic(text: str, path: Path) -> None:
     _fsync_dir(path.parent)
 
 
+def _vanished(files: Iterable[Path]) -> bool:
+    """Whether a batch file a reader listed is gone (a compaction pruned it)."""
+    return any(not f.exists() for f in files)
+
+
 class _Relist(Exception):
     """A batch file listed for a view vanished (pruned by a compaction): list the batches again."""
 
@@ -310,19 +315,27 @@ class Warehouse:
         cols = ", ".join(f'cast(null as {c.sql_type}) as "{c.name}"' for c in self.schema.columns[table])
         return f"select {cols} where false"
 
-    def _connect(self) -> duckdb.DuckDBPyConnection:
-        """Fresh in-memory DuckDB, locked down to read-only, with one view per table over its batches."""
-        for attempt in range(2):
+    RELISTS = 5     # listings a reader tries while compactions prune the files it listed
+
+    def _connect(self) -> tuple[duckdb.DuckDBPyConnection, list[Path]]:
+        """Fresh in-memory DuckDB, locked down to read-only, with one view per table over its batches; and
+        the batch files it lists (a query that fails after one of them vanished lists again)."""
+        for attempt in range(self.RELISTS):
             snapshot = {t: [f.absolute() for f in self._snapshot(t)] for t in TABLES}
-            con = locked_connection(f for files in snapshot.values() for f in files)
+            files = [f for fs in snapshot.values() for f in fs]
+            con = locked_connection(files)
             try:
-                for t, files in snapshot.items():
-                    self._create_view(con, t, files, relist_ok=attempt == 0)
+                for t, fs in snapshot.items():
+                    self._create_view(con, t, fs, relist_ok=attempt < self.RELISTS - 1)
                 for stmt in self.schema.view_sql:
                     con.execute(stmt)
-                return con
+                return con, files
             except _Relist:
-                con.close()  # a file pruned by a compaction since we listed: list again, once
+                con.close()  # a file pruned by a compaction since we listed: list again
+            except duckdb.Error:
+                con.close()
+                if attempt == self.RELISTS - 1 or not _vanished(files):
+                    raise
             except BaseException:
                 con.close()
                 raise
@@ -389,21 +402,20 @@ class Warehouse:
             raise
         except WarehouseError as e:
             raise WarehouseError(self._sql_error(e)) from None
-        for attempt in range(2):
-            con = self._connect()
+        for attempt in range(self.RELISTS):
+            con, files = self._connect()
             try:
                 for s in statements[:-1]:
                     con.execute(s.query).fetchall()  # DuckDB refuses the next one while a result is open
                 rel = con.sql(statements[-1].query, params=params or None)
                 return rel.to_arrow_table() if rel is not None else pa.table({})
-            except duckdb.PermissionException as e:
-                raise ReadOnlyError(outside_message(e)) from None
-            except duckdb.IOException as e:
-                # A file pruned by a compaction between our listing and the read: list again.
-                if attempt == 0:
-                    continue
-                raise WarehouseError(self._sql_error(e)) from None
             except duckdb.Error as e:
+                # A batch file pruned by a compaction between our listing and the read (DuckDB then reports
+                # a missing file, or a glob under its name outside the allowed paths): list again.
+                if attempt < self.RELISTS - 1 and _vanished(files):
+                    continue
+                if isinstance(e, duckdb.PermissionException):
+                    raise ReadOnlyError(outside_message(e)) from None
                 raise WarehouseError(self._sql_error(e)) from None
             finally:
                 con.close()

@@ -150,7 +150,7 @@ def test_replacement_scans_see_no_python_variables(wh24):
 
 def test_the_connection_itself_refuses_even_without_the_statement_check(wh24, outside):
     """The second barrier: a statement that got past the classifier still fails inside DuckDB."""
-    con = wh24._connect()
+    con, _ = wh24._connect()
     try:
         for sql in ["set enable_external_access = true", "set allowed_paths = ['/etc/passwd']",
                     "reset lock_configuration", "set lock_configuration = false",
