@@ -53,7 +53,7 @@ class Work:
 
     def __init__(self, limit: int = MAX_INTERP_STEPS):
         self.limit, self.used = limit, 0
-        self.trips: dict[int, list] = {}     # id(for node) -> [node, trips over the launch, trips per entry]
+        self.trips: dict[int, list] = {}     # id(for node) -> [node, trips over the launch, most trips per entry]
 
     def spend(self, cta: "CTA", n: Any) -> None:
         self.used += 1
@@ -62,21 +62,24 @@ class Work:
 
     def enter(self, n: Any, trips: int) -> None:
         t = self.trips.setdefault(id(n), [n, 0, 0])
-        t[2] = trips
+        t[2] = max(t[2], trips)
 
     def trip(self, cta: "CTA", n: Any) -> None:
         self.trips[id(n)][1] += 1
         self.spend(cta, n)
 
     def _spent(self, cta: "CTA", n: Any) -> InterpFault:
-        """The fault at the loop that made the most trips (at ``n`` without a loop)."""
+        """The fault at the loop with the most trips per entry (a bound past the problem's tiles shows there,
+        however many trips the loops inside it made), with the next two; at ``n`` without a loop."""
         at = f"CTA ({cta.env.get('bid.x', 0)}, {cta.env.get('bid.y', 0)}, {cta.env.get('bid.z', 0)})"
         budget = f"the interpreter's budget of {self.limit:,} steps per launch (statements and loop trips)"
         if not self.trips:
             return InterpFault(n, f"the launch ran past {budget} at {at}", "interp.budget")
-        loop, total, per = max(self.trips.values(), key=lambda t: t[1])
-        return InterpFault(loop, f"the launch ran past {budget} at {at}; the loop that made the most trips is "
-                                 f"`{loop.args[0]}` ({total:,} trips, {per:,} per entry on this small shape): "
+        (loop, total, per), *rest = sorted(self.trips.values(), key=lambda t: (-t[2], -t[1]))
+        others = "".join(f"; then `{m.args[0]}` at line {m.line}: {p:,} per entry, {t:,} in all"
+                         for m, t, p in rest[:2])
+        return InterpFault(loop, f"the launch ran past {budget} at {at}; the loop with the most trips per entry is "
+                                 f"`{loop.args[0]}` ({per:,} per entry on this small shape, {total:,} in all{others}): "
                                  "bound it by the problem's tiles (cdiv(dim, tile))", "interp.budget")
 
 

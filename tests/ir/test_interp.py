@@ -125,7 +125,20 @@ def test_a_loop_nest_past_the_launch_budget_faults_at_the_loop_that_spent_it():
     msg = str(e.value)
     assert msg.startswith(f"line {e.value.node.line}: the launch ran past the interpreter's budget of "
                           f"{interp.MAX_INTERP_STEPS:,} steps per launch")
-    assert "at CTA (1, 0, 0)" in msg and "`rep`" in msg and "30,000 per entry" in msg, msg
+    assert "at CTA (1, 0, 0)" in msg and "the loop with the most trips per entry is `rep` (30,000 per entry" in msg
+
+
+def test_the_budget_fault_names_the_outer_loop_whose_bound_runs_past_the_tiles():
+    # the inner loop makes more trips in all, but the outer one is where the bound runs past the problem's tiles
+    nested = REPEATS.replace("        load(r, x[tile(bid.x, BN)])\n",
+                             "        for j in range(2):\n            load(r, x[tile(bid.x, BN)])\n")
+    prog = parse_program(nested.replace('"R": 1', '"R": 30000'))
+    x = np.arange(128, dtype=np.float32)
+    with pytest.raises(interp.InterpFault) as e:
+        interp.run(prog, {"N": 128}, {"x": x}, {"y": np.full(128, np.nan, np.float32)})
+    assert e.value.rule == "interp.budget" and e.value.node.args[0] == "rep"
+    assert "`rep` (30,000 per entry on this small shape" in str(e.value)
+    assert "then `j` at line 5: 2 per entry" in str(e.value), str(e.value)
 
 
 def test_an_ordinary_fault_keeps_its_rule():
