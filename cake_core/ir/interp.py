@@ -34,7 +34,7 @@ def run(program: Program, shape: dict[str, int], inputs: dict[str, np.ndarray],
 
     ``num_sms`` is the launch symbol of that name (see ``ir.expr``). Raises InterpFault for what
     would fault on a GPU, and (rule ``interp.budget``) for a launch past ``max_steps`` statements and
-    loop trips over all its CTAs, naming the loop that made the most trips.
+    loop trips over all its CTAs, at the loop with the most trips per entry.
     """
     arch = get_arch(program.target)
     gmem = {**{k: np.asarray(v) for k, v in inputs.items()}, **outputs}
