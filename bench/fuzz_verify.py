@@ -17,11 +17,14 @@ checker included) and, if it verifies, run by the interpreter on the problem's s
 
 A finding is a **crash** (any exception out of parse, verify or the interpreter other than the interpreter's
 own ``InterpFault``) or a **hang** (a stage past ``--stage-s`` seconds of CPU time, or twenty times that of
-wall time). Diagnostics and interpreter faults are the expected answers (``protocol.undecided`` among them:
-counted apart). ``tests/ir/test_fuzz.py`` runs a few hundred mutants with a generous stage bound (a busy CI
+wall time). Diagnostics and interpreter faults are the expected answers (``protocol.undecided`` among the
+diagnostics and ``interp.budget`` among the faults, a launch past the interpreter's step budget: counted
+apart). ``tests/ir/test_fuzz.py`` runs a few hundred mutants with a generous stage bound (a busy CI
 machine); this script, with its default ``--stage-s 5``, measures the bound every check must meet. Prints a
-table of counts last (the slowest stage in CPU seconds), writes every finding (program text, stage, traceback)
-to ``fuzz.json`` under ``--out``; exit 1 when there is a finding.
+table of counts last (the slowest stage in CPU seconds), writes every finding (mutant number, problem, edits,
+program text, stage, traceback), the slowest stages (overall and of each stage) and the launches the
+interpreter refused over its step budget (with their CPU seconds) to ``fuzz.json`` under ``--out``; exit 1
+when there is a finding.
 """
 from __future__ import annotations
 
@@ -49,6 +52,7 @@ from cake_core.problems import PROBLEMS  # noqa: E402
 from cake_core.problems.base import SEEDS_DIR  # noqa: E402
 
 HUGE = (0, 1, -1, -64, 3, 7, 1000, 65536, 10 ** 9)
+SLOWEST = 10    # the slowest stages kept in the result
 
 
 class Hang(Exception):
@@ -255,9 +259,21 @@ def fuzz(mutants: int, seed: int, stage_s: float = 5.0, interpret: bool = True, 
     from cake_core.runtime.cpu import _poisoned  # the gate's own poisoned outputs
     rng = random.Random(seed)
     progs = corpus()
-    counts = {"mutants": 0, "verified": 0, "rejected": 0, "undecided": 0, "interpreted": 0, "crash": 0, "hang": 0}
-    findings = []
+    counts = {"mutants": 0, "verified": 0, "rejected": 0, "undecided": 0, "interpreted": 0, "faults": 0,
+              "over_budget": 0, "crash": 0, "hang": 0}
+    findings, timed, over_budget = [], [], []
     slowest = 0.0
+    by_stage: dict[str, tuple] = {}
+
+    def took(stage: str, dt: float) -> None:
+        nonlocal slowest
+        slowest = max(slowest, dt)
+        t = (round(dt, 3), stage, i, prob, what)
+        timed.append(t)
+        timed.sort(key=lambda t: -t[0])
+        del timed[SLOWEST:]
+        if t[0] >= by_stage.get(stage, (-1.0,))[0]:
+            by_stage[stage] = t
     for i in range(mutants):
         prob, base = progs[i % len(progs)]
         p, what = base, []
@@ -271,21 +287,22 @@ def fuzz(mutants: int, seed: int, stage_s: float = 5.0, interpret: bool = True, 
         if text is None:
             continue
         status, r, dt = run_stage(lambda: parse(text, "mutant.cake"), stage_s)
-        slowest = max(slowest, dt)
+        took("parse", dt)
         if status != "ok":
             counts[status] += 1
-            findings.append({"stage": "parse", "kind": status, "edits": what, "program": text, "trace": r})
+            findings.append({"mutant": i, "problem": prob, "stage": "parse", "kind": status, "edits": what,
+                             "program": text, "trace": r})
             continue
         if r.program is None:
             counts["rejected"] += 1
             continue
         shape = _small_shape(prob)
         status, diags, dt = run_stage(lambda: verify(r.program, shapes=[shape]), stage_s)
-        slowest = max(slowest, dt)
+        took("verify", dt)
         if status != "ok":
             counts[status] += 1
-            findings.append({"stage": "verify", "kind": status, "edits": what, "program": text, "trace": diags,
-                             "seconds": round(dt, 2)})
+            findings.append({"mutant": i, "problem": prob, "stage": "verify", "kind": status, "edits": what,
+                             "program": text, "trace": diags, "seconds": round(dt, 2)})
             continue
         if any(d.is_error for d in diags):
             counts["rejected"] += 1
@@ -301,16 +318,28 @@ def fuzz(mutants: int, seed: int, stage_s: float = 5.0, interpret: bool = True, 
         def go():
             try:
                 interp.run(r.program, shape, x, _poisoned(problem, r.program, shape))
-            except interp.InterpFault:
-                pass
+            except interp.InterpFault as e:
+                return e
+            return None
         status, res, dt = run_stage(go, stage_s)
+        took("interpret", dt)
         if status != "ok":
             counts[status] += 1
-            findings.append({"stage": "interpret", "kind": status, "edits": what, "program": text, "trace": res})
+            findings.append({"mutant": i, "problem": prob, "stage": "interpret", "kind": status, "edits": what,
+                             "program": text, "trace": res, "seconds": round(dt, 2)})
         else:
             counts["interpreted"] += 1
+            counts["faults"] += res is not None
+            if res is not None and res.rule == "interp.budget":
+                counts["over_budget"] += 1
+                over_budget.append({"mutant": i, "problem": prob, "edits": what, "seconds": round(dt, 3),
+                                    "fault": str(res)})
     counts["slowest_check_s"] = round(slowest, 3)
-    return {"counts": counts, "findings": findings}
+
+    def row(t: tuple) -> dict[str, Any]:
+        return dict(zip(("seconds", "stage", "mutant", "problem", "edits"), t))
+    return {"counts": counts, "findings": findings, "slowest": [row(t) for t in timed],
+            "slowest_by_stage": {k: row(t) for k, t in by_stage.items()}, "over_budget": over_budget}
 
 
 def _printable(p: Program) -> bool:
@@ -345,11 +374,12 @@ def main() -> int:
     for f in res["findings"][:20]:
         print(f"-- {f['kind']} in {f['stage']} after {f['edits']}\n{(f['trace'] or '')[-800:]}")
     c = res["counts"]
-    print("\n| mutants | rejected | of which undecided | verified | interpreted | crashes | hangs | slowest check s "
-          "| total s |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    print(f"| {c['mutants']} | {c['rejected']} | {c['undecided']} | {c['verified']} | {c['interpreted']} | {c['crash']} "
-          f"| {c['hang']} | {c['slowest_check_s']} | {res['seconds']} |")
+    print("\n| mutants | rejected | of which undecided | verified | interpreted | of which faulted | of which "
+          "over budget | crashes | hangs | slowest check s | total s |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"| {c['mutants']} | {c['rejected']} | {c['undecided']} | {c['verified']} | {c['interpreted']} "
+          f"| {c['faults']} | {c['over_budget']} | {c['crash']} | {c['hang']} | {c['slowest_check_s']} "
+          f"| {res['seconds']} |")
     return 1 if c["crash"] or c["hang"] else 0
 
 

@@ -11,13 +11,13 @@ import itertools
 import numpy as np
 
 from cake_core.ir.expr import evaluate
-from cake_core.ir.interp_cta import CTA, InterpFault, run_clusters
+from cake_core.ir.interp_cta import CTA, MAX_INTERP_STEPS, InterpFault, Work, run_clusters
 from cake_core.ir.ops import Op
 from cake_core.ir.program import Program
 from cake_core.ir.registry import SEMANTICS
 from cake_core.targets import get_arch
 
-__all__ = ["run", "grid_size", "cluster_dims", "InterpFault", "SEMANTICS", "INTERP_NUM_SMS"]
+__all__ = ["run", "grid_size", "cluster_dims", "InterpFault", "SEMANTICS", "INTERP_NUM_SMS", "MAX_INTERP_STEPS"]
 
 # The SM count the interpreter launches on (``num_sms`` in a grid): small, so that a persistent
 # kernel's CTAs each walk several tiles (and an uneven share) on the small shapes checked on a CPU.
@@ -28,11 +28,13 @@ MAX_INTERP_CTAS = 1 << 16
 
 
 def run(program: Program, shape: dict[str, int], inputs: dict[str, np.ndarray],
-        outputs: dict[str, np.ndarray], num_sms: int = INTERP_NUM_SMS) -> dict[str, np.ndarray]:
+        outputs: dict[str, np.ndarray], num_sms: int = INTERP_NUM_SMS,
+        max_steps: int = MAX_INTERP_STEPS) -> dict[str, np.ndarray]:
     """Run every CTA of the grid over ``inputs``; writes into ``outputs`` (pre-poisoned by the caller).
 
     ``num_sms`` is the launch symbol of that name (see ``ir.expr``). Raises InterpFault for what
-    would fault on a GPU.
+    would fault on a GPU, and (rule ``interp.budget``) for a launch past ``max_steps`` statements and
+    loop trips over all its CTAs, at the loop with the most trips per entry.
     """
     arch = get_arch(program.target)
     gmem = {**{k: np.asarray(v) for k, v in inputs.items()}, **outputs}
@@ -46,11 +48,12 @@ def run(program: Program, shape: dict[str, int], inputs: dict[str, np.ndarray],
                                    f"{grid[0] * grid[1] * grid[2]:,} CTAs on the shape {shape}: more than the "
                                    f"{MAX_INTERP_CTAS:,} the interpreter runs; size the grid by the problem's tiles "
                                    "(cdiv(dim, tile)), or min(tiles, num_sms) for a persistent kernel")
+    work = Work(max_steps)
     cl = cluster_dims(program)
     if cl != (1, 1, 1):
-        return run_clusters(program, gmem, env0, grid, cl, outputs, SEMANTICS, arch)
+        return run_clusters(program, gmem, env0, grid, cl, outputs, SEMANTICS, arch, work)
     for z, y, x in itertools.product(range(grid[2]), range(grid[1]), range(grid[0])):
-        cta = CTA(program, gmem, {**env0, "bid.x": x, "bid.y": y, "bid.z": z}, SEMANTICS, arch)
+        cta = CTA(program, gmem, {**env0, "bid.x": x, "bid.y": y, "bid.z": z}, SEMANTICS, arch, work)
         cta.run(program.body)
     return outputs
 

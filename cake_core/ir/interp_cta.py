@@ -28,11 +28,59 @@ from cake_core.targets import Arch
 
 
 class InterpFault(Exception):
-    """What a GPU would report as an illegal address or a trap, with the IR line."""
+    """What a GPU would report as an illegal address or a trap, with the IR line; ``rule`` says which kind
+    (``interp.fault``, or ``interp.budget`` for a launch the interpreter will not finish: :class:`Work`)."""
 
-    def __init__(self, node: Any, message: str):
+    def __init__(self, node: Any, message: str, rule: str = "interp.fault"):
         super().__init__(f"line {node.line}: {message}")
-        self.node, self.message = node, message
+        self.node, self.message, self.rule = node, message, rule
+
+
+# The most steps (statements executed and loop trips made, over every CTA) one interpreted launch takes. The
+# shapes checked on a CPU are small: the heaviest corpus kernel's launch on the gate's shapes takes under ten
+# thousand steps, and a step costs numpy from about ten microseconds to a millisecond (an MMA on a large
+# tile). A launch past this bound is a loop nest running far past the problem's tiles (a bound multiplied
+# by a constant, a loop over a dim nested in another), which would take minutes: it is refused when the
+# bound is spent, a second or so of CPU time for the loops of a small kernel.
+MAX_INTERP_STEPS = 100_000
+
+
+class Work:
+    """The steps one launch has taken, over all its CTAs, up to ``limit``; and the trips each loop made (to
+    name the loop that spent them)."""
+
+    __slots__ = ("limit", "used", "trips")
+
+    def __init__(self, limit: int = MAX_INTERP_STEPS):
+        self.limit, self.used = limit, 0
+        self.trips: dict[int, list] = {}     # id(for node) -> [node, trips over the launch, most trips per entry]
+
+    def spend(self, cta: "CTA", n: Any) -> None:
+        self.used += 1
+        if self.used > self.limit:
+            raise self._spent(cta, n)
+
+    def enter(self, n: Any, trips: int) -> None:
+        t = self.trips.setdefault(id(n), [n, 0, 0])
+        t[2] = max(t[2], trips)
+
+    def trip(self, cta: "CTA", n: Any) -> None:
+        self.trips[id(n)][1] += 1
+        self.spend(cta, n)
+
+    def _spent(self, cta: "CTA", n: Any) -> InterpFault:
+        """The fault at the loop with the most trips per entry (a bound past the problem's tiles shows there,
+        however many trips the loops inside it made), with the next two; at ``n`` without a loop."""
+        at = f"CTA ({cta.env.get('bid.x', 0)}, {cta.env.get('bid.y', 0)}, {cta.env.get('bid.z', 0)})"
+        budget = f"the interpreter's budget of {self.limit:,} steps per launch (statements and loop trips)"
+        if not self.trips:
+            return InterpFault(n, f"the launch ran past {budget} at {at}", "interp.budget")
+        (loop, total, per), *rest = sorted(self.trips.values(), key=lambda t: (-t[2], -t[1]))
+        others = "".join(f"; then `{m.args[0]}` at line {m.line}: {p:,} per entry, {t:,} in all"
+                         for m, t, p in rest[:2])
+        return InterpFault(loop, f"the launch ran past {budget} at {at}; the loop with the most trips per entry is "
+                                 f"`{loop.args[0]}` ({per:,} per entry on this small shape, {total:,} in all{others}): "
+                                 "bound it by the problem's tiles (cdiv(dim, tile))", "interp.budget")
 
 
 NUMPY = {DType.BF16: np.float32, DType.F16: np.float16, DType.F32: np.float32, DType.I32: np.int32,
@@ -48,11 +96,12 @@ def round_to(dtype: DType, x: np.ndarray) -> np.ndarray:
 
 class CTA:
     """One CTA's tiles, environment and barriers; ``semantics`` maps each op to its function, ``arch`` is the
-    program's target (warpgroup sizes)."""
+    program's target (warpgroup sizes), ``work`` the launch's step budget (shared by its CTAs)."""
 
     def __init__(self, prog: Any, gmem: dict[str, np.ndarray], env: dict[str, int],
-                 semantics: Mapping[Op, Callable[["CTA", Any], None]], arch: Arch):
+                 semantics: Mapping[Op, Callable[["CTA", Any], None]], arch: Arch, work: Work | None = None):
         self.prog, self.gmem, self.env, self.semantics, self.arch = prog, gmem, env, semantics, arch
+        self.work = work if work is not None else Work()
         self.tiles: dict[str, np.ndarray] = {}
         self.dtypes: dict[str, DType] = {p.name: p.type.dtype for p in prog.params}
         self.cluster: list[CTA] | None = None
@@ -85,6 +134,7 @@ class CTA:
                 run_roles(self, nodes[i:j])
                 i = j
                 continue
+            self.work.spend(self, nodes[i])
             self.semantics[nodes[i].op](self, nodes[i])
             i += 1
 
@@ -128,6 +178,7 @@ def loop_values(cta: CTA, n: Any) -> range:
         raise InterpFault(n, f"loop `{n.args[0]}` makes {trips:,} trips on this small shape, more than the "
                              f"{MAX_LOOP_TRIPS:,} the interpreter runs: bound it by the problem's tiles "
                              "(cdiv(dim, tile))")
+    cta.work.enter(n, trips)
     return range(start, stop, step)
 
 
@@ -136,6 +187,7 @@ def loop_values(cta: CTA, n: Any) -> range:
 def run_for(cta: CTA, n: Any) -> None:
     var = n.args[0]
     for i in loop_values(cta, n):
+        cta.work.trip(cta, n)
         cta.env[var] = i
         cta.run(n.body)
     cta.env.pop(var, None)
@@ -246,21 +298,26 @@ def _steps(cta: CTA, nodes: tuple[Any, ...], st: dict) -> Iterator[Any]:
     """Run ``nodes`` as a coroutine: yields the blocking wait each time it cannot go on."""
     for n in nodes:
         if n.op is Op.FOR:
+            cta.work.spend(cta, n)
             var = n.args[0]
             for i in loop_values(cta, n):
+                cta.work.trip(cta, n)
                 cta.env[var] = i
                 yield from _steps(cta, n.body, st)
             cta.env.pop(var, None)
         elif n.op is Op.IF:
+            cta.work.spend(cta, n)
             if cta.ev(n.args[0]):
                 yield from _steps(cta, n.body, st)
         elif n.op is Op.WAIT:
             while not barrier_of(cta, n, n.arg("bar")).passed(cta.ev(n.arg("phase"))):
                 yield n
+            cta.work.spend(cta, n)
             st["steps"] += 1
         elif n.op is Op.ROLE:
             raise InterpFault(n, "roles do not nest")
         else:
+            cta.work.spend(cta, n)
             cta.semantics[n.op](cta, n)
             st["steps"] += 1
 
@@ -313,10 +370,12 @@ def _run_tasks(groups: list[tuple[CTA, tuple[Any, ...]]]) -> None:
 
 
 def run_clusters(program: Any, gmem: dict, env0: dict, grid: list[int], cl: tuple[int, int, int],
-                 outputs: dict, semantics: Mapping[Op, Callable[[CTA, Any], None]], arch: Arch) -> dict:
+                 outputs: dict, semantics: Mapping[Op, Callable[[CTA, Any], None]], arch: Arch,
+                 work: Work | None = None) -> dict:
     """Run the grid cluster by cluster, the CTAs of a cluster concurrently: each runs its statements up to its
     roles, then the roles of all of them round-robin (multicast copies and remote arrivals reach the peers),
-    then what follows the roles."""
+    then what follows the roles; ``work`` is the launch's step budget."""
+    work = work if work is not None else Work()
     if any(g % c for g, c in zip(grid, cl)):
         raise InterpFault(next(n for n in program.body if n.op is Op.CLUSTER),
                           f"the grid {tuple(grid)} is not a whole number of clusters {cl}: the launch fails")
@@ -324,7 +383,7 @@ def run_clusters(program: Any, gmem: dict, env0: dict, grid: list[int], cl: tupl
         members = []
         for z, y, x in itertools.product(range(cl[2]), range(cl[1]), range(cl[0])):
             env = {**env0, "bid.x": cx * cl[0] + x, "bid.y": cy * cl[1] + y, "bid.z": cz * cl[2] + z}
-            members.append(CTA(program, gmem, env, semantics, arch))
+            members.append(CTA(program, gmem, env, semantics, arch, work))
         for c in members:
             c.cluster = members
         body = program.body

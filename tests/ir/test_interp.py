@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from cake_core.ir import interp
+from cake_core.ir import interp, interp_cta
 from cake_core.ir.text import parse_program
 from cake_core.problems import get_problem, list_problems, load_shape_set
 from cake_core.runtime.cpu import check_on_cpu
@@ -85,3 +85,64 @@ def test_a_loop_past_the_interpreters_trip_bound_faults_at_its_line():
     with pytest.raises(interp.InterpFault, match="makes 200,000 trips") as e:
         _run_gemm(huge, {"M": 64, "N": 64, "K": 64})
     assert e.value.node.op.value == "for"
+
+
+REPEATS = """@kernel(target="sm_90a", grid=(cdiv(N, BN),), threads=128, consts={"BN": 64, "R": 1})
+def repeats(x: gmem[f32, (N,)], y: gmem[f32, (N,)]):
+    r = rmem(f32, (BN,))
+    for rep in range(R):
+        load(r, x[tile(bid.x, BN)])
+    store(y[tile(bid.x, BN)], r)
+"""
+
+
+def _run_repeats(repeats: int, **kw):
+    x = np.arange(128, dtype=np.float32)
+    y = np.full(128, np.nan, dtype=np.float32)
+    prog = parse_program(REPEATS.replace('"R": 1', f'"R": {repeats}'))
+    interp.run(prog, {"N": 128}, {"x": x}, {"y": y}, **kw)
+    return x, y
+
+
+def test_a_launch_within_the_step_budget_runs_to_its_last_step():
+    # two CTAs of five steps (the rmem, the for, its one trip, the load, the store): 10 is all the budget needs
+    x, y = _run_repeats(1)
+    assert np.array_equal(x, y)
+    x, y = _run_repeats(1, max_steps=10)
+    assert np.array_equal(x, y)
+    with pytest.raises(interp.InterpFault, match="budget of 9 steps") as e:
+        _run_repeats(1, max_steps=9)
+    assert e.value.rule == "interp.budget"
+
+
+def test_a_loop_nest_past_the_launch_budget_faults_at_the_loop_that_spent_it():
+    # 30,000 trips a CTA is under the bound on one loop, but two CTAs of them are past the launch's budget
+    assert 30_000 <= interp_cta.MAX_LOOP_TRIPS and 2 * 2 * 30_000 > interp.MAX_INTERP_STEPS
+    with pytest.raises(interp.InterpFault) as e:
+        _run_repeats(30_000)
+    assert e.value.rule == "interp.budget"
+    assert e.value.node.op.value == "for" and e.value.node.args[0] == "rep"
+    msg = str(e.value)
+    assert msg.startswith(f"line {e.value.node.line}: the launch ran past the interpreter's budget of "
+                          f"{interp.MAX_INTERP_STEPS:,} steps per launch")
+    assert "at CTA (1, 0, 0)" in msg and "the loop with the most trips per entry is `rep` (30,000 per entry" in msg
+
+
+def test_the_budget_fault_names_the_outer_loop_whose_bound_runs_past_the_tiles():
+    # the inner loop makes more trips in all, but the outer one is where the bound runs past the problem's tiles
+    nested = REPEATS.replace("        load(r, x[tile(bid.x, BN)])\n",
+                             "        for j in range(2):\n            load(r, x[tile(bid.x, BN)])\n")
+    prog = parse_program(nested.replace('"R": 1', '"R": 30000'))
+    x = np.arange(128, dtype=np.float32)
+    with pytest.raises(interp.InterpFault) as e:
+        interp.run(prog, {"N": 128}, {"x": x}, {"y": np.full(128, np.nan, np.float32)})
+    assert e.value.rule == "interp.budget" and e.value.node.args[0] == "rep"
+    assert "`rep` (30,000 per entry on this small shape" in str(e.value)
+    assert "then `j` at line 5: 2 per entry" in str(e.value), str(e.value)
+
+
+def test_an_ordinary_fault_keeps_its_rule():
+    seed = get_problem("gemm_bf16").seed_text()
+    with pytest.raises(interp.InterpFault) as e:
+        _run_gemm(seed.replace("range(cdiv(K, BK))", "range(cdiv(K, BK) * 100000)"), {"M": 64, "N": 64, "K": 64})
+    assert e.value.rule == "interp.fault"
