@@ -39,6 +39,7 @@ from cake_cli.config import ConfigError, Settings, load_settings
 from cake_cli.display import (RunProgress, baseline_lines, best_text, columns_rows, live_view, print_result,
                               summary_table, to_arrow)
 from cake_cli.services import gpu_policy, prefect_server, ray_runtime
+from tasks.gpus import local_resources
 from cake_core.errors import CakeError
 
 app = typer.Typer(name="cake", no_args_is_help=True, add_completion=False,
@@ -238,6 +239,15 @@ def _print_where(settings: Settings, ui_url: str, run_id: str) -> None:
     _say(f"Prefect UI: {ui_url}  (flow runs tagged cake-run:{run_id})")
 
 
+def _gpus_asked(settings: Settings) -> tuple[list[str], list[str]]:
+    """(this machine's GPUs a local Ray offers, the GPU model(s) the run asks for). ``gpu_model`` asks for a
+    model by name; on a joined cluster it needs no local GPU (the cluster's nodes declare theirs)."""
+    if settings.gpu != "off" and settings.gpu_model and settings.ray_address:
+        return [], [settings.gpu_model]
+    local = gpu_policy(settings)
+    return local, ([settings.gpu_model] if settings.gpu_model and local else local)
+
+
 @app.command(no_args_is_help=True)
 @cli_errors
 def evolve(
@@ -289,7 +299,7 @@ def evolve(
     from cake_core.problems import get_problem, load_shape_set
 
     prob = get_problem(problem)
-    gpu_models = gpu_policy(settings)
+    local_gpus, gpu_models = _gpus_asked(settings)
     timed = bool(gpu_models)
     asked: dict[str, Any] = dict(generations=generations, population=population, seed=seed, agent=agent,
                                  cold=True if cold else None, harness_version=harness,
@@ -323,7 +333,8 @@ def evolve(
     for d in (settings.warehouse_root.parent, settings.cache_dir, settings.logs_dir):
         d.mkdir(parents=True, exist_ok=True)
 
-    with prefect_server(settings) as pf, ray_runtime(settings, num_gpus=len(gpu_models)):
+    with prefect_server(settings) as pf, ray_runtime(settings, num_gpus=len(local_gpus),
+                                                     resources=local_resources(local_gpus)):
         _quiet_prefect_console()
         from flows.evolve import evolve_flow
         import prefect
@@ -336,7 +347,7 @@ def evolve(
         kwargs: dict[str, Any] = dict(
             problem=problem, shape_set=shape_set if not resume else shapes, generations=generations,
             population=population, seed=seed, run_id=run_id, warehouse_root=str(settings.warehouse_root),
-            cache_dir=str(settings.cache_dir), gpu_models=list(gpu_models))
+            cache_dir=str(settings.cache_dir), gpu_models=list(gpu_models), gpu_count=settings.gpu_count)
         kwargs["agent"] = agent
         for k in ("cold", "harness_version", "budget_candidates", "budget_gpu_minutes", "patience",
                   "check_shape_set"):

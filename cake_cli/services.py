@@ -237,7 +237,8 @@ def _check_ray_address(address: str) -> None:
 
 
 @contextlib.contextmanager
-def ray_runtime(settings: Settings, num_gpus: int | None = None) -> Iterator[RayRuntime]:
+def ray_runtime(settings: Settings, num_gpus: int | None = None,
+                resources: dict[str, float] | None = None) -> Iterator[RayRuntime]:
     """Connect to ``settings.ray_address`` or start a local Ray; shut down what we started.
 
     Enter it inside :func:`prefect_server`: workers get ``PREFECT_API_URL``
@@ -250,6 +251,9 @@ def ray_runtime(settings: Settings, num_gpus: int | None = None) -> Iterator[Ray
     num_gpus
         GPUs a local Ray offers (None: Ray counts them; 0: CPU only). Ignored
         when joining a cluster, which declares its own.
+    resources
+        Custom resources a local Ray offers (``tasks.gpus.local_resources``: the GPU models); ignored
+        when joining a cluster.
 
     Raises
     ------
@@ -277,6 +281,8 @@ def ray_runtime(settings: Settings, num_gpus: int | None = None) -> Iterator[Ray
         kwargs.update(num_cpus=os.cpu_count() or 1)
         if num_gpus is not None:
             kwargs["num_gpus"] = num_gpus
+        if resources:
+            kwargs["resources"] = dict(resources)
     # ray.init installs a native SIGTERM handler that exits on the spot; keep the caller's, so a
     # terminated `cake` still unwinds and stops the services it started
     prev_term = signal.getsignal(signal.SIGTERM)
@@ -301,15 +307,8 @@ def ray_runtime(settings: Settings, num_gpus: int | None = None) -> Iterator[Ray
 
 def detect_gpus() -> list[str]:
     """Names of the NVIDIA GPUs on this machine (``['NVIDIA H200']``); [] if none or no driver."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return []
-    try:
-        out = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20, check=True).stdout
-    except (subprocess.SubprocessError, OSError):
-        return []
-    return [line.strip() for line in out.splitlines() if line.strip()]
+    from tasks.gpus import local_gpu_names
+    return local_gpu_names()
 
 
 def gpu_policy(settings: Settings) -> list[str]:
