@@ -12,10 +12,11 @@ runs, each cold (the naive seed alone) with CAKE_GPU=require:
     cake evolve kmeans_assign --shapes kmeans_assign_large --cold --generations 4 --population 16
     cake evolve gemm_bf16 --shapes gemm_aligned --cold --generations 4 --population 16
 
-(gemm_aligned holds the 4096^3 and 8192^3 GEMM shapes; their rows are printed apart). Without a GPU,
-``--cpu`` runs the same commands in a reduced mode: CAKE_GPU=off, each candidate checked on the interpreter
-on the problem's small shape set (``--check-shapes``) and scored by the cost model on the large shapes, so
-every stage but ``time`` runs as on the GPU machine.
+(gemm_aligned holds the 4096^3 and 8192^3 GEMM shapes; their rows are printed apart). ``--gpus 1,2,4`` runs
+each of them once per count of GPU runners (``CAKE_GPU_COUNT``; default: one per GPU of the machine).
+Without a GPU, ``--cpu`` runs the same commands in a reduced mode: CAKE_GPU=off, each candidate checked on
+the interpreter on the problem's small shape set (``--check-shapes``) and scored by the cost model on the
+large shapes, so every stage but ``time`` runs as on the GPU machine.
 
 Per run: candidates (attempts recorded), the GPU time the attempts held (sum of gpu_seconds) and the GPU
 time reserved (the time stage's and the final stage's wall time x GPUs), the run's wall time (first to last
@@ -51,11 +52,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_one(problem: str, shapes: str, check: str, args, out: Path) -> dict:
-    home = Path(args.home) / f"{problem}-{shapes}"
+def run_one(problem: str, shapes: str, check: str, args, out: Path, gpus_asked: int | None) -> dict:
+    tag = f"{problem}-{shapes}" + (f"-{gpus_asked}gpu" if gpus_asked else "")
+    home = Path(args.home) / tag
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("CAKE_")}, "CAKE_HOME": str(home),
            "CAKE_GPU": "off" if args.cpu else "require", "PYTHONUNBUFFERED": "1",
            "PREFECT_HOME": str(home / "prefect"), "CAKE_PREFECT_PORT": str(_free_port())}
+    if gpus_asked:
+        env["CAKE_GPU_COUNT"] = str(gpus_asked)      # at most this many GPU runners (default: every GPU)
     cmd = ["evolve", problem, "--shapes", shapes, "--cold", "--generations", str(args.generations),
            "--population", str(args.population), "--seed", str(args.seed)]
     if args.cpu:
@@ -66,12 +70,13 @@ def run_one(problem: str, shapes: str, check: str, args, out: Path) -> dict:
                               env=env, capture_output=True, text=True, timeout=args.timeout)
     except subprocess.TimeoutExpired as e:
         text = lambda b: b.decode(errors="replace") if isinstance(b, bytes) else (b or "")   # noqa: E731
-        (out / f"{problem}-{shapes}.log").write_text(text(e.stdout) + "\n--- stderr ---\n" + text(e.stderr))
+        (out / f"{tag}.log").write_text(text(e.stdout) + "\n--- stderr ---\n" + text(e.stderr))
         return {"command": "cake " + " ".join(cmd), "exit": 124, "command_wall_s": round(time.monotonic() - t0, 1),
-                "error": f"did not finish within --timeout {args.timeout:.0f} s"}
+                "gpus_asked": gpus_asked, "error": f"did not finish within --timeout {args.timeout:.0f} s"}
     wall = time.monotonic() - t0
-    (out / f"{problem}-{shapes}.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
-    row = {"command": "cake " + " ".join(cmd), "exit": proc.returncode, "command_wall_s": round(wall, 1)}
+    (out / f"{tag}.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
+    row = {"command": "cake " + " ".join(cmd), "exit": proc.returncode, "command_wall_s": round(wall, 1),
+           "gpus_asked": gpus_asked}
     if proc.returncode != 0:
         row["error"] = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
         return row
@@ -103,7 +108,8 @@ def run_one(problem: str, shapes: str, check: str, args, out: Path) -> dict:
         [rid, *BIG_GEMM]).to_pylist()}
     n = att["n"] or 0
     row.update({
-        "run_id": rid, "gpu_model": run["gpu_model"], "stop_reason": run["stop_reason"], "candidates": n,
+        "run_id": rid, "gpu_model": run["gpu_model"], "gpu_runners": gpus, "stop_reason": run["stop_reason"],
+        "candidates": n,
         "outcomes": outcomes, "gpu_busy_s": round(att["gpu_s"] or 0.0, 2), "gpu_reserved_s": round(reserved, 2),
         "run_wall_s": round(run_wall, 1),
         "per_gpu_minute_busy": round(n / ((att["gpu_s"] or 0) / 60), 1) if att["gpu_s"] else None,
@@ -128,14 +134,23 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", default="", help="comma-separated problems to run (default: all)")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per command")
+    ap.add_argument("--gpus", default="", help="GPU runners per run (CAKE_GPU_COUNT), comma-separated to run "
+                                               "each problem once per count, e.g. 1,2,4 (default: every GPU)")
     args = ap.parse_args()
+    try:
+        counts = [int(n) for n in args.gpus.split(",") if n.strip()] or [None]
+    except ValueError:
+        ap.error(f"--gpus {args.gpus!r}: expected counts such as 1,2,4")
+    if any(n is not None and n < 1 for n in counts):
+        ap.error(f"--gpus {args.gpus!r}: every count must be at least 1")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for problem, shapes, check in RUNS:
         if args.only and problem not in args.only.split(","):
             continue
-        rows.append(run_one(problem, shapes, check, args, out))
+        for n in counts:
+            rows.append(run_one(problem, shapes, check, args, out, n))
         summary = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": platform.node(),
                    "cpu_count": os.cpu_count(), "mode": "cpu (cost model as score)" if args.cpu else "gpu",
                    "argv": sys.argv[1:], "runs": rows}
@@ -143,16 +158,17 @@ def main() -> int:
 
     print(f"\nevolve throughput ({'CPU reduced mode: checked on the interpreter, scored by the cost model' if args.cpu else 'GPU'}"
           f"; {os.cpu_count()} cores)")
-    print(f"{'run':<34}{'cand':>6}{'/GPU-min':>10}{'busy':>8}{'/wall-min':>11}{'cmd':>7}{'wall s':>8}  stop")
+    print(f"{'run':<34}{'gpus':>5}{'cand':>6}{'/GPU-min':>10}{'busy':>8}{'/wall-min':>11}{'cmd':>7}{'wall s':>8}  stop")
     ok = True
     for r in rows:
         name = r["command"].split()[2] + "/" + r["command"].split()[4]
         if r["exit"] != 0:
+            name += f" ({r['gpus_asked']} GPUs asked)" if r["gpus_asked"] else ""
             print(f"{name:<34}  FAILED (exit {r['exit']}): {r.get('error', '')[:90]}")
             ok = False
             continue
         g = r["per_gpu_minute_reserved"]
-        print(f"{name:<34}{r['candidates']:>6}{(f'{g:.0f}' if g else '-'):>10}"
+        print(f"{name:<34}{r['gpu_runners'] or '-':>5}{r['candidates']:>6}{(f'{g:.0f}' if g else '-'):>10}"
               f"{(str(round(r['per_gpu_minute_busy'])) if r['per_gpu_minute_busy'] else '-'):>8}"
               f"{r['per_wall_minute']:>11.1f}{r['per_wall_minute_command']:>7.1f}{r['run_wall_s']:>8.0f}  "
               f"{r['stop_reason']}")
@@ -161,7 +177,7 @@ def main() -> int:
     print(f"{'stage wall s (worker s)':<34}" + "".join(f"{s[:8]:>10}" for s in STAGES))
     for r in rows:
         if r["exit"] == 0:
-            name = r["command"].split()[2]
+            name = r["command"].split()[2] + (f" on {r['gpu_runners']} GPU(s)" if len(counts) > 1 else "")
             print(f"{name:<34}" + "".join(
                 f"{(str(round(r['stages'][s]['wall_s'], 1)) + '(' + str(round(r['stages'][s]['work_s'])) + ')') if s in r['stages'] else '-':>10}"
                 for s in STAGES))

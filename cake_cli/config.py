@@ -39,6 +39,8 @@ ALLOWED: dict[str, str] = {
     "prefect_port": "an integer from 1 to 65535",
     "ray_address": "a Ray address such as auto, HOST:6379 or ray://HOST:10001, or unset",
     "gpu": "one of auto, off, require",
+    "gpu_model": "a GPU model such as H200 (a Ray resource gpu_model:H200), or unset",
+    "gpu_count": "an integer of at least 1 (GPU runners a run starts at most), or unset",
     "workers": "an integer of at least 1",
     "llm_base_url": "an http(s) URL of an OpenAI-compatible API, or unset",
     "llm_model": "a model name, or unset",
@@ -84,6 +86,8 @@ class Settings(BaseSettings):
     prefect_port: int = Field(4200, ge=1, le=65535)
     ray_address: str | None = None             # None: a local Ray started by Cake
     gpu: Literal["auto", "off", "require"] = "auto"
+    gpu_model: str | None = None               # None: this machine's GPUs' model
+    gpu_count: int | None = Field(None, ge=1)  # None: one GPU runner per GPU of the model Ray offers
     workers: int = Field(default_factory=_default_workers, ge=1)  # CPU workers
     llm_base_url: str | None = None            # None: the OpenAI default endpoint
     llm_model: str | None = None               # None: the LLM agent is unavailable
@@ -104,7 +108,7 @@ class Settings(BaseSettings):
             raise ValueError("not an http(s) URL")
         return v
 
-    @field_validator("prefect_host", "llm_api_key_env", "ray_address", "llm_model")
+    @field_validator("prefect_host", "llm_api_key_env", "ray_address", "llm_model", "gpu_model")
     @classmethod
     def _not_blank(cls, v: str | None) -> str | None:
         if v is not None and not v.strip():

@@ -23,6 +23,7 @@ from rich.live import Live
 from cake_cli.config import Settings
 from cake_cli.display import RunProgress, baseline_lines, best_text, console, live_view, say, summary_table
 from cake_cli.services import prefect_server, ray_runtime, shutdown_ray
+from tasks.gpus import local_resources
 
 REFRESH_S = 0.5            # live display refresh period
 STOP_WAIT_S = 3.0          # after Ctrl-C, how long the flow thread may take to end on its own
@@ -185,9 +186,10 @@ class Stopped(Exception):
 
 
 def run_evolution(settings: Settings, problem: str, run_id: str, kwargs: dict[str, Any], start_line: str,
-                  generations: int, gpu_models: list[str]) -> None:
+                  generations: int, gpu_models: list[str], local_gpus: list[str]) -> None:
     """Start the services, run the evolution flow (``kwargs``: its parameters) in a thread under a live view,
-    report the result.
+    report the result. ``gpu_models``: what the run asks for; ``local_gpus``: this machine's GPUs a local Ray
+    offers, each declared with its model (``tasks.gpus.local_resources``).
 
     Raises
     ------
@@ -195,7 +197,8 @@ def run_evolution(settings: Settings, problem: str, run_id: str, kwargs: dict[st
         After a Ctrl-C or SIGTERM, once the run is sealed and has said what it recorded.
     """
     timed, tag = bool(gpu_models), f"cake-run:{run_id}"
-    with prefect_server(settings) as pf, ray_runtime(settings, num_gpus=len(gpu_models)) as rt:
+    with prefect_server(settings) as pf, ray_runtime(settings, num_gpus=len(local_gpus),
+                                                     resources=local_resources(local_gpus)) as rt:
         _quiet_prefect_console()
         from flows.evolve import evolve_flow
         import prefect

@@ -103,6 +103,7 @@ def frozen_vs_evolving(
     from cake_cli.services import gpu_policy, prefect_server, ray_runtime
     from cake_core.problems import get_problem, load_shape_set
     from tasks.experiment import APPROVALS, table
+    from tasks.gpus import local_resources
 
     settings = _settings()
     prob = get_problem(problem)
@@ -126,7 +127,8 @@ def frozen_vs_evolving(
                                   population=population, block=block, generations=generations,
                                   budget_candidates=budget_candidates, budget_gpu_minutes=budget_gpu_minutes,
                                   approve=approve, gpu_models=gpu_models)
-    with prefect_server(settings), ray_runtime(settings, num_gpus=len(gpu_models)):
+    with prefect_server(settings), ray_runtime(settings, num_gpus=len(gpu_models),
+                                               resources=local_resources(gpu_models)):
         _quiet_prefect_console()
         report = run_experiment(**kwargs)
     s = report["summary"]

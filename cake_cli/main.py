@@ -112,6 +112,15 @@ def _warehouse(settings: Settings):
 # ---------------------------------------------------------------- cake evolve
 
 
+def _gpus_asked(settings: Settings) -> tuple[list[str], list[str]]:
+    """(this machine's GPUs a local Ray offers, the GPU model(s) the run asks for). ``gpu_model`` asks for a
+    model by name; on a joined cluster it needs no local GPU (the cluster's nodes declare theirs)."""
+    if settings.gpu != "off" and settings.gpu_model and settings.ray_address:
+        return [], [settings.gpu_model]
+    local = gpu_policy(settings)
+    return local, ([settings.gpu_model] if settings.gpu_model and local else local)
+
+
 @app.command(no_args_is_help=True)
 @cli_errors
 def evolve(
@@ -172,7 +181,7 @@ def evolve(
     from cake_core.problems.base import is_shape_file
 
     prob = get_problem(problem)
-    gpu_models = gpu_policy(settings)
+    local_gpus, gpu_models = _gpus_asked(settings)
     timed = bool(gpu_models)
     preflight(settings, agent or "tactic", gpu_models)
     asked: dict[str, Any] = dict(generations=generations, population=population, seed=seed, agent=agent,
@@ -220,7 +229,7 @@ def evolve(
     kwargs: dict[str, Any] = dict(
         problem=problem, shape_set=shape_set if not resume else shapes, generations=generations,
         population=population, seed=seed, run_id=run_id, warehouse_root=str(settings.warehouse_root),
-        cache_dir=str(settings.cache_dir), gpu_models=list(gpu_models))
+        cache_dir=str(settings.cache_dir), gpu_models=list(gpu_models), gpu_count=settings.gpu_count)
     kwargs["agent"] = agent
     for k in ("cold", "harness_version", "budget_candidates", "budget_gpu_minutes", "patience",
               "check_shape_set", "cost_filter"):
@@ -236,7 +245,7 @@ def evolve(
         kwargs["llm"] = {"base_url": settings.llm_base_url, "model": settings.llm_model,
                          "api_key_env": settings.llm_api_key_env}
     try:
-        run_evolution(settings, problem, run_id, kwargs, start_line, total, gpu_models)
+        run_evolution(settings, problem, run_id, kwargs, start_line, total, gpu_models, local_gpus)
     except Stopped:
         if _STANDALONE:
             # The services are down and the count is said. The exit hooks left would only wait:

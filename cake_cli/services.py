@@ -363,7 +363,8 @@ def _drain_prefect_clients() -> None:
 
 
 @contextlib.contextmanager
-def ray_runtime(settings: Settings, num_gpus: int | None = None) -> Iterator[RayRuntime]:
+def ray_runtime(settings: Settings, num_gpus: int | None = None,
+                resources: dict[str, float] | None = None) -> Iterator[RayRuntime]:
     """Connect to ``settings.ray_address`` or start a local Ray on 127.0.0.1; shut down what we started.
 
     Enter it inside :func:`prefect_server`: workers get ``PREFECT_API_URL``
@@ -376,6 +377,9 @@ def ray_runtime(settings: Settings, num_gpus: int | None = None) -> Iterator[Ray
     num_gpus
         GPUs a local Ray offers (None: Ray counts them; 0: CPU only). Ignored
         when joining a cluster, which declares its own.
+    resources
+        Custom resources a local Ray offers (``tasks.gpus.local_resources``: the GPU models); ignored
+        when joining a cluster.
 
     Raises
     ------
@@ -391,11 +395,11 @@ def ray_runtime(settings: Settings, num_gpus: int | None = None) -> Iterator[Ray
                          resources=dict(ray.cluster_resources()))
         return
     try:
-        resources = start_ray(settings.ray_address, num_gpus=num_gpus)
+        offered = start_ray(settings.ray_address, num_gpus=num_gpus, resources=resources)
     except RayUnavailable as e:
         raise ServiceError(str(e)) from None
     try:
-        yield RayRuntime(address=settings.ray_address, started=True, resources=resources)
+        yield RayRuntime(address=settings.ray_address, started=True, resources=offered)
     finally:
         shutdown_ray()
 
@@ -467,15 +471,8 @@ def preflight(settings: Settings, agent: str = "tactic", gpus: list[str] | None 
 
 def detect_gpus() -> list[str]:
     """Names of the NVIDIA GPUs on this machine (``['NVIDIA H200']``); [] if none or no driver."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return []
-    try:
-        out = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20, check=True).stdout
-    except (subprocess.SubprocessError, OSError):
-        return []
-    return [line.strip() for line in out.splitlines() if line.strip()]
+    from tasks.gpus import local_gpu_names
+    return local_gpu_names()
 
 
 def gpu_policy(settings: Settings) -> list[str]:

@@ -1,14 +1,14 @@
 """The evolution flow: per generation, the stages of ``cake_core.pipeline.STAGES`` as Prefect tasks, until the
 run's state says stop; then the final stage (confirm, held-out report, baselines, dispatch).
 
-The flow body only orchestrates: every step is a task of ``tasks/``. With GPUs, candidates are checked and
-timed on one GPU runner per GPU; without, checked on the CPU interpreter (one worker per core) and ranked
-by the cost model, recorded as ``checked`` (not timed). The flow run is named for what the run is
-(problem, shape set, harness version, cold or warm, run id), each task run for its stage, generation and
-candidates; each generation publishes its table and the end of the run its leaderboard
-(``tasks.artifacts``; one that cannot be published is a warning, never a stopped run). Every attempt lands
-in the warehouse; a run killed at any point continues with ``resume=RUN_ID`` exactly where an
-uninterrupted run would have gone.
+The flow body only orchestrates: every step is a task of ``tasks/``. With GPUs, candidates and their shapes
+are checked and timed on one GPU runner per GPU of the asked model that the Ray cluster offers; without,
+checked on the CPU interpreter (one worker per core) and ranked by the cost model, recorded as ``checked``
+(not timed). The flow run is named for what the run is (problem, shape set, harness version, cold or warm,
+run id), each task run for its stage, generation and candidates; each generation publishes its table and the
+end of the run its leaderboard (``tasks.artifacts``; one that cannot be published is a warning, never a
+stopped run). Every attempt lands in the warehouse; a run killed at any point continues with
+``resume=RUN_ID`` exactly where an uninterrupted run would have gone.
 """
 from __future__ import annotations
 
@@ -50,9 +50,11 @@ def evolve_flow(problem: str, shape_set: str | None = None, generations: int | N
                 harness_version: int | None = None, budget_candidates: int | None = None,
                 budget_gpu_minutes: float | None = None, patience: int | None = None,
                 check_shape_set: str | None = None, debug: bool = False, cost_filter: bool | None = None,
-                cost_model: str | None = None) -> dict[str, Any]:
+                cost_model: str | None = None, gpu_count: int | None = None) -> dict[str, Any]:
     """Evolve kernels for ``problem`` over the shapes of ``shape_set`` (or continue run ``resume``); returns a
-    summary. Parameters left None take the run's recorded value on a resume, the defaults on a new run."""
+    summary. Parameters left None take the run's recorded value on a resume, the defaults on a new run.
+    ``gpu_models[0]`` is the GPU model asked for: one runner per GPU of it on the Ray cluster (at most
+    ``gpu_count``)."""
     log = get_run_logger()
     asked = dict(shape_set=shape_set, generations=generations, population=population, seed=seed, agent=agent,
                  cold=cold, harness_version=harness_version, budget_candidates=budget_candidates,
@@ -60,11 +62,12 @@ def evolve_flow(problem: str, shape_set: str | None = None, generations: int | N
                  cost_filter=cost_filter)
     run = open_run(problem=problem, run_id=resume or run_id or uuid.uuid4().hex[:12], warehouse_root=warehouse_root,
                    cache_dir=cache_dir, gpu_models=gpu_models or [], timeout_s=timeout_s, reps=reps, asked=asked,
-                   resume=resume, llm=llm, debug=debug, cost_model=cost_model)
+                   resume=resume, llm=llm, debug=debug, cost_model=cost_model, gpu_count=gpu_count)
     shown(log, "the run's name", name_flow_run(opaque(run), return_state=True))
     log.info(f"run {run.plan.run_id} (job {run.plan.session}): {run.plan.problem} on {run.plan.shape_set}, "
              f"harness v{run.harness.version}{', cold' if run.plan.cold else ''}, from generation "
-             f"{run.state.generation}, {'GPU ' + run.gpus[0] if run.gpus else 'CPU interpreter (not timed)'}")
+             f"{run.state.generation}, "
+             f"{f'{run.gpu_runners} x GPU {run.gpus[0]}' if run.gpus else 'CPU interpreter (not timed)'}")
     status, stop = "failed", None
     try:
         with workers(run):

@@ -54,7 +54,8 @@ def _confirm(run: Run) -> int:
     keys = [shape_key(s) for s in run.search_shapes]
     pairs = {(index[p["attempt_id"]], keys.index(p["shape"])) for p in picks
              if p["attempt_id"] in index and p["shape"] in keys}
-    verdicts = on_gpu(run, kernels, run.search_shapes, run.plan.seed + CONFIRM_SEED, drop_failed=False, pairs=pairs)
+    verdicts = on_gpu(run, kernels, run.search_shapes, run.plan.seed + CONFIRM_SEED, drop_failed=False, pairs=pairs,
+                      kind="confirm")
     n = 0
     for i, a in enumerate(kernels):
         landed = measurement_rows(a.attempt_id, run.plan.run_id, as_kind(verdicts[i], "confirm"))
@@ -68,7 +69,7 @@ def _held_out(run: Run, best: dict[str, Any]) -> int:
     seed = run.plan.seed + HELD_OUT_SEED
     if run.timed:
         built = build(run, [kernel], run.held_out)
-        verdicts = on_gpu(run, built, run.held_out, seed, drop_failed=False)[0] if built else []
+        verdicts = on_gpu(run, built, run.held_out, seed, drop_failed=False, kind="held_out")[0] if built else []
     else:
         verdicts = _check(run, kernel, run.held_out, seed)
     if not verdicts:     # it does not verify (or build) for these shapes: that is the report
@@ -109,7 +110,7 @@ def _baselines(run: Run) -> int:
     rows: list[dict[str, Any]] = []
     if run.timed:
         built = build(run, hand, every)
-        verdicts = on_gpu(run, built, every, seed, drop_failed=False)
+        verdicts = on_gpu(run, built, every, seed, drop_failed=False, kind="baseline")
         for i, a in enumerate(built):
             preds = dict(zip((shape_key(s) for s in every), run.model.predict_ms(a.program, every)))
             rows += baseline_rows(run.plan.run_id, prob.best_files[a.slot], "hand_written", keys, roles,

@@ -137,7 +137,8 @@ def _start_local(kwargs: dict[str, Any]) -> None:
 
 
 def start_ray(address: str | None, num_gpus: int | None = None, attempts: int = START_ATTEMPTS,
-              env_vars: dict[str, str] | None = None) -> dict[str, float]:
+              env_vars: dict[str, str] | None = None,
+              resources: dict[str, float] | None = None) -> dict[str, float]:
     """Join ``address``, or start a local Ray on 127.0.0.1 with retries; returns the cluster's resources.
 
     Parameters
@@ -151,6 +152,9 @@ def start_ray(address: str | None, num_gpus: int | None = None, attempts: int = 
     env_vars
         Extra environment for the workers (``PREFECT_API_URL`` and ``PREFECT_HOME`` are
         forwarded from this process).
+    resources
+        Custom resources a local Ray offers: the GPU models, ``{"gpu_model:H200": 2.0}``
+        (``tasks.gpus.local_resources``). Ignored when joining a cluster, whose nodes declare theirs.
 
     Raises
     ------
@@ -183,6 +187,8 @@ def start_ray(address: str | None, num_gpus: int | None = None, attempts: int = 
     kwargs.update(address="local", num_cpus=os.cpu_count() or 1, _node_ip_address=LOOPBACK)
     if num_gpus is not None:
         kwargs["num_gpus"] = num_gpus
+    if resources:
+        kwargs["resources"] = dict(resources)
     tries = Retrying(stop=stop_after_attempt(max(1, attempts)), wait=wait_exponential(multiplier=START_BACKOFF_S, max=10),
                      retry=retry_if_exception_type(_StartFailed), reraise=True)
     t0 = time.monotonic()
@@ -201,13 +207,20 @@ def ensure_ray(gpus: bool) -> bool:
     """For a flow: connect to Ray unless this process already is (a worker runs flows in a bare process).
 
     Joins ``CAKE_RAY_ADDRESS`` or ``RAY_ADDRESS`` when set, else starts a local Ray
-    (with GPUs only if ``gpus``), which ends with the process. Returns True if it
-    connected here.
+    (with GPUs only if ``gpus``: this machine's, each declared with its model as
+    ``tasks.gpus.local_resources`` names it), which ends with the process. Returns
+    True if it connected here.
     """
     import ray
 
     if ray.is_initialized():
         return False
     address = os.environ.get("CAKE_RAY_ADDRESS") or os.environ.get("RAY_ADDRESS") or None
-    start_ray(address, num_gpus=None if gpus else 0)
+    if address or not gpus:
+        start_ray(address, num_gpus=None if gpus else 0)
+        return True
+    from tasks.gpus import local_gpu_names, local_resources
+
+    names = local_gpu_names()
+    start_ray(None, num_gpus=len(names), resources=local_resources(names))
     return True

@@ -67,6 +67,8 @@ class Run:
     lock: Any = None
     cpu: Any = None                 # tasks.workers.ActorPool of CpuWorker
     gpu: Any = None                 # tasks.workers.ActorPool of GpuRunner (None: no GPU)
+    gpu_resource: str | None = None  # the Ray resource of the GPU model asked for (gpu_model:H200)
+    gpu_runners: int = 0            # GPU runners: one per GPU of that model the cluster offers, at most gpu_count
     stage_rows: list[dict[str, Any]] = field(default_factory=list)
     finished: list[Any] = field(default_factory=list)     # the generation's attempts that stopped
     generations_run: int = 0
@@ -142,12 +144,15 @@ def check_shape_sets(problem: str, shape_sets: list[str] | None) -> list[str]:
 @task(name="open-run", cache_policy=NO_CACHE)
 def open_run(*, problem: str, run_id: str, warehouse_root: str, cache_dir: str,
              gpu_models: list[str], timeout_s: float, reps: int, asked: dict[str, Any], resume: str | None,
-             llm: dict[str, Any] | None, debug: bool, cost_model: str | None = None) -> Run:
+             llm: dict[str, Any] | None, debug: bool, cost_model: str | None = None,
+             gpu_count: int | None = None) -> Run:
     """Check the request, record the run's row (and its shapes, for a new run), rebuild its state.
 
     ``cost_model``: a model file (``cake model fit``) to rank with instead of the harness's analytic model; one
     that does not load, is for another GPU or (learned) did not beat the analytic model on held-out data falls
-    back to the harness's model, and the run's log says why."""
+    back to the harness's model, and the run's log says why. A timed run gets one GPU runner per GPU of the
+    model ``gpu_models[0]`` names that the Ray cluster offers (at most ``gpu_count``); a model the cluster
+    lacks is refused here, before anything is recorded."""
     from warehouse import Warehouse
 
     Warehouse(warehouse_root)
@@ -156,6 +161,7 @@ def open_run(*, problem: str, run_id: str, warehouse_root: str, cache_dir: str,
     if gpus and not nvcc_available():
         raise CakeError("a GPU run builds cubins with nvcc, which is not on PATH; install the CUDA toolkit "
                         "(nvcc) or run with CAKE_GPU=off to check on the CPU")
+    gpu_resource, runners = _gpu_runners(gpus, gpu_count)
     if resume:
         plan = plan_resume(warehouse_root, resume, {"problem": problem, **asked}, timed=bool(gpus))
     else:
@@ -186,6 +192,7 @@ def open_run(*, problem: str, run_id: str, warehouse_root: str, cache_dir: str,
                   str(flow_run.id) if flow_run.id else None, Recorder(warehouse_root, plan.run_id), state, lock=lock)
         if debug:
             run.debug = Debug(Path(warehouse_root).parent / "debug", harness, plan.problem, run.run_shapes)
+        run.gpu_resource, run.gpu_runners = gpu_resource, runners
         run.recorder.rows("runs", [run_row(plan, "running", harness_version=harness.version,
                                            gpu_model=gpus[0] if gpus else None, flow_run_id=run.flow_run_id)])
         if not resume:
@@ -197,11 +204,28 @@ def open_run(*, problem: str, run_id: str, warehouse_root: str, cache_dir: str,
         raise
 
 
+def _gpu_runners(gpus: list[str], gpu_count: int | None) -> tuple[str | None, int]:
+    """(resource, runners) of a run asking for GPU model ``gpus[0]`` (None, 0 without GPUs)."""
+    if not gpus:
+        return None, 0
+    import ray
+
+    from tasks.gpus import gpu_runners
+    from tasks.ray_runtime import ensure_ray
+
+    ensure_ray(gpus=True)
+    nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
+    return gpu_runners(gpus[0], ray.cluster_resources(), limit=gpu_count,
+                       where=f"the Ray cluster ({nodes} node{'s' if nodes != 1 else ''})")
+
+
 @contextlib.contextmanager
 def workers(run: Run) -> Iterator[Run]:
-    """The run's CPU workers (one per core) and GPU runners (one per GPU), shut down on the way out."""
+    """The run's CPU workers (one per core) and GPU runners (one per GPU of its model), shut down on the way
+    out."""
     refs = str(Path(run.cache_dir).parent / "refs")      # the Cake home's: references outlive the run
-    with worker_pools(len(run.gpus), refs_dir=refs, should_stop=lambda: stop_requested(run.plan.run_id)) as (cpu, gpu):
+    with worker_pools(run.gpu_runners, refs_dir=refs, gpu_resource=run.gpu_resource,
+                      should_stop=lambda: stop_requested(run.plan.run_id)) as (cpu, gpu):
         run.cpu, run.gpu = cpu, gpu
         try:
             yield run

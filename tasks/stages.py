@@ -18,14 +18,14 @@ from cake_core.outcome import Diagnostic, Outcome, Severity, StageResult
 from cake_core.pipeline.attempt import Attempt, attempt_id_for
 from cake_core.pipeline.execute import GpuJob
 from cake_core.pipeline.generate import generate_stage
-from cake_core.pipeline.rows import CHILD_TABLES, refusal_rows, stage_time_row
+from cake_core.pipeline.rows import CHILD_TABLES, now, refusal_rows, stage_time_row
 from cake_core.pipeline.stages import cost_filter_stage, keep_count
 from cake_core.pipeline.state import select_stage
 from cake_core.pipeline.verdicts import ShapeVerdict, fault, judge
 from cake_core.problems import get_problem
 from cake_core.problems.base import Shape, shape_key
 from tasks.history import recorded, state_rows
-from tasks.workers import Fault, Unit
+from tasks.workers import Fault, LostWork, Unit
 
 if TYPE_CHECKING:
     from tasks.run import Run
@@ -220,10 +220,12 @@ def _cost_order(problem: str, shapes: list[Shape]) -> list[int]:
 
 
 def on_gpu(run: "Run", attempts: list[Attempt], shapes: list[Shape], seed: int, *, drop_failed: bool,
-           pairs: set[tuple[int, int]] | None = None) -> dict[int, list[ShapeVerdict]]:
+           pairs: set[tuple[int, int]] | None = None, kind: str = "search") -> dict[int, list[ShapeVerdict]]:
     """Every (attempt, shape) job (or only ``pairs`` of indices) on the GPU runners; returns each attempt's
     verdicts in ``shapes``' order. With ``drop_failed``, the remaining shapes of a candidate that came out
-    wrong or faulted are not run; a shape outside a candidate's domain never is.
+    wrong or faulted are not run; a shape outside a candidate's domain never is. A job run again after its
+    runner was lost lands a ``reruns`` row (``kind``: what the jobs measure, search | confirm | held_out |
+    baseline) through the run's recorder.
     """
     failed: set[int] = set()
     units = []
@@ -242,6 +244,8 @@ def on_gpu(run: "Run", attempts: list[Attempt], shapes: list[Shape], seed: int, 
 
     answers = run.gpu.run_units("run_batch", units, batch=n_batch, on_answer=note,
                                 skip=(lambda key: key[0] in failed) if drop_failed else (lambda key: False))
+    if run.gpu.lost:
+        run.recorder.rows("reruns", rerun_rows(run, attempts, shapes, run.gpu.lost, kind))
     out: dict[int, list[ShapeVerdict]] = {i: [] for i in range(len(attempts))}
     for (i, j), ans in sorted(answers.items(), key=lambda kv: kv[0][1]):
         if isinstance(ans, Fault):
@@ -249,6 +253,15 @@ def on_gpu(run: "Run", attempts: list[Attempt], shapes: list[Shape], seed: int, 
                         run.timeout_s if ans.outcome is Outcome.TIMEOUT else 0.0)
         out[i].append(ans)
     return out
+
+
+def rerun_rows(run: "Run", attempts: list[Attempt], shapes: list[Shape], lost: list[LostWork],
+               kind: str) -> list[dict]:
+    """The ``reruns`` rows of the jobs keyed (attempt index, shape index) that went back to the queue."""
+    generation = run.state.generation if kind == "search" else -1
+    return [{"run_id": run.plan.run_id, "session": run.plan.session, "generation": generation, "kind": kind,
+             "attempt_id": attempts[w.key[0]].attempt_id, "shape": shape_key(shapes[w.key[1]]), "cause": w.cause,
+             "node_id": w.node_id, "pid": w.pid, "message": w.message[:500], "recorded_at": now()} for w in lost]
 
 
 def build(run: "Run", attempts: list[Attempt], shapes: list[Shape]) -> list[Attempt]:

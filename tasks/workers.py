@@ -17,6 +17,7 @@ from typing import Any, Callable, Hashable, Iterator, Sequence
 
 import ray
 
+from cake_core.errors import CakeError
 from cake_core.outcome import Outcome
 
 
@@ -28,6 +29,24 @@ class Fault:
     outcome: Outcome
     message: str
     cause: str = "died"
+
+
+@dataclass(frozen=True)
+class LostWork:
+    """A unit that went back to the queue to run again on another actor, because the actor that held it was
+    lost (``cause``: died, timeout -- outlived the watchdog --, raised, restart -- asked to be replaced after an
+    earlier unit of its batch poisoned it --, node_lost -- alone on it, but its node went), on node
+    ``node_id`` in process ``pid`` (None: it never answered)."""
+
+    key: Hashable
+    cause: str
+    node_id: str | None
+    pid: int | None
+    message: str
+
+
+class PoolExhausted(CakeError):
+    """Every actor of a pool was lost and none could be started again."""
 
 
 def _ident() -> tuple[str, int]:
@@ -124,6 +143,19 @@ def _gone(pid: int) -> bool:
         return True
 
 
+MAX_NODE_LOSSES = 3      # times a unit alone on a lost node is run again before its Fault is its answer
+
+
+def _node_alive(node_id: str | None) -> bool:
+    """False once Ray marks node ``node_id`` dead (its actors died with it, not of their jobs)."""
+    if node_id is None:
+        return True
+    try:
+        return any(n.get("NodeID") == node_id and n.get("Alive") for n in ray.nodes())
+    except Exception:  # noqa: BLE001 - cannot tell: the job is blamed, as on one machine
+        return True
+
+
 @dataclass
 class Unit:
     """One job of :meth:`ActorPool.run_units`: ``key`` names it, ``args`` is what the actor receives,
@@ -154,6 +186,8 @@ class ActorPool:
         self.should_stop = should_stop
         self.start_timeout_s, self.exit_timeout_s = start_timeout_s, exit_timeout_s
         self.replaced = 0
+        self.dropped = 0                    # replacements that never came up: the pool went on without them
+        self.lost: list[LostWork] = []      # the last run_units' units re-run after their actor was lost
         self.elapsed: list[float] = []
         self.idents: dict[Any, tuple[str, int] | None] = {}
         self.actors = [factory() for _ in range(max(size, 1))]
@@ -164,13 +198,13 @@ class ActorPool:
     def size(self) -> int:
         return len(self.actors)
 
-    def _ready(self, actor: Any) -> None:
-        """Wait until ``actor`` answers (if it has ``ident``); remember its node and pid."""
+    def _ready(self, actor: Any) -> bool:
+        """Wait until ``actor`` answers (if it has ``ident``); remember its node and pid. False: no answer."""
         try:
             method = actor.ident
         except AttributeError:
             self.idents[actor] = None
-            return
+            return True
         ref, deadline = method.remote(), time.monotonic() + self.start_timeout_s
         self.idents[actor] = None
         while time.monotonic() < deadline:
@@ -179,9 +213,10 @@ class ActorPool:
             if ready:
                 try:
                     self.idents[actor] = tuple(ray.get(ref))
-                except Exception:  # noqa: BLE001 - it may still come up; its first job's watchdog decides
-                    pass
-                return
+                except Exception:  # noqa: BLE001 - at the start its first job's watchdog decides;
+                    return False   # a replacement is dropped
+                return True
+        return False
 
     def _raise_if_stopped(self) -> None:
         """Raise RunCancelled once the run is asked to stop (the caller's finally shuts the pool down)."""
@@ -190,6 +225,9 @@ class ActorPool:
             raise RunCancelled("stopped while workers were busy")
 
     def _replace(self, actor: Any) -> Any:
+        """Kill ``actor`` and start its replacement; returns it, or None when it did not come up while other
+        actors remain (its GPU went with a lost node, say): the pool goes on smaller and the others take the
+        work. Raises :class:`PoolExhausted` when no actor is left."""
         ident = self.idents.pop(actor, None)
         try:
             ray.kill(actor, no_restart=True)
@@ -200,10 +238,23 @@ class ActorPool:
             while not _gone(ident[1]) and time.monotonic() - t0 < self.exit_timeout_s:
                 time.sleep(0.05)
         fresh = self.factory()
-        self._ready(fresh)
+        up = self._ready(fresh)
         self.replaced += 1
-        self.actors = [fresh if a is actor else a for a in self.actors]
-        return fresh
+        if up:
+            self.actors = [fresh if a is actor else a for a in self.actors]
+            return fresh
+        try:
+            ray.kill(fresh, no_restart=True)
+        except Exception:
+            pass
+        self.idents.pop(fresh, None)
+        self.actors = [a for a in self.actors if a is not actor]
+        self.dropped += 1
+        if not self.actors:
+            raise PoolExhausted(f"every worker of the pool was lost and a new one did not start within "
+                                f"{self.start_timeout_s:g} s; check that the Ray cluster still offers the "
+                                f"resources the workers ask for (`ray status`) and resume the run")
+        return None
 
     def map(self, method: str, jobs: list[tuple], timeout_s: float | Sequence[float]) -> list[Any]:
         """Run ``actor.<method>(*job)`` for every job; returns results in job order, a :class:`Fault`
@@ -233,7 +284,8 @@ class ActorPool:
                 results[i] = out
                 if died or (isinstance(out, dict) and out.get("restart")):
                     actor = self._replace(actor)
-                free.append(actor)
+                if actor is not None:
+                    free.append(actor)
             now = time.monotonic()
             for ref, (i, actor, t0) in list(pending.items()):
                 if now - t0 > limits[i]:
@@ -241,7 +293,9 @@ class ActorPool:
                     self.elapsed[i] = now - t0
                     results[i] = Fault(Outcome.TIMEOUT, f"no result after {limits[i]:g} s; the worker was killed "
                                                         "and replaced", "timeout")
-                    free.append(self._replace(actor))
+                    fresh = self._replace(actor)
+                    if fresh is not None:
+                        free.append(fresh)
         return results
 
     @staticmethod
@@ -266,7 +320,9 @@ class ActorPool:
 
         A free actor takes up to ``batch`` units in queue order, those of the group it ran last first. A batch
         whose actor dies or that outlives the sum of its units' timeouts goes back to the queue unit by unit,
-        so the unit that caused it is found alone and answered with the Fault; the others are run again.
+        so the unit that caused it is found alone and answered with the Fault; the others are run again, on the
+        replacement or another actor. A unit alone on an actor whose node was lost is run again too. Each
+        unit put back is a :class:`LostWork` in ``self.lost`` (reset per call).
         """
         queue: list[tuple[Unit, bool]] = [(u, False) for u in units]        # (unit, must run alone)
         answers: dict[Hashable, Any] = {}
@@ -293,6 +349,22 @@ class ActorPool:
                 queue.pop(i)
             return got
 
+        def again(chosen: list[Unit], alone: bool, cause: str, ident, message: str) -> None:
+            """Put units the lost actor held back at the front of the queue, and record each re-run."""
+            queue[:0] = [(u, alone) for u in chosen]
+            node, pid = ident if ident is not None else (None, None)
+            self.lost += [LostWork(u.key, cause, node, pid, message) for u in chosen]
+
+        def lost_node(chosen: list[Unit], ident) -> bool:
+            """A unit alone on an actor whose node is gone did not kill it: run it again, a few times at most."""
+            key = chosen[0].key
+            if ident is None or _node_alive(ident[0]) or node_losses.get(key, 0) >= MAX_NODE_LOSSES:
+                return False
+            node_losses[key] = node_losses.get(key, 0) + 1
+            return True
+
+        node_losses: dict[Hashable, int] = {}
+        self.lost = []
         while queue or pending:
             while free:
                 chosen = take(free[-1])
@@ -309,29 +381,37 @@ class ActorPool:
             for ref in ready:
                 chosen, actor, t0, _ = pending.pop(ref)
                 out, died = self._answer(ref)
+                ident = self.idents.get(actor)
                 if isinstance(out, Fault):
-                    if len(chosen) == 1:
-                        answer(chosen[0].key, out)
+                    if len(chosen) > 1:
+                        again(chosen, True, out.cause, ident, out.message)
+                    elif died and lost_node(chosen, ident):
+                        again(chosen, False, "node_lost", ident, out.message)
                     else:
-                        queue[:0] = [(u, True) for u in chosen]
+                        answer(chosen[0].key, out)
                 else:
                     done = list(out.get("verdicts", []))
                     for u, v in zip(chosen, done):
                         answer(u.key, v)
-                    queue[:0] = [(u, False) for u in chosen[len(done):]]
+                    if len(done) < len(chosen):
+                        again(chosen[len(done):], False, "restart", ident,
+                              "the worker asked to be replaced after an earlier job of its batch")
                 if died or (isinstance(out, dict) and out.get("restart")):
                     actor = self._replace(actor)
-                free.append(actor)
+                if actor is not None:
+                    free.append(actor)
             now = time.monotonic()
             for ref, (chosen, actor, t0, limit) in list(pending.items()):
                 if now - t0 > limit:
                     pending.pop(ref)
+                    message = f"no result after {limit:g} s; the worker was killed and replaced"
                     if len(chosen) == 1:
-                        answer(chosen[0].key, Fault(Outcome.TIMEOUT, f"no result after {limit:g} s; the worker "
-                                                                     "was killed and replaced", "timeout"))
+                        answer(chosen[0].key, Fault(Outcome.TIMEOUT, message, "timeout"))
                     else:
-                        queue[:0] = [(u, True) for u in chosen]
-                    free.append(self._replace(actor))
+                        again(chosen, True, "timeout", self.idents.get(actor), message)
+                    fresh = self._replace(actor)
+                    if fresh is not None:
+                        free.append(fresh)
         return answers
 
     def shutdown(self) -> None:
@@ -347,21 +427,34 @@ def cpu_count() -> int:
     return max(1, int(ray.cluster_resources().get("CPU", os.cpu_count() or 1)))
 
 
+def gpu_runner_factory(resource: str | None, kernel_timeout_s: float | None = None, refs_dir: str | None = None,
+                       runner: Any = None) -> Callable[[], Any]:
+    """What starts one GPU runner: ``runner`` (default :class:`GpuRunner`; a test's stand-in has its
+    interface) asking for one GPU and, with ``resource`` (``gpu_model:H200``), one unit of that GPU model."""
+    cls = runner or GpuRunner
+    options = {"resources": {resource: 1}} if resource else {}
+    return lambda: cls.options(**options).remote(kernel_timeout_s, refs_dir)
+
+
 @contextlib.contextmanager
-def worker_pools(gpus: int, kernel_timeout_s: float | None = None, refs_dir: str | None = None,
+def worker_pools(gpus: int, kernel_timeout_s: float | None = None, refs_dir: str | None = None, *,
+                 gpu_resource: str | None = None, runner: Any = None,
                  should_stop: Callable[[], bool] | None = None) -> Iterator[tuple[ActorPool, ActorPool | None]]:
-    """The pools of a run: one CPU worker per core, and one GPU runner per GPU (None without GPUs); the GPU
-    runners keep the gate's references under ``refs_dir`` (the Cake home's ``refs``).
+    """The pools of a run: one CPU worker per core, and ``gpus`` GPU runners (None without GPUs), each on a
+    GPU of the model ``gpu_resource`` names (``tasks.gpus.gpu_runners``) wherever the cluster has one; the GPU
+    runners keep the gate's references under ``refs_dir`` (the Cake home's ``refs``). Every wait of both pools
+    polls ``should_stop`` (a stopped run raises RunCancelled).
 
     ``cake evolve`` connects Ray first (``cake_cli.services.ray_runtime``); a flow run started otherwise (a
-    deployment's worker) joins ``RAY_ADDRESS`` or starts a local Ray here."""
+    deployment's worker) joins ``RAY_ADDRESS`` or starts a local Ray here (``tasks.ray_runtime.ensure_ray``)."""
     from tasks.ray_runtime import ensure_ray
     ensure_ray(gpus=bool(gpus))
     cpu = ActorPool(lambda: CpuWorker.remote(), cpu_count(), should_stop=should_stop)
     gpu = None
     try:
         if gpus:
-            gpu = ActorPool(lambda: GpuRunner.remote(kernel_timeout_s, refs_dir), gpus, should_stop=should_stop)
+            gpu = ActorPool(gpu_runner_factory(gpu_resource, kernel_timeout_s, refs_dir, runner), gpus,
+                            should_stop=should_stop)
         yield cpu, gpu
     finally:
         cpu.shutdown()

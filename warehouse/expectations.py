@@ -38,6 +38,8 @@ PROPOSAL_KINDS = ["rule", "primitive", "calibration", "tactic"]
 DECISIONS = ["approved", "rejected"]
 FILTER_DECISIONS = ["kept", "explored", "sampled", "filtered"]   # cake_core.model.filter.DECISIONS
 MODEL_KINDS = ["analytic", "learned"]
+RERUN_CAUSES = ["died", "timeout", "raised", "restart", "node_lost"]   # tasks.workers.LostWork.cause
+RERUN_KINDS = ["search", "confirm", "held_out", "baseline"]
 
 # ------------------------------------------------------------------ checks
 
@@ -91,6 +93,8 @@ VALUE_CHECKS: dict[str, list[Check]] = {
     "stage_times": [_in_set("stage", ["generate", *STAGES, "select", "final"]), _between("wall_s", 0),
                     _between("work_s", 0), _between("n_in", 0), _between("n_out", 0), _between("workers", 0),
                     _between("generation", -1)],
+    "reruns": [_in_set("cause", RERUN_CAUSES), _in_set("kind", RERUN_KINDS), _between("session", 0),
+               _between("generation", -1), _between("pid", 1)],
     "baselines": [_in_set("source", BASELINE_SOURCES), _in_set("role", SHAPE_ROLES),
                   _between("median_ms", 0, strict_lo=True), _between("predicted_ms", 0, strict_lo=True)],
 }

@@ -84,8 +84,10 @@ def no_services(monkeypatch):
                             started=False)
 
     @contextlib.contextmanager
-    def fake_ray(settings, num_gpus=None):
+    def fake_ray(settings, num_gpus=None, resources=None):
         used.append(f"ray:{num_gpus}")
+        if resources:
+            used.append(f"resources:{sorted(resources.items())}")
         yield None
 
     for module in (main, evolve_run):
@@ -457,7 +459,20 @@ def test_evolve_ctrl_c_stops_and_says_what_was_recorded(monkeypatch, warehouse, 
     out = result.stdout
     assert out.index("stopping run") < out.index("stopped. recorded 4 attempts") and "(4 measured)" in out
     assert "cake sql" in out
-    assert no_services == ["prefect", "ray:1"]
+    assert no_services == ["prefect", "ray:1", "resources:[('gpu_model:H200', 1.0)]"]   # the local Ray's model
+
+
+def test_the_gpu_model_asked_for_and_the_local_gpus(monkeypatch):
+    from cake_cli.config import load_settings
+
+    monkeypatch.setattr(main, "gpu_policy", lambda settings: [] if settings.gpu == "off" else ["NVIDIA H200"] * 2)
+    assert main._gpus_asked(load_settings()) == (["NVIDIA H200"] * 2, ["NVIDIA H200"] * 2)
+    monkeypatch.setenv("CAKE_GPU_MODEL", "H100")
+    assert main._gpus_asked(load_settings()) == (["NVIDIA H200"] * 2, ["H100"])   # the open-run check refuses it
+    monkeypatch.setenv("CAKE_RAY_ADDRESS", "ray://head:10001")
+    assert main._gpus_asked(load_settings()) == ([], ["H100"])         # the cluster's nodes declare their GPUs
+    monkeypatch.setenv("CAKE_GPU", "off")
+    assert main._gpus_asked(load_settings()) == ([], [])
 
 
 # ---------------------------------------------------------------- checks before any service

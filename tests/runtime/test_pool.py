@@ -137,3 +137,43 @@ def test_skipped_units_are_not_run(local_ray):
                          on_answer=lambda k, v: failed.add(k[0]) if v[1] == "poison" else None)
     assert set(got) == {(0, 0), (1, 0), (1, 1)}       # candidate 0's second shape was dropped
     pool.shutdown()
+
+
+@ray.remote(num_cpus=0)
+class NeverUp:
+    """A replacement that never comes up (its GPU went with a lost node): it fails to start."""
+
+    def __init__(self):
+        raise RuntimeError("no GPU of the model left")
+
+    def ident(self):
+        return ray.get_runtime_context().get_node_id(), os.getpid()
+
+    def run_batch(self, jobs):
+        raise AssertionError("a worker that never came up must not be given work")
+
+
+def _factory(good: int):
+    made = []
+
+    def make():
+        made.append(1)
+        return Runner.remote() if len(made) <= good else NeverUp.remote()
+    return make
+
+
+def test_a_replacement_that_never_comes_up_is_dropped_and_the_others_take_its_work(local_ray):
+    from tasks.workers import PoolExhausted
+    pool = ActorPool(_factory(3), 2)     # the second death gets a NeverUp
+    spec = [((0, 0), "ok"), ((1, 0), "die"), ((2, 0), "ok"), ((0, 1), "ok"), ((1, 1), "ok"), ((2, 1), "ok")]
+    got = pool.run_units("run_batch", _units(spec), batch=3)
+    assert pool.dropped == 1 and pool.size == 1
+    assert isinstance(got[(1, 0)], Fault)
+    survivor = {got[k][2] for k in got if k != (1, 0)}
+    assert len(survivor) <= 2 and all(got[k][1] == "ok" for k in got if k != (1, 0))
+    assert {w.key for w in pool.lost} >= {(0, 0), (1, 0), (2, 0)} and {w.cause for w in pool.lost} == {"died"}
+    pool.shutdown()
+    alone = ActorPool(_factory(1), 1)
+    with pytest.raises(PoolExhausted, match="every worker of the pool was lost and a new one did not start"):
+        alone.run_units("run_batch", _units([((0, 0), "die"), ((1, 0), "ok")]), batch=2)
+    alone.shutdown()

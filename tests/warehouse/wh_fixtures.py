@@ -112,4 +112,7 @@ def dataset() -> dict[str, list[dict]]:
                 proposals=proposals, decisions=decisions, harness_versions=harness_versions, dispatch=dispatch,
                 stage_times=stage_times, baselines=baselines, model_versions=model_versions,
                 tactic_refusals=[dict(run_id="run-a", generation=1, tactic="tma", parent_hash="h000001",
-                                      reason="no cp_async_bar copies to turn into TMA", recorded_at=T0)])
+                                      reason="no cp_async_bar copies to turn into TMA", recorded_at=T0)],
+                reruns=[dict(run_id="run-a", session=0, generation=1, kind="search", attempt_id="run-a-att-3",
+                             shape=SHAPES[0], cause="died", node_id="n1", pid=4242,
+                             message="worker died: the actor died unexpectedly", recorded_at=T0)])
