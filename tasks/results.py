@@ -48,8 +48,9 @@ def _best_shapes(wh: Warehouse, run_id: str, generation: int, attempt_id: str | 
         for r in wh.query("select shape, avg(predicted_ms) as ms from predictions where attempt_id = ? group by 1",
                           [attempt_id]).to_pylist():
             rows.setdefault(r["shape"], {"shape": r["shape"]})["predicted_ms"] = r["ms"]
-        for r in wh.query("select shape, bool_and(correct) as ok from checks where attempt_id = ? group by 1",
-                          [attempt_id]).to_pylist():
+        # the run's shapes only: the strict shapes are the kernel's own, and its outcome already says how it did
+        for r in wh.query("select shape, bool_and(correct) as ok from checks where attempt_id = ? and "
+                          "kind <> 'strict' group by 1", [attempt_id]).to_pylist():
             rows.setdefault(r["shape"], {"shape": r["shape"]})["correct"] = r["ok"]
         for r in wh.query("select shape, median(median_ms) as ms from measurements where attempt_id = ? and "
                           "kind = 'search' and correct group by 1", [attempt_id]).to_pylist():

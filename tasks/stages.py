@@ -16,12 +16,12 @@ from prefect.cache_policies import NO_CACHE
 
 from cake_core.outcome import Diagnostic, Outcome, Severity, StageResult
 from cake_core.pipeline.attempt import Attempt, attempt_id_for
-from cake_core.pipeline.execute import GpuJob
+from cake_core.pipeline.execute import GpuJob, strict_check_shapes
 from cake_core.pipeline.generate import generate_stage
 from cake_core.pipeline.rows import CHILD_TABLES, now, refusal_rows, stage_time_row
 from cake_core.pipeline.stages import cost_filter_stage, keep_count
 from cake_core.pipeline.state import select_stage
-from cake_core.pipeline.verdicts import ShapeVerdict, fault, judge
+from cake_core.pipeline.verdicts import ShapeVerdict, as_strict, fault, judge
 from cake_core.problems import get_problem
 from cake_core.problems.base import Shape, shape_key
 from tasks.history import recorded, state_rows
@@ -157,7 +157,8 @@ def cost_filter(run: "Run", attempts: list[Attempt]) -> list[Attempt]:
 
 @task(name="check", **_TASK)
 def check(run: "Run", attempts: list[Attempt]) -> list[Attempt]:
-    """Correctness on the CPU interpreter, one candidate per core; nothing is timed."""
+    """Correctness on the CPU interpreter (the run's shapes, then the strict shapes of the candidates right on
+    all of them), one candidate per core; nothing is timed."""
     seed = run.input_seed()
 
     def body() -> list[Attempt]:
@@ -171,11 +172,12 @@ def check(run: "Run", attempts: list[Attempt]) -> list[Attempt]:
 
 @task(name="time", **_TASK)
 def time_(run: "Run", attempts: list[Attempt]) -> list[Attempt]:
-    """The correctness gate and timing on the GPU runners, the shapes of each candidate spread over them."""
+    """The correctness gate and timing on the GPU runners, the shapes of each candidate spread over them; then
+    the strict gate of the candidates right on every shape (:func:`gate_and_time`)."""
     seed = run.input_seed()
 
     def body() -> list[Attempt]:
-        verdicts = on_gpu(run, attempts, run.search_shapes, seed, drop_failed=True)
+        verdicts = gate_and_time(run, attempts, seed)
         for i, a in enumerate(attempts):
             a.record(judge("time", verdicts[i]))
         _stop(run, "time", attempts)
@@ -219,13 +221,38 @@ def _cost_order(problem: str, shapes: list[Shape]) -> list[int]:
     return sorted(range(len(shapes)), key=lambda j: (prob.flops(shapes[j]) + prob.bytes(shapes[j]), j))
 
 
+def gate_and_time(run: "Run", attempts: list[Attempt], seed: int) -> dict[int, list[ShapeVerdict]]:
+    """The time stage's verdicts of each attempt: gate and timing on the search shapes, then, for a candidate
+    right on all of them, the gate alone (untimed) on its strict shapes (``execute.strict_check_shapes``),
+    verdicts of kind ``strict``. Cheap first: a candidate wrong on a search shape pays no strict shape."""
+    verdicts = on_gpu(run, attempts, run.search_shapes, seed, drop_failed=True)
+    prob = get_problem(run.plan.problem)
+    strict: list[Shape] = []
+    why: dict[str, str] = {}
+    pairs: set[tuple[int, int]] = set()
+    for i, a in enumerate(attempts):
+        if not verdicts[i] or not all(v.correct for v in verdicts[i]):
+            continue
+        for s, w in strict_check_shapes(a.program, prob, run.search_shapes):
+            if s not in strict:
+                strict.append(s)
+            why[shape_key(s)] = w
+            pairs.add((i, strict.index(s)))
+    if pairs:
+        extra = on_gpu(run, attempts, strict, seed, drop_failed=True, pairs=pairs, timed=False, kind="strict")
+        for i, vs in extra.items():
+            verdicts[i] += [as_strict(v, why[v.shape]) for v in vs]
+    return verdicts
+
+
 def on_gpu(run: "Run", attempts: list[Attempt], shapes: list[Shape], seed: int, *, drop_failed: bool,
-           pairs: set[tuple[int, int]] | None = None, kind: str = "search") -> dict[int, list[ShapeVerdict]]:
-    """Every (attempt, shape) job (or only ``pairs`` of indices) on the GPU runners; returns each attempt's
-    verdicts in ``shapes``' order. With ``drop_failed``, the remaining shapes of a candidate that came out
-    wrong or faulted are not run; a shape outside a candidate's domain never is. A job run again after its
-    runner was lost lands a ``reruns`` row (``kind``: what the jobs measure, search | confirm | held_out |
-    baseline) through the run's recorder.
+           pairs: set[tuple[int, int]] | None = None, timed: bool = True,
+           kind: str = "search") -> dict[int, list[ShapeVerdict]]:
+    """Every (attempt, shape) job (or only ``pairs`` of indices) on the GPU runners, timed unless ``timed`` is
+    False; returns each attempt's verdicts in ``shapes``' order. With ``drop_failed``, the remaining shapes of
+    a candidate that came out wrong or faulted are not run; a shape outside a candidate's domain never is. A
+    job run again after its runner was lost lands a ``reruns`` row (``kind``: what the jobs measure, search |
+    strict | confirm | held_out | baseline) through the run's recorder.
     """
     failed: set[int] = set()
     units = []
@@ -234,7 +261,7 @@ def on_gpu(run: "Run", attempts: list[Attempt], shapes: list[Shape], seed: int, 
             if pairs is not None and (i, j) not in pairs or not a.runs_on(shape_key(shapes[j])):
                 continue        # not asked for, or outside the kernel's domain (refused before any launch)
             job = GpuJob((i, j), a.lowered, a.binary.cubin, a.binary.compiled.kernel_name, run.plan.problem,
-                         shapes[j], seed, run.reps)
+                         shapes[j], seed, run.reps, timed)
             units.append(Unit((i, j), job, run.timeout_s, group=j))
     n_batch = max(1, min(MAX_BATCH, math.ceil(len(units) / (2 * run.gpu.size)))) if units else 1
 

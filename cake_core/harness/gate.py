@@ -2,7 +2,9 @@
 
 The corpus (:func:`corpus`): every hand-written kernel under ``problems/seeds/``, every problem's naive
 seed, and the best passing attempts of every problem from the warehouse. Each kernel is replayed on its
-problem's gate shapes (:func:`gate_shapes`: small enough for the interpreter, never held out) through
+problem's gate shapes (:func:`gate_shapes`: small enough for the interpreter, never held out) and on its
+own strict shapes (:func:`kernel_shapes`: ``runtime.strict``, its rings wrapping, several tiles and a tail
+in every dimension, both sides of its thresholds) through
 parse (with the harness's composites expanded), the verifier (built-in rules, then the harness's learned
 rules) and the interpreter, and on the GPU when a ``gpu`` checker is given. A shape the built-in rules
 refuse is outside the kernel's domain and not replayed. A kernel that passes a shape under the current
@@ -44,6 +46,7 @@ from cake_core.outcome import Diagnostic
 from cake_core.problems import PROBLEMS, get_problem
 from cake_core.problems.base import SEEDS_DIR, Problem, Shape, shape_key
 from cake_core.runtime.cpu import ShapeCheck, check_on_cpu
+from cake_core.runtime.strict import strict_shapes
 
 ORIGINS = ("hand-written", "seed", "best-attempt")
 BEST_PER_PROBLEM = 3
@@ -107,6 +110,19 @@ def gate_shapes(problem: Problem, limit: int = SHAPES_PER_PROBLEM) -> list[Shape
         tails += [s for s, r in small if r == "tail"]
     tail = sorted((s for s in tails if s not in heads), key=lambda s: math.prod(s.values()))
     return (heads + tail[:1])[:limit]
+
+
+def kernel_shapes(k: Kernel, problem: Problem, harness: HarnessSpec) -> list[tuple[Shape, bool]]:
+    """The shapes ``k`` is replayed on: the problem's gate shapes, then the kernel's strict shapes
+    (``runtime.strict.strict_shapes`` of its program, composites expanded under ``harness``) that are not
+    among them; each with whether it is a strict one. A kernel that does not parse has the gate shapes only
+    (its replay says why it fails)."""
+    shapes = [(s, False) for s in gate_shapes(problem)]
+    prog = parse(harness.expand(k.text).text).program
+    if prog is not None:
+        given = [s for s, _ in shapes]
+        shapes += [(s, True) for s in strict_shapes(prog, problem).shapes if s not in given]
+    return shapes
 
 
 @dataclass
@@ -181,29 +197,31 @@ def verdict(text: str, problem: Problem, shape: Shape, harness: HarnessSpec, cac
 
 def replay(kernels: Sequence[Kernel], current: HarnessSpec, proposed: HarnessSpec, cache: GateCache, seed: int = 0,
            gpu: GpuCheck | None = None) -> dict[str, Any]:
-    """Every kernel on every gate shape of its problem, under both harnesses: the flips and a summary."""
+    """Every kernel on every gate shape of its problem and its own strict shapes (:func:`kernel_shapes`), under
+    both harnesses: the flips and a summary (``strict_replays``: the replays on strict shapes)."""
     flips, outside, failing_today = [], [], []
-    replays = 0
+    replays = strict_replays = 0
     for k in kernels:
         problem = get_problem(k.problem)
         in_domain = 0
-        for s in gate_shapes(problem):
+        for s, strict in kernel_shapes(k, problem, current):
             today = verdict(k.text, problem, s, current, cache, seed, gpu)
             if today.stage == "domain":
                 continue
             in_domain += 1
             if not today.passed:
-                failing_today.append({"kernel": k.name, "shape": shape_key(s), "why": today.reason})
+                failing_today.append({"kernel": k.name, "shape": shape_key(s), "strict": strict, "why": today.reason})
                 continue
             replays += 1
+            strict_replays += strict
             after = verdict(k.text, problem, s, proposed, cache, seed, gpu)
             if not after.passed:
                 flips.append({"kernel": k.name, "origin": k.origin, "problem": k.problem, "shape": shape_key(s),
-                              "stage": after.stage, "why": after.reason})
+                              "strict": strict, "stage": after.stage, "why": after.reason})
         if in_domain == 0:
             outside.append(k.name)
     counts = {o: sum(k.origin == o for k in kernels) for o in ORIGINS}
-    return {"kernels": len(kernels), **counts, "replays": replays, "flips": flips,
+    return {"kernels": len(kernels), **counts, "replays": replays, "strict_replays": strict_replays, "flips": flips,
             "outside_every_gate_shape": outside, "failing_today": failing_today}
 
 
@@ -237,7 +255,7 @@ def rule_effect(current: HarnessSpec, proposed: HarnessSpec, failures: Sequence[
 def primitive_effect(proposed: HarnessSpec, comp: Composite, kernels: Sequence[Kernel], cache: GateCache,
                      seed: int = 0, gpu: GpuCheck | None = None) -> dict[str, Any]:
     """Each corpus kernel holding the pattern, written with the composite: does it expand back to itself,
-    and pass its gate shapes as before?"""
+    and pass its gate and strict shapes as before?"""
     key, size = comp.key(), len(comp.body)
     rows = []
     for k in kernels:
@@ -249,7 +267,7 @@ def primitive_effect(proposed: HarnessSpec, comp: Composite, kernels: Sequence[K
         same = back is not None and back == prog and text != prog.text()
         problem = get_problem(k.problem)
         shapes = []
-        for s in gate_shapes(problem):
+        for s, _ in kernel_shapes(k, problem, proposed):
             if not verdict(k.text, problem, s, proposed, cache, seed, gpu).passed:
                 continue        # outside its domain, or failing today: written with the composite, no flip
             v = verdict(text, problem, s, proposed, cache, seed, gpu)

@@ -7,7 +7,8 @@ with :class:`~cake_core.pipeline.verdicts.ShapeVerdict` values, never raises for
 keeps the runtime's protocol: fresh seeded inputs, poisoned outputs, the fp64 oracle, the perturbation check,
 CUDA events after warm-up with L2 flushed. On a GPU the inputs are drawn and the references computed on the
 device, cached under the Cake home (``runtime.references``); a very large shape is checked on a seeded random
-subset of its output rows (:func:`gate_rows`).
+subset of its output rows (:func:`gate_rows`). A candidate right on every shape of the run is then checked on
+its own strict shapes (:func:`strict_check_shapes`), untimed.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from typing import Any
 
 from cake_core.errors import CakeError
 from cake_core.outcome import Outcome
-from cake_core.pipeline.verdicts import ShapeVerdict, Timing, fault, from_cpu_check, from_gpu_run
+from cake_core.pipeline.verdicts import ShapeVerdict, Timing, as_strict, fault, from_cpu_check, from_gpu_run
 from cake_core.problems import get_problem
 from cake_core.problems.base import Shape, shape_key
 
@@ -32,6 +33,11 @@ DEFAULT_KERNEL_TIMEOUT_S = 30.0   # the runtime's own watchdog per wait on the G
 FULL_ORACLE_FLOPS = 2e10
 FULL_ORACLE_BYTES = 2.5e8
 SUBSET_ROWS = {"kmeans_assign": 4096}    # rows checked on a large shape; 256 for the other problems
+# The strict gate of the check and time stages (runtime.strict): a candidate right on the run's shapes is checked
+# on at most STRICT_SHAPES of its own strict shapes (the first wraps its rings and tiles every dimension with a
+# tail, the next cross its thresholds), each under STRICT_MAX_WORK flops + bytes (the interpreter's budget).
+STRICT_SHAPES = 2
+STRICT_MAX_WORK = 4e8
 
 
 @dataclass(frozen=True)
@@ -50,14 +56,39 @@ class GpuJob:
     time: bool = True
 
 
-def check_on_interpreter(program, problem: str, shapes: list[Shape], seed: int) -> list[ShapeVerdict]:
-    """The CPU correctness gate (``runtime.cpu.check_on_cpu``) on ``shapes``, one verdict per shape."""
+def check_on_interpreter(program, problem: str, shapes: list[Shape], seed: int,
+                         strict: bool = False) -> list[ShapeVerdict]:
+    """The CPU correctness gate (``runtime.cpu.check_on_cpu``) on ``shapes``, one verdict per shape; with
+    ``strict``, a candidate right on all of them is then checked on its strict shapes too
+    (:func:`strict_check_shapes`), one verdict each of kind ``strict`` whose message says what the shape
+    exercises. Cheap first: a candidate wrong on ``shapes`` pays nothing more."""
     from cake_core.runtime.cpu import check_on_cpu
 
+    prob = get_problem(problem)
     t0 = time.monotonic()
-    checks = check_on_cpu(program, get_problem(problem), shapes, seed)
+    checks = check_on_cpu(program, prob, shapes, seed)
     per = (time.monotonic() - t0) / max(len(checks), 1)
-    return [from_cpu_check(c, per) for c in checks]
+    out = [from_cpu_check(c, per) for c in checks]
+    if not strict or not all(v.correct for v in out):
+        return out
+    for shape, why in strict_check_shapes(program, prob, shapes):
+        t0 = time.monotonic()
+        (c,) = check_on_cpu(program, prob, [shape], seed)
+        v = from_cpu_check(c, time.monotonic() - t0)
+        out.append(as_strict(v, why))
+        if not v.correct:
+            break           # judged wrong already: the rest would cost without changing the verdict
+    return out
+
+
+def strict_check_shapes(program, problem, shapes: list[Shape]) -> list[tuple[Shape, str]]:
+    """The strict shapes of ``program`` the check stage runs (``runtime.strict``), with what each exercises:
+    at most ``STRICT_SHAPES`` of them, each under ``STRICT_MAX_WORK``, none of ``shapes``."""
+    from cake_core.runtime.strict import strict_shapes
+
+    given = [{d: int(s[d]) for d in problem.dims} for s in shapes]
+    ss = strict_shapes(program, problem, STRICT_MAX_WORK)
+    return [(s, why) for s, why in zip(ss.shapes, ss.why) if s not in given][:STRICT_SHAPES]
 
 
 def gate_rows(problem: str, shape: Shape) -> int | None:

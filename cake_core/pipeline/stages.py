@@ -5,7 +5,8 @@
     lower        IR -> CUDA C++ with #line directives                     (per candidate)
     compile      nvcc + ptxas, cached by source hash (skipped honestly without nvcc)  (per candidate)
     cost_filter  the cost model ranks; top-k plus random exploration go on            (once per generation)
-    check        correctness on the CPU interpreter, nothing timed  |  time: gate + timing on GPUs
+    check        correctness on the CPU interpreter, then the candidate's strict shapes, nothing timed
+                 |  time: gate + timing on GPUs
     select       the run's state from its rows: best so far, parents, tactic records, budget, stop
 
 ``STAGES`` is that list; Prefect tasks (``tasks/stages.py``) run it, one task per stage, over the batch of
@@ -195,6 +196,7 @@ def keep_count(population: int) -> int:
 
 # ---------------------------------------------------------------- check
 
-def check_stage(program: Program, problem: str, shapes: list[Shape], seed: int) -> StageResult:
-    """The CPU correctness gate over ``shapes`` (the interpreter); ``value``: the verdicts."""
-    return judge("check", check_on_interpreter(program, problem, shapes, seed))
+def check_stage(program: Program, problem: str, shapes: list[Shape], seed: int, strict: bool = True) -> StageResult:
+    """The CPU correctness gate over ``shapes`` (the interpreter), then, for a candidate right on all of them,
+    over its strict shapes (``strict``: ``execute.check_on_interpreter``); ``value``: the verdicts."""
+    return judge("check", check_on_interpreter(program, problem, shapes, seed, strict))

@@ -15,7 +15,8 @@ from dataclasses import dataclass, replace
 from cake_core.outcome import Diagnostic, Outcome, Severity, StageResult
 
 BACKENDS = ("interpreter", "gpu")
-KINDS = ("search", "confirm", "held_out")   # what a verdict was run for: selection, re-measurement, held-out report
+# what a verdict was run for: selection, re-measurement, held-out report, the strict gate (checked, never timed)
+KINDS = ("search", "confirm", "held_out", "strict")
 BROKEN = (Outcome.RUNTIME_FAULT, Outcome.TIMEOUT)
 
 TAIL_HINT = "guard loads and stores on dimensions that are not tile multiples"
@@ -95,12 +96,18 @@ def as_kind(verdicts: list[ShapeVerdict], kind: str) -> list[ShapeVerdict]:
     return [replace(v, kind=kind) for v in verdicts]
 
 
+def as_strict(v: ShapeVerdict, why: str) -> ShapeVerdict:
+    """``v`` as a verdict of the strict gate: kind ``strict``, its message led by what the shape exercises."""
+    return replace(v, kind="strict", message=f"strict shape ({why})" + (f": {v.message}" if v.message else ""))
+
+
 def judge(stage: str, verdicts: list[ShapeVerdict]) -> StageResult:
     """The outcome of a candidate's verdicts (``value``: the verdicts).
 
     The first fault or timeout wins (the CUDA context, or the interpreter's run, ended there), then
     the first wrong shape; otherwise ``checked`` on the interpreter, ``measured`` on a GPU when every
-    shape was timed. No verdicts at all is a fault of the caller, not a pass.
+    shape but the strict ones (checked, never timed) was timed. No verdicts at all is a fault of the caller,
+    not a pass.
     """
     if not verdicts:
         raise ValueError(f"{stage}: no shape was run; a candidate is judged on at least one shape")
@@ -120,5 +127,5 @@ def judge(stage: str, verdicts: list[ShapeVerdict]) -> StageResult:
         return StageResult(stage, Outcome.WRONG, [Diagnostic("check.mismatch", Severity.ERROR,
                                                              f"{wrong.shape}: {wrong.message}", 0, 0, "",
                                                              WRONG_HINT)], value=verdicts)
-    timed = all(v.timing is not None for v in verdicts)
+    timed = all(v.timing is not None for v in verdicts if v.kind != "strict")
     return StageResult(stage, Outcome.MEASURED if timed else Outcome.CHECKED, value=verdicts)

@@ -6,7 +6,8 @@ of 64-wide tiles never wraps, and a kernel that skips every centroid past 256 is
 program, :func:`strict_shapes` gives shapes with, in every dimension of the problem:
 
 - several tiles and a tail: 2 of the largest tile along it plus a remainder that is no tile's multiple
-  (the smallest remainder the program's domain accepts: TMA's 16-byte strides take multiples of 8);
+  (the smallest remainder the program's domain accepts: TMA's 16-byte strides take multiples of 8); a
+  dimension no tile runs along (a batch) is 2;
 - ring wrap-around: every loop whose body indexes a ring (``x % S``, S static) runs more than S trips,
   the dimensions of its extent grown tile by tile until it does;
 - one more shape past each threshold the program writes against a dimension (``if K <= KMAX``,
@@ -213,7 +214,8 @@ def strict_shapes(program: Program, problem: Problem, max_work: float = MAX_WORK
     shape: Shape = {d: min(2 * max(tiles.get(d, {1})), caps.get(d, 1 << 62)) for d in problem.dims}
     shape = _repair(program, problem, shape, tiles, caps)
     for d in problem.dims:
-        shape[d] = _with_tail(program, problem, shape, d, shape[d], tiles.get(d, set()), caps.get(d))
+        if d in tiles:      # an untiled dimension has no tail: 2 (two CTAs or trips along it) is enough
+            shape[d] = _with_tail(program, problem, shape, d, shape[d], tiles[d], caps.get(d))
     shape = _repair(program, problem, shape, tiles, caps)
     why = ["several tiles and a tail in every dimension"]
     skipped: list[str] = []

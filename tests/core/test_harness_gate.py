@@ -2,7 +2,8 @@
 import json
 import time
 
-from cake_core.harness.gate import ORIGINS, GateCache, corpus, gate_shapes, kernel_problem, run_gate
+from cake_core.harness.gate import (ORIGINS, GateCache, Kernel, corpus, gate_shapes, kernel_problem, kernel_shapes,
+                                     replay, run_gate)
 from cake_core.harness.predicate import Atom, Predicate
 from cake_core.harness.proposal import Proposal
 from cake_core.harness.version import HarnessSpec
@@ -55,6 +56,7 @@ def test_a_rule_no_passing_kernel_meets_flips_nothing(gate_cache):
     gate = run_gate(_rule(("op.tcgen05_mma", ">=", 1), ("sched.threads", "<", 64)), HarnessSpec(), corpus(),
                     gate_cache)
     assert gate["flips"] == [] and gate["corpus"]["replays"] > 2 * len(corpus())
+    assert gate["corpus"]["strict_replays"] >= len(corpus())          # every kernel on its own strict shapes too
     assert gate["refusals"] == ["the rule would have stopped no failure that reached a later stage"]
     assert set(ORIGINS) >= {k["origin"] for k in gate["flips"]}
 
@@ -70,3 +72,26 @@ def test_the_gate_asks_the_gpu_checker_when_there_is_one():
     assert gate["gpu"] and set(calls) == {k.name.removeprefix("seeds/").removesuffix(".cake") for k in tiny}
     assert {f["kernel"] for f in gate["corpus"]["failing_today"]} == {"seeds/tinygemm_rows.cake"}
     assert gate["flips"] == []
+
+
+KM_SEED = Kernel("seeds/kmeans_assign.cake", "seed", "kmeans_assign", get_problem("kmeans_assign").seed_text())
+
+
+def test_each_kernel_is_replayed_on_its_strict_shapes_too():
+    (shape, strict), = [(s, st) for s, st in kernel_shapes(KM_SEED, get_problem("kmeans_assign"), HarnessSpec()) if st]
+    assert shape == {"B": 2, "N": 257, "K": 129, "D": 65}        # two 128-row tiles and a tail: past any gate shape
+    # a rule that holds only past N = 160 blocks no kernel on the gate shapes (all CPU-sized) and the seed on its
+    # strict shape: a flip, and the proposal is refused
+    gate = run_gate(_rule(("shape.N.max", ">", 160)), HarnessSpec(), [KM_SEED], GateCache())
+    assert [(f["shape"], f["strict"], f["stage"]) for f in gate["flips"]] == [("B=2,N=257,K=129,D=65", True, "verify")]
+    assert not gate["passed"] and gate["corpus"]["strict_replays"] == 1
+
+
+def test_a_kernel_wrong_only_past_the_gate_shapes_fails_today():
+    text = KM_SEED.text.replace("    for kt in range(cdiv(K, BK)):", "    for kt in range(min(cdiv(K, BK), 4)):")
+    report = replay([Kernel("attempt:first-256", "best-attempt", "kmeans_assign", text)], HarnessSpec(),
+                    HarnessSpec(), GateCache())
+    # right on every gate shape and on the strict shape under the threshold; wrong past it (K > 256)
+    (bad,) = report["failing_today"]
+    assert bad["strict"] and bad["shape"] == "B=2,N=257,K=321,D=65" and bad["why"].startswith("wrong: ")
+    assert report["replays"] == len(gate_shapes(get_problem("kmeans_assign"))) + 1 and report["flips"] == []

@@ -15,7 +15,7 @@ from cake_core.model.analytic import AnalyticModel
 from cake_core.outcome import Outcome, StageResult
 from cake_core.pipeline import STAGE_NAMES, Attempt, attempt_id_for, cost_filter_stage, stages_for, verify_stage
 from cake_core.pipeline.debug import Debug
-from cake_core.pipeline.rows import attempt_rows
+from cake_core.pipeline.rows import attempt_rows, check_row, measurement_rows
 from cake_core.pipeline.stages import check_stage
 from cake_core.pipeline.verdicts import ShapeVerdict, Timing, fault, from_cpu_check, judge
 from cake_core.problems import get_problem
@@ -91,10 +91,58 @@ def test_interpreter_faults_point_at_the_ir_line_and_nothing_is_inf():
 
 def test_check_stage_on_the_interpreter():
     good = check_stage(parse_program(SEED), "gemm_bf16", SHAPES, seed=1)
-    assert good.outcome is Outcome.CHECKED and [v.shape for v in good.value] == ["M=96,N=80,K=72", "M=33,N=17,K=9"]
+    assert good.outcome is Outcome.CHECKED and [(v.shape, v.kind) for v in good.value] == [
+        ("M=96,N=80,K=72", "search"), ("M=33,N=17,K=9", "search"), ("M=129,N=129,K=65", "strict")]
     bad = SEED.replace("tile(kt, BK), tile(bid.x, BN)", "tile(kt, BK), tile(bid.y, BN)")
     r = check_stage(parse_program(bad), "gemm_bf16", SHAPES, seed=1)
     assert r.outcome is Outcome.WRONG and r.diagnostics[0].rule == "check.mismatch"
+
+
+KM = get_problem("kmeans_assign")
+KM_SHAPES = [{"B": 1, "N": 96, "K": 129, "D": 64}, {"B": 1, "N": 33, "K": 7, "D": 9}]
+# the centroid loop stops after 4 tiles of 64: right on every shape with K <= 256 (every CPU-sized row)
+FIRST_256 = KM.seed_text().replace("    for kt in range(cdiv(K, BK)):", "    for kt in range(min(cdiv(K, BK), 4)):")
+
+
+def test_the_check_stage_checks_a_candidate_right_on_the_run_shapes_on_its_strict_shapes():
+    a = Attempt("r", 0, 0, "kmeans_assign", 0, Candidate(KM.seed_text()))
+    a.record(verify_stage(KM.seed_text(), HarnessSpec(), KM, KM_SHAPES))
+    a.record(check_stage(a.program, "kmeans_assign", KM_SHAPES, seed=1))
+    assert a.outcome is Outcome.CHECKED
+    rows = attempt_rows(a)["checks"]
+    assert [r["kind"] for r in rows] == ["search", "search", "strict"] and all(r["correct"] for r in rows)
+    assert rows[2]["shape"] == "B=2,N=257,K=129,D=65" and "several tiles and a tail" in rows[2]["message"]
+    # skipping the centroids past 256: right on the run's shapes, wrong on the strict shape past the threshold
+    bad = Attempt("r", 0, 1, "kmeans_assign", 0, Candidate(FIRST_256))
+    bad.record(verify_stage(FIRST_256, HarnessSpec(), KM, KM_SHAPES))
+    assert bad.going_on
+    bad.record(check_stage(bad.program, "kmeans_assign", KM_SHAPES, seed=1))
+    assert bad.outcome is Outcome.WRONG and bad.diagnostics[0].rule == "check.mismatch"
+    assert bad.diagnostics[0].message.startswith("B=2,N=257,K=321,D=65: strict shape (K past the `min` threshold")
+    rows = attempt_rows(bad)["checks"]
+    assert [(r["kind"], r["correct"]) for r in rows] == [("search", True)] * 2 + [("strict", True), ("strict", False)]
+    assert "farther (relative) than the nearest" in rows[-1]["message"]
+    # without the strict gate the same kernel passes
+    assert check_stage(bad.program, "kmeans_assign", KM_SHAPES, seed=1, strict=False).outcome is Outcome.CHECKED
+
+
+def test_a_candidate_wrong_on_the_run_shapes_pays_no_strict_shape():
+    bad = SEED.replace("tile(kt, BK), tile(bid.x, BN)", "tile(kt, BK), tile(bid.y, BN)")
+    r = check_stage(parse_program(bad), "gemm_bf16", SHAPES, seed=1)
+    assert r.outcome is Outcome.WRONG and {v.kind for v in r.value} == {"search"}
+    assert r.diagnostics[0].message.startswith("M=96,N=80,K=72: ")
+
+
+def test_strict_verdicts_are_checked_never_timed():
+    strict = replace(_v("S9", Outcome.CHECKED), kind="strict")
+    a = judge("time", [_v("S1", Outcome.MEASURED, T), strict])
+    assert a.outcome is Outcome.MEASURED       # the strict shape is not timed, and the search shapes are
+    assert judge("time", [_v("S1", Outcome.CHECKED), strict]).outcome is Outcome.CHECKED
+    wrong = judge("time", [_v("S1", Outcome.MEASURED, T), replace(strict, outcome=Outcome.WRONG, message="x")])
+    assert wrong.outcome is Outcome.WRONG and wrong.diagnostics[0].message == "S9: x"
+    assert [m["shape"] for m in measurement_rows("a", "r", a.value)] == ["S1"]
+    assert [(c["shape"], c["kind"]) for c in map(lambda v: check_row("a", v), a.value)] == [("S1", "search"),
+                                                                                          ("S9", "strict")]
 
 
 # ---------------------------------------------------------------- the attempt and its rows

@@ -143,8 +143,11 @@ class FakeGpu:
         out = []
         for job in jobs:
             key = ",".join(f"{k}={v}" for k, v in job.shape.items())
-            if job.lowered == "wrong" and job.shape["M"] > 64:
+            past = {"wrong": 64, "wrong_past_128": 128}.get(job.lowered)
+            if past is not None and job.shape["M"] > past:
                 out.append(ShapeVerdict(key, "gpu", Outcome.WRONG, 0.5, "wrong: off by one", seconds=0.1))
+            elif not job.time:
+                out.append(ShapeVerdict(key, "gpu", Outcome.CHECKED, 1e-6, "correct (not timed)", seconds=0.05))
             else:
                 ms = job.shape["M"] / 1000
                 out.append(ShapeVerdict(key, "gpu", Outcome.MEASURED, 1e-6, f"correct in {os.getpid()}",
@@ -185,6 +188,37 @@ def test_the_time_stage_spreads_shapes_over_runners_and_drops_a_wrong_candidate_
         two.shutdown()
     pids = {v.message for vs in got.values() for v in vs}
     assert len(pids) == 2 and all(len(vs) == 3 for vs in got.values())      # the shapes spread over both
+
+
+def test_the_time_stage_checks_a_candidate_right_on_every_shape_on_its_strict_shapes_untimed(local_ray):
+    from cake_core.ir.text import parse_program
+    from cake_core.pipeline.stages import Binary
+    from cake_core.pipeline.verdicts import judge
+    from tasks.stages import gate_and_time
+    from tasks.workers import ActorPool
+
+    shapes = [{"M": 128, "N": 64, "K": 64}, {"M": 64, "N": 128, "K": 64}]
+    binary = Binary(SimpleNamespace(kernel_name="k"), b"cubin")
+    seed_program = parse_program(SEED)          # 64 x 64 tiles: its strict shape is M = N = 129, K = 65
+    attempts = [SimpleNamespace(lowered=how, binary=binary, program=seed_program, runs_on=lambda key: True)
+                for how in ("ok", "wrong_past_128", "wrong")]
+    run = _gpu_run(ActorPool(lambda: FakeGpu.remote(), 1))
+    run.search_shapes = shapes
+    try:
+        got = gate_and_time(run, attempts, seed=1)
+    finally:
+        run.gpu.shutdown()
+    ok, past, wrong = (judge("time", got[i]) for i in range(3))
+    assert ok.outcome.value == "measured"          # timed on the search shapes, checked untimed on the strict one
+    assert [(v.shape, v.kind, v.timing is None) for v in got[0]] == [("M=128,N=64,K=64", "search", False),
+                                                                    ("M=64,N=128,K=64", "search", False),
+                                                                    ("M=129,N=129,K=65", "strict", True)]
+    assert got[0][2].message == "strict shape (several tiles and a tail in every dimension): correct (not timed)"
+    # right on every search shape (M <= 128), wrong on the strict one: wrong, and the message names the shape
+    assert past.outcome.value == "wrong"
+    assert past.diagnostics[0].message.startswith("M=129,N=129,K=65: strict shape (several tiles")
+    # wrong on a search shape: no strict shape is run
+    assert wrong.outcome.value == "wrong" and {v.kind for v in got[2]} == {"search"}
 
 
 @ray.remote(num_cpus=0)

@@ -48,6 +48,8 @@ def test_the_shapes_follow_the_program_not_the_problem():
     # the domain caps what the tiles would ask for: k <= KMAX, D <= two tiles of 64 with TMA's 8-element rows
     knn = strict_shapes(_program("knn_topk_split_pp.cake"), KNN).shapes[0]
     assert knn["k"] == 15 and knn["D"] == 120
+    # no tile runs along B: two batches (CTAs along it), no tail to add
+    assert strict_shapes(_program("kmeans_assign.cake"), KM).shapes[0] == {"B": 2, "N": 257, "K": 129, "D": 65}
 
 
 def test_both_sides_of_a_threshold_the_program_writes():
@@ -115,3 +117,27 @@ def test_near_ties_are_planted_and_ordered_by_fp32_not_by_bf16():
     for scores, ok in ((x["c_sq"][:, None] - 2 * dots, True), (x["c_sq"][:, None] - 2 * bf16_round(dots), False)):
         got = np.argmin(scores, axis=2).astype(np.float32)
         assert KM.compare({"out": got}, want)[0] is ok
+
+
+def _knn(old: str, new: str) -> str:
+    text = KNN.seed_text()
+    assert text.count(old) == 1, old
+    return text.replace(old, new)
+
+
+# the dot products rounded to bf16 before the score (|db|^2 - 2 q.db) and the top-k: reduced-precision ranking
+KNN_BF16 = _knn("        ewise(scores, norm, dot, beta=2.0, fn=\"sub\")\n",
+                "        cast(dot_b, dot)\n        cast(dot, dot_b)\n"
+                "        ewise(scores, norm, dot, beta=2.0, fn=\"sub\")\n").replace(
+    "    scores = rmem(f32, (BQ, BN))\n", "    scores = rmem(f32, (BQ, BN))\n    dot_b = rmem(bf16, (BQ, BN))\n")
+
+
+def test_bf16_ranking_fails_the_knn_gate_on_the_near_ties_while_fp32_ranking_passes():
+    assert "accumulated in fp32 (or wider)" in KNN.description
+    shapes = [{"Q": 64, "N": 160, "D": 32, "k": 10}] + list(strict_shapes(parse_program(KNN_BF16), KNN).shapes)
+    checks = check_on_cpu(parse_program(KNN_BF16), KNN, shapes, seed=1)
+    # a near-tie pair ranked the wrong way round: the returned row is farther than the true j-th nearest
+    assert all(not c.correct and "-th nearest is at" in c.message for c in checks), \
+        [(c.shape, c.message) for c in checks]
+    honest = check_on_cpu(parse_program(KNN.seed_text()), KNN, shapes, seed=1)
+    assert all(c.correct for c in honest), [(c.shape, c.message) for c in honest]

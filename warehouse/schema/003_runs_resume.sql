@@ -18,7 +18,7 @@ alter table runs add column check_shape_set VARCHAR;          -- CPU only: inter
 -- ---------------------------------------------------------------- attempts, checks
 
 alter table attempts add column slot INTEGER;                  -- position in its generation (from 0)
-alter table checks add column kind VARCHAR DEFAULT 'search';   -- search | held_out (final best only)
+alter table checks add column kind VARCHAR DEFAULT 'search';   -- search | held_out (final best) | strict
 
 -- ---------------------------------------------------------------- new tables
 

@@ -9,7 +9,7 @@ create table reruns (
     run_id      VARCHAR   NOT NULL,
     session     INTEGER   NOT NULL,   -- the job of the run (0, then +1 per --resume)
     generation  INTEGER   NOT NULL,   -- -1: the final stage
-    kind        VARCHAR   NOT NULL,   -- search | confirm | held_out | baseline: what the job measured
+    kind        VARCHAR   NOT NULL,   -- search | strict | confirm | held_out | baseline: what the job ran
     attempt_id  VARCHAR   NOT NULL,
     shape       VARCHAR   NOT NULL,
     cause       VARCHAR   NOT NULL,   -- died | timeout | raised | restart | node_lost
