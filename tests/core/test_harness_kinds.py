@@ -17,7 +17,7 @@ from cake_core.harness.version import HarnessSpec
 from cake_core.ir.text import parse_program
 from cake_core.problems import get_problem
 from cake_core.problems.base import shape_key
-from harness_runs import MINED_TACTICS, cpu_run, mined_runs, replay_measurements
+from harness_runs import MINED_TACTICS, cpu_run, replay_measurements
 from tasks.harness import load_harness, load_review_input, record_proposal
 from warehouse import Warehouse
 
@@ -42,13 +42,12 @@ def _one(found, kind, signature: str = ""):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(mined_warehouse_once):
     """Cold-start runs of knn_topk, kmeans_assign and gemm_bf16 (``harness_runs.mined_runs``: 4 generations
-    of 8, the tactic table without drop_guards): the agent's mma_sync children of the distance kernels fail
-    to lower, its winners share the warp-specialized producer's TMA step, and retile-then-warp_specialize
-    wins on more than one problem."""
-    root = tmp_path_factory.mktemp("runs") / "warehouse"
-    mined_runs(root)
+    of 8, the tactic table without drop_guards; made once per session, each test copies it): the agent's
+    mma_sync children of the distance kernels fail to lower, its winners share the warp-specialized
+    producer's TMA step, and retile-then-warp_specialize wins on more than one problem."""
+    root = mined_warehouse_once
     n = Warehouse(root).query("select count(*) as n from attempts where stage = 'lower' "
                               "and error_rule = 'lower.acc_layout'").to_pylist()[0]["n"]
     assert n >= 3, n

@@ -12,11 +12,12 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def services(tmp_path_factory):
+def services(tmp_path_factory, compile_cache):
     from cake_cli.config import load_settings
     from cake_cli.services import prefect_server, ray_runtime
 
     home = tmp_path_factory.mktemp("cake-home")
+    (home / "cache").symlink_to(compile_cache, target_is_directory=True)   # the session's cubins
     port = _free_port()
     env = {"CAKE_HOME": str(home), "CAKE_PREFECT_PORT": str(port), "CAKE_GPU": "off"}
     old = {k: os.environ.get(k) for k in env}

@@ -78,7 +78,8 @@ def test_malformed_ir_file(tmp_path):
 
 
 @pytest.mark.services
-def test_killed_run_loses_nothing_it_recorded(tmp_path, services):
+def test_killed_run_loses_nothing_it_recorded(tmp_path, services, share_compile_cache):
+    share_compile_cache(tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith("CAKE_")}
     env.update({"CAKE_HOME": str(tmp_path), "CAKE_GPU": "off", "CAKE_PREFECT_API_URL": services["api_url"]})
     proc = subprocess.Popen([CAKE, "evolve", "gemm_bf16", "--generations", "30", "--population", "6"],

@@ -47,24 +47,25 @@ def _cake(services, *args, home, timeout=120):
 
 
 @pytest.fixture(scope="module")
-def mined_warehouse(tmp_path_factory):
-    """Real cold-start runs on the CPU (``harness_runs.mined_runs``: knn_topk, kmeans_assign, gemm_bf16)
-    whose agent keeps writing mma_sync children of the distance kernels that the lowering refuses."""
-    from harness_runs import mined_runs
-    root = tmp_path_factory.mktemp("mined") / "warehouse"
-    mined_runs(root)
+def mined_warehouse(mined_warehouse_once):
+    """Real cold-start runs on the CPU (``harness_runs.mined_runs``: knn_topk, kmeans_assign, gemm_bf16; made
+    once per session, each test copies it) whose agent keeps writing mma_sync children of the distance
+    kernels that the lowering refuses."""
+    root = mined_warehouse_once
     n = Warehouse(root).query("select count(*) as n from attempts where error_rule = 'lower.acc_layout'").to_pylist()
     assert n[0]["n"] >= 3, n
     return root
 
 
-def _pending(wh, timeout_s=240, seen=()):
+def _pending(wh, flow: threading.Thread, timeout_s=240, seen=()):
+    """The pending proposals not in ``seen``, once there are some; none once ``flow`` has ended without one."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        ended = not flow.is_alive()        # read before the query: an ended flow adds no proposal after it
         rows = wh.query("select proposal_id, kind, title, gate_report, evidence from proposals_latest "
                         "where status = 'pending'").to_pylist()
         rows = [r for r in rows if r["proposal_id"] not in seen]
-        if rows:
+        if rows or ended:
             return rows
         time.sleep(0.5)
     return []
@@ -81,7 +82,7 @@ def test_a_mined_rule_pauses_the_review_is_approved_from_the_cli_and_used_by_the
         warehouse_root=str(wh_root), min_support=3, pause_timeout_s=600)))
     t.start()
     wh = Warehouse(wh_root)
-    pending = _pending(wh)
+    pending = _pending(wh, t)
     assert pending, "the harness flow made no proposal"
     prop = pending[0]
     assert prop["kind"] == "rule" and "op.mma.atom=mma_sync > 0" in prop["title"] and "op.ewise > 0" in prop["title"]
@@ -96,7 +97,7 @@ def test_a_mined_rule_pauses_the_review_is_approved_from_the_cli_and_used_by_the
     assert out.returncode == 0, out.stderr + out.stdout
     rejected = []
     while t.is_alive():
-        nxt = _pending(wh, timeout_s=120, seen=rejected)
+        nxt = _pending(wh, t, timeout_s=120, seen=rejected)
         if not nxt:
             break
         rejected.append(nxt[0]["proposal_id"])

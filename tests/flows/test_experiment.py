@@ -8,13 +8,15 @@ from warehouse import Warehouse
 
 
 @pytest.mark.services
-def test_both_arms_run_in_blocks_the_evolving_one_under_what_its_review_approved(services, tmp_path):
+def test_both_arms_run_in_blocks_the_evolving_one_under_what_its_review_approved(services, tmp_path,
+                                                                                 share_compile_cache):
     """kmeans_assign, seed 0, two blocks of two generations of 8 (a budget of 32 candidates): within its
     first block the agent's mma_sync children fail to lower three times, enough for the review between the
     blocks to mine a rule; the frozen arm stays on v0. Both report every column; calling it again
     continues nothing (every run is done) and reports the same."""
     from cake_cli.experiment_cli import run_experiment
     out = tmp_path / "fve"
+    share_compile_cache(out)                                  # the session's cubins, not the experiment's own
     kw = dict(problem="kmeans_assign", out_dir=str(out), seeds=[0], shape_set="kmeans_assign_small", population=8,
               block=2, budget_candidates=32, approve="gate-passing")
     rep = run_experiment(**kw)

@@ -88,8 +88,9 @@ def _flow_run_states(home: Path, run_id: str) -> list[str]:
 
 
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
-def test_stop_is_prompt_final_recorded_and_leaves_nothing(tmp_path, how):
+def test_stop_is_prompt_final_recorded_and_leaves_nothing(tmp_path, how, share_compile_cache):
     marker = f"CAKE_TEST_MARK={uuid.uuid4().hex}"
+    share_compile_cache(tmp_path / "home")     # its own home, server and Ray; the session's cubins
     proc, out = _start(tmp_path, marker)
     root = tmp_path / "home" / "warehouse"
     try:

@@ -1,0 +1,46 @@
+"""Made once per test session, read by the tests of several folders (each copies what it would change).
+
+BLAS runs on one thread in the tests and in every process they start (Ray workers, `cake` subprocesses):
+the interpreter's products are small (a 128x64 tile by a 64x128 one), and OpenBLAS's threads spinning
+against each other on a busy 2-core machine made one of them cost 1-15 ms instead of 0.04 ms.
+"""
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+if "numpy" in sys.modules:   # too late for the variable to take effect here: say so rather than run slow
+    warnings.warn("numpy was imported before tests/conftest.py could run BLAS on one thread; "
+                  "set OPENBLAS_NUM_THREADS=1 for this run", stacklevel=1)
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "core"))   # harness_runs: real CPU runs
+
+
+@pytest.fixture(scope="session")
+def compile_cache(tmp_path_factory) -> Path:
+    """One nvcc cubin cache for every Cake home a test makes (entries are keyed by source hash and written
+    atomically, so homes and processes share it safely); the same seeds are not compiled once per home."""
+    return tmp_path_factory.mktemp("cubin-cache")
+
+
+@pytest.fixture
+def share_compile_cache(compile_cache):
+    """A function that points a Cake home's ``cache/`` at the session's compile cache (before its first use)."""
+    def share(home: Path) -> Path:
+        home.mkdir(parents=True, exist_ok=True)
+        (home / "cache").symlink_to(compile_cache, target_is_directory=True)
+        return home
+    return share
+
+
+@pytest.fixture(scope="session")
+def mined_warehouse_once(tmp_path_factory) -> Path:
+    """The warehouse of ``harness_runs.mined_runs`` (cold-start CPU runs of knn_topk, kmeans_assign and
+    gemm_bf16, 4 generations of 8): made once per session; a test copies it before it writes."""
+    from harness_runs import mined_runs
+    root = tmp_path_factory.mktemp("mined-once") / "warehouse"
+    mined_runs(root)
+    return root
