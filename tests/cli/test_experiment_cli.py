@@ -27,7 +27,7 @@ def one_error_line(result) -> str:
 def no_services(monkeypatch):
     import cake_cli.services as services
     monkeypatch.setattr(services, "prefect_server", lambda settings: contextlib.nullcontext())
-    monkeypatch.setattr(services, "ray_runtime", lambda settings, num_gpus=0: contextlib.nullcontext())
+    monkeypatch.setattr(services, "ray_runtime", lambda settings, num_gpus=0, resources=None: contextlib.nullcontext())
 
 
 @pytest.mark.parametrize("args, says", [
