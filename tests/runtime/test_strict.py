@@ -74,11 +74,18 @@ def _naive_km(old: str, new: str) -> str:
     return text.replace(old, new)
 
 
+def _bf16_dots(problem, norm: str, tile: str) -> str:
+    """The problem's seed with its dot products rounded to bf16 before the score (``norm - 2 dot``)."""
+    score = f"        ewise(scores, {norm}, dot, beta=2.0, fn=\"sub\")\n"
+    decl = f"    scores = rmem(f32, {tile})\n"
+    text = problem.seed_text()
+    assert text.count(score) == 1 and text.count(decl) == 1, (score, decl)
+    return text.replace(score, "        cast(dot_b, dot)\n        cast(dot, dot_b)\n" + score).replace(
+        decl, decl + f"    dot_b = rmem(bf16, {tile})\n")
+
+
 # the dot products rounded to bf16 before the score (c_sq - 2 x.c) and the argmin: reduced-precision scoring
-BF16_SCORES = _naive_km("        ewise(scores, csq_s, dot, beta=2.0, fn=\"sub\")\n",
-                        "        cast(dot_b, dot)\n        cast(dot, dot_b)\n"
-                        "        ewise(scores, csq_s, dot, beta=2.0, fn=\"sub\")\n").replace(
-    "    scores = rmem(f32, (BN, BK))\n", "    scores = rmem(f32, (BN, BK))\n    dot_b = rmem(bf16, (BN, BK))\n")
+BF16_SCORES = _bf16_dots(KM, "csq_s", "(BN, BK)")
 # the centroid loop stops after 4 tiles of 64: centroids past 256 are never scored
 FIRST_256 = _naive_km("    for kt in range(cdiv(K, BK)):", "    for kt in range(min(cdiv(K, BK), 4)):")
 
@@ -119,17 +126,8 @@ def test_near_ties_are_planted_and_ordered_by_fp32_not_by_bf16():
         assert KM.compare({"out": got}, want)[0] is ok
 
 
-def _knn(old: str, new: str) -> str:
-    text = KNN.seed_text()
-    assert text.count(old) == 1, old
-    return text.replace(old, new)
-
-
 # the dot products rounded to bf16 before the score (|db|^2 - 2 q.db) and the top-k: reduced-precision ranking
-KNN_BF16 = _knn("        ewise(scores, norm, dot, beta=2.0, fn=\"sub\")\n",
-                "        cast(dot_b, dot)\n        cast(dot, dot_b)\n"
-                "        ewise(scores, norm, dot, beta=2.0, fn=\"sub\")\n").replace(
-    "    scores = rmem(f32, (BQ, BN))\n", "    scores = rmem(f32, (BQ, BN))\n    dot_b = rmem(bf16, (BQ, BN))\n")
+KNN_BF16 = _bf16_dots(KNN, "norm", "(BQ, BN)")
 
 
 def test_bf16_ranking_fails_the_knn_gate_on_the_near_ties_while_fp32_ranking_passes():
