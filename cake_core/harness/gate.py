@@ -121,7 +121,7 @@ def kernel_shapes(k: Kernel, problem: Problem, harness: HarnessSpec) -> list[tup
     prog = parse(harness.expand(k.text).text).program
     if prog is not None:
         given = [s for s, _ in shapes]
-        shapes += [(s, True) for s in strict_shapes(prog, problem).shapes if s not in given]
+        shapes += [(s, True) for s, _ in strict_shapes(prog, problem).beyond(given)]
     return shapes
 
 

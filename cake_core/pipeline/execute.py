@@ -87,8 +87,7 @@ def strict_check_shapes(program, problem, shapes: list[Shape]) -> list[tuple[Sha
     from cake_core.runtime.strict import strict_shapes
 
     given = [{d: int(s[d]) for d in problem.dims} for s in shapes]
-    ss = strict_shapes(program, problem, STRICT_MAX_WORK)
-    return [(s, why) for s, why in zip(ss.shapes, ss.why) if s not in given][:STRICT_SHAPES]
+    return strict_shapes(program, problem, STRICT_MAX_WORK).beyond(given)[:STRICT_SHAPES]
 
 
 def gate_rows(problem: str, shape: Shape) -> int | None:

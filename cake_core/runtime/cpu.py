@@ -116,7 +116,7 @@ def check_on_cpu(program: Program, problem: Problem, shapes: list[Shape], seed: 
     todo = [{d: int(s[d]) for d in problem.dims} for s in shapes]
     if strict:
         from cake_core.runtime.strict import strict_shapes  # noqa: PLC0415 - only the strict gate needs it
-        todo += [s for s in strict_shapes(program, problem).shapes if s not in todo]
+        todo += [s for s, _ in strict_shapes(program, problem).beyond(todo)]
     return [check_shape_on_cpu(program, problem, shape, seed, refs) for shape in todo]
 
 

@@ -40,6 +40,10 @@ class StrictShapes:
     why: tuple[str, ...]            # one line per shape: what it exercises
     skipped: tuple[str, ...] = ()   # thresholds whose shape would exceed the budget
 
+    def beyond(self, given: list[Shape]) -> list[tuple[Shape, str]]:
+        """The strict shapes not among ``given`` (the shapes already checked), each with what it exercises."""
+        return [(s, why) for s, why in zip(self.shapes, self.why) if s not in given]
+
 
 def tile_sizes(program: Program) -> dict[str, set[int]]:
     """Static tile sizes along each problem dimension (a gmem axis whose extent is that dimension)."""
