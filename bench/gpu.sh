@@ -3,6 +3,7 @@
 #
 #   bash bench/gpu.sh                     # gpu tests, then every problem's kernels against its peers
 #   bash bench/gpu.sh tests -k kmeans     # only the gpu tests (extra args go to pytest)
+#   GPU_TESTS='tests/runtime tests/core' bash bench/gpu.sh tests -v   # those folders' gpu tests, in that order
 #   bash bench/gpu.sh corpus --problems gemm_bf16 --reps 30   # only the bench (extra args go to it)
 #   bash bench/gpu.sh corpus --variants   # also every unregistered program under cake_core/problems/seeds/
 #   bash bench/gpu.sh corpus --problems tinygemm --timer graph   # back-to-back launches from a CUDA graph
@@ -61,7 +62,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=c
 rc=0
 if [ "$what" = all ] || [ "$what" = tests ]; then
     echo "== gpu tests"
-    python3 -m pytest -m gpu tests -o addopts="" -q -p no:cacheprovider --junitxml="$OUT/gpu-tests.xml" \
+    python3 -m pytest -m gpu ${GPU_TESTS:-tests} -o addopts="" -q -p no:cacheprovider --junitxml="$OUT/gpu-tests.xml" \
         "$@" 2>&1 | tee "$OUT/gpu-tests.log" | tail -25
     rc=${PIPESTATUS[0]}
 fi
