@@ -16,12 +16,13 @@ pytestmark = pytest.mark.gpu
 def gpu_ray():
     ray = pytest.importorskip("ray")
     from cake_cli.services import detect_gpus
+    from tasks.gpus import local_resources
     gpus = detect_gpus()
     if not gpus:
         pytest.skip("no NVIDIA GPU here")
     started = not ray.is_initialized()
     if started:
-        ray.init(include_dashboard=False, log_to_driver=False, num_gpus=len(gpus))
+        ray.init(include_dashboard=False, log_to_driver=False, num_gpus=len(gpus), resources=local_resources(gpus))
     yield gpus
     if started:
         ray.shutdown()

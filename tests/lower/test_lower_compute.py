@@ -97,6 +97,7 @@ def diff(x: gmem[f32, (N, C)], o_exp: gmem[f32, (N, C)], o_scan: gmem[f32, (N, C
 def test_compute_ops_on_the_gpu_match_the_interpreter(tmp_path, monkeypatch):
     """Differential: the lowered ops against the interpreter, through the GPU gate."""
     import numpy as np
+    cp = pytest.importorskip("cupy")
 
     from cake_core.ir import interp
     from cake_core.problems.base import Problem
@@ -106,14 +107,17 @@ def test_compute_ops_on_the_gpu_match_the_interpreter(tmp_path, monkeypatch):
     prog = parse_program(DIFF, "diff.cake")
     outs = tuple(p.name for p in prog.params[1:])
 
-    def oracle(x):
-        shape = {"N": x["x"].shape[0], "C": x["x"].shape[1]}
+    def oracle(x):   # the gate draws the inputs on the device: the interpreter runs on a host copy
+        dev = x["x"]
+        host = cp.asnumpy(dev)
+        shape = {"N": host.shape[0], "C": host.shape[1]}
         o = {p.name: np.zeros(tuple(int(d if isinstance(d, int) else shape[d.name]) for d in p.type.shape),
                               np.float32) for p in prog.params[1:]}
-        return interp.run(prog, shape, {"x": x["x"]}, o)
+        got = interp.run(prog, shape, {"x": host}, o)
+        return {k: cp.asarray(v) if isinstance(dev, cp.ndarray) else v for k, v in got.items()}
 
     prob = Problem("diff", "differential", ("N", "C"), ("x",), outs,
-                   lambda s, rng: {"x": (3 * rng.standard_normal((s["N"], s["C"]))).astype(np.float32)},
+                   lambda s, rng: {"x": (3 * rng.normal((s["N"], s["C"]))).astype(np.float32)},
                    oracle, 1e-5, lambda s: 1.0, lambda s: 1.0, "", zeroed_outputs=("o_acc",))
     monkeypatch.setattr(gpu, "_poison", lambda buf, dtype: buf.fill(0))
     lr = lower(prog, "diff.cake")
