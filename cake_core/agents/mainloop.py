@@ -20,7 +20,7 @@ a running arg-min or top-k); at the end, stores::
         load(csq_s, c_sq[bid.y, tile(kt, BK)])   # epilogue operands
         sync()
         ewise(scores, csq_s, dot, beta=2.0, fn="sub")
-        argmin_update(best, arg, scores, base=kt * BK, limit=K)
+        merge(best, arg, scores, base=kt * BK, limit=K)   # a running op: an arg-min (kmeans) or a top-k (knn)
     store(out[bid.y, tile(bid.x, BN)], arg)      # tail
 
 ``find_mainloop`` returns that structure as data, or raises ``Refused`` saying which statement does not
@@ -35,9 +35,13 @@ from dataclasses import dataclass, field
 from cake_core.agents.rewrite import Refused, refuse_unless, view_syms, walk_nodes
 from cake_core.ir.ops import Node, Op, View
 from cake_core.ir.program import Program
+from cake_core.ir.opdef import Family
+from cake_core.ir.registry import REGISTRY, ops_of
 from cake_core.ir.types import DType, MemSpace, TileType
 from cake_core.ir.verify import build_ctx
 from cake_core.targets import find_arch
+
+RUNNING_OPS = ops_of(Family.RUNNING)   # the epilogue's running merge: an arg-min (one kept per row) or a top-k
 
 
 @dataclass(frozen=True)
@@ -187,9 +191,9 @@ def find_mainloop(p: Program) -> Mainloop:
         bias = ew.args[1]
         refuse_unless(bias in dict(epi_loads) or bias == norm,
                       f"the scores' bias `{bias}` is neither a loaded vector nor the row norms")
-        refuse_unless(merge.op in (Op.ARGMIN_UPDATE, Op.TOPK_MERGE) and merge.args[2] == ew.args[0],
-                      "the scores do not feed argmin_update or topk_merge")
-        epi = Epilogue("argmin" if merge.op is Op.ARGMIN_UPDATE else "topk", (merge.args[0], merge.args[1]), bias,
+        refuse_unless(merge.op in RUNNING_OPS and merge.args[2] == ew.args[0],
+                      f"the scores do not feed a running merge ({', '.join(sorted(o.value for o in RUNNING_OPS))})")
+        epi = Epilogue("argmin" if REGISTRY[merge.op].keeps_per_row == 1 else "topk", (merge.args[0], merge.args[1]), bias,
                        float(ew.attr("beta")), merge.args[3], merge.args[4], ew.args[0])
     else:
         refuse_unless(not rest and not epi_loads, "statements after the reduction loop that are not stores")
