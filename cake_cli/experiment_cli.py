@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import typer
 
@@ -31,10 +31,13 @@ def run_experiment(problem: str, out_dir: str, seeds: list[int], shape_set: str 
                    population: int = 8, block: int = 2, generations: int | None = None,
                    budget_candidates: int | None = None, budget_gpu_minutes: float | None = None,
                    approve: str = "gate-passing", gpu_models: list[str] | None = None,
-                   min_support: int = 3, timeout_s: float = 120.0, reps: int = 20) -> dict[str, Any]:
+                   min_support: int = 3, timeout_s: float = 120.0, reps: int = 20,
+                   say: Callable[[str], None] = log.info) -> dict[str, Any]:
     """Run (or continue) both arms for every seed and write the report under ``out_dir``; returns it.
 
-    Needs a Prefect API and Ray (the embedded services, as the command starts them).
+    Needs a Prefect API and Ray (the embedded services, as the command starts them). ``say`` gets one line per
+    block and per review (what ran, how long it took, the run's best so far): an experiment runs for many
+    minutes, and the command prints them as it goes.
     """
     from flows.evolve import evolve_flow
     from flows.harness import harness_review_flow
@@ -54,20 +57,34 @@ def run_experiment(problem: str, out_dir: str, seeds: list[int], shape_set: str 
                                               policy=plan["review_policy"])
                 reviews.append({"arm": run["arm"], "seed": run["seed"], "after_generation": progress["generations"],
                                 "decisions": decided, "seconds": round(time.monotonic() - t0, 1)})
+                say(f"{rid}: harness review after generation {progress['generations']}: "
+                    f"{_decisions(decided)} ({reviews[-1]['seconds']} s)")
             version = harness_for_block(run["arm"], root)
-            log.info(f"{rid}: generations {progress['generations']} -> {target} under harness v{version}")
-            evolve_flow(problem=plan["problem"], shape_set=plan["shape_set"], generations=target,
+            t0 = time.monotonic()
+            summary = evolve_flow(problem=plan["problem"], shape_set=plan["shape_set"], generations=target,
                         population=plan["population"], seed=run["seed"],
                         run_id=None if progress["exists"] else rid, resume=rid if progress["exists"] else None,
                         warehouse_root=root, cache_dir=plan["cache_dir"], gpu_models=list(gpu_models or []),
                         timeout_s=timeout_s, reps=reps, cold=True, harness_version=version,
                         budget_candidates=plan["budget_candidates"], budget_gpu_minutes=plan["budget_gpu_minutes"])
             before, progress = progress["generations"], run_progress(root, rid)
+            best = summary.get("best_score") if isinstance(summary, dict) else None
+            say(f"{rid}: generations {before} -> {progress['generations']} under harness v{version}, "
+                f"{progress.get('attempts', '?')} attempts, best "
+                f"{'none' if best is None else f'{best:.4g} ms'} ({time.monotonic() - t0:.0f} s)")
             if progress["generations"] <= before:        # the run stopped on its own (see its stop reason)
                 log.warning(f"{rid}: the block ended at generation {before}; the run goes no further")
                 break
     rows = [run_result(plan, run) for run in plan["runs"]]
     return write_report(plan, rows, reviews)
+
+def _decisions(decided: Any) -> str:
+    """One line of a review's decisions: ``approved rule 3, refused tactic 4`` (or ``nothing proposed``)."""
+    items = decided if isinstance(decided, list) else (decided or {}).get("decisions", [])
+    parts = [f"{d.get('decision', '?')} {d.get('kind', '?')} {d.get('proposal_id', '')}".strip()
+             for d in items if isinstance(d, dict)]
+    return ", ".join(parts) or "nothing proposed"
+
 
 experiment_app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                              help="Experiments over the evolution loop: frozen-vs-evolving.")
@@ -130,7 +147,7 @@ def frozen_vs_evolving(
     with prefect_server(settings), ray_runtime(settings, num_gpus=len(gpu_models),
                                                resources=local_resources(gpu_models)):
         _quiet_prefect_console()
-        report = run_experiment(**kwargs)
+        report = run_experiment(**kwargs, say=_say)
     s = report["summary"]
     _say(f"policy of the evolving arm: {report['policy']['name']} ({report['policy']['meaning']})")
     _say(f"converged means {report['converged_means']}")

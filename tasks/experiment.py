@@ -1,4 +1,7 @@
-"""The frozen-vs-evolving experiment's tasks: its plan, each run's progress, the harness between blocks, the report.
+"""The frozen-vs-evolving experiment's steps: its plan, each run's progress, the harness between blocks, the report.
+
+Plain functions, not Prefect tasks: the CLI calls them between the flows it runs (the evolve blocks and the
+harness reviews are the flow runs the UI shows), and a task run outside a flow run has nowhere to log.
 
 Two arms of cold-start runs of the same tactic agent with the same budget, one run per arm and seed, each in a
 warehouse of its own (``OUT/<arm>-s<seed>/warehouse``: a run learns only from its own attempts, and a later
@@ -20,8 +23,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
 
 from cake_core.errors import CakeError
 from cake_core.problems import get_problem, load_shape_set
@@ -45,7 +46,6 @@ def run_id_of(problem: str, arm: str, seed: int) -> str:
     return f"{problem}-{arm}-s{seed}"
 
 
-@task(name="experiment-plan", cache_policy=NO_CACHE)
 def experiment_plan(problem: str, shape_set: str | None, seeds: list[int], out_dir: str, population: int, block: int,
                     generations: int | None, budget_candidates: int | None, budget_gpu_minutes: float | None,
                     approve: str, timed: bool) -> dict[str, Any]:
@@ -96,7 +96,6 @@ def experiment_plan(problem: str, shape_set: str | None, seeds: list[int], out_d
     return plan
 
 
-@task(name="run-progress", cache_policy=NO_CACHE)
 def run_progress(warehouse_root: str, run_id: str) -> dict[str, Any]:
     """How far a run of the experiment went: generations done, attempts, GPU-seconds, its harness version."""
     if not Path(warehouse_root).exists() or not run_rows(warehouse_root, run_id):
@@ -122,7 +121,6 @@ def next_block(plan: dict[str, Any], progress: dict[str, Any]) -> int | None:
     return min(progress["generations"] + plan["block"], plan["generations"])
 
 
-@task(name="harness-for-block", cache_policy=NO_CACHE)
 def harness_for_block(arm: str, warehouse_root: str) -> int:
     """The harness version a block runs under: v0 for the frozen arm, the newest approved for the evolving."""
     if arm == "frozen" or not Path(warehouse_root).exists():
@@ -204,7 +202,6 @@ def convergence(scores: list[dict[str, Any]], target_ms: float | None) -> dict[s
     return next((s for s in scores if s["score_ms"] <= target_ms / CONVERGED_AT), None)
 
 
-@task(name="run-result", cache_policy=NO_CACHE)
 def run_result(plan: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
     """One row of the report: converged or not, what it took, what failing candidates cost, what was approved."""
     root, rid, timed = run["warehouse_root"], run["run_id"], plan["mode"] == "gpu"
@@ -289,7 +286,6 @@ def table(rows: list[dict[str, Any]]) -> str:
     return head + "".join("\n| " + " | ".join(_cell(r.get(c)) for c in COLUMNS) + " |" for r in rows)
 
 
-@task(name="experiment-report", cache_policy=NO_CACHE)
 def write_report(plan: dict[str, Any], rows: list[dict[str, Any]], reviews: list[dict[str, Any]]) -> dict[str, Any]:
     """``frozen-vs-evolving.json`` and ``.md`` under the plan's out dir; returns the report."""
     policy = {"name": plan["approve"], "harness_review_policy": plan["review_policy"],

@@ -19,7 +19,11 @@ def test_both_arms_run_in_blocks_the_evolving_one_under_what_its_review_approved
     share_compile_cache(out)                                  # the session's cubins, not the experiment's own
     kw = dict(problem="kmeans_assign", out_dir=str(out), seeds=[0], shape_set="kmeans_assign_small", population=8,
               block=2, budget_candidates=32, approve="gate-passing")
-    rep = run_experiment(**kw)
+    said: list[str] = []
+    rep = run_experiment(**kw, say=said.append)
+    blocks = [line for line in said if "generations" in line and "under harness" in line]
+    assert len(blocks) == 4 and all(line.endswith(" s)") and "best " in line for line in blocks), said
+    assert [line for line in said if "harness review after generation 2" in line], said   # the evolving arm's one
     assert rep["policy"]["name"] == "gate-passing" and rep["policy"]["harness_review_policy"] == "approve-gated"
     rows = {r["arm"]: r for r in rep["rows"]}
     assert set(rows) == {"frozen", "evolving"}
@@ -90,7 +94,7 @@ def test_the_summary_counts_converged_runs_and_the_evolving_arms_saving_on_failu
 def test_the_plan_refuses_what_it_cannot_run(tmp_path):
     from cake_core.errors import CakeError
     from tasks.experiment import experiment_plan
-    plan = experiment_plan.fn
+    plan = experiment_plan
     args = dict(problem="kmeans_assign", shape_set=None, seeds=[0], out_dir=str(tmp_path / "x"), population=8,
                 block=2, generations=None, budget_candidates=16, budget_gpu_minutes=None, approve="gate-passing",
                 timed=False)
