@@ -8,7 +8,12 @@
   so the run's best is always shown beside them. They are never attempts and never parents.
 - dispatch: per searched shape, the kernel to dispatch on (a GPU run's ``shape_best``).
 
-A resumed run whose final stage was cut short redoes only the parts that landed nothing.
+A long run is several jobs (``cake evolve --resume``, an experiment's blocks of generations), each ending with
+this stage, and a later job's search can change the winners. So each job confirms the (attempt, shape) pairs of
+the current ``shape_best`` that no earlier job confirmed, and reports the current ``run_best`` on the held-out
+rows unless an earlier job did; the baselines are measured once per run (the same kernels on the same shapes
+and inputs, whatever the search found since). A final stage cut short redoes only what landed nothing: each
+part lands before the next begins.
 """
 from __future__ import annotations
 
@@ -44,8 +49,8 @@ def _kernel(run: Run, row: dict[str, Any]) -> Attempt:
                    Candidate(row["ir_text"]), attempt_id=row["attempt_id"])
 
 
-def _confirm(run: Run) -> int:
-    picks = shape_best(run.warehouse_root, run.plan.run_id)
+def _confirm(run: Run, picks: list[dict[str, Any]]) -> int:
+    """Each of ``picks`` (``shape_best`` rows) re-measured on fresh inputs; returns the measurements landed."""
     rows = {r["attempt_id"]: r for r in Warehouse(run.warehouse_root).query(
         "select attempt_id, generation, slot, ir_text from attempts where run_id = ?", [run.plan.run_id]).to_pylist()}
     ids = list(dict.fromkeys(p["attempt_id"] for p in picks if p["attempt_id"] in rows))
@@ -157,14 +162,18 @@ def final(run: Run) -> dict[str, Any]:
     run.recorder.flush()
     done = final_recorded(run.warehouse_root, run.plan.run_id)
     best = run_best(run.warehouse_root, run.plan.run_id)
+    unconfirmed = [p for p in shape_best(run.warehouse_root, run.plan.run_id)
+                   if (p["attempt_id"], p["shape"]) not in done["confirm"]]
     landed = {"confirm": 0, "held_out": 0, "baselines": 0, "dispatch": 0}
-    if run.timed and not done["confirm"]:
-        landed["confirm"] = _confirm(run)
+    if run.timed and unconfirmed:
+        landed["confirm"] = _confirm(run, unconfirmed)
+        run.recorder.flush()
     if not done["baselines"]:          # right after the confirmation: on the inputs it drew
         landed["baselines"] = _baselines(run)
-    if run.held_out and best is not None and not done["held_out"]:
+        run.recorder.flush()
+    if run.held_out and best is not None and best["attempt_id"] not in done["held_out"]:
         landed["held_out"] = _held_out(run, best)
-    run.recorder.flush()
+        run.recorder.flush()
     if run.timed:
         landed["dispatch"] = record_dispatch(run.warehouse_root, run.plan.run_id, run.plan.problem, run.plan.shape_set)
     run.recorder.rows("stage_times", [stage_time_row(run.plan.run_id, run.plan.session, -1, "final",

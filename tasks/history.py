@@ -95,16 +95,20 @@ def recorded(warehouse_root: str, attempt_ids: list[str], tables: tuple[str, ...
         for t in tables}
 
 
-def final_recorded(warehouse_root: str, run_id: str) -> dict[str, int]:
-    """Rows the final stage of ``run_id`` has landed already, by what they are (a resumed final stage skips them)."""
+def final_recorded(warehouse_root: str, run_id: str) -> dict[str, Any]:
+    """What the final stages of ``run_id``'s jobs have landed already (a later one does not measure it again):
+    ``confirm``, the (attempt id, shape) pairs with a confirmatory measurement; ``held_out``, the attempt ids
+    with held-out rows (measured or checked); ``baselines``, how many baseline rows."""
     wh = Warehouse(warehouse_root)
-    meas = {r["kind"]: r["n"] for r in wh.query(
-        "select kind, count(*) as n from measurements where run_id = ? and kind <> 'search' group by kind",
+    confirmed = {(r["attempt_id"], r["shape"]) for r in wh.query(
+        "select distinct attempt_id, shape from measurements where run_id = ? and kind = 'confirm'",
         [run_id]).to_pylist()}
-    held_checks = wh.query("select count(*) as n from checks c join attempts a using (attempt_id) "
-                           "where a.run_id = ? and c.kind = 'held_out'", [run_id]).to_pylist()[0]["n"]
+    held = {r["attempt_id"] for r in wh.query(
+        "select attempt_id from measurements where run_id = ? and kind = 'held_out' union "
+        "select c.attempt_id from checks c join attempts a using (attempt_id) where a.run_id = ? "
+        "and c.kind = 'held_out'", [run_id, run_id]).to_pylist()}
     base = wh.query("select count(*) as n from baselines where run_id = ?", [run_id]).to_pylist()[0]["n"]
-    return {"confirm": meas.get("confirm", 0), "held_out": meas.get("held_out", 0) + held_checks, "baselines": base}
+    return {"confirm": confirmed, "held_out": held, "baselines": base}
 
 
 def run_best(warehouse_root: str, run_id: str) -> dict[str, Any] | None:

@@ -1,0 +1,203 @@
+"""The final stage of a run made of several jobs (``tasks/final.py``), on stand-in workers in this process.
+
+Each job of the run ends with the final stage. Its CPU workers verify and lower for real; the compile answers a
+cubin without nvcc and the GPU runners answer every job correct with a median of M microseconds, logging each
+job they ran. The search rows a job's generations landed are written straight into the warehouse.
+"""
+from __future__ import annotations
+
+import shutil
+from collections import Counter
+from datetime import datetime
+from types import SimpleNamespace
+
+import pytest
+
+from cake_core.harness.version import HarnessSpec
+from cake_core.model.analytic import AnalyticModel
+from cake_core.outcome import Outcome, StageResult
+from cake_core.pipeline.attempt import attempt_id_for
+from cake_core.pipeline.plan import RunPlan
+from cake_core.pipeline.stages import Binary
+from cake_core.pipeline.verdicts import ShapeVerdict, Timing
+from cake_core.problems import get_problem, shape_key
+from tasks.final import CONFIRM_SEED, HELD_OUT_SEED, final
+from tasks.record import Recorder
+from tasks.run import Run
+from tasks.workers import PoolExhausted, _cpu_stage
+from warehouse import Warehouse
+
+SEED_TEXT = get_problem("gemm_bf16").seed_text()
+UNGUARDED = SEED_TEXT.replace("tile(kt, BK)])", "tile(kt, BK)], guard=False)", 1)    # another kernel that verifies
+S1, S2 = {"M": 128, "N": 128, "K": 64}, {"M": 64, "N": 64, "K": 160}
+HELD = {"M": 130, "N": 70, "K": 50}
+RUN_SEED = 3
+
+
+class StandInCpu:
+    """CPU workers in this process: every stage for real but the compile, which answers a cubin without nvcc."""
+
+    size = 1
+
+    def __init__(self):
+        self.elapsed: list[float] = []
+
+    def map(self, method, jobs, timeout_s):
+        assert method == "stage"
+        self.elapsed = [0.0] * len(jobs)
+        return [self._stage(*job) for job in jobs]
+
+    @staticmethod
+    def _stage(name, *args):
+        if name == "compile":
+            lowered = args[0]
+            return StageResult("compile", Outcome.OK, value=Binary(SimpleNamespace(kernel_name=lowered.kernel_name),
+                                                                   lowered.source.encode())), 0.0
+        return _cpu_stage(name)(*args), 0.0
+
+
+class StandInGpu:
+    """GPU runners in this process: every job correct, its median M µs; ``ran`` holds (seed, kernel or peer,
+    shape) per job."""
+
+    size = 1
+
+    def __init__(self):
+        self.lost: list = []
+        self.ran: list[tuple[int, str, str]] = []
+
+    def run_units(self, method, units, *, batch, skip=lambda key: False, on_answer=lambda key, answer: None):
+        answers = {}
+        for u in units:
+            if skip(u.key):
+                continue
+            self.ran.append((u.args.seed, u.args.kernel_name, shape_key(u.args.shape)))
+            answers[u.key] = _timed(u.args.shape)
+            on_answer(u.key, answers[u.key])
+        return answers
+
+    def map(self, method, jobs, timeout_s):       # the peers of the baselines: (problem, peer, shape, seed, reps)
+        assert method == "peer"
+        for job in jobs:
+            self.ran.append((job[3], job[1], shape_key(job[2])))
+        return [{"verdict": _timed(job[2])} for job in jobs]
+
+
+class LostAtHeldOut(StandInGpu):
+    """The stand-in runners, lost for good (``PoolExhausted``) when the held-out report's jobs come."""
+
+    def run_units(self, method, units, **kw):
+        if any(u.args.seed == RUN_SEED + HELD_OUT_SEED for u in units):
+            raise PoolExhausted("every GPU runner was lost")
+        return super().run_units(method, units, **kw)
+
+
+def _timed(shape):
+    ms = shape["M"] / 1000
+    return ShapeVerdict(shape_key(shape), "gpu", Outcome.MEASURED, 1e-6, "correct",
+                        Timing(ms, ms * 0.9, ms * 1.1, 20, "cuda_event", "cold-clean", "H200"), seconds=0.1)
+
+
+def _job(root, session: int, gpu: StandInGpu | None = None) -> Run:
+    """Job ``session`` of run ``r`` (0: the first; each resume one more) on the stand-in workers."""
+    plan = RunPlan(run_id="r", problem="gemm_bf16", shape_set="set", seed=RUN_SEED, session=session)
+    roles = {shape_key(S1): "headline", shape_key(S2): "headline", shape_key(HELD): "held_out"}
+    return Run(plan=plan, warehouse_root=str(root), cache_dir=str(root / "cache"), harness=HarnessSpec(),
+               gpus=["NVIDIA H200"], search_shapes=[S1, S2], check_shapes=[S1, S2], held_out=[HELD], roles=roles,
+               model=AnalyticModel("H200"), agent=None, timeout_s=30.0, reps=20, flow_run_id=None,
+               recorder=Recorder(str(root)), state=None, cpu=StandInCpu(), gpu=gpu or StandInGpu())
+
+
+def _searched(root, generation: int, text: str, medians: dict[str, float]) -> str:
+    """What a generation's search landed for one kernel: its attempt and its search medians."""
+    aid = attempt_id_for("r", generation, 0)
+    wh = Warehouse(root)
+    wh.append("attempts", [{"attempt_id": aid, "run_id": "r", "generation": generation, "slot": 0,
+                            "problem": "gemm_bf16", "ir_hash": f"h{generation}", "ir_text": text, "agent": "tactic",
+                            "harness_version": 0, "stage": "time", "outcome": "measured"}])
+    wh.append("measurements", [{"attempt_id": aid, "run_id": "r", "shape": s, "gpu_model": "H200",
+                                "timer": "cuda_event", "l2": "cold-clean", "median_ms": ms, "p10_ms": ms * 0.9,
+                                "p90_ms": ms * 1.1, "runs": 20, "correct": True, "max_error": 1e-6,
+                                "kind": "search", "measured_at": datetime(2026, 12, 1, 10, generation)}
+                               for s, ms in medians.items()])
+    return aid
+
+
+def _ended(run: Run) -> Run:
+    final.fn(run)
+    run.recorder.close()
+    return run
+
+
+@pytest.fixture(scope="module")
+def two_jobs(tmp_path_factory):
+    """Job 0 finds kernel A, best on both shapes; job 1 finds B: slower on S1, faster on S2 and overall."""
+    root = tmp_path_factory.mktemp("final") / "warehouse"
+    a = _searched(root, 0, SEED_TEXT, {shape_key(S1): 1.0, shape_key(S2): 1.0})
+    first = _ended(_job(root, 0))
+    baselines = Warehouse(root).query("select count(*) as n from baselines").to_pylist()[0]["n"]
+    b = _searched(root, 1, UNGUARDED, {shape_key(S1): 1.5, shape_key(S2): 0.5})
+    later = _ended(_job(root, 1))
+    return SimpleNamespace(wh=Warehouse(root), a=a, b=b, first=first, later=later, baselines=baselines)
+
+
+def _jobs_at(run: Run, offset: int) -> list[str]:
+    """The shapes the run's kernels (A and B lower to the same kernel name) ran on with this input seed."""
+    return sorted(shape for seed, kernel, shape in run.gpu.ran if seed == RUN_SEED + offset and kernel == "gemm_bf16")
+
+
+def test_a_later_job_confirms_its_new_winner_and_no_pair_confirmed_before(two_jobs):
+    wh, a, b = two_jobs.wh, two_jobs.a, two_jobs.b
+    assert _jobs_at(two_jobs.first, CONFIRM_SEED) == sorted([shape_key(S1), shape_key(S2)])
+    assert _jobs_at(two_jobs.later, CONFIRM_SEED) == [shape_key(S2)]       # B's shape; A's S1 stays confirmed
+    confirmed = Counter((r["attempt_id"], r["shape"]) for r in wh.query(
+        "select attempt_id, shape from measurements where kind = 'confirm'").to_pylist())
+    assert confirmed == {(a, shape_key(S1)): 1, (a, shape_key(S2)): 1, (b, shape_key(S2)): 1}
+    # the later job's dispatch table: each shape's winner with its confirmed median, none from the search
+    latest = wh.query("select shape, attempt_id, median_ms from dispatch "
+                      "qualify created_at = max(created_at) over () order by shape").to_pylist()
+    assert [(r["shape"], r["attempt_id"], r["median_ms"]) for r in latest] == \
+        [(shape_key(S1), a, pytest.approx(0.128)), (shape_key(S2), b, pytest.approx(0.064))]
+
+
+def test_a_later_job_reports_its_new_best_on_the_held_out_rows_and_measures_the_baselines_once(two_jobs):
+    wh, a, b = two_jobs.wh, two_jobs.a, two_jobs.b
+    assert wh.query("select attempt_id from run_best").to_pylist() == [{"attempt_id": b}]
+    held = Counter(r["attempt_id"] for r in wh.query(
+        "select attempt_id from measurements where kind = 'held_out'").to_pylist())
+    assert held == {a: 1, b: 1}
+    checked = Counter(r["attempt_id"] for r in wh.query(
+        "select attempt_id from checks where kind = 'held_out'").to_pylist())
+    assert checked == {a: 1, b: 1}
+    assert _jobs_at(two_jobs.later, HELD_OUT_SEED) == [shape_key(HELD)]
+    # the baselines: once per run (the same inputs and shapes whatever the search found), by the first job
+    assert two_jobs.baselines > 0 and {k for _, k, _ in two_jobs.first.gpu.ran} > {"gemm_bf16"}
+    assert {k for _, k, _ in two_jobs.later.gpu.ran} == {"gemm_bf16"}        # no hand-written kernel, no peer
+    assert wh.query("select count(*) as n from baselines").to_pylist()[0]["n"] == two_jobs.baselines
+
+
+def test_a_job_whose_final_stage_is_redone_measures_nothing_again(two_jobs, tmp_path):
+    root = tmp_path / "warehouse"
+    shutil.copytree(two_jobs.wh.root, root)
+    again = _ended(_job(root, 2))
+    assert again.gpu.ran == []
+    n = {r["kind"]: r["n"] for r in Warehouse(root).query(
+        "select kind, count(*) as n from measurements group by kind").to_pylist()}
+    assert n == {"search": 4, "confirm": 3, "held_out": 2}
+
+
+def test_a_final_stage_cut_short_is_redone_from_the_part_that_landed_nothing(tmp_path):
+    root = tmp_path / "warehouse"
+    a = _searched(root, 0, SEED_TEXT, {shape_key(S1): 1.0, shape_key(S2): 1.0})
+    cut = _job(root, 0, LostAtHeldOut())
+    with pytest.raises(PoolExhausted):
+        final.fn(cut)
+    cut.recorder.close()
+    baselines = Warehouse(root).query("select count(*) as n from baselines").to_pylist()[0]["n"]
+    assert baselines > 0
+    resumed = _ended(_job(root, 1))
+    assert resumed.gpu.ran == [(RUN_SEED + HELD_OUT_SEED, "gemm_bf16", shape_key(HELD))]
+    n = Counter((r["kind"], r["attempt_id"]) for r in Warehouse(root).query(
+        "select kind, attempt_id from measurements").to_pylist())
+    assert n == {("search", a): 2, ("confirm", a): 2, ("held_out", a): 1}
+    assert Warehouse(root).query("select count(*) as n from baselines").to_pylist()[0]["n"] == baselines
