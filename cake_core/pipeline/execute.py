@@ -43,7 +43,9 @@ STRICT_MAX_WORK = 4e8
 @dataclass(frozen=True)
 class GpuJob:
     """One candidate on one shape, as a GPU worker receives it: the lowering, the cubin's bytes (a worker
-    on another node cannot read this machine's cache) and what to run it for."""
+    on another node cannot read this machine's cache) and what to run it for. ``cutoff_ms``: stop timing
+    after a few launches whose median is above it (the search's clear losers; ``runtime.gpu.check_and_time``);
+    None, as for every job outside the search, times all ``reps``."""
 
     key: Any                     # the caller's handle (attempt index, shape index)
     lowered: Any                 # cake_core.lower.cuda.LoweredKernel
@@ -54,6 +56,7 @@ class GpuJob:
     seed: int
     reps: int
     time: bool = True
+    cutoff_ms: float | None = None
 
 
 def check_on_interpreter(program, problem: str, shapes: list[Shape], seed: int,
@@ -147,7 +150,8 @@ class GpuSession:
             compiled = Compiled(self._cubin(job), job.kernel_name, None, "", 0.0, True, job.lowered.target)
             (run,) = check_and_time(compiled, job.lowered, get_problem(job.problem), [job.shape], seed=job.seed,
                                     time=job.time, reps=job.reps, timeout_s=self.timeout_s, refs=self.refs,
-                                    rows=gate_rows(job.problem, job.shape))
+                                    rows=gate_rows(job.problem, job.shape),
+                                    cutoff_ms=job.cutoff_ms if job.time else None)
         except CakeError as e:     # refused before any launch (wrong GPU, compile-only target): not a fault
             return fault(key, "gpu", Outcome.RUNTIME_FAULT, str(e), time.monotonic() - t0)
         except Exception as e:  # noqa: BLE001 - a CUDA error leaves the context unusable: report and get replaced
