@@ -99,6 +99,11 @@ def _cupy():
     return cupy
 
 
+def device_kind() -> str:
+    """The device kind references are drawn, computed and cached for here (``cuda:NVIDIA H200``)."""
+    return f"cuda:{gpu_model() or 'unknown'}"
+
+
 def gpu_model() -> str | None:
     """The name of GPU 0 (e.g. ``NVIDIA H200``), or None without CuPy or a GPU."""
     try:
@@ -341,9 +346,11 @@ def _graph_timed(cp, L: _Launcher, arg_sets: list[tuple], reps: int, warmup: int
     return [m / len(arg_sets) for m in ms]
 
 
-def _device_reference(cp, problem: Problem, shape: Shape, seed: int, device: str, refs: ReferenceCache | None,
-                      rows: int | None) -> tuple[dict[str, Any], Reference]:
-    """The shape's inputs, drawn on the device, and their reference (computed there, or from the cache)."""
+def device_reference(cp, problem: Problem, shape: Shape, seed: int, device: str, refs: ReferenceCache | None,
+                     rows: int | None) -> tuple[dict[str, Any], Reference]:
+    """The shape's inputs, drawn on the device, and their reference (computed there, or from the cache): the
+    gate's draw for (seed, shape), which the peers are measured on too (``pipeline.execute.GpuSession.peer``).
+    ``rows``: that many random output rows (``gate.pick_rows`` under ``seed``) instead of all of them."""
     inputs = problem.make_inputs(shape, input_sampler(seed, shape, cp))
     sel = None if rows is None else pick_rows(problem, shape, rows, seed)
     try:
@@ -358,7 +365,7 @@ def _check_shape(cp, fn, lowered: LoweredKernel, problem: Problem, shape: Shape,
                  refs: ReferenceCache | None = None, device: str = "cuda", rows: int | None = None,
                  cutoff_ms: float | None = None) -> ShapeRun:
     L = _Launcher(cp, fn, lowered, problem, shape, stream, timeout_s)
-    inputs, ref = _device_reference(cp, problem, shape, seed, device, refs, rows)
+    inputs, ref = device_reference(cp, problem, shape, seed, device, refs, rows)
     dev_in = L.upload(inputs)
 
     got = L.run_checked(dev_in, "correctness run")
@@ -458,7 +465,7 @@ def check_and_time(compiled: Compiled, lowered: LoweredKernel, problem: Problem,
         fn.max_dynamic_shared_size_bytes = lowered.smem_bytes
     stream = cp.cuda.Stream(non_blocking=True)
     flush = L2Flush(cp) if time else None
-    device = f"cuda:{gpu_model() or 'unknown'}"
+    device = device_kind()
     out: list[ShapeRun] = []
     dead: str | None = None
     with stream:
