@@ -379,9 +379,11 @@ def make_peer(problem: str, peer: str, inputs: dict[str, Any], *, copies: int | 
     when the peer's library or a GPU is missing, ``KeyError``-free: an unknown peer is a CakeError.
     """
     make = _factory(problem, peer)
-    if any(_on_device(v) for v in inputs.values()):
-        _torch().cuda.synchronize()     # drawn on another library's stream: complete before torch reads them
-    return make(problem, inputs, copies)
+    torch = _torch()
+    torch.cuda.synchronize()        # inputs drawn on another library's stream (CuPy's) are complete ...
+    run = make(problem, inputs, copies)
+    torch.cuda.synchronize()        # ... and so are the peer's copies of them before time_peer's stream reads them
+    return run
 
 
 @dataclass(frozen=True)
