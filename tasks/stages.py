@@ -24,7 +24,7 @@ from cake_core.pipeline.state import select_stage
 from cake_core.pipeline.verdicts import ShapeVerdict, as_strict, fault, judge
 from cake_core.problems import get_problem
 from cake_core.problems.base import Shape, shape_key
-from tasks.history import recorded, state_rows
+from tasks.history import recorded, search_best_ms, state_rows
 from tasks.workers import Fault, LostWork, Unit
 
 if TYPE_CHECKING:
@@ -36,6 +36,15 @@ EXPLORE = 1               # candidates the cost filter lets through at random be
 SAMPLE_OUT = 1            # filtered-out candidates timed anyway, to measure what the filter threw away
 MAX_BATCH = 8             # (candidate, shape) jobs a GPU runner takes at once
 COMPACT_EVERY = 10        # generations between compactions of the warehouse's batch files
+LOSER_FACTOR = 3.0
+"""The time stage stops timing a candidate on a shape once the median of its first few timed launches
+(``runtime.timing.CUTOFF_MIN_REPS``) is above LOSER_FACTOR x the run's best searched median there so far. The
+noise of a median of a few launches is far below a factor of 3, so such a candidate is slower than the best on
+that shape whatever its other launches would say, and it cannot be picked there (``shape_best``). Its figure
+is still a median of timed launches after warm-up and L2 flush, of fewer runs (the measurement's ``runs``), and
+it still scores the candidate (``kernel_scores``). The losers are where the time goes: each launch of one costs
+more than the best's (kmeans_assign's seed takes 64.6 ms against 1.33 ms after four generations,
+bench/results/gpu-evolve-2026-12-01.md)."""
 
 
 def _timed(run: "Run", stage: str, n_in: int, body: Callable[[], list[Attempt]], workers: int,
@@ -177,7 +186,7 @@ def time_(run: "Run", attempts: list[Attempt]) -> list[Attempt]:
     seed = run.input_seed()
 
     def body() -> list[Attempt]:
-        verdicts = gate_and_time(run, attempts, seed)
+        verdicts = gate_and_time(run, attempts, seed, search_cutoffs(run) if attempts else None)
         for i, a in enumerate(attempts):
             a.record(judge("time", verdicts[i]))
         _stop(run, "time", attempts)
@@ -221,11 +230,24 @@ def _cost_order(problem: str, shapes: list[Shape]) -> list[int]:
     return sorted(range(len(shapes)), key=lambda j: (prob.flops(shapes[j]) + prob.bytes(shapes[j]), j))
 
 
-def gate_and_time(run: "Run", attempts: list[Attempt], seed: int) -> dict[int, list[ShapeVerdict]]:
-    """The time stage's verdicts of each attempt: gate and timing on the search shapes, then, for a candidate
-    right on all of them, the gate alone (untimed) on its strict shapes (``execute.strict_check_shapes``),
-    verdicts of kind ``strict``. Cheap first: a candidate wrong on a search shape pays no strict shape."""
-    verdicts = on_gpu(run, attempts, run.search_shapes, seed, drop_failed=True)
+def loser_cutoffs(best_ms: dict[str, float]) -> dict[str, float]:
+    """The time stage's cutoff per shape key: :data:`LOSER_FACTOR` x the run's best searched median there (a
+    shape without one, as in generation 0, gets none)."""
+    return {k: LOSER_FACTOR * ms for k, ms in best_ms.items()}
+
+
+def search_cutoffs(run: "Run") -> dict[str, float]:
+    """The cutoffs of this generation's time stage, from the run's search measurements in the warehouse."""
+    return loser_cutoffs(search_best_ms(run.warehouse_root, run.plan.run_id))
+
+
+def gate_and_time(run: "Run", attempts: list[Attempt], seed: int,
+                  cutoffs: dict[str, float] | None = None) -> dict[int, list[ShapeVerdict]]:
+    """The time stage's verdicts of each attempt: gate and timing on the search shapes (timing cut short above
+    ``cutoffs``, per shape key: :func:`loser_cutoffs`), then, for a candidate right on all of them, the gate
+    alone (untimed) on its strict shapes (``execute.strict_check_shapes``), verdicts of kind ``strict``. Cheap
+    first: a candidate wrong on a search shape pays no strict shape."""
+    verdicts = on_gpu(run, attempts, run.search_shapes, seed, drop_failed=True, cutoffs=cutoffs)
     prob = get_problem(run.plan.problem)
     strict: list[Shape] = []
     why: dict[str, str] = {}
@@ -247,13 +269,17 @@ def gate_and_time(run: "Run", attempts: list[Attempt], seed: int) -> dict[int, l
 
 def on_gpu(run: "Run", attempts: list[Attempt], shapes: list[Shape], seed: int, *, drop_failed: bool,
            pairs: set[tuple[int, int]] | None = None, timed: bool = True,
-           kind: str = "search") -> dict[int, list[ShapeVerdict]]:
+           kind: str = "search", cutoffs: dict[str, float] | None = None) -> dict[int, list[ShapeVerdict]]:
     """Every (attempt, shape) job (or only ``pairs`` of indices) on the GPU runners, timed unless ``timed`` is
     False; returns each attempt's verdicts in ``shapes``' order. With ``drop_failed``, the remaining shapes of
     a candidate that came out wrong or faulted are not run; a shape outside a candidate's domain never is. A
     job run again after its runner was lost lands a ``reruns`` row (``kind``: what the jobs measure, search |
-    strict | confirm | held_out | baseline) through the run's recorder.
+    strict | confirm | held_out | baseline) through the run's recorder. ``cutoffs`` (shape key -> ms, the
+    search's timing only: :data:`LOSER_FACTOR`): a job timed above its shape's cutoff stops early.
     """
+    if cutoffs and (kind != "search" or not timed):
+        raise ValueError(f"a timing cutoff is for the search's timed jobs only (these: {kind}"
+                         f"{'' if timed else ', untimed'}); confirm, held-out and baseline jobs time every rep")
     failed: set[int] = set()
     units = []
     for j in _cost_order(run.plan.problem, shapes):
@@ -261,7 +287,7 @@ def on_gpu(run: "Run", attempts: list[Attempt], shapes: list[Shape], seed: int, 
             if pairs is not None and (i, j) not in pairs or not a.runs_on(shape_key(shapes[j])):
                 continue        # not asked for, or outside the kernel's domain (refused before any launch)
             job = GpuJob((i, j), a.lowered, a.binary.cubin, a.binary.compiled.kernel_name, run.plan.problem,
-                         shapes[j], seed, run.reps, timed)
+                         shapes[j], seed, run.reps, timed, (cutoffs or {}).get(shape_key(shapes[j])))
             units.append(Unit((i, j), job, run.timeout_s, group=j))
     n_batch = max(1, min(MAX_BATCH, math.ceil(len(units) / (2 * run.gpu.size)))) if units else 1
 

@@ -8,11 +8,13 @@ keeps the runtime's protocol: fresh seeded inputs, poisoned outputs, the fp64 or
 CUDA events after warm-up with L2 flushed. On a GPU the inputs are drawn and the references computed on the
 device, cached under the Cake home (``runtime.references``); a very large shape is checked on a seeded random
 subset of its output rows (:func:`gate_rows`). A candidate right on every shape of the run is then checked on
-its own strict shapes (:func:`strict_check_shapes`), untimed.
+its own strict shapes (:func:`strict_check_shapes`), untimed. A peer is measured on the same device draw and
+checked against the same (cached) reference as our kernels (:meth:`GpuSession.peer`).
 """
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import tempfile
 import time
@@ -28,8 +30,8 @@ from cake_core.problems.base import Shape, shape_key
 
 DEFAULT_KERNEL_TIMEOUT_S = 30.0   # the runtime's own watchdog per wait on the GPU (see runtime.gpu)
 # Above these a shape is checked on a random subset of its output rows (the reference of those rows alone, as
-# bench/corpus_vs_peers.py does): the peers' host-side oracle would take seconds, and a kernel's gate on the
-# device does not need every row to catch a wrong index.
+# bench/corpus_vs_peers.py does), our kernels and the peers alike: the fp64 reference of every row of the largest
+# cells costs seconds, and a kernel's gate on the device does not need every row to catch a wrong index.
 FULL_ORACLE_FLOPS = 2e10
 FULL_ORACLE_BYTES = 2.5e8
 SUBSET_ROWS = {"kmeans_assign": 4096}    # rows checked on a large shape; 256 for the other problems
@@ -43,7 +45,9 @@ STRICT_MAX_WORK = 4e8
 @dataclass(frozen=True)
 class GpuJob:
     """One candidate on one shape, as a GPU worker receives it: the lowering, the cubin's bytes (a worker
-    on another node cannot read this machine's cache) and what to run it for."""
+    on another node cannot read this machine's cache) and what to run it for. ``cutoff_ms``: stop timing
+    after a few launches whose median is above it (the search's clear losers; ``runtime.gpu.check_and_time``);
+    None, as for every job outside the search, times all ``reps``."""
 
     key: Any                     # the caller's handle (attempt index, shape index)
     lowered: Any                 # cake_core.lower.cuda.LoweredKernel
@@ -54,6 +58,7 @@ class GpuJob:
     seed: int
     reps: int
     time: bool = True
+    cutoff_ms: float | None = None
 
 
 def check_on_interpreter(program, problem: str, shapes: list[Shape], seed: int,
@@ -147,7 +152,8 @@ class GpuSession:
             compiled = Compiled(self._cubin(job), job.kernel_name, None, "", 0.0, True, job.lowered.target)
             (run,) = check_and_time(compiled, job.lowered, get_problem(job.problem), [job.shape], seed=job.seed,
                                     time=job.time, reps=job.reps, timeout_s=self.timeout_s, refs=self.refs,
-                                    rows=gate_rows(job.problem, job.shape))
+                                    rows=gate_rows(job.problem, job.shape),
+                                    cutoff_ms=job.cutoff_ms if job.time else None)
         except CakeError as e:     # refused before any launch (wrong GPU, compile-only target): not a fault
             return fault(key, "gpu", Outcome.RUNTIME_FAULT, str(e), time.monotonic() - t0)
         except Exception as e:  # noqa: BLE001 - a CUDA error leaves the context unusable: report and get replaced
@@ -159,34 +165,29 @@ class GpuSession:
         return v
 
     def peer(self, problem: str, peer: str, shape: Shape, seed: int, reps: int) -> ShapeVerdict:
-        """One peer on one shape, on the problem's own inputs (the session's, for this seed), checked against
-        the oracle and timed with the same protocol as our kernels (``runtime.peers.time_peer``). A peer that
-        cannot run here (no torch, no flash-kmeans) is a ``runtime_fault`` verdict saying what is missing."""
-        import numpy as np
-
-        from cake_core.runtime.peers import PeerUnavailable, make_peer, time_peer
-
-        from cake_core.runtime.gate import pick_rows
+        """One peer on one shape, timed and checked as our kernels are (``runtime.peers.measure_peer``): on the
+        device draw our kernels get for (``seed``, ``shape``), against the same reference (cached where the
+        hand-written baselines were checked first at that seed), on the same rows of a very large shape
+        (:func:`gate_rows`). A peer that cannot run here (no torch, no flash-kmeans, no GPU) is a
+        ``runtime_fault`` verdict saying what is missing, and so is a reference that does not fit in GPU memory;
+        any other failure also leaves the session refusing later jobs (the peer's library may have broken the
+        context)."""
+        from cake_core.runtime.peers import measure_peer
 
         key = shape_key(shape)
-        prob = get_problem(problem)
-        n = gate_rows(problem, shape)
-        sel = None if n is None else pick_rows(prob, shape, n, seed)
         t0 = time.monotonic()
         try:
-            inputs = prob.make_inputs(shape, np.random.default_rng(seed))
-            run = make_peer(problem, peer, inputs)
-            t = time_peer(run, reps=reps)
-            got = run.fetch()
-            want = prob.oracle(inputs) if sel is None else prob.oracle_rows(inputs, sel)
-            ok, err, msg = prob.compare(got if sel is None else prob.take_rows(got, sel), want)
-            run.release()
-        except PeerUnavailable as e:
+            m = measure_peer(get_problem(problem), peer, shape, seed, reps=reps, refs=self.refs,
+                             rows=gate_rows(problem, shape))
+        except CakeError as e:       # PeerUnavailable, GPURefused (the reference does not fit): nothing launched
             return fault(key, "gpu", Outcome.RUNTIME_FAULT, str(e), time.monotonic() - t0)
         except Exception as e:  # noqa: BLE001 - a peer failing on a shape is reported, not raised
             # a CUDA error in the peer's library may leave the context unusable, as one of ours does
             self.poisoned = f"peer {peer}: {type(e).__name__}: {e}"
             return fault(key, "gpu", Outcome.RUNTIME_FAULT, f"{type(e).__name__}: {e}", time.monotonic() - t0)
+        t, checked = m.timing, m.check.describe()
         timing = Timing(t["median_ms"], t["p10_ms"], t["p90_ms"], t["runs"], t["timer"], t["l2"], self.gpu_model)
-        return ShapeVerdict(key, "gpu", Outcome.MEASURED if ok else Outcome.WRONG,
-                            err if np.isfinite(err) else None, msg, timing, seconds=time.monotonic() - t0)
+        return ShapeVerdict(key, "gpu", Outcome.MEASURED if m.correct else Outcome.WRONG,
+                            m.max_error if math.isfinite(m.max_error) else None,
+                            f"correct; {checked}" if m.correct else f"wrong: {m.message}; {checked}", timing,
+                            seconds=time.monotonic() - t0)

@@ -18,7 +18,8 @@ again. Each ``ShapeRun`` says which check it got (``check``, ``rows_checked``, `
 Timing protocol (``runtime.timing``, the peers' too): CUDA events around each launch on one stream,
 ``warmup`` launches first, L2 flushed before every timed launch by reading twice the largest L2 of the
 target data (:class:`L2Flush`), inputs rotated among up to 4 copies when they are small; median, p10 and
-p90 over ``reps`` (≥ 20) launches. Outputs the problem
+p90 over ``reps`` (≥ 20) launches; with ``cutoff_ms``, a kernel whose median over its first 3 timed launches is
+above the cutoff is timed no further (``ShapeRun.runs`` says how many, the message says why). Outputs the problem
 declares zeroed (atomics accumulate into them) are zeroed inside each timed region,
 after the start event: the zeroing is charged to the kernel; a kernel that only stores
 into them (``LoweredKernel.accumulates``) gets them poisoned and no zeroing launch. The timer name and
@@ -77,7 +78,7 @@ class ShapeRun:
     median_ms: float | None = None
     p10_ms: float | None = None
     p90_ms: float | None = None
-    runs: int = 0
+    runs: int = 0            # timed launches (or replays) behind the figures: fewer than asked when cut short
     timer: str = TIMERS["event"]
     l2: str = L2_STATE       # L2Flush: a read of twice the largest L2 before each timed launch
     outcome: str = Outcome.CHECKED.value   # checked | measured | wrong | runtime_fault | timeout
@@ -96,6 +97,11 @@ class ShapeRun:
 def _cupy():
     import cupy  # noqa: PLC0415 - lazily: the module must import on CPU-only machines
     return cupy
+
+
+def device_kind() -> str:
+    """The device kind references are drawn, computed and cached for here (``cuda:NVIDIA H200``)."""
+    return f"cuda:{gpu_model() or 'unknown'}"
 
 
 def gpu_model() -> str | None:
@@ -296,8 +302,10 @@ class L2Flush:
         self.fn((1056,), (256,), (self.buf, self.n, self.sink), stream=stream)
 
 
-def _timed_launches(cp, L: _Launcher, arg_sets: list[tuple], reps: int, stream, flush) -> list[float]:
-    """``reps`` launches, each after an L2 flush, each timed by its own pair of CUDA events (ms).
+def _timed_launches(cp, L: _Launcher, arg_sets: list[tuple], reps: int, stream, flush,
+                    cutoff_ms: float | None = None) -> list[float]:
+    """``reps`` launches, each after an L2 flush, each timed by its own pair of CUDA events (ms); fewer when
+    the first few are above ``cutoff_ms`` (``runtime.timing.time_regions``).
 
     The zeroing of the outputs the problem declares zeroed is inside the timed region: it is part of
     what an accumulating (split-K) kernel costs against one that stores each element once, and it
@@ -306,7 +314,8 @@ def _timed_launches(cp, L: _Launcher, arg_sets: list[tuple], reps: int, stream, 
         L.zero_accumulators()
         L.launch(arg_sets[r % len(arg_sets)])
 
-    return time_regions(cupy_clock(cp), reps, stream, flush, body, lambda: L.wait("timed runs"))
+    return time_regions(cupy_clock(cp), reps, stream, flush, body, lambda: L.wait("timed runs"),
+                        cutoff_ms=cutoff_ms)
 
 
 def capture_graph(stream, enqueue: Callable[[], None]):
@@ -337,9 +346,11 @@ def _graph_timed(cp, L: _Launcher, arg_sets: list[tuple], reps: int, warmup: int
     return [m / len(arg_sets) for m in ms]
 
 
-def _device_reference(cp, problem: Problem, shape: Shape, seed: int, device: str, refs: ReferenceCache | None,
-                      rows: int | None) -> tuple[dict[str, Any], Reference]:
-    """The shape's inputs, drawn on the device, and their reference (computed there, or from the cache)."""
+def device_reference(cp, problem: Problem, shape: Shape, seed: int, device: str, refs: ReferenceCache | None,
+                     rows: int | None) -> tuple[dict[str, Any], Reference]:
+    """The shape's inputs, drawn on the device, and their reference (computed there, or from the cache): the
+    gate's draw for (seed, shape), which the peers are measured on too (``pipeline.execute.GpuSession.peer``).
+    ``rows``: that many random output rows (``gate.pick_rows`` under ``seed``) instead of all of them."""
     inputs = problem.make_inputs(shape, input_sampler(seed, shape, cp))
     sel = None if rows is None else pick_rows(problem, shape, rows, seed)
     try:
@@ -351,9 +362,10 @@ def _device_reference(cp, problem: Problem, shape: Shape, seed: int, device: str
 
 def _check_shape(cp, fn, lowered: LoweredKernel, problem: Problem, shape: Shape, *, seed: int, time: bool,
                  reps: int, warmup: int, timeout_s: float, stream, flush, timer: str = "event",
-                 refs: ReferenceCache | None = None, device: str = "cuda", rows: int | None = None) -> ShapeRun:
+                 refs: ReferenceCache | None = None, device: str = "cuda", rows: int | None = None,
+                 cutoff_ms: float | None = None) -> ShapeRun:
     L = _Launcher(cp, fn, lowered, problem, shape, stream, timeout_s)
-    inputs, ref = _device_reference(cp, problem, shape, seed, device, refs, rows)
+    inputs, ref = device_reference(cp, problem, shape, seed, device, refs, rows)
     dev_in = L.upload(inputs)
 
     got = L.run_checked(dev_in, "correctness run")
@@ -389,8 +401,11 @@ def _check_shape(cp, fn, lowered: LoweredKernel, problem: Problem, shape: Shape,
         ms = _graph_timed(cp, L, arg_sets, reps, warmup, stream, flush)
         how = f"{len(copies)} back-to-back launches per graph replay, each on its own input copy"
     else:
-        ms = _timed_launches(cp, L, arg_sets, reps, stream, flush)
+        ms = _timed_launches(cp, L, arg_sets, reps, stream, flush, cutoff_ms)
         how = f"{len(copies)} input copies rotated"
+        if len(ms) < reps:
+            how += (f"; timing cut short after {len(ms)} of {reps} runs: their median {stats(ms)[0]:.4g} ms is above "
+                    f"the cutoff {cutoff_ms:.4g} ms")
 
     ok2, err2, msg2 = compare_to(problem, L.got_device(), ref)
     if not ok2:
@@ -398,13 +413,14 @@ def _check_shape(cp, fn, lowered: LoweredKernel, problem: Problem, shape: Shape,
                         outcome=Outcome.WRONG.value).with_info(info)
     med, p10, p90 = stats(ms)
     return ShapeRun(dict(shape), True, max(err, p_err, err2), f"correct; {how}",
-                    med, p10, p90, reps, timer=TIMERS[timer], outcome=Outcome.MEASURED.value).with_info(info)
+                    med, p10, p90, len(ms), timer=TIMERS[timer], outcome=Outcome.MEASURED.value).with_info(info)
 
 
 def check_and_time(compiled: Compiled, lowered: LoweredKernel, problem: Problem, shapes: list[Shape], *,
                    seed: int, time: bool = True, reps: int = 20, warmup: int = 3,
                    timeout_s: float = 30.0, timer: str = "event", program: Program | None = None,
-                   refs: ReferenceCache | None = None, rows: int | None = None) -> list[ShapeRun]:
+                   refs: ReferenceCache | None = None, rows: int | None = None,
+                   cutoff_ms: float | None = None) -> list[ShapeRun]:
     """Correctness gate (and timing, with ``time=True``) of one kernel on every shape.
 
     Parameters
@@ -420,6 +436,8 @@ def check_and_time(compiled: Compiled, lowered: LoweredKernel, problem: Problem,
         refused before any launch (``ShapeRun.refused``, the message names the bound).
     refs: the reference cache (``ReferenceCache(home / "refs")``); None computes each reference anew.
     rows: check this many random output rows of each shape instead of all of them (very large shapes).
+    cutoff_ms: stop timing a shape after ``runtime.timing.CUTOFF_MIN_REPS`` launches when their median is above
+        it (the event timer only; ``ShapeRun.runs`` then says how many were timed). None: every rep.
 
     Returns one :class:`ShapeRun` per shape, in order. After a fault or a timeout
     the CUDA context is unusable; the remaining shapes are reported as not run.
@@ -427,6 +445,8 @@ def check_and_time(compiled: Compiled, lowered: LoweredKernel, problem: Problem,
     """
     if timer not in TIMERS:
         raise GPURefused(f"unknown timer {timer!r}: use one of {', '.join(TIMERS)}")
+    if cutoff_ms is not None and timer != "event":
+        raise GPURefused(f"a timing cutoff applies to the event timer, not {timer!r}: pass cutoff_ms=None")
     tgt = find_arch(compiled.arch)
     if tgt is None or not tgt.runs_here:
         raise GPURefused(f"{compiled.arch} kernels are compile-only here (cake_core/targets/archs/{compiled.arch}.json "
@@ -445,7 +465,7 @@ def check_and_time(compiled: Compiled, lowered: LoweredKernel, problem: Problem,
         fn.max_dynamic_shared_size_bytes = lowered.smem_bytes
     stream = cp.cuda.Stream(non_blocking=True)
     flush = L2Flush(cp) if time else None
-    device = f"cuda:{gpu_model() or 'unknown'}"
+    device = device_kind()
     out: list[ShapeRun] = []
     dead: str | None = None
     with stream:
@@ -464,7 +484,7 @@ def check_and_time(compiled: Compiled, lowered: LoweredKernel, problem: Problem,
             try:
                 out.append(_check_shape(cp, fn, lowered, problem, shape, seed=seed, time=time, reps=reps,
                                         warmup=warmup, timeout_s=timeout_s, stream=stream, flush=flush,
-                                        timer=timer, refs=refs, device=device, rows=rows))
+                                        timer=timer, refs=refs, device=device, rows=rows, cutoff_ms=cutoff_ms))
             except _Fault as f:
                 out.append(ShapeRun(dict(shape), False, float("inf"), f.message, outcome=f.outcome.value))
                 dead = f"an earlier shape ended in {f.outcome.value}; the CUDA context is unusable"

@@ -1,7 +1,10 @@
 """Peers: the libraries each problem is measured against, run on the GPU on the problem's own inputs.
 
-For every problem, ``PEERS[problem]`` names its peers; ``make_peer(problem, peer, inputs)`` uploads
-the problem's numpy inputs (``Problem.make_inputs``) to the GPU and returns a :class:`PeerRun`: a
+For every problem, ``PEERS[problem]`` names its peers; ``make_peer(problem, peer, inputs)`` takes the
+problem's inputs (``Problem.make_inputs``) onto the GPU as torch tensors and returns a :class:`PeerRun`:
+inputs drawn on the device (CuPy: the gate's own draw, ``problems.base.input_sampler(seed, shape, cupy)``,
+so a peer runs on the very values our kernels are checked and timed on) are copied on the device through
+their ``__cuda_array_interface__``, never through the host; numpy inputs are uploaded. Then a
 ``run(i)`` that runs the peer once on device copy ``i`` of the inputs (on torch's current stream),
 a ``fetch()`` that returns the last run's outputs as numpy arrays under the problem's output names
 (so ``Problem.compare`` checks them against the same oracle as our kernels), and ``reset()`` where
@@ -9,7 +12,8 @@ the outputs are accumulators that must be zeroed before a run (kmeans_update). :
 times a peer with the protocol our kernels are timed with (``runtime.timing``, as
 ``runtime.gpu.check_and_time`` uses it): CUDA events around each run on one stream, warm-up first, a
 read of ``L2_FLUSH_BYTES`` before every timed run (cold, clean L2), inputs rotated among up to 4 copies
-when they are small, median / p10 / p90 of at least 20 runs.
+when they are small, median / p10 / p90 of at least 20 runs. :func:`measure_peer` does both for one
+(seed, shape) as the gate does for our kernels: their device draw, their (cached) reference, their check.
 
 Peers:
   gemm_bf16, tinygemm  torch.matmul on bf16 tensors (cuBLAS; bf16 C) and torch.mm(out_dtype=float32)
@@ -28,12 +32,16 @@ with neither; a peer whose library is missing raises :class:`PeerUnavailable` wi
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
 
 from cake_core.errors import CakeError
+from cake_core.problems.base import Problem, Shape
+from cake_core.runtime.gate import CheckInfo, compare_to, info_for
+from cake_core.runtime.gpu import device_kind, device_reference
+from cake_core.runtime.references import ReferenceCache
 from cake_core.runtime.timing import (L2_FLUSH_BYTES, L2_STATE, MIN_REPS, TIMERS, input_copies, stats, time_regions,
                                       torch_clock)
 
@@ -100,8 +108,16 @@ def _lib(torch) -> str:
 
 # ---------------------------------------------------------------- helpers
 
-def _dev(torch, x: np.ndarray, dtype):
-    """Upload a numpy array; float32 arrays already rounded to bf16 convert to bf16 exactly."""
+def _on_device(x: Any) -> bool:
+    return hasattr(x, "__cuda_array_interface__")
+
+
+def _dev(torch, x: Any, dtype):
+    """A CUDA tensor of ``dtype`` of its own (contiguous) holding ``x``: a device array (CuPy) is read where it
+    lies, through its ``__cuda_array_interface__`` (a device-to-device copy: a peer never writes into the
+    caller's inputs), a numpy array is uploaded. float32 values already rounded to bf16 convert to bf16 exactly."""
+    if _on_device(x):
+        return torch.as_tensor(x, device="cuda").to(dtype, copy=True, memory_format=torch.contiguous_format)
     return torch.from_numpy(np.ascontiguousarray(x)).to("cuda").to(dtype)
 
 
@@ -133,7 +149,7 @@ def _host(t) -> np.ndarray:
 
 # ---------------------------------------------------------------- gemm_bf16, tinygemm
 
-def _gemm_matmul(problem: str, inputs: dict[str, np.ndarray], copies: int | None) -> PeerRun:
+def _gemm_matmul(problem: str, inputs: dict[str, Any], copies: int | None) -> PeerRun:
     torch = _torch()
     sets = _copies(torch, {"a": _dev(torch, inputs["a"], torch.bfloat16),
                            "b": _dev(torch, inputs["b"], torch.bfloat16)}, copies)
@@ -150,7 +166,7 @@ def _gemm_matmul(problem: str, inputs: dict[str, np.ndarray], copies: int | None
                    _keep=[sets, out])
 
 
-def _gemm_mm_f32(problem: str, inputs: dict[str, np.ndarray], copies: int | None) -> PeerRun:
+def _gemm_mm_f32(problem: str, inputs: dict[str, Any], copies: int | None) -> PeerRun:
     torch = _torch()
     sets = _copies(torch, {"a": _dev(torch, inputs["a"], torch.bfloat16),
                            "b": _dev(torch, inputs["b"], torch.bfloat16)}, copies)
@@ -171,7 +187,7 @@ def _gemm_mm_f32(problem: str, inputs: dict[str, np.ndarray], copies: int | None
 
 # ---------------------------------------------------------------- kmeans_assign
 
-def _assign_flash(problem: str, inputs: dict[str, np.ndarray], copies: int | None) -> PeerRun:
+def _assign_flash(problem: str, inputs: dict[str, Any], copies: int | None) -> PeerRun:
     torch = _torch()
     fk_assign, _, lib = _flash_kmeans()
     x = _dev(torch, inputs["x"], torch.bfloat16)
@@ -192,7 +208,7 @@ def _assign_flash(problem: str, inputs: dict[str, np.ndarray], copies: int | Non
                    _keep=[sets, out])
 
 
-def _assign_torch(problem: str, inputs: dict[str, np.ndarray], copies: int | None) -> PeerRun:
+def _assign_torch(problem: str, inputs: dict[str, Any], copies: int | None) -> PeerRun:
     torch = _torch()
     sets = _copies(torch, {"x": _dev(torch, inputs["x"], torch.bfloat16),
                            "c": _dev(torch, inputs["c"], torch.bfloat16),
@@ -219,7 +235,7 @@ def _update_buffers(torch, inputs):
             torch.zeros((B, K), device="cuda", dtype=torch.int32), K)
 
 
-def _update_flash_sorted(problem: str, inputs: dict[str, np.ndarray], copies: int | None) -> PeerRun:
+def _update_flash_sorted(problem: str, inputs: dict[str, Any], copies: int | None) -> PeerRun:
     torch = _torch()
     _, fk_update, lib = _flash_kmeans()
     sets = _copies(torch, {"x": _dev(torch, inputs["x"], torch.bfloat16),
@@ -242,7 +258,7 @@ def _update_flash_sorted(problem: str, inputs: dict[str, np.ndarray], copies: in
                         "calculate_new=False (sums and counts, no division)", _keep=[sets, sums, counts, old])
 
 
-def _update_flash_unsorted(problem: str, inputs: dict[str, np.ndarray], copies: int | None) -> PeerRun:
+def _update_flash_unsorted(problem: str, inputs: dict[str, Any], copies: int | None) -> PeerRun:
     torch = _torch()
     _, fk_update, lib = _flash_kmeans()
     kernel = getattr(fk_update, "_centroid_update_kernel", None)
@@ -274,7 +290,7 @@ def _update_flash_unsorted(problem: str, inputs: dict[str, np.ndarray], copies: 
                    _keep=[sets, sums, counts])
 
 
-def _update_torch(problem: str, inputs: dict[str, np.ndarray], copies: int | None) -> PeerRun:
+def _update_torch(problem: str, inputs: dict[str, Any], copies: int | None) -> PeerRun:
     torch = _torch()
     sets = _copies(torch, {"x": _dev(torch, inputs["x"], torch.bfloat16),
                            "assign": _dev(torch, inputs["assign"], torch.int32)}, copies)
@@ -300,7 +316,7 @@ def _update_torch(problem: str, inputs: dict[str, np.ndarray], copies: int | Non
 
 # ---------------------------------------------------------------- knn_topk
 
-def _knn_torch(problem: str, inputs: dict[str, np.ndarray], copies: int | None) -> PeerRun:
+def _knn_torch(problem: str, inputs: dict[str, Any], copies: int | None) -> PeerRun:
     torch = _torch()
     k = int(inputs["_k"])
     sets = _copies(torch, {"q": _dev(torch, inputs["q"], torch.bfloat16),
@@ -321,7 +337,7 @@ def _knn_torch(problem: str, inputs: dict[str, np.ndarray], copies: int | None) 
 
 # ---------------------------------------------------------------- registry
 
-_FACTORIES: dict[str, dict[str, Callable[[str, dict[str, np.ndarray], int | None], PeerRun]]] = {
+_FACTORIES: dict[str, dict[str, Callable[[str, dict[str, Any], int | None], PeerRun]]] = {
     "gemm_bf16": {"torch.matmul": _gemm_matmul, "torch.mm_f32": _gemm_mm_f32},
     "tinygemm": {"torch.matmul": _gemm_matmul, "torch.mm_f32": _gemm_mm_f32},
     "kmeans_assign": {"flash-kmeans": _assign_flash, "torch": _assign_torch},
@@ -336,18 +352,74 @@ def peer_names(problem: str) -> tuple[str, ...]:
     return PEERS.get(problem, ())
 
 
-def make_peer(problem: str, peer: str, inputs: dict[str, np.ndarray], *, copies: int | None = None) -> PeerRun:
-    """Upload ``inputs`` (from ``Problem.make_inputs``) and return the peer ready to run.
+def _factory(problem: str, peer: str) -> Callable[[str, dict[str, Any], int | None], PeerRun]:
+    if problem not in _FACTORIES:
+        raise CakeError(f"no peers for problem `{problem}`; problems with peers: {', '.join(_FACTORIES)}")
+    if peer not in _FACTORIES[problem]:
+        raise CakeError(f"no peer `{peer}` for {problem}; its peers: {', '.join(_FACTORIES[problem])}")
+    return _FACTORIES[problem][peer]
+
+
+def require(problem: str, peer: str) -> None:
+    """Raise :class:`PeerUnavailable` (saying what to install) unless ``peer`` can run here: torch with a CUDA
+    GPU, and flash-kmeans for the peers named after it. A caller checks this before drawing any inputs."""
+    _factory(problem, peer)
+    if peer.startswith("flash-kmeans"):
+        _flash_kmeans()
+    else:
+        _torch()
+
+
+def make_peer(problem: str, peer: str, inputs: dict[str, Any], *, copies: int | None = None) -> PeerRun:
+    """Take ``inputs`` (from ``Problem.make_inputs``: CuPy arrays, copied on the device, or numpy arrays, uploaded)
+    onto the GPU and return the peer ready to run on those very values.
 
     ``copies``: how many device copies of the inputs to rotate among when timing; by default 4 when
     the inputs are under 64 MiB (as our kernels are timed), else 1. Raises :class:`PeerUnavailable`
     when the peer's library or a GPU is missing, ``KeyError``-free: an unknown peer is a CakeError.
     """
-    if problem not in _FACTORIES:
-        raise CakeError(f"no peers for problem `{problem}`; problems with peers: {', '.join(_FACTORIES)}")
-    if peer not in _FACTORIES[problem]:
-        raise CakeError(f"no peer `{peer}` for {problem}; its peers: {', '.join(_FACTORIES[problem])}")
-    return _FACTORIES[problem][peer](problem, inputs, copies)
+    make = _factory(problem, peer)
+    torch = _torch()
+    torch.cuda.synchronize()        # inputs drawn on another library's stream (CuPy's) are complete ...
+    run = make(problem, inputs, copies)
+    torch.cuda.synchronize()        # ... and so are the peer's copies of them before time_peer's stream reads them
+    return run
+
+
+@dataclass(frozen=True)
+class PeerMeasurement:
+    """A peer on one shape: ``timing`` as :func:`time_peer` returns it, and the check of its last timed run's
+    outputs (``correct``, ``max_error``, ``message``; ``check``: the rows and the reference it was checked on)."""
+
+    timing: dict[str, Any]
+    correct: bool
+    max_error: float
+    message: str
+    check: CheckInfo
+
+
+def measure_peer(problem: Problem, peer: str, shape: Shape, seed: int, *, reps: int,
+                 refs: ReferenceCache | None = None, rows: int | None = None) -> PeerMeasurement:
+    """Time ``peer`` on ``problem``'s inputs for (``seed``, ``shape``) and check it as the gate
+    checks our kernels (``runtime.gpu.check_and_time``): the same input values, drawn on the device
+    (``runtime.gpu.device_reference``); the same reference, from the cache ``refs`` when a kernel was checked
+    there first (the hand-written baselines at the same seed); ``rows`` random output rows of a very large
+    shape (the same rows); compared on the device, at the peer's own tolerance where it has one (a bf16 C).
+
+    Raises :class:`PeerUnavailable` before drawing anything when the peer cannot run here, ``GPURefused`` when
+    the reference does not fit in GPU memory; anything else a CUDA library raises is raised as it is."""
+    require(problem.name, peer)          # before any draw: a missing library costs nothing
+    import cupy as cp  # noqa: PLC0415 - lazily: the module must import on CPU-only machines
+    inputs, ref = device_reference(cp, problem, shape, seed, device_kind(), refs, rows)
+    run = make_peer(problem.name, peer, inputs)
+    try:
+        t = time_peer(run, reps=reps)
+        got = {n: cp.asarray(a) for n, a in run.fetch().items()}
+        judged = problem if run.rtol is None else replace(problem, rtol=run.rtol)
+        ok, err, msg = compare_to(judged, got, ref)
+    finally:
+        run.release()
+    return PeerMeasurement(t, ok, err, msg, info_for(problem, shape, ref))
 
 
 def time_peer(peer: PeerRun, *, reps: int = 20, warmup: int = 3, timer: str = "event") -> dict[str, Any]:

@@ -3,7 +3,8 @@
 Each timed region is: the untimed ``setup`` (a peer's accumulator reset), an L2 flush (a read of
 :data:`L2_FLUSH_BYTES`, twice the largest L2 of the GPUs in the target data, so the timed run starts
 cold and clean), the untimed ``before`` (a probe's hold), then the body between its own pair of CUDA events.
-Medians, p10 and p90 of at least :data:`MIN_REPS` regions. Inputs smaller than :data:`ROTATE_BELOW_BYTES`
+Medians, p10 and p90 of at least :data:`MIN_REPS` regions; with a cutoff, a run whose median over its first
+:data:`CUTOFF_MIN_REPS` regions is above it stops there (the search's clear losers, ``tasks.stages``). Inputs smaller than :data:`ROTATE_BELOW_BYTES`
 rotate among :data:`MAX_COPIES` device copies; under the graph timer, one replay of a CUDA graph runs
 :func:`graph_launches` launches back to back, each on its own copy. A :class:`Clock` names the CUDA
 events of the array library that times (CuPy for ours, torch for the peers); nothing here imports either.
@@ -21,6 +22,7 @@ L2_FLUSH_BYTES = 2 * largest_l2_bytes()     # read before every timed region: 25
 ROTATE_BELOW_BYTES = 64 << 20               # inputs smaller than this are rotated among copies
 MAX_COPIES = 4
 MIN_REPS = 20
+CUTOFF_MIN_REPS = 3              # regions timed before a cutoff may stop a run: a median of 3 ignores one outlier
 TIMERS = {"event": "cuda_event", "graph": "cuda_graph"}   # timer= -> the name recorded with the times
 GRAPH_LAUNCHES = 8               # launches per replay under timer="graph", each on its own input copy
 GRAPH_COPY_BYTES = 8 << 30       # at most this much in input copies: fewer launches per replay (>= 2) above
@@ -58,20 +60,37 @@ def input_copies(in_bytes: int, timer: str = "event") -> int:
 
 def time_regions(clock: Clock, reps: int, stream: Any, flush: Callable[[Any], None], body: Callable[[int], None],
                  wait: Callable[[], None], before: Callable[[], None] | None = None,
-                 setup: Callable[[], None] | None = None) -> list[float]:
+                 setup: Callable[[], None] | None = None, cutoff_ms: float | None = None) -> list[float]:
     """ms of each of ``reps`` timed regions (see the module doc); ``wait`` waits for them all (under a
-    watchdog where the caller has one)."""
-    starts = [clock.event() for _ in range(reps)]
-    ends = [clock.event() for _ in range(reps)]
-    for r in range(reps):
+    watchdog where the caller has one).
+
+    With ``cutoff_ms``, the first :data:`CUTOFF_MIN_REPS` regions are timed and waited for on their own; when
+    their median is above ``cutoff_ms`` the others are not run, and only those times come back (fewer than
+    ``reps``). Otherwise the rest follow and every time comes back, as without a cutoff."""
+    if cutoff_ms is None or reps <= CUTOFF_MIN_REPS:
+        return _regions(clock, range(reps), stream, flush, body, wait, before, setup)
+    first = _regions(clock, range(CUTOFF_MIN_REPS), stream, flush, body, wait, before, setup)
+    if float(np.median(first)) > cutoff_ms:
+        return first
+    return first + _regions(clock, range(CUTOFF_MIN_REPS, reps), stream, flush, body, wait, before, setup)
+
+
+def _regions(clock: Clock, indices: range, stream: Any, flush: Callable[[Any], None], body: Callable[[int], None],
+             wait: Callable[[], None], before: Callable[[], None] | None,
+             setup: Callable[[], None] | None) -> list[float]:
+    """The timed regions ``indices`` (``body`` gets the index: which input copy it runs on), all enqueued, then
+    waited for once."""
+    starts = [clock.event() for _ in indices]
+    ends = [clock.event() for _ in indices]
+    for i, r in enumerate(indices):
         if setup is not None:
             setup()
         flush(stream)
         if before is not None:
             before()
-        starts[r].record(stream)
+        starts[i].record(stream)
         body(r)
-        ends[r].record(stream)
+        ends[i].record(stream)
     wait()
     return [clock.elapsed_ms(s, e) for s, e in zip(starts, ends)]
 

@@ -34,6 +34,16 @@ def test_module_imports_without_a_gpu_and_refuses_compile_only_targets(tmp_path)
         gpu.check_and_time(fake, lr, GEMM, [{"M": 8, "N": 8, "K": 8}], seed=0)
 
 
+def test_a_timing_cutoff_is_refused_under_the_graph_timer_before_anything_runs(tmp_path):
+    from cake_core.runtime import gpu
+    lr = lower(parse_program(SEED, "kernel.cake")).value
+    fake = Compiled(tmp_path / "x.cubin", "gemm_bf16", Resources(1, 0, 0, 0, 0), "0", 0.0, False, "sm_100a")
+    with pytest.raises(gpu.GPURefused, match="cutoff applies to the event timer"):
+        gpu.check_and_time(fake, lr, GEMM, [{"M": 8, "N": 8, "K": 8}], seed=0, timer="graph", cutoff_ms=1.0)
+    with pytest.raises(gpu.GPURefused, match="compile-only"):     # the event timer takes one: on to the next check
+        gpu.check_and_time(fake, lr, GEMM, [{"M": 8, "N": 8, "K": 8}], seed=0, timer="event", cutoff_ms=1.0)
+
+
 @pytest.mark.gpu
 def test_seed_passes_the_gate_on_small_and_odd_shapes(tmp_path):
     from cake_core.runtime.gpu import check_and_time, gpu_model
@@ -55,6 +65,30 @@ def test_timing_reports_cold_l2_cuda_event_statistics(tmp_path):
     assert r.correct and r.outcome == "measured", r.message
     assert r.runs == 20 and r.timer == "cuda_event" and r.l2 == "cold-clean"
     assert 0 < r.p10_ms <= r.median_ms <= r.p90_ms
+
+
+@pytest.mark.gpu
+def test_a_kernel_timed_above_its_cutoff_stops_after_a_few_runs_and_says_so(tmp_path):
+    # the time stage's path: a GpuJob through the worker's session. The naive seed at 1024^3 takes far longer
+    # than a nanosecond: cut short after CUTOFF_MIN_REPS launches; far under a minute: every rep; no cutoff: every rep
+    from cake_core.pipeline.execute import GpuJob, GpuSession
+    from cake_core.runtime.timing import CUTOFF_MIN_REPS
+    compiled, lowered = _build(SEED, tmp_path)
+    shape = {"M": 1024, "N": 1024, "K": 1024}
+    session = GpuSession(refs_dir=tmp_path / "refs")
+
+    def timed(cutoff_ms):
+        job = GpuJob((0, 0), lowered, Path(compiled.cubin_path).read_bytes(), compiled.kernel_name, "gemm_bf16",
+                     shape, 1, 20, True, cutoff_ms)
+        return session.run(job)
+
+    cut, loose, full = timed(1e-6), timed(6e4), timed(None)
+    assert cut.correct and cut.outcome.value == "measured" and cut.timing.runs == CUTOFF_MIN_REPS == 3, cut.message
+    assert "timing cut short after 3 of 20 runs" in cut.message and "above the cutoff 1e-06 ms" in cut.message
+    assert cut.timing.median_ms > 1e-6 and 0 < cut.timing.p10_ms <= cut.timing.median_ms <= cut.timing.p90_ms
+    for v in (loose, full):
+        assert v.correct and v.timing.runs == 20 and "cut short" not in v.message, v.message
+    assert session.poisoned is None
 
 
 @pytest.mark.gpu

@@ -222,3 +222,113 @@ def test_a_peer_timed_by_graph_replay_runs_each_copy_and_stays_correct(problem, 
         assert ok, msg
     finally:
         run.release()
+
+
+def test_a_peer_needs_its_library_before_any_input_is_drawn(no_torch):
+    from cake_core.runtime.peers import require
+    with pytest.raises(PeerUnavailable, match="PyTorch"):
+        require("kmeans_assign", "torch")
+    with pytest.raises(PeerUnavailable, match="PyTorch"):        # flash-kmeans runs on torch: that is named first
+        require("kmeans_assign", "flash-kmeans")
+    with pytest.raises(CakeError, match="its peers: torch"):
+        require("knn_topk", "faiss")
+
+
+def test_measuring_a_peer_that_cannot_run_here_draws_nothing(no_torch, monkeypatch):
+    from cake_core.runtime import peers
+
+    def draw(*a, **k):
+        raise AssertionError("inputs drawn for a peer that cannot run")
+    monkeypatch.setattr(peers, "device_reference", draw)
+    with pytest.raises(PeerUnavailable, match="PyTorch"):
+        peers.measure_peer(get_problem("kmeans_assign"), "flash-kmeans", SMALL["kmeans_assign"], 0, reps=20)
+
+
+# ---------------------------------------------------------------- on the GPU: device inputs, the gate's reference
+
+GPU_SHAPES = {"gemm_bf16": {"M": 256, "N": 192, "K": 128}, "tinygemm": {"M": 8, "N": 512, "K": 256},
+              "kmeans_assign": {"B": 2, "N": 1024, "K": 64, "D": 128},
+              "kmeans_update": {"B": 2, "N": 4096, "K": 64, "D": 128},
+              "knn_topk": {"Q": 64, "N": 1024, "D": 64, "k": 8}}
+
+
+def _cupy_and_torch():
+    from cake_core.runtime.gpu import gpu_model
+    if gpu_model() is None:
+        pytest.skip("no usable NVIDIA GPU here")
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA GPU")
+    import cupy
+    return cupy
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("problem,peer", [(p, n) for p, names in sorted(PEERS.items()) for n in names])
+def test_a_peer_reads_the_gates_device_inputs_and_gets_their_values(problem, peer):
+    # CuPy inputs (the gate's draw) go to torch on the device; the peer's output is right against the oracle of
+    # a host copy of those very values, so every factory read the values, not a host-only view of them
+    import dataclasses
+
+    from cake_core.problems.base import input_sampler, to_host
+    cp = _cupy_and_torch()
+    p = get_problem(problem)
+    shape = GPU_SHAPES[problem]
+    dev = p.make_inputs(shape, input_sampler(11, shape, cp))
+    host = {k: v if k.startswith("_") else to_host(v) for k, v in dev.items()}
+    try:
+        run = make_peer(problem, peer, dev)
+    except PeerUnavailable as e:
+        pytest.skip(str(e))
+    try:
+        if run.reset:
+            run.reset()
+        run.run(0)
+        got = run.fetch()
+        judged = p if run.rtol is None else dataclasses.replace(p, rtol=run.rtol)
+        ok, err, msg = judged.compare(got, p.oracle(host))
+        assert ok, (peer, msg)
+        for n in p.inputs:      # the peer copied them: the gate's arrays are as they were drawn
+            np.testing.assert_array_equal(to_host(dev[n]), host[n])
+    finally:
+        run.release()
+
+
+def _hand_written_job(problem, shape, seed, tmp_path):
+    from cake_core.ir.text import parse_program
+    from cake_core.lower import compile_kernel, lower
+    from cake_core.pipeline.execute import GpuJob
+    from cake_core.problems.base import SEEDS_DIR
+    name = get_problem(problem).best_files[0]
+    lr = lower(parse_program((SEEDS_DIR / name).read_text(), name), name)
+    assert lr.ok, lr.diagnostics
+    cr = compile_kernel(lr.value, arch="sm_90a", cache_dir=tmp_path)
+    assert cr.ok, [d.message for d in cr.diagnostics]
+    return GpuJob((0, 0), lr.value, Path(cr.value.cubin_path).read_bytes(), cr.value.kernel_name, problem, shape,
+                  seed, 20, False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,check", [({"M": 256, "N": 256, "K": 256}, "full (256 rows)"),
+                                         ({"M": 4096, "N": 4096, "K": 2048}, "rows (256 rows)")])
+def test_a_peer_is_measured_against_the_reference_the_hand_written_kernel_cached(tmp_path, shape, check):
+    # as the final stage measures the baselines: the hand-written kernel first, then each peer at the same seed;
+    # the peer's check reuses the kernel's reference (on a row subset of the large shape, the same rows)
+    from cake_core.outcome import Outcome
+    from cake_core.pipeline.execute import GpuSession, gate_rows
+    _cupy_and_torch()
+    assert (gate_rows("gemm_bf16", shape) is None) == check.startswith("full")
+    session = GpuSession(refs_dir=tmp_path / "refs")
+    kernel = session.run(_hand_written_job("gemm_bf16", shape, 7926, tmp_path))
+    assert kernel.correct, kernel.message
+    assert session.refs.stored == 1 and session.refs.hits == 0
+    for n, peer in enumerate(("torch.mm_f32", "torch.matmul"), start=1):     # fp32 C, and bf16 C at its rtol
+        v = session.peer("gemm_bf16", peer, shape, 7926, 20)
+        assert v.outcome is Outcome.MEASURED, v.message
+        assert v.message == f"correct; {check}; reference cached" and v.timing.runs == 20
+        assert 0 < v.timing.p10_ms <= v.timing.median_ms <= v.timing.p90_ms
+        assert session.refs.hits == n and session.refs.stored == 1
+    # another seed draws other inputs: its reference is computed, not the cached one
+    other = session.peer("gemm_bf16", "torch.mm_f32", shape, 7927, 20)
+    assert other.outcome is Outcome.MEASURED and other.message.endswith("reference computed"), other.message
+    assert session.poisoned is None

@@ -94,3 +94,41 @@ def test_a_peer_is_timed_with_the_same_regions(monkeypatch):
 def test_an_unknown_timer_is_refused():
     with pytest.raises(ValueError, match="unknown timer"):
         peers.time_peer(peers.PeerRun("gemm_bf16", "p", "lib", run=lambda i: None, fetch=dict), timer="wall")
+
+
+class _TimedEvent:
+    def __init__(self, log: list):
+        self.log = log
+
+    def record(self, stream) -> None:
+        self.log.append("event")
+
+
+def _ms_clock(times: list[float], log: list) -> timing.Clock:
+    """Events whose pairs read ``times`` in order, one per timed region."""
+    left = list(times)
+    return timing.Clock(lambda: _TimedEvent(log), lambda s, e: left.pop(0))
+
+
+def _cut(times: list[float], reps: int, cutoff_ms: float | None) -> tuple[list[float], list]:
+    log: list = []
+    ms = timing.time_regions(_ms_clock(times, log), reps, None, lambda s: log.append("flush"),
+                             lambda r: log.append(r), lambda: log.append("wait"), cutoff_ms=cutoff_ms)
+    return ms, [x for x in log if x != "event"]
+
+
+def test_a_cutoff_stops_the_timing_after_a_few_regions_whose_median_is_above_it():
+    n = timing.CUTOFF_MIN_REPS
+    assert n == 3
+    ms, log = _cut([9.0, 1.0, 8.0] + [1.0] * 17, 20, cutoff_ms=5.0)
+    assert ms == [9.0, 1.0, 8.0]                       # median 8 > 5: the other 17 regions are never run
+    assert log == ["flush", 0, "flush", 1, "flush", 2, "wait"]
+
+
+def test_a_cutoff_above_the_first_regions_median_times_every_rep_in_order():
+    times = [9.0, 1.0, 2.0] + [float(r) for r in range(3, 20)]
+    ms, log = _cut(times, 20, cutoff_ms=5.0)          # median 2 <= 5: the run goes on, copies rotate on
+    assert ms == times
+    assert [x for x in log if isinstance(x, int)] == list(range(20))
+    assert log.index("wait") == 6 and log.count("wait") == 2
+    assert _cut(times, 20, cutoff_ms=None) == (times, [x for r in range(20) for x in ("flush", r)] + ["wait"])
