@@ -21,6 +21,7 @@ part lands before the next begins.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 from prefect import task
@@ -71,11 +72,13 @@ def _confirm(run: Run, picks: list[dict[str, Any]]) -> tuple[int, list[dict[str,
                       kind="confirm")
     n, failed = 0, []
     for i, a in enumerate(kernels):
-        confirmed = as_kind(verdicts[i], "confirm")
+        # a failure's row says what it was even where the runner gave no message
+        confirmed = [v if v.correct or v.message else replace(v, message=v.outcome.value)
+                     for v in as_kind(verdicts[i], "confirm")]
         run.recorder.rows("measurements", measurement_rows(a.attempt_id, run.plan.run_id, confirmed))
         run.recorder.rows("checks", [check_row(a.attempt_id, v) for v in confirmed])
         n += len(confirmed)
-        failed += [{"attempt_id": a.attempt_id, "shape": v.shape, "message": f"{v.outcome.value}: {v.message}"}
+        failed += [{"attempt_id": a.attempt_id, "shape": v.shape, "message": v.message}
                    for v in confirmed if not v.correct]
     return n, failed
 

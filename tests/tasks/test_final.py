@@ -23,7 +23,7 @@ from cake_core.pipeline.stages import Binary
 from cake_core.pipeline.verdicts import ShapeVerdict, Timing
 from cake_core.problems import get_problem, shape_key
 from tasks.final import CONFIRM_ROUNDS, CONFIRM_SEED, HELD_OUT_SEED, final
-from tasks.history import shape_best
+from tasks.history import confirm_failures, shape_best
 from tasks.record import Recorder
 from tasks.run import Run
 from tasks.workers import PoolExhausted, _cpu_stage
@@ -257,6 +257,7 @@ def test_a_winner_wrong_on_fresh_inputs_is_dropped_and_its_runner_up_confirmed_i
                                    (b, shape_key(S1), True), (b, shape_key(S2), True)}
     assert [(f["attempt_id"], f["shape"]) for f in racy.landed["confirm_failed"]] == [(a, shape_key(S2))]
     assert "max error 0.5" in racy.landed["confirm_failed"][0]["message"]
+    assert confirm_failures(str(wh.root), "r") == racy.landed["confirm_failed"]     # what the run's summary lists
     assert [(p["shape"], p["attempt_id"]) for p in shape_best(str(wh.root), "r")] == \
         [(shape_key(S1), b), (shape_key(S2), b)]
     assert wh.query("select attempt_id from run_best").to_pylist() == [{"attempt_id": b}]
