@@ -253,6 +253,8 @@ def run_evolution(settings: Settings, problem: str, run_id: str, kwargs: dict[st
         summary = outcome.get("value")
         if isinstance(summary, dict) and summary.get("stop_reason"):
             say(f"stopped: {summary['stop_reason'].replace('_', ' ')} after {summary.get('attempts')} attempts")
+        for f in summary.get("confirm_failed", []) if isinstance(summary, dict) else []:
+            say(f"confirm failed: {f['attempt_id']} on {f['shape']}: {f['message']} (not a winner)")
         _print_where(settings, pf.ui_url, run_id)
         say(f"ask: {_sql_hint(run_id)}")
         if "error" in outcome:

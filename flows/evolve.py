@@ -90,7 +90,8 @@ def evolve_flow(problem: str, shape_set: str | None = None, generations: int | N
                 else:
                     log.info(f"generation {gen}: {run.state.attempts} attempts in the run")
             stop = run.state.stop
-            final(opaque(run))
+            for f in final(opaque(run))["confirm_failed"]:
+                log.warning(f"confirm failed: {f['attempt_id']} on {f['shape']}: {f['message']} (not a winner)")
             shown(log, "the leaderboard", leaderboard_artifact(run.warehouse_root, run.plan.run_id,
                                                                 return_state=True))
         status = "completed"

@@ -150,18 +150,21 @@ def _headline_shapes(wh: Warehouse, run_id: str, timed: bool) -> list[str]:
 
 
 def _kernel_scores(wh: Warehouse, run_id: str, shapes: list[str], timed: bool) -> list[dict[str, Any]]:
-    """Each scored attempt of the run on ``shapes`` (all of them), in generation order."""
+    """Each scored attempt of the run on ``shapes`` (all of them), in generation order; a kernel that came out wrong
+    when the final stage confirmed it (``confirm_failures``) scores nothing."""
     if not shapes:
         return []
     marks = ", ".join("?" * len(shapes))
     if timed:
         sql = f"""select a.attempt_id, a.generation, a.slot, m.shape, m.median_ms as ms
                   from measurements m join attempts a using (attempt_id)
-                  where a.run_id = ? and m.kind = 'search' and m.correct and m.shape in ({marks})"""
+                  where a.run_id = ? and m.kind = 'search' and m.correct and m.shape in ({marks})
+                    and a.attempt_id not in (select attempt_id from confirm_failures)"""
     else:
         sql = f"""select a.attempt_id, a.generation, a.slot, p.shape, p.predicted_ms as ms
                   from predictions p join attempts a using (attempt_id)
-                  where a.run_id = ? and a.outcome = 'checked' and p.shape in ({marks})"""
+                  where a.run_id = ? and a.outcome = 'checked' and p.shape in ({marks})
+                    and a.attempt_id not in (select attempt_id from confirm_failures)"""
     per: dict[str, dict[str, Any]] = {}
     for r in wh.query(sql, [run_id, *shapes]).to_pylist():
         if r["ms"] is not None and r["ms"] > 0:

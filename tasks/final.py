@@ -1,7 +1,10 @@
 """The final stage of a run: confirm the winners, report the held-out rows, measure the baselines, dispatch.
 
 - confirm: each searched shape's winner (``shape_best``) re-measured on fresh inputs, stored apart (kind
-  ``confirm``): the search picked the minimum of noisy medians, so its own figures flatter the winner.
+  ``confirm``): the search picked the minimum of noisy medians, so its own figures flatter the winner. Every
+  verdict lands as a ``checks`` row of kind ``confirm``; a winner wrong there (or faulting) on any shape passed
+  the gate on one draw of inputs only, and the views drop it (``confirm_failures``): the shapes it won get new
+  winners, confirmed in turn, for ``CONFIRM_ROUNDS`` rounds at most.
 - held-out: the run's best (``run_best``) on the held-out rows only, measured (or checked, without a GPU)
   and stored apart (kind ``held_out``); nothing chose it by them.
 - baselines: the problem's hand-written kernels and its peers on every shape of the run, in the same run,
@@ -10,14 +13,15 @@
 
 A long run is several jobs (``cake evolve --resume``, an experiment's blocks of generations), each ending with
 this stage, and a later job's search can change the winners. So each job confirms the (attempt, shape) pairs of
-the current ``shape_best`` that no earlier job confirmed, and reports the current ``run_best`` on the held-out
-rows unless an earlier job did; the baselines are measured once per run (the same kernels on the same shapes
-and inputs, whatever the search found since). A final stage cut short redoes only what landed nothing: each
+the current ``shape_best`` that no earlier job confirmed (right or wrong), and reports the current ``run_best`` on
+the held-out rows unless an earlier job did; the baselines are measured once per run (the same kernels on the same
+shapes and inputs, whatever the search found since). A final stage cut short redoes only what landed nothing: each
 part lands before the next begins.
 """
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 from prefect import task
@@ -41,6 +45,9 @@ from warehouse import Warehouse
 CONFIRM_SEED = 7919
 HELD_OUT_SEED = 104729
 BASELINE_SEED = CONFIRM_SEED
+# rounds of confirmation a job runs: the winners, then the new winners of the shapes whose winner came out wrong,
+# and so on; a winner still unconfirmed after them is confirmed by the run's next job
+CONFIRM_ROUNDS = 3
 
 
 def _kernel(run: Run, row: dict[str, Any]) -> Attempt:
@@ -49,8 +56,10 @@ def _kernel(run: Run, row: dict[str, Any]) -> Attempt:
                    Candidate(row["ir_text"]), attempt_id=row["attempt_id"])
 
 
-def _confirm(run: Run, picks: list[dict[str, Any]]) -> int:
-    """Each of ``picks`` (``shape_best`` rows) re-measured on fresh inputs; returns the measurements landed."""
+def _confirm(run: Run, picks: list[dict[str, Any]]) -> tuple[int, list[dict[str, Any]]]:
+    """Each of ``picks`` (``shape_best`` rows) re-measured on fresh inputs: every verdict lands as a ``checks`` row
+    of kind ``confirm``, the correct timed ones as measurements too. Returns the verdicts landed and the failed
+    ones (attempt id, shape, message)."""
     rows = {r["attempt_id"]: r for r in Warehouse(run.warehouse_root).query(
         "select attempt_id, generation, slot, ir_text from attempts where run_id = ?", [run.plan.run_id]).to_pylist()}
     ids = list(dict.fromkeys(p["attempt_id"] for p in picks if p["attempt_id"] in rows))
@@ -61,12 +70,17 @@ def _confirm(run: Run, picks: list[dict[str, Any]]) -> int:
              if p["attempt_id"] in index and p["shape"] in keys}
     verdicts = on_gpu(run, kernels, run.search_shapes, run.plan.seed + CONFIRM_SEED, drop_failed=False, pairs=pairs,
                       kind="confirm")
-    n = 0
+    n, failed = 0, []
     for i, a in enumerate(kernels):
-        landed = measurement_rows(a.attempt_id, run.plan.run_id, as_kind(verdicts[i], "confirm"))
-        run.recorder.rows("measurements", landed)
-        n += len(landed)
-    return n
+        # a failure's row says what it was even where the runner gave no message
+        confirmed = [v if v.correct or v.message else replace(v, message=v.outcome.value)
+                     for v in as_kind(verdicts[i], "confirm")]
+        run.recorder.rows("measurements", measurement_rows(a.attempt_id, run.plan.run_id, confirmed))
+        run.recorder.rows("checks", [check_row(a.attempt_id, v) for v in confirmed])
+        n += len(confirmed)
+        failed += [{"attempt_id": a.attempt_id, "shape": v.shape, "message": v.message}
+                   for v in confirmed if not v.correct]
+    return n, failed
 
 
 def _held_out(run: Run, best: dict[str, Any]) -> int:
@@ -157,20 +171,29 @@ def record_dispatch(warehouse_root: str, run_id: str, problem: str, shape_set: s
 
 @task(name="final", cache_policy=NO_CACHE)
 def final(run: Run) -> dict[str, Any]:
-    """Confirm, held-out report, baselines, dispatch; returns what landed of each."""
+    """Confirm, held-out report, baselines, dispatch; returns what landed of each (rows) and, as
+    ``confirm_failed``, the winners that came out wrong on fresh inputs (attempt id, shape, message)."""
     t0 = time.monotonic()
     run.recorder.flush()
     done = final_recorded(run.warehouse_root, run.plan.run_id)
-    best = run_best(run.warehouse_root, run.plan.run_id)
-    unconfirmed = [p for p in shape_best(run.warehouse_root, run.plan.run_id)
-                   if (p["attempt_id"], p["shape"]) not in done["confirm"]]
     landed = {"confirm": 0, "held_out": 0, "baselines": 0, "dispatch": 0}
-    if run.timed and unconfirmed:
-        landed["confirm"] = _confirm(run, unconfirmed)
+    failed: list[dict[str, Any]] = []
+    for _ in range(CONFIRM_ROUNDS if run.timed else 0):
+        unconfirmed = [p for p in shape_best(run.warehouse_root, run.plan.run_id)
+                       if (p["attempt_id"], p["shape"]) not in done["confirm"]]
+        if not unconfirmed:
+            break
+        n, wrong = _confirm(run, unconfirmed)
         run.recorder.flush()
+        landed["confirm"] += n
+        failed += wrong
+        if not wrong:                   # the winners stand: nothing new to confirm
+            break
+        done = final_recorded(run.warehouse_root, run.plan.run_id)
     if not done["baselines"]:          # right after the confirmation: on the inputs it drew
         landed["baselines"] = _baselines(run)
         run.recorder.flush()
+    best = run_best(run.warehouse_root, run.plan.run_id)     # after the confirmation: a wrong winner is not it
     if run.held_out and best is not None and best["attempt_id"] not in done["held_out"]:
         landed["held_out"] = _held_out(run, best)
         run.recorder.flush()
@@ -180,4 +203,4 @@ def final(run: Run) -> dict[str, Any]:
                                                      time.monotonic() - t0, 0.0, sum(landed.values()), 0,
                                                      run.gpu.size if run.gpu else run.cpu.size)])
     run.recorder.flush()
-    return landed
+    return {**landed, "confirm_failed": failed}

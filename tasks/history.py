@@ -97,12 +97,14 @@ def recorded(warehouse_root: str, attempt_ids: list[str], tables: tuple[str, ...
 
 def final_recorded(warehouse_root: str, run_id: str) -> dict[str, Any]:
     """What the final stages of ``run_id``'s jobs have landed already (a later one does not measure it again):
-    ``confirm``, the (attempt id, shape) pairs with a confirmatory measurement; ``held_out``, the attempt ids
-    with held-out rows (measured or checked); ``baselines``, how many baseline rows."""
+    ``confirm``, the (attempt id, shape) pairs confirmed, right (a confirmatory measurement) or wrong (a failed
+    ``confirm`` check); ``held_out``, the attempt ids with held-out rows (measured or checked); ``baselines``,
+    how many baseline rows."""
     wh = Warehouse(warehouse_root)
     confirmed = {(r["attempt_id"], r["shape"]) for r in wh.query(
-        "select distinct attempt_id, shape from measurements where run_id = ? and kind = 'confirm'",
-        [run_id]).to_pylist()}
+        "select attempt_id, shape from measurements where run_id = ? and kind = 'confirm' union "
+        "select c.attempt_id, c.shape from checks c join attempts a using (attempt_id) where a.run_id = ? "
+        "and c.kind = 'confirm'", [run_id, run_id]).to_pylist()}
     held = {r["attempt_id"] for r in wh.query(
         "select attempt_id from measurements where run_id = ? and kind = 'held_out' union "
         "select c.attempt_id from checks c join attempts a using (attempt_id) where a.run_id = ? "
@@ -123,6 +125,12 @@ def search_best_ms(warehouse_root: str, run_id: str) -> dict[str, float]:
 def run_best(warehouse_root: str, run_id: str) -> dict[str, Any] | None:
     rows = Warehouse(warehouse_root).query("select * from run_best where run_id = ?", [run_id]).to_pylist()
     return rows[0] if rows else None
+
+
+def confirm_failures(warehouse_root: str, run_id: str) -> list[dict[str, Any]]:
+    """The (kernel, shape) pairs of ``run_id`` that came out wrong when a final stage confirmed them."""
+    return Warehouse(warehouse_root).query("select attempt_id, shape, message from confirm_failures where run_id = ? "
+                                           "order by attempt_id, shape", [run_id]).to_pylist()
 
 
 def shape_best(warehouse_root: str, run_id: str) -> list[dict[str, Any]]:

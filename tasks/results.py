@@ -41,7 +41,8 @@ def generation_rows(warehouse_root: str, run_id: str, generation: int) -> dict[s
 def _best_shapes(wh: Warehouse, run_id: str, generation: int, attempt_id: str | None) -> list[dict[str, Any]]:
     fastest = {r["shape"]: r["ms"] for r in wh.query("""
         select m.shape, min(m.median_ms) as ms from measurements m join attempts a using (attempt_id)
-        where a.run_id = ? and a.generation <= ? and m.kind = 'search' and m.correct group by 1""",
+        where a.run_id = ? and a.generation <= ? and m.kind = 'search' and m.correct
+          and a.attempt_id not in (select attempt_id from confirm_failures) group by 1""",
         [run_id, generation]).to_pylist()}
     rows: dict[str, dict[str, Any]] = {s: {"shape": s} for s in fastest}
     if attempt_id is not None:

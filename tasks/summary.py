@@ -1,8 +1,10 @@
-"""What a run reports when it ends: outcomes, its best beside the hand-written best and the peer, held-out rows."""
+"""What a run reports when it ends: outcomes, its best beside the hand-written best and the peer, held-out rows,
+the winners that came out wrong when the final stage confirmed them."""
 from __future__ import annotations
 
 from typing import Any
 
+from tasks.history import confirm_failures
 from tasks.run import Run
 from warehouse import Warehouse
 
@@ -31,4 +33,5 @@ def summarize(run: Run, stop: str | None) -> dict[str, Any]:
             "best_score_kind": kind[b["basis"]] if b else
             ("measured geomean ms" if run.timed else "predicted geomean ms (CPU: not timed)"),
             "best_attempt": b["attempt_id"] if b else None, "best_ir_hash": b["ir_hash"] if b else None,
-            "baselines": baselines, "held_out": held}
+            "baselines": baselines, "held_out": held,
+            "confirm_failed": confirm_failures(run.warehouse_root, rid)}

@@ -30,7 +30,7 @@ TIMERS = ["cuda_event", "cuda_graph"]   # runtime.gpu.TIMERS: one launch alone; 
 # cold-clean: L2 flushed by a read (runtime.gpu.L2Flush); cold: by a write (measurements before 2026-11-29 11:00 UTC)
 L2_STATES = ["cold-clean", "cold", "warm"]
 MEASURE_KINDS = ["search", "confirm", "held_out"]   # held_out: the final best only, never selected on
-CHECK_KINDS = ["search", "held_out", "strict"]
+CHECK_KINDS = ["search", "held_out", "strict", "confirm"]
 STOP_REASONS = ["generations", "budget_candidates", "budget_gpu_minutes", "no_improvement"]
 BASELINE_SOURCES = ["hand_written", "peer"]
 SHAPE_ROLES = ["headline", "tail", "held_out"]

@@ -89,7 +89,7 @@ def compile_row(attempt_id: str, r) -> dict[str, Any]:
 def check_row(attempt_id: str, v: ShapeVerdict) -> dict[str, Any]:
     return {"attempt_id": attempt_id, "shape": v.shape, "backend": v.backend, "correct": v.correct,
             "max_error": v.max_error, "message": v.message or None,
-            "kind": v.kind if v.kind in ("held_out", "strict") else "search"}
+            "kind": v.kind if v.kind in ("held_out", "strict", "confirm") else "search"}
 
 
 def measurement_rows(attempt_id: str, run_id: str, verdicts: Iterable[ShapeVerdict],

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from tasks.experiment import COLUMNS, convergence, next_block, summary, table
+from tasks.experiment import COLUMNS, convergence, next_block, run_result, summary, table
 from warehouse import Warehouse
 
 
@@ -64,6 +64,34 @@ def test_convergence_is_the_first_kernel_within_ninety_percent_of_the_hand_writt
     assert convergence(scores, 1.0)["generation"] == 2          # 1.05 <= 1.0 / 0.9
     assert convergence(scores, 0.5) is None
     assert convergence(scores, None) is None                    # no hand-written kernel scored on these shapes
+
+
+def test_a_kernel_wrong_at_its_confirmation_neither_is_the_best_nor_converges(tmp_path):
+    """A GPU run's kernels: A at 1.0 ms, B at 2.0 ms, the hand-written kernel at 1.0 ms; A came out wrong when the
+    final stage confirmed it. The run's best is B, which is not within 90% of the hand-written kernel's speed."""
+    from datetime import datetime
+    wh = Warehouse(tmp_path / "wh")
+    t = datetime(2026, 12, 1, 10)
+    wh.append("runs", [{"run_id": "r", "problem": "gemm_bf16", "shape_set": "set", "harness_version": 0,
+                        "agent": "tactic", "seed": 0, "generations": 2, "population": 1, "host": "h",
+                        "started_at": t, "status": "completed", "finished_at": t, "recorded_at": t}])
+    ids = {}
+    for g, (name, ms) in enumerate([("a", 1.0), ("b", 2.0)]):
+        ids[name] = f"r-{name}"
+        wh.append("attempts", [{"attempt_id": ids[name], "run_id": "r", "generation": g, "slot": 0,
+                                "problem": "gemm_bf16", "ir_hash": name, "ir_text": name, "agent": "tactic",
+                                "harness_version": 0, "stage": "time", "outcome": "measured"}])
+        wh.append("measurements", [{"attempt_id": ids[name], "run_id": "r", "shape": "M=1", "gpu_model": "H200",
+                                    "l2": "cold-clean", "median_ms": ms, "p10_ms": ms, "p90_ms": ms, "runs": 20,
+                                    "correct": True, "kind": "search", "measured_at": t}])
+    wh.append("baselines", [{"run_id": "r", "name": "hand.cake", "source": "hand_written", "shape": "M=1",
+                             "role": "headline", "median_ms": 1.0, "correct": True, "measured_at": t}])
+    plan, run = {"mode": "gpu"}, {"warehouse_root": str(wh.root), "run_id": "r", "arm": "frozen", "seed": 0}
+    assert (run_result(plan, run)["best_ms"], run_result(plan, run)["converged"]) == (1.0, True)
+    wh.append("checks", [{"attempt_id": ids["a"], "shape": "M=1", "backend": "gpu", "correct": False,
+                          "max_error": 0.5, "message": "max error 0.5 above 0.01", "kind": "confirm"}])
+    got = run_result(plan, run)
+    assert (got["best_ms"], got["converged"]) == (2.0, False)
 
 
 def test_a_run_goes_block_by_block_until_its_generations_or_budget_are_spent():

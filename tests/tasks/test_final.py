@@ -1,8 +1,9 @@
 """The final stage of a run made of several jobs (``tasks/final.py``), on stand-in workers in this process.
 
 Each job of the run ends with the final stage. Its CPU workers verify and lower for real; the compile answers a
-cubin without nvcc and the GPU runners answer every job correct with a median of M microseconds, logging each
-job they ran. The search rows a job's generations landed are written straight into the warehouse.
+cubin without nvcc and the GPU runners answer every job correct with a median of M microseconds (or, for
+``WrongOnConfirm``, wrong on the confirmation's jobs it names), logging each job they ran. The search rows a job's
+generations landed are written straight into the warehouse.
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from cake_core.pipeline.plan import RunPlan
 from cake_core.pipeline.stages import Binary
 from cake_core.pipeline.verdicts import ShapeVerdict, Timing
 from cake_core.problems import get_problem, shape_key
-from tasks.final import CONFIRM_SEED, HELD_OUT_SEED, final
+from tasks.final import CONFIRM_ROUNDS, CONFIRM_SEED, HELD_OUT_SEED, final
+from tasks.history import confirm_failures, shape_best
 from tasks.record import Recorder
 from tasks.run import Run
 from tasks.workers import PoolExhausted, _cpu_stage
@@ -72,7 +74,7 @@ class StandInGpu:
             if skip(u.key):
                 continue
             self.ran.append((u.args.seed, u.args.kernel_name, shape_key(u.args.shape)))
-            answers[u.key] = _timed(u.args.shape)
+            answers[u.key] = self.answer(u.args)
             on_answer(u.key, answers[u.key])
         return answers
 
@@ -81,6 +83,25 @@ class StandInGpu:
         for job in jobs:
             self.ran.append((job[3], job[1], shape_key(job[2])))
         return [{"verdict": _timed(job[2])} for job in jobs]
+
+    def answer(self, job) -> ShapeVerdict:
+        return _timed(job.shape)
+
+
+class WrongOnConfirm(StandInGpu):
+    """The stand-in runners, answering wrong on the confirmation's jobs (input seed run seed + CONFIRM_SEED) whose
+    lowered source and shape ``wrong`` names: a racy kernel that passed the search's gate."""
+
+    def __init__(self, source: str, shapes: list[str]):
+        super().__init__()
+        self.source, self.shapes = source, shapes
+
+    def answer(self, job) -> ShapeVerdict:
+        if (job.seed == RUN_SEED + CONFIRM_SEED and job.lowered.source == self.source
+                and shape_key(job.shape) in self.shapes):
+            return ShapeVerdict(shape_key(job.shape), "gpu", Outcome.WRONG, 0.5, "max error 0.5 above 0.01",
+                                seconds=0.1)
+        return super().answer(job)
 
 
 class LostAtHeldOut(StandInGpu):
@@ -106,6 +127,12 @@ def _job(root, session: int, gpu: StandInGpu | None = None) -> Run:
                gpus=["NVIDIA H200"], search_shapes=[S1, S2], check_shapes=[S1, S2], held_out=[HELD], roles=roles,
                model=AnalyticModel("H200"), agent=None, timeout_s=30.0, reps=20, flow_run_id=None,
                recorder=Recorder(str(root)), state=None, cpu=StandInCpu(), gpu=gpu or StandInGpu())
+
+
+def _source(text: str) -> str:
+    """The CUDA source ``text`` lowers to (what a GPU runner receives)."""
+    verified = _cpu_stage("verify")(text, HarnessSpec(), "gemm_bf16", [S1, S2])
+    return _cpu_stage("lower")(verified.value).value.source
 
 
 def _searched(root, generation: int, text: str, medians: dict[str, float]) -> str:
@@ -201,3 +228,66 @@ def test_a_final_stage_cut_short_is_redone_from_the_part_that_landed_nothing(tmp
         "select kind, attempt_id from measurements").to_pylist())
     assert n == {("search", a): 2, ("confirm", a): 2, ("held_out", a): 1}
     assert Warehouse(root).query("select count(*) as n from baselines").to_pylist()[0]["n"] == baselines
+
+
+def _confirm_checks(wh: Warehouse) -> set[tuple[str, str, bool]]:
+    return {(r["attempt_id"], r["shape"], r["correct"]) for r in wh.query(
+        "select attempt_id, shape, correct from checks where kind = 'confirm'").to_pylist()}
+
+
+@pytest.fixture(scope="module")
+def racy(tmp_path_factory):
+    """Kernel A best on both shapes, B the runner-up on both; A comes out wrong on S2 at its confirmation. A later
+    job follows on runners that answer every job correct."""
+    root = tmp_path_factory.mktemp("racy") / "warehouse"
+    a = _searched(root, 0, SEED_TEXT, {shape_key(S1): 1.0, shape_key(S2): 1.0})
+    b = _searched(root, 1, UNGUARDED, {shape_key(S1): 1.5, shape_key(S2): 1.2})
+    first = _job(root, 0, WrongOnConfirm(_source(SEED_TEXT), [shape_key(S2)]))
+    landed = final.fn(first)
+    first.recorder.close()
+    later = _ended(_job(root, 1))
+    return SimpleNamespace(wh=Warehouse(root), a=a, b=b, first=first, landed=landed, later=later)
+
+
+def test_a_winner_wrong_on_fresh_inputs_is_dropped_and_its_runner_up_confirmed_in_the_same_job(racy):
+    wh, a, b = racy.wh, racy.a, racy.b
+    # A on both shapes, then B (the new winner of both: A wins nowhere once wrong anywhere) on both
+    assert _jobs_at(racy.first, CONFIRM_SEED) == sorted([shape_key(S1), shape_key(S2)] * 2)
+    assert _confirm_checks(wh) == {(a, shape_key(S1), True), (a, shape_key(S2), False),
+                                   (b, shape_key(S1), True), (b, shape_key(S2), True)}
+    assert [(f["attempt_id"], f["shape"]) for f in racy.landed["confirm_failed"]] == [(a, shape_key(S2))]
+    assert "max error 0.5" in racy.landed["confirm_failed"][0]["message"]
+    assert confirm_failures(str(wh.root), "r") == racy.landed["confirm_failed"]     # what the run's summary lists
+    assert [(p["shape"], p["attempt_id"]) for p in shape_best(str(wh.root), "r")] == \
+        [(shape_key(S1), b), (shape_key(S2), b)]
+    assert wh.query("select attempt_id from run_best").to_pylist() == [{"attempt_id": b}]
+    # neither job's dispatch table holds A; each shape's is B with its confirmed median
+    dispatched = wh.query("select distinct shape, attempt_id, median_ms from dispatch order by shape").to_pylist()
+    assert [(r["shape"], r["attempt_id"], r["median_ms"]) for r in dispatched] == \
+        [(shape_key(S1), b, pytest.approx(0.128)), (shape_key(S2), b, pytest.approx(0.064))]
+    # the held-out report is the confirmed best's
+    assert {r["attempt_id"] for r in wh.query("select attempt_id from checks where kind = 'held_out'").to_pylist()} \
+        == {b}
+
+
+def test_a_later_job_confirms_no_pair_whose_confirmation_failed_or_passed(racy):
+    assert _jobs_at(racy.later, CONFIRM_SEED) == []
+    assert len(racy.wh.query("select * from checks where kind = 'confirm'").to_pylist()) == 4
+    assert racy.later.gpu.ran == []
+
+
+def test_the_confirmation_stops_after_its_rounds_and_leaves_the_next_winner_to_a_later_job(tmp_path):
+    root = tmp_path / "warehouse"
+    ids = [_searched(root, g, SEED_TEXT, {shape_key(S1): 1.0 + g, shape_key(S2): 1.0 + g})
+           for g in range(CONFIRM_ROUNDS + 1)]
+    first = _job(root, 0, WrongOnConfirm(_source(SEED_TEXT), [shape_key(S1), shape_key(S2)]))
+    landed = final.fn(first)
+    first.recorder.close()
+    assert Counter(f["attempt_id"] for f in landed["confirm_failed"]) == {i: 2 for i in ids[:CONFIRM_ROUNDS]}
+    assert _jobs_at(first, CONFIRM_SEED) == sorted([shape_key(S1), shape_key(S2)] * CONFIRM_ROUNDS)
+    # the last one is the winner, on its search medians, unconfirmed
+    picks = shape_best(str(root), "r")
+    assert [(p["attempt_id"], p["confirm_ms"]) for p in picks] == [(ids[-1], None)] * 2
+    later = _ended(_job(root, 1))
+    assert _jobs_at(later, CONFIRM_SEED) == sorted([shape_key(S1), shape_key(S2)])
+    assert [p["confirm_ms"] for p in shape_best(str(root), "r")] == [pytest.approx(0.128), pytest.approx(0.064)]

@@ -152,3 +152,44 @@ def test_kernel_scores_never_counts_held_out_rows(wh):
                                measurement("run-a-att-1", "run-a", "M=1,N=1,K=1", 0.001, kind="held_out")])
     assert rows(wh, "select attempt_id from run_best") == [{"attempt_id": "run-a-att-0"}]
     assert {r["shape"] for r in rows(wh, "select shape from shape_best")} == set(SHAPES)
+
+
+def test_an_attempt_wrong_at_its_confirmation_wins_nothing(tmp_path):
+    from wh_fixtures import dataset
+
+    from warehouse import Warehouse
+    w = Warehouse(tmp_path / "wh")
+    for table, batch in dataset().items():
+        w.append(table, batch)
+    # run-a's winner (att-14) confirmed right on one shape and wrong on the other; its runner-up (att-9) right
+    confirm = [dict(attempt_id="run-a-att-14", shape=SHAPES[0], backend="gpu", correct=True, max_error=1e-6,
+                    message=None, kind="confirm"),
+               dict(attempt_id="run-a-att-14", shape=SHAPES[1], backend="gpu", correct=False, max_error=0.5,
+                    message="max error 0.5 above 0.01", kind="confirm"),
+               dict(attempt_id="run-a-att-9", shape=SHAPES[0], backend="gpu", correct=True, max_error=1e-6,
+                    message=None, kind="confirm")]
+    w.append("checks", confirm)
+    assert rows(w, "select attempt_id, shape, message from confirm_failures") == \
+        [{"attempt_id": "run-a-att-14", "shape": SHAPES[1], "message": "max error 0.5 above 0.01"}]
+    assert "run-a-att-14" not in {r["attempt_id"] for r in rows(w, "select attempt_id from kernel_scores")}
+    assert rows(w, "select run_id, attempt_id from run_best order by run_id") == \
+        [{"run_id": "run-a", "attempt_id": "run-a-att-9"}, {"run_id": "run-b", "attempt_id": "run-b-att-29"}]
+    # on every shape, the one it was right on too: the next fastest correct kernel there wins
+    assert rows(w, "select shape, attempt_id from shape_best where run_id = 'run-a' order by shape") == \
+        [{"shape": s, "attempt_id": "run-a-att-9"} for s in sorted(SHAPES)]
+    assert {r["attempt_id"] for r in rows(w, "select attempt_id from leaderboard")} == {"run-b-att-29"}
+
+
+def test_a_correct_confirmation_keeps_the_winner(tmp_path):
+    from wh_fixtures import dataset
+
+    from warehouse import Warehouse
+    w = Warehouse(tmp_path / "wh")
+    for table, batch in dataset().items():
+        w.append(table, batch)
+    w.append("checks", [dict(attempt_id="run-a-att-14", shape=s, backend="gpu", correct=True, max_error=1e-6,
+                             message=None, kind="confirm") for s in SHAPES])
+    assert rows(w, "select * from confirm_failures") == []
+    assert rows(w, "select attempt_id from run_best where run_id = 'run-a'") == [{"attempt_id": "run-a-att-14"}]
+    assert {r["attempt_id"] for r in rows(w, "select attempt_id from shape_best where run_id = 'run-a'")} == \
+        {"run-a-att-14"}
