@@ -13,6 +13,9 @@
 #   bash bench/gpu.sh throughput          # `cake evolve --cold` end to end: candidates per GPU- and wall-minute
 #   bash bench/gpu.sh cake evolve kmeans_assign --cold ...   # any cake command as a user runs it, CAKE_GPU=require,
 #                                         # CAKE_HOME=$CAKE_HOME (default $OUT/home): its warehouse comes back
+#   STATE=fve bash bench/gpu.sh cake experiment frozen-vs-evolving kmeans_assign ... --out /tmp/state/fve/out
+#                                         # a job split over calls: /tmp/state/fve comes back as $OUT/fve.tgz and
+#                                         # goes on from .gpu-state/fve.tgz (carried) in the next call
 #   bash bench/gpu.sh profile 'regex:kmeans_update_gather' corpus --no-seed --no-best --no-peers ...
 #                                         # Nsight Compute on the first launch of the kernels the regex names
 #                                         # (PROFILE_COUNT, PROFILE_SKIP), while the named part runs
@@ -86,9 +89,22 @@ if [ "$what" = chains ]; then
     exit $rc
 fi
 if [ "$what" = cake ]; then
+    if [ -n "${STATE:-}" ]; then
+        # a long job split over calls: its state lives in /tmp/state/$STATE (CAKE_HOME defaults there), comes
+        # back as one tarball ($OUT/$STATE.tgz: a call returns a bounded number of files) without the cubin
+        # cache and the Prefect database, and the next call carries it as .gpu-state/$STATE.tgz to go on
+        mkdir -p "/tmp/state/$STATE"
+        [ -f ".gpu-state/$STATE.tgz" ] && tar -xzf ".gpu-state/$STATE.tgz" -C "/tmp/state/$STATE"
+        export CAKE_HOME=${CAKE_HOME:-/tmp/state/$STATE/home}
+    fi
     export CAKE_HOME=${CAKE_HOME:-$OUT/home} CAKE_GPU=${CAKE_GPU:-require} PREFECT_SERVER_ANALYTICS_ENABLED=false
     python3 -c "from cake_cli.main import main; main()" "$@"
-    exit $?
+    rc=$?
+    if [ -n "${STATE:-}" ]; then
+        tar -czf "$OUT/$STATE.tgz" -C "/tmp/state/$STATE" --exclude=cache --exclude=prefect .
+        echo "state: $OUT/$STATE.tgz ($(du -h "$OUT/$STATE.tgz" | cut -f1)); carry it as .gpu-state/$STATE.tgz to go on"
+    fi
+    exit $rc
 fi
 if [ "$what" = throughput ]; then
     python3 bench/evolve_throughput.py --out "$OUT" "$@"
