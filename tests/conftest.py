@@ -3,6 +3,7 @@
 BLAS runs on one thread in the tests and in every process they start (Ray workers, `cake` subprocesses):
 the interpreter's products are small (a 128x64 tile by a 64x128 one), and OpenBLAS's threads spinning
 against each other on a busy 2-core machine made one of them cost 1-15 ms instead of 0.04 ms.
+Ray workers run on this interpreter as they are, never through `uv run`.
 """
 import os
 import sys
@@ -15,6 +16,10 @@ if "numpy" in sys.modules:   # too late for the variable to take effect here: sa
     warnings.warn("numpy was imported before tests/conftest.py could run BLAS on one thread; "
                   "set OPENBLAS_NUM_THREADS=1 for this run", stacklevel=1)
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+# Ray reads this when it is first imported (collection imports it): under `uv run pytest` Ray would otherwise
+# start every worker of a Ray the tests start through `uv run`, in a copy of the working tree with a venv of
+# its own, as `cake` never does (tasks.ray_runtime.RAY_ENV).
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "core"))   # harness_runs: real CPU runs
 
