@@ -16,10 +16,14 @@ if "numpy" in sys.modules:   # too late for the variable to take effect here: sa
     warnings.warn("numpy was imported before tests/conftest.py could run BLAS on one thread; "
                   "set OPENBLAS_NUM_THREADS=1 for this run", stacklevel=1)
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-# Ray reads this when it is first imported (collection imports it): under `uv run pytest` Ray would otherwise
-# start every worker of a Ray the tests start through `uv run`, in a copy of the working tree with a venv of
-# its own, as `cake` never does (tasks.ray_runtime.RAY_ENV).
-os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+# Every Ray the tests start runs as `cake` runs one (tasks.ray_runtime.RAY_ENV), set before anything imports
+# Ray (collection does, and Ray reads some of these at import): under `uv run pytest` Ray would otherwise
+# start each worker through `uv run` in a copy of the working tree with a venv of its own, and a bare
+# ray.init (tests/runtime/test_pool.py) would turn on token auth in this process's environment, which every
+# Ray and `cake` started after it in the same process inherited: their workers never started.
+os.environ.update({k: os.environ.get(k, v) for k, v in {
+    "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
+    "RAY_ENABLE_AUTO_CONNECT": "0"}.items()})
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "core"))   # harness_runs: real CPU runs
 
