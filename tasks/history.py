@@ -114,12 +114,11 @@ def final_recorded(warehouse_root: str, run_id: str) -> dict[str, Any]:
 
 
 def search_best_ms(warehouse_root: str, run_id: str) -> dict[str, float]:
-    """The run's fastest correct searched median so far on each shape key it has one (its measurements of kind
-    ``search``: the generations before the one being timed)."""
-    rows = Warehouse(warehouse_root).query(
-        "select shape, min(median_ms) as ms from measurements where run_id = ? and kind = 'search' and correct "
-        "group by shape", [run_id]).to_pylist()
-    return {r["shape"]: float(r["ms"]) for r in rows}
+    """The run's fastest correct searched median so far on each shape key it has one (``shape_best``'s search
+    figure: the generations before the one being timed)."""
+    rows = Warehouse(warehouse_root).query("select shape, search_ms from shape_best where run_id = ?",
+                                           [run_id]).to_pylist()
+    return {r["shape"]: float(r["search_ms"]) for r in rows}
 
 
 def run_best(warehouse_root: str, run_id: str) -> dict[str, Any] | None:
