@@ -13,65 +13,74 @@ Tile shapes are set to what wgmma takes: the reduction tile to one 128-byte swiz
 elements), the accumulator's rows to 64 per consumer warpgroup (two from 128 rows up, else one or two) and
 its columns to a multiple of 64 up to 256.
 
-Before (kmeans_assign's seed, abridged)::
+Before (knn_topk's seed, abridged)::
 
-    x_s = smem(bf16, (BN, BD))
+    q_s = smem(bf16, (BQ, BD))
     ...
-    for kt in range(cdiv(K, BK)):
+    for nt in range(cdiv(N, BN)):
         fill(dot)
+        fill(norm)
         for dt in range(cdiv(D, BD)):
-            load(x_s, x[bid.y, tile(bid.x, BN), tile(dt, BD)])
-            load(c_s, c[bid.y, tile(kt, BK), tile(dt, BD)])
+            load(q_s, q[tile(bid.x, BQ), tile(dt, BD)])
+            load(db_s, db[tile(nt, BN), tile(dt, BD)])
             sync()
-            transpose(ct_s, c_s)
+            transpose(dbt_s, db_s)
+            unary(sq, db_s, fn="square")
             sync()
-            mma(dot, x_s, ct_s)
+            mma(dot, q_s, dbt_s)
+            reduce(part, sq, axis=1)
+            ewise(norm, norm, part)
             sync()
-        load(csq_s, c_sq[bid.y, tile(kt, BK)])
-        sync()
-        ewise(scores, csq_s, dot, beta=2.0, fn="sub")
-        argmin_update(best, arg, scores, base=kt * BK, limit=K)
-    store(out[bid.y, tile(bid.x, BN)], arg)
+        ewise(scores, norm, dot, beta=2.0, fn="sub")
+        topk_merge(top_v, top_i, scores, base=nt * BN, limit=N)
+    store(idx[tile(bid.x, BQ), tile(0, KMAX)], top_i)
 
-After (threads=384, BD=64, BN=128, S=2)::
+After (threads=384, BD=64, BQ=128, S=3; the row norms move to the producer, which computes them from the
+landed tile)::
 
-    x_s = smem(bf16, (BN, BD), stages=2, swizzle=128)
-    c_s = smem(bf16, (BK, BD), stages=2, swizzle=128)
-    csq_s = smem(f32, (BK,), stages=2)
+    q_s = smem(bf16, (BQ, BD), stages=3, swizzle=128)
+    db_s = smem(bf16, (BN, BD), stages=3, swizzle=128)
+    nrm_s = smem(f32, (BN,), stages=2)
     full = mbarrier(S)
     empty = mbarrier(S, arrivals=2)
     efull = mbarrier(2)
     eempty = mbarrier(2, arrivals=2)
     with role("producer", warps=(0, 4), regs=40):
-        for kt in range(cdiv(K, BK)):
-            wait(eempty[kt % 2], phase=(kt // 2 + 1) % 2)
-            cp_async_bar(csq_s[kt % 2], c_sq[bid.y, tile(kt, BK)], bar=efull[kt % 2])
+        for nt in range(cdiv(N, BN)):
+            wait(eempty[nt % 2], phase=(nt // 2 + 1) % 2)
             for dt in range(cdiv(D, BD)):
-                it = kt * cdiv(D, BD) + dt
+                it = nt * cdiv(D, BD) + dt
                 wait(empty[it % S], phase=(it // S + 1) % 2)
-                cp_async_bar(x_s[it % S], x[bid.y, tile(bid.x, BN), tile(dt, BD)], bar=full[it % S])
-                cp_async_bar(c_s[it % S], c[bid.y, tile(kt, BK), tile(dt, BD)], bar=full[it % S])
+                cp_async_bar(q_s[it % S], q[tile(bid.x, BQ), tile(dt, BD)], bar=full[it % S])
+                cp_async_bar(db_s[it % S], db[tile(nt, BN), tile(dt, BD)], bar=full[it % S])
                 arrive(full[it % S])
-            arrive(efull[kt % 2])
+                wait(full[it % S], phase=it // S % 2)
+                if dt == 0:
+                    sqnorm_rows(nrm_s[nt % 2], db_s[it % S])
+                if dt > 0:
+                    sqnorm_rows(nrm_s[nt % 2], db_s[it % S], accumulate=True)
+            arrive(efull[nt % 2])
     with role("consumer", warps=(4, 12), regs=232):
-        dot = rmem(f32, (BN, BK))
-        best = rmem(f32, (BN,), fill=inf)
-        arg = rmem(i32, (BN,))
-        for kt in range(cdiv(K, BK)):
+        dot = rmem(f32, (BQ, BN))
+        top_v = rmem(f32, (BQ, KMAX), fill=inf)
+        top_i = rmem(i32, (BQ, KMAX), fill=-1.0)
+        for nt in range(cdiv(N, BN)):
             for dt in range(cdiv(D, BD)):
-                it = kt * cdiv(D, BD) + dt
+                it = nt * cdiv(D, BD) + dt
                 wait(full[it % S], phase=it // S % 2)
                 fence_async()
                 if dt == 0:
-                    wgmma(dot, x_s[it % S], c_s[it % S], b_major="k", accumulate=False)
+                    wgmma(dot, q_s[it % S], db_s[it % S], accumulate=False, b_major="k")
                 if dt > 0:
-                    wgmma(dot, x_s[it % S], c_s[it % S], b_major="k")
+                    wgmma(dot, q_s[it % S], db_s[it % S], b_major="k")
                 wgmma_wait(0)
                 arrive(empty[it % S])
-            wait(efull[kt % 2], phase=kt // 2 % 2)
-            argmin_bias(best, arg, dot, csq_s[kt % 2], base=kt * BK, limit=K)
-            arrive(eempty[kt % 2])
-        store(out[bid.y, tile(bid.x, BN)], arg)
+            wait(efull[nt % 2], phase=nt // 2 % 2)
+            topk_bias(top_v, top_i, dot, nrm_s[nt % 2], base=nt * BN, limit=N)
+            arrive(eempty[nt % 2])
+        store(idx[tile(bid.x, BQ), tile(0, KMAX)], top_i)
+
+kmeans_assign's seed takes the same steps, its running arg-min becoming the fused ``argmin_bias``.
 
 Precondition (``find_mainloop``): a CTA-collective contraction mainloop; 16-bit operands whose tile
 shapes are program constants. It applies to every problem of the corpus whose seed multiplies tiles

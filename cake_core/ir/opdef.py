@@ -34,65 +34,71 @@ from cake_core.ir.types import MemSpace
 
 
 class Op(str, enum.Enum):
+    """Every op of the IR; its value (the name the text form writes) is the member's name in lower case."""
+
+    @staticmethod
+    def _generate_next_value_(name: str, start: int, count: int, last_values: list) -> str:
+        return name.lower()
+
     # -- allocation
-    SMEM = "smem"
-    RMEM = "rmem"
-    MBARRIER = "mbarrier"
+    SMEM = enum.auto()
+    RMEM = enum.auto()
+    MBARRIER = enum.auto()
     # -- copies: gmem <-> smem <-> rmem, synchronous and asynchronous
-    LOAD = "load"
-    STORE = "store"
-    TMA_LOAD = "tma_load"
-    TMA_STORE = "tma_store"
-    CP_ASYNC = "cp_async"
-    CP_ASYNC_BAR = "cp_async_bar"
+    LOAD = enum.auto()
+    STORE = enum.auto()
+    TMA_LOAD = enum.auto()
+    TMA_STORE = enum.auto()
+    CP_ASYNC = enum.auto()
+    CP_ASYNC_BAR = enum.auto()
     # -- synchronisation: CTA barrier, mbarriers, fences, wait groups, clusters
-    SYNC = "sync"
-    EXPECT_TX = "expect_tx"
-    ARRIVE = "arrive"
-    WAIT = "wait"
-    CP_ASYNC_WAIT = "cp_async_wait"
-    FENCE_ASYNC = "fence_async"
-    WGMMA_WAIT = "wgmma_wait"
-    CLUSTER_SYNC = "cluster_sync"
+    SYNC = enum.auto()
+    EXPECT_TX = enum.auto()
+    ARRIVE = enum.auto()
+    WAIT = enum.auto()
+    CP_ASYNC_WAIT = enum.auto()
+    FENCE_ASYNC = enum.auto()
+    WGMMA_WAIT = enum.auto()
+    CLUSTER_SYNC = enum.auto()
     # -- matrix multiply-accumulate
-    MMA = "mma"
-    WGMMA = "wgmma"
-    TCGEN05_MMA = "tcgen05_mma"
+    MMA = enum.auto()
+    WGMMA = enum.auto()
+    TCGEN05_MMA = enum.auto()
     # -- structure
-    FOR = "for"
-    IF = "if"
-    LET = "let"
-    TILE_ORDER = "tile_order"
-    ROLE = "role"
-    CLUSTER = "cluster"
+    FOR = enum.auto()
+    IF = enum.auto()
+    LET = enum.auto()
+    TILE_ORDER = enum.auto()
+    ROLE = enum.auto()
+    CLUSTER = enum.auto()
     # -- elementwise tile math
-    FILL = "fill"
-    CAST = "cast"
-    UNARY = "unary"
-    EWISE = "ewise"
-    TRANSPOSE = "transpose"
+    FILL = enum.auto()
+    CAST = enum.auto()
+    UNARY = enum.auto()
+    EWISE = enum.auto()
+    TRANSPOSE = enum.auto()
     # -- reductions along an axis
-    REDUCE = "reduce"
-    SCAN = "scan"
-    ARGMIN = "argmin"
-    ARGMAX = "argmax"
+    REDUCE = enum.auto()
+    SCAN = enum.auto()
+    ARGMIN = enum.auto()
+    ARGMAX = enum.auto()
     # -- running arg-min / top-k over candidate tiles
-    ARGMIN_UPDATE = "argmin_update"
-    TOPK_MERGE = "topk_merge"
+    ARGMIN_UPDATE = enum.auto()
+    TOPK_MERGE = enum.auto()
     # -- atomic adds into gmem (or a privatised smem tile)
-    ATOMIC_ADD = "atomic_add"
-    SCATTER_ADD = "scatter_add"
+    ATOMIC_ADD = enum.auto()
+    SCATTER_ADD = enum.auto()
     # -- segment sums of gathered rows
-    GATHER_ADD = "gather_add"
+    GATHER_ADD = enum.auto()
     # -- fused epilogues on a wgmma accumulator, row norms of a landed tile
-    ARGMIN_BIAS = "argmin_bias"
-    TOPK_BIAS = "topk_bias"
-    SQNORM_ROWS = "sqnorm_rows"
+    ARGMIN_BIAS = enum.auto()
+    TOPK_BIAS = enum.auto()
+    SQNORM_ROWS = enum.auto()
     # -- exchanges between the CTAs of a cluster
-    TOPK_PUBLISH = "topk_publish"
-    TOPK_CLUSTER_MERGE = "topk_cluster_merge"
-    ACC_PUBLISH = "acc_publish"
-    ACC_CLUSTER_REDUCE = "acc_cluster_reduce"
+    TOPK_PUBLISH = enum.auto()
+    TOPK_CLUSTER_MERGE = enum.auto()
+    ACC_PUBLISH = enum.auto()
+    ACC_CLUSTER_REDUCE = enum.auto()
 
 
 class Family(str, enum.Enum):
