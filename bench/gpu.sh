@@ -11,6 +11,7 @@
 #   bash bench/gpu.sh chains [PROBLEM=SHAPES ...]   # kernels made by tactic chains from the naive seeds
 #                                         # (bench/tactic_chains.py) beside the hand-written ones and the peers
 #   bash bench/gpu.sh throughput          # `cake evolve --cold` end to end: candidates per GPU- and wall-minute
+#   STATE=tp bash bench/gpu.sh throughput --generations 12   # the same, the runs' warehouses back in $OUT/tp.tgz
 #   bash bench/gpu.sh cake evolve kmeans_assign --cold ...   # any cake command as a user runs it, CAKE_GPU=require,
 #                                         # CAKE_HOME=$CAKE_HOME (default $OUT/home): its warehouse comes back
 #   STATE=fve bash bench/gpu.sh cake experiment frozen-vs-evolving kmeans_assign ... --out /tmp/state/fve/out
@@ -107,6 +108,15 @@ if [ "$what" = cake ]; then
     exit $rc
 fi
 if [ "$what" = throughput ]; then
+    if [ -n "${STATE:-}" ]; then
+        # the runs' homes (warehouses) come back as $OUT/$STATE.tgz, as for `cake` above
+        mkdir -p "/tmp/state/$STATE"
+        python3 bench/evolve_throughput.py --out "$OUT" --home "/tmp/state/$STATE" "$@"
+        rc=$?
+        tar -czf "$OUT/$STATE.tgz" -C "/tmp/state/$STATE" --exclude=cache --exclude=prefect --exclude=refs .
+        echo "state: $OUT/$STATE.tgz ($(du -h "$OUT/$STATE.tgz" | cut -f1))"
+        exit $rc
+    fi
     python3 bench/evolve_throughput.py --out "$OUT" "$@"
     exit $?
 fi

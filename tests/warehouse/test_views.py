@@ -193,3 +193,34 @@ def test_a_correct_confirmation_keeps_the_winner(tmp_path):
     assert rows(w, "select attempt_id from run_best where run_id = 'run-a'") == [{"attempt_id": "run-a-att-14"}]
     assert {r["attempt_id"] for r in rows(w, "select attempt_id from shape_best where run_id = 'run-a'")} == \
         {"run-a-att-14"}
+
+
+def _baseline(name, shape, role, median_ms, predicted_ms=1.0, correct=True):
+    from wh_fixtures import T0
+    return dict(run_id="run-h", name=name, source="hand_written", shape=shape, role=role, gpu_model="H200",
+                timer="cuda_event", l2="cold-clean", median_ms=median_ms, p10_ms=None, p90_ms=None,
+                runs=None if median_ms is None else 20, predicted_ms=predicted_ms,
+                correct=None if median_ms is None else correct, message=None, measured_at=T0)
+
+
+def test_a_baseline_is_scored_on_the_headline_shapes_like_the_runs_kernels(wh):
+    # a TMA kernel whose domain leaves out the ragged tail shape is measured on both headline shapes: its
+    # score is the geometric mean of those, measured, not the cost model's figure
+    wh.append("baselines", [
+        _baseline("tma.cake", "a", "headline", 1.0), _baseline("tma.cake", "b", "headline", 4.0),
+        _baseline("tma.cake", "tail", "tail", None),
+        _baseline("tma.cake", "held", "held_out", 9.0),
+        _baseline("wrong.cake", "a", "headline", 0.5), _baseline("wrong.cake", "b", "headline", 0.5, correct=False),
+        _baseline("half.cake", "a", "headline", 1.0), _baseline("half.cake", "b", "headline", None,
+                                                                predicted_ms=4.0)])
+    got = {r["name"]: r for r in rows(wh, "select name, basis, score_ms, correct from baseline_scores")}
+    assert got["tma.cake"]["basis"] == "measured" and got["tma.cake"]["score_ms"] == pytest.approx(2.0)
+    assert got["wrong.cake"]["basis"] == "predicted" and got["wrong.cake"]["correct"] is False
+    assert got["half.cake"]["basis"] == "predicted" and got["half.cake"]["score_ms"] == pytest.approx(2.0)
+
+
+def test_a_run_without_headline_rows_scores_its_baselines_on_every_searched_shape(wh):
+    wh.append("baselines", [_baseline("k.cake", "a", "tail", 1.0), _baseline("k.cake", "b", "tail", 9.0),
+                            _baseline("k.cake", "c", "held_out", 100.0)])
+    (got,) = rows(wh, "select basis, score_ms from baseline_scores")
+    assert got["basis"] == "measured" and got["score_ms"] == pytest.approx(3.0)
