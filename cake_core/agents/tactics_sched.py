@@ -267,13 +267,20 @@ def pingpong(p: Program, rng: np.random.Generator, bounds=None) -> Program:
     refuse_unless(isinstance(rows_e, Sym) and rows_e.name in p.const_env and p.const_env[rows_e.name] == 128,
                   "the accumulator's rows are not a tile constant of 128")
     rows = rows_e.name
-    loops = [n for n in c.body if n.op is Op.FOR] or \
-        [m for n in c.body if n.op is Op.FOR for m in n.body if m.op is Op.FOR]
-    cand = next((n for n in loops if any(m.op is Op.FOR and any(k.op is Op.WGMMA for k in walk_nodes(m.body))
-                                         for m in n.body)), None)
+    def issues_wgmma(n: Node) -> bool:
+        return n.op is Op.FOR and any(k.op is Op.WGMMA for k in walk_nodes(n.body))
+
+    def reduction_of(n: Node) -> Node | None:
+        """The loop directly in ``n`` that issues the wgmmas and holds no such loop itself."""
+        return next((m for m in n.body if issues_wgmma(m) and not any(issues_wgmma(k) for k in m.body)), None)
+
+    # the candidate loop is at the top of the role, or inside a persistent tile loop
+    loops = [n for n in c.body if n.op is Op.FOR]
+    loops += [m for n in loops for m in n.body if m.op is Op.FOR]
+    cand = next((n for n in loops if reduction_of(n) is not None), None)
     refuse_unless(cand is not None, "no loop over candidate tiles around the consumer's reduction: nothing to "
                                     "overlap the other consumer's tensor-core work with")
-    red_loop = next(m for m in cand.body if m.op is Op.FOR and any(k.op is Op.WGMMA for k in walk_nodes(m.body)))
+    red_loop = reduction_of(cand)
     trips = _value(p, loop_range(red_loop)[1])
     ring = next((_ring_const(m.args[0].index, p) for m in walk_nodes(red_loop.body)
                  if m.op is Op.WAIT and m.args[0].index is not None), None)
@@ -329,7 +336,7 @@ def pingpong(p: Program, rng: np.random.Generator, bounds=None) -> Program:
         for n in nodes:
             if n is cand:
                 mine, other = turn[half], turn[1 - half]
-                phase = f"({fmt_expr(j)} + 1) % 2" if half == 0 else f"{fmt_expr(j)} % 2"
+                phase = fmt_expr(Bin("%", Bin("+", j, 1) if half == 0 else j, 2))
                 body = list(n.body)
                 red = next(i for i, m in enumerate(body) if m.op is Op.FOR
                            and any(k.op is Op.WGMMA for k in walk_nodes(m.body)))

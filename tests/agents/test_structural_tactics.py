@@ -228,6 +228,20 @@ def test_ping_pong_alternates_the_consumers_through_turn_barriers():
     assert [n.op for n in p.body if n.op is Op.ROLE] == [Op.ROLE] * 3
 
 
+@pytest.mark.parametrize("prob", ["kmeans_assign", "knn_topk"])
+def test_ping_pong_applies_to_a_persistent_kernel_too(prob):
+    # the order evolution takes the two steps in must not matter: a persistent tile loop around the candidate
+    # loop keeps counting the candidate tiles across tiles for the turn barriers' parities
+    p = _chain(prob, ["warp_specialize", "tma", "resident", "batch_wgmma", "persistent", "pingpong"])
+    assert [n.op for n in p.body if n.op is Op.ROLE] == [Op.ROLE] * 3 and "ncta.x" in p.text()
+    outer = next(n for n in p.body if n.op is Op.ROLE and n.args[0] == "consumer1").body[0]
+    assert outer.op is Op.FOR and len(outer.args) == 4, "the persistent tile loop stays the consumers' outer loop"
+    assert "(t - bid.x) // ncta.x * cdiv(" in p.text() and "% 2)" in p.text()
+    errors = [d for d in verify(p, shapes=SHAPES[prob]) if d.is_error]
+    assert not errors, [d.message for d in errors]
+    assert all(c.correct for c in check_on_cpu(p, get_problem(prob), SHAPES[prob], seed=4))
+
+
 def test_a_producer_that_reads_its_copies_reads_them_a_trip_later_when_the_ring_holds_two_tiles():
     seed = parse_program(get_problem("knn_topk").seed_text()).with_consts(BQ=128)
     # a ring of four slots holds two tiles of the two resident reduction steps (D = 128)
