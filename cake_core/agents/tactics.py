@@ -28,7 +28,7 @@ from cake_core.agents.rewrite import Refused, map_nodes, refuse_unless, set_attr
 from cake_core.agents.tactics_copy import resident, tma
 from cake_core.agents.tactics_grid import cluster_split, group_tiles, multicast, persistent, split_k
 from cake_core.agents.tactics_sched import batch_wgmma, pingpong, pipeline_wgmma
-from cake_core.agents.tactics_ws import WGMMA_N, warp_specialize
+from cake_core.agents.tactics_ws import WGMMA_N, warp_specialize, wgmma_consts
 from cake_core.ir.expr import Bin, Sym, symbols
 from cake_core.ir.ops import Node, Op, Slot
 from cake_core.ir.program import Program
@@ -71,26 +71,6 @@ def ring_consts(p: Program) -> set[str]:
         if n.op is Op.MBARRIER and isinstance(n.args[0], Sym):
             out.add(n.args[0].name)
     return out
-
-
-def wgmma_consts(p: Program) -> tuple[set[str], set[str]]:
-    """(constants fixed by wgmma: accumulator rows and the reduction span; constants that are wgmma's N)."""
-    fixed, n_dims = set(), set()
-    allocs = {n.result: n for n in walk_nodes(p.body) if n.op in (Op.SMEM, Op.RMEM) and n.result}
-    cp_async = {n.args[0].buf for n in walk_nodes(p.body) if n.op is Op.CP_ASYNC_BAR}
-    for n in walk_nodes(p.body):
-        if n.op is not Op.WGMMA:
-            continue
-        acc, a = allocs.get(n.args[0]), allocs.get(n.args[1].buf)
-        if acc is not None:
-            r, c = acc.args[1][0], acc.args[1][1]
-            fixed |= symbols(r)
-            if isinstance(c, Sym):
-                # an N-major b that cp.async fills has rows of one swizzle span: its N stays
-                (fixed if n.attr("b_major") == "n" and n.args[2].buf in cp_async else n_dims).add(c.name)
-        if a is not None:
-            fixed |= symbols(a.args[1][0]) | symbols(a.args[1][1])
-    return fixed, n_dims - fixed
 
 
 # ------------------------------------------------------------------ knob tactics

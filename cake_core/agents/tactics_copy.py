@@ -29,6 +29,11 @@ After::
     wait(full[it % S], phase=it // S % 2)
     wgmma(...)
 
+An N-major ``b`` operand that cp.async fills has rows of one 128-byte swizzle span, which pins wgmma's N to 64
+16-bit columns (gemm_bf16 after ``warp_specialize``: ``BN = 64``); TMA's boxes lift that, so the rewrite also
+draws that N among the widths wgmma takes (64, 128, 192, 256): the copy engine and the tile that it allows
+change in one step, as neither pays alone.
+
 Precondition: a group of ``cp_async_bar`` copies on one barrier with the role's ``arrive`` on it after them in
 the same block, and no other smem write (``sqnorm_rows``) that the arrive also publishes. Applies to every
 warp-specialized program with cp.async producers (gemm_bf16, tinygemm, kmeans_assign, knn_topk after
@@ -42,6 +47,7 @@ import numpy as np
 
 from cake_core.agents.rewrite import (Refused, fresh, map_exprs, refuse_unless, replace_expr, stmt, stmts, subst_expr,
                                       view_syms, walk_nodes)
+from cake_core.agents.tactics_ws import WGMMA_N, wgmma_consts
 from cake_core.ir.expr import Bin, Sym, fmt_expr, symbols, try_evaluate
 from cake_core.ir.ops import Node, Op, Slot, loop_range
 from cake_core.ir.program import Program
@@ -111,7 +117,10 @@ def tma(p: Program, rng: np.random.Generator, bounds=None) -> Program:
     refuse_unless(changed, "no cp_async_bar group completes with an arrive in its own block")
     if not any(n.op is Op.CP_ASYNC_BAR for n in walk_nodes(body)):
         body = _drop_fences(body)
-    return replace(p, body=body)
+    out = replace(p, body=body)
+    # a wgmma N that cp.async pinned to one swizzle span (an N-major b) is free under TMA: take a width wgmma takes
+    lifted = sorted(wgmma_consts(p)[0] & wgmma_consts(out)[1])
+    return out.with_consts(**{k: int(rng.choice(WGMMA_N)) for k in lifted}) if lifted else out
 
 
 __all__ = ["tma", "Refused"]

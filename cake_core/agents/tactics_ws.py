@@ -93,8 +93,8 @@ from dataclasses import replace
 import numpy as np
 
 from cake_core.agents.mainloop import Mainloop, find_mainloop
-from cake_core.agents.rewrite import Refused, const_of, expr_text, fresh, refuse_unless, stmts
-from cake_core.ir.expr import fmt_expr
+from cake_core.agents.rewrite import Refused, const_of, expr_text, fresh, refuse_unless, stmts, walk_nodes
+from cake_core.ir.expr import Sym, fmt_expr, symbols
 from cake_core.ir.ops import Node, Op, loop_range
 from cake_core.ir.program import Program
 from cake_core.ir.printer import fmt_view
@@ -104,6 +104,26 @@ SPAN_BYTES = 128          # one swizzle-128 row: the K extent of a wgmma operand
 WGMMA_N = (64, 128, 192, 256)
 EPI = 2                   # slots of the epilogue operands' ring: the producer fills a candidate tile's vector
                           # while the consumers still read the last one
+
+
+def wgmma_consts(p: Program) -> tuple[set[str], set[str]]:
+    """(constants fixed by wgmma: accumulator rows and the reduction span; constants that are wgmma's N)."""
+    fixed, n_dims = set(), set()
+    allocs = {n.result: n for n in walk_nodes(p.body) if n.op in (Op.SMEM, Op.RMEM) and n.result}
+    cp_async = {n.args[0].buf for n in walk_nodes(p.body) if n.op is Op.CP_ASYNC_BAR}
+    for n in walk_nodes(p.body):
+        if n.op is not Op.WGMMA:
+            continue
+        acc, a = allocs.get(n.args[0]), allocs.get(n.args[1].buf)
+        if acc is not None:
+            r, c = acc.args[1][0], acc.args[1][1]
+            fixed |= symbols(r)
+            if isinstance(c, Sym):
+                # an N-major b that cp.async fills has rows of one swizzle span: its N stays
+                (fixed if n.attr("b_major") == "n" and n.args[2].buf in cp_async else n_dims).add(c.name)
+        if a is not None:
+            fixed |= symbols(a.args[1][0]) | symbols(a.args[1][1])
+    return fixed, n_dims - fixed
 
 
 def _consts(p: Program, m: Mainloop, rng: np.random.Generator) -> tuple[dict[str, int], int, str, str, str]:

@@ -258,3 +258,18 @@ def test_a_producer_that_reads_its_copies_reads_them_a_trip_later_when_the_ring_
             assert not isinstance(p, Refused), p.reason
         assert not [d for d in verify(p, shapes=SHAPES["knn_topk"]) if d.is_error]
         assert all(c.correct for c in check_on_cpu(p, get_problem("knn_topk"), SHAPES["knn_topk"], seed=2)), extra
+
+
+def test_tma_draws_the_wgmma_n_that_cp_async_pinned_and_leaves_a_free_one_alone():
+    from cake_core.agents.tactics import WGMMA_N, wgmma_consts
+    ws = _chain("gemm_bf16", ["warp_specialize"])
+    assert "BN" in wgmma_consts(ws)[0] and ws.const_env["BN"] == 64      # an N-major b filled by cp.async
+    widths = set()
+    for seed in range(12):
+        out = apply("tma", ws, np.random.default_rng(seed), _bounds("gemm_bf16"))
+        assert not isinstance(out, Refused) and "BN" in wgmma_consts(out)[1]
+        widths.add(out.const_env["BN"])
+        assert not [d for d in verify(out, shapes=SHAPES["gemm_bf16"]) if d.is_error]
+    assert widths <= set(WGMMA_N) and len(widths) >= 3
+    km = _chain("kmeans_assign", ["warp_specialize"])                    # a K-major b: its N was never pinned
+    assert apply("tma", km, np.random.default_rng(0), _bounds("kmeans_assign")).const_env == km.const_env
