@@ -226,6 +226,7 @@ def eval_(
         _say(f"note: {n}")
     c = res["comparison"]
     _say(f"learned vs analytic: {c['summary']}: {'learned model would be used' if c['learned_wins'] else 'the analytic model stays'}")
+    _say(_per_problem_line(c))
     if out is not None:
         out.write_text(json.dumps(res, indent=1, default=str) + "\n")
         _say(f"wrote {out}")
@@ -256,6 +257,15 @@ def fit(
          f"{model.trained_on['runs']} runs")
     _say(f"{res['comparison']['summary']}: "
          f"{'runs will use it' if model.beats_analytic else 'runs will keep the analytic model'}")
+    _say(_per_problem_line(res["comparison"]))
+
+
+def _per_problem_line(c: dict) -> str:
+    """Which problems' runs a learned model serves: those where it beat the analytic one on their own cells."""
+    won, per = c.get("problems_won", []), c.get("per_problem", {})
+    lost = [p for p in per if p not in won]
+    return (f"per problem: learned model used for {', '.join(won) or 'none'}; analytic kept for "
+            f"{', '.join(lost) or 'none'}")
 
 
 @model_app.command("show", no_args_is_help=True)

@@ -184,7 +184,7 @@ def open_run(*, problem: str, run_id: str, warehouse_root: str, cache_dir: str,
         gpu = gpu_for_name(gpus[0] if gpus else None)
         model = harness.cost_model(gpu)
         if cost_model is not None:
-            model, why = model_for_run(cost_model, gpu, fallback=model)
+            model, why = model_for_run(cost_model, gpu, fallback=model, problem=plan.problem)
             get_run_logger().info(why)
         run = Run(plan, warehouse_root, cache_dir, harness, gpus, search, check, held,
                   {shape_key(s): r for s, r in zip(ss.shapes, ss.roles)}, model,

@@ -104,11 +104,11 @@ def load_model(path: str | Path, gpu: str | None = None) -> CostModelBase:
     return kinds[kind].from_payload(str(doc["gpu"]).upper(), str(doc["version"]), doc["payload"], doc)
 
 
-def model_for_run(path: str | Path | None, gpu: str,
-                  fallback: CostModelBase | None = None) -> tuple[CostModelBase, str]:
+def model_for_run(path: str | Path | None, gpu: str, fallback: CostModelBase | None = None,
+                  problem: str | None = None) -> tuple[CostModelBase, str]:
     """The model a run uses, and a line saying which and why: the file's model when it loads, is for
-    ``gpu`` and (if learned) beat the analytic model on held-out data; else ``fallback`` (by default the
-    analytic model)."""
+    ``gpu`` and (if learned) beat the analytic model on held-out data -- on ``problem``'s own cells where they
+    were graded; else ``fallback`` (by default the analytic model)."""
     from cake_core.model.analytic import AnalyticModel
 
     base = fallback if fallback is not None else AnalyticModel(gpu)
@@ -118,7 +118,10 @@ def model_for_run(path: str | Path | None, gpu: str,
         model = load_model(path, gpu)
     except ModelFileError as e:
         return base, f"falling back to the analytic model: {e}"
-    if model.kind == "learned" and not getattr(model, "beats_analytic", False):
-        return base, (f"falling back to the analytic model: learned model {model.version} did not beat "
-                                    f"the analytic one on held-out data ({getattr(model, 'comparison_line', '')})")
+    if model.kind == "learned":
+        won, why = model.beats_analytic_on(problem)
+        if not won:
+            return base, (f"falling back to the analytic model: learned model {model.version} did not beat "
+                          f"the analytic one on held-out data ({why})")
+        return model, f"cost model: learned {model.version} from {path} ({why})"
     return model, f"cost model: {model.kind} {model.version} from {path}"

@@ -15,7 +15,8 @@ so a kernel timed in two runs is not graded on its own measurement. The analytic
 not fitted on anything: it is graded on every sample.
 
 ``compare`` decides whether the learned model replaces the analytic one: on the cells both graded, a
-higher within-shape Spearman and no lower best-survives fraction.
+higher within-shape Spearman and no lower best-survives fraction; overall, and for each problem on its own
+cells (a run of that problem uses the learned model where it won there).
 """
 from __future__ import annotations
 
@@ -121,8 +122,7 @@ def report(rows: Sequence[Scored], keep: float = KEEP) -> dict[str, dict[str, An
     return out
 
 
-def compare(analytic: Sequence[Scored], learned: Sequence[Scored], keep: float = KEEP) -> dict[str, Any]:
-    """Whether the learned rows beat the analytic ones on the cells both graded (module docstring)."""
+def _verdict(analytic: Sequence[Scored], learned: Sequence[Scored], keep: float) -> dict[str, Any]:
     both = {r.sample.group for r in learned} & {r.sample.group for r in analytic}
     a = figures([r for r in analytic if r.sample.group in both], keep)
     b = figures([r for r in learned if r.sample.group in both], keep)
@@ -132,6 +132,21 @@ def compare(analytic: Sequence[Scored], learned: Sequence[Scored], keep: float =
     summary = (f"held-out cells {b['cells']}: within-shape Spearman learned {fmt(b['spearman'])} vs analytic "
                f"{fmt(a['spearman'])}, best survives {fmt(b['best_survives'])} vs {fmt(a['best_survives'])}")
     return {"learned_wins": bool(wins), "analytic": a, "learned": b, "summary": summary}
+
+
+def compare(analytic: Sequence[Scored], learned: Sequence[Scored], keep: float = KEEP) -> dict[str, Any]:
+    """Whether the learned rows beat the analytic ones on the cells both graded (module docstring), overall and
+    per problem: a run ranks one problem's candidates, so the learned model may serve the problems where it
+    won on held-out data and leave the analytic model to the others (``per_problem``, ``problems_won``)."""
+    out = _verdict(analytic, learned, keep)
+    per = {}
+    for prob in sorted({r.sample.problem for r in learned} & {r.sample.problem for r in analytic}):
+        v = _verdict([r for r in analytic if r.sample.problem == prob], [r for r in learned if r.sample.problem == prob],
+                     keep)
+        per[prob] = {"learned_wins": v["learned_wins"], "summary": v["summary"]}
+    out["per_problem"] = per
+    out["problems_won"] = [p for p, v in per.items() if v["learned_wins"]]
+    return out
 
 
 def samples_from_rows(rows: Sequence[dict[str, Any]], gpu: str) -> tuple[list[Sample], list[str]]:

@@ -81,6 +81,14 @@ class LearnedModel(CostModelBase):
     def comparison_line(self) -> str:
         return str(self.comparison.get("summary", "no held-out comparison recorded"))
 
+    def beats_analytic_on(self, problem: str | None) -> tuple[bool, str]:
+        """Whether a run of ``problem`` should use this model, and the held-out figures that say so: the
+        problem's own verdict where its cells were graded, else the overall one."""
+        own = (self.comparison.get("per_problem") or {}).get(problem) if problem else None
+        if own is None:
+            return self.beats_analytic, self.comparison_line
+        return bool(own.get("learned_wins")), f"{problem}: {own.get('summary', '')}"
+
     # ------------------------------------------------------------ predict
 
     def _require(self) -> None:

@@ -108,3 +108,30 @@ def test_missing_file_falls_back(tmp_path):
     model, line = model_for_run(tmp_path / "nope.json", "H200")
     assert model.kind == "analytic" and "does not exist" in line
     assert math.isfinite(model.predict(measured(gemm_variants()[:1], SHAPES[:1], truth, "r"))[0])
+
+
+def test_a_learned_model_serves_the_problems_it_won_on_and_leaves_the_others_to_the_analytic_one(tmp_path, fitted):
+    mixed = fitted.with_comparison({"learned_wins": False, "summary": "overall 0.28 vs 0.34",
+                                    "per_problem": {"kmeans_assign": {"learned_wins": True, "summary": "0.91 vs 0.22"},
+                                                    "tinygemm": {"learned_wins": False, "summary": "-0.30 vs 0.16"}}})
+    path = mixed.save(tmp_path / "mixed.json")
+    model, line = model_for_run(path, "H200", problem="kmeans_assign")
+    assert model.kind == "learned" and "kmeans_assign: 0.91 vs 0.22" in line
+    model, line = model_for_run(path, "H200", problem="tinygemm")
+    assert model.kind == "analytic" and "did not beat the analytic one on held-out data (tinygemm: -0.30 vs 0.16)" in line
+    model, line = model_for_run(path, "H200", problem="knn_topk")       # never graded: the overall verdict
+    assert model.kind == "analytic" and "overall 0.28 vs 0.34" in line
+
+
+def test_compare_gives_a_verdict_per_problem_on_its_own_cells():
+    from cake_core.model.evaluate import Scored, compare
+    rows_a, rows_l = [], []
+    for prob, learned_right in (("kmeans_assign", True), ("tinygemm", False)):
+        for cell in range(3):
+            for s in measured(gemm_variants()[:4], SHAPES[:1], truth, f"{prob}-{cell}", problem=prob):
+                good, bad = -s.measured_ms, s.measured_ms
+                rows_a.append(Scored(s, bad if learned_right else good, s.measured_ms, "f"))
+                rows_l.append(Scored(s, good if learned_right else bad, s.measured_ms, "f"))
+    c = compare(rows_a, rows_l)
+    assert c["problems_won"] == ["kmeans_assign"]
+    assert c["per_problem"]["tinygemm"]["learned_wins"] is False and "held-out cells 3" in c["per_problem"]["tinygemm"]["summary"]
