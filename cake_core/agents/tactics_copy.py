@@ -34,6 +34,9 @@ An N-major ``b`` operand that cp.async fills has rows of one 128-byte swizzle sp
 draws that N among the widths wgmma takes (64, 128, 192, 256): the copy engine and the tile that it allows
 change in one step, as neither pays alone.
 
+A loop of a static trip count that only copies into the same barrier (a resident operand's tiles, when
+``resident`` came first) belongs to the group: its bytes count once per trip.
+
 Precondition: a group of ``cp_async_bar`` copies on one barrier with the role's ``arrive`` on it after them in
 the same block, and no other smem write (``sqnorm_rows``) that the arrive also publishes. Applies to every
 warp-specialized program with cp.async producers (gemm_bf16, tinygemm, kmeans_assign, knn_topk after
@@ -70,6 +73,23 @@ def _publishes_other_writes(nodes: tuple[Node, ...]) -> bool:
     return any(m.op is Op.SQNORM_ROWS for n in nodes for m in walk_nodes((n,)))
 
 
+def _loop_of_copies(p: Program, n: Node) -> tuple[Slot, str] | None:
+    """A loop of a static trip count whose body is only cp_async_bar copies on one barrier that the loop does
+    not index (a resident operand's tiles, copied before the candidate loop): that barrier, and the bytes of
+    all its trips."""
+    if n.op is not Op.FOR or not n.body or any(m.op is not Op.CP_ASYNC_BAR for m in n.body):
+        return None
+    bars = {m.args[2] for m in n.body}
+    bar = next(iter(bars))
+    start, stop, step = loop_range(n)
+    static = isinstance(stop, int) or (isinstance(stop, Sym) and stop.name in p.const_env)
+    if len(bars) != 1 or start != 0 or step != 1 or not static or \
+            (bar.index is not None and n.args[0] in symbols(bar.index)):
+        return None
+    per = " + ".join(_box_bytes(p, m.args[0]) for m in n.body)
+    return bar, f"({per}) * {fmt_expr(stop)}"
+
+
 def _tma_block(p: Program, nodes: tuple[Node, ...]) -> tuple[tuple[Node, ...], bool]:
     changed = False
     inner = []
@@ -82,22 +102,29 @@ def _tma_block(p: Program, nodes: tuple[Node, ...]) -> tuple[tuple[Node, ...], b
     nodes = tuple(inner)
     groups: dict[Slot, list[int]] = {}
     arrives: dict[Slot, int] = {}
+    loops: dict[int, str] = {}             # a loop of copies in a group: the bytes of its trips
     for i, n in enumerate(nodes):
         if n.op is Op.CP_ASYNC_BAR:
             groups.setdefault(n.args[2], []).append(i)
+        elif (lc := _loop_of_copies(p, n)) is not None:
+            groups.setdefault(lc[0], []).append(i)
+            loops[i] = lc[1]
         elif n.op is Op.ARRIVE and n.args[0] in groups and not n.attr("multicast"):
             arrives.setdefault(n.args[0], i)
     convert = {bar for bar, idx in groups.items()
                if bar in arrives and idx[-1] < arrives[bar]
                and not _publishes_other_writes(nodes[idx[0]:arrives[bar]])}
+    def to_tma(m: Node) -> Node:
+        return stmt(f"tma_load({_slot_text(m.args[0])}, {fmt_view(m.args[1])}, bar={_slot_text(m.args[2])})")
+
     out: list[Node] = []
     for i, n in enumerate(nodes):
-        if n.op is Op.CP_ASYNC_BAR and n.args[2] in convert:
-            bar = n.args[2]
+        bar = n.args[2] if n.op is Op.CP_ASYNC_BAR else _loop_of_copies(p, n)[0] if i in loops else None
+        if bar is not None and bar in convert:
             if i == groups[bar][0]:
-                total = " + ".join(_box_bytes(p, nodes[j].args[0]) for j in groups[bar])
+                total = " + ".join(loops[j] if j in loops else _box_bytes(p, nodes[j].args[0]) for j in groups[bar])
                 out.append(stmt(f"expect_tx({_slot_text(bar)}, {total})"))
-            out.append(stmt(f"tma_load({_slot_text(n.args[0])}, {fmt_view(n.args[1])}, bar={_slot_text(bar)})"))
+            out.append(replace(n, body=tuple(to_tma(m) for m in n.body)) if i in loops else to_tma(n))
             changed = True
         elif n.op is Op.ARRIVE and n.args[0] in convert and arrives.get(n.args[0]) == i:
             changed = True

@@ -273,3 +273,24 @@ def test_tma_draws_the_wgmma_n_that_cp_async_pinned_and_leaves_a_free_one_alone(
     assert widths <= set(WGMMA_N) and len(widths) >= 3
     km = _chain("kmeans_assign", ["warp_specialize"])                    # a K-major b: its N was never pinned
     assert apply("tma", km, np.random.default_rng(0), _bounds("kmeans_assign")).const_env == km.const_env
+
+
+@pytest.mark.parametrize("prob", ["kmeans_assign", "knn_topk"])
+def test_tma_and_resident_give_the_same_kernel_in_either_order(prob):
+    # resident first leaves the resident operand's tiles copied by a loop of cp.async before the candidate
+    # loop; tma then turns that loop into TMA copies under one expect_tx of all its trips, as when tma came first
+    first = _chain(prob, ["warp_specialize", "resident", "tma"])
+    assert "cp_async_bar" not in first.text() and "* BD * 2 * RD)" in first.text()
+    assert first == _chain(prob, ["warp_specialize", "tma", "resident"])
+    assert not [d for d in verify(first, shapes=SHAPES[prob]) if d.is_error]
+    assert all(c.correct for c in check_on_cpu(first, get_problem(prob), SHAPES[prob], seed=6))
+
+
+def test_a_loop_joins_a_copy_group_only_when_it_copies_and_nothing_else_into_one_barrier():
+    from cake_core.agents.rewrite import walk_nodes
+    from cake_core.agents.tactics_copy import _loop_of_copies
+    res = _chain("kmeans_assign", ["warp_specialize", "resident"])
+    found = [r for n in walk_nodes(res.body) if n.op is Op.FOR and (r := _loop_of_copies(res, n)) is not None]
+    assert [(bar.buf, total) for bar, total in found] == [("x_full", "(BN * BD * 2) * RD")]
+    ws = _chain("kmeans_assign", ["warp_specialize"])       # its ring loops also wait and arrive: no such loop
+    assert not [n for n in walk_nodes(ws.body) if n.op is Op.FOR and _loop_of_copies(ws, n) is not None]
