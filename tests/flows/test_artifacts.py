@@ -51,7 +51,9 @@ def test_the_leaderboard_puts_the_run_beside_the_hand_written_kernel_and_the_pee
     board = results.leaderboard_rows(root, "run-a")
     assert [(r["source"], r["name"]) for r in board] == [
         ("hand-written", "kmeans_assign_ws.cake"), ("run best", "run-a-att-14"), ("peer", "flash_kmeans")]
-    assert [round(r["vs_run_best"], 4) for r in board] == [0.9, 1.0, round(0.48 ** 0.5 * 3, 4)]
+    # every score is over the run's headline shape (the peer's tail row ranks nothing, as the run's kernels'):
+    # the peer's 0.8 ms against the run best's 1/3 ms, the figure its headline row shows below
+    assert [round(r["vs_run_best"], 4) for r in board] == [0.9, 1.0, 2.4]
     shapes = results.shape_rows(root, "run-a")
     assert [(s["shape"], round(s["vs_hand_written"], 4), round(s["vs_peer"], 4)) for s in shapes] == [
         (SHAPES[0], 0.9, 2.4), (SHAPES[1], 0.45, 0.9)]
