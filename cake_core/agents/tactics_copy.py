@@ -102,13 +102,13 @@ def _tma_block(p: Program, nodes: tuple[Node, ...]) -> tuple[tuple[Node, ...], b
     nodes = tuple(inner)
     groups: dict[Slot, list[int]] = {}
     arrives: dict[Slot, int] = {}
-    loops: dict[int, str] = {}             # a loop of copies in a group: the bytes of its trips
+    loops: dict[int, tuple[Slot, str]] = {}     # a loop of copies in a group: its barrier, the bytes of its trips
     for i, n in enumerate(nodes):
         if n.op is Op.CP_ASYNC_BAR:
             groups.setdefault(n.args[2], []).append(i)
         elif (lc := _loop_of_copies(p, n)) is not None:
             groups.setdefault(lc[0], []).append(i)
-            loops[i] = lc[1]
+            loops[i] = lc
         elif n.op is Op.ARRIVE and n.args[0] in groups and not n.attr("multicast"):
             arrives.setdefault(n.args[0], i)
     convert = {bar for bar, idx in groups.items()
@@ -119,10 +119,10 @@ def _tma_block(p: Program, nodes: tuple[Node, ...]) -> tuple[tuple[Node, ...], b
 
     out: list[Node] = []
     for i, n in enumerate(nodes):
-        bar = n.args[2] if n.op is Op.CP_ASYNC_BAR else _loop_of_copies(p, n)[0] if i in loops else None
+        bar = n.args[2] if n.op is Op.CP_ASYNC_BAR else loops[i][0] if i in loops else None
         if bar is not None and bar in convert:
             if i == groups[bar][0]:
-                total = " + ".join(loops[j] if j in loops else _box_bytes(p, nodes[j].args[0]) for j in groups[bar])
+                total = " + ".join(loops[j][1] if j in loops else _box_bytes(p, nodes[j].args[0]) for j in groups[bar])
                 out.append(stmt(f"expect_tx({_slot_text(bar)}, {total})"))
             out.append(replace(n, body=tuple(to_tma(m) for m in n.body)) if i in loops else to_tma(n))
             changed = True

@@ -338,8 +338,7 @@ def pingpong(p: Program, rng: np.random.Generator, bounds=None) -> Program:
                 mine, other = turn[half], turn[1 - half]
                 phase = fmt_expr(Bin("%", Bin("+", j, 1) if half == 0 else j, 2))
                 body = list(n.body)
-                red = next(i for i, m in enumerate(body) if m.op is Op.FOR
-                           and any(k.op is Op.WGMMA for k in walk_nodes(m.body)))
+                red = next(i for i, m in enumerate(body) if issues_wgmma(m))
                 pass_turn = stmt(f"arrive({other}[0])")
                 # pass the turn once this tile's wgmmas are issued: before the wait that follows them
                 at = red + 1
