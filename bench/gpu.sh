@@ -16,7 +16,8 @@
 #                                         # CAKE_HOME=$CAKE_HOME (default $OUT/home): its warehouse comes back
 #   STATE=fve bash bench/gpu.sh cake experiment frozen-vs-evolving kmeans_assign ... --out /tmp/state/fve/out
 #                                         # a job split over calls: /tmp/state/fve comes back as $OUT/fve.tgz and
-#                                         # goes on from .gpu-state/fve.tgz (carried) in the next call
+#                                         # goes on from .gpu-state/fve.tgz (carried) in the next call;
+#                                         # CAKE_TIMEOUT=500 stops it (SIGINT) in time to write that state
 #   bash bench/gpu.sh profile 'regex:kmeans_update_gather' corpus --no-seed --no-best --no-peers ...
 #                                         # Nsight Compute on the first launch of the kernels the regex names
 #                                         # (PROFILE_COUNT, PROFILE_SKIP), while the named part runs
@@ -99,7 +100,9 @@ if [ "$what" = cake ]; then
         export CAKE_HOME=${CAKE_HOME:-/tmp/state/$STATE/home}
     fi
     export CAKE_HOME=${CAKE_HOME:-$OUT/home} CAKE_GPU=${CAKE_GPU:-require} PREFECT_SERVER_ANALYTICS_ENABLED=false
-    python3 -c "from cake_cli.main import main; main()" "$@"
+    # CAKE_TIMEOUT=S: Ctrl-C (SIGINT) after S seconds (cake stops within seconds, keeps what it recorded), so the state
+    # below is still written inside the device call's limit and the next call goes on from it
+    ${CAKE_TIMEOUT:+timeout -k 60 -s INT "$CAKE_TIMEOUT"} python3 -c "from cake_cli.main import main; main()" "$@"
     rc=$?
     if [ -n "${STATE:-}" ]; then
         tar -czf "$OUT/$STATE.tgz" -C "/tmp/state/$STATE" --exclude=cache --exclude=prefect .

@@ -41,12 +41,11 @@ def run_experiment(problem: str, out_dir: str, seeds: list[int], shape_set: str 
     """
     from flows.evolve import evolve_flow
     from flows.harness import harness_review_flow
-    from tasks.experiment import (experiment_plan, harness_for_block, next_block, run_progress, run_result,
-                                  write_report)
+    from tasks.experiment import (experiment_plan, harness_for_block, next_block, record_review, run_progress,
+                                  run_result, write_report)
 
     plan = experiment_plan(problem, shape_set, list(seeds), out_dir, population, block, generations,
                            budget_candidates, budget_gpu_minutes, approve, bool(gpu_models))
-    reviews: list[dict[str, Any]] = []
     for run in plan["runs"]:
         root, rid = run["warehouse_root"], run["run_id"]
         progress = run_progress(root, rid)
@@ -55,10 +54,11 @@ def run_experiment(problem: str, out_dir: str, seeds: list[int], shape_set: str 
                 t0 = time.monotonic()
                 decided = harness_review_flow(warehouse_root=root, min_support=min_support,
                                               policy=plan["review_policy"])
-                reviews.append({"arm": run["arm"], "seed": run["seed"], "after_generation": progress["generations"],
-                                "decisions": decided, "seconds": round(time.monotonic() - t0, 1)})
+                review = {"arm": run["arm"], "seed": run["seed"], "after_generation": progress["generations"],
+                          "decisions": decided, "seconds": round(time.monotonic() - t0, 1)}
+                record_review(plan, review)
                 say(f"{rid}: harness review after generation {progress['generations']}: "
-                    f"{_decisions(decided)} ({reviews[-1]['seconds']} s)")
+                    f"{_decisions(decided)} ({review['seconds']} s)")
             version = harness_for_block(run["arm"], root)
             t0 = time.monotonic()
             summary = evolve_flow(problem=plan["problem"], shape_set=plan["shape_set"], generations=target,
@@ -76,7 +76,8 @@ def run_experiment(problem: str, out_dir: str, seeds: list[int], shape_set: str 
                 log.warning(f"{rid}: the block ended at generation {before}; the run goes no further")
                 break
     rows = [run_result(plan, run) for run in plan["runs"]]
-    return write_report(plan, rows, reviews)
+    return write_report(plan, rows)
+
 
 def _decisions(decided: Any) -> str:
     """One line of a review's decisions: ``approved rule 3, refused tactic 4`` (or ``nothing proposed``)."""

@@ -289,18 +289,28 @@ def table(rows: list[dict[str, Any]]) -> str:
     return head + "".join("\n| " + " | ".join(_cell(r.get(c)) for c in COLUMNS) + " |" for r in rows)
 
 
-def write_report(plan: dict[str, Any], rows: list[dict[str, Any]], reviews: list[dict[str, Any]]) -> dict[str, Any]:
-    """``frozen-vs-evolving.json`` and ``.md`` under the plan's out dir; returns the report."""
+def record_review(plan: dict[str, Any], review: dict[str, Any]) -> None:
+    """Add one harness review to ``experiment.json`` the moment it is decided: a call that a kill or a time
+    limit cuts short keeps the reviews it ran, and the report of the call that finishes lists them all."""
+    path = Path(plan["out_dir"]) / "experiment.json"
+    kept = json.loads(path.read_text()) if path.exists() else {"plan": plan}
+    kept["reviews"] = kept.get("reviews", []) + [review]
+    path.write_text(json.dumps(kept, indent=1, default=str))
+
+
+def write_report(plan: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """``frozen-vs-evolving.json`` and ``.md`` under the plan's out dir (the reviews as :func:`record_review`
+    kept them, over every call of the experiment); returns the report."""
     policy = {"name": plan["approve"], "harness_review_policy": plan["review_policy"],
               "meaning": POLICY_WORDS[plan["approve"]], "corpus_gate": "CPU interpreter"}
     basis = "measured" if plan["mode"] == "gpu" else "predicted by the cost model"
     report = {"experiment": "frozen-vs-evolving", "plan": plan, "policy": policy, "rows": rows,
-              "summary": summary(rows), "reviews": reviews,
+              "summary": summary(rows), "reviews": [],
               "converged_means": f"a kernel at least {CONVERGED_AT}x the speed of the best hand-written kernel "
                                  f"on the run's headline shapes ({basis})"}
     out = Path(plan["out_dir"])
     old = json.loads((out / "experiment.json").read_text()) if (out / "experiment.json").exists() else {}
-    report["reviews"] = old.get("reviews", []) + reviews
+    report["reviews"] = old.get("reviews", [])
     (out / "experiment.json").write_text(json.dumps(report, indent=1, default=str))
     s = report["summary"]
     budget = ", ".join(f"--{k.replace('_', '-')} {plan[k]}" for k in ("budget_candidates", "budget_gpu_minutes")

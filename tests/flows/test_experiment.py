@@ -3,7 +3,8 @@ import json
 
 import pytest
 
-from tasks.experiment import COLUMNS, convergence, next_block, run_result, summary, table
+from tasks.experiment import (COLUMNS, convergence, experiment_plan, next_block, record_review, run_result, summary,
+                              table, write_report)
 from warehouse import Warehouse
 
 
@@ -135,3 +136,22 @@ def test_the_plan_refuses_what_it_cannot_run(tmp_path):
         plan(**{**args, "budget_gpu_minutes": 1.0})
     with pytest.raises(CakeError, match="holds an experiment with other settings .block 2, not 3"):
         plan(**{**args, "block": 3})
+
+
+def test_a_review_is_kept_the_moment_it_is_decided_so_a_cut_short_call_loses_none(tmp_path):
+    """The first call runs one review and is then cut short (it never writes its report); the second call runs
+    another and finishes: its report lists both, in order, and the plan it kept."""
+    plan = experiment_plan("kmeans_assign", "kmeans_assign_small", [0], str(tmp_path / "fve"), 8, 1, None, 24, None,
+                           "gate-passing", timed=False)
+    first = {"arm": "evolving", "seed": 0, "after_generation": 1, "seconds": 6.5,
+             "decisions": [{"proposal_id": "p1", "kind": "calibration", "decision": "approved"}]}
+    record_review(plan, first)
+    again = experiment_plan("kmeans_assign", "kmeans_assign_small", [0], str(tmp_path / "fve"), 8, 1, None, 24,
+                            None, "gate-passing", timed=False)                   # the next call, same settings
+    second = {**first, "after_generation": 2, "decisions": [{"proposal_id": "p2", "kind": "rule",
+                                                             "decision": "rejected"}]}
+    record_review(again, second)
+    rep = write_report(again, [_row(), _row(arm="evolving")])
+    assert [r["after_generation"] for r in rep["reviews"]] == [1, 2]
+    on_disk = json.loads((tmp_path / "fve" / "experiment.json").read_text())
+    assert on_disk["reviews"] == rep["reviews"] and on_disk["plan"]["budget_candidates"] == 24
