@@ -73,6 +73,11 @@ def state_rows(warehouse_root: str, run_id: str) -> dict[str, Any]:
           on r.problem = me.problem
         where r.run_id <> ? and r.finished_at is not null and r.finished_at < me.started""",
                        [run_id, run_id]).to_pylist()
+    shape_scores = wh.query("""
+        select m.shape, a.generation, a.slot, a.ir_hash, m.median_ms as ms
+        from measurements m join attempts a using (attempt_id)
+        join run_headlines h on h.run_id = m.run_id and h.shape = m.shape
+        where a.run_id = ? and m.kind = 'search' and m.correct""", [run_id]).to_pylist()
     failures = wh.query(f"""
         select a.generation, a.slot, a.ir_text, d.rule, d.severity, d.message, d.line, d.col, d.path, d.hint,
                d.witness
@@ -80,7 +85,7 @@ def state_rows(warehouse_root: str, run_id: str) -> dict[str, Any]:
                                               and d.message = a.error_message
         where a.run_id = ? and a.outcome in ({", ".join(f"'{o}'" for o in FAILED)})""", [run_id]).to_pylist()
     return {"generations_done": done, "attempts": attempts, "scores": scores, "failures": failures,
-            "history": history}
+            "history": history, "shape_scores": shape_scores}
 
 
 def recorded(warehouse_root: str, attempt_ids: list[str], tables: tuple[str, ...]) -> dict[str, set[str]]:

@@ -62,6 +62,7 @@ class Context:
     seed: int = 0                                                    # the run's seed: generation g draws from (seed, g)
     candidates_left: int | None = None                               # None: no candidate budget
     gpu_minutes_left: float | None = None                            # None: no GPU-time budget
+    shape_winners: list[Scored] = field(default_factory=list)        # the fastest measured on each headline shape
 
 
 class Agent(Protocol):

@@ -6,6 +6,11 @@ parents again. So candidates are placed in niches by their schedule (MMA atom, c
 resident operands, persistence, split, stages and tile shape), each niche keeps its best, and parents are
 drawn from the niches as well as from the best overall (MAP-Elites).
 
+A run's product is a kernel per shape (the dispatch table), not only its best geometric mean: the fastest
+kernel measured on each headline shape is a parent pool of its own. A kernel that wins the large shapes and
+loses the small ones (wide tiles: few CTAs on a small problem) is never the best overall, and as one niche's
+elite among many it is drawn rarely; as a shape's winner it is refined every generation.
+
 A tactic's record is (tried, won): ``won`` counts children faster than their parent, not merely correct.
 """
 from __future__ import annotations
@@ -65,9 +70,10 @@ def _eval(e, env) -> str:
 
 
 class Archive:
-    """The best candidate of each niche, and the best overall."""
+    """The best candidate of each niche, the best overall, and each headline shape's winner."""
 
-    def __init__(self, scored: Iterable[Scored], niche_of):
+    def __init__(self, scored: Iterable[Scored], niche_of, shape_winners: Iterable[Scored] = ()):
+        self.shape_winners: list[Scored] = list(shape_winners)
         self.elites: dict[Niche, Scored] = {}
         self.all: list[Scored] = sorted((s for s in scored if math.isfinite(s.score)), key=lambda s: s.score)
         for s in self.all:
@@ -76,11 +82,18 @@ class Archive:
                 self.elites[n] = s
 
     def pick(self, rng: np.random.Generator, top: int = 4) -> Scored | None:
-        """Half the time one of the ``top`` best overall, else the elite of a niche chosen uniformly."""
+        """Half the time one of the ``top`` best overall; else, a quarter of the time, a headline shape's winner
+        (where the run measured any), else the elite of a niche chosen uniformly. Without shape winners the
+        draws are those of the niches alone."""
         if not self.all:
             return None
-        if not self.elites or rng.random() < 0.5:
+        if not self.elites and not self.shape_winners:
             return self.all[int(rng.integers(min(top, len(self.all))))]
+        r = rng.random()
+        if r < 0.5:
+            return self.all[int(rng.integers(min(top, len(self.all))))]
+        if self.shape_winners and (r < 0.75 or not self.elites):
+            return self.shape_winners[int(rng.integers(len(self.shape_winners)))]
         keys = sorted(self.elites, key=str)
         return self.elites[keys[int(rng.integers(len(keys)))]]
 

@@ -16,15 +16,12 @@ from __future__ import annotations
 
 from typing import Callable
 
-from typing import Callable
-
 import numpy as np
 
 from cake_core.agents.base import Candidate, Context, Refusal, Scored
 from cake_core.agents.rewrite import Refused
 from cake_core.agents.search import Archive, niche
 from cake_core.agents.tactics import TACTICS, apply
-from cake_core.ir.program import Program
 from cake_core.errors import CakeError
 from cake_core.ir.program import Program
 from cake_core.ir.text import parse_program
@@ -70,7 +67,7 @@ class TacticAgent:
         else:
             parents = None
         scored = ctx.scored or [Scored(t, s) for t, s in ctx.best]
-        archive = Archive(scored, self._niche_of) if scored else None
+        archive = Archive(scored, self._niche_of, ctx.shape_winners) if scored else None
         for _ in range((ctx.population - len(out)) * TRIES_PER_CHILD):
             if len(out) >= ctx.population:
                 break

@@ -17,6 +17,8 @@ Rows, as the tasks query them (one dict per row):
   failures  : generation, slot, ir_text, rule, severity, message, line, col, path, hint, witness
               (the first error diagnostic of each failed attempt)
   generations_done : the generations whose select stage finished (their stage_times 'select' rows)
+  shape_scores : shape, generation, slot, ir_hash, ms  (every correct search measurement of the run's scored
+              kernels on its headline shapes: each shape's fastest is a parent of its own, see ``search``)
 """
 from __future__ import annotations
 
@@ -49,6 +51,7 @@ class RunState:
     stop: str | None = None                # why the run stops now (expectations.STOP_REASONS), None: go on
     population: int = 0                    # candidates the next generation may propose
     scored: list[Scored] = field(default_factory=list)   # every scored kernel of the run, in score order
+    shape_winners: list[Scored] = field(default_factory=list)   # each headline shape's fastest, by shape
 
     def context(self, plan: RunPlan, harness_version: int, bounds: dict[str, int] | None = None,
                 known: list[str] | None = None) -> Context:
@@ -58,7 +61,7 @@ class RunState:
         return Context(harness_version, self.generation, self.population, list(self.best),
                        dict(self.tactic_stats), set(self.seen), list(self.feedback), list(self.scored),
                        dict(bounds or {}), cold=plan.cold, known=[] if plan.cold else list(known or []),
-                       seed=plan.seed,
+                       seed=plan.seed, shape_winners=list(self.shape_winners),
                        candidates_left=None if plan.budget_candidates is None else plan.budget_candidates - self.attempts,
                        gpu_minutes_left=None if plan.budget_gpu_minutes is None
                        else plan.budget_gpu_minutes - self.gpu_seconds / 60)
@@ -66,12 +69,13 @@ class RunState:
 
 def select_stage(plan: RunPlan, generations_done: set[int], attempts: list[dict[str, Any]],
                  scores: list[dict[str, Any]], failures: list[dict[str, Any]],
-                 history: list[dict[str, Any]] = ()) -> RunState:
+                 history: list[dict[str, Any]] = (), shape_scores: list[dict[str, Any]] = ()) -> RunState:
     """The run's state before its next generation, from the rows of the generations it finished.
 
     The next generation is the first one not finished; rows of later generations (a generation cut short
     by a crash) are left out, so it is redone from the same state. A tactic's record counts the children it
-    made that scored better than their parent, in this run and in the ``history`` of earlier runs.
+    made that scored better than their parent, in this run and in the ``history`` of earlier runs. Each
+    headline shape's winner is the fastest of ``shape_scores`` among the scored kernels (ties: the earlier).
     """
     n = 0
     while n in generations_done:
@@ -85,7 +89,8 @@ def select_stage(plan: RunPlan, generations_done: set[int], attempts: list[dict[
     st = RunState(generation=n, attempts=len(attempts), gpu_seconds=sum(a["gpu_seconds"] or 0.0 for a in attempts),
                   tokens=sum((a["prompt_tokens"] or 0) + (a["completion_tokens"] or 0) for a in attempts),
                   best=[(s["ir_text"], s["score_ms"]) for s in scores[:PARENTS]], tactic_stats=stats,
-                  seen={a["ir_hash"] for a in attempts}, scored=scored)
+                  seen={a["ir_hash"] for a in attempts}, scored=scored,
+                  shape_winners=_shape_winners(scores, scored, shape_scores, n))
     if scores:
         st.best_score = scores[0]["score_ms"]
         st.best_generation = min(s["generation"] for s in scores if s["score_ms"] == st.best_score)
@@ -101,6 +106,25 @@ def _scored(rows: list[dict[str, Any]]) -> list[Scored]:
         by_hash.setdefault(r["ir_hash"], r["score_ms"])
     return [Scored(r["ir_text"] if "ir_text" in r else "", r["score_ms"], tuple(r.get("lineage") or ()),
                    next((by_hash[h] for h in (r.get("parents") or ()) if h in by_hash), None)) for r in rows]
+
+
+def _shape_winners(scores: list[dict[str, Any]], scored: list[Scored], shape_scores: list[dict[str, Any]],
+                   n: int) -> list[Scored]:
+    """The fastest scored kernel on each headline shape (by shape name; one entry per kernel)."""
+    by_hash = {s["ir_hash"]: k for s, k in zip(scores, scored)}
+    best: dict[str, tuple] = {}
+    for r in shape_scores:
+        if r["generation"] is None or r["generation"] >= n or r["ir_hash"] not in by_hash or not r["ms"] > 0:
+            continue
+        key = (r["ms"], r["generation"], r["slot"] if r["slot"] is not None else -1, r["ir_hash"])
+        if r["shape"] not in best or key < best[r["shape"]]:
+            best[r["shape"]] = key
+    out: list[Scored] = []
+    for shape in sorted(best):
+        k = by_hash[best[shape][3]]
+        if k not in out:
+            out.append(k)
+    return out
 
 
 def _feedback(failures: list[dict[str, Any]]) -> list[str]:

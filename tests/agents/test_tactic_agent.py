@@ -74,6 +74,23 @@ def test_the_archive_keeps_the_best_of_each_niche():
     assert str(niche(ws)).startswith("wgmma/cp_async/")
 
 
+def test_a_headline_shapes_winner_is_a_parent_even_when_it_is_neither_best_overall_nor_a_niche_elite():
+    """Five kernels of one niche: W is slowest by geometric mean (no top-4 place, not its niche's elite) but
+    fastest on one headline shape. With W as that shape's winner a quarter of the picks are it; without, none."""
+    seed = parse_program(KM.seed_text())
+    texts = [seed.with_consts(BD=bd).text() for bd in (4, 8, 16, 32, 64)]
+    scored = [Scored(t, 1.0 + i) for i, t in enumerate(texts)]
+    assert len({niche(parse_program(t)) for t in texts}) == 1
+    w = scored[-1]
+    with_w = Archive(scored, lambda t: niche(parse_program(t)), [scored[0], w])
+    rng = np.random.default_rng(0)
+    picks = [with_w.pick(rng) for _ in range(2000)]
+    assert 0.08 < sum(p is w for p in picks) / len(picks) < 0.17      # 1/4 over two winners: 1/8
+    without = Archive(scored, lambda t: niche(parse_program(t)))
+    rng = np.random.default_rng(0)
+    assert not any(without.pick(rng) is w for _ in range(2000))
+
+
 def _cold_cpu_run(problem, shape_set, generations, population, seed, rank_set=None):
     """Checked on the CPU-sized rows of ``shape_set``; ranked by the cost model on ``rank_set``'s searched
     rows (default: the same rows), as ``cake evolve --check-shapes`` does without a GPU."""

@@ -45,6 +45,19 @@ def test_state_comes_from_finished_generations_only():
     assert st.stop is None and st.population == 4
 
 
+def test_each_headline_shapes_fastest_scored_kernel_is_a_parent_of_its_own():
+    """h00 has the best geometric mean; h10 is fastest on the large shape, h20 (a generation cut short) faster
+    still but not counted; h11 is fastest on the small one but failed its confirmation (not scored)."""
+    scores = [_score(0, 0, 1.0), _score(1, 0, 1.5), _score(2, 0, 0.5)]
+    rows = [{"shape": s, "generation": g, "slot": 0, "ir_hash": f"h{g}0", "ms": ms}
+            for s, g, ms in [("big", 0, 2.0), ("big", 1, 1.2), ("big", 2, 0.9), ("small", 0, 0.5), ("small", 1, 1.9)]]
+    rows.append({"shape": "small", "generation": 1, "slot": 1, "ir_hash": "h11", "ms": 0.1})
+    st = select_stage(PLAN, {0, 1}, [], scores, [], shape_scores=rows)
+    assert [k.text for k in st.shape_winners] == ["text10", "text00"]          # big, then small
+    assert [k.text for k in st.context(PLAN, 0).shape_winners] == ["text10", "text00"]
+    assert select_stage(PLAN, {0, 1}, [], scores, []).shape_winners == []       # a CPU run measures nothing
+
+
 def test_ties_go_to_the_earlier_generation_and_slot():
     scores = [_score(1, 2, 1.0), _score(1, 0, 1.0), _score(0, 3, 1.0)]
     st = select_stage(PLAN, {0, 1}, [], scores, [])
