@@ -160,7 +160,7 @@ def compile_program(path: str, text: str, cache: Path) -> dict:
     cr = compile_kernel(lr.value, arch="sm_90a", cache_dir=cache)
     if not cr.ok:
         return {"ok": False, "error": "; ".join(d.format(path) for d in cr.diagnostics)}
-    return {"ok": True, "lowered": lr.value, "compiled": cr.value, "program": parse_program(text, path),
+    return {"ok": True, "lowered": lr.value, "compiled": cr.value, "program": parse_program(text, path), "text": text,
             "resources": asdict(cr.value.resources),
             "seconds": cr.value.seconds, "kernel": cr.value.kernel_name}
 
@@ -345,7 +345,9 @@ def main() -> int:
             c = compile_program(label, text, cache)
             if c["ok"] and not fits(problem, c["lowered"]):
                 continue     # a --program for another problem
-            programs[key] = {k: v for k, v in c.items() if k not in ("lowered", "compiled")}
+            # the IR text travels with its figures: a program made in the call (a chain, an evolved best carried
+            # in) is in no commit, and `cake model import-bench` reads it from here
+            programs[key] = {k: v for k, v in c.items() if k not in ("lowered", "compiled", "program")}
             print(f"[{problem.name}] {label}: " + (f"compiled {c['kernel']} in {c['seconds']:.1f} s, "
                                                    f"{c['resources']}" if c["ok"] else f"FAILED {c['error']}"),
                   flush=True)

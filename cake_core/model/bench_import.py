@@ -41,8 +41,9 @@ class BenchProgram:
     kernel: str
     resources: dict[str, int]   # ptxas' report when measured
     text: str | None = None
-    source: str = ""            # "git:<sha>" or "tree"; why it is missing otherwise
+    source: str = ""            # "file", "git:<sha>" or "tree"; why it is missing otherwise
     note: str = ""
+    embedded: str | None = None  # the IR text the result file itself holds (bench files since 2026-12-02)
 
 
 @dataclass
@@ -104,8 +105,10 @@ def read_bench_file(path: str | Path) -> BenchFile:
     for key, info in d["programs"].items():
         problem, rel = _program_path(key)
         res = (info or {}).get("resources") or {}
+        text = (info or {}).get("text")
         bf.programs[key] = BenchProgram(key, problem, rel, str((info or {}).get("kernel", "")),
-                                        {k: int(v) for k, v in res.items() if isinstance(v, (int, float))})
+                                        {k: int(v) for k, v in res.items() if isinstance(v, (int, float))},
+                                        embedded=text if isinstance(text, str) and text.strip() else None)
         by_kernel[(problem, bf.programs[key].kernel)] = key
         if rel.endswith("/" + problem + ".cake") or key.startswith(f"{problem}/seed:"):
             by_kernel[(problem, "seed")] = key
@@ -174,7 +177,8 @@ def resolve_texts(bf: BenchFile, check: Check | None, repo: Path = REPO_ROOT) ->
     resources of a text (or a reason it has none); without it (no nvcc) the first candidate is taken and
     the note says that it was not checked."""
     for p in bf.programs.values():
-        cands = candidate_texts(p.path, bf.date, repo)
+        cands = ([("file", p.embedded)] if p.embedded else []) + [
+            c for c in candidate_texts(p.path, bf.date, repo) if c[1] != p.embedded]
         if not cands:
             p.source, p.note = "", f"{p.path} is neither in git history nor in the working tree"
             continue

@@ -49,3 +49,26 @@ def test_a_bad_file_is_one_clear_error(tmp_path, content, msg):
         read_bench_file(p)
     with pytest.raises(BenchFileError, match="no such file"):
         read_bench_file(tmp_path / "missing.json")
+
+
+def test_a_program_in_no_commit_is_read_from_the_text_the_result_file_holds(tmp_path):
+    """A chain or an evolved best timed by `--program` lives in no commit: its text travels in the file. The
+    text is still checked against the recorded ptxas report, as a text from git would be."""
+    import json
+    from pathlib import Path
+    path = write_bench(tmp_path / "b.json")
+    doc = json.loads(path.read_text())
+    text = (Path(__file__).resolve().parents[2] / "cake_core/problems/seeds/gemm_bf16_ws_n256.cake").read_text()
+    doc["programs"]["gemm_bf16/best:no_such_program.cake"]["text"] = text.replace("def gemm_bf16_ws_n256(",
+                                                                                  "def no_such_program(")
+    doc["programs"]["gemm_bf16/best:no_such_program.cake"]["kernel"] = "no_such_program"
+    path.write_text(json.dumps(doc))
+    recorded = doc["programs"]["gemm_bf16/best:no_such_program.cake"]["resources"]
+    bf = read_bench_file(path)
+    resolve_texts(bf, lambda t: {"registers": recorded["registers"], "smem_bytes": recorded["smem_bytes"]}
+                  if "def no_such_program(" in t else "other")
+    p = bf.programs["gemm_bf16/best:no_such_program.cake"]
+    assert p.source == "file" and "def no_such_program(" in p.text
+    again = read_bench_file(path)
+    resolve_texts(again, lambda t: {"registers": 7, "smem_bytes": 9})       # today's report differs: not taken
+    assert again.programs["gemm_bf16/best:no_such_program.cake"].text is None
