@@ -157,4 +157,6 @@ def frozen_vs_evolving(
         a = s[arm]
         _say(f"{arm}: {a['converged']}/{a['runs']} converged, {a['gpu_s_failed']} GPU-s on failed candidates "
              f"({a['failed_candidates']} failed candidates)")
+    if s.get("separates"):
+        _say(f"caveat: {s['separates']}")
     _say(table(report["rows"]))

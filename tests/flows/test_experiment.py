@@ -155,3 +155,14 @@ def test_a_review_is_kept_the_moment_it_is_decided_so_a_cut_short_call_loses_non
     assert [r["after_generation"] for r in rep["reviews"]] == [1, 2]
     on_disk = json.loads((tmp_path / "fve" / "experiment.json").read_text())
     assert on_disk["reviews"] == rep["reviews"] and on_disk["plan"]["budget_candidates"] == 24
+
+
+def test_the_report_says_when_convergence_cannot_separate_the_arms():
+    """The H200 run of 2026-12-02 on kmeans_assign_small: every frozen run converged in one or two generations."""
+    easy = [_row(seed=s, converged=True, generations_to_converge=g, gpu_s_to_converge=1.0)
+            for s, g in enumerate((2, 1, 1))]
+    easy += [_row(arm="evolving", seed=s, converged=True, generations_to_converge=1, gpu_s_to_converge=1.0)
+             for s in range(3)]
+    assert "does not separate the arms" in summary(easy)["separates"]
+    hard = [_row(seed=0, converged=True, generations_to_converge=9, gpu_s_to_converge=9.0), _row(seed=1)] + easy[3:]
+    assert summary(hard)["separates"] is None
