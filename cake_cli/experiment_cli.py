@@ -30,7 +30,7 @@ log = logging.getLogger("cake.experiment")
 def run_experiment(problem: str, out_dir: str, seeds: list[int], shape_set: str | None = None,
                    population: int = 8, block: int = 2, generations: int | None = None,
                    budget_candidates: int | None = None, budget_gpu_minutes: float | None = None,
-                   approve: str = "gate-passing", gpu_models: list[str] | None = None,
+                   approve: str = "gate-passing", gpu_models: list[str] | None = None, gate_gpu: bool | None = None,
                    min_support: int = 3, timeout_s: float = 120.0, reps: int = 20,
                    say: Callable[[str], None] = log.info) -> dict[str, Any]:
     """Run (or continue) both arms for every seed and write the report under ``out_dir``; returns it.
@@ -45,7 +45,7 @@ def run_experiment(problem: str, out_dir: str, seeds: list[int], shape_set: str 
                                   run_result, write_report)
 
     plan = experiment_plan(problem, shape_set, list(seeds), out_dir, population, block, generations,
-                           budget_candidates, budget_gpu_minutes, approve, bool(gpu_models))
+                           budget_candidates, budget_gpu_minutes, approve, bool(gpu_models), gate_gpu)
     for run in plan["runs"]:
         root, rid = run["warehouse_root"], run["run_id"]
         progress = run_progress(root, rid)
@@ -53,7 +53,8 @@ def run_experiment(problem: str, out_dir: str, seeds: list[int], shape_set: str 
             if run["arm"] == "evolving" and progress["generations"] > 0:
                 t0 = time.monotonic()
                 decided = harness_review_flow(warehouse_root=root, min_support=min_support,
-                                              policy=plan["review_policy"])
+                                              policy=plan["review_policy"],
+                                              gpu_cache_dir=plan["cache_dir"] if plan["gate_gpu"] else None)
                 review = {"arm": run["arm"], "seed": run["seed"], "after_generation": progress["generations"],
                           "decisions": decided, "seconds": round(time.monotonic() - t0, 1)}
                 record_review(plan, review)
@@ -113,6 +114,9 @@ def frozen_vs_evolving(
                                                                             "first)."),
     cpu: bool = typer.Option(False, "--cpu", help="CPU mode: checked on the interpreter, scored by the cost "
                                                   "model (no GPU used even where one is)."),
+    gate_on_gpu: bool | None = typer.Option(None, "--gate-on-gpu/--gate-on-cpu",
+                                            help="The evolving arm's corpus gate replays the corpus on the GPU "
+                                                 "too (default in GPU mode), or on the CPU interpreter alone."),
     out: Path | None = typer.Option(None, "--out", help="Where the runs' warehouses and the report go (default: "
                                                         "<home>/experiments/PROBLEM-frozen-vs-evolving)."),
 ) -> None:
@@ -138,13 +142,15 @@ def frozen_vs_evolving(
                          "model as score)")
     if cpu and budget_gpu_minutes is not None:
         raise UsageError("--budget-gpu-minutes needs a GPU; in --cpu mode give --budget-candidates")
+    if cpu and gate_on_gpu:
+        raise UsageError("--gate-on-gpu needs a GPU; in --cpu mode the corpus gate runs on the interpreter")
     out_dir = (out or settings.home / "experiments" / f"{problem}-frozen-vs-evolving").resolve()
     _say(f"frozen vs evolving: {problem}, {seeds} seed(s) per arm, {'GPU ' + gpu_models[0] if gpu_models else 'CPU'}"
          f" mode, policy {approve}; runs and report under {out_dir}")
     kwargs: dict[str, Any] = dict(problem=problem, out_dir=str(out_dir), seeds=list(range(seeds)), shape_set=shapes,
                                   population=population, block=block, generations=generations,
                                   budget_candidates=budget_candidates, budget_gpu_minutes=budget_gpu_minutes,
-                                  approve=approve, gpu_models=gpu_models)
+                                  approve=approve, gpu_models=gpu_models, gate_gpu=gate_on_gpu)
     with prefect_server(settings), ray_runtime(settings, num_gpus=len(gpu_models),
                                                resources=local_resources(gpu_models)):
         _quiet_prefect_console()

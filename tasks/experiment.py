@@ -48,8 +48,10 @@ def run_id_of(problem: str, arm: str, seed: int) -> str:
 
 def experiment_plan(problem: str, shape_set: str | None, seeds: list[int], out_dir: str, population: int, block: int,
                     generations: int | None, budget_candidates: int | None, budget_gpu_minutes: float | None,
-                    approve: str, timed: bool) -> dict[str, Any]:
-    """The experiment's runs and limits, checked before anything runs (a CakeError says what to change)."""
+                    approve: str, timed: bool, gate_gpu: bool | None = None) -> dict[str, Any]:
+    """The experiment's runs and limits, checked before anything runs (a CakeError says what to change).
+    ``gate_gpu``: the evolving arm's corpus gate also replays the corpus on the GPU (default: when the runs
+    are timed on one, as ``cake harness review`` does on a GPU machine)."""
     prob = get_problem(problem)
     shape_set = shape_set or prob.shape_sets[0]
     load_shape_set(prob, shape_set)
@@ -66,6 +68,10 @@ def experiment_plan(problem: str, shape_set: str | None, seeds: list[int], out_d
         raise CakeError(f"--budget-gpu-minutes must be above 0, got {budget_gpu_minutes}")
     if budget_gpu_minutes is not None and not timed:
         raise CakeError("--budget-gpu-minutes needs a GPU (CPU mode spends none); give --budget-candidates")
+    if gate_gpu is None:
+        gate_gpu = timed
+    if gate_gpu and not timed:
+        raise CakeError("the corpus gate can replay on the GPU only in GPU mode; drop --gate-on-gpu or the --cpu")
     if generations is None:
         generations = (math.ceil(budget_candidates / population) if budget_candidates is not None
                        else DEFAULT_GENERATIONS)
@@ -74,6 +80,7 @@ def experiment_plan(problem: str, shape_set: str | None, seeds: list[int], out_d
             "population": population, "block": block, "generations": generations,
             "budget_candidates": budget_candidates, "budget_gpu_minutes": budget_gpu_minutes,
             "approve": approve, "review_policy": APPROVALS[approve], "mode": "gpu" if timed else "cpu",
+            "gate_gpu": bool(gate_gpu),
             "cache_dir": str(out / "cache"), "runs": []}
     recorded = out / "experiment.json"
     kept: dict[str, Any] = {}
@@ -316,7 +323,8 @@ def write_report(plan: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, 
     """``frozen-vs-evolving.json`` and ``.md`` under the plan's out dir (the reviews as :func:`record_review`
     kept them, over every call of the experiment); returns the report."""
     policy = {"name": plan["approve"], "harness_review_policy": plan["review_policy"],
-              "meaning": POLICY_WORDS[plan["approve"]], "corpus_gate": "CPU interpreter"}
+              "meaning": POLICY_WORDS[plan["approve"]],
+              "corpus_gate": "CPU interpreter and the GPU" if plan.get("gate_gpu") else "CPU interpreter"}
     basis = "measured" if plan["mode"] == "gpu" else "predicted by the cost model"
     report = {"experiment": "frozen-vs-evolving", "plan": plan, "policy": policy, "rows": rows,
               "summary": summary(rows), "reviews": [],

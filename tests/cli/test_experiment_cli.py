@@ -38,6 +38,7 @@ def no_services(monkeypatch):
     (["kmeans_assign", "--budget-candidates", "8"], "no GPU here (or CAKE_GPU=off): pass --cpu"),
     (["no_such_problem", "--cpu", "--budget-candidates", "8"], "no_such_problem"),
     (["kmeans_assign", "--cpu", "--budget-candidates", "8", "--shapes", "nope"], "nope"),
+    (["kmeans_assign", "--cpu", "--budget-candidates", "8", "--gate-on-gpu"], "--gate-on-gpu needs a GPU"),
 ])
 def test_bad_requests_get_one_line_before_anything_starts(monkeypatch, no_services, args, says):
     monkeypatch.setenv("CAKE_GPU", "off")

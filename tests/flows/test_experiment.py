@@ -3,6 +3,7 @@ import json
 
 import pytest
 
+from cake_core.errors import CakeError
 from tasks.experiment import (COLUMNS, convergence, experiment_plan, next_block, record_review, run_result, summary,
                               table, write_report)
 from warehouse import Warehouse
@@ -166,3 +167,16 @@ def test_the_report_says_when_convergence_cannot_separate_the_arms():
     assert "does not separate the arms" in summary(easy)["separates"]
     hard = [_row(seed=0, converged=True, generations_to_converge=9, gpu_s_to_converge=9.0), _row(seed=1)] + easy[3:]
     assert summary(hard)["separates"] is None
+
+
+def test_on_a_gpu_the_evolving_arms_corpus_gate_replays_on_the_gpu_unless_told_otherwise(tmp_path):
+    def args(out):
+        return ("kmeans_assign", "kmeans_assign_small", [0], str(tmp_path / out), 8, 1, None, 24, None, "gate-passing")
+    assert experiment_plan(*args("a"), timed=True)["gate_gpu"] is True
+    assert experiment_plan(*args("b"), timed=True, gate_gpu=False)["gate_gpu"] is False
+    assert experiment_plan(*args("c"), timed=False)["gate_gpu"] is False
+    with pytest.raises(CakeError, match="only in GPU mode"):
+        experiment_plan(*args("d"), timed=False, gate_gpu=True)
+    plan = experiment_plan(*args("a"), timed=True)
+    assert write_report(plan, [_row(), _row(arm="evolving")])["policy"]["corpus_gate"] == "CPU interpreter and the GPU"
+    assert "the corpus gate on the CPU interpreter and the GPU" in (tmp_path / "a" / "frozen-vs-evolving.md").read_text()
