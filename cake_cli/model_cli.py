@@ -1,6 +1,8 @@
 """``cake model ...``: land bench measurements, fit and grade cost models.
 
     cake model import-bench bench/results/corpus-vs-peers-*.json   # measurements -> warehouse runs
+    cake model export-samples --out bench/results/samples/NAME.parquet   # a home's measured samples, durable
+    cake model import-bench bench/results/samples/*.parquet        # ... landed again in another home
     cake model eval [--split run|time] [--model FILE] [--out FILE.json]
     cake model fit --out model.json [--split run|time]             # learned model + held-out comparison
     cake model show FILE
@@ -66,6 +68,23 @@ order by m.run_id, m.attempt_id, m.shape
 """
 
 
+EXPORT_SQL = """
+with c as (
+    select attempt_id, any_value(registers) as registers, any_value(spill_bytes) as spill_bytes,
+           any_value(smem_bytes) as smem_bytes
+    from compiles where ok group by attempt_id
+)
+select m.run_id, a.problem, r.started_at, m.attempt_id, a.ir_text, m.shape, m.gpu_model, m.timer, m.l2,
+       m.median_ms, m.p10_ms, m.p90_ms, m.runs, c.registers, c.spill_bytes, c.smem_bytes
+from measurements m
+join attempts a using (attempt_id)
+join runs_latest r on r.run_id = m.run_id
+left join c using (attempt_id)
+where m.correct and m.kind = 'search' and r.agent not in ('corpus', 'samples')
+order by m.run_id, m.attempt_id, m.shape
+"""
+
+
 def _wh(create: bool = False):
     from warehouse import Warehouse
 
@@ -112,13 +131,16 @@ def _table(results: dict[str, dict[str, dict[str, Any]]]) -> Table:
 @model_app.command("import-bench", no_args_is_help=True)
 @cli_errors
 def import_bench(
-    files: list[Path] = typer.Argument(..., help="corpus_vs_peers JSON result files"),
+    files: list[Path] = typer.Argument(..., help="corpus_vs_peers JSON result files, or sample files (.parquet) "
+                                                 "of `cake model export-samples`"),
     check: bool = typer.Option(True, "--check/--no-check",
                                help="match each program's text to the recorded ptxas report (needs nvcc)"),
 ) -> None:
-    """Land the measurements of bench result files as warehouse runs (one per file and problem)."""
+    """Land the measurements of bench result files as warehouse runs (one per file and problem), and those of
+    sample files as the runs they were measured in."""
     from cake_core.lower.compile import nvcc_path
-    from cake_core.model.bench_import import ptxas_check, read_bench_file, resolve_texts, warehouse_rows
+    from cake_core.model.bench_import import (BenchFileError, ptxas_check, read_bench_file, resolve_texts,
+                                              sample_rows, warehouse_rows)
 
     settings = _settings()
     wh = _wh(create=True)
@@ -127,9 +149,18 @@ def import_bench(
         _say("note: nvcc not found: program texts are not checked against the recorded ptxas reports")
     have = {r["run_id"] for r in wh.query("select distinct run_id from runs").to_pylist()}
     for f in files:
-        bf = read_bench_file(f)
-        resolve_texts(bf, checker)
-        rows = warehouse_rows(bf)
+        bf = None
+        if f.suffix == ".parquet":
+            import pyarrow.parquet as pq
+            try:
+                records = pq.read_table(f).to_pylist()
+            except (OSError, ValueError) as e:
+                raise BenchFileError(f"{f}: not a Parquet sample file ({e})") from None
+            rows = sample_rows(records, f.stem)
+        else:
+            bf = read_bench_file(f)
+            resolve_texts(bf, checker)
+            rows = warehouse_rows(bf)
         new = [r for r in rows["runs"] if r["run_id"] not in have]
         if not new:
             _say(f"{f}: already imported ({len(rows['runs'])} runs), nothing landed")
@@ -142,13 +173,42 @@ def import_bench(
             if batch:
                 wh.append(table, batch)
         have |= keep
-        left = [p for p in bf.programs.values() if p.text is None]
+        left = [p for p in bf.programs.values() if p.text is None] if bf is not None else rows["left_out"]
         _say(f"{f}: {len(new)} runs, {sum(1 for a in rows['attempts'] if a['run_id'] in keep)} attempts, "
              f"{sum(1 for m in rows['measurements'] if m['run_id'] in keep)} measurements"
              + (f"; {len(left)} programs left out" if left else ""))
-        for p in bf.programs.values():
+        for p in (bf.programs.values() if bf is not None else ()):
             if p.note:
                 _say(f"  {p.key}: {p.note}")
+        for x in (rows["left_out"] if bf is None else ()):
+            _say(f"  {x['attempt_id']}: {x['why']}")
+
+
+@model_app.command("export-samples", no_args_is_help=True)
+@cli_errors
+def export_samples(
+    out: Path = typer.Option(..., "--out", help="the Parquet file to write (e.g. bench/results/samples/NAME.parquet)"),
+    run: list[str] = typer.Option([], "--run", help="only these runs (default: every evolution run of the home)"),
+) -> None:
+    """Write the home's measured samples (each correct search measurement with its kernel's IR text and ptxas
+    report) to one Parquet file: a few kilobytes per run that `cake model import-bench` lands in another home,
+    so a model's held-out figures can be recomputed after the warehouse that measured them is gone."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    records = _wh().query(EXPORT_SQL).to_pylist()
+    if run:
+        unknown = sorted(set(run) - {r["run_id"] for r in records})
+        if unknown:
+            raise UsageError(f"no measured samples of run {', '.join(unknown)} in this home; "
+                             f"`cake sql \"select distinct run_id from measurements\"` lists those there are")
+        records = [r for r in records if r["run_id"] in set(run)]
+    if not records:
+        raise UsageError("no measured samples of an evolution run in this home; run `cake evolve` on a GPU first")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(records), out, compression="zstd")
+    _say(f"{out}: {len(records)} samples of {len({r['run_id'] for r in records})} runs, "
+         f"{len({r['attempt_id'] for r in records})} kernels ({out.stat().st_size // 1024} KiB)")
 
 
 def _evaluate(gpu: str, timer: str, split: str, keep: float, model_file: Path | None) -> dict[str, Any]:

@@ -291,3 +291,65 @@ def _measurement_rows(bf: BenchFile, run_id: str, aid: str, ms: list[BenchMeasur
              "l2": m.l2, "median_ms": m.median_ms, "p10_ms": min(m.p10_ms, m.median_ms),
              "p90_ms": max(m.p90_ms, m.median_ms), "runs": m.runs, "correct": True, "max_error": m.max_error,
              "kind": "search", "measured_at": bf.date} for m in ms]
+
+
+# ------------------------------------------------------------------ sample files (`cake model export-samples`)
+
+SAMPLE_COLUMNS = ("run_id", "problem", "started_at", "attempt_id", "ir_text", "shape", "gpu_model", "timer",
+                  "l2", "median_ms", "p10_ms", "p90_ms", "runs", "registers", "spill_bytes", "smem_bytes")
+
+
+def sample_rows(records: list[dict[str, Any]], stem: str,
+                harness_version: int = 0) -> dict[str, list[dict[str, Any]]]:
+    """The runs, attempts, compiles and measurements rows of an exported sample file's records (one per
+    measured (attempt, shape), the columns of :data:`SAMPLE_COLUMNS`). Each record keeps its run id, so a
+    held-out split by run still holds out the run it came from; a text that no longer parses is left out
+    (its features could not be read) and listed under ``left_out``, its attempt id and the parser's reason."""
+    from cake_core.ir.features import features
+    from cake_core.ir.text import parse
+
+    missing = [c for c in SAMPLE_COLUMNS if records and c not in records[0]]
+    if missing:
+        raise BenchFileError(f"{stem}: not a sample file of `cake model export-samples`: no {', '.join(missing)}")
+    rows: dict[str, list[dict[str, Any]]] = {"runs": [], "attempts": [], "compiles": [], "measurements": [],
+                                              "left_out": []}
+    runs: dict[str, dict[str, Any]] = {}
+    done: set[str] = set()
+    bad: set[str] = set()
+    for r in records:
+        if r["attempt_id"] in bad:
+            continue
+        if r["attempt_id"] not in done:
+            parsed = parse(r["ir_text"], "sample.cake")
+            if parsed.program is None:
+                bad.add(r["attempt_id"])
+                why = parsed.diagnostics[0].message if parsed.diagnostics else "does not parse"
+                rows["left_out"].append({"attempt_id": r["attempt_id"], "why": f"does not parse today: {why}"})
+                continue
+            prog = parsed.program
+            done.add(r["attempt_id"])
+            rows["attempts"].append({
+                "attempt_id": r["attempt_id"], "run_id": r["run_id"], "generation": 0, "problem": r["problem"],
+                "ir_hash": prog.hash, "ir_text": r["ir_text"], "agent": "samples", "tactic": f"samples:{stem}",
+                "harness_version": harness_version, "stage": "time", "outcome": "measured",
+                "features": json.dumps(features(prog), default=str), "created_at": r["started_at"]})
+            if r["registers"] is not None:
+                rows["compiles"].append({
+                    "attempt_id": r["attempt_id"], "source_hash": hashlib.sha256(r["ir_text"].encode()).hexdigest(),
+                    "arch": prog.target, "seconds": 0.0, "registers": r["registers"],
+                    "spill_bytes": r["spill_bytes"], "smem_bytes": r["smem_bytes"], "barriers": None,
+                    "cached": True, "ok": True, "log": f"ptxas report as exported in {stem}"})
+        runs.setdefault(r["run_id"], {"run_id": r["run_id"], "problem": r["problem"], "shape_set": f"samples:{stem}",
+                                      "harness_version": harness_version, "agent": "samples", "seed": 0,
+                                      "generations": 1, "population": 0, "host": "samples",
+                                      "gpu_model": r["gpu_model"], "started_at": r["started_at"],
+                                      "status": "completed", "finished_at": r["started_at"]})
+        rows["measurements"].append({
+            "attempt_id": r["attempt_id"], "run_id": r["run_id"], "shape": r["shape"], "gpu_model": r["gpu_model"],
+            "timer": r["timer"], "l2": r["l2"], "median_ms": r["median_ms"], "p10_ms": r["p10_ms"],
+            "p90_ms": r["p90_ms"], "runs": r["runs"], "correct": True, "max_error": None, "kind": "search",
+            "measured_at": r["started_at"]})
+    for a in rows["attempts"]:
+        runs[a["run_id"]]["population"] += 1
+    rows["runs"] = [runs[k] for k in sorted(runs) if runs[k]["population"]]
+    return rows
