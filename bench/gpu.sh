@@ -17,7 +17,9 @@
 #   STATE=fve bash bench/gpu.sh cake experiment frozen-vs-evolving kmeans_assign ... --out /tmp/state/fve/out
 #                                         # a job split over calls: /tmp/state/fve comes back as $OUT/fve.tgz and
 #                                         # goes on from .gpu-state/fve.tgz (carried) in the next call;
-#                                         # CAKE_TIMEOUT=500 stops it (SIGINT) in time to write that state
+#                                         # CAKE_TIMEOUT=500 stops it (SIGINT) in time to write that state;
+#                                         # `cake` and `throughput` also bring back the measured samples of their
+#                                         # homes as $OUT/NAME-samples.parquet (for bench/results/samples/)
 #   bash bench/gpu.sh profile 'regex:kmeans_update_gather' corpus --no-seed --no-best --no-peers ...
 #                                         # Nsight Compute on the first launch of the kernels the regex names
 #                                         # (PROFILE_COUNT, PROFILE_SKIP), while the named part runs
@@ -64,6 +66,22 @@ fi
 export PYTHONPATH=/tmp/site:/tmp/whl:$PWD PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
 export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv > "$OUT/nvidia-smi.txt" 2>&1
+# export_samples NAME HOME...: the measured samples of every home given that has a warehouse, in one Parquet file
+# ($OUT/NAME-samples.parquet; a call brings back 8 files at most): commit it under bench/results/samples/, where
+# `cake model import-bench` lands it again for the cost model
+export_samples() {
+    local name=${1:-run} tmp; shift
+    tmp=$(mktemp -d)
+    for h in "$@"; do
+        [ -d "$h/warehouse" ] || continue
+        CAKE_HOME="$h" python3 -c "from cake_cli.main import main; main()" model export-samples \
+            --out "$tmp/$(basename "$h").parquet" || true
+    done
+    ls "$tmp"/*.parquet >/dev/null 2>&1 && python3 -c "import glob, sys, pyarrow as pa, pyarrow.parquet as pq
+pq.write_table(pa.concat_tables([pq.read_table(f) for f in sorted(glob.glob(sys.argv[1] + '/*.parquet'))]),
+               sys.argv[2], compression='zstd')" "$tmp" "$OUT/$name-samples.parquet"
+    rm -rf "$tmp"
+}
 rc=0
 if [ "$what" = all ] || [ "$what" = tests ]; then
     echo "== gpu tests"
@@ -108,6 +126,7 @@ if [ "$what" = cake ]; then
         tar -czf "$OUT/$STATE.tgz" -C "/tmp/state/$STATE" --exclude=cache --exclude=prefect .
         echo "state: $OUT/$STATE.tgz ($(du -h "$OUT/$STATE.tgz" | cut -f1)); carry it as .gpu-state/$STATE.tgz to go on"
     fi
+    export_samples "$STATE" "$CAKE_HOME" /tmp/state/${STATE:-none}/*/*-s*
     exit $rc
 fi
 if [ "$what" = throughput ]; then
@@ -118,6 +137,7 @@ if [ "$what" = throughput ]; then
         rc=$?
         tar -czf "$OUT/$STATE.tgz" -C "/tmp/state/$STATE" --exclude=cache --exclude=prefect --exclude=refs .
         echo "state: $OUT/$STATE.tgz ($(du -h "$OUT/$STATE.tgz" | cut -f1))"
+        export_samples "$STATE" /tmp/state/$STATE/*
         exit $rc
     fi
     python3 bench/evolve_throughput.py --out "$OUT" "$@"
