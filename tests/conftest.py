@@ -4,6 +4,12 @@ BLAS runs on one thread in the tests and in every process they start (Ray worker
 the interpreter's products are small (a 128x64 tile by a 64x128 one), and OpenBLAS's threads spinning
 against each other on a busy 2-core machine made one of them cost 1-15 ms instead of 0.04 ms.
 Ray workers run on this interpreter as they are, never through `uv run`.
+
+Python keeps its bytecode caches in the tests and in every process they start: with PYTHONDONTWRITEBYTECODE set
+(as on the machines here) each Ray worker, `cake` subprocess, Prefect server and flow-run process compiled
+every module it imports from source again, a third of the CPU a flow test used. The caches are written where
+Python writes them (``__pycache__``, ignored by git; the venv's packages), atomically, by whichever process
+imports a module first.
 """
 import os
 import sys
@@ -16,6 +22,8 @@ if "numpy" in sys.modules:   # too late for the variable to take effect here: sa
     warnings.warn("numpy was imported before tests/conftest.py could run BLAS on one thread; "
                   "set OPENBLAS_NUM_THREADS=1 for this run", stacklevel=1)
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)     # for the processes the tests start
+sys.dont_write_bytecode = False                     # for this one, from the test modules' imports on
 # Every Ray the tests start runs as `cake` runs one (tasks.ray_runtime.RAY_ENV), set before anything imports
 # Ray (collection does, and Ray reads some of these at import): under `uv run pytest` Ray would otherwise
 # start each worker through `uv run` in a copy of the working tree with a venv of its own, and a bare
