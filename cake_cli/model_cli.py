@@ -51,24 +51,9 @@ def UsageError(message: str) -> Exception:  # noqa: N802 - raised like the class
 model_app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                         help="Cost models: import bench measurements, fit, evaluate on held-out runs.")
 
-SAMPLES_SQL = """
-with c as (
-    select attempt_id, any_value(registers) as registers, any_value(spill_bytes) as spill_bytes,
-           any_value(smem_bytes) as smem_bytes
-    from compiles where ok group by attempt_id
-)
-select m.attempt_id, m.run_id, a.problem, a.ir_text, m.shape, m.gpu_model, m.timer, m.median_ms,
-       r.started_at, c.registers, c.spill_bytes, c.smem_bytes
-from measurements m
-join attempts a using (attempt_id)
-left join runs_latest r on r.run_id = m.run_id
-left join c using (attempt_id)
-where m.correct and m.kind = 'search' and m.timer = ?
-order by m.run_id, m.attempt_id, m.shape
-"""
-
-
-EXPORT_SQL = """
+def _measured_sql(where: str) -> str:
+    """Every correct search measurement with its kernel's text, run and ptxas report, narrowed by ``where``."""
+    return f"""
 with c as (
     select attempt_id, any_value(registers) as registers, any_value(spill_bytes) as spill_bytes,
            any_value(smem_bytes) as smem_bytes
@@ -78,11 +63,15 @@ select m.run_id, a.problem, r.started_at, m.attempt_id, a.ir_text, m.shape, m.gp
        m.median_ms, m.p10_ms, m.p90_ms, m.runs, c.registers, c.spill_bytes, c.smem_bytes
 from measurements m
 join attempts a using (attempt_id)
-join runs_latest r on r.run_id = m.run_id
+left join runs_latest r on r.run_id = m.run_id
 left join c using (attempt_id)
-where m.correct and m.kind = 'search' and r.agent not in ('corpus', 'samples')
+where m.correct and m.kind = 'search' and {where}
 order by m.run_id, m.attempt_id, m.shape
 """
+
+
+SAMPLES_SQL = _measured_sql("m.timer = ?")                              # what the models are graded on
+EXPORT_SQL = _measured_sql("r.agent not in ('corpus', 'samples')")      # an evolution run's own, to keep
 
 
 def _wh(create: bool = False):

@@ -326,13 +326,12 @@ def write_report(plan: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, 
               "meaning": POLICY_WORDS[plan["approve"]],
               "corpus_gate": "CPU interpreter and the GPU" if plan.get("gate_gpu") else "CPU interpreter"}
     basis = "measured" if plan["mode"] == "gpu" else "predicted by the cost model"
-    report = {"experiment": "frozen-vs-evolving", "plan": plan, "policy": policy, "rows": rows,
-              "summary": summary(rows), "reviews": [],
-              "converged_means": f"a kernel at least {CONVERGED_AT}x the speed of the best hand-written kernel "
-                                 f"on the run's headline shapes ({basis})"}
     out = Path(plan["out_dir"])
     old = json.loads((out / "experiment.json").read_text()) if (out / "experiment.json").exists() else {}
-    report["reviews"] = old.get("reviews", [])
+    report = {"experiment": "frozen-vs-evolving", "plan": plan, "policy": policy, "rows": rows,
+              "summary": summary(rows), "reviews": old.get("reviews", []),
+              "converged_means": f"a kernel at least {CONVERGED_AT}x the speed of the best hand-written kernel "
+                                 f"on the run's headline shapes ({basis})"}
     (out / "experiment.json").write_text(json.dumps(report, indent=1, default=str))
     s = report["summary"]
     budget = ", ".join(f"--{k.replace('_', '-')} {plan[k]}" for k in ("budget_candidates", "budget_gpu_minutes")

@@ -237,10 +237,33 @@ def attempt_id(run_id: str, text: str) -> str:
     return hashlib.sha256(f"{run_id}\0{text}".encode()).hexdigest()[:32]
 
 
+def _run_row(run_id: str, problem: str, shape_set: str, agent: str, host: str, population: int, gpu: str,
+             when: datetime, harness_version: int) -> dict[str, Any]:
+    """A landed run: one generation, completed when it started (measurements that were taken elsewhere)."""
+    return {"run_id": run_id, "problem": problem, "shape_set": shape_set, "harness_version": harness_version,
+            "agent": agent, "seed": 0, "generations": 1, "population": population, "host": host,
+            "gpu_model": gpu, "started_at": when, "status": "completed", "finished_at": when}
+
+
+def _attempt_row(aid: str, run_id: str, problem: str, prog: Any, text: str, agent: str, tactic: str,
+                 harness_version: int, when: datetime) -> dict[str, Any]:
+    from cake_core.ir.features import features
+    return {"attempt_id": aid, "run_id": run_id, "generation": 0, "problem": problem, "ir_hash": prog.hash,
+            "ir_text": text, "agent": agent, "tactic": tactic, "harness_version": harness_version, "stage": "time",
+            "outcome": "measured", "features": json.dumps(features(prog), default=str), "created_at": when}
+
+
+def _compile_row(aid: str, text: str, arch: str, res: dict[str, Any], where: str) -> dict[str, Any]:
+    """The ptxas report as recorded with the measurement (not today's: the lowering moves registers)."""
+    return {"attempt_id": aid, "source_hash": hashlib.sha256(text.encode()).hexdigest(), "arch": arch,
+            "seconds": 0.0, "registers": res.get("registers"), "spill_bytes": res.get("spill_bytes"),
+            "smem_bytes": res.get("smem_bytes"), "barriers": res.get("barriers"), "cached": True, "ok": True,
+            "log": f"ptxas report as {where}"}
+
+
 def warehouse_rows(bf: BenchFile, harness_version: int = 0) -> dict[str, list[dict[str, Any]]]:
     """The runs, attempts, compiles and measurements rows of a resolved file (programs without text left
     out), keyed by table."""
-    from cake_core.ir.features import features
     from cake_core.ir.text import parse
 
     rows: dict[str, list[dict[str, Any]]] = {"runs": [], "attempts": [], "compiles": [], "measurements": []}
@@ -256,11 +279,8 @@ def warehouse_rows(bf: BenchFile, harness_version: int = 0) -> dict[str, list[di
         ms = [m for m in bf.measurements if m.problem == problem and m.program_key in parsed]
         if not ms:
             continue
-        rows["runs"].append({"run_id": run_id, "problem": problem, "shape_set": f"bench:{bf.stem}",
-                             "harness_version": harness_version, "agent": "corpus", "seed": 0,
-                             "generations": 1, "population": len({m.program_key for m in ms}),
-                             "host": "bench", "gpu_model": bf.gpu, "started_at": bf.date, "status": "completed",
-                             "finished_at": bf.date})
+        rows["runs"].append(_run_row(run_id, problem, f"bench:{bf.stem}", "corpus", "bench",
+                                     len({m.program_key for m in ms}), bf.gpu, bf.date, harness_version))
         landed: set[str] = set()
         for key in sorted({m.program_key for m in ms}):
             prog, bp = parsed[key], bf.programs[key]
@@ -269,19 +289,11 @@ def warehouse_rows(bf: BenchFile, harness_version: int = 0) -> dict[str, list[di
                 rows["measurements"] += _measurement_rows(bf, run_id, aid, [m for m in ms if m.program_key == key])
                 continue
             landed.add(aid)
-            rows["attempts"].append({
-                "attempt_id": aid, "run_id": run_id, "generation": 0, "problem": problem, "ir_hash": prog.hash,
-                "ir_text": prog.text(), "agent": "corpus", "tactic": f"bench:{bp.key}@{bp.source}",
-                "harness_version": harness_version, "stage": "time", "outcome": "measured",
-                "features": json.dumps(features(prog), default=str),
-                "created_at": bf.date})
+            rows["attempts"].append(_attempt_row(aid, run_id, problem, prog, prog.text(), "corpus",
+                                                 f"bench:{bp.key}@{bp.source}", harness_version, bf.date))
             if bp.resources.get("registers") is not None:
-                rows["compiles"].append({
-                    "attempt_id": aid, "source_hash": hashlib.sha256(prog.text().encode()).hexdigest(),
-                    "arch": prog.target, "seconds": 0.0, "registers": bp.resources.get("registers"),
-                    "spill_bytes": bp.resources.get("spill_bytes"), "smem_bytes": bp.resources.get("smem_bytes"),
-                    "barriers": bp.resources.get("barriers"), "cached": True, "ok": True,
-                    "log": f"ptxas report as recorded in {bf.path.name}"})
+                rows["compiles"].append(_compile_row(aid, prog.text(), prog.target, bp.resources,
+                                                     f"recorded in {bf.path.name}"))
             rows["measurements"] += _measurement_rows(bf, run_id, aid, [m for m in ms if m.program_key == key])
     return rows
 
@@ -305,7 +317,6 @@ def sample_rows(records: list[dict[str, Any]], stem: str,
     measured (attempt, shape), the columns of :data:`SAMPLE_COLUMNS`). Each record keeps its run id, so a
     held-out split by run still holds out the run it came from; a text that no longer parses is left out
     (its features could not be read) and listed under ``left_out``, its attempt id and the parser's reason."""
-    from cake_core.ir.features import features
     from cake_core.ir.text import parse
 
     missing = [c for c in SAMPLE_COLUMNS if records and c not in records[0]]
@@ -328,22 +339,13 @@ def sample_rows(records: list[dict[str, Any]], stem: str,
                 continue
             prog = parsed.program
             done.add(r["attempt_id"])
-            rows["attempts"].append({
-                "attempt_id": r["attempt_id"], "run_id": r["run_id"], "generation": 0, "problem": r["problem"],
-                "ir_hash": prog.hash, "ir_text": r["ir_text"], "agent": "samples", "tactic": f"samples:{stem}",
-                "harness_version": harness_version, "stage": "time", "outcome": "measured",
-                "features": json.dumps(features(prog), default=str), "created_at": r["started_at"]})
+            rows["attempts"].append(_attempt_row(r["attempt_id"], r["run_id"], r["problem"], prog, r["ir_text"],
+                                                 "samples", f"samples:{stem}", harness_version, r["started_at"]))
             if r["registers"] is not None:
-                rows["compiles"].append({
-                    "attempt_id": r["attempt_id"], "source_hash": hashlib.sha256(r["ir_text"].encode()).hexdigest(),
-                    "arch": prog.target, "seconds": 0.0, "registers": r["registers"],
-                    "spill_bytes": r["spill_bytes"], "smem_bytes": r["smem_bytes"], "barriers": None,
-                    "cached": True, "ok": True, "log": f"ptxas report as exported in {stem}"})
-        runs.setdefault(r["run_id"], {"run_id": r["run_id"], "problem": r["problem"], "shape_set": f"samples:{stem}",
-                                      "harness_version": harness_version, "agent": "samples", "seed": 0,
-                                      "generations": 1, "population": 0, "host": "samples",
-                                      "gpu_model": r["gpu_model"], "started_at": r["started_at"],
-                                      "status": "completed", "finished_at": r["started_at"]})
+                rows["compiles"].append(_compile_row(r["attempt_id"], r["ir_text"], prog.target, r,
+                                                     f"exported in {stem}"))
+        runs.setdefault(r["run_id"], _run_row(r["run_id"], r["problem"], f"samples:{stem}", "samples", "samples", 0,
+                                              r["gpu_model"], r["started_at"], harness_version))
         rows["measurements"].append({
             "attempt_id": r["attempt_id"], "run_id": r["run_id"], "shape": r["shape"], "gpu_model": r["gpu_model"],
             "timer": r["timer"], "l2": r["l2"], "median_ms": r["median_ms"], "p10_ms": r["p10_ms"],
