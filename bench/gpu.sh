@@ -16,7 +16,8 @@
 #                                         # CAKE_HOME=$CAKE_HOME (default $OUT/home): its warehouse comes back
 #   STATE=fve bash bench/gpu.sh cake experiment frozen-vs-evolving kmeans_assign ... --out /tmp/state/fve/out
 #                                         # a job split over calls: /tmp/state/fve comes back as $OUT/fve.tgz and
-#                                         # goes on from .gpu-state/fve.tgz (carried) in the next call;
+#                                         # goes on from .gpu-state/fve.tgz (carried) in the next call, or from
+#                                         # STATE_FROM=FILE (e.g. a tarball kept under bench/results/state);
 #                                         # CAKE_TIMEOUT=500 stops it (SIGINT) in time to write that state;
 #                                         # `cake` and `throughput` also bring back the measured samples of their
 #                                         # homes as $OUT/NAME-samples.parquet (for bench/results/samples/)
@@ -114,7 +115,8 @@ if [ "$what" = cake ]; then
         # back as one tarball ($OUT/$STATE.tgz: a call returns a bounded number of files) without the cubin
         # cache and the Prefect database, and the next call carries it as .gpu-state/$STATE.tgz to go on
         mkdir -p "/tmp/state/$STATE"
-        [ -f ".gpu-state/$STATE.tgz" ] && tar -xzf ".gpu-state/$STATE.tgz" -C "/tmp/state/$STATE"
+        from=${STATE_FROM:-.gpu-state/$STATE.tgz}
+        [ -f "$from" ] && tar -xzf "$from" -C "/tmp/state/$STATE"
         export CAKE_HOME=${CAKE_HOME:-/tmp/state/$STATE/home}
     fi
     export CAKE_HOME=${CAKE_HOME:-$OUT/home} CAKE_GPU=${CAKE_GPU:-require} PREFECT_SERVER_ANALYTICS_ENABLED=false
