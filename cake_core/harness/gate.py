@@ -40,7 +40,7 @@ from cake_core.harness.proposal import Proposal
 from cake_core.harness.records import AttemptRecord
 from cake_core.harness.version import HarnessSpec
 from cake_core.ir.program import Program
-from cake_core.ir.text import parse
+from cake_core.ir.text import ParseResult, parse
 from cake_core.ir.verify import verify
 from cake_core.outcome import Diagnostic
 from cake_core.problems import PROBLEMS, get_problem
@@ -112,13 +112,15 @@ def gate_shapes(problem: Problem, limit: int = SHAPES_PER_PROBLEM) -> list[Shape
     return (heads + tail[:1])[:limit]
 
 
-def kernel_shapes(k: Kernel, problem: Problem, harness: HarnessSpec) -> list[tuple[Shape, bool]]:
+def kernel_shapes(k: Kernel, problem: Problem, harness: HarnessSpec,
+                  cache: "GateCache | None" = None) -> list[tuple[Shape, bool]]:
     """The shapes ``k`` is replayed on: the problem's gate shapes, then the kernel's strict shapes
     (``runtime.strict.strict_shapes`` of its program, composites expanded under ``harness``) that are not
     among them; each with whether it is a strict one. A kernel that does not parse has the gate shapes only
     (its replay says why it fails)."""
     shapes = [(s, False) for s in gate_shapes(problem)]
-    prog = parse(harness.expand(k.text).text).program
+    text = harness.expand(k.text).text
+    prog = (cache.parse(text) if cache is not None else parse(text)).program
     if prog is not None:
         given = [s for s, _ in shapes]
         shapes += [(s, True) for s, _ in strict_shapes(prog, problem).beyond(given)]
@@ -132,8 +134,17 @@ class GateCache:
     builtin: dict[tuple[str, str], tuple[Diagnostic, ...]] = field(default_factory=dict)
     checks: dict[tuple[str, str, str, int], ShapeCheck] = field(default_factory=dict)
     gpu: dict[tuple[str, str, str, int], tuple[bool, str]] = field(default_factory=dict)
+    parsed: dict[str, ParseResult] = field(default_factory=dict)
     hits: int = 0
     misses: int = 0
+
+    def parse(self, text: str) -> ParseResult:
+        """The parse of an (expanded) kernel text: a review replays each text on every shape under every
+        proposal, and parsing is a third of a replay's cost. Results are only read, never changed."""
+        r = self.parsed.get(text)
+        if r is None:
+            r = self.parsed[text] = parse(text)
+        return r
 
     def verify(self, program: Program, shape: Shape) -> tuple[Diagnostic, ...]:
         key = (program.hash, shape_key(shape))
@@ -168,7 +179,7 @@ def verdict(text: str, problem: Problem, shape: Shape, harness: HarnessSpec, cac
     if exp.diagnostics:
         d = exp.diagnostics[0]
         return Verdict(False, "parse", f"{d.rule}: {d.message}")
-    r = parse(exp.text)
+    r = cache.parse(exp.text)
     bad = next((d for d in r.diagnostics if d.is_error), None)
     if r.program is None or bad is not None:
         return Verdict(False, "parse", f"{bad.rule}: {bad.message}" if bad else "does not parse")
@@ -204,7 +215,7 @@ def replay(kernels: Sequence[Kernel], current: HarnessSpec, proposed: HarnessSpe
     for k in kernels:
         problem = get_problem(k.problem)
         in_domain = 0
-        for s, strict in kernel_shapes(k, problem, current):
+        for s, strict in kernel_shapes(k, problem, current, cache):
             today = verdict(k.text, problem, s, current, cache, seed, gpu)
             if today.stage == "domain":
                 continue
@@ -259,15 +270,15 @@ def primitive_effect(proposed: HarnessSpec, comp: Composite, kernels: Sequence[K
     key, size = comp.key(), len(comp.body)
     rows = []
     for k in kernels:
-        prog = parse(k.text).program
+        prog = cache.parse(k.text).program
         if prog is None or not any(o.key() == key for o in windows(prog, range(size, size + 1))):
             continue
         text = contract(prog, [comp])
-        back = parse(proposed.expand(text).text).program
+        back = cache.parse(proposed.expand(text).text).program
         same = back is not None and back == prog and text != prog.text()
         problem = get_problem(k.problem)
         shapes = []
-        for s, _ in kernel_shapes(k, problem, proposed):
+        for s, _ in kernel_shapes(k, problem, proposed, cache):
             if not verdict(k.text, problem, s, proposed, cache, seed, gpu).passed:
                 continue        # outside its domain, or failing today: written with the composite, no flip
             v = verdict(text, problem, s, proposed, cache, seed, gpu)
@@ -307,7 +318,7 @@ def macro_effect(proposed: HarnessSpec, macro: Macro, kernels: Sequence[Kernel],
     for k in kernels:
         if k.origin == "hand-written":
             continue
-        prog = parse(proposed.expand(k.text).text).program
+        prog = cache.parse(proposed.expand(k.text).text).program
         if prog is None:
             continue
         problem = get_problem(k.problem)

@@ -6,6 +6,7 @@ hash of that text, used by the warehouse and every cache.
 from __future__ import annotations
 
 import hashlib
+from functools import cached_property
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -42,9 +43,14 @@ class Program:
         return dict(self.consts)
 
     def text(self) -> str:
+        return self._printed
+
+    @cached_property
+    def _printed(self) -> str:
+        # a Program never changes (a rewrite makes a new one), so its text and hash are worked out once
         return print_program(self)
 
-    @property
+    @cached_property
     def hash(self) -> str:
         return hashlib.sha256(self.text().encode()).hexdigest()[:16]
 
