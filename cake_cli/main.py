@@ -154,6 +154,10 @@ def evolve(
                                                       "<home>/debug."),
     no_filter: bool = typer.Option(False, "--no-filter", help="Time every candidate that compiled (the cost model "
                                                               "still predicts, and is graded on all of them)."),
+    keep: int | None = typer.Option(None, "--keep", min=1, metavar="N",
+                                    help="Candidates per generation the cost filter passes by predicted rank "
+                                         "(default: half the population); one more at random and one sampled "
+                                         "from those it drops are timed too."),
     cost_model: Path | None = typer.Option(None, "--cost-model", metavar="FILE",
                                            help="Rank with this model file (cake model fit); a file that does not "
                                                 "load, or a learned model that did not beat the analytic one on "
@@ -165,6 +169,9 @@ def evolve(
     Ctrl-C (or SIGTERM) stops it between stages and records it as cancelled.
     """
     settings = _settings()
+    if no_filter and keep is not None:
+        raise UsageError("--keep sets how many candidates the cost filter passes; --no-filter passes them all: "
+                         "give one or the other")
     if agent is not None and agent not in ("tactic", "llm"):
         raise UsageError(f"--agent {agent!r} is not known; use tactic or llm")
     if agent == "llm":
@@ -188,7 +195,7 @@ def evolve(
                                  cold=True if cold else None, harness_version=harness,
                                  budget_candidates=budget_candidates, budget_gpu_minutes=budget_gpu_minutes,
                                  patience=patience, check_shape_set=check_shapes,
-                                 cost_filter=False if no_filter else None)
+                                 cost_filter=False if no_filter else None, filter_keep=keep)
     from tasks.run_control import mark_crashed
 
     crashed = mark_crashed(settings.warehouse_root) if settings.warehouse_root.exists() else []
@@ -232,7 +239,7 @@ def evolve(
         cache_dir=str(settings.cache_dir), gpu_models=list(gpu_models), gpu_count=settings.gpu_count)
     kwargs["agent"] = agent
     for k in ("cold", "harness_version", "budget_candidates", "budget_gpu_minutes", "patience",
-              "check_shape_set", "cost_filter"):
+              "check_shape_set", "cost_filter", "filter_keep"):
         if asked[k] is not None:
             kwargs[k] = asked[k]
     if resume:

@@ -50,6 +50,7 @@ def evolve_flow(problem: str, shape_set: str | None = None, generations: int | N
                 harness_version: int | None = None, budget_candidates: int | None = None,
                 budget_gpu_minutes: float | None = None, patience: int | None = None,
                 check_shape_set: str | None = None, debug: bool = False, cost_filter: bool | None = None,
+                filter_keep: int | None = None,
                 cost_model: str | None = None, gpu_count: int | None = None) -> dict[str, Any]:
     """Evolve kernels for ``problem`` over the shapes of ``shape_set`` (or continue run ``resume``); returns a
     summary. Parameters left None take the run's recorded value on a resume, the defaults on a new run.
@@ -59,7 +60,7 @@ def evolve_flow(problem: str, shape_set: str | None = None, generations: int | N
     asked = dict(shape_set=shape_set, generations=generations, population=population, seed=seed, agent=agent,
                  cold=cold, harness_version=harness_version, budget_candidates=budget_candidates,
                  budget_gpu_minutes=budget_gpu_minutes, patience=patience, check_shape_set=check_shape_set,
-                 cost_filter=cost_filter)
+                 cost_filter=cost_filter, filter_keep=filter_keep)
     run = open_run(problem=problem, run_id=resume or run_id or uuid.uuid4().hex[:12], warehouse_root=warehouse_root,
                    cache_dir=cache_dir, gpu_models=gpu_models or [], timeout_s=timeout_s, reps=reps, asked=asked,
                    resume=resume, llm=llm, debug=debug, cost_model=cost_model, gpu_count=gpu_count)

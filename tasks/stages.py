@@ -153,7 +153,7 @@ def cost_filter(run: "Run", attempts: list[Attempt]) -> list[Attempt]:
             return []
         on = run.plan.cost_filter
         results = cost_filter_stage([a.program for a in attempts], run.search_shapes, run.model,
-                                    keep_count(run.plan.population) if on else len(attempts),
+                                    keep_count(run.plan.population, run.plan.filter_keep) if on else len(attempts),
                                     EXPLORE if on else 0, SAMPLE_OUT if on else 0,
                                     seed=run.plan.seed * 1_000_003 + run.state.generation,
                                     problem=run.plan.problem)

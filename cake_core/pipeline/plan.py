@@ -38,23 +38,28 @@ class RunPlan:
     patience: int | None = None
     check_shape_set: str | None = None       # CPU only: check on this set's rows, rank by the model
     cost_filter: bool = True                 # False: every compiled candidate is timed (--no-filter)
+    filter_keep: int | None = None           # candidates the filter keeps by rank (None: half the population)
     session: int = 0                         # 0 for a new run; +1 per resume
     started_at: Any = None                   # when the run first started (kept across resumes)
 
     def __post_init__(self) -> None:
-        for name, low in (("generations", 1), ("population", 1), ("budget_candidates", 1), ("patience", 1)):
+        for name, low in (("generations", 1), ("population", 1), ("budget_candidates", 1), ("patience", 1),
+                          ("filter_keep", 1)):
             v = getattr(self, name)
             if v is not None and v < low:
                 raise CakeError(f"{name.replace('_', '-')} must be at least {low}, got {v}")
         if self.budget_gpu_minutes is not None and not self.budget_gpu_minutes > 0:
             raise CakeError(f"budget-gpu-minutes must be above 0, got {self.budget_gpu_minutes}")
+        if self.filter_keep is not None and not self.cost_filter:
+            raise CakeError("--keep sets how many candidates the cost filter keeps; a run with --no-filter keeps "
+                            "them all: give one or the other")
 
 
 # what a resume may change: how far the run goes, and the harness it goes on under (a newer version only:
 # a run whose harness evolves between blocks of generations). Everything else decides its course and must stay.
 EXTENDABLE = ("generations", "budget_candidates", "budget_gpu_minutes", "patience", "harness_version")
 FIXED = ("problem", "shape_set", "seed", "population", "agent", "cold", "check_shape_set",
-         "cost_filter")
+         "cost_filter", "filter_keep")
 
 
 def plan_from_row(row: dict[str, Any]) -> RunPlan:
@@ -65,6 +70,7 @@ def plan_from_row(row: dict[str, Any]) -> RunPlan:
                    budget_candidates=row.get("budget_candidates"), budget_gpu_minutes=row.get("budget_gpu_minutes"),
                    patience=row.get("patience"), check_shape_set=row.get("check_shape_set"),
                    cost_filter=row.get("cost_filter") is not False,
+                   filter_keep=None if row.get("filter_keep") is None else int(row["filter_keep"]),
                    session=int(row.get("session") or 0), started_at=row.get("started_at"))
 
 

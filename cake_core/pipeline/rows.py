@@ -113,7 +113,7 @@ def run_row(plan: RunPlan, status: str, *, harness_version: int, gpu_model: str 
             "finished_at": finished_at, "cold": plan.cold, "session": plan.session, "stop_reason": stop_reason,
             "budget_candidates": plan.budget_candidates, "budget_gpu_minutes": plan.budget_gpu_minutes,
             "patience": plan.patience, "check_shape_set": plan.check_shape_set,
-            "cost_filter": plan.cost_filter, "recorded_at": now()}
+            "cost_filter": plan.cost_filter, "filter_keep": plan.filter_keep, "recorded_at": now()}
 
 
 def shape_rows(shape_set: str, problem: str, shapes: Iterable[Shape], roles: Iterable[str]) -> list[dict[str, Any]]:

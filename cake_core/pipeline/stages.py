@@ -189,9 +189,10 @@ def geomean(values) -> float:
     return math.exp(sum(math.log(x) for x in v) / len(v))
 
 
-def keep_count(population: int) -> int:
-    """How many candidates of a generation the filter keeps by rank (half, at least 2)."""
-    return max(2, -(-population // 2))
+def keep_count(population: int, asked: int | None = None) -> int:
+    """How many candidates of a generation the filter keeps by rank: ``asked`` (``--keep``) when given, else
+    half the population, at least 2."""
+    return asked if asked is not None else max(2, -(-population // 2))
 
 
 # ---------------------------------------------------------------- check

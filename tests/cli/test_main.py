@@ -141,6 +141,13 @@ def test_unknown_problem_is_one_line_before_any_service(monkeypatch, no_services
     assert no_services == []
 
 
+def test_keep_and_no_filter_together_are_one_line_before_any_service(no_services):
+    result = run("evolve", "gemm_bf16", "--no-filter", "--keep", "3")
+    assert result.exit_code == 2
+    assert "give one or the other" in one_error_line(result) and no_services == []
+    assert run("evolve", "gemm_bf16", "--keep", "0").exit_code == 2       # typer: at least 1
+
+
 def test_bad_config_is_one_line_naming_the_setting(monkeypatch, warehouse):
     monkeypatch.setenv("CAKE_PREFECT_PORT", "http")
     result = run("sql", "select 1")

@@ -7,7 +7,9 @@ from cake_core.agents.base import Context
 from cake_core.agents.tactic_agent import TacticAgent
 from cake_core.errors import CakeError
 from cake_core.ir.text import parse_program
-from cake_core.pipeline.plan import ResumeRefused, RunPlan, resume_plan
+from cake_core.pipeline.plan import ResumeRefused, RunPlan, plan_from_row, resume_plan
+from cake_core.pipeline.rows import run_row
+from cake_core.pipeline.stages import keep_count
 from cake_core.pipeline.state import select_stage
 from cake_core.problems import get_problem
 
@@ -103,6 +105,19 @@ def test_plans_refuse_bad_values():
         RunPlan("r", "p", "s", generations=0)
     with pytest.raises(CakeError, match="budget-gpu-minutes must be above 0"):
         RunPlan("r", "p", "s", budget_gpu_minutes=0.0)
+    with pytest.raises(CakeError, match="filter-keep must be at least 1"):
+        RunPlan("r", "p", "s", filter_keep=0)
+    with pytest.raises(CakeError, match="--no-filter keeps them all"):
+        RunPlan("r", "p", "s", cost_filter=False, filter_keep=3)
+
+
+def test_the_filter_keeps_half_the_population_unless_a_run_asks_for_another_count():
+    assert [keep_count(p) for p in (1, 3, 8, 16)] == [2, 2, 4, 8]
+    assert keep_count(24, 4) == 4 and keep_count(3, 1) == 1
+    row = run_row(RunPlan("r", "gemm_bf16", "gemm_small", population=24, filter_keep=4), "running",
+                  harness_version=0, gpu_model=None, flow_run_id=None)
+    assert plan_from_row({**row, "session": 0}).filter_keep == 4
+    assert plan_from_row({**ROW, "filter_keep": None}).filter_keep is None     # rows from before: half
 
 
 # ---------------------------------------------------------------- resume
@@ -138,6 +153,7 @@ def test_a_resume_may_move_the_run_to_a_newer_harness_version_only():
     ({"problem": "tinygemm"}, "run `r1` evolves gemm_bf16, not tinygemm; resume it with `cake evolve gemm_bf16"),
     ({"versions": frozenset({1})}, "harness version 2, which the warehouse W no longer holds"),
     ({"seed": 4}, "was started with seed 3, and a resumed run keeps it"),
+    ({"filter_keep": 2}, "was started with filter-keep None, and a resumed run keeps it"),
     ({"shape_set": "gemm_square"}, "was started with shape-set 'gemm_small'"),
     ({"timed": True}, "was checked on the CPU and can only continue the same way"),
 ])
