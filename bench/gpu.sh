@@ -12,6 +12,8 @@
 #                                         # (bench/tactic_chains.py) beside the hand-written ones and the peers
 #   bash bench/gpu.sh throughput          # `cake evolve --cold` end to end: candidates per GPU- and wall-minute
 #   STATE=tp bash bench/gpu.sh throughput --generations 12   # the same, the runs' warehouses back in $OUT/tp.tgz
+#   STATE=fp bash bench/gpu.sh filter_pair --problem tinygemm --shapes tinygemm_decode --keep 4
+#                                         # the same cold run with the cost filter and without (bench/filter_pair.py)
 #   bash bench/gpu.sh cake evolve kmeans_assign --cold ...   # any cake command as a user runs it, CAKE_GPU=require,
 #                                         # CAKE_HOME=$CAKE_HOME (default $OUT/home): its warehouse comes back
 #   STATE=fve bash bench/gpu.sh cake experiment frozen-vs-evolving kmeans_assign ... --out /tmp/state/fve/out
@@ -35,7 +37,7 @@ mkdir -p "$OUT" /tmp/site /tmp/whl
 what=${1:-all}; [ $# -gt 0 ] && shift
 case $what in
     all) [ $# -eq 0 ] || { echo "bench/gpu.sh: extra arguments go with 'tests' or 'corpus', not 'all'" >&2; exit 2; } ;;
-    tests|corpus|floor|chains|throughput|cake) ;;
+    tests|corpus|floor|chains|throughput|filter_pair|cake) ;;
     profile)
         [ $# -ge 2 ] || { echo "bench/gpu.sh: profile needs a kernel regex and a part: profile 'regex:NAME' corpus ..." >&2; exit 2; }
         kernels=$1; shift
@@ -56,7 +58,7 @@ case $what in
             "$OUT/profile/details.txt" | head -120
         python3 bench/ncu_summary.py "$OUT/profile/raw.csv" "$OUT/profile/sass.csv" | tee "$OUT/profile/summary.txt"
         exit $rc ;;
-    *) echo "bench/gpu.sh: unknown part '$what': all, tests, corpus, floor, chains, throughput, cake or profile" >&2; exit 2 ;;
+    *) echo "bench/gpu.sh: unknown part '$what': all, tests, corpus, floor, chains, throughput, filter_pair, cake or profile" >&2; exit 2 ;;
 esac
 if [ -f .gpu/site.tar.xz ] && [ ! -e /tmp/site/.unpacked ]; then
     tar -xJf .gpu/site.tar.xz -C /tmp/site && touch /tmp/site/.unpacked
@@ -125,7 +127,7 @@ if [ "$what" = cake ]; then
     ${CAKE_TIMEOUT:+timeout -k 60 -s INT "$CAKE_TIMEOUT"} python3 -c "from cake_cli.main import main; main()" "$@"
     rc=$?
     if [ -n "${STATE:-}" ]; then
-        tar -czf "$OUT/$STATE.tgz" -C "/tmp/state/$STATE" --exclude=cache --exclude=prefect .
+        tar -czf "$OUT/$STATE.tgz" -C "/tmp/state/$STATE" --exclude=cache --exclude=prefect --exclude=refs .
         echo "state: $OUT/$STATE.tgz ($(du -h "$OUT/$STATE.tgz" | cut -f1)); carry it as .gpu-state/$STATE.tgz to go on"
     fi
     export_samples "$STATE" "$CAKE_HOME" /tmp/state/${STATE:-none}/*/*-s*
@@ -144,6 +146,22 @@ if [ "$what" = throughput ]; then
     fi
     python3 bench/evolve_throughput.py --out "$OUT" "$@"
     exit $?
+fi
+if [ "$what" = filter_pair ]; then
+    # the same cold evolution with the cost filter and without it (bench/filter_pair.py); STATE=NAME keeps both
+    # homes in $OUT/NAME.tgz, and the next call (carrying it as .gpu-state/NAME.tgz) resumes a run that was cut
+    st=/tmp/state/${STATE:-filter_pair}
+    mkdir -p "$st"
+    from=${STATE_FROM:-.gpu-state/${STATE:-none}.tgz}
+    [ -f "$from" ] && tar -xzf "$from" -C "$st"
+    python3 bench/filter_pair.py --out "$OUT" --home "$st" "$@"
+    rc=$?
+    if [ -n "${STATE:-}" ]; then
+        tar -czf "$OUT/$STATE.tgz" -C "$st" --exclude=cache --exclude=prefect --exclude=refs .
+        echo "state: $OUT/$STATE.tgz ($(du -h "$OUT/$STATE.tgz" | cut -f1))"
+    fi
+    export_samples "${STATE:-filter_pair}" "$st"/filter "$st"/no-filter
+    exit $rc
 fi
 if [ "$what" = all ] || [ "$what" = corpus ]; then
     echo "== corpus vs peers"
