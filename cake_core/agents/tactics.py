@@ -27,7 +27,7 @@ import numpy as np
 from cake_core.agents.rewrite import Refused, map_nodes, refuse_unless, set_attrs, walk_nodes
 from cake_core.agents.tactics_copy import resident, tma
 from cake_core.agents.tactics_grid import cluster_split, group_tiles, multicast, persistent, split_k
-from cake_core.agents.tactics_sched import batch_wgmma, pingpong, pipeline_wgmma
+from cake_core.agents.tactics_sched import batch_wgmma, consumer_warpgroups, pingpong, pipeline_wgmma
 from cake_core.agents.tactics_ws import WGMMA_N, warp_specialize, wgmma_consts
 from cake_core.ir.expr import Bin, Sym, symbols
 from cake_core.ir.ops import Node, Op, Slot
@@ -205,6 +205,7 @@ TACTICS: dict[str, Tactic] = {
     "batch_wgmma": batch_wgmma,          # a tile's wgmmas issued back to back, one wait
     "pipeline_wgmma": pipeline_wgmma,    # one wgmma kept in flight across reduction steps
     "pingpong": pingpong,                # two consumers taking turns on the tensor cores
+    "consumer_warpgroups": consumer_warpgroups,  # one consumer warpgroup <-> two, over 64 <-> 128 rows
     "persistent": persistent,            # one CTA per SM walking the tiles, rings carried across
     "split_k": split_k,                  # the reduction split over CTAs, atomics into the zeroed output
     "cluster_split": cluster_split,      # the stream split over a cluster, merged through shared memory
@@ -220,7 +221,7 @@ TACTICS: dict[str, Tactic] = {
     "drop_guards": drop_guards,          # no tail predication (risky on ragged shapes)
 }
 STRUCTURAL = ("mma_sync", "warp_specialize", "tma", "resident", "batch_wgmma", "pipeline_wgmma", "pingpong",
-              "persistent", "split_k", "cluster_split", "multicast", "group_tiles")
+              "consumer_warpgroups", "persistent", "split_k", "cluster_split", "multicast", "group_tiles")
 
 
 def apply(name: str, p: Program, rng: np.random.Generator, bounds: Bounds | None = None,

@@ -10,8 +10,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from cake_core.agents.rewrite import (Refused, fresh, map_exprs, refuse_unless, stmt, stmts, subst_expr,
-                                      walk_nodes)
+from cake_core.agents.rewrite import (Refused, fresh, map_exprs, refuse_unless, set_attrs, stmt, stmts,
+                                      subst_expr, walk_nodes)
 from cake_core.agents.tactics_copy import _box_bytes, _slot_text
 from cake_core.ir.expr import Bin, Call, Expr, Sym, fmt_expr, symbols
 from cake_core.ir.ops import REGISTRY, Node, Op, Slot, Tile, View, loop_range
@@ -383,3 +383,78 @@ def pingpong(p: Program, rng: np.random.Generator, bounds=None) -> Program:
     first_role = next(i for i, n in enumerate(new_body) if n.op is Op.ROLE)
     new_body[first_role:first_role] = [stmt(f"{turn[0]} = mbarrier(1)"), stmt(f"{turn[1]} = mbarrier(1)")]
     return replace(p, body=tuple(new_body))
+
+
+# ------------------------------------------------------------------ consumer warpgroups
+
+def consumer_warpgroups(p: Program, rng: np.random.Generator, bounds=None) -> Program:
+    """Give the consumer role twice (or half) the warpgroups, over twice (or half) the accumulator's rows.
+
+    wgmma gives each warpgroup 64 rows of the accumulator, so a one-warpgroup consumer computes a 64-row
+    tile: per CTA, each operand tile the producer copies feeds half the tensor-core work it would feed
+    two warpgroups. This rewrite moves the row tile constant with the warpgroups (64 <-> 128), the
+    CTA's threads with the role, and the arrival count of every barrier the consumer arrives on (one
+    arrival per warpgroup), so the same ring now serves 128-row tiles (or, going back, 64-row ones).
+
+    Before::
+
+        @kernel(..., threads=256, consts={"BM": 64, "BN": 256, ...})
+        ...
+        empty = mbarrier(S)
+        with role("producer", warps=(0, 4), regs=40):
+            ...
+        with role("consumer", warps=(4, 8), regs=232):
+            acc = rmem(f32, (BM, BN))
+            ...
+            arrive(empty[(it + S - 1) % S])
+
+    After::
+
+        @kernel(..., threads=384, consts={"BM": 128, "BN": 256, ...})
+        ...
+        empty = mbarrier(S, arrivals=2)
+        with role("producer", warps=(0, 4), regs=40):
+            ...
+        with role("consumer", warps=(4, 12), regs=232):
+            acc = rmem(f32, (BM, BN))
+            ...
+            arrive(empty[(it + S - 1) % S])
+
+    Precondition: one consumer role (it issues wgmma) of one or two warpgroups, the last role of the CTA;
+    its accumulators' rows are one tile constant of 64 per warpgroup; every barrier it arrives on counts
+    one arrival per consumer warpgroup. Applies to every warp-specialized contraction (gemm_bf16,
+    tinygemm, kmeans_assign, knn_topk).
+    """
+    cons = [r for r in p.body if _is_consumer(r)]
+    refuse_unless(len(cons) == 1, f"{len(cons)} consumer roles; this rewrite widens or narrows one")
+    c = cons[0]
+    lo, hi = c.args[1]
+    wg = (hi - lo) // 4
+    refuse_unless((hi - lo) % 4 == 0 and wg in (1, 2), f"the consumer role has {hi - lo} warps, not one or "
+                                                         "two warpgroups")
+    later = [r for r in p.body if r.op is Op.ROLE and r is not c and r.args[1][0] >= hi]
+    refuse_unless(not later, f"role `{later[0].args[0] if later else ''}` follows the consumer's warps")
+    allocs = {n.result: n for n in walk_nodes(p.body) if n.op in (Op.SMEM, Op.RMEM) and n.result}
+    bars = {n.result: n for n in p.body if n.op is Op.MBARRIER}
+    accs = {m.args[0] for m in walk_nodes(c.body) if m.op is Op.WGMMA}
+    rows = {allocs[a].args[1][0] for a in accs if a in allocs}
+    refuse_unless(len(rows) == 1, "the consumer's accumulators do not share one row extent")
+    rows_e = next(iter(rows))
+    refuse_unless(isinstance(rows_e, Sym) and p.const_env.get(rows_e.name) == 64 * wg,
+                  f"the accumulator's rows are not a tile constant of {64 * wg} ({wg} warpgroup(s) x 64)")
+    new_wg = 3 - wg
+    arrived = {m.args[0].buf for m in walk_nodes(c.body) if m.op is Op.ARRIVE and isinstance(m.args[0], Slot)}
+    for b in sorted(arrived):
+        refuse_unless(b in bars, f"the consumer arrives on `{b}`, not an mbarrier of the kernel's top level")
+        refuse_unless((bars[b].attr("arrivals") or 1) == wg, f"barrier `{b}` counts {bars[b].attr('arrivals') or 1}"
+                                                             f" arrivals, not one per consumer warpgroup ({wg})")
+
+    def fix(n: Node) -> Node:
+        if n.op is Op.MBARRIER and n.result in arrived:
+            return set_attrs(n, arrivals=new_wg)
+        if n is c:
+            return replace(n, args=(n.args[0], (lo, lo + 4 * new_wg)) + tuple(n.args[2:]))
+        return n
+
+    body = tuple(fix(n) for n in p.body)
+    return replace(p, body=body, threads=p.threads + 128 * (new_wg - wg)).with_consts(**{rows_e.name: 64 * new_wg})

@@ -38,6 +38,8 @@ CHAINS = {
                        "kmeans_assign": ["warp_specialize"]},
     "pingpong": {"kmeans_assign": ["warp_specialize", "tma", "resident", "batch_wgmma"],
                  "knn_topk": ["warp_specialize", "tma", "resident", "batch_wgmma"]},
+    "consumer_warpgroups": {"gemm_bf16": ["warp_specialize", "tma"], "kmeans_assign": ["warp_specialize", "tma"],
+                            "knn_topk": ["warp_specialize", "tma"], "tinygemm": ["warp_specialize"]},
     "persistent": {"gemm_bf16": ["warp_specialize", "tma"], "kmeans_assign": ["warp_specialize", "tma", "resident"],
                    "knn_topk": ["warp_specialize", "tma"]},
     "split_k": {"gemm_bf16": ["warp_specialize", "tma"], "tinygemm": ["warp_specialize", "tma"]},
@@ -57,6 +59,8 @@ EFFECT = {
     "pipeline_wgmma": lambda b, a, p: "wgmma_wait(1)" in p.text(),
     "pingpong": lambda b, a, p: a.get("role") == 3 and a.get("mbarrier") == b.get("mbarrier") + 2,
     "persistent": lambda b, a, p: "ncta.x" in p.text() and "num_sms" in p.text(),
+    "consumer_warpgroups": lambda b, a, p: abs(p.threads - b.threads) == 128 and count_ops(p.body) == count_ops(b.body)
+    and {v for k, v in p.consts if dict(b.consts)[k] != v} in ({64}, {128}),
     "split_k": lambda b, a, p: a.get("atomic_add", 0) == 1 and a.get("store", 0) == b.get("store", 0) - 1,
     "cluster_split": lambda b, a, p: a.get("cluster") == 1 and a.get("cluster_sync") == 2 and a.get("store", 0) == 0
     and (a.get("topk_cluster_merge", 0) + a.get("acc_cluster_reduce", 0)) == b.get("store"),
@@ -96,7 +100,8 @@ def test_the_tactic_applies_and_the_result_is_a_correct_kernel(name, prob):
     out = apply(name, before, np.random.default_rng(1), _bounds(prob))
     assert not isinstance(out, Refused), out.reason
     assert parse_program(out.text()) == out                       # round-trips through the text form
-    assert EFFECT[name](before, count_ops(out.body), out) if name in ("mma_sync", "pipeline_wgmma", "persistent") \
+    assert EFFECT[name](before, count_ops(out.body), out) if name in ("mma_sync", "pipeline_wgmma", "persistent",
+                                                                       "consumer_warpgroups") \
         else EFFECT[name](count_ops(before.body), count_ops(out.body), out), out.text()
     errors = [d for d in verify(out, shapes=SHAPES[prob]) if d.is_error]
     assert not errors, [d.message for d in errors]
@@ -110,6 +115,7 @@ def test_the_tactic_applies_and_the_result_is_a_correct_kernel(name, prob):
 @pytest.mark.parametrize("prob,names", [
     ("kmeans_assign", ["warp_specialize", "tma", "resident", "batch_wgmma", "pingpong", "persistent"]),
     ("gemm_bf16", ["warp_specialize", "tma", "group_tiles", "pipeline_wgmma", "persistent"]),
+    ("gemm_bf16", ["warp_specialize", "tma", "consumer_warpgroups", "pipeline_wgmma"]),
     ("knn_topk", ["warp_specialize", "tma", "resident", "batch_wgmma"]),
     ("tinygemm", ["warp_specialize", "tma", "split_k"]),
     ("knn_topk", ["warp_specialize", "tma", "resident", "batch_wgmma", "cluster_split"]),
@@ -135,6 +141,9 @@ REFUSALS = [
     ("pipeline_wgmma", "gemm_bf16", [], "no consumer loop"),
     ("pingpong", "gemm_bf16", ["warp_specialize"], "no loop over candidate tiles"),
     ("pingpong", "kmeans_assign", ["warp_specialize"], "static number of ring slots"),
+    ("consumer_warpgroups", "gemm_bf16", [], "0 consumer roles"),
+    ("consumer_warpgroups", "kmeans_assign", ["warp_specialize", "tma", "resident", "batch_wgmma", "pingpong"],
+     "2 consumer roles"),
     ("persistent", "gemm_bf16", [], "no warp roles"),
     ("persistent", "gemm_bf16", ["warp_specialize", "persistent"], "already walks tiles"),
     ("split_k", "kmeans_assign", ["warp_specialize"], "holds a loop"),
@@ -218,6 +227,32 @@ def test_the_resident_operand_covers_the_largest_search_shape():
         assert out.const_env["RD"] == rd
     big = apply("resident", base, np.random.default_rng(0), {"B": 2, "N": 150, "K": 260, "D": 300})
     assert isinstance(big, Refused) and "at most 4" in big.reason
+
+
+def test_a_one_warpgroup_consumer_widens_to_two_over_128_rows_and_back():
+    narrow = None
+    for seed in range(8):           # warp_specialize draws one or two consumer warpgroups for a 64-row tile
+        p = _chain("gemm_bf16", ["warp_specialize", "tma"], seed)
+        if p.threads == 256:
+            narrow = p
+            break
+    assert narrow is not None
+    wide = apply("consumer_warpgroups", narrow, np.random.default_rng(0), _bounds("gemm_bf16"))
+    assert not isinstance(wide, Refused), wide.reason
+    cons = next(r for r in wide.body if r.op is Op.ROLE and r.args[0] == "consumer")
+    assert (wide.threads, dict(wide.consts)["BM"], cons.args[1]) == (384, 128, (4, 12))
+    bars = {n.result: n.attr("arrivals") for n in wide.body if n.op is Op.MBARRIER}
+    assert sorted(bars.values(), key=str).count(2) == 1          # `empty`, the one the consumer arrives on
+    assert apply("consumer_warpgroups", wide, np.random.default_rng(0), None) == narrow   # and back
+    assert all(c.correct for c in check_on_cpu(wide, get_problem("gemm_bf16"), SHAPES["gemm_bf16"], seed=2))
+
+
+def test_a_barrier_that_does_not_count_one_arrival_per_consumer_warpgroup_is_refused():
+    p = _chain("gemm_bf16", ["warp_specialize", "tma"], 0)
+    assert p.threads == 384 and "arrivals=2" in p.text()
+    odd = parse_program(p.text().replace("arrivals=2", "arrivals=3"))
+    out = apply("consumer_warpgroups", odd, np.random.default_rng(0), None)
+    assert isinstance(out, Refused) and "counts 3 arrivals, not one per consumer warpgroup (2)" in out.reason
 
 
 def test_ping_pong_alternates_the_consumers_through_turn_barriers():
