@@ -244,6 +244,10 @@ def test_a_one_warpgroup_consumer_widens_to_two_over_128_rows_and_back():
     bars = {n.result: n.attr("arrivals") for n in wide.body if n.op is Op.MBARRIER}
     assert sorted(bars.values(), key=str).count(2) == 1          # `empty`, the one the consumer arrives on
     assert apply("consumer_warpgroups", wide, np.random.default_rng(0), None) == narrow   # and back
+    # the same kernel warp_specialize makes when it draws two consumer warpgroups itself (constants aside)
+    direct = next(p for p in (_chain("gemm_bf16", ["warp_specialize", "tma"], s) for s in range(8))
+                  if p.threads == 384)
+    assert wide.with_consts(**dict(direct.consts)) == direct
     assert all(c.correct for c in check_on_cpu(wide, get_problem("gemm_bf16"), SHAPES["gemm_bf16"], seed=2))
 
 
