@@ -134,6 +134,13 @@ def compare(f: dict, n: dict) -> dict:
     return out
 
 
+def recall_text(arm: dict) -> str:
+    """The filtered run's live recall: (generation, shape) cells graded, and those where a sampled candidate
+    beat every survivor; a run without the filter has none."""
+    r = arm.get("recall") or {}
+    return f"{r.get('cells')} ({r.get('missed')})" if arm.get("arm") == "filter" else "—"
+
+
 def write_report(result: dict, out: Path) -> str:
     lines = [f"# Filter pair: {result['problem']} on {result['shapes']}, seed {result['seed']}, "
              f"{result['generations']} x {result['population']}, keep {result['keep'] or 'default (half)'}",
@@ -148,7 +155,7 @@ def write_report(result: dict, out: Path) -> str:
         lines.append(f"| {a['arm']} | {a['status']} | {a['attempts']} | {a['filtered']} | {a['timed_candidates']} | "
                      f"{a['timed_medians']} | {a['gpu_s']:.2f} | "
                      f"{b.get('score_ms') and round(b['score_ms'], 5)} | {b.get('basis')} | "
-                     f"{r.get('cells')} ({r.get('missed')}) |")
+                     f"{recall_text(a)} |")
     c = result["compare"]
     lines += ["", f"- GPU timings cut (medians, no-filter / filter): **{c['timed_medians_cut']}x** "
                   f"(candidates {c['timed_candidates_cut']}x, GPU-seconds {c['gpu_seconds_cut']}x); target "

@@ -71,3 +71,30 @@ def test_the_a_rows_probe_cuts_the_box_and_the_expected_bytes():
     assert [m.box for m in cut.tensor_maps if m.gmem == "b"] == [m.box for m in lk.tensor_maps if m.gmem == "b"]
     assert tinygemm_a_rows.EXPECT in lk.source and tinygemm_a_rows.EXPECT not in cut.source
     assert "(((8 * BK) + (BK * BN)) * 2)" in cut.source
+
+
+def _arm(name, status, timed, medians, gpu_s, best):
+    return {"arm": name, "status": status, "attempts": 120, "filtered": 80 if name == "filter" else 0,
+            "timed_candidates": timed, "timed_medians": medians, "gpu_s": gpu_s,
+            "best": {"score_ms": best, "basis": "measured"}, "recall": {"cells": 5, "missed": 0}}
+
+
+def test_the_filter_pair_reports_the_cut_and_the_best_against_their_targets(tmp_path):
+    import filter_pair
+    met = filter_pair.compare(_arm("filter", "completed", 20, 200, 10.0, 0.0102),
+                              _arm("no-filter", "completed", 80, 800, 50.0, 0.0100))
+    assert (met["timed_medians_cut"], met["gpu_seconds_cut"], met["best_filter_over_no_filter"]) == (4.0, 5.0, 1.02)
+    assert met["cut_met"] and met["best_met"] and met["complete"]
+    missed = filter_pair.compare(_arm("filter", "completed", 30, 300, 14.0, 0.0354),
+                                 _arm("no-filter", "completed", 80, 880, 55.8, 0.0280))
+    assert not missed["cut_met"] and not missed["best_met"]       # 2.93x, 1.264: both short
+    cut = filter_pair.compare(_arm("filter", "cancelled", 5, 50, 2.0, 0.01), _arm("no-filter", "completed", 80, 800,
+                                                                                   50.0, 0.01))
+    assert not cut["complete"] and not cut["cut_met"] and not cut["best_met"]   # a cut run proves nothing
+    result = {"problem": "tinygemm", "shapes": "tinygemm_decode", "seed": 0, "generations": 5, "population": 24,
+              "keep": 4, "host": "h", "gpu": "NVIDIA H200", "when": "now", "commands": [],
+              "arms": [_arm("filter", "cancelled", 5, 50, 2.0, 0.01), {"arm": "no-filter", "error": "no run recorded"}]}
+    result["compare"] = filter_pair.compare(*result["arms"])
+    text = filter_pair.write_report(result, tmp_path)
+    assert "| no-filter | no run recorded |" in text and "resume with the same --home" in text
+    assert (tmp_path / "filter_pair.json").exists()
