@@ -9,6 +9,8 @@ long nvcc takes. On the H200, from the repository root (see bench/gpu.sh):
     STATE=fp bash bench/gpu.sh filter_pair --problem tinygemm --shapes tinygemm_decode --population 24 \\
         --generations 6 --keep 4
 
+``--cost-model FILE`` has both runs rank with that model file (`cake model fit`; a file the run cannot use
+falls back to the analytic model, and the run's log says so) instead of the harness's analytic model.
 A run cut by ``--timeout`` (SIGINT: it stops between stages, keeping what it recorded) is resumed from its
 warehouse by the next call with the same ``--home``. Per run, read back from its warehouse: attempts, GPU
 timings (timed candidates and (candidate, shape) medians of the search), the GPU-seconds the attempts held,
@@ -74,6 +76,8 @@ def run_arm(arm: str, args, out: Path, deadline: float) -> dict:
                "--population", str(args.population), "--seed", str(args.seed),
                "--budget-candidates", str(args.budget_candidates or args.generations * args.population)]
         cmd += ["--no-filter"] if arm == "no-filter" else (["--keep", str(args.keep)] if args.keep else [])
+        if args.cost_model:         # both rank with it: the unfiltered run records its predictions too
+            cmd += ["--cost-model", str(Path(args.cost_model).resolve())]
         if args.cpu:
             cmd += ["--check-shapes", args.check_shapes]
     t0 = time.monotonic()
@@ -143,7 +147,8 @@ def recall_text(arm: dict) -> str:
 
 def write_report(result: dict, out: Path) -> str:
     lines = [f"# Filter pair: {result['problem']} on {result['shapes']}, seed {result['seed']}, "
-             f"{result['generations']} x {result['population']}, keep {result['keep'] or 'default (half)'}",
+             f"{result['generations']} x {result['population']}, keep {result['keep'] or 'default (half)'}, "
+             f"model {result.get('cost_model') or 'analytic (the harness)'}",
              "", f"{result['when']} on {result['host']} ({result['gpu'] or 'no GPU: checked, not timed'})", "",
              "| arm | status | attempts | filtered | timed candidates | timed medians | GPU-s held | best ms | "
              "basis | recall cells (missed) |", "|---|---|---:|---:|---:|---:|---:|---:|---|---|"]
@@ -179,6 +184,8 @@ def main() -> int:
     ap.add_argument("--generations", type=int, default=6)
     ap.add_argument("--budget-candidates", type=int, default=None, help="default: generations x population")
     ap.add_argument("--keep", type=int, default=None, help="the filtered run's --keep (default: its own default)")
+    ap.add_argument("--cost-model", default=None, help="a model file (cake model fit) both runs rank with "
+                                                       "(default: the harness's analytic model)")
     ap.add_argument("--home", default="/tmp/cake-filter-pair", help="a Cake home per arm under it")
     ap.add_argument("--out", default="out")
     ap.add_argument("--timeout", type=float, default=540.0, help="seconds for both runs in all (then SIGINT)")
@@ -200,7 +207,7 @@ def main() -> int:
         except (OSError, subprocess.TimeoutExpired, IndexError):
             gpu = None
     result = {"problem": args.problem, "shapes": args.shapes, "seed": args.seed, "population": args.population,
-              "generations": args.generations, "keep": args.keep, "host": socket.gethostname(), "gpu": gpu,
+              "generations": args.generations, "keep": args.keep, "cost_model": args.cost_model, "host": socket.gethostname(), "gpu": gpu,
               "when": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commands": commands,
               "arms": arms, "compare": compare(*arms)}
     print(write_report(result, out))
