@@ -2,12 +2,19 @@
 
 Design. The input is the fixed-length vector of ``Features.vector()`` plus the analytic model's time
 terms and its prediction (log2 of microseconds), so the boosters learn *corrections* of a physical
-model rather than times from scratch, which matters with a few hundred measurements.
+model rather than times from scratch, which matters with a few hundred measurements. Besides, the
+same quantities as ratios that do not grow with the problem or its shape (``RELATIVE``, log2 ratios):
+the grid's traffic over the parameters' footprint (how often data is re-read) and each analytic term's
+share of the analytic total (what bounds the kernel). A tree cannot form a difference of two inputs, and
+absolute sizes differ by orders of magnitude between problems and shapes, so without these a split
+learned on one problem's sizes means nothing on another's.
 
 - ranker: ``objective="lambdarank"`` grouped by ``Sample.group`` (one shape of one run: the candidates
   the filter compares). Labels are graded by distance to the group's measured best:
-  ``max(0, LEVELS - round(2 * log2(t / t_best)))``, so the best gets the top grade and each factor of
-  sqrt(2) slower one grade less. It starts from the analytic ordering (``init_score`` =
+  ``max(0, LEVELS - round(GRADES_PER_OCTAVE * log2(t / t_best)))``, so the best gets the top grade and
+  each factor of 2^(1/3) slower one grade less (down to 32x slower). Every pair of a group counts
+  (``TRUNCATION`` above any group's size): the filter keeps half a generation, so the order of the whole
+  group matters, not only its head. It starts from the analytic ordering (``init_score`` =
   ``PRIOR * -log(analytic ms)``) and learns a correction of it, so with little data it stays close to the
   physical model; ``score`` is that prior plus the ranker's output: what the filter ranks by.
 - regressor: least squares on ``log(measured / analytic)``; ``predict`` is the analytic time times
@@ -30,10 +37,14 @@ from cake_core.model.analytic import AnalyticModel
 from cake_core.model.base import CostModelBase, ModelFileError, NotEnoughData, Sample
 from cake_core.model.features import FEATURE_NAMES
 
-VERSION = "learned-1"
+VERSION = "learned-2"
 TERMS = ("tensor", "fma", "simt", "smem", "sync", "math_cta", "wave_math", "wave_memory", "tail", "total")
-INPUT_NAMES = FEATURE_NAMES + tuple(f"analytic.{t}" for t in TERMS)
-LEVELS = 10                    # relevance grades of the ranker's labels
+TRAFFIC_RATIOS = ("dram_bytes", "l2_bytes", "unique_bytes", "wave_bytes")     # over footprint_bytes
+RELATIVE = tuple(f"rel.{n}" for n in TRAFFIC_RATIOS) + tuple(f"share.{t}" for t in TERMS if t != "total")
+INPUT_NAMES = FEATURE_NAMES + tuple(f"analytic.{t}" for t in TERMS) + RELATIVE
+LEVELS = 15                    # relevance grades of the ranker's labels
+GRADES_PER_OCTAVE = 3          # grades per factor of 2 in measured time
+TRUNCATION = 1000              # lambdarank pairs: every pair of a group
 MIN_SAMPLES = 12
 MIN_GROUPS = 3                 # groups of 2+ candidates, for the ranker
 ROUNDS = 150
@@ -52,13 +63,21 @@ def inputs(samples: Sequence[Sample], base: AnalyticModel) -> np.ndarray:
         f = s.features
         t = base.terms(f)
         t["total"] = base.predict_features(f) / 1e3
-        rows.append(f.vector() + [math.log2(1.0 + max(t[k], 0.0) * 1e6) for k in TERMS])
+        terms = [math.log2(1.0 + max(t[k], 0.0) * 1e6) for k in TERMS]
+        footprint = _log2p(f.footprint_bytes)
+        rows.append(f.vector() + terms + [_log2p(getattr(f, n)) - footprint for n in TRAFFIC_RATIOS] +
+                    [x - terms[-1] for x in terms[:-1]])
     return np.array(rows, dtype=float).reshape(len(samples), len(INPUT_NAMES))
+
+
+def _log2p(x: float) -> float:
+    """log2(1 + x), as ``Features.vector`` writes sizes."""
+    return math.log2(1.0 + max(float(x), 0.0))
 
 
 def labels(measured: Sequence[float]) -> list[int]:
     best = min(measured)
-    return [max(0, LEVELS - round(2 * math.log2(m / best))) for m in measured]
+    return [max(0, LEVELS - round(GRADES_PER_OCTAVE * math.log2(m / best))) for m in measured]
 
 
 class LearnedModel(CostModelBase):
@@ -133,7 +152,7 @@ class LearnedModel(CostModelBase):
         xr = inputs(order, self.base)
         yr = [lab for g in ranked for lab in labels([s.measured_ms for s in g])]
         ranker = lgb.train(dict(PARAMS, objective="lambdarank", label_gain=[2 ** i - 1 for i in range(LEVELS + 1)],
-                                lambdarank_truncation_level=20),
+                                lambdarank_truncation_level=TRUNCATION),
                            lgb.Dataset(xr, yr, group=[len(g) for g in ranked], feature_name=list(_safe(INPUT_NAMES)),
                                        init_score=-PRIOR * np.log(self.base.predict(order)), free_raw_data=False),
                            num_boost_round=ROUNDS)

@@ -34,7 +34,8 @@ def fitted(data):
 
 
 def test_labels_grade_by_distance_to_the_best():
-    assert labels([1.0, 1.0, 2.0, 2 ** 6]) == [10, 10, 8, 0]
+    # three grades per factor of 2, fifteen in all: 32x slower and beyond get none
+    assert labels([1.0, 1.0, 2 ** (1 / 3), 2.0, 2 ** 4, 2 ** 6]) == [15, 15, 14, 12, 3, 0]
 
 
 def test_learned_model_learns_what_the_analytic_one_misses(data, fitted):
