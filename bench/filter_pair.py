@@ -162,8 +162,10 @@ def write_report(result: dict, out: Path) -> str:
                      f"{b.get('score_ms') and round(b['score_ms'], 5)} | {b.get('basis')} | "
                      f"{recall_text(a)} |")
     c = result["compare"]
-    lines += ["", f"- GPU timings cut (medians, no-filter / filter): **{c['timed_medians_cut']}x** "
-                  f"(candidates {c['timed_candidates_cut']}x, GPU-seconds {c['gpu_seconds_cut']}x); target "
+    def x(v):
+        return "—" if v is None else f"{v}x"          # none: nothing was timed (a CPU run), or a run is missing
+    lines += ["", f"- GPU timings cut (medians, no-filter / filter): **{x(c['timed_medians_cut'])}** "
+                  f"(candidates {x(c['timed_candidates_cut'])}, GPU-seconds {x(c['gpu_seconds_cut'])}); target "
                   f">= {TARGET_CUT}x: {'met' if c['cut_met'] else 'not met'}",
               f"- best, filter / no-filter: **{c['best_filter_over_no_filter']}** (target <= {TARGET_BEST}: "
               f"{'met' if c['best_met'] else 'not met'})"]
