@@ -85,6 +85,19 @@ pq.write_table(pa.concat_tables([pq.read_table(f) for f in sorted(glob.glob(sys.
                sys.argv[2], compression='zstd')" "$tmp" "$OUT/$name-samples.parquet"
     rm -rf "$tmp"
 }
+# state_in DIR: a job split over calls goes on from its state: STATE_FROM, else .gpu-state/$STATE.tgz (carried)
+state_in() {
+    mkdir -p "$1"
+    local from=${STATE_FROM:-.gpu-state/${STATE:-none}.tgz}
+    [ -f "$from" ] && tar -xzf "$from" -C "$1"
+    return 0
+}
+# state_out DIR: DIR back as one tarball ($OUT/$STATE.tgz: a call returns a bounded number of files), without the
+# cubin cache, the Prefect database and the reference outputs, to be carried as .gpu-state/$STATE.tgz next call
+state_out() {
+    tar -czf "$OUT/$STATE.tgz" -C "$1" --exclude=cache --exclude=prefect --exclude=refs .
+    echo "state: $OUT/$STATE.tgz ($(du -h "$OUT/$STATE.tgz" | cut -f1)); carry it as .gpu-state/$STATE.tgz to go on"
+}
 rc=0
 if [ "$what" = all ] || [ "$what" = tests ]; then
     echo "== gpu tests"
@@ -113,12 +126,8 @@ if [ "$what" = chains ]; then
 fi
 if [ "$what" = cake ]; then
     if [ -n "${STATE:-}" ]; then
-        # a long job split over calls: its state lives in /tmp/state/$STATE (CAKE_HOME defaults there), comes
-        # back as one tarball ($OUT/$STATE.tgz: a call returns a bounded number of files) without the cubin
-        # cache and the Prefect database, and the next call carries it as .gpu-state/$STATE.tgz to go on
-        mkdir -p "/tmp/state/$STATE"
-        from=${STATE_FROM:-.gpu-state/$STATE.tgz}
-        [ -f "$from" ] && tar -xzf "$from" -C "/tmp/state/$STATE"
+        # a long job split over calls: its state lives in /tmp/state/$STATE (CAKE_HOME defaults there)
+        state_in "/tmp/state/$STATE"
         export CAKE_HOME=${CAKE_HOME:-/tmp/state/$STATE/home}
     fi
     export CAKE_HOME=${CAKE_HOME:-$OUT/home} CAKE_GPU=${CAKE_GPU:-require} PREFECT_SERVER_ANALYTICS_ENABLED=false
@@ -126,10 +135,7 @@ if [ "$what" = cake ]; then
     # below is still written inside the device call's limit and the next call goes on from it
     ${CAKE_TIMEOUT:+timeout -k 60 -s INT "$CAKE_TIMEOUT"} python3 -c "from cake_cli.main import main; main()" "$@"
     rc=$?
-    if [ -n "${STATE:-}" ]; then
-        tar -czf "$OUT/$STATE.tgz" -C "/tmp/state/$STATE" --exclude=cache --exclude=prefect --exclude=refs .
-        echo "state: $OUT/$STATE.tgz ($(du -h "$OUT/$STATE.tgz" | cut -f1)); carry it as .gpu-state/$STATE.tgz to go on"
-    fi
+    [ -n "${STATE:-}" ] && state_out "/tmp/state/$STATE"
     export_samples "$STATE" "$CAKE_HOME" /tmp/state/${STATE:-none}/*/*-s*
     exit $rc
 fi
@@ -139,8 +145,7 @@ if [ "$what" = throughput ]; then
         mkdir -p "/tmp/state/$STATE"
         python3 bench/evolve_throughput.py --out "$OUT" --home "/tmp/state/$STATE" "$@"
         rc=$?
-        tar -czf "$OUT/$STATE.tgz" -C "/tmp/state/$STATE" --exclude=cache --exclude=prefect --exclude=refs .
-        echo "state: $OUT/$STATE.tgz ($(du -h "$OUT/$STATE.tgz" | cut -f1))"
+        state_out "/tmp/state/$STATE"
         export_samples "$STATE" /tmp/state/$STATE/*
         exit $rc
     fi
@@ -151,15 +156,10 @@ if [ "$what" = filter_pair ]; then
     # the same cold evolution with the cost filter and without it (bench/filter_pair.py); STATE=NAME keeps both
     # homes in $OUT/NAME.tgz, and the next call (carrying it as .gpu-state/NAME.tgz) resumes a run that was cut
     st=/tmp/state/${STATE:-filter_pair}
-    mkdir -p "$st"
-    from=${STATE_FROM:-.gpu-state/${STATE:-none}.tgz}
-    [ -f "$from" ] && tar -xzf "$from" -C "$st"
+    state_in "$st"
     python3 bench/filter_pair.py --out "$OUT" --home "$st" "$@"
     rc=$?
-    if [ -n "${STATE:-}" ]; then
-        tar -czf "$OUT/$STATE.tgz" -C "$st" --exclude=cache --exclude=prefect --exclude=refs .
-        echo "state: $OUT/$STATE.tgz ($(du -h "$OUT/$STATE.tgz" | cut -f1))"
-    fi
+    [ -n "${STATE:-}" ] && state_out "$st"
     export_samples "${STATE:-filter_pair}" "$st"/filter "$st"/no-filter
     exit $rc
 fi

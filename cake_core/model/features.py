@@ -142,8 +142,13 @@ class Features:
             elif base in _LINEAR:
                 out.append(float(d[base]))
             else:
-                out.append(math.log2(1.0 + max(float(d[base]), 0.0)))
+                out.append(log_size(d[base]))
         return out
+
+
+def log_size(x: float) -> float:
+    """A size as the numeric form writes it: log2(1 + x)."""
+    return math.log2(1.0 + max(float(x), 0.0))
 
 
 _CATEGORIES = {"atom": ATOMS, "copy_engine": ENGINES, "occupancy_limit": ("smem", "regs", "threads", "ctas")}

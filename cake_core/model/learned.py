@@ -35,7 +35,7 @@ import numpy as np
 
 from cake_core.model.analytic import AnalyticModel
 from cake_core.model.base import CostModelBase, ModelFileError, NotEnoughData, Sample
-from cake_core.model.features import FEATURE_NAMES
+from cake_core.model.features import FEATURE_NAMES, log_size
 
 VERSION = "learned-2"
 TERMS = ("tensor", "fma", "simt", "smem", "sync", "math_cta", "wave_math", "wave_memory", "tail", "total")
@@ -64,15 +64,10 @@ def inputs(samples: Sequence[Sample], base: AnalyticModel) -> np.ndarray:
         t = base.terms(f)
         t["total"] = base.predict_features(f) / 1e3
         terms = [math.log2(1.0 + max(t[k], 0.0) * 1e6) for k in TERMS]
-        footprint = _log2p(f.footprint_bytes)
-        rows.append(f.vector() + terms + [_log2p(getattr(f, n)) - footprint for n in TRAFFIC_RATIOS] +
+        footprint = log_size(f.footprint_bytes)
+        rows.append(f.vector() + terms + [log_size(getattr(f, n)) - footprint for n in TRAFFIC_RATIOS] +
                     [x - terms[-1] for x in terms[:-1]])
     return np.array(rows, dtype=float).reshape(len(samples), len(INPUT_NAMES))
-
-
-def _log2p(x: float) -> float:
-    """log2(1 + x), as ``Features.vector`` writes sizes."""
-    return math.log2(1.0 + max(float(x), 0.0))
 
 
 def labels(measured: Sequence[float]) -> list[int]:
