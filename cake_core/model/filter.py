@@ -1,11 +1,7 @@
 """The cost filter: which candidates of a generation reach the GPU, and a measure of what it threw away.
 
-``cost_filter`` ranks the candidates shape by shape and puts first those predicted fastest on some shape:
-a candidate's rank is its best place on any one of the run's shapes, ties broken by the model's score
-averaged over the shapes (for the analytic model: the geometric mean of predicted times). A kernel that
-would win the largest shape but lose the geomean to one tuned for the small ones still reaches the GPU,
-as the run keeps a winner per shape (``leaderboard``) and ``cake model eval`` grades survival per shape.
-With one shape it is the plain order by score. It keeps the top ``keep``, adds ``explore`` random
+``cost_filter`` ranks the candidates by the model's score averaged over the run's shapes (for the
+analytic model: the geometric mean of predicted times), keeps the top ``keep``, adds ``explore`` random
 others (so a candidate the model misjudges can still be timed and win), and picks ``sample_out`` random
 candidates among the rest to be timed *only to grade the filter*: each run measures its own recall on
 live data instead of assuming it. Every candidate gets a decision: ``kept``, ``explored``, ``sampled``
@@ -43,7 +39,6 @@ class FilterResult(Generic[T]):
     model_version: str
     model_kind: str
     shape_scores: list[dict[str, float]] = field(default_factory=list)    # per item: shape key -> score
-    ranks: list[int] = field(default_factory=list)          # per item: its place in the filter's order (0 first)
 
     def _pick(self, *which: str) -> list[T]:
         return [x for x, d in zip(self.items, self.decisions) if d in which]
@@ -86,7 +81,7 @@ def cost_filter(items: Sequence[T], shapes: Sequence[dict[str, int]], model: Cos
     items : sequence
         The candidates (programs, or anything ``program`` maps to one).
     shapes : sequence of dict
-        The run's shapes: each is ranked on its own (see the module docstring).
+        The run's shapes; a candidate's score is its mean over them.
     model : CostModelBase
         Analytic or learned.
     keep, explore, sample_out : int
@@ -107,7 +102,7 @@ def cost_filter(items: Sequence[T], shapes: Sequence[dict[str, int]], model: Cos
     ms = model.predict(samples).reshape(n, len(shapes))
     sc = model.score(samples).reshape(n, len(shapes))
     mean = sc.mean(axis=1)
-    order = shape_first_order(sc)
+    order = sorted(range(n), key=lambda i: (-mean[i], i))
     decisions = ["filtered"] * n
     for i in order[:max(keep, 0)]:
         decisions[i] = "kept"
@@ -123,21 +118,7 @@ def cost_filter(items: Sequence[T], shapes: Sequence[dict[str, int]], model: Cos
     keys = [",".join(f"{k}={v}" for k, v in s.items()) for s in shapes]
     return FilterResult(list(items), decisions, [float(x) for x in mean],
                         [{k: float(v) for k, v in zip(keys, row)} for row in ms], model.version, model.kind,
-                        [{k: float(v) for k, v in zip(keys, row)} for row in sc],
-                        [order.index(i) for i in range(n)])
-
-
-def shape_first_order(scores: np.ndarray) -> list[int]:
-    """Candidates ordered by their best place on any one shape (``scores``: candidates x shapes, higher is
-    predicted faster), then by mean score, then by position: every shape's predicted winner comes before every
-    candidate that is second everywhere."""
-    n = scores.shape[0]
-    mean = scores.mean(axis=1)
-    place = np.full(n, n)
-    for col in scores.T:
-        for r, i in enumerate(sorted(range(n), key=lambda i: (-col[i], -mean[i], i))):
-            place[i] = min(place[i], r)
-    return sorted(range(n), key=lambda i: (place[i], -mean[i], i))
+                        [{k: float(v) for k, v in zip(keys, row)} for row in sc])
 
 
 @dataclass(frozen=True)

@@ -163,8 +163,8 @@ def compile_stage(lowered, cache_dir: Path, arch: str | None = None) -> StageRes
 
 def cost_filter_stage(programs: list[Program], shapes: list[Shape], model: CostModelBase, keep: int, explore: int,
                       sample_out: int, seed: int, problem: str = "") -> list[StageResult]:
-    """Rank shape by shape (``cake_core.model.filter``: those predicted fastest on some shape first, then by
-    the model's mean score over ``shapes``); the top ``keep`` plus ``explore`` random others go on (``ok``), so the model cannot starve a
+    """Rank by the model's mean score over ``shapes`` (the analytic model's: its geometric mean of predicted
+    times); the top ``keep`` plus ``explore`` random others go on (``ok``), so the model cannot starve a
     candidate it misjudges; ``sample_out`` random ones of the rest go on too, marked ``sampled``, so every
     generation measures what the filter threw away (view ``cost_filter_recall``); the rest are ``filtered``.
 
@@ -174,9 +174,11 @@ def cost_filter_stage(programs: list[Program], shapes: list[Shape], model: CostM
     """
     r = cost_filter(list(range(len(programs))), shapes, model, keep, explore, sample_out, seed,
                     program=programs.__getitem__, problem=problem)
+    order = sorted(range(len(programs)), key=lambda i: (-r.scores[i], i))
+    rank = {i: n for n, i in enumerate(order)}
     return [StageResult("cost_filter", Outcome.FILTERED if r.decisions[i] == "filtered" else Outcome.OK,
                         metrics={"predictions": r.predicted_ms[i], "scores": r.shape_scores[i],
-                                 "decision": r.decisions[i], "rank": r.ranks[i], "model_version": r.model_version,
+                                 "decision": r.decisions[i], "rank": rank[i], "model_version": r.model_version,
                                  "model_kind": r.model_kind})
             for i in range(len(programs))]
 
