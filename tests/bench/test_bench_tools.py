@@ -98,3 +98,22 @@ def test_the_filter_pair_reports_the_cut_and_the_best_against_their_targets(tmp_
     text = filter_pair.write_report(result, tmp_path)
     assert "| no-filter | no run recorded |" in text and "resume with the same --home" in text
     assert (tmp_path / "filter_pair.json").exists()
+
+
+def test_the_filter_replay_grades_each_order_on_what_a_no_filter_run_timed(tmp_path, capsys):
+    import numpy as np
+    import filter_replay
+    # three candidates, two shapes: 2 is predicted (and measured) fastest at the large shape, last by the mean
+    gen = {"generation": 0, "ids": ["a", "b", "c"], "shapes": ["small", "large"],
+           "scores": np.array([[10.0, 1.0], [9.0, 2.0], [1.0, 5.0]]),
+           "ms": {("a", "small"): 1.0, ("a", "large"): 8.0, ("b", "small"): 1.1, ("b", "large"): 7.0,
+                  ("c", "small"): 4.0, ("c", "large"): 2.0}}
+    got = filter_replay.replay([gen], keep=2)
+    assert got["mean"] == {"gen_best_kept": 1, "generations": 1, "cell_best_kept": 1, "cells": 2,
+                           "kept_over_best_geomean": round(3.5 ** 0.5, 4)}       # large: kept 7.0 over 2.0
+    # shape-first keeps both shapes' winners and drops b, the best by the geomean (sqrt(7.7) against sqrt(8))
+    assert got["shape-first"] == {"gen_best_kept": 0, "generations": 1, "cell_best_kept": 2, "cells": 2,
+                                  "kept_over_best_geomean": 1.0}
+    assert filter_replay.replay([gen], keep=3)["mean"]["generations"] == 0    # keeping all grades nothing
+    assert filter_replay.main(["--home", str(tmp_path)]) == 2
+    assert "no warehouse under" in capsys.readouterr().err
