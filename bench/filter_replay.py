@@ -1,16 +1,21 @@
-"""Replay the cost filter's orderings on a run that timed everything (`cake evolve --no-filter`).
+"""Replay the cost filter on a run that timed every candidate (`cake evolve --no-filter`).
 
 A `--no-filter` run still has the model rank every candidate (table ``predictions``: a score per candidate
-and shape) and then times them all, so each generation can be replayed offline: which ``keep`` candidates
-would each ordering have passed, and would the generation's measured best have been among them? Two
-orderings: the filter's own (``mean``: by the model's score averaged over the shapes, as
-``cake_core.model.filter.cost_filter`` ranks) and ``shape-first`` (a candidate's best place on any one shape,
-ties by the mean score: every shape's predicted winner before any candidate that is second everywhere):
+and shape) and then times them all, so each generation can be replayed offline: which candidates would a
+filter have passed, and would the generation's measured best have been among them? Four filters of ``keep``
+candidates, or ``keep`` + 1:
 
-- *gen best kept*: generations whose fastest kernel (geometric mean over the shapes it was timed on, every
-  search shape) is among the kept;
-- *cell best kept*: (generation, shape) cells whose fastest kernel at that shape is among the kept;
-- *kept / best*: per cell, the fastest kept kernel's time over the cell's fastest, as a geometric mean (1.0:
+- ``mean``: the top ``keep`` by the model's score averaged over the shapes (``cost_filter``'s order);
+- ``shape-first``: the top ``keep`` by their best place on any one shape, ties by the mean score;
+- ``mean+random``: ``mean`` and one more drawn at random from the rest (the expectation over 200 draws);
+- ``mean+shape-winner``: ``mean`` and the rest's best placed on some one shape (``cost_filter`` with
+  ``explore=1``, what a run does).
+
+Figures per filter:
+- *gen best kept*: generations whose fastest kernel (geometric mean over the shapes, timed on every search
+  shape) gets through;
+- *cell best kept*: (generation, shape) cells whose fastest kernel at that shape gets through;
+- *kept / best*: per cell, the fastest kernel let through over the cell's fastest, as a geometric mean (1.0:
   the filter never cost anything).
 
     python bench/filter_replay.py --home HOME [--keep 4] [--out F.json]
@@ -32,26 +37,37 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from cake_core.model.filter import best_places  # noqa: E402
 from warehouse import Warehouse  # noqa: E402
 
 
-def mean_order(scores: np.ndarray) -> list[int]:
-    """Candidates by mean score over the shapes (``scores``: candidates x shapes, higher is predicted faster)."""
+DRAWS = 200                     # random draws the mean+random filter is averaged over
+
+
+def _mean_order(scores: np.ndarray) -> list[int]:
     return sorted(range(scores.shape[0]), key=lambda i: (-scores[i].mean(), i))
 
 
-def shape_first_order(scores: np.ndarray) -> list[int]:
-    """Candidates by their best place on any one shape, then by mean score, then by position."""
-    n = scores.shape[0]
-    mean = scores.mean(axis=1)
-    place = np.full(n, n)
-    for col in scores.T:
-        for r, i in enumerate(sorted(range(n), key=lambda i: (-col[i], -mean[i], i))):
-            place[i] = min(place[i], r)
-    return sorted(range(n), key=lambda i: (place[i], -mean[i], i))
+def _shape_first_order(scores: np.ndarray) -> list[int]:
+    place, mean = best_places(scores), scores.mean(axis=1)
+    return sorted(range(scores.shape[0]), key=lambda i: (place[i], -mean[i], i))
 
 
-ORDERS = {"mean": mean_order, "shape-first": shape_first_order}
+def passed(name: str, scores: np.ndarray, keep: int, draw: int = 0) -> set[int]:
+    """The candidates filter ``name`` lets through (``draw``: which random draw, for mean+random)."""
+    if name == "shape-first":
+        return set(_shape_first_order(scores)[:keep])
+    order = _mean_order(scores)
+    top, rest = set(order[:keep]), order[keep:]
+    if name == "mean" or not rest:
+        return top
+    if name == "mean+random":
+        return top | {int(np.random.default_rng(draw).choice(rest))}
+    place, mean = best_places(scores), scores.mean(axis=1)
+    return top | {min(rest, key=lambda i: (place[i], -mean[i], i))}
+
+
+FILTERS = ("mean", "shape-first", "mean+random", "mean+shape-winner")
 
 
 def generations(wh: Warehouse, run_id: str) -> list[dict]:
@@ -78,27 +94,30 @@ def generations(wh: Warehouse, run_id: str) -> list[dict]:
 
 def replay(gens: list[dict], keep: int) -> dict:
     res = {}
-    for name, order in ORDERS.items():
+    for name in FILTERS:
+        draws = DRAWS if name == "mean+random" else 1
         gen_hits = gen_n = cell_hits = cell_n = 0
         losses = []
-        for g in gens:
-            if len(g["ids"]) <= keep:
-                continue
-            kept = {g["ids"][i] for i in order(g["scores"])[:keep]}
-            full = [a for a in g["ids"] if all((a, s) in g["ms"] for s in g["shapes"])]
-            if full:
-                best = min(full, key=lambda a: sum(math.log(g["ms"][(a, s)]) for s in g["shapes"]))
-                gen_n += 1
-                gen_hits += best in kept
-            for s in g["shapes"]:
-                timed = {a: g["ms"][(a, s)] for a in g["ids"] if (a, s) in g["ms"]}
-                kept_t = [t for a, t in timed.items() if a in kept]
-                if not timed or not kept_t:
+        for d in range(draws):
+            for g in gens:
+                if len(g["ids"]) <= keep + 1:        # everything (or all but one) passes: nothing to grade
                     continue
-                cell_n += 1
-                cell_hits += min(timed.values()) in kept_t
-                losses.append(min(kept_t) / min(timed.values()))
-        res[name] = {"gen_best_kept": gen_hits, "generations": gen_n, "cell_best_kept": cell_hits, "cells": cell_n,
+                kept = {g["ids"][i] for i in passed(name, g["scores"], keep, d)}
+                full = [a for a in g["ids"] if all((a, s) in g["ms"] for s in g["shapes"])]
+                if full:
+                    best = min(full, key=lambda a: sum(math.log(g["ms"][(a, s)]) for s in g["shapes"]))
+                    gen_n += 1
+                    gen_hits += best in kept
+                for s in g["shapes"]:
+                    timed = {a: g["ms"][(a, s)] for a in g["ids"] if (a, s) in g["ms"]}
+                    kept_t = [t for a, t in timed.items() if a in kept]
+                    if not timed or not kept_t:
+                        continue
+                    cell_n += 1
+                    cell_hits += min(timed.values()) in kept_t
+                    losses.append(min(kept_t) / min(timed.values()))
+        res[name] = {"gen_best_kept": round(gen_hits / draws, 2), "generations": gen_n // draws,
+                     "cell_best_kept": round(cell_hits / draws, 2), "cells": cell_n // draws,
                      "kept_over_best_geomean": round(math.exp(sum(map(math.log, losses)) / len(losses)), 4)
                      if losses else None}
     return res
@@ -126,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         res = replay(generations(wh, r["run_id"]), args.keep)
         report.append({**r, "keep": args.keep, "orders": res})
         print(f"{r['run_id']} ({r['problem']} on {r['shape_set']}), keep {args.keep}")
-        print("| order | gen best kept | cell best kept | kept / best (geomean over cells) |")
+        print("| filter | gen best kept | cell best kept | kept / best (geomean over cells) |")
         print("|---|---:|---:|---:|")
         for name, x in res.items():
             print(f"| {name} | {x['gen_best_kept']} of {x['generations']} | {x['cell_best_kept']} of {x['cells']} "

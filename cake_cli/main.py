@@ -156,8 +156,8 @@ def evolve(
                                                               "still predicts, and is graded on all of them)."),
     keep: int | None = typer.Option(None, "--keep", min=1, metavar="N",
                                     help="Candidates per generation the cost filter passes by predicted rank "
-                                         "(default: half the population); one more at random and one sampled "
-                                         "from those it drops are timed too."),
+                                         "(default: half the population); one more predicted best on some one "
+                                         "shape and one sampled at random from those it drops are timed too."),
     cost_model: Path | None = typer.Option(None, "--cost-model", metavar="FILE",
                                            help="Rank with this model file (cake model fit); a file that does not "
                                                 "load, or a learned model that did not beat the analytic one on "

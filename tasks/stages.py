@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 _TASK = dict(cache_policy=NO_CACHE)
 CPU_TIMEOUT_S = {"verify": 120.0, "lower": 120.0, "compile": 300.0}   # the pool's watchdog per candidate
-EXPLORE = 1               # candidates the cost filter lets through at random beside its top k
+EXPLORE = 1               # candidates the cost filter lets through beside its top k (best placed on one shape)
 SAMPLE_OUT = 1            # filtered-out candidates timed anyway, to measure what the filter threw away
 MAX_BATCH = 8             # (candidate, shape) jobs a GPU runner takes at once
 COMPACT_EVERY = 10        # generations between compactions of the warehouse's batch files

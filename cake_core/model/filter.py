@@ -1,10 +1,13 @@
 """The cost filter: which candidates of a generation reach the GPU, and a measure of what it threw away.
 
 ``cost_filter`` ranks the candidates by the model's score averaged over the run's shapes (for the
-analytic model: the geometric mean of predicted times), keeps the top ``keep``, adds ``explore`` random
-others (so a candidate the model misjudges can still be timed and win), and picks ``sample_out`` random
-candidates among the rest to be timed *only to grade the filter*: each run measures its own recall on
-live data instead of assuming it. Every candidate gets a decision: ``kept``, ``explored``, ``sampled``
+analytic model: the geometric mean of predicted times) and keeps the top ``keep``. It adds ``explore``
+others from those the mean dropped, the best placed on some one shape first: a kernel predicted to win the
+largest shape while kernels tuned for the small ones win the mean still reaches the GPU, and the run keeps a
+winner per shape (``leaderboard``). Replayed on runs that timed everything (``bench/filter_replay.py``), that
+pick kept a (generation, shape) cell's measured best more often than a random one. Then it picks ``sample_out``
+random candidates among the rest to be timed *only to grade the filter* (timed, they can still be parents):
+each run measures its own recall on live data instead of assuming it. Every candidate gets a decision: ``kept``, ``explored``, ``sampled``
 (filtered, but timed to check) or ``filtered``; the caller records it with the predictions (the
 warehouse's ``predictions.decision``; view ``cost_filter_recall``).
 
@@ -85,7 +88,8 @@ def cost_filter(items: Sequence[T], shapes: Sequence[dict[str, int]], model: Cos
     model : CostModelBase
         Analytic or learned.
     keep, explore, sample_out : int
-        Top-k kept; random others explored (kept too); random filtered ones timed to grade the filter.
+        Top-k kept; others explored, the best placed on some one shape first (kept too); random filtered
+        ones timed to grade the filter.
     seed : int
         The generation's seed: the same seed gives the same decisions.
     program, resources : callable
@@ -108,7 +112,8 @@ def cost_filter(items: Sequence[T], shapes: Sequence[dict[str, int]], model: Cos
         decisions[i] = "kept"
     rng = np.random.default_rng(seed)
     rest = order[max(keep, 0):]
-    explored = set(rng.choice(rest, size=min(max(explore, 0), len(rest)), replace=False).tolist()) if rest else set()
+    place = best_places(sc)
+    explored = set(sorted(rest, key=lambda i: (place[i], -mean[i], i))[:max(explore, 0)])
     for i in explored:
         decisions[i] = "explored"
     left = [i for i in rest if i not in explored]
@@ -119,6 +124,18 @@ def cost_filter(items: Sequence[T], shapes: Sequence[dict[str, int]], model: Cos
     return FilterResult(list(items), decisions, [float(x) for x in mean],
                         [{k: float(v) for k, v in zip(keys, row)} for row in ms], model.version, model.kind,
                         [{k: float(v) for k, v in zip(keys, row)} for row in sc])
+
+
+def best_places(scores: np.ndarray) -> list[int]:
+    """Per candidate, its best place on any one shape (0: predicted fastest there); ``scores`` is candidates x
+    shapes, higher predicted faster, ties placed by mean score, then by position."""
+    n = scores.shape[0]
+    mean = scores.mean(axis=1)
+    place = [n] * n
+    for col in scores.T:
+        for r, i in enumerate(sorted(range(n), key=lambda i: (-col[i], -mean[i], i))):
+            place[i] = min(place[i], r)
+    return place
 
 
 @dataclass(frozen=True)

@@ -100,20 +100,25 @@ def test_the_filter_pair_reports_the_cut_and_the_best_against_their_targets(tmp_
     assert (tmp_path / "filter_pair.json").exists()
 
 
-def test_the_filter_replay_grades_each_order_on_what_a_no_filter_run_timed(tmp_path, capsys):
+def test_the_filter_replay_grades_each_filter_on_what_a_no_filter_run_timed(tmp_path, capsys):
     import numpy as np
     import filter_replay
-    # three candidates, two shapes: 2 is predicted (and measured) fastest at the large shape, last by the mean
-    gen = {"generation": 0, "ids": ["a", "b", "c"], "shapes": ["small", "large"],
-           "scores": np.array([[10.0, 1.0], [9.0, 2.0], [1.0, 5.0]]),
+    # four candidates, two shapes: c is predicted (and measured) fastest at the large shape and third by the
+    # mean (it loses the small one badly); b is the best by the geomean; d is poor everywhere
+    gen = {"generation": 0, "ids": ["a", "b", "c", "d"], "shapes": ["small", "large"],
+           "scores": np.array([[10.0, 1.0], [9.0, 2.0], [1.0, 5.0], [0.5, 0.5]]),
            "ms": {("a", "small"): 1.0, ("a", "large"): 8.0, ("b", "small"): 1.1, ("b", "large"): 7.0,
-                  ("c", "small"): 4.0, ("c", "large"): 2.0}}
+                  ("c", "small"): 4.0, ("c", "large"): 2.0, ("d", "small"): 5.0, ("d", "large"): 9.0}}
     got = filter_replay.replay([gen], keep=2)
     assert got["mean"] == {"gen_best_kept": 1, "generations": 1, "cell_best_kept": 1, "cells": 2,
                            "kept_over_best_geomean": round(3.5 ** 0.5, 4)}       # large: kept 7.0 over 2.0
-    # shape-first keeps both shapes' winners and drops b, the best by the geomean (sqrt(7.7) against sqrt(8))
+    # shape-first keeps both shapes' winners (a, c) and drops b, the best by the geomean
     assert got["shape-first"] == {"gen_best_kept": 0, "generations": 1, "cell_best_kept": 2, "cells": 2,
                                   "kept_over_best_geomean": 1.0}
-    assert filter_replay.replay([gen], keep=3)["mean"]["generations"] == 0    # keeping all grades nothing
+    # the filter's explore pick: a and b by the mean, then c (first at the large shape), not d
+    assert got["mean+shape-winner"] == {"gen_best_kept": 1, "generations": 1, "cell_best_kept": 2, "cells": 2,
+                                        "kept_over_best_geomean": 1.0}
+    assert 1 < got["mean+random"]["cell_best_kept"] < 2                      # c or d, drawn
+    assert filter_replay.replay([gen], keep=3)["mean"]["generations"] == 0    # all but one pass: nothing graded
     assert filter_replay.main(["--home", str(tmp_path)]) == 2
     assert "no warehouse under" in capsys.readouterr().err

@@ -1,12 +1,13 @@
 """The cost filter (top-k, exploration, sampled-out candidates, recall) and held-out evaluation."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from model_fixtures import gemm_variants, measured, seed
 
 from cake_core.model.analytic import AnalyticModel
 from cake_core.model.evaluate import compare, dedupe, figures, folds, grade, held_out
-from cake_core.model.filter import cost_filter, filter_recall
+from cake_core.model.filter import best_places, cost_filter, filter_recall
 from cake_core.model.quality import (best_survives_fraction, median_error_factor, top1_hit_rate,
                                      within_group_spearman)
 
@@ -54,6 +55,34 @@ def test_filter_decisions_land_in_the_warehouse_and_grade_the_filter(tmp_path):
                                for i in timed for m in [r.predicted_ms[i][rows[0]["shape"]] / (10 if i == fast else 1)]])
     (got,) = wh.query("select survivors, sampled, filtered, missed_best from cost_filter_recall").to_pylist()
     assert got == {"survivors": 2, "sampled": 2, "filtered": 1, "missed_best": True}
+
+
+class _Table(AnalyticModel):
+    """Predicts from a table: candidate (its BN) x shape (its M)."""
+
+    def __init__(self, table):
+        super().__init__("H200")
+        self.table = table
+
+    def predict(self, samples):
+        return np.array([self.table[(s.program.const_env["BN"], s.shape_dict["M"])] for s in samples])
+
+
+def test_the_explored_candidate_is_the_one_predicted_to_win_a_shape_the_mean_dropped():
+    """Five candidates at a small and a large shape: BN=256 is predicted fastest at the large one and last by
+    the mean (it loses the small one 4x). Keep 2, explore 1: it is explored under every seed, not drawn."""
+    ws = seed("gemm_bf16_ws")
+    bns = [64, 96, 128, 192, 256]
+    small = dict(zip(bns, [1.0, 1.1, 1.2, 1.3, 5.0]))
+    large = dict(zip(bns, [10.0, 9.5, 9.8, 9.9, 8.0]))
+    table = {**{(b, 1024): v for b, v in small.items()}, **{(b, 8192): v for b, v in large.items()}}
+    progs = [ws.with_consts(BN=b) for b in bns]
+    shapes = [{"M": 1024, "N": 1024, "K": 1024}, {"M": 8192, "N": 8192, "K": 8192}]
+    for s in range(5):
+        r = cost_filter(progs, shapes, _Table(table), keep=2, explore=1, sample_out=1, seed=s)
+        assert r.decisions[:2] == ["kept", "kept"] and r.decisions[4] == "explored"
+        assert r.decisions[2:4].count("sampled") == 1
+    assert best_places(np.array([[10.0, 1.0], [9.0, 2.0], [1.0, 5.0]])) == [0, 1, 0]
 
 
 def test_filter_with_fewer_candidates_than_asked():
