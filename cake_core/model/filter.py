@@ -7,9 +7,9 @@ largest shape while kernels tuned for the small ones win the mean still reaches 
 winner per shape (``leaderboard``). Replayed on runs that timed everything (``bench/filter_replay.py``), that
 pick kept a (generation, shape) cell's measured best more often than a random one. Then it picks ``sample_out``
 random candidates among the rest to be timed *only to grade the filter* (timed, they can still be parents):
-each run measures its own recall on live data instead of assuming it. Every candidate gets a decision: ``kept``, ``explored``, ``sampled``
-(filtered, but timed to check) or ``filtered``; the caller records it with the predictions (the
-warehouse's ``predictions.decision``; view ``cost_filter_recall``).
+each run measures its own recall on live data instead of assuming it. Every candidate gets a decision:
+``kept``, ``explored``, ``sampled`` (filtered, but timed to check) or ``filtered``; the caller records it
+with the predictions (the warehouse's ``predictions.decision``; view ``cost_filter_recall``).
 
 ``filter_recall`` grades one generation from the measured times of kept, explored and sampled
 candidates: whether a sampled one beat every candidate the filter let through (a miss: the filter would

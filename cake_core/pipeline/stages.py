@@ -165,8 +165,9 @@ def cost_filter_stage(programs: list[Program], shapes: list[Shape], model: CostM
                       sample_out: int, seed: int, problem: str = "") -> list[StageResult]:
     """Rank by the model's mean score over ``shapes`` (the analytic model's: its geometric mean of predicted
     times); the top ``keep`` plus ``explore`` others go on (``ok``), the best placed on some one shape first,
-    so a kernel predicted to win one shape is not starved by the mean; ``sample_out`` random ones of the rest go on too, marked ``sampled``, so every
-    generation measures what the filter threw away (view ``cost_filter_recall``); the rest are ``filtered``.
+    so a kernel predicted to win one shape is not starved by the mean; ``sample_out`` random ones of the rest go
+    on too, marked ``sampled``, so every generation measures what the filter threw away (view
+    ``cost_filter_recall``); the rest are ``filtered``.
 
     One result per program, in order; ``metrics``: ``predictions`` (shape key -> ms), ``scores``, ``decision``,
     ``rank`` (0: predicted fastest), ``model_version``, ``model_kind``. Deterministic under ``seed``; ties
