@@ -106,13 +106,17 @@ def _fmt(x: Any, digits: int = 3) -> str:
 
 
 def _table(results: dict[str, dict[str, dict[str, Any]]]) -> Table:
+    from cake_core.model.evaluate import LARGE_CELL
+
     t = Table(header_style="bold")
-    for c in ("model", "problem", "samples", "cells", "spearman (cells)", "top-1", "best survives", "error x"):
+    for c in ("model", "problem", "samples", "cells", "spearman (cells)", f"spearman, cells of {LARGE_CELL}+",
+              "top-1", "best survives", "error x"):
         t.add_column(c, justify="left" if c in ("model", "problem") else "right")
     for model, per in results.items():
         for problem, f in per.items():
             t.add_row(model, problem, str(f["samples"]), str(f["cells"]),
-                      f"{_fmt(f['spearman'], 2)} ({f['spearman_cells']})", _fmt(f["top1"], 2),
+                      f"{_fmt(f['spearman'], 2)} ({f['spearman_cells']})",
+                      f"{_fmt(f['spearman_large'], 2)} ({f['spearman_large_cells']})", _fmt(f["top1"], 2),
                       _fmt(f["best_survives"], 2), _fmt(f["error_factor"], 2))
     return t
 

@@ -3,7 +3,9 @@
 Cells: the candidates of one (run, problem, shape, GPU, timer) -- what one filter decision compares.
 A program measured twice in a cell counts once (median). Figures, per problem and overall:
 
-- within-shape Spearman: mean rank correlation of score and measured time over cells of 3+ programs;
+- within-shape Spearman: mean rank correlation of score and measured time over cells of 3+ programs (every
+  cell counts once: a cell of 3 hand-written variants, where rho takes four values, as much as an evolution
+  generation of 80), and apart over the cells of ``LARGE_CELL``+ programs, which come from evolution runs;
 - top-1 hit rate: cells (2+ programs) whose best-scored program is the measured fastest;
 - best survives: cells whose measured fastest is among the ``ceil(keep * n)`` best-scored;
 - median error factor: exp(median |log(predicted / measured)|) over the held-out samples.
@@ -32,6 +34,7 @@ from cake_core.model.quality import (best_survives_fraction, median_error_factor
 
 SPLITS = ("run", "time")
 TIME_HOLDOUT = 0.3
+LARGE_CELL = 10             # programs in a cell for its Spearman to count among the large cells
 KEEP = 0.5                  # the flow keeps half a generation (plus exploration)
 
 
@@ -104,11 +107,12 @@ def figures(rows: Sequence[Scored], keep: float = KEEP) -> dict[str, Any]:
     """The four figures over ``rows`` (see the module docstring) and the counts behind them."""
     cells = [(r.sample.group, -r.score, r.sample.measured_ms) for r in rows]
     rho, n_rho = within_group_spearman(cells)
+    rho_large, n_large = within_group_spearman(cells, LARGE_CELL)
     ncell = defaultdict(int)
     for g, _, _ in cells:
         ncell[g] += 1
     return {"samples": len(rows), "cells": sum(1 for v in ncell.values() if v >= 2), "spearman_cells": n_rho,
-            "spearman": rho, "top1": top1_hit_rate(cells), "best_survives": best_survives_fraction(cells, keep),
+            "spearman": rho, "spearman_large": rho_large, "spearman_large_cells": n_large, "top1": top1_hit_rate(cells), "best_survives": best_survives_fraction(cells, keep),
             "error_factor": median_error_factor([r.predicted_ms for r in rows], [r.sample.measured_ms for r in rows])}
 
 

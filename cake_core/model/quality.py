@@ -71,10 +71,11 @@ def _groups(rows: Sequence[tuple[Hashable, float, float]], min_size: int) -> lis
     return [v for v in groups.values() if len(v) >= min_size]
 
 
-def within_group_spearman(rows: Sequence[tuple[Hashable, float, float]]) -> tuple[float | None, int]:
-    """Mean Spearman rho over groups of 3 or more candidates (pooling groups would mix shape sizes);
+def within_group_spearman(rows: Sequence[tuple[Hashable, float, float]], min_size: int = 3
+                          ) -> tuple[float | None, int]:
+    """Mean Spearman rho over groups of ``min_size`` or more candidates (pooling groups would mix shape sizes);
     returns (mean rho or None, number of groups that had a rho)."""
-    rhos = [r for g in _groups(rows, 3)
+    rhos = [r for g in _groups(rows, min_size)
             if (r := rank_correlation([p for p, _ in g], [m for _, m in g])) is not None]
     return (sum(rhos) / len(rhos) if rhos else None), len(rhos)
 

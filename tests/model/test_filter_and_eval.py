@@ -105,6 +105,10 @@ def test_within_group_figures():
             ("c", 1, 2.0), ("c", 2, 1.0)]                         # two: no rho, top-1 miss, survives at keep 1/2
     rho, n = within_group_spearman(rows)
     assert (rho, n) == (0.0, 2)
+    big = [("d", i, float(i)) for i in range(12)]                    # 12 programs, ranked right
+    assert within_group_spearman(rows + big) == (pytest.approx(1 / 3), 3)
+    assert within_group_spearman(rows + big, min_size=10) == (pytest.approx(1.0), 1)
+    assert within_group_spearman(rows, min_size=10) == (None, 0)
     assert top1_hit_rate(rows) == pytest.approx(1 / 3)
     assert best_survives_fraction(rows, keep=0.5) == pytest.approx(1 / 3)
     assert best_survives_fraction(rows, keep=1.0) == 1.0
