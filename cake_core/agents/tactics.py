@@ -32,7 +32,6 @@ from cake_core.agents.tactics_ws import WGMMA_N, warp_specialize, wgmma_consts
 from cake_core.ir.expr import Bin, Sym, symbols
 from cake_core.ir.ops import Node, Op, Slot
 from cake_core.ir.program import Program
-from cake_core.ir.verify import RULES, build_ctx
 from cake_core.targets import find_arch
 
 TILE_SIZES = (16, 32, 64, 128, 256)
@@ -96,19 +95,9 @@ def retile(p: Program, rng: np.random.Generator, bounds: Bounds | None = None) -
 
 
 def rethread(p: Program, rng: np.random.Generator, bounds: Bounds | None = None) -> Program:
-    """Change the CTA's thread count (CTA-collective kernels: roles fix theirs) to one every register tile
-    splits evenly over (the verifier's ``resources.rmem_split``, asked of each count before one is drawn).
-
-    Before::  ``@kernel(..., threads=128)`` with ``a_r = rmem(bf16, (BM, BK))``, BM * BK = 256
-    After::   ``@kernel(..., threads=256)`` -- never 512, which would leave half a thread's element
-    """
+    """Change the CTA's thread count (CTA-collective kernels: roles fix theirs)."""
     refuse_unless(not _has_roles(p), "warp roles fix the thread count")
-    arch = find_arch(p.target)
-    split = RULES["resources.rmem_split"]
-    fits = [t for t in THREAD_COUNTS if t != p.threads
-            and (arch is None or not list(split.check(build_ctx(replace(p, threads=t), arch))))]
-    refuse_unless(bool(fits), f"no other thread count of {THREAD_COUNTS} splits every register tile evenly")
-    return replace(p, threads=int(rng.choice(fits)))
+    return replace(p, threads=int(rng.choice([t for t in THREAD_COUNTS if t != p.threads])))
 
 
 def unroll(p: Program, rng: np.random.Generator, bounds: Bounds | None = None) -> Program:
