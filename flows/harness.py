@@ -55,14 +55,15 @@ def harness_review_flow(warehouse_root: str = ".cake/warehouse", min_support: in
     outcomes = []
     for prop, gate in mined["proposals"]:
         pid = record_proposal(warehouse_root, prop, gate, str(flow_run.id) if flow_run.id else None)
-        evidence = shown(log, f"the evidence of {pid}", proposal_artifact(warehouse_root, pid, return_state=True)) \
-            or f"# Proposal {pid}: {prop.title}\n\nIts evidence is in `cake harness proposals` (not published here)."
         base = {"proposal_id": pid, "kind": prop.kind}
-        if not gate["passed"]:
+        if not gate["passed"]:          # decided at once: never left pending while its evidence is published
             reason = "corpus gate: " + "; ".join(gate["refusals"])
             apply_decision(warehouse_root, pid, False, reason, "corpus-gate")
             outcomes.append({**base, **_decided(log, pid, prop.title, False, reason, "corpus-gate", None)})
+            shown(log, f"the evidence of {pid}", proposal_artifact(warehouse_root, pid, return_state=True))
             continue
+        evidence = shown(log, f"the evidence of {pid}", proposal_artifact(warehouse_root, pid, return_state=True)) \
+            or f"# Proposal {pid}: {prop.title}\n\nIts evidence is in `cake harness proposals` (not published here)."
         if policy == "record-only":
             log.info(f"proposal {pid} left pending ({policy}): {prop.title}")
             outcomes.append({**base, "decision": "pending", "by": policy})

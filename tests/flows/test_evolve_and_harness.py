@@ -58,13 +58,15 @@ def mined_warehouse(mined_warehouse_once):
 
 
 def _pending(wh, flow: threading.Thread, timeout_s=240, seen=()):
-    """The pending proposals not in ``seen``, once there are some; none once ``flow`` has ended without one."""
+    """The pending proposals not in ``seen`` that wait for a person (they passed the corpus gate: one it refused
+    is rejected by the flow itself, a moment after it is recorded), once there are some; none once ``flow`` has
+    ended without one."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         ended = not flow.is_alive()        # read before the query: an ended flow adds no proposal after it
         rows = wh.query("select proposal_id, kind, title, gate_report, evidence from proposals_latest "
                         "where status = 'pending'").to_pylist()
-        rows = [r for r in rows if r["proposal_id"] not in seen]
+        rows = [r for r in rows if r["proposal_id"] not in seen and json.loads(r["gate_report"])["passed"]]
         if rows or ended:
             return rows
         time.sleep(0.5)
