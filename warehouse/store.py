@@ -18,12 +18,15 @@ folder fsynced; ``append()`` returns only after that, so a ``kill -9`` at any
 point loses nothing it acknowledged. Batch ids are ``<UTC time>-<pid>-<uuid>``,
 so any number of processes may write at once.
 
-Reads: every ``query()`` checks that its statements are read-only, opens a
-fresh in-memory DuckDB that may read only the batch files it lists and nothing
-else (see ``warehouse.readonly``), creates one view per table over exactly those
-files (``read_parquet([...], union_by_name=true)`` unioned by name with a typed
-empty relation, so empty tables and batches from older schema versions work),
-then replays the schema's views.
+Reads: every ``query()`` checks that its statements are read-only and lists
+the batch files; for a new listing it opens a fresh in-memory DuckDB that may
+read only those files and nothing else (see ``warehouse.readonly``), creates one
+view per table over exactly those files (``read_parquet([...],
+union_by_name=true)`` unioned by name with a typed empty relation, so empty
+tables and batches from older schema versions work), then replays the schema's
+views. Batch files are immutable, so a thread whose next query lists the same
+files reuses that connection (a poller of an unchanged warehouse, such as the
+live view of `cake evolve`, no longer builds every view twice a second).
 
 Compaction (``compact``) is safe against concurrent readers: the merged file is
 written under a temporary name, then a record listing its inputs is committed,
@@ -39,6 +42,7 @@ import fcntl
 import json
 import os
 import re
+import threading
 import time
 import uuid
 import warnings
@@ -111,6 +115,18 @@ def _vanished(files: Iterable[Path]) -> bool:
     return any(not f.exists() for f in files)
 
 
+def _identity(files: list[Path]) -> list[tuple]:
+    """Each file with its size and modification time (a vanished one as None)."""
+    out = []
+    for f in files:
+        try:
+            st = f.stat()
+            out.append((f, st.st_size, st.st_mtime_ns))
+        except FileNotFoundError:
+            out.append((f, None, None))
+    return out
+
+
 class _Relist(Exception):
     """A batch file listed for a view vanished (pruned by a compaction): list the batches again."""
 
@@ -160,6 +176,21 @@ class Warehouse:
             # Migrations are additive; old batches are read by column name.
             _write_text_atomic(f"{self.schema.version}\n", self._version_file)
         self._clean_stale_tmp()
+        # thread ident -> (batch files with size and time, connection over exactly them): each thread reuses
+        # only its own
+        self._readers: dict[int, tuple[list[tuple], duckdb.DuckDBPyConnection]] = {}
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_readers"] = {}         # connections stay with the process (and thread) that opened them
+        return state
+
+    def __del__(self) -> None:
+        for _, con in getattr(self, "_readers", {}).values():
+            try:
+                con.close()
+            except Exception:  # noqa: BLE001 - closing at collection time: nothing to report
+                pass
 
     # ------------------------------------------------------------------ version
 
@@ -317,11 +348,40 @@ class Warehouse:
 
     RELISTS = 5     # listings a reader tries while compactions prune the files it listed
 
-    def _connect(self) -> tuple[duckdb.DuckDBPyConnection, list[Path]]:
+    def _listing(self) -> dict[str, list[Path]]:
+        return {t: [f.absolute() for f in self._snapshot(t)] for t in TABLES}
+
+    def _reader(self) -> tuple[duckdb.DuckDBPyConnection, list[Path], bool]:
+        """This thread's connection over the batch files listed now, those files, and whether the connection
+        is new: the one it used last if the same files are listed, each with the same size and time (batch
+        files never change once visible; one damaged in place gets a fresh connection, which names it), else
+        a fresh one (see :meth:`_connect`)."""
+        me = threading.get_ident()
+        listing = self._listing()
+        files = [f for fs in listing.values() for f in fs]
+        key = _identity(files)
+        held = self._readers.get(me)
+        if held is not None and held[0] == key:
+            return held[1], files, False
+        self._drop_reader(me)
+        con, files = self._connect(listing)
+        alive = {t.ident for t in threading.enumerate()}
+        for ident in [i for i in list(self._readers) if i not in alive]:
+            self._drop_reader(ident)        # a thread that has ended: its connection is closed here
+        self._readers[me] = (_identity(files), con)
+        return con, files, True
+
+    def _drop_reader(self, ident: int | None = None) -> None:
+        held = self._readers.pop(threading.get_ident() if ident is None else ident, None)
+        if held is not None:
+            held[1].close()
+
+    def _connect(self, listing: dict[str, list[Path]] | None = None) -> tuple[duckdb.DuckDBPyConnection, list[Path]]:
         """Fresh in-memory DuckDB, locked down to read-only, with one view per table over its batches; and
-        the batch files it lists (a query that fails after one of them vanished lists again)."""
+        the batch files it lists (a query that fails after one of them vanished lists again). ``listing``:
+        the batch files by table, already listed."""
         for attempt in range(self.RELISTS):
-            snapshot = {t: [f.absolute() for f in self._snapshot(t)] for t in TABLES}
+            snapshot = listing if listing is not None and attempt == 0 else self._listing()
             files = [f for fs in snapshot.values() for f in fs]
             con = locked_connection(files)
             try:
@@ -403,13 +463,20 @@ class Warehouse:
         except WarehouseError as e:
             raise WarehouseError(self._sql_error(e)) from None
         for attempt in range(self.RELISTS):
-            con, files = self._connect()
+            con, files, fresh = self._reader()
+            if not fresh:               # a reused connection that fails answers nothing: a fresh one decides
+                try:
+                    return self._run(con, statements, params)
+                except duckdb.Error:
+                    self._drop_reader()
+                except BaseException:
+                    self._drop_reader()
+                    raise
+                con, files, fresh = self._reader()
             try:
-                for s in statements[:-1]:
-                    con.execute(s.query).fetchall()  # DuckDB refuses the next one while a result is open
-                rel = con.sql(statements[-1].query, params=params or None)
-                return rel.to_arrow_table() if rel is not None else pa.table({})
+                return self._run(con, statements, params)
             except duckdb.Error as e:
+                self._drop_reader()     # a failed statement: the next query starts from a fresh connection
                 # A batch file pruned by a compaction between our listing and the read (DuckDB then reports
                 # a missing file, or a glob under its name outside the allowed paths): list again.
                 if attempt < self.RELISTS - 1 and _vanished(files):
@@ -417,9 +484,17 @@ class Warehouse:
                 if isinstance(e, duckdb.PermissionException):
                     raise ReadOnlyError(outside_message(e)) from None
                 raise WarehouseError(self._sql_error(e)) from None
-            finally:
-                con.close()
+            except BaseException:
+                self._drop_reader()
+                raise
         raise AssertionError("unreachable")
+
+    @staticmethod
+    def _run(con: duckdb.DuckDBPyConnection, statements: list, params: list | None) -> pa.Table:
+        for s in statements[:-1]:
+            con.execute(s.query).fetchall()  # DuckDB refuses the next one while a result is open
+        rel = con.sql(statements[-1].query, params=params or None)
+        return rel.to_arrow_table() if rel is not None else pa.table({})
 
     def _sql_error(self, e: Exception) -> str:
         return (f"{e}\nTables: {', '.join(TABLES)}\nViews: {', '.join(self.schema.views)}")

@@ -217,3 +217,33 @@ def test_many_writers_opening_a_new_warehouse_at_once_all_succeed(tmp_path):
         for t in threads:
             t.join()
         assert errors == [] and (root / "SCHEMA_VERSION").read_text().strip()
+
+
+def test_a_thread_reuses_its_reader_only_while_the_batch_files_stay_as_they_were(wh):
+    import threading
+
+    wh.append("attempts", [attempt(0)])
+    assert wh.query("select count(*) n from attempts").to_pylist() == [{"n": 1}]
+    (_, con), = wh._readers.values()
+    assert wh.query("select count(*) n from attempts").to_pylist() == [{"n": 1}]
+    assert next(iter(wh._readers.values()))[1] is con                 # nothing landed: the same views
+    wh.append("attempts", [attempt(1)])
+    assert wh.query("select count(*) n from attempts").to_pylist() == [{"n": 2}]    # a new batch: new views
+    assert next(iter(wh._readers.values()))[1] is not con
+    seen = {}
+    other = threading.Thread(target=lambda: seen.setdefault("n", wh.query("select count(*) n from attempts")))
+    other.start()
+    other.join()
+    assert seen["n"].to_pylist() == [{"n": 2}] and len(wh._readers) == 2    # each thread its own connection
+    wh.append("attempts", [attempt(2)])
+    assert wh.query("select count(*) n from attempts").to_pylist() == [{"n": 3}]
+    assert list(wh._readers) == [threading.get_ident()]               # the ended thread's one is closed
+    # a batch damaged in place after it was read is named as before, not answered from the old views
+    victim = sorted((wh.root / "landing" / "attempts").glob("*.parquet"))[0]
+    victim.write_bytes(victim.read_bytes()[:40])
+    with pytest.raises(WarehouseError) as info:
+        wh.query("select count(*) from attempts")
+    assert str(victim) in str(info.value) and "quarantine" in str(info.value)
+    with pytest.raises(WarehouseError, match="(?s)Parser Error.*Tables:"):
+        wh.query("selec 1")                                           # a failed statement drops the reader
+    assert wh._readers == {}
