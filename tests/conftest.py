@@ -39,8 +39,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "core"))   # harness_ru
 @pytest.fixture(scope="session")
 def compile_cache(tmp_path_factory) -> Path:
     """One nvcc cubin cache for every Cake home a test makes (entries are keyed by source hash and written
-    atomically, so homes and processes share it safely); the same seeds are not compiled once per home."""
-    return tmp_path_factory.mktemp("cubin-cache")
+    atomically, so homes and processes share it safely); the same seeds are not compiled once per home, nor
+    once per pytest-xdist worker (the workers' temporary folders share a parent)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return tmp_path_factory.mktemp("cubin-cache")
+    shared = tmp_path_factory.getbasetemp().parent / "cubin-cache"
+    shared.mkdir(exist_ok=True)
+    return shared
 
 
 @pytest.fixture
