@@ -37,15 +37,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cake_core.model.filter import best_places  # noqa: E402
+from cake_core.model.filter import best_places, explore_picks, mean_order  # noqa: E402
 from warehouse import Warehouse  # noqa: E402
 
 
 DRAWS = 200                     # random draws the mean+random filter is averaged over
-
-
-def _mean_order(scores: np.ndarray) -> list[int]:
-    return sorted(range(scores.shape[0]), key=lambda i: (-scores[i].mean(), i))
 
 
 def _shape_first_order(scores: np.ndarray) -> list[int]:
@@ -57,14 +53,13 @@ def passed(name: str, scores: np.ndarray, keep: int, draw: int = 0) -> set[int]:
     """The candidates filter ``name`` lets through (``draw``: which random draw, for mean+random)."""
     if name == "shape-first":
         return set(_shape_first_order(scores)[:keep])
-    order = _mean_order(scores)
+    order = mean_order(scores)
     top, rest = set(order[:keep]), order[keep:]
     if name == "mean" or not rest:
         return top
     if name == "mean+random":
         return top | {int(np.random.default_rng(draw).choice(rest))}
-    place, mean = best_places(scores), scores.mean(axis=1)
-    return top | {min(rest, key=lambda i: (place[i], -mean[i], i))}
+    return top | set(explore_picks(scores, rest, 1))
 
 
 FILTERS = ("mean", "shape-first", "mean+random", "mean+shape-winner")

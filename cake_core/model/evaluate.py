@@ -112,7 +112,8 @@ def figures(rows: Sequence[Scored], keep: float = KEEP) -> dict[str, Any]:
     for g, _, _ in cells:
         ncell[g] += 1
     return {"samples": len(rows), "cells": sum(1 for v in ncell.values() if v >= 2), "spearman_cells": n_rho,
-            "spearman": rho, "spearman_large": rho_large, "spearman_large_cells": n_large, "top1": top1_hit_rate(cells), "best_survives": best_survives_fraction(cells, keep),
+            "spearman": rho, "spearman_large": rho_large, "spearman_large_cells": n_large,
+            "top1": top1_hit_rate(cells), "best_survives": best_survives_fraction(cells, keep),
             "error_factor": median_error_factor([r.predicted_ms for r in rows], [r.sample.measured_ms for r in rows])}
 
 

@@ -106,14 +106,13 @@ def cost_filter(items: Sequence[T], shapes: Sequence[dict[str, int]], model: Cos
     ms = model.predict(samples).reshape(n, len(shapes))
     sc = model.score(samples).reshape(n, len(shapes))
     mean = sc.mean(axis=1)
-    order = sorted(range(n), key=lambda i: (-mean[i], i))
+    order = mean_order(sc)
     decisions = ["filtered"] * n
     for i in order[:max(keep, 0)]:
         decisions[i] = "kept"
     rng = np.random.default_rng(seed)
     rest = order[max(keep, 0):]
-    place = best_places(sc)
-    explored = set(sorted(rest, key=lambda i: (place[i], -mean[i], i))[:max(explore, 0)])
+    explored = set(explore_picks(sc, rest, explore))
     for i in explored:
         decisions[i] = "explored"
     left = [i for i in rest if i not in explored]
@@ -124,6 +123,20 @@ def cost_filter(items: Sequence[T], shapes: Sequence[dict[str, int]], model: Cos
     return FilterResult(list(items), decisions, [float(x) for x in mean],
                         [{k: float(v) for k, v in zip(keys, row)} for row in ms], model.version, model.kind,
                         [{k: float(v) for k, v in zip(keys, row)} for row in sc])
+
+
+def mean_order(scores: np.ndarray) -> list[int]:
+    """Candidates by mean score over the shapes (``scores``: candidates x shapes, higher predicted faster),
+    ties in the given order: the order ``cost_filter`` keeps its top ``keep`` from."""
+    mean = scores.mean(axis=1)
+    return sorted(range(scores.shape[0]), key=lambda i: (-mean[i], i))
+
+
+def explore_picks(scores: np.ndarray, rest: Sequence[int], n: int) -> list[int]:
+    """The ``n`` candidates of ``rest`` (those the mean order dropped) ``cost_filter`` explores: the best placed
+    on some one shape first (:func:`best_places`), then by mean score, then by position."""
+    place, mean = best_places(scores), scores.mean(axis=1)
+    return sorted(rest, key=lambda i: (place[i], -mean[i], i))[:max(n, 0)]
 
 
 def best_places(scores: np.ndarray) -> list[int]:
