@@ -467,11 +467,10 @@ class Warehouse:
             if not fresh:               # a reused connection that fails answers nothing: a fresh one decides
                 try:
                     return self._run(con, statements, params)
-                except duckdb.Error:
+                except BaseException as e:
                     self._drop_reader()
-                except BaseException:
-                    self._drop_reader()
-                    raise
+                    if not isinstance(e, duckdb.Error):
+                        raise
                 con, files, fresh = self._reader()
             try:
                 return self._run(con, statements, params)
