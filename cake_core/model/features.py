@@ -16,7 +16,8 @@ when what one wave touches fits in the usable L2, else it is read again per wave
 Split-K is how many CTAs write the same output window.
 
 Occupancy is CTAs per SM from ptxas' registers and shared memory (the IR's estimate without ptxas),
-threads, and the GPU's CTA limit; waves and the tail wave follow. Every field is a number or a short
+threads, and the GPU's CTA limit; a clustered grid runs as many whole clusters at once as the GPU's GPCs hold
+(``Gpu.ctas_at_once``: 30 clusters of 4 on the H200 at one CTA per SM, not 33); waves and the tail wave follow. Every field is a number or a short
 string: ``vector()`` is the fixed-length numeric form the learned model reads (schema ``FEATURE_NAMES``).
 
 Op coverage: ``TRAFFIC`` classifies every registered op (a test checks it); FLOPs and bytes per op come
@@ -36,7 +37,7 @@ from cake_core.ir.program import Program
 from cake_core.ir.types import MemSpace
 from cake_core.ir.verify import build_ctx, rmem_words_per_thread, smem_bytes
 from cake_core.model.charges import HOOKS, Work, load_gpu
-from cake_core.targets import find_arch, get_arch
+from cake_core.targets import find_arch, get_arch, get_gpu
 
 ATOMS = ("none", "fma", "mma_sync", "wgmma", "tcgen05_mma")
 ENGINES = ("none", "load", "cp_async", "tma")
@@ -95,7 +96,7 @@ class Features:
     occupancy_limit: str        # smem | regs | threads | ctas: what bounds ctas_per_sm
     declared_ctas_per_sm: int   # @kernel(ctas_per_sm=N)
     warps_per_sm: int
-    concurrent_ctas: int        # min(ctas, sms * ctas_per_sm)
+    concurrent_ctas: int        # min(ctas, sms * ctas_per_sm), in whole clusters that fit the GPCs (Gpu.ctas_at_once)
     waves: float                # ctas / concurrent_ctas
     full_waves: int
     tail_ctas: int              # CTAs of the last, partial wave (0: none)
@@ -464,12 +465,12 @@ def extract(program: Program, shape: dict[str, int], gpu: str = "H200", resource
         regs, spills, smem, from_ptxas = min(words + REG_ALLOC_EXTRA, target.max_regs_per_thread), 0, \
             ir_smem, False
     per_sm, limit = _occupancy(program.threads, regs, smem, g, target)
-    concurrent = max(1, min(ctas, g["sms"] * per_sm))
+    cluster = next((n for n in program.body if n.op is Op.CLUSTER), None)
+    cluster_size = math.prod(int(try_evaluate(d, env) or 1) for d in cluster.args[0]) if cluster else 1
+    concurrent = max(1, min(ctas, get_gpu(gpu).ctas_at_once(cluster_size, per_sm)))
     full_waves, tail = divmod(ctas, concurrent)
 
     role_regs = [r.attr("regs") for r in w.roles if r.attr("regs")]
-    cluster = next((n for n in program.body if n.op is Op.CLUSTER), None)
-    cluster_size = math.prod(int(try_evaluate(d, env) or 1) for d in cluster.args[0]) if cluster else 1
     tensor_total = sum(a.tensor.values())
     atom = max(a.tensor, key=lambda k: a.tensor[k]) if a.tensor else "none"
     reads = a.reads

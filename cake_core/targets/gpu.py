@@ -18,6 +18,16 @@ DEFAULT_GPU = "H200"        # the GPU a model is built for when the device is un
 
 
 @dataclass(frozen=True)
+class ClusterSlots:
+    """How many CTAs of thread-block clusters run at once at ``ctas_per_sm`` CTAs per SM: ``ctas[c - 1]`` for
+    clusters of ``c`` (``cudaOccupancyMaxActiveClusters`` times ``c``). A cluster's CTAs share one GPC, and a GPC's
+    SM count need not be a multiple of ``c``, so fewer than ``sms * ctas_per_sm`` may fit."""
+
+    ctas_per_sm: int
+    ctas: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Gpu:
     """One GPU product: its architecture, SMs, L2, HBM bandwidth and peak rates (where each comes from in
     ``source``)."""
@@ -37,11 +47,32 @@ class Gpu:
     dram_latency_s: float          # what Little's law puts between bytes in flight and bandwidth
     sm_clock_hz: float
     max_ctas_per_sm: int
+    cluster_slots: tuple[ClusterSlots, ...] | None   # measured on a device of this product; None: not measured
     source: str
 
     @property
     def arch_data(self) -> Arch:
         return get_arch(self.arch)
+
+    def ctas_at_once(self, cluster: int, ctas_per_sm: int) -> int:
+        """CTAs resident at once when each SM holds ``ctas_per_sm`` and CTAs come in clusters of ``cluster``.
+
+        From ``cluster_slots``: the measured row of the largest ``ctas_per_sm`` not above the one asked
+        (scaled by their ratio, whole clusters only); without a row or for a size it lacks, every SM's slots
+        in whole clusters, as if one GPC held them all.
+        """
+        per_sm = max(1, ctas_per_sm)
+        whole = self.sms * per_sm
+        cluster = max(1, cluster)
+        if cluster == 1:
+            return whole
+        rows = sorted((r for r in self.cluster_slots or () if len(r.ctas) >= cluster), key=lambda r: r.ctas_per_sm)
+        below = [r for r in rows if r.ctas_per_sm <= per_sm] or rows[:1]
+        if not below:
+            return whole // cluster * cluster
+        row = below[-1]
+        fit = row.ctas[cluster - 1] * per_sm / row.ctas_per_sm
+        return max(cluster, min(whole, int(fit)) // cluster * cluster)
 
 
 def known_gpus() -> list[str]:

@@ -99,3 +99,15 @@ def test_feature_vector_has_the_schema_length():
     v = f.vector()
     assert len(v) == len(FEATURE_NAMES) and all(math.isfinite(x) for x in v)
     assert v[FEATURE_NAMES.index("atom=wgmma")] == 1.0 and v[FEATURE_NAMES.index("atom=fma")] == 0.0
+
+
+KNN = {"Q": 4096, "N": 1048576, "D": 128, "k": 10}
+
+
+def test_clusters_that_the_gpcs_cannot_hold_at_once_make_a_second_wave():
+    """32 clusters of 4 (128 CTAs, one per SM) on the H200: its GPCs hold 30 at once (bench/results/
+    cluster-occupancy-h200-2026-12-02.json), so 8 CTAs run in a second wave; 32 clusters of 3 fit in one."""
+    four, three = extract(seed("knn_topk_split_pp"), KNN), extract(seed("knn_topk_split_pp3"), KNN)
+    assert (four.cluster_size, four.ctas, four.ctas_per_sm) == (4, 128, 1)
+    assert (four.concurrent_ctas, four.full_waves, four.tail_ctas) == (120, 1, 8)
+    assert (three.cluster_size, three.ctas, three.concurrent_ctas, three.tail_ctas) == (3, 96, 96, 0)

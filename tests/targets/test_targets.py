@@ -72,3 +72,14 @@ def test_load_target_gives_the_data_as_a_dict():
     d = load_target("sm_90a")
     assert d["smem_per_cta_bytes"] == 232448 and d["tma"]["max_box_dim"] == 256 and d["mma_atoms"][-1] == "wgmma"
     assert load_target("sm_75") is None
+
+
+def test_clustered_ctas_at_once_follow_the_measured_gpc_slots():
+    h200, b200 = get_gpu("H200"), get_gpu("B200")
+    assert h200.ctas_at_once(1, 1) == 132 and h200.ctas_at_once(1, 3) == 396
+    assert h200.ctas_at_once(4, 1) == 120            # 30 clusters of 4, not 33
+    assert h200.ctas_at_once(3, 1) == 117 and h200.ctas_at_once(2, 2) == 264
+    assert h200.ctas_at_once(4, 3) == 372            # the 2-per-SM row scaled, whole clusters only
+    assert h200.ctas_at_once(4, 8) == 992            # the 4-per-SM row scaled
+    assert h200.ctas_at_once(20, 1) == 132 // 20 * 20   # a size not measured: every SM in whole clusters
+    assert b200.cluster_slots is None and b200.ctas_at_once(4, 1) == 148 // 4 * 4
