@@ -220,7 +220,7 @@ def ptxas_check(cache_dir: Path) -> Check:
 
     def check(text: str) -> dict[str, int] | str:
         r = parse(text, "bench.cake")
-        if r.program is None:
+        if not r.ok:
             return "does not parse today"
         low = lower(r.program, "bench.cake")
         if low.outcome is not Outcome.OK:
@@ -272,7 +272,7 @@ def warehouse_rows(bf: BenchFile, harness_version: int = 0) -> dict[str, list[di
     for key, p in bf.programs.items():
         if p.text is not None:
             r = parse(p.text, p.path)
-            if r.program is not None:
+            if r.ok:           # not a program recovered around parse errors: it lacks the failed statements
                 parsed[key] = r.program
     for problem in problems:
         run_id = bf.run_id(problem)

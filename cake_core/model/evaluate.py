@@ -165,9 +165,9 @@ def samples_from_rows(rows: Sequence[dict[str, Any]], gpu: str) -> tuple[list[Sa
     for r in rows:
         text = r["ir_text"]
         if text not in programs:
-            p = parse(text, "attempt.cake").program
-            programs[text] = p
-            if p is None:
+            parsed = parse(text, "attempt.cake")
+            p = programs[text] = parsed.program if parsed.ok else None
+            if p is None:      # a recovered program with parse errors lacks the statements that failed
                 bad.append(f"attempt {r['attempt_id']}: its IR text does not parse today; left out")
         prog = programs[text]
         if prog is None:

@@ -153,3 +153,20 @@ def test_dedupe_keeps_one_median_sample_per_program_and_cell():
         measured(gemm_variants()[:1], SHAPES[:1], lambda p, s: 4.0, "r")
     (one,) = dedupe(s)
     assert one.measured_ms == 1.0
+
+
+def test_a_text_that_parses_only_around_an_error_is_left_out_of_the_samples():
+    """The parser recovers a program around a statement it refuses (a call of an op with the operands of an older
+    grammar); that program lacks the statement, so its measurement would be graded as another kernel's."""
+    from cake_core.model.evaluate import samples_from_rows
+    from cake_core.problems import get_problem
+
+    good = get_problem("kmeans_update").seed_text()
+    lines = good.splitlines()
+    bad = "\n".join(lines + ["    gather_add(sums, counts, assign, x[0, 0, 0], base=0, limit=N, first=0)"])
+    row = {"run_id": "r", "problem": "kmeans_update", "shape": "B=1,N=256,K=8,D=16", "timer": "cuda_event",
+           "median_ms": 1.0, "started_at": ""}
+    got, notes = samples_from_rows([dict(row, attempt_id="good", ir_text=good),
+                                    dict(row, attempt_id="bad", ir_text=bad)], "H200")
+    assert [s.attempt_id for s in got] == ["good"]
+    assert notes == ["attempt bad: its IR text does not parse today; left out"]
