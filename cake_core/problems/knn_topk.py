@@ -92,7 +92,7 @@ KNN_TOPK = Problem(
     flops=lambda s: 2.0 * s["Q"] * s["N"] * s["D"],
     bytes=lambda s: 2.0 * (s["Q"] + s["N"]) * s["D"] + 4.0 * s["Q"] * s["k"],
     seed_file="knn_topk.cake",
-    shape_sets=("knn_topk_small", "knn_topk_large", "knn_topk_aligned"),
+    shape_sets=("knn_topk_small", "knn_topk_large", "knn_topk_aligned", "knn_topk_medium"),
     compare_fn=_compare,
     # warp-specialized TMA + wgmma with a running top-k fused on the accumulator and the db row norms
     # computed in-kernel from the landed tile; D <= 128, D % 8 == 0 (TMA's 16-byte strides), k <= 16:
