@@ -4,7 +4,10 @@ Two runs of `cake evolve` as a user runs them, cold, with the same problem, shap
 candidate budget; one passes the cost filter (`--keep N` when given, else its default), the other times
 every candidate that compiled (`--no-filter`). Each run has a Cake home of its own under ``--home`` (so
 neither learns from the other's warehouse); they share one cubin cache, which changes no result, only how
-long nvcc takes. On the H200, from the repository root (see bench/gpu.sh):
+long nvcc takes. CuPy's kernel cache is each run's own (``CUPY_CACHE_DIR`` under its home): the kernels that
+draw inputs and references are compiled on first use, inside the first candidates' GPU time, so with one
+cache the run that goes first holds that cost alone (15-18 s of the filtered runs' GPU-seconds in
+bench/results/filter-pair-h200-2026-12-02e-explore-s{0,1}.md) and the GPU-seconds ratio leans to the second. On the H200, from the repository root (see bench/gpu.sh):
 
     STATE=fp bash bench/gpu.sh filter_pair --problem tinygemm --shapes tinygemm_decode --population 24 \\
         --generations 6 --keep 4
@@ -65,7 +68,8 @@ def run_arm(arm: str, args, out: Path, deadline: float) -> dict:
         (home / "cache").symlink_to(cache.resolve(), target_is_directory=True)
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("CAKE_")}, "CAKE_HOME": str(home),
            "CAKE_GPU": "off" if args.cpu else "require", "PYTHONUNBUFFERED": "1",
-           "PREFECT_HOME": str(home / "prefect"), "CAKE_PREFECT_PORT": str(_free_port())}
+           "PREFECT_HOME": str(home / "prefect"), "CAKE_PREFECT_PORT": str(_free_port()),
+           "CUPY_CACHE_DIR": str(home / "cupy-cache")}
     recorded = _recorded_run(home)
     if recorded and recorded["status"] == "completed":
         return {"arm": arm, "run_id": recorded["run_id"], "command": "(completed by an earlier call)", "exit": 0}
