@@ -32,6 +32,7 @@ from cake_core.agents.tactics_ws import WGMMA_N, warp_specialize, wgmma_consts
 from cake_core.ir.expr import Bin, Sym, symbols
 from cake_core.ir.ops import Node, Op, Slot
 from cake_core.ir.program import Program
+from cake_core.ir.verify import RULES, build_ctx
 from cake_core.targets import find_arch
 
 TILE_SIZES = (16, 32, 64, 128, 256)
@@ -95,9 +96,25 @@ def retile(p: Program, rng: np.random.Generator, bounds: Bounds | None = None) -
 
 
 def rethread(p: Program, rng: np.random.Generator, bounds: Bounds | None = None) -> Program:
-    """Change the CTA's thread count (CTA-collective kernels: roles fix theirs)."""
+    """Change the CTA's thread count (CTA-collective kernels: roles fix theirs) to one the verifier's resource
+    rules (``resources.*``: registers per thread, register tiles split evenly over the threads, shared memory,
+    CTAs per SM) accept, asked of each count before one is drawn; refused, with the reason, when none is.
+
+    Before::  ``@kernel(..., threads=128)`` with ``a_r = rmem(bf16, (BM, BK))``, BM * BK = 256
+    After::   ``@kernel(..., threads=256)`` -- never 512, which would leave half a thread's element
+    """
     refuse_unless(not _has_roles(p), "warp roles fix the thread count")
-    return replace(p, threads=int(rng.choice([t for t in THREAD_COUNTS if t != p.threads])))
+    arch = find_arch(p.target)
+    fits = [t for t in THREAD_COUNTS if t != p.threads and (arch is None or not _resource_faults(replace(p, threads=t),
+                                                                                                  arch))]
+    refuse_unless(bool(fits), f"no other thread count of {THREAD_COUNTS} passes the verifier's resource rules")
+    return replace(p, threads=int(rng.choice(fits)))
+
+
+def _resource_faults(p: Program, arch) -> list:
+    """The diagnostics of the verifier's ``resources.*`` rules on ``p``."""
+    ctx = build_ctx(p, arch)
+    return [d for k, r in RULES.items() if k.startswith("resources.") for d in r.check(ctx)]
 
 
 def unroll(p: Program, rng: np.random.Generator, bounds: Bounds | None = None) -> Program:

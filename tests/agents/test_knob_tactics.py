@@ -49,3 +49,21 @@ def test_retune_refuses_ring_depths_and_rethread_refuses_roles():
     r = apply("rethread", WS, np.random.default_rng(0))
     assert isinstance(r, Refused) and "roles" in r.reason
     assert apply("rethread", parse_program(GEMM.seed_text()), np.random.default_rng(0)).threads != 256
+
+
+def test_rethread_draws_only_thread_counts_the_resource_rules_accept():
+    """kmeans_update's seed holds `a_r = rmem(i32, (BN,))` with BN = 128 at threads=128: 256 and 512 threads
+    would leave threads without an element (the verifier's resources.rmem_split), so only 64 is drawn; with no
+    count left, rethread refuses and says why."""
+    seed_prog = parse_program(get_problem("kmeans_update").seed_text())
+    assert seed_prog.threads == 128 and seed_prog.const_env["BN"] == 128
+    drawn = [apply("rethread", seed_prog, np.random.default_rng(i)) for i in range(12)]
+    assert {c.threads for c in drawn} == {64}
+    assert all(not [d for d in verify(c) if d.rule.startswith("resources.")] for c in drawn[:4])
+    wider = seed_prog.with_consts(BN=512)          # 64 threads would need 272 registers each (resources.registers)
+    assert {apply("rethread", wider, np.random.default_rng(i)).threads for i in range(20)} == {256, 512}
+    tiny = parse_program(get_problem("kmeans_update").seed_text().replace('"BN": 128', '"BN": 64')
+                         .replace("threads=128", "threads=64"))
+    assert not [d for d in verify(tiny) if d.rule.startswith("resources.")]    # 64 of 64: every other count fails
+    r = apply("rethread", tiny, np.random.default_rng(0))
+    assert isinstance(r, Refused) and "resource rules" in r.reason
