@@ -20,7 +20,8 @@ from pathlib import Path
 from cake_core.agents.base import Context, Scored
 from cake_core.agents.search import tactic_record
 from cake_core.agents.tactic_agent import TacticAgent
-from cake_core.agents.tactics import TACTICS
+from cake_core.agents.rewrite import refuse_unless
+from cake_core.agents.tactics import TACTICS, THREAD_COUNTS, _has_roles
 from cake_core.harness.version import HarnessSpec
 from cake_core.pipeline import Attempt, check_stage, cost_filter_stage, lower_stage, verify_stage
 from cake_core.pipeline.rows import CHILD_TABLES, merge_rows, now
@@ -98,10 +99,21 @@ MINED_RUNS = (("knn_topk", "knn_topk_small", 2), ("kmeans_assign", "kmeans_assig
 # refusals of mma_sync children, winning sequences shared by two problems), so a tactic added to the agent
 # later changes every draw of these seeds and with them the data, not what the mining is tested on. drop_guards
 # is left out (its children are wrong on the ragged CPU shapes, a cluster of another kind).
+# rethread is the one these runs were drawn with: any other thread count. The agent's asks the verifier's
+# resource rules first (ef8d71b); its children here still fail verification on them, the clusters the miner
+# must recognise as restating a built-in rule.
+
+
+def _rethread_as_drawn(p, rng, bounds=None):
+    refuse_unless(not _has_roles(p), "warp roles fix the thread count")
+    return replace(p, threads=int(rng.choice([t for t in THREAD_COUNTS if t != p.threads])))
+
+
 MINED_TACTICS = {k: TACTICS[k] for k in (
     "mma_sync", "warp_specialize", "tma", "resident", "batch_wgmma", "pipeline_wgmma", "pingpong", "persistent",
     "split_k", "cluster_split", "multicast", "group_tiles", "retile", "restage", "retune", "rethread", "unroll",
     "occupancy")}
+MINED_TACTICS["rethread"] = _rethread_as_drawn
 
 
 def mined_runs(wh_root, generations: int = 4, population: int = 8) -> dict[str, dict[str, int]]:
