@@ -105,8 +105,8 @@ def rethread(p: Program, rng: np.random.Generator, bounds: Bounds | None = None)
     """
     refuse_unless(not _has_roles(p), "warp roles fix the thread count")
     arch = find_arch(p.target)
-    fits = [t for t in THREAD_COUNTS if t != p.threads and (arch is None or not _resource_faults(replace(p, threads=t),
-                                                                                                  arch))]
+    fits = [t for t in THREAD_COUNTS if t != p.threads
+            and (arch is None or not _resource_faults(replace(p, threads=t), arch))]
     refuse_unless(bool(fits), f"no other thread count of {THREAD_COUNTS} passes the verifier's resource rules")
     return replace(p, threads=int(rng.choice(fits)))
 

@@ -16,9 +16,10 @@ when what one wave touches fits in the usable L2, else it is read again per wave
 Split-K is how many CTAs write the same output window.
 
 Occupancy is CTAs per SM from ptxas' registers and shared memory (the IR's estimate without ptxas),
-threads, and the GPU's CTA limit; a clustered grid runs as many whole clusters at once as the GPU's GPCs hold
-(``Gpu.ctas_at_once``: 30 clusters of 4 on the H200 at one CTA per SM, not 33); waves and the tail wave follow. Every field is a number or a short
-string: ``vector()`` is the fixed-length numeric form the learned model reads (schema ``FEATURE_NAMES``).
+threads, and the GPU's CTA limit; a clustered grid runs as many whole clusters at once as the GPU's GPCs
+hold (``Gpu.ctas_at_once``: 30 clusters of 4 on the H200 at one CTA per SM, not 33); waves and the tail
+wave follow. Every field is a number or a short string: ``vector()`` is the fixed-length numeric form the
+learned model reads (schema ``FEATURE_NAMES``).
 
 Op coverage: ``TRAFFIC`` classifies every registered op (a test checks it); FLOPs and bytes per op come
 from the per-op hooks of ``charges.py`` (``cost_hook``), except atomics, counted here from the added tile.
