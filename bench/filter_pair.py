@@ -7,7 +7,8 @@ neither learns from the other's warehouse); they share one cubin cache, which ch
 long nvcc takes. CuPy's kernel cache is each run's own (``CUPY_CACHE_DIR`` under its home): the kernels that
 draw inputs and references are compiled on first use, inside the first candidates' GPU time, so with one
 cache the run that goes first holds that cost alone (15-18 s of the filtered runs' GPU-seconds in
-bench/results/filter-pair-h200-2026-12-02e-explore-s{0,1}.md) and the GPU-seconds ratio leans to the second. On the H200, from the repository root (see bench/gpu.sh):
+bench/results/filter-pair-h200-2026-12-02e-explore-s{0,1}.md) and the GPU-seconds ratio leans to the second.
+On the H200, from the repository root (see bench/gpu.sh):
 
     STATE=fp bash bench/gpu.sh filter_pair --problem tinygemm --shapes tinygemm_decode --population 24 \\
         --generations 6 --keep 4

@@ -37,22 +37,17 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cake_core.model.filter import best_places, explore_picks, mean_order  # noqa: E402
+from cake_core.model.filter import explore_picks, mean_order  # noqa: E402
 from warehouse import Warehouse  # noqa: E402
 
 
 DRAWS = 200                     # random draws the mean+random filter is averaged over
 
 
-def _shape_first_order(scores: np.ndarray) -> list[int]:
-    place, mean = best_places(scores), scores.mean(axis=1)
-    return sorted(range(scores.shape[0]), key=lambda i: (place[i], -mean[i], i))
-
-
 def passed(name: str, scores: np.ndarray, keep: int, draw: int = 0) -> set[int]:
     """The candidates filter ``name`` lets through (``draw``: which random draw, for mean+random)."""
     if name == "shape-first":
-        return set(_shape_first_order(scores)[:keep])
+        return set(explore_picks(scores, range(scores.shape[0]), keep))    # every candidate by its best place
     order = mean_order(scores)
     top, rest = set(order[:keep]), order[keep:]
     if name == "mean" or not rest:
