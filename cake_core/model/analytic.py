@@ -3,7 +3,8 @@
 Per CTA (``features``): tensor-core time at the SM's share of the GPU's peak (times the atom's
 efficiency), FMA and SIMT time at the SM's SIMT rate, the smem bandwidth the MMA operands need (a
 small-N wgmma tile is bound by reading its operands), shared-memory read-modify-writes (smem atomics and
-owned-row adds) at the SM's rate, barriers at a fixed cost each. Math of one math
+owned-row adds) at the rate the SM reaches with the warps it holds (``Gpu.smem_rmw_ops_per_s``: their
+chains of dependent reads and writes need many warps to hide latency), barriers at a fixed cost each. Math of one math
 role is the sum of tensor and SIMT time; with ``r`` math roles (ping-pong consumers) they overlap:
 ``combine(a, b, r) = max(a, b) + min(a, b) / r``.
 
@@ -29,6 +30,7 @@ import numpy as np
 from cake_core.model.base import CostModelBase, NotEnoughData, Sample
 from cake_core.model.charges import load_gpu
 from cake_core.model.features import Features
+from cake_core.targets import get_gpu
 
 VERSION = "analytic-2"
 # Fraction of each unit's peak a kernel reaches (of the GPU data's measured or datasheet figure).
@@ -63,12 +65,13 @@ class AnalyticModel(CostModelBase):
 
     def terms(self, f: Features) -> dict[str, float]:
         """The time terms (seconds) of a feature set; ``total`` is the prediction before ``scale``."""
-        g, e = load_gpu(self.gpu), self.eff
+        g, e, gpu = load_gpu(self.gpu), self.eff, get_gpu(self.gpu)
         sms = g["sms"]
         tensor = f.tensor_flops / (g["bf16_tensor_flops"] / sms * e.get(f.atom, e["wgmma"])) if f.tensor_flops else 0.0
         fma = f.fma_flops / (g["fp32_simt_flops"] / sms * e["fma"])
         simt = f.simt_ops / (g["fp32_simt_flops"] / sms * e["simt"]) + \
-            f.smem_atomic_ops / (g["smem_atomic_ops_per_s"] / sms)
+            f.smem_atomic_ops / gpu.smem_rmw_ops_per_s("atomic", f.warps_per_sm) + \
+            f.smem_owned_ops / gpu.smem_rmw_ops_per_s("owned", f.warps_per_sm)
         smem = f.smem_operand_bytes / (g["smem_bytes_per_s"] / sms * e["smem"])
         sync = f.syncs * SYNC_CYCLES / g["sm_clock_hz"]
         math_cta = combine(max(tensor, smem), fma + simt, max(f.math_roles, 1))

@@ -3,8 +3,8 @@ ptxas reported.
 
 Per CTA (CTA 0 stands for every CTA), summed over loop trips: tensor-core FLOPs by MMA
 atom (``mma``'s atom, ``wgmma``, ``tcgen05_mma``: every MMA op counts), SIMT work, gmem bytes by copy
-engine (plain loads, cp.async, TMA), gmem writes, atomics (gmem element or ``red.v4`` operations, smem
-atomics apart), the smem traffic of MMA operands, CTA barriers, and the bytes each copy keeps in flight
+engine (plain loads, cp.async, TMA), gmem writes, atomics (gmem element or ``red.v4`` operations; adds
+into smem apart, by lowering: shared-memory atomics or warp-owned rows), the smem traffic of MMA operands, CTA barriers, and the bytes each copy keeps in flight
 (its ring depth, or the unroll of its loop). An ``if`` whose condition folds under the shape (``M <= 8``)
 counts only when taken; a loop whose ``if``/binding depends on its variable is walked trip by trip (a
 sample of trips when long), so ``if i > 0`` counts ``trips - 1`` times.
@@ -35,6 +35,7 @@ import numpy as np
 from cake_core.ir.expr import Bin, Call, Cmp, Expr, Sym, substitute, symbols, try_evaluate
 from cake_core.ir.ops import REGISTRY, At, Full, Node, Op, Slot, Tile, View, loop_range
 from cake_core.ir.program import Program
+from cake_core.ir.rule_ctx import view_extent
 from cake_core.ir.types import MemSpace
 from cake_core.ir.verify import build_ctx, rmem_words_per_thread, smem_bytes
 from cake_core.model.charges import HOOKS, Work, load_gpu
@@ -46,6 +47,9 @@ MAX_WALKED_TRIPS = 32          # a loop walked trip by trip visits at most this 
 L2_USABLE = 0.5                # Hopper's L2 is two partitions; a line read from the far one is held in both
 REG_ALLOC_EXTRA = 24           # registers ptxas adds to the rmem tiles' words (addresses, indices), no ptxas
 SMEM_RESERVED_PER_CTA = 1024   # shared memory the driver reserves for each resident CTA (sm_80+)
+# cp_async_smem_gmem's element-by-element path (rows not 16-byte aligned) is unrolled by 4 in its PTX: four
+# ld.global ahead of their st.shared, so a thread keeps at most four elements in flight.
+SYNC_COPY_ELEMS_IN_FLIGHT = 4
 
 # What each op moves: (class, engine). read: gmem -> smem/rmem; write: smem/rmem -> gmem; atomic: adds
 # into gmem or smem; mma: tensor-core or FMA matrix multiply; simt: tile math; none: structure, allocation,
@@ -117,7 +121,8 @@ class Features:
     write_bytes: float
     atomic_ops: float           # gmem atomic operations (a red.v4 is one)
     atomic_bytes: float
-    smem_atomic_ops: float
+    smem_atomic_ops: float      # adds into smem with shared-memory atomics
+    smem_owned_ops: float       # ... with plain adds by the warp owning the row (scatter_add owner="warp")
     smem_operand_bytes: float   # MMA operand bytes read from smem
     syncs: float                # CTA barriers executed
     copy_trips: float           # copy ops executed (issue rounds)
@@ -185,6 +190,7 @@ class _Acc:
     atomic_ops: float = 0.0
     atomic_bytes: float = 0.0
     smem_atomic_ops: float = 0.0
+    smem_owned_ops: float = 0.0
     smem_operand: float = 0.0
     syncs: float = 0.0
     copy_trips: float = 0.0
@@ -215,7 +221,9 @@ class _Walker:
         self.unroll: list[int] = [1]
         self.acc = _Acc(tensor={})
         self.streams: dict[int, _Stream] = {}
-        self.inflight: dict[int, float] = {}       # per copy op: bytes of one issue x its ring depth
+        self.inflight: dict[int, float] = {}       # per async copy op: bytes of one issue x its ring depth
+        self.sync_inflight: dict[int, float] = {}  # per synchronous copy op: what its threads keep in flight
+        self.sync_bytes = 0.0                      # ... and the bytes such copies read
         self.roles: list[Node] = [n for n in program.body if n.op is Op.ROLE]
         self.math_roles: set[int] = set()
         self.role: Node | None = None
@@ -298,20 +306,71 @@ class _Walker:
         elif cls == "simt":
             a.simt += w.simt_flops
         elif cls == "read":
+            issue = w.bytes / max(trips, 1e-9)
+            dst = self.ctx.buffers.get(_buf_name(n.arg("dst")))
+            depth = dst.stages if dst is not None and dst.stages > 1 else self.unroll[-1]
+            sync = n.op is Op.CP_ASYNC and not self._cp_async_chunked(n)
+            if sync:
+                # rows not 16-byte aligned at this shape: the copy goes element by element, synchronously
+                elem = self.ctx.buffers[n.arg("src").buf].dtype.bytes
+                engine = "load"
+                a.simt += w.bytes / elem
+                self.sync_bytes += w.bytes
+                self.sync_inflight[id(n)] = min(issue, self.ctx.threads_of(n) * SYNC_COPY_ELEMS_IN_FLIGHT * elem)
             a.reads[engine] += w.bytes
             a.simt += w.simt_flops
             a.copy_trips += trips
             if n.op is Op.TMA_LOAD and n.attr("multicast"):
                 a.multicast = True
-            dst = self.ctx.buffers.get(_buf_name(n.arg("dst")))
-            depth = dst.stages if dst is not None and dst.stages > 1 else self.unroll[-1]
-            self.inflight[id(n)] = max(self.inflight.get(id(n), 0.0), w.bytes / max(trips, 1e-9) * depth)
+            if not sync:
+                self.inflight[id(n)] = max(self.inflight.get(id(n), 0.0), issue * depth)
             self._stream(n, "read", w.bytes)
         elif cls == "write":
             a.write += w.bytes
             self._stream(n, "write", w.bytes)
         else:
             self._atomic(n, trips)
+
+    def inflight_bytes(self) -> float:
+        """Gmem bytes one CTA keeps in flight. Async copies overlap one another: their rings add up.
+        Synchronous copies run one after another (the largest counts), and they bound the bytes they
+        read: with both kinds, the bytes-weighted harmonic mean of the two."""
+        rings = sum(self.inflight.values())
+        if not self.sync_inflight:
+            return rings
+        sync = max(self.sync_inflight.values())
+        async_bytes = sum(self.acc.reads.values()) - self.sync_bytes
+        if not rings or async_bytes <= 0:
+            return sync
+        return (async_bytes + self.sync_bytes) / (async_bytes / rings + self.sync_bytes / sync)
+
+    def _cp_async_chunked(self, n: Node) -> bool:
+        """Whether ``cp_async`` moves its window in 16-byte cp.async chunks at this shape (as
+        ``cake::cp_async_smem_gmem`` decides at run time): the window's columns are the tensor's last
+        dimension, whole chunks wide, and its start and row stride are 16-byte multiples. Unknown: yes."""
+        v = n.arg("src")
+        t = self.ctx.buffers.get(v.buf) if isinstance(v, View) else None
+        if t is None:
+            return True
+        dims = [try_evaluate(d, self.env) for d in t.shape]
+        if any(d is None for d in dims):
+            return True
+        kept = [d for d, ix in enumerate(v.index) if isinstance(ix, (Tile, Full))]
+        ext = view_extent(self.ctx, v)
+        cols = try_evaluate(ext[-1], self.env) if ext else None
+        if not kept or cols is None:
+            return True
+        elem = t.dtype.bytes
+        stride = [math.prod(dims[d + 1:]) for d in range(len(dims))]
+        offset = 0
+        for d, ix in enumerate(v.index):
+            if isinstance(ix, (Tile, At)):
+                first = try_evaluate(self.expand(ix.index), self.env) or 0
+                size = try_evaluate(ix.size, self.env) or 0 if isinstance(ix, Tile) else 1
+                offset += first * size * stride[d]
+        ld_row = stride[kept[0]] if len(kept) == 2 else 0
+        return kept[-1] == len(dims) - 1 and (cols * elem) % 16 == 0 and (ld_row * elem) % 16 == 0 \
+            and (offset * elem) % 16 == 0
 
     def _mma(self, n: Node, w: Work, trips: float) -> None:
         a = self.acc
@@ -352,6 +411,8 @@ class _Walker:
             a.atomic_ops += elems / vec
             a.atomic_bytes += elems * dst.dtype.bytes
             self._stream(n, "atomic", elems * dst.dtype.bytes)
+        elif n.op is Op.SCATTER_ADD and n.attr("owner") == "warp":
+            a.smem_owned_ops += elems
         else:
             a.smem_atomic_ops += elems
 
@@ -520,7 +581,7 @@ def extract(program: Program, shape: dict[str, int], gpu: str = "H200", resource
         tensor_flops=sum(v for k, v in a.tensor.items() if k != "fma"), fma_flops=a.tensor.get("fma", 0.0),
         simt_ops=a.simt, read_bytes_load=reads["load"], read_bytes_cp_async=reads["cp_async"],
         read_bytes_tma=reads["tma"], write_bytes=a.write, atomic_ops=a.atomic_ops, atomic_bytes=a.atomic_bytes,
-        smem_atomic_ops=a.smem_atomic_ops, smem_operand_bytes=a.smem_operand, syncs=a.syncs,
-        copy_trips=a.copy_trips, inflight_bytes=sum(w.inflight.values()),
+        smem_atomic_ops=a.smem_atomic_ops, smem_owned_ops=a.smem_owned_ops, smem_operand_bytes=a.smem_operand, syncs=a.syncs,
+        copy_trips=a.copy_trips, inflight_bytes=w.inflight_bytes(),
         flops=tensor_total * ctas, l2_bytes=l2, dram_bytes=dram, unique_bytes=once,
         footprint_bytes=float(sum(footprint.values())), wave_bytes=wave_bytes, split_k=split_k)

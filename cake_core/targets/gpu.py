@@ -28,6 +28,19 @@ class ClusterSlots:
 
 
 @dataclass(frozen=True)
+class SmemRmw:
+    """How fast one SM adds into a shared-memory accumulator with ``lowering`` (``atomic``: shared-memory
+    atomics; ``owned``: plain adds by the warp owning each row), against the warps ``n`` it holds:
+    ``per_clk * n / (n + half_warps)`` elements per clock. Each warp's adds are chains of dependent
+    shared-memory reads and writes, so few warps leave the SM waiting on their latency (Little's law);
+    ``half_warps`` is where half the peak is reached. Fitted by ``bench/smem_rmw.py``."""
+
+    lowering: str
+    per_clk: float
+    half_warps: float
+
+
+@dataclass(frozen=True)
 class Gpu:
     """One GPU product: its architecture, SMs, L2, HBM bandwidth and peak rates (where each comes from in
     ``source``)."""
@@ -42,7 +55,7 @@ class Gpu:
     l2_bytes_per_s: float          # L2 -> SM bandwidth the cost model charges re-read operands at
     smem_bytes_per_s: float        # shared-memory bandwidth of the whole GPU
     l2_atomic_ops_per_s: float     # gmem (L2) atomics
-    smem_atomic_ops_per_s: float   # shared-memory read-modify-writes
+    smem_rmw: tuple[SmemRmw, ...]  # shared-memory read-modify-writes per SM, by lowering and resident warps
     launch_s: float                # an empty kernel launch, as the timing protocol measures it
     dram_latency_s: float          # what Little's law puts between bytes in flight and bandwidth
     sm_clock_hz: float
@@ -53,6 +66,15 @@ class Gpu:
     @property
     def arch_data(self) -> Arch:
         return get_arch(self.arch)
+
+    def smem_rmw_ops_per_s(self, lowering: str, warps_per_sm: float) -> float:
+        """Elements one SM adds into shared memory per second with ``lowering`` when it holds ``warps_per_sm``
+        warps (see :class:`SmemRmw`)."""
+        by = {r.lowering: r for r in self.smem_rmw}
+        if lowering not in by:
+            raise KeyError(f"{self.name} has no smem_rmw row for `{lowering}`; it has {', '.join(sorted(by))}")
+        r, n = by[lowering], max(float(warps_per_sm), 1.0)
+        return r.per_clk * n / (n + r.half_warps) * self.sm_clock_hz
 
     def ctas_at_once(self, cluster: int, ctas_per_sm: int) -> int:
         """CTAs resident at once when each SM holds ``ctas_per_sm`` and CTAs come in clusters of ``cluster``.

@@ -1,10 +1,13 @@
 """bench/ncu_summary.py reads Nsight Compute's raw and source CSV pages (the layout bench/gpu.sh profile
-writes); bench/read_floor.py on a machine without a GPU says so and exits 2 instead of raising."""
+writes); bench/read_floor.py on a machine without a GPU says so and exits 2 instead of raising; bench/smem_rmw.py's
+probe compiles without a GPU, and its fit is what the H200's data file holds."""
 from __future__ import annotations
 
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -122,3 +125,43 @@ def test_the_filter_replay_grades_each_filter_on_what_a_no_filter_run_timed(tmp_
     assert filter_replay.replay([gen], keep=3)["mean"]["generations"] == 0    # all but one pass: nothing graded
     assert filter_replay.main(["--home", str(tmp_path)]) == 2
     assert "no warehouse under" in capsys.readouterr().err
+
+
+def test_the_smem_rmw_probe_compiles_with_the_device_header():
+    """The probe includes cake_core/lower/header as the kernels do; nvcc compiles it without a GPU."""
+    r = subprocess.run([sys.executable, str(ROOT / "bench/smem_rmw.py"), "--compile-only"], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "the probe compiles" in r.stdout
+
+
+def test_the_smem_rmw_fit_recovers_the_rate_curve_and_refuses_rows_it_cannot_fit():
+    import smem_rmw
+
+    def row(lowering, threads, per_sm, rate):
+        return {"lowering": lowering, "threads": threads, "rows": 384, "ctas_per_sm": per_sm, "ctas_per_sm_fit": per_sm,
+                "cycles_per_call": 1.0, "elems_per_clk_per_sm": rate}
+
+    curve = lambda n: 4.0 * n / (n + 8.0)      # noqa: E731 - per_clk 4, half_warps 8
+    rows = [row("owned", t, k, curve(t / 32 * k)) for t in (128, 256, 512, 1024) for k in (1, 2)]
+    (fit,) = smem_rmw.fit(rows)
+    assert fit["lowering"] == "owned" and fit["rows"] == 8
+    assert abs(fit["per_clk"] - 4.0) < 1e-3 and abs(fit["half_warps"] - 8.0) < 1e-2 and fit["rms_log_error"] < 1e-3
+    # a CTA count per SM that did not fit counts as what ran: 2 asked, 1 fit
+    assert smem_rmw.resident_warps({**rows[1], "ctas_per_sm_fit": 1}) == 4
+    falling = [row("atomic", t, 1, 8.0 / (t / 32)) for t in (128, 256, 512)]    # more warps, slower: no fit
+    with pytest.raises(ValueError, match="do not fit"):
+        smem_rmw.fit(falling)
+
+
+def test_the_h200_smem_rmw_rates_are_the_probes_fit():
+    """cake_core/targets/gpus/h200.json's smem_rmw rows are bench/smem_rmw.py's fit of the committed H200 run."""
+    import json
+
+    import smem_rmw
+
+    from cake_core.targets import get_gpu
+    data = json.loads((ROOT / "bench/results/smem-rmw-h200-2026-12-03.json").read_text())
+    assert data["device"] == "NVIDIA H200"
+    fitted = {f["lowering"]: (f["per_clk"], f["half_warps"]) for f in smem_rmw.fit(data["rows"])}
+    assert {r.lowering: (r.per_clk, r.half_warps) for r in get_gpu("H200").smem_rmw} == fitted

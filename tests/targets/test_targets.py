@@ -83,3 +83,16 @@ def test_clustered_ctas_at_once_follow_the_measured_gpc_slots():
     assert h200.ctas_at_once(4, 8) == 992            # the 4-per-SM row scaled
     assert h200.ctas_at_once(20, 1) == 132 // 20 * 20   # a size not measured: every SM in whole clusters
     assert b200.cluster_slots is None and b200.ctas_at_once(4, 1) == 148 // 4 * 4
+
+
+def test_smem_adds_per_sm_rise_with_the_warps_that_hide_their_latency():
+    h200 = get_gpu("H200")
+    rate = {lowering: [h200.smem_rmw_ops_per_s(lowering, n) for n in (4, 8, 16, 32, 64)]
+            for lowering in ("atomic", "owned")}
+    for lowering, r in rate.items():
+        assert r == sorted(r) and r[0] < r[-1] / 2, lowering      # 4 warps: under half of 64 warps' rate
+        row = next(x for x in h200.smem_rmw if x.lowering == lowering)
+        assert r[-1] < row.per_clk * h200.sm_clock_hz             # the peak is approached, never passed
+    assert h200.smem_rmw_ops_per_s("owned", 0) == h200.smem_rmw_ops_per_s("owned", 1)
+    with pytest.raises(KeyError, match="no smem_rmw row for `gather`"):
+        h200.smem_rmw_ops_per_s("gather", 16)
