@@ -17,8 +17,10 @@ so a kernel timed in two runs is not graded on its own measurement. The analytic
 not fitted on anything: it is graded on every sample.
 
 ``compare`` decides whether the learned model replaces the analytic one: on the cells both graded, a
-higher within-shape Spearman and no lower best-survives fraction; overall, and for each problem on its own
-cells (a run of that problem uses the learned model where it won there).
+higher within-shape Spearman, and no cells lost the measured best to it beyond chance -- of the cells where
+one model keeps the best and the other drops it, the learned model's drops are not significantly more than
+its keeps (one-sided sign test, ``SURVIVAL_ALPHA``), so one cell of 150 does not decide; overall, and for each
+problem on its own cells (a run of that problem uses the learned model where it won there).
 """
 from __future__ import annotations
 
@@ -29,13 +31,14 @@ from statistics import median
 from typing import Any, Callable, Sequence
 
 from cake_core.model.base import CostModelBase, NotEnoughData, Sample
-from cake_core.model.quality import (best_survives_fraction, median_error_factor, top1_hit_rate,
-                                     within_group_spearman)
+from cake_core.model.quality import (best_survives_fraction, best_survivors, median_error_factor, sign_test_p,
+                                     top1_hit_rate, within_group_spearman)
 
 SPLITS = ("run", "time")
 TIME_HOLDOUT = 0.3
 LARGE_CELL = 10             # programs in a cell for its Spearman to count among the large cells
 KEEP = 0.5                  # the flow keeps half a generation (plus exploration)
+SURVIVAL_ALPHA = 0.05       # the sign test's level for "the learned model drops the best more often"
 
 
 @dataclass(frozen=True)
@@ -105,7 +108,7 @@ def held_out(fit: Callable[[list[Sample]], CostModelBase], samples: Sequence[Sam
 
 def figures(rows: Sequence[Scored], keep: float = KEEP) -> dict[str, Any]:
     """The four figures over ``rows`` (see the module docstring) and the counts behind them."""
-    cells = [(r.sample.group, -r.score, r.sample.measured_ms) for r in rows]
+    cells = _cells(rows)
     rho, n_rho = within_group_spearman(cells)
     rho_large, n_large = within_group_spearman(cells, LARGE_CELL)
     ncell = defaultdict(int)
@@ -127,16 +130,28 @@ def report(rows: Sequence[Scored], keep: float = KEEP) -> dict[str, dict[str, An
     return out
 
 
+def _cells(rows: Sequence[Scored]) -> list[tuple[Any, float, float]]:
+    return [(r.sample.group, -r.score, r.sample.measured_ms) for r in rows]
+
+
 def _verdict(analytic: Sequence[Scored], learned: Sequence[Scored], keep: float) -> dict[str, Any]:
     both = {r.sample.group for r in learned} & {r.sample.group for r in analytic}
-    a = figures([r for r in analytic if r.sample.group in both], keep)
-    b = figures([r for r in learned if r.sample.group in both], keep)
+    analytic = [r for r in analytic if r.sample.group in both]
+    learned = [r for r in learned if r.sample.group in both]
+    a, b = figures(analytic, keep), figures(learned, keep)
+    sa, sb = best_survivors(_cells(analytic), keep), best_survivors(_cells(learned), keep)
+    lost = sum(1 for g, kept in sa.items() if kept and not sb.get(g, False))
+    saved = sum(1 for g, kept in sb.items() if kept and not sa.get(g, False))
+    p = sign_test_p(lost, saved)
     wins = (a["spearman"] is not None and b["spearman"] is not None and b["spearman"] > a["spearman"]
-            and (b["best_survives"] or 0) >= (a["best_survives"] or 0))
+            and p >= SURVIVAL_ALPHA)
     fmt = (lambda x: "-" if x is None else f"{x:.3f}")
     summary = (f"held-out cells {b['cells']}: within-shape Spearman learned {fmt(b['spearman'])} vs analytic "
-               f"{fmt(a['spearman'])}, best survives {fmt(b['best_survives'])} vs {fmt(a['best_survives'])}")
-    return {"learned_wins": bool(wins), "analytic": a, "learned": b, "summary": summary}
+               f"{fmt(a['spearman'])}, best survives {fmt(b['best_survives'])} vs {fmt(a['best_survives'])} "
+               f"(learned drops it in {lost} cells the analytic keeps, keeps it in {saved} the analytic drops"
+               f"{f'; sign test p={p:.3f}' if lost > saved else ''})")
+    return {"learned_wins": bool(wins), "analytic": a, "learned": b, "summary": summary,
+            "best_lost": lost, "best_saved": saved, "survival_p": p}
 
 
 def compare(analytic: Sequence[Scored], learned: Sequence[Scored], keep: float = KEEP) -> dict[str, Any]:
@@ -148,7 +163,7 @@ def compare(analytic: Sequence[Scored], learned: Sequence[Scored], keep: float =
     for prob in sorted({r.sample.problem for r in learned} & {r.sample.problem for r in analytic}):
         v = _verdict([r for r in analytic if r.sample.problem == prob], [r for r in learned if r.sample.problem == prob],
                      keep)
-        per[prob] = {"learned_wins": v["learned_wins"], "summary": v["summary"]}
+        per[prob] = {k: v[k] for k in ("learned_wins", "summary", "best_lost", "best_saved", "survival_p")}
     out["per_problem"] = per
     out["problems_won"] = [p for p, v in per.items() if v["learned_wins"]]
     return out

@@ -64,11 +64,16 @@ def median_abs_log_error(predicted: Sequence[float], measured: Sequence[float]) 
 # rows: (group, predicted, measured) where ``predicted`` orders like time (lower: predicted faster).
 
 
-def _groups(rows: Sequence[tuple[Hashable, float, float]], min_size: int) -> list[list[tuple[float, float]]]:
+def _keyed_groups(rows: Sequence[tuple[Hashable, float, float]], min_size: int
+                  ) -> dict[Hashable, list[tuple[float, float]]]:
     groups: dict[Hashable, list[tuple[float, float]]] = defaultdict(list)
     for g, p, m in rows:
         groups[g].append((p, m))
-    return [v for v in groups.values() if len(v) >= min_size]
+    return {k: v for k, v in groups.items() if len(v) >= min_size}
+
+
+def _groups(rows: Sequence[tuple[Hashable, float, float]], min_size: int) -> list[list[tuple[float, float]]]:
+    return list(_keyed_groups(rows, min_size).values())
 
 
 def within_group_spearman(rows: Sequence[tuple[Hashable, float, float]], min_size: int = 3
@@ -90,18 +95,28 @@ def top1_hit_rate(rows: Sequence[tuple[Hashable, float, float]]) -> float | None
     return hits / len(groups)
 
 
-def best_survives_fraction(rows: Sequence[tuple[Hashable, float, float]], keep: float = 0.5) -> float | None:
-    """Fraction of groups (2+ candidates) whose measured fastest is among the ``ceil(keep * n)`` lowest
+def best_survivors(rows: Sequence[tuple[Hashable, float, float]], keep: float = 0.5) -> dict[Hashable, bool]:
+    """Per group (2+ candidates): whether its measured fastest is among the ``ceil(keep * n)`` lowest
     predictions (the filter's keep share, exploration left out)."""
-    groups = _groups(rows, 2)
-    if not groups:
-        return None
-    hits = 0
-    for g in groups:
+    out = {}
+    for key, g in _keyed_groups(rows, 2).items():
         k = max(1, math.ceil(keep * len(g)))
         best = min(range(len(g)), key=lambda i: g[i][1])
-        hits += best in sorted(range(len(g)), key=lambda i: (g[i][0], i))[:k]
-    return hits / len(groups)
+        out[key] = best in sorted(range(len(g)), key=lambda i: (g[i][0], i))[:k]
+    return out
+
+
+def best_survives_fraction(rows: Sequence[tuple[Hashable, float, float]], keep: float = 0.5) -> float | None:
+    """Fraction of groups (2+ candidates) whose measured fastest survives (``best_survivors``)."""
+    kept = best_survivors(rows, keep)
+    return sum(kept.values()) / len(kept) if kept else None
+
+
+def sign_test_p(worse: int, better: int) -> float:
+    """One-sided sign test: the chance of ``worse`` or more of ``worse + better`` discordant pairs going one
+    way if each went either way at even odds (1.0 with no discordant pair)."""
+    n = worse + better
+    return sum(math.comb(n, i) for i in range(worse, n + 1)) / 2 ** n if n else 1.0
 
 
 def median_error_factor(predicted: Sequence[float], measured: Sequence[float]) -> float | None:

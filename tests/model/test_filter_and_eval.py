@@ -6,10 +6,10 @@ import pytest
 from model_fixtures import gemm_variants, measured, seed
 
 from cake_core.model.analytic import AnalyticModel
-from cake_core.model.evaluate import compare, dedupe, figures, folds, grade, held_out
+from cake_core.model.evaluate import Scored, compare, dedupe, figures, folds, grade, held_out
 from cake_core.model.filter import best_places, cost_filter, filter_recall
-from cake_core.model.quality import (best_survives_fraction, median_error_factor, top1_hit_rate,
-                                     within_group_spearman)
+from cake_core.model.quality import (best_survives_fraction, best_survivors, median_error_factor, sign_test_p,
+                                     top1_hit_rate, within_group_spearman)
 
 A = AnalyticModel("H200")
 SHAPES = [{"M": 2048, "N": 2048, "K": 2048}, {"M": 4096, "N": 4096, "K": 4096}]
@@ -112,6 +112,7 @@ def test_within_group_figures():
     assert top1_hit_rate(rows) == pytest.approx(1 / 3)
     assert best_survives_fraction(rows, keep=0.5) == pytest.approx(1 / 3)
     assert best_survives_fraction(rows, keep=1.0) == 1.0
+    assert best_survivors(rows, keep=0.5) == {"a": True, "b": False, "c": False}
     assert median_error_factor([2.0, 1.0, 4.0], [1.0, 1.0, 1.0]) == pytest.approx(2.0)
 
 
@@ -146,6 +147,41 @@ def test_held_out_grades_only_fitted_folds_and_compare_records_the_winner():
     c = compare(exact, worse)
     assert c["learned_wins"] is False and "vs analytic 1.000" in c["summary"]
     assert compare(worse, exact)["learned_wins"] is True
+
+
+def test_the_sign_test_counts_the_tail_of_a_fair_coin():
+    assert sign_test_p(0, 0) == 1.0 and sign_test_p(1, 0) == 0.5 and sign_test_p(0, 3) == 1.0
+    assert sign_test_p(6, 0) == pytest.approx(1 / 64) and sign_test_p(5, 5) == pytest.approx(638 / 1024)
+
+
+def _cells_ranked(drops: int, cells: int = 12) -> tuple[list[Scored], list[Scored]]:
+    """``cells`` cells of four programs measured 1 < 2 < 3 < 4 ms. The analytic model keeps the best and
+    reverses the rest (rho 0.2); the learned model ranks right (rho 1.0) except in ``drops`` cells, where it
+    puts the best third (rho 0.4) and the filter's keep-half drops it."""
+    a_rows, l_rows = [], []
+    for c in range(cells):
+        samples = measured(gemm_variants()[:4], SHAPES[:1], lambda p, s: 0.0, f"cell{c}")
+        a_order, l_order = (1, 4, 3, 2), ((3, 1, 2, 4) if c < drops else (1, 2, 3, 4))
+        for i, s in enumerate(samples):
+            s = type(s)(s.program, s.shape, s.gpu, s.problem, s.resources, float(i + 1), s.run_id, s.attempt_id,
+                        s.timer, s.meta)
+            a_rows.append(Scored(s, -a_order[i], float(a_order[i]), "f"))
+            l_rows.append(Scored(s, -l_order[i], float(l_order[i]), "f"))
+    return a_rows, l_rows
+
+
+def test_the_learned_model_wins_on_rank_unless_it_drops_the_best_beyond_chance():
+    a, l = _cells_ranked(drops=1)                  # one cell of 12: a coin could do that
+    c = compare(a, l)
+    assert c["learned"]["spearman"] == pytest.approx((11 + 0.4) / 12) and c["analytic"]["spearman"] == pytest.approx(0.2)
+    assert c["learned"]["best_survives"] < c["analytic"]["best_survives"]
+    assert c["learned_wins"] is True and (c["best_lost"], c["best_saved"]) == (1, 0)
+    assert "drops it in 1 cells the analytic keeps" in c["summary"] and "p=0.500" in c["summary"]
+    a, l = _cells_ranked(drops=6)                  # six of 12, none saved: p = 1/64
+    c = compare(a, l)
+    assert c["learned"]["spearman"] > c["analytic"]["spearman"]
+    assert c["learned_wins"] is False and c["survival_p"] == pytest.approx(1 / 64) and "p=0.016" in c["summary"]
+    assert c["per_problem"]["gemm_bf16"]["learned_wins"] is False
 
 
 def test_dedupe_keeps_one_median_sample_per_program_and_cell():
