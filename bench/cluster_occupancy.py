@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
-import tempfile
-from datetime import datetime, timezone
 from pathlib import Path
+
+from cuda_probe import ProbeFailed, run_probe
 
 PROBE = r"""
 #include <cstdio>
@@ -61,21 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="write the table as JSON here")
     ap.add_argument("--arch", default="sm_90a", help="nvcc's -arch for the probe (default sm_90a)")
     args = ap.parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        src, exe = Path(tmp) / "probe.cu", Path(tmp) / "probe"
-        src.write_text(PROBE)
-        r = subprocess.run(["nvcc", f"-arch={args.arch}", "-o", str(exe), str(src)], capture_output=True, text=True)
-        if r.returncode:
-            print(f"cluster_occupancy: nvcc failed: {r.stderr.strip()[:400]}", file=sys.stderr)
-            return 1
-        r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
-        if r.returncode or not r.stdout.strip():
-            print(f"cluster_occupancy: the probe failed (is there a GPU?): {(r.stderr or r.stdout).strip()[:400]}",
-                  file=sys.stderr)
-            return 1
-    data = json.loads(r.stdout)
-    data["measured_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    data["command"] = "python bench/cluster_occupancy.py"
+    try:
+        data = run_probe("cluster_occupancy", PROBE, arch=args.arch)
+    except ProbeFailed as e:
+        print(e, file=sys.stderr)
+        return 1
     print(f"{data['device']}: {data['sms']} SMs")
     print("cluster size | " + " | ".join(f"{k} CTA/SM: clusters (CTAs)" for k in (1, 2, 4)))
     by = {(row["ctas_per_sm"], row["cluster"]): row for row in data["rows"]}

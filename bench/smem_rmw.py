@@ -24,11 +24,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
 import sys
-import tempfile
-from datetime import datetime, timezone
 from pathlib import Path
+
+from cuda_probe import ProbeFailed, run_probe
 
 HEADER = Path(__file__).resolve().parents[1] / "cake_core" / "lower" / "header"
 ITERS = 64
@@ -190,25 +189,15 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print_fit(rows)
         return 0
-    with tempfile.TemporaryDirectory() as tmp:
-        src, exe = Path(tmp) / "probe.cu", Path(tmp) / "probe"
-        src.write_text(source())
-        r = subprocess.run(["nvcc", "-std=c++17", "-O3", f"-arch={args.arch}", f"-I{HEADER}", "-o", str(exe),
-                            str(src)], capture_output=True, text=True)
-        if r.returncode:
-            print(f"smem_rmw: nvcc failed: {r.stderr.strip()[:600]}", file=sys.stderr)
-            return 1
-        if args.compile_only:
-            print("smem_rmw: the probe compiles")
-            return 0
-        r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
-        if r.returncode or not r.stdout.strip():
-            print(f"smem_rmw: the probe failed (is there a GPU?): {(r.stderr or r.stdout).strip()[:400]}",
-                  file=sys.stderr)
-            return 1
-    data = json.loads(r.stdout)
-    data["measured_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    data["command"] = "python bench/smem_rmw.py"
+    try:
+        data = run_probe("smem_rmw", source(), arch=args.arch, flags=("-std=c++17", "-O3", f"-I{HEADER}"),
+                         compile_only=args.compile_only, timeout_s=300)
+    except ProbeFailed as e:
+        print(e, file=sys.stderr)
+        return 1
+    if data is None:
+        print("smem_rmw: the probe compiles")
+        return 0
     print(f"{data['device']}: {data['sms']} SMs, {data['iters']} calls per launch")
     print("lowering | threads | rows | CTAs/SM (fit) | cycles per call | elements per clock per SM")
     for row in data["rows"]:

@@ -127,6 +127,27 @@ def test_the_filter_replay_grades_each_filter_on_what_a_no_filter_run_timed(tmp_
     assert "no warehouse under" in capsys.readouterr().err
 
 
+def test_a_cuda_probe_is_read_as_json_and_each_way_it_fails_is_one_line(monkeypatch):
+    """bench/cuda_probe.py: host-only probes exercise the whole path where nvcc is present and no GPU is."""
+    from cuda_probe import ProbeFailed, run_probe
+
+    ok = 'int main() { printf("{\\"sms\\": 132}\\n"); return 0; }'
+    data = run_probe("demo", "#include <cstdio>\n" + ok, arch="sm_90a")
+    assert data["sms"] == 132 and data["command"] == "python bench/demo.py" and data["measured_at"]
+    assert run_probe("demo", "#include <cstdio>\n" + ok, arch="sm_90a", compile_only=True) is None
+    with pytest.raises(ProbeFailed, match="demo: nvcc failed"):
+        run_probe("demo", "int main( {", arch="sm_90a")
+    with pytest.raises(ProbeFailed, match="printed something other than JSON"):
+        run_probe("demo", '#include <cstdio>\nint main() { printf("rows: 3\\n"); return 0; }', arch="sm_90a")
+    with pytest.raises(ProbeFailed, match="the probe failed"):
+        run_probe("demo", '#include <cstdio>\nint main() { fprintf(stderr, "no GPU\\n"); return 1; }', arch="sm_90a")
+    with pytest.raises(ProbeFailed, match="ran past 1 s"):
+        run_probe("demo", "int main() { volatile int x = 0; while (true) { x = x + 1; } }", arch="sm_90a", timeout_s=1)
+    monkeypatch.setenv("PATH", "")
+    with pytest.raises(ProbeFailed, match="no nvcc on PATH"):
+        run_probe("demo", ok, arch="sm_90a")
+
+
 def test_the_smem_rmw_probe_compiles_with_the_device_header():
     """The probe includes cake_core/lower/header as the kernels do; nvcc compiles it without a GPU."""
     r = subprocess.run([sys.executable, str(ROOT / "bench/smem_rmw.py"), "--compile-only"], capture_output=True,
