@@ -127,13 +127,14 @@ def test_primitive_from_winning_kernels_is_written_and_run_by_a_later_run(runs, 
 
 
 def test_calibration_from_measured_kernels_is_used_by_the_next_run(tmp_path, gate_cache):
-    """The H200 measurements of the corpus (bench/results) land as attempts; the miner refits the factor whose
-    refit lowers the held-out error (no class clusters on its own: the analytic model is off by a little
-    everywhere), the gate passes it, it is approved, and the next run ranks with the refit model."""
+    """The H200 measurements of the corpus (bench/results) land as attempts, each 1.8x slower than recorded: a
+    device the GPU's data file overrates (as recorded, at 2026-12-03, every error class is within 1.5x and no
+    one factor's refit gains 10 %, so the miner proposes nothing there). The miner refits the classes that cluster,
+    the refit lowers the held-out error, the gate passes it, it is approved, and the next run ranks with it."""
     from cake_core.harness.review import samples
     from cake_core.model.analytic import AnalyticModel
     root = tmp_path / "warehouse"
-    assert replay_measurements(root) >= 60
+    assert replay_measurements(root, slower=1.8) >= 60
     data = load_review_input(str(root))
     found, skipped = review(data, HarnessSpec(), kinds=("calibration",), cache=gate_cache)
     prop, gate = _one(found, "calibration")
