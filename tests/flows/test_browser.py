@@ -239,9 +239,9 @@ def test_a_paused_proposal_shows_its_evidence_and_the_form_records_the_decision(
     out = result["out"]
     assert out[0] == {"proposal_id": pid, "kind": first["kind"], "decision": "approved", "new_version": 1}
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
-    logs = _api(lambda c: c.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))))
-    assert any(f"proposal {pid} approved by prefect-ui: {reason}; harness version 1 created" in lg.message
-               for lg in logs)
+    approved = f"proposal {pid} approved by prefect-ui: {reason}; harness version 1 created"
+    _until("the approval's log line did not reach the Prefect API", lambda: any(approved in lg.message for lg in _api(
+        lambda c: c.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))))))
     keys = {a.key for a in _artifacts(flow_run_id)}
     assert {f"proposal-{pid}", f"decision-{pid}"} <= keys, keys
     _open_run(page, services, flow_run_id, tab="artifacts")
