@@ -27,6 +27,8 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from cuda_probe import ProbeFailed, run_probe
 
 HEADER = Path(__file__).resolve().parents[1] / "cake_core" / "lower" / "header"
@@ -151,10 +153,7 @@ def fit(rows: list[dict]) -> list[dict]:
     for lowering in sorted({r["lowering"] for r in rows}):
         pts = [(1.0 / resident_warps(r), 1.0 / r["elems_per_clk_per_sm"]) for r in rows if r["lowering"] == lowering]
         n = len(pts)
-        mx, my = sum(x for x, _ in pts) / n, sum(y for _, y in pts) / n
-        sxx = sum((x - mx) ** 2 for x, _ in pts)
-        slope = sum((x - mx) * (y - my) for x, y in pts) / sxx if sxx else 0.0
-        intercept = my - slope * mx
+        slope, intercept = (float(c) for c in np.polyfit([x for x, _ in pts], [y for _, y in pts], 1))
         if intercept <= 0 or slope < 0:
             raise ValueError(f"the {lowering} rows do not fit rate = per_clk * n / (n + half_warps) "
                              f"(intercept {intercept:.4g}, slope {slope:.4g})")
