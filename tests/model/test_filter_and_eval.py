@@ -1,6 +1,8 @@
 """The cost filter (top-k, exploration, sampled-out candidates, recall) and held-out evaluation."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from model_fixtures import gemm_variants, measured, seed
@@ -163,8 +165,7 @@ def _cells_ranked(drops: int, cells: int = 12) -> tuple[list[Scored], list[Score
         samples = measured(gemm_variants()[:4], SHAPES[:1], lambda p, s: 0.0, f"cell{c}")
         a_order, l_order = (1, 4, 3, 2), ((3, 1, 2, 4) if c < drops else (1, 2, 3, 4))
         for i, s in enumerate(samples):
-            s = type(s)(s.program, s.shape, s.gpu, s.problem, s.resources, float(i + 1), s.run_id, s.attempt_id,
-                        s.timer, s.meta)
+            s = replace(s, measured_ms=float(i + 1))
             a_rows.append(Scored(s, -a_order[i], float(a_order[i]), "f"))
             l_rows.append(Scored(s, -l_order[i], float(l_order[i]), "f"))
     return a_rows, l_rows
