@@ -4,9 +4,9 @@
     PYTHONPATH=. python3 bench/corpus_vs_peers.py --problems tinygemm --shapes 'M=1,N=4096,K=4096'
     PYTHONPATH=. python3 bench/corpus_vs_peers.py --problems gemm_bf16,tinygemm --program my_gemm.cake
 
-For each problem (``--problems``, default all) and each shape of its bench set (``BENCH_SETS``, rows of the ``--roles`` given, default ``headline``, and every role where the target is a geomean; ``--shapes`` replaces them):
+For each problem (``--problems``, default all) and each shape of its bench set (``Problem.bench.shape_set``, rows of the ``--roles`` given, default ``headline``, and every role where the target is a geomean; ``--shapes`` replaces them):
 compile our seed, the problem's best-known programs (``Problem.best_files``; ``--no-best`` leaves
-them out), with ``--variants`` every other program under ``cake_core/problems/seeds/``, and every
+them out), with ``--variants`` every other program of the problem's ``kernels/``, and every
 ``--program FILE`` whose parameters are the problem's (lower + nvcc,
 sm_90a), check and time each with ``cake_core.runtime.gpu.check_and_time`` (fresh seeded inputs,
 poisoned outputs, fp64 oracle, perturbation check, re-check after timing; CUDA events, warm-up,
@@ -29,7 +29,7 @@ a CUDA graph launches the kernel (or the peer's call) back to back ``cake_core.r
 times, each on its own input copy; ms per launch (see ``cake_core.runtime.gpu``). Every row records its
 timer.
 
-Last, the targets (``TARGETS``: the reference peer of each problem, the speed-up asked for, or the
+Last, the targets (``Problem.bench``: the reference peer of each problem, the speed-up asked for, or the
 fraction of the floor that also counts): per shape, our fastest correct program against the faster
 of the reference peers, and per problem the geometric mean of those ratios over the shapes run.
 """
@@ -45,7 +45,6 @@ import time
 import traceback
 from dataclasses import asdict
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 
@@ -54,44 +53,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cake_core.errors import CakeError  # noqa: E402
 from cake_core.ir.text import parse_program  # noqa: E402
 from cake_core.lower import compile_kernel, lower  # noqa: E402
-from cake_core.problems import PROBLEMS, get_problem, shape_key  # noqa: E402
-from cake_core.problems.base import SEEDS_DIR, parse_shape_key  # noqa: E402
+from cake_core.model.base import geomean  # noqa: E402
+from cake_core.problems import list_problems, get_problem, shape_key  # noqa: E402
+from cake_core.problems.base import parse_shape_key  # noqa: E402
 from cake_core.runtime.gate import pick_rows  # noqa: E402
 from cake_core.runtime.peers import PeerUnavailable, make_peer, peer_names, time_peer  # noqa: E402
+from cake_core.problems import corpus_file, corpus_files  # noqa: E402
 from cake_core.runtime.timing import GRAPH_LAUNCHES  # noqa: E402
+
+PROBLEMS = {p.name: p for p in list_problems()}
 
 PEAK_BF16_FLOPS = 790e12      # docs/architecture.md §10: cuBLAS bf16 8192³ on this H200, upper end
 PEAK_BYTES_PER_S = 4.22e12    # docs/architecture.md §10: measured copy bandwidth (read + write)
-ORDER = ("tinygemm", "gemm_bf16", "kmeans_assign", "knn_topk", "kmeans_update")
-BENCH_SETS = {"tinygemm": "tinygemm_decode", "gemm_bf16": "gemm_aligned", "kmeans_assign": "kmeans_assign_large",
-              "knn_topk": "knn_topk_large", "kmeans_update": "kmeans_update_large"}
-SUBSET_ROWS = {"kmeans_assign": 4096}    # default 256 (rows of C, queries, clusters)
 
 
-class Target(NamedTuple):
-    """What a problem's row must reach: ``speedup`` x the fastest of ``peers`` on ``shapes`` (all the
-    shapes run when empty), or a time within ``floor_slack`` x the weight-read floor where given."""
-    peers: tuple[str, ...]
-    speedup: float
-    shapes: tuple[str, ...] = ()
-    geomean: float | None = None          # over every shape run, when the problem asks for it
-    floor_slack: float | None = None      # e.g. 1.15: within 15 % of ``floor_fn``'s floor also counts
-    floor_fn: str = ""                    # "weights": N*K*2 bytes at the measured bandwidth
+def target(problem_name: str):
+    """The problem's bench target (``Problem.bench``), None where it has none."""
+    return PROBLEMS[problem_name].bench if problem_name in PROBLEMS else None
 
 
-TARGETS = {
-    "kmeans_assign": Target(("flash-kmeans",), 1.3, ("B=32,N=65536,K=1024,D=128",), geomean=1.1),
-    # cuBLAS computing what the problem asks (fp32 C); torch.matmul's bf16 C writes half the output
-    # bytes (8 us less at 4096^3) and is still shown in the full table
-    "gemm_bf16": Target(("torch.mm_f32",), 0.9, ("M=4096,N=4096,K=4096", "M=8192,N=8192,K=8192")),
-    "tinygemm": Target(("torch.mm_f32",), 1.3, floor_slack=1.15, floor_fn="weights"),
-    "knn_topk": Target(("torch",), 10.0, ("Q=4096,N=1048576,D=128,k=10",)),
-    "kmeans_update": Target(("flash-kmeans-sorted",), 1.5, ("B=32,N=65536,K=1024,D=128",)),
-}
-
-
-def weight_floor_ms(shape) -> float:
-    return 1e3 * shape["N"] * shape["K"] * 2 / PEAK_BYTES_PER_S
+def weight_floor_ms(problem_name: str, shape) -> float:
+    """The target's floor: its ``floor_bytes`` at the measured bandwidth."""
+    return 1e3 * target(problem_name).floor_bytes(shape) / PEAK_BYTES_PER_S
 
 
 def verdicts(rows: list[dict]) -> tuple[list[str], dict]:
@@ -101,7 +84,7 @@ def verdicts(rows: list[dict]) -> tuple[list[str], dict]:
            "|---|---|---|---:|---|---:|---:|---|---:|---|"]
     data: dict = {}
     for row in rows:
-        t = TARGETS.get(row["problem"])
+        t = target(row["problem"])
         if t is None:
             continue
         d = data.setdefault(row["problem"], {"ratios": [], "rows": [], "missing": []})
@@ -122,7 +105,7 @@ def verdicts(rows: list[dict]) -> tuple[list[str], dict]:
         want = f">= {t.speedup:g}x"
         met = ratio >= t.speedup
         if t.floor_slack:
-            wf = weight_floor_ms(row["shape"])
+            wf = weight_floor_ms(row["problem"], row["shape"])
             want += f" or <= {t.floor_slack * wf:.4f} ms"
             met = met or o["median_ms"] <= t.floor_slack * wf
         d["ratios"].append(ratio)
@@ -133,9 +116,9 @@ def verdicts(rows: list[dict]) -> tuple[list[str], dict]:
                    f"| {fmt_ms(p['median_ms'])} | {ratio:.3g}x | {want if counted else '(not a target row)'} "
                    f"| {100 * row['floor_ms'] / o['median_ms']:.1f}% | {('yes' if met else 'NO') if counted else '-'} |")
     for name, d in data.items():
-        g = float(np.exp(np.mean(np.log(d["ratios"])))) if d["ratios"] else float("nan")
+        g = geomean(d["ratios"])
         d["geomean"] = g
-        t = TARGETS[name]
+        t = target(name)
         if t.geomean is not None:
             # a shape without a correct program of ours (or a reference) counts against the geomean
             gap = f"; {len(d['missing'])} without a ratio: {', '.join(d['missing'])}" if d["missing"] else ""
@@ -200,7 +183,7 @@ def run_peer(problem, peer_name: str, shape, inputs, rows, want, args) -> dict:
     try:
         from cake_core.runtime.timing import graph_launches  # noqa: PLC0415
         copies = graph_launches(sum(int(v.nbytes) for v in inputs.values())) if args.timer == "graph" else None
-        peer = make_peer(problem.name, peer_name, inputs, copies=copies)
+        peer = make_peer(problem, peer_name, inputs, copies=copies)
         res.update(peer=peer.peer, library=peer.library, note=peer.note, copies=peer.copies,
                    rtol=peer.rtol or problem.rtol)
         if peer.rtol is not None:    # e.g. a bf16 C where the problem's is fp32
@@ -272,7 +255,7 @@ def table(rows: list[dict]) -> list[str]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--problems", default=",".join(p for p in ORDER if p in PROBLEMS))
+    ap.add_argument("--problems", default=",".join(PROBLEMS))
     ap.add_argument("--shapes", default="", help="';'-separated shape keys (one problem), e.g. 'M=1,N=4096,K=4096'")
     ap.add_argument("--roles", default="", help="shape roles of the bench set to run (default: headline, and "
                                                 "every role for a problem whose target is a geomean)")
@@ -280,7 +263,7 @@ def main() -> int:
     ap.add_argument("--no-seed", action="store_true", help="leave the naive seed out")
     ap.add_argument("--no-best", action="store_true", help="leave the problems' best-known programs out")
     ap.add_argument("--variants", action="store_true",
-                    help="also every other program under cake_core/problems/seeds/ whose parameters fit the problem")
+                    help="also every other program of the problem's kernels/ whose parameters fit the problem")
     ap.add_argument("--peers", default="", help="only these peers (names from cake_core.runtime.peers.PEERS)")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--reps", type=int, default=20)
@@ -335,11 +318,11 @@ def main() -> int:
 
     for problem in problems:
         progs = []
-        best = [] if args.no_best else [(f"best:{f}", (SEEDS_DIR / f).read_text()) for f in problem.best_files]
+        best = [] if args.no_best else [(f"best:{f}", corpus_file(f).read_text()) for f in problem.best_files]
         seed = [] if args.no_seed else [(f"seed:{problem.seed_file}", problem.seed_text())]
         named = {problem.seed_file, *problem.best_files}
         variants = [] if not args.variants else [(f"variant:{f.name}", f.read_text())
-                                                 for f in sorted(SEEDS_DIR.glob("*.cake")) if f.name not in named]
+                                                 for f in corpus_files("*.cake") if f.name not in named]
         for label, text in seed + best + variants + extra:
             key = f"{problem.name}/{label}"
             c = compile_program(label, text, cache)
@@ -356,13 +339,13 @@ def main() -> int:
         if args.shapes:
             shapes = [(parse_shape_key(k, problem.dims), "given") for k in args.shapes.split(";") if k]
         else:
-            ss = problem.shape_set(BENCH_SETS.get(problem.name, problem.shape_sets[-1]))
-            t = TARGETS.get(problem.name)
+            ss = problem.shape_set(problem.bench.shape_set if problem.bench else problem.shape_sets[-1])
+            t = problem.bench
             # a geomean target is over the whole bench set: every role of it unless --roles narrows it
             roles = set(args.roles.split(",")) if args.roles else \
                 (set(ss.roles) if t is not None and t.geomean is not None else {"headline"})
             shapes = [(s, r) for s, r in zip(ss.shapes, ss.roles) if r in roles]
-        peers = [] if args.no_peers else [p for p in peer_names(problem.name)
+        peers = [] if args.no_peers else [p for p in peer_names(problem)
                                           if not args.peers or p in args.peers.split(",")]
         for shape, role in shapes:
             row = {"problem": problem.name, "shape": shape, "shape_key": shape_key(shape), "role": role,
@@ -379,7 +362,7 @@ def main() -> int:
             if big and problem.rows is not None:
                 # our kernels: the gate checks n random rows against the fp64 reference computed on the GPU;
                 # the peers: the same number of rows against the numpy oracle of those rows
-                n_rows = args.subset_rows or SUBSET_ROWS.get(problem.name, 256)
+                n_rows = args.subset_rows or problem.subset_rows
                 rows_sel = pick_rows(problem, shape, n_rows, args.seed + 1)
                 row["check"] = f"{rows_sel.size} of {problem.rows.count(shape)} rows"
             else:

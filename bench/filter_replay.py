@@ -37,6 +37,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from cake_core.model.base import geomean  # noqa: E402
 from cake_core.model.filter import explore_picks, mean_order  # noqa: E402
 from warehouse import Warehouse  # noqa: E402
 
@@ -108,7 +109,7 @@ def replay(gens: list[dict], keep: int) -> dict:
                     losses.append(min(kept_t) / min(timed.values()))
         res[name] = {"gen_best_kept": round(gen_hits / draws, 2), "generations": gen_n // draws,
                      "cell_best_kept": round(cell_hits / draws, 2), "cells": cell_n // draws,
-                     "kept_over_best_geomean": round(math.exp(sum(map(math.log, losses)) / len(losses)), 4)
+                     "kept_over_best_geomean": round(geomean(losses), 4)
                      if losses else None}
     return res
 

@@ -3,7 +3,7 @@
     python3 bench/fuzz_verify.py --mutants 3000 --seed 0 --out $OUT     # the long run
     python3 bench/fuzz_verify.py --mutants 160 --seed 15 --stage-s 60   # what tests/ir/test_fuzz.py runs
 
-Each mutant is a corpus program (every ``.cake`` under ``cake_core/problems/seeds/``) with one to three random
+Each mutant is a corpus program (every ``.cake`` of every problem's ``kernels/``) with one to three random
 edits at the node level: a constant set to 0, 1, a negative, a huge or a neighbouring value; a thread count,
 role warp range or register budget moved; an mbarrier's count or arrivals changed; a slot index or a wait
 phase replaced; a statement dropped, duplicated or moved into (out of) a role, loop or ``if``; two statements
@@ -48,8 +48,10 @@ from cake_core.ir.program import Program  # noqa: E402
 from cake_core.ir.text import parse, parse_program  # noqa: E402
 from cake_core.ir.types import DType  # noqa: E402
 from cake_core.ir.verify import verify  # noqa: E402
-from cake_core.problems import PROBLEMS  # noqa: E402
-from cake_core.problems.base import SEEDS_DIR  # noqa: E402
+from cake_core.problems import list_problems  # noqa: E402
+from cake_core.problems import corpus_files  # noqa: E402
+
+PROBLEMS = {p.name: p for p in list_problems()}
 
 HUGE = (0, 1, -1, -64, 3, 7, 1000, 65536, 10 ** 9)
 SLOWEST = 10    # the slowest stages kept in the result
@@ -66,7 +68,7 @@ def _alarm(signum: int, frame: Any) -> None:
 def corpus() -> list[tuple[str, Program]]:
     """(problem, program) for every stored kernel whose parameters are a problem's."""
     out = []
-    for f in sorted(SEEDS_DIR.glob("*.cake")):
+    for f in corpus_files("*.cake"):
         p = parse_program(f.read_text(), str(f))
         names = {q.name for q in p.params}
         prob = next((k for k, v in PROBLEMS.items() if set(v.inputs + v.outputs) == names), None)

@@ -24,7 +24,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cake_core.problems import PROBLEMS, load_shape_set  # noqa: E402
+from cake_core.problems import list_problems, load_shape_set  # noqa: E402
+
+PROBLEMS = {p.name: p for p in list_problems()}
 from cake_core.problems.base import input_sampler, shape_key, to_host  # noqa: E402
 from cake_core.runtime.gate import compare_to, pick_rows  # noqa: E402
 from cake_core.runtime.references import ReferenceCache, reference  # noqa: E402
@@ -54,7 +56,7 @@ def bench_shape(cp, p, shape: dict, home: Path) -> dict:
     got = {n: cp.asarray(ref.want[n]).astype(cp.int32 if ints or n == "counts" else cp.float32) for n in p.outputs}
     (ok, err, msg), row["compare_s"] = _timed(cp, lambda: compare_to(p, got, ref))
     row.update(correct=ok, max_error=err, message=msg)
-    fed = p.rows.rows_of_input0(inputs, np.array([0]))
+    fed = p.rows.rows_of_perturbed(inputs, np.array([0]))
     _, row["perturb_rows_s"] = _timed(cp, lambda: p.oracle_rows(inputs, fed))
     rows = pick_rows(p, shape, 256, 1)
     host = {k: to_host(v) if not k.startswith("_") else v for k, v in inputs.items()}

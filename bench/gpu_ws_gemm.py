@@ -42,12 +42,12 @@ from cake_core.ir.text import parse_program  # noqa: E402
 from cake_core.lower import compile_kernel, lower  # noqa: E402
 from cake_core.problems import get_problem  # noqa: E402
 from cake_core.runtime import gpu, tma  # noqa: E402
+from cake_core.problems import corpus_file  # noqa: E402
 
 OUT = Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="ws-gemm-"))
-SEEDS = ROOT / "cake_core/problems/seeds"
-SEED = SEEDS / "gemm_bf16_ws.cake"
-N256 = SEEDS / "gemm_bf16_ws_n256.cake"
-PERSISTENT = SEEDS / "gemm_bf16_persistent.cake"
+SEED = corpus_file("gemm_bf16_ws.cake")
+N256 = corpus_file("gemm_bf16_ws_n256.cake")
+PERSISTENT = corpus_file("gemm_bf16_persistent.cake")
 _WAIT1 = "wgmma_wait(1)\n            if kt > 0:\n                arrive(empty[(kt + S - 1) % S])"
 _WAIT0 = "wgmma_wait(0)\n            arrive(empty[kt % S])"
 # name -> (seed file, ((old, new), ...)): each variant is the seed's text with these substitutions
@@ -60,7 +60,7 @@ VARIANTS = {
     "n128": (N256, (('"BN": 256', '"BN": 128'),)),                        # m64n128
     "persistent": (PERSISTENT, ()),                                       # n256, grid = min(tiles, num_sms)
     "persistent_g8": (PERSISTENT, (('"G": 16', '"G": 8'),)),
-    "persistent_mc": (SEEDS / "gemm_bf16_persistent_mc.cake", ()),      # 2-CTA clusters, B multicast
+    "persistent_mc": (corpus_file("gemm_bf16_persistent_mc.cake"), ()),      # 2-CTA clusters, B multicast
 }
 GEMM = get_problem("gemm_bf16")
 GATE = [{"M": 128, "N": 64, "K": 64}, {"M": 64, "N": 8, "K": 8}, {"M": 200, "N": 72, "K": 136},

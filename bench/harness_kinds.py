@@ -66,11 +66,6 @@ def main() -> int:
     from tasks.measured import bench_rows, land_bench_rows
     from warehouse import Warehouse
 
-    from dataclasses import replace
-
-    from cake_core.problems import PROBLEMS
-    for name, prob in PROBLEMS.items():       # a cold start (DESIGN §7): hand-written kernels are never parents
-        PROBLEMS[name] = replace(prob, best_files=())
     settings = load_settings()
     root = str(settings.warehouse_root)
     cache = str(settings.home / "cache")
@@ -80,7 +75,8 @@ def main() -> int:
         for problem, shapes, seed in RUNS:
             record["runs"][problem] = evolve_flow(problem=problem, shape_set=shapes, run_id=f"{problem}-1",
                                                   generations=args.generations, population=args.population,
-                                                  seed=seed, warehouse_root=root, cache_dir=cache)["outcomes"]
+                                                  seed=seed, warehouse_root=root, cache_dir=cache,
+                                                  cold=True)["outcomes"]
         record["measured_landed"] = land_bench_rows(root, bench_rows(sorted(RESULTS.glob("corpus-vs-peers-*.json"))),
                                                     "h200-corpus")
         t_runs = time.perf_counter() - t0
@@ -93,7 +89,7 @@ def main() -> int:
                  "kmeans_update": ("kmeans_update_small", 0), "gemm_bf16": ("gemm_small", 7)}
         for problem, (shapes, seed) in later.items():
             evolve_flow(problem=problem, shape_set=shapes, run_id=f"{problem}-later", generations=args.generations,
-                        population=args.population, seed=seed, warehouse_root=root, cache_dir=cache)
+                        population=args.population, seed=seed, warehouse_root=root, cache_dir=cache, cold=True)
         rows = wh.query("select run_id, tactic, outcome, error_rule, ir_text from attempts "
                         "where run_id like '%-later'").to_pylist()
         preds = wh.query("""select a.run_id, p.model_version, p.shape, p.predicted_ms from predictions p

@@ -16,6 +16,7 @@ from cake_core.ir.text import parse_program
 from cake_core.lower import compile_kernel, lower
 from cake_core.problems import get_problem
 from cake_core.runtime import gpu as G
+from cake_core.problems import corpus_file
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE = {"Q": 4096, "N": 1048576, "D": 128, "k": 10}
@@ -45,7 +46,7 @@ def main() -> None:
 
     dev = {"q": bf16(SHAPE["Q"] * SHAPE["D"]).reshape(SHAPE["Q"], SHAPE["D"]),
            "db": bf16(SHAPE["N"] * SHAPE["D"]).reshape(SHAPE["N"], SHAPE["D"])}
-    base = (ROOT / "cake_core/problems/seeds/knn_topk_split_pp3.cake").read_text()
+    base = corpus_file("knn_topk_split_pp3.cake").read_text()
     for name, text in variants(base).items():
         r = lower(parse_program(text, f"{name}.cake"), f"{name}.cake")
         if r.value is None:

@@ -1,6 +1,6 @@
 """Does TMA pay for the out-of-bounds rows of tinygemm's A tile? A probe on the GPU.
 
-    PYTHONPATH=. python3 bench/tinygemm_a_rows.py [--program cake_core/problems/seeds/tinygemm_rows.cake] [--out DIR]
+    PYTHONPATH=. python3 bench/tinygemm_a_rows.py [--program cake_core/problems/tinygemm/kernels/tinygemm_rows.cake] [--out DIR]
 
 tinygemm's programs load A (M x K, M <= 64) as a 64-row TMA box per stage; at M = 1 63 of its rows are out
 of bounds and zero-filled. The 64-column programs slow down as M falls although they read the same weight
@@ -43,7 +43,7 @@ def cut_a_rows(lk, rows: int):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--program", default="cake_core/problems/seeds/tinygemm_rows.cake")
+    ap.add_argument("--program", default="cake_core/problems/tinygemm/kernels/tinygemm_rows.cake")
     ap.add_argument("--sizes", default="4096,8192")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)

@@ -30,8 +30,8 @@ from cake_core.ir.program import Program  # noqa: E402
 from cake_core.ir.rule_ctx import build_ctx  # noqa: E402
 from cake_core.ir.text import parse_program  # noqa: E402
 from cake_core.ir.verify import verify  # noqa: E402
-from cake_core.problems.base import SEEDS_DIR  # noqa: E402
 from cake_core.targets import get_arch  # noqa: E402
+from cake_core.problems import corpus_files  # noqa: E402
 
 TARGET_MS = 1000.0
 
@@ -50,7 +50,7 @@ def _times(fn: Callable[[], Any], runs: int) -> tuple[list[float], list[float]]:
 
 def programs(chains: bool = True) -> list[tuple[str, Program]]:
     """(label, program) of every corpus kernel, then of every tactic chain that builds."""
-    out = [(f.stem, parse_program(f.read_text(), f.name)) for f in sorted(SEEDS_DIR.glob("*.cake"))]
+    out = [(f.stem, parse_program(f.read_text(), f.name)) for f in corpus_files("*.cake")]
     if chains:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         import tactic_chains

@@ -45,6 +45,7 @@ ALLOWED: dict[str, str] = {
     "llm_base_url": "an http(s) URL of an OpenAI-compatible API, or unset",
     "llm_model": "a model name, or unset",
     "llm_api_key_env": "the name of an environment variable that holds the API key",
+    "problem_path": "folders of problem packages, separated by the path separator (':' here), or unset",
 }
 
 
@@ -92,6 +93,12 @@ class Settings(BaseSettings):
     llm_base_url: str | None = None            # None: the OpenAI default endpoint
     llm_model: str | None = None               # None: the LLM agent is unavailable
     llm_api_key_env: str = "OPENAI_API_KEY"    # the key itself never sits in a file
+    problem_path: str | None = None            # problem folders beside the built-in and installed ones
+
+    @property
+    def problem_paths(self) -> list[Path]:
+        """The folders of ``problem_path``, each absolute."""
+        return [Path(p).expanduser().absolute() for p in (self.problem_path or "").split(os.pathsep) if p.strip()]
 
     @field_validator("home")
     @classmethod

@@ -94,6 +94,33 @@ def worker_command(pool: str = WORK_POOL) -> list[str]:
     return [*prefect_command(), "worker", "start", "--pool", pool, "--type", WORK_POOL_TYPE]
 
 
+def request_problems(prefect_file: Path) -> list[str]:
+    """What is wrong with the run requests of the file's evolve deployments, one line each: a parameter that is
+    not a field of the run request (``cake_core.pipeline.request.RunRequest``, the evolve flow's parameters), or
+    a value no run can take (``request.check_values``, the check ``cake evolve`` and the flow make)."""
+    import yaml
+
+    from cake_core.errors import CakeError
+    from cake_core.pipeline.request import check_values, params
+
+    doc = yaml.safe_load(prefect_file.read_text()) or {}
+    out = []
+    for d in doc.get("deployments") or []:
+        if not isinstance(d, dict) or not str(d.get("entrypoint", "")).endswith("evolve.py:evolve_flow"):
+            continue
+        given = d.get("parameters") or {}
+        unknown = sorted(set(given) - set(params()))
+        if unknown:
+            out.append(f"deployment {d.get('name')}: {', '.join(unknown)} is not a parameter of a run "
+                       f"(`cake evolve --help` lists them)")
+            continue
+        try:
+            check_values(given)
+        except CakeError as e:
+            out.append(f"deployment {d.get('name')}: {e}")
+    return out
+
+
 def unfilled_templates(prefect_file: Path) -> list[str]:
     """``{{ $VAR }}`` placeholders of the file other than CAKE_HOME (which `cake deploy` sets)."""
     names = re.findall(r"\{\{\s*\$(\w+)\s*\}\}", prefect_file.read_text())

@@ -12,6 +12,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from cake_core.pipeline.progress import RunProgress
+
 console = Console(highlight=False)   # stdout; file=None follows sys.stdout (tests swap it)
 
 
@@ -23,7 +25,6 @@ def say(text: str) -> None:
 CELL_MAX = 60              # characters shown per cell in `cake sql` tables
 RECORD_CELL_MAX = 400      # characters shown per value when rows print as records
 TABLE_ROWS_MAX = 200       # rows shown in a terminal table; export for more
-PASSED = ("checked", "measured")   # outcomes of a kernel that passed its correctness check
 
 
 def columns_rows(result: Any) -> tuple[list[str], list[tuple]]:
@@ -127,81 +128,38 @@ def print_result(console: Any, result: Any, title: str | None = None,
 # ---------------------------------------------------------------- cake evolve
 
 
-# The run's best is the warehouse's `run_best` (kernel_scores: the one definition of a kernel's score);
-# the hand-written kernels and peers measured beside it are `baseline_scores`, scored the same way.
-BEST_QUERY = "select basis, score_ms from run_best where run_id = ?"
-BASELINES_QUERY = ("select name, source, basis, score_ms, correct from baseline_scores where run_id = ? "
-                   "order by source, score_ms nulls last, name")
-
-
-class RunProgress:
-    """What the warehouse says about one run: attempts by generation and outcome, best so far, baselines."""
+class LiveProgress(RunProgress):
+    """A run's progress (``cake_core.pipeline.progress.RunProgress``, the flow's summary reads the same) that
+    re-reads itself from the warehouse (``warehouse.queries``) for the live view."""
 
     def __init__(self, root: Path, run_id: str):
-        self.root, self.run_id = root, run_id
-        self.counts: dict[tuple[int, str], int] = {}
+        super().__init__(run_id)
+        self.root = root
         self._wh: Any = None            # opened once the flow has created the folder
-        self.best_ms: float | None = None
-        self.best_basis: str | None = None   # measured | predicted
-        self.baselines: list[tuple] = []     # (name, source, basis, score_ms, correct)
-        self.predicted: dict[int, float] = {}   # generation -> best predicted ms of a checked kernel
-        self.note: str | None = None    # why the counts may be stale
+        self.note: str | None = None    # why the figures may be stale
 
-    def refresh(self) -> RunProgress:
+    def refresh(self) -> LiveProgress:
         """Re-read the counts and the best; on any error keep the last ones and say why in ``note``."""
         if not self.root.exists():
             self.note = "waiting for the first attempt"
             return self
         try:
             from warehouse import Warehouse
+            from warehouse.queries import attempt_counts
 
             wh = self._wh = self._wh or Warehouse(self.root)
-            # One query for the counts and the best predicted times (each query lists every batch).
-            _, rows = columns_rows(wh.query(
-                "select generation, outcome, count(*) as n, min(predicted_ms) as ms from attempts "
-                "where run_id = ? group by all order by all", [self.run_id]))
-            self.counts = {(int(g), str(o)): int(n) for g, o, n, _ in rows if g is not None}
-            predicted: dict[int, float] = {}
-            for g, o, _, ms in rows:
-                if g is not None and ms is not None and o in PASSED:
-                    predicted[int(g)] = min(float(ms), predicted.get(int(g), float("inf")))
-            self.predicted = predicted
+            self.apply({"counts": attempt_counts(wh, self.run_id)})
             self.note = None
         except Exception as e:  # noqa: BLE001 - the display must outlive a busy or empty warehouse
             self.note = f"warehouse not readable yet ({type(e).__name__})"
             return self
         try:
-            _, best = columns_rows(wh.query(BEST_QUERY, [self.run_id]))
-            self.best_basis, self.best_ms = (best[0][0], best[0][1]) if best else (None, None)
-            _, self.baselines = columns_rows(wh.query(BASELINES_QUERY, [self.run_id]))
+            from warehouse.queries import baseline_scores, run_best
+
+            self.apply({"best": run_best(wh, self.run_id), "baselines": baseline_scores(wh, self.run_id)})
         except Exception as e:  # noqa: BLE001 - an older warehouse, or one being compacted: counts still show
             self.note = f"best so far not readable yet ({type(e).__name__})"
         return self
-
-    @property
-    def best_predicted_ms(self) -> float | None:
-        """The lowest predicted time (cost model, geomean over the shapes) of a kernel that passed its check."""
-        return min(self.predicted.values()) if self.predicted else None
-
-    @property
-    def generations(self) -> list[int]:
-        return sorted({g for g, _ in self.counts})
-
-    def generation_done(self) -> int:
-        """Generations reached, counting from 1 whether the flow numbers them from 0 or 1."""
-        gens = self.generations
-        if not gens:
-            return 0
-        return gens[-1] + 1 if gens[0] == 0 else gens[-1]
-
-    def by_outcome(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for (_, o), n in self.counts.items():
-            out[o] = out.get(o, 0) + n
-        return out
-
-    def total(self) -> int:
-        return sum(self.counts.values())
 
 
 def _ms(x: float) -> str:
@@ -226,8 +184,9 @@ def best_text(progress: RunProgress, timed: bool) -> str:
 def baseline_lines(progress: RunProgress) -> list[str]:
     """One line per baseline measured in the run (hand-written kernels, peers), scored as the run's best."""
     out = []
-    for name, source, basis, score, correct in progress.baselines:
-        who = "hand-written" if source == "hand_written" else "peer"
+    for b in progress.baselines:
+        name, basis, score, correct = b["name"], b["basis"], b["score_ms"], b["correct"]
+        who = "hand-written" if b["source"] == "hand_written" else "peer"
         if score is None:
             figure = "not timed" + ("" if correct is not False else ", wrong")
         elif basis == "measured":
@@ -238,7 +197,7 @@ def baseline_lines(progress: RunProgress) -> list[str]:
     return out
 
 
-def live_view(progress: RunProgress, problem: str, generations: int, timed: bool,
+def live_view(progress: LiveProgress, problem: str, generations: int, timed: bool,
               started: float) -> Panel:
     """The panel `cake evolve` redraws: generation k/N, attempts by outcome, best so far."""
     lines = Table.grid(padding=(0, 2))

@@ -1,7 +1,8 @@
 """How every ``cake`` command reports a problem: one red line on stderr and an exit code.
 
 Exit codes: 2 for bad usage or configuration (a :class:`UsageError`, a bad
-setting, an unknown problem or shape set, a statement ``cake sql`` refuses),
+setting, an unknown problem or shape set, a run request no run can take, a
+statement ``cake sql`` refuses),
 1 for any other failure, 130 after Ctrl-C. An unexpected exception is one line
 too; its traceback goes to ``<home>/logs/cli.log``.
 """
@@ -38,8 +39,9 @@ def remember_home(home: Path | None) -> None:
 def _usage_error_types() -> tuple[type[BaseException], ...]:
     types: list[type[BaseException]] = [ConfigError, UsageError]
     try:
+        from cake_core.pipeline.request import RequestError
         from cake_core.problems import ShapeSetError, UnknownProblem
-        types += [UnknownProblem, ShapeSetError]
+        types += [UnknownProblem, ShapeSetError, RequestError]
     except ImportError:
         pass
     try:

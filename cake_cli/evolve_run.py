@@ -21,7 +21,7 @@ from typing import Any
 from rich.live import Live
 
 from cake_cli.config import Settings
-from cake_cli.display import RunProgress, baseline_lines, best_text, console, live_view, say, summary_table
+from cake_cli.display import LiveProgress, baseline_lines, best_text, console, live_view, say, summary_table
 from cake_cli.services import prefect_server, ray_runtime, shutdown_ray
 from tasks.gpus import local_resources
 
@@ -122,7 +122,7 @@ def _print_where(settings: Settings, ui_url: str, run_id: str) -> None:
 
 
 def _stop_run(settings: Settings, run_id: str, tag: str, worker: threading.Thread,
-              progress: RunProgress, timed: bool, release_ray: Callable[[], None]) -> None:
+              progress: LiveProgress, timed: bool, release_ray: Callable[[], None]) -> None:
     """Ctrl-C or SIGTERM during a run: seal it, mark it cancelled, say what it recorded.
 
     The run is sealed at once (a write in progress completes, none starts), so
@@ -164,7 +164,7 @@ def _stop_run(settings: Settings, run_id: str, tag: str, worker: threading.Threa
     logging.raiseExceptions = False
 
 
-def _final_count(progress: RunProgress, tries: int = 5) -> bool:
+def _final_count(progress: LiveProgress, tries: int = 5) -> bool:
     """Count the sealed run's attempts afresh; False if the warehouse never answered (the last count stands)."""
     for _ in range(tries):
         if progress.refresh().note is None:
@@ -218,7 +218,7 @@ def run_evolution(settings: Settings, problem: str, run_id: str, kwargs: dict[st
                 outcome["error"] = e
 
         worker = threading.Thread(target=work, name="cake-evolve", daemon=True)
-        progress = RunProgress(settings.warehouse_root, run_id)
+        progress = LiveProgress(settings.warehouse_root, run_id)
         started = time.monotonic()
         interactive = threading.current_thread() is threading.main_thread() and \
             signal.getsignal(signal.SIGINT) is not signal.SIG_IGN   # `nohup cake ...` keeps ignoring it

@@ -1,8 +1,8 @@
 """``cake experiment ...``: experiments over the evolution loop.
 
-    cake experiment frozen-vs-evolving kmeans_assign --seeds 3 --budget-gpu-minutes 0.5 --block 2 \\
-        --approve gate-passing --out bench/results/fve-kmeans
-    cake experiment frozen-vs-evolving kmeans_assign --cpu --seeds 1 --budget-candidates 16 --block 1
+    cake experiment frozen-vs-evolving PROBLEM --seeds 3 --budget-gpu-minutes 0.5 --block 2 \\
+        --approve gate-passing --out bench/results/fve-PROBLEM
+    cake experiment frozen-vs-evolving PROBLEM --cpu --seeds 1 --budget-candidates 16 --block 1
 
 :func:`run_experiment` drives flows that exist already (``flows.evolve``, ``flows.harness``; a flow module
 imports no other flow): per arm and seed one evolve run in blocks of generations, each block a resume of
@@ -22,7 +22,9 @@ from typing import Any, Callable
 
 import typer
 
-from cake_cli.model_cli import UsageError, _say, _settings, cli_errors
+from cake_cli.display import say as _say
+from cake_cli.errors import UsageError, cli_errors
+from cake_cli.invocation import settings as _settings
 
 log = logging.getLogger("cake.experiment")
 

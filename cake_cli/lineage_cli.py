@@ -12,12 +12,9 @@ import json
 
 import typer
 
-from cake_cli.model_cli import cli_errors
-
-
-def _main():
-    import cake_cli.main as main
-    return main
+from cake_cli.display import console, say
+from cake_cli.errors import UsageError, cli_errors
+from cake_cli.invocation import settings, warehouse
 
 
 @cli_errors
@@ -29,14 +26,13 @@ def lineage(attempt_id: str = typer.Argument(..., help="an attempt id (cake sql 
 
     from warehouse.lineage import lineage as walk
 
-    main = _main()
     if fmt not in ("table", "json"):
-        raise main.UsageError(f"--format {fmt!r}: use table or json")
-    wh = main._warehouse(main._settings())
+        raise UsageError(f"--format {fmt!r}: use table or json")
+    wh = warehouse(settings())
     steps = walk(wh, attempt_id)
     text = wh.query("select ir_text from attempts where attempt_id = ?", [attempt_id]).to_pylist()[0]["ir_text"]
     if fmt == "json":
-        main._say(json.dumps({"steps": [s.as_dict() for s in steps], **({"ir_text": text} if ir else {})}, indent=1))
+        say(json.dumps({"steps": [s.as_dict() for s in steps], **({"ir_text": text} if ir else {})}, indent=1))
         return
     table = Table(title=f"lineage of {attempt_id} ({len(steps)} steps)", header_style="bold", box=None,
                   pad_edge=False, title_justify="left")
@@ -52,6 +48,6 @@ def lineage(attempt_id: str = typer.Argument(..., help="an attempt id (cake sql 
                       f"{s.speedup:.2f}" if s.speedup else "-", s.outcome, s.tactic or "-")
     table.caption = "ms: measured over the run's headline shapes; * predicted by the cost model"
     table.caption_justify = "left"
-    main.console.print(table)
+    console.print(table)
     if ir:
-        main._say(text)
+        say(text)

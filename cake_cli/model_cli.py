@@ -12,41 +12,19 @@ stands in.
 """
 from __future__ import annotations
 
-import functools
 import json
 import math
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-
-def cli_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``cake_cli.main.cli_errors``, looked up at call time (main imports this module to register it)."""
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from cake_cli.main import cli_errors as wrap
-        return wrap(fn)(*args, **kwargs)
-    return wrapper
-
-
-def _main():
-    import cake_cli.main as main
-    return main
-
-
-def _say(text: str) -> None:
-    _main()._say(text)
-
-
-def _settings():
-    return _main()._settings()
-
-
-def UsageError(message: str) -> Exception:  # noqa: N802 - raised like the class it builds
-    return _main().UsageError(message)
+from cake_cli.display import say as _say
+from cake_cli.errors import UsageError, cli_errors
+from cake_cli.invocation import out_file
+from cake_cli.invocation import settings as _settings
 
 model_app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                         help="Cost models: import bench measurements, fit, evaluate on held-out runs.")
@@ -269,7 +247,7 @@ def eval_(
         gpu = load_gpu(gpu)["name"]
     except KeyError as e:
         raise UsageError(str(e).strip("'\"")) from None
-    _main()._out_file(out)
+    out_file(out)
     res = _evaluate(gpu, timer, split, keep, model_file)
     res.pop("_samples")
     _say(f"{res['samples']} measured (program, shape) samples of {gpu} in {res['runs']} runs, timer {timer}")
@@ -295,13 +273,14 @@ def fit(
 ) -> None:
     """Fit the learned model on every measurement of GPU, compare it with the analytic one on held-out runs,
     save it with that comparison (it is used only if it won) and record the version in the warehouse."""
+    from cake_core.model.artifact import save_model
     from cake_core.model.learned import LearnedModel
 
-    _main()._out_file(out)
+    out_file(out)
     res = _evaluate(gpu, timer, split, 0.5, None)
     model = LearnedModel(gpu).update(res.pop("_samples"))
     model = model.with_comparison(res["comparison"] | {"split": split, "results": res["results"]})
-    model.save(out)
+    save_model(model, out)
     _wh().append("model_versions", [{
         "version": model.version, "kind": model.kind, "gpu": gpu, "target": model.target, "path": str(out),
         "split": split, "trained_on": json.dumps(model.trained_on),

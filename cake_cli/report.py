@@ -18,6 +18,11 @@ from typing import Any
 import typer
 
 from cake_cli import report_figures as figs
+from cake_cli.display import say
+from cake_cli.errors import cli_errors
+from cake_cli.invocation import settings as load_settings
+from cake_cli.invocation import warehouse
+from cake_cli.services import prefect_server
 
 FIGURES = (("best_over_generations", "Best kernel over generations", figs.best_over_generations),
            ("speedup_per_shape", "Speed-up per shape", figs.speedup_per_shape),
@@ -27,11 +32,6 @@ WHY_EMPTY = {"best_over_generations": "no kernel of the run was scored (every ca
              "speedup_per_shape": "no hand-written kernel or peer was scored on the run's shapes",
              "failure_clusters": "no attempt of the run failed",
              "predicted_vs_measured": "nothing was measured (a run without a GPU is checked, not timed)"}
-
-
-def _main():
-    import cake_cli.main as main
-    return main
 
 
 def build_report(warehouse_root: str, run_id: str, out: Path) -> tuple[Path, dict[str, Path | None]]:
@@ -46,7 +46,7 @@ def build_report(warehouse_root: str, run_id: str, out: Path) -> tuple[Path, dic
     from cake_core.errors import CakeError
     from tasks import results
     from tasks.artifacts import leaderboard_markdown
-    from tasks.history import run_best, run_rows
+    from warehouse.queries import run_best, run_rows
 
     runs = run_rows(warehouse_root, run_id)
     if not runs:
@@ -114,19 +114,18 @@ def report(
                                     help="Publish the report as a Prefect artifact on the run's flow run."),
 ) -> None:
     """Write a run's report: figures (PNG) and tables (Markdown), published as a Prefect artifact."""
-    _main().cli_errors(_report)(run_id, out, publish_it)
+    cli_errors(_report)(run_id, out, publish_it)
 
 
 def _report(run_id: str, out: Path | None, publish_it: bool) -> None:
-    main = _main()
-    settings = main._settings()
-    main._warehouse(settings)
+    settings = load_settings()
+    warehouse(settings)
     folder = out or settings.home / "reports" / run_id
     path, drawn = build_report(str(settings.warehouse_root), run_id, folder)
-    main._say(f"wrote {path} and {sum(1 for p in drawn.values() if p)} figures in {folder}")
+    say(f"wrote {path} and {sum(1 for p in drawn.values() if p)} figures in {folder}")
     if publish_it:     # after the files: a server that cannot be reached loses nothing
-        from tasks.history import run_rows
-        with main.prefect_server(settings) as server:
+        from warehouse.queries import run_rows
+        with prefect_server(settings) as server:
             key = publish(run_id, inline_figures(path.read_text(), folder),
                           run_rows(str(settings.warehouse_root), run_id)[0]["flow_run_id"])
-        main._say(f"published as artifact `{key}` at {server.ui_url}/artifacts/key/{key}")
+        say(f"published as artifact `{key}` at {server.ui_url}/artifacts/key/{key}")

@@ -442,8 +442,9 @@ def _check_llm_endpoint(settings: Settings) -> None:
                            f"(HTTP {r.status_code}); set a valid key")
 
 
-def preflight(settings: Settings, agent: str = "tactic", gpus: list[str] | None = None) -> None:
-    """Every check that can fail before a service starts: the home, the Ray address, the LLM, nvcc.
+def preflight(settings: Settings, agent: str = "tactic") -> None:
+    """Every check of the services that can fail before one starts: the home, the Ray address, the LLM's
+    endpoint (the run's own checks, nvcc among them, are ``tasks.opening.check_request``'s).
 
     Raises
     ------
@@ -458,12 +459,6 @@ def preflight(settings: Settings, agent: str = "tactic", gpus: list[str] | None 
             raise ServiceError(str(e)) from None
     if agent == "llm":
         _check_llm_endpoint(settings)
-    if gpus:
-        from cake_core.lower.compile import nvcc_path
-
-        if nvcc_path() is None:
-            raise ServiceError("a GPU run builds cubins with nvcc, which is not on PATH; install the "
-                               "CUDA toolkit (nvcc) or run with CAKE_GPU=off to check on the CPU")
 
 
 # ---------------------------------------------------------------- GPUs

@@ -12,7 +12,6 @@ stopped run). Every attempt lands in the warehouse; a run killed at any point co
 """
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -22,14 +21,17 @@ from prefect.utilities.annotations import opaque
 
 from tasks.artifacts import generation_artifact, leaderboard_artifact, name_flow_run, shown
 from tasks.final import final
+from tasks.opening import request_from
 from tasks.run import close_run, open_run, workers
 from tasks.run_control import raise_if_stopped, status_for
+from tasks.stages import stage_tasks
 from tasks.summary import summarize
 
 
 def _asked_name() -> str:
     """The flow run's name from its parameters, until ``name_flow_run`` names it for the opened run."""
-    p = flow_run.parameters
+    p = dict(flow_run.parameters)
+    p["problem"] = str(p["problem"]).rstrip("/").rsplit("/", 1)[-1].split(":")[0]   # a path or module reference
     if p.get("resume"):
         return f"{p['problem']} · resume {p['resume']}"
     hv = p.get("harness_version")
@@ -43,27 +45,22 @@ def _outcomes(counts: dict[str, int]) -> str:
 
 @flow(name="evolve", flow_run_name=_asked_name, log_prints=True, validate_parameters=False)
 def evolve_flow(problem: str, shape_set: str | None = None, generations: int | None = None,
-                population: int | None = None, seed: int | None = None, run_id: str | None = None,
-                warehouse_root: str = ".cake/warehouse", cache_dir: str = ".cake/cache",
-                gpu_models: list[str] | None = None, timeout_s: float = 120.0, reps: int = 20, agent: str | None = None,
-                llm: dict[str, Any] | None = None, cold: bool | None = None, resume: str | None = None,
-                harness_version: int | None = None, budget_candidates: int | None = None,
+                population: int | None = None, seed: int | None = None, agent: str | None = None,
+                cold: bool | None = None, harness_version: int | None = None, budget_candidates: int | None = None,
                 budget_gpu_minutes: float | None = None, patience: int | None = None,
-                check_shape_set: str | None = None, debug: bool = False, cost_filter: bool | None = None,
-                filter_keep: int | None = None,
-                cost_model: str | None = None, gpu_count: int | None = None) -> dict[str, Any]:
+                check_shape_set: str | None = None, cost_filter: bool | None = None, filter_keep: int | None = None,
+                run_id: str | None = None, resume: str | None = None, debug: bool = False,
+                cost_model: str | None = None, warehouse_root: str = ".cake/warehouse", cache_dir: str = ".cake/cache",
+                gpu_models: list[str] | None = None, gpu_count: int | None = None, timeout_s: float = 120.0,
+                reps: int = 20, llm: dict[str, Any] | None = None) -> dict[str, Any]:
     """Evolve kernels for ``problem`` over the shapes of ``shape_set`` (or continue run ``resume``); returns a
-    summary. Parameters left None take the run's recorded value on a resume, the defaults on a new run.
-    ``gpu_models[0]`` is the GPU model asked for: one runner per GPU of it on the Ray cluster (at most
-    ``gpu_count``)."""
+    summary. The parameters are the fields of ``cake_core.pipeline.request.RunRequest`` (each one's help is
+    there and in ``cake evolve --help``); left None, one takes the run's recorded value on a resume, its default
+    on a new run. ``gpu_models[0]`` is the GPU model asked for: one runner per GPU of it on the Ray cluster (at
+    most ``gpu_count``)."""
+    request = request_from(locals())       # first: locals() are the parameters, nothing else yet
     log = get_run_logger()
-    asked = dict(shape_set=shape_set, generations=generations, population=population, seed=seed, agent=agent,
-                 cold=cold, harness_version=harness_version, budget_candidates=budget_candidates,
-                 budget_gpu_minutes=budget_gpu_minutes, patience=patience, check_shape_set=check_shape_set,
-                 cost_filter=cost_filter, filter_keep=filter_keep)
-    run = open_run(problem=problem, run_id=resume or run_id or uuid.uuid4().hex[:12], warehouse_root=warehouse_root,
-                   cache_dir=cache_dir, gpu_models=gpu_models or [], timeout_s=timeout_s, reps=reps, asked=asked,
-                   resume=resume, llm=llm, debug=debug, cost_model=cost_model, gpu_count=gpu_count)
+    run = open_run(request)
     shown(log, "the run's name", name_flow_run(opaque(run), return_state=True))
     log.info(f"run {run.plan.run_id} (job {run.plan.session}): {run.plan.problem} on {run.plan.shape_set}, "
              f"harness v{run.harness.version}{', cold' if run.plan.cold else ''}, from generation "
@@ -75,7 +72,7 @@ def evolve_flow(problem: str, shape_set: str | None = None, generations: int | N
             while run.state.stop is None:
                 raise_if_stopped(run.plan.run_id)       # Ctrl-C, SIGTERM, a cancelled flow run: between stages
                 gen, batch = run.state.generation, []
-                for stage in run.stages:
+                for stage in stage_tasks(run):
                     raise_if_stopped(run.plan.run_id)
                     n = f"{run.state.population} asked" if stage.name == "generate" else f"{len(batch)} candidates"
                     # opaque: Prefect would walk every program of the batch looking for futures, per task

@@ -6,8 +6,6 @@ joins) Ray itself, so a worker can run the sweep in a bare process.
 """
 from __future__ import annotations
 
-import datetime as dt
-import secrets
 from typing import Any
 
 from prefect import flow
@@ -16,20 +14,18 @@ from flows.evolve import evolve_flow
 from tasks.run import check_shape_sets
 
 
-def _run_id(problem: str, shape_set: str) -> str:
-    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return f"{problem}-sweep-{shape_set.rsplit('/', 1)[-1].removesuffix('.csv')}-{stamp}-{secrets.token_hex(2)}"
-
-
 @flow(name="sweep", log_prints=True, validate_parameters=False)
-def sweep_flow(problem: str, shape_sets: list[str] | None = None, generations: int = 3, population: int = 8,
-               seed: int = 0, cold: bool = False, warehouse_root: str = ".cake/warehouse",
+def sweep_flow(problem: str, shape_sets: list[str] | None = None, generations: int | None = None,
+               population: int | None = None, seed: int | None = None, cold: bool | None = None,
+               warehouse_root: str = ".cake/warehouse",
                cache_dir: str = ".cake/cache", gpu_models: list[str] | None = None) -> dict[str, Any]:
-    """Evolve ``problem`` on each of ``shape_sets``; returns each run's summary by shape set."""
+    """Evolve ``problem`` on each of ``shape_sets``; returns each run's summary by shape set. The parameters
+    other than ``shape_sets`` are the evolve flow's (``tests/core/test_request.py`` holds them to it); each
+    run's id is minted by the evolve flow."""
     sets = check_shape_sets(problem, shape_sets)
     runs: dict[str, Any] = {}
     for name in sets:
         runs[name] = evolve_flow(problem=problem, shape_set=name, generations=generations, population=population,
-                                 seed=seed, cold=cold, run_id=_run_id(problem, name), warehouse_root=warehouse_root,
+                                 seed=seed, cold=cold, warehouse_root=warehouse_root,
                                  cache_dir=cache_dir, gpu_models=gpu_models)
     return {"problem": problem, "runs": runs}

@@ -147,7 +147,7 @@ def leaderboard_markdown(run_id: str, board: list[dict[str, Any]], shapes: list[
 @task(name="leaderboard-artifact", **_TASK)
 def leaderboard_artifact(warehouse_root: str, run_id: str) -> list[dict[str, Any]]:
     """Publish the run's leaderboard (Markdown, with the best kernel's IR) and its table; returns the table."""
-    from tasks.history import run_best
+    from warehouse.queries import run_best
 
     board = leaderboard_rows(warehouse_root, run_id)
     best = run_best(warehouse_root, run_id)

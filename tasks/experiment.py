@@ -25,9 +25,10 @@ from typing import Any
 
 
 from cake_core.errors import CakeError
+from cake_core.model.base import geomean
 from cake_core.problems import get_problem, load_shape_set
-from tasks.history import harness_versions, run_rows
 from warehouse import Warehouse
+from warehouse.queries import harness_versions, run_rows
 
 ARMS = ("frozen", "evolving")
 # the experiment's approval policies -> the harness-review flow's policy that decides the same way
@@ -137,10 +138,6 @@ def harness_for_block(arm: str, warehouse_root: str) -> int:
 
 # ------------------------------------------------------------------ the report
 
-def _geomean(xs: list[float]) -> float:
-    return math.exp(sum(math.log(x) for x in xs) / len(xs))
-
-
 def _headline_shapes(wh: Warehouse, run_id: str, timed: bool) -> list[str]:
     """The shapes both the run's kernels and the hand-written ones are scored on."""
     if timed:
@@ -178,7 +175,7 @@ def _kernel_scores(wh: Warehouse, run_id: str, shapes: list[str], timed: bool) -
             k = per.setdefault(r["attempt_id"], {"generation": r["generation"], "slot": r["slot"], "ms": {}})
             k["ms"][r["shape"]] = r["ms"]
     out = [{"attempt_id": a, "generation": k["generation"], "slot": k["slot"],
-            "score_ms": _geomean(list(k["ms"].values()))} for a, k in per.items() if len(k["ms"]) == len(shapes)]
+            "score_ms": geomean(k["ms"].values())} for a, k in per.items() if len(k["ms"]) == len(shapes)]
     return sorted(out, key=lambda k: (k["generation"], k["slot"] or 0))
 
 
@@ -198,7 +195,7 @@ def _hand_written_best(wh: Warehouse, run_id: str, shapes: list[str], timed: boo
             bad.add(r["name"])
         else:
             per.setdefault(r["name"], {})[r["shape"]] = r["ms"]
-    scores = {n: _geomean(list(v.values())) for n, v in per.items() if n not in bad and len(v) == len(shapes)}
+    scores = {n: geomean(v.values()) for n, v in per.items() if n not in bad and len(v) == len(shapes)}
     if not scores:
         return None, None
     name = min(scores, key=scores.get)
@@ -285,7 +282,7 @@ def separates(rows: list[dict[str, Any]]) -> str | None:
     if frozen and all(r["converged"] and (r.get("generations_to_converge") or 0) <= 2 for r in frozen):
         return ("every frozen run converged within two generations: on these shapes the seed's retuned constants already "
                 "reach the hand-written best, so convergence does not separate the arms; use a shape set where the "
-                "hand-written kernels are fast (for kmeans_assign, kmeans_assign_large) or compare GPU-seconds "
+                "hand-written kernels are fast (large shapes, which they were built for) or compare GPU-seconds "
                 "on failures alone")
     return None
 

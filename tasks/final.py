@@ -4,7 +4,7 @@
   ``confirm``): the search picked the minimum of noisy medians, so its own figures flatter the winner. Every
   verdict lands as a ``checks`` row of kind ``confirm``; a winner wrong there (or faulting) on any shape passed
   the gate on one draw of inputs only, and the views drop it (``confirm_failures``): the shapes it won get new
-  winners, confirmed in turn, for ``CONFIRM_ROUNDS`` rounds at most.
+  winners, confirmed in turn, for ``policy.CONFIRM_ROUNDS`` rounds at most (``policy.unconfirmed``).
 - held-out: the run's best (``run_best``) on the held-out rows only, measured (or checked, without a GPU)
   and stored apart (kind ``held_out``); nothing chose it by them.
 - baselines: the problem's hand-written kernels and its peers on every shape of the run, in the same run,
@@ -29,25 +29,18 @@ from prefect.cache_policies import NO_CACHE
 
 from cake_core.agents.base import Candidate
 from cake_core.pipeline.attempt import Attempt
+from cake_core.pipeline.policy import (BASELINE_SEED, CONFIRM_ROUNDS, CONFIRM_SEED, CPU_TIMEOUT_S, HELD_OUT_SEED,
+                                       unconfirmed)
 from cake_core.pipeline.rows import baseline_rows, check_row, dispatch_rows, measurement_rows, stage_time_row
 from cake_core.pipeline.verdicts import ShapeVerdict, as_kind, fault
 from cake_core.problems import get_problem
-from cake_core.problems.base import SEEDS_DIR, shape_key
-from tasks.history import final_recorded, run_best, shape_best
+from cake_core.problems.base import shape_key
 from tasks.record import append
 from tasks.run import Run
-from tasks.stages import CPU_TIMEOUT_S, build, on_cpu, on_gpu
+from tasks.stages import build, on_cpu, on_gpu
 from tasks.workers import Fault
 from warehouse import Warehouse
-
-# offsets of the final stage's input seeds from the run's: inputs no search saw. The baselines are measured
-# on the confirmation's inputs: beside the run's confirmed figures, and drawn once per shape for both.
-CONFIRM_SEED = 7919
-HELD_OUT_SEED = 104729
-BASELINE_SEED = CONFIRM_SEED
-# rounds of confirmation a job runs: the winners, then the new winners of the shapes whose winner came out wrong,
-# and so on; a winner still unconfirmed after them is confirmed by the run's next job
-CONFIRM_ROUNDS = 3
+from warehouse.queries import final_recorded, run_best, shape_best
 
 
 def _kernel(run: Run, row: dict[str, Any]) -> Attempt:
@@ -103,12 +96,12 @@ def _held_out(run: Run, best: dict[str, Any]) -> int:
 
 def _check(run: Run, kernel: Attempt, shapes: list, seed: int) -> list:
     """The interpreter's verdicts on ``kernel`` (verified for ``shapes`` first); [] if it does not verify."""
-    on_cpu(run, "verify", [kernel], lambda a: (a.candidate.text, run.harness, run.plan.problem, shapes),
+    on_cpu(run, "verify", [kernel], lambda a: (a.candidate.text, run.harness, run.problem, shapes),
            CPU_TIMEOUT_S["verify"])
     if not kernel.going_on:
         return []
     # the held-out rows alone: the best passed its strict shapes when it was checked in the search
-    (answer,) = run.cpu.map("stage", [("check", kernel.program, run.plan.problem, shapes, seed, False)],
+    (answer,) = run.cpu.map("stage", [("check", kernel.program, run.problem, shapes, seed, False)],
                             run.timeout_s)
     if isinstance(answer, Fault):
         return [fault(shape_key(s), "interpreter", answer.outcome, answer.message) for s in shapes]
@@ -121,12 +114,12 @@ def _why_not(a: Attempt) -> str:
 
 
 def _baselines(run: Run) -> int:
-    prob = get_problem(run.plan.problem)
+    prob = run.problem
     seed = run.plan.seed + BASELINE_SEED
     every = run.search_shapes + run.held_out if run.timed else run.check_shapes + run.held_out
     keys = list(dict.fromkeys(shape_key(s) for s in (every if run.timed else run.search_shapes + every)))
     roles = {**{k: "headline" for k in keys}, **run.roles}      # --check-shapes rows count as headline checks
-    hand = [Attempt(run.plan.run_id, -1, i, prob.name, run.harness.version, Candidate((SEEDS_DIR / f).read_text()),
+    hand = [Attempt(run.plan.run_id, -1, i, prob.name, run.harness.version, Candidate(prob.kernel_text(f)),
                     attempt_id=f"hand-written:{f}") for i, f in enumerate(prob.best_files)]
     rows: list[dict[str, Any]] = []
     if run.timed:
@@ -141,11 +134,11 @@ def _baselines(run: Run) -> int:
                 rows += baseline_rows(run.plan.run_id, prob.best_files[a.slot], "hand_written", keys, roles, {},
                                       message=_why_not(a))
         from cake_core.runtime.peers import peer_names
-        for peer in peer_names(prob.name):
+        for peer in peer_names(prob):
             got: dict[str, Any] = {}
             for _ in range(2):      # a runner that an earlier job left unusable refuses: the fresh one answers
                 todo = [s for s in every if shape_key(s) not in got]
-                answers = run.gpu.map("peer", [(prob.name, peer, s, seed, run.reps) for s in todo], run.timeout_s)
+                answers = run.gpu.map("peer", [(prob, peer, s, seed, run.reps) for s in todo], run.timeout_s)
                 for s, a in zip(todo, answers):
                     if isinstance(a, Fault):
                         got[shape_key(s)] = fault(shape_key(s), "gpu", a.outcome, a.message)
@@ -179,11 +172,10 @@ def final(run: Run) -> dict[str, Any]:
     landed = {"confirm": 0, "held_out": 0, "baselines": 0, "dispatch": 0}
     failed: list[dict[str, Any]] = []
     for _ in range(CONFIRM_ROUNDS if run.timed else 0):
-        unconfirmed = [p for p in shape_best(run.warehouse_root, run.plan.run_id)
-                       if (p["attempt_id"], p["shape"]) not in done["confirm"]]
-        if not unconfirmed:
+        picks = unconfirmed(shape_best(run.warehouse_root, run.plan.run_id), done["confirm"])
+        if not picks:
             break
-        n, wrong = _confirm(run, unconfirmed)
+        n, wrong = _confirm(run, picks)
         run.recorder.flush()
         landed["confirm"] += n
         failed += wrong

@@ -29,7 +29,7 @@ from cake_core.harness.records import AttemptRecord, ClusterRecord, MeasuredReco
 from cake_core.harness.review import ReviewInput, review
 from cake_core.harness.version import HarnessSpec
 from cake_core.pipeline.rows import now
-from cake_core.problems import PROBLEMS
+from cake_core.problems import find_problem
 from cake_core.problems.base import ShapeSetError, parse_shape_key
 from warehouse import Warehouse
 
@@ -95,12 +95,12 @@ def _run_shapes(wh: Warehouse) -> dict[str, tuple[dict[str, int], ...]]:
         "select run_id, problem, shape_set, gpu_model from runs_latest").to_pylist()}
     for r in wh.query("""select a.run_id, a.problem, list(distinct p.shape) as shapes
                          from predictions p join attempts a using (attempt_id) group by all""").to_pylist():
-        prob = PROBLEMS.get(r["problem"])
+        prob = find_problem(r["problem"])
         if prob is not None:
             with contextlib.suppress(ShapeSetError):
                 out[r["run_id"]] = tuple(parse_shape_key(k, prob.dims) for k in sorted(r["shapes"]))
     for run_id, r in runs.items():
-        prob = PROBLEMS.get(r["problem"])
+        prob = find_problem(r["problem"])
         if run_id in out or prob is None:
             continue
         with contextlib.suppress(ShapeSetError):
@@ -136,7 +136,7 @@ def load_review_input(warehouse_root: str) -> ReviewInput:
     for m in wh.query("""select m.attempt_id, a.problem, a.ir_text, m.shape, median(m.median_ms) as ms
                          from measurements m join attempts a using (attempt_id)
                          where m.correct and m.median_ms > 0 group by all""").to_pylist():
-        prob = PROBLEMS.get(m["problem"])
+        prob = find_problem(m["problem"])
         if prob is not None:
             with contextlib.suppress(ShapeSetError):
                 measured.append(MeasuredRecord(m["attempt_id"], m["problem"], m["ir_text"],

@@ -20,7 +20,7 @@ from cake_core.pipeline import Attempt, cost_filter_stage, verify_stage
 from cake_core.pipeline.rows import CHILD_TABLES, merge_rows, now
 from cake_core.pipeline.verdicts import ShapeVerdict, Timing
 from cake_core.problems import get_problem
-from cake_core.problems.base import SEEDS_DIR, shape_key
+from cake_core.problems.base import shape_key
 from warehouse import Warehouse
 
 
@@ -34,7 +34,7 @@ def bench_rows(paths: Iterable[Path]) -> list[dict[str, Any]]:
             for o in row.get("ours", []):
                 name = f"{o.get('program')}.cake"
                 key = (name, row.get("shape_key"))
-                if key in seen or not (o.get("correct") and o.get("median_ms")) or not (SEEDS_DIR / name).exists():
+                if key in seen or not (o.get("correct") and o.get("median_ms")) or kernel_problem(name) is None:
                     continue
                 seen.add(key)
                 out.append({"file": name, "shape": row["shape"], "median_ms": float(o["median_ms"]),
@@ -55,7 +55,7 @@ def land_bench_rows(warehouse_root: str, rows: list[dict[str, Any]], run_id: str
         problem = get_problem(kernel_problem(r["file"]) or "")
         shape = {d: int(r["shape"][d]) for d in problem.dims}
         a = Attempt(run_id, 0, i, problem.name, harness.version,
-                    Candidate((SEEDS_DIR / r["file"]).read_text(), (), "bench", "reference"))
+                    Candidate(problem.kernel_text(r["file"]), (), "bench", "reference"))
         a.record(verify_stage(a.candidate.text, harness, problem, [shape]))
         if not a.going_on or not a.runs_on(shape_key(shape)):
             continue

@@ -1,8 +1,8 @@
 """A run's results as plain rows, read from the warehouse: what the run's artifacts and ``cake report`` show.
 
 Every figure comes from the warehouse's views (``kernel_scores`` scores a kernel, ``shape_best`` picks per
-shape, ``baseline_scores`` scores the hand-written kernels and the peers), so the UI, the report and
-``cake sql`` never disagree. A shape's figure is a measured median where the kernel was timed and correct
+shape, ``baseline_scores`` scores the hand-written kernels and the peers), the best so far and per shape through
+``warehouse.queries``, so the UI, the report, the live display and ``cake sql`` never disagree. A shape's figure is a measured median where the kernel was timed and correct
 there, else the cost model's prediction; ``basis`` says which.
 """
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from warehouse import Warehouse
+from warehouse.queries import baseline_scores, fastest_so_far, run_best, shape_best
 
 
 def generation_rows(warehouse_root: str, run_id: str, generation: int) -> dict[str, Any]:
@@ -26,12 +27,9 @@ def generation_rows(warehouse_root: str, run_id: str, generation: int) -> dict[s
     outcomes = {r["outcome"]: r["n"] for r in wh.query(
         "select outcome, count(*) as n from attempts where run_id = ? and generation = ? group by 1 "
         "order by 2 desc, 1", [run_id, generation]).to_pylist()}
-    best = wh.query("""
-        select k.attempt_id, k.generation, k.tactic, k.basis, k.score_ms, a.predicted_ms
-        from kernel_scores k join attempts a using (attempt_id)
-        where k.run_id = ? and k.generation <= ?
-        order by k.score_ms, k.generation, k.slot, k.ir_hash limit 1""", [run_id, generation]).to_pylist()
-    b = best[0] if best else None
+    best = run_best(wh, run_id, through=generation)
+    b = None if best is None else {k: best[k] for k in ("attempt_id", "generation", "tactic", "basis", "score_ms",
+                                                        "predicted_ms")}
     if b is not None:
         b["measured_ms"] = b["score_ms"] if b["basis"] == "measured" else None
     return {"generation": generation, "attempts": sum(outcomes.values()), "outcomes": outcomes, "best": b,
@@ -39,11 +37,7 @@ def generation_rows(warehouse_root: str, run_id: str, generation: int) -> dict[s
 
 
 def _best_shapes(wh: Warehouse, run_id: str, generation: int, attempt_id: str | None) -> list[dict[str, Any]]:
-    fastest = {r["shape"]: r["ms"] for r in wh.query("""
-        select m.shape, min(m.median_ms) as ms from measurements m join attempts a using (attempt_id)
-        where a.run_id = ? and a.generation <= ? and m.kind = 'search' and m.correct
-          and a.attempt_id not in (select attempt_id from confirm_failures) group by 1""",
-        [run_id, generation]).to_pylist()}
+    fastest = fastest_so_far(wh, run_id, generation)
     rows: dict[str, dict[str, Any]] = {s: {"shape": s} for s in fastest}
     if attempt_id is not None:
         for r in wh.query("select shape, avg(predicted_ms) as ms from predictions where attempt_id = ? group by 1",
@@ -71,11 +65,11 @@ def leaderboard_rows(warehouse_root: str, run_id: str) -> list[dict[str, Any]]:
     wh = Warehouse(warehouse_root)
     rows = [{"name": r["attempt_id"], "source": "run best", "basis": r["basis"], "score_ms": r["score_ms"],
              "correct": True, "generation": r["generation"], "tactic": r["tactic"]}
-            for r in wh.query("select * from run_best where run_id = ?", [run_id]).to_pylist()]
+            for r in [run_best(wh, run_id)] if r is not None]
     best = rows[0]["score_ms"] if rows else None
     rows += [{"name": r["name"], "source": r["source"].replace("_", "-"), "basis": r["basis"],
               "score_ms": r["score_ms"], "correct": r["correct"], "generation": None, "tactic": None}
-             for r in wh.query("select * from baseline_scores where run_id = ?", [run_id]).to_pylist()]
+             for r in baseline_scores(wh, run_id)]
     for r in rows:
         r["vs_run_best"] = r["score_ms"] / best if best and r["score_ms"] else None
     return sorted(rows, key=lambda r: (r["score_ms"] is None, r["score_ms"] or 0.0, r["source"], r["name"]))
@@ -103,11 +97,11 @@ def shape_rows(warehouse_root: str, run_id: str) -> list[dict[str, Any]]:
         col = "hand_written" if b["source"] == "hand_written" else "peer"
         if ms is not None and (r[col + "_ms"] is None or ms < r[col + "_ms"]):
             r[col], r[col + "_ms"] = b["name"], ms
-    for s in wh.query("select shape, median_ms from shape_best where run_id = ?", [run_id]).to_pylist():
+    for s in shape_best(wh, run_id):
         row(s["shape"]).update(run_ms=s["median_ms"], run_basis="measured")
-    best = wh.query("select attempt_id, basis from run_best where run_id = ?", [run_id]).to_pylist()
+    best = run_best(wh, run_id)
     if best:
-        aid = best[0]["attempt_id"]
+        aid = best["attempt_id"]
         for m in wh.query("select shape, median(median_ms) as ms from measurements where attempt_id = ? and "
                           "kind = 'held_out' and correct group by 1", [aid]).to_pylist():
             row(m["shape"], "held_out").update(run_ms=m["ms"], run_basis="measured")

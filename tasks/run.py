@@ -1,9 +1,10 @@
 """A run's life: open it (new, or resumed from the warehouse), hold its workers, close it with its status.
 
-:func:`open_run` checks everything that can be wrong with the request before it records anything (an
-unknown problem or shape set, a pinned harness version that does not exist, a ``--resume`` of an unknown
-run, of another problem's run, of a run whose harness version is gone, or of a run another process is
-running), then records the run's row and rebuilds its state from the warehouse.
+:func:`open_run` checks everything that can be wrong with the request before it records anything
+(``tasks.opening.check_request``: an unknown problem or shape set, a value out of range, a pinned harness
+version that does not exist, a ``--resume`` of an unknown run, of another problem's run, of a run whose harness
+version is gone, or of a run another process is running), then takes the run's lock, records the run's row and
+rebuilds its state from the warehouse.
 """
 from __future__ import annotations
 
@@ -25,17 +26,17 @@ from cake_core.targets import gpu_for_name
 from cake_core.pipeline.debug import Debug
 from cake_core.pipeline.generate import make_agent
 from cake_core.pipeline.plan import ResumeRefused, RunPlan
+from cake_core.pipeline.request import RunRequest
 from cake_core.pipeline.rows import now, run_row, shape_rows
-from cake_core.pipeline.stages import nvcc_available, stages_for
 from cake_core.pipeline.state import RunState, select_stage
-from cake_core.problems import get_problem, load_shape_set, shape_key
-from cake_core.problems.base import Shape
+from cake_core.problems import get_problem, load_shape_set
+from cake_core.problems.base import Problem, Shape
 from tasks.harness import load_harness
-from tasks.history import plan_resume, run_lock, run_rows, state_rows
+from tasks.opening import check_request
 from tasks.record import Recorder, compact
-from tasks.run_control import end_run, mark_crashed, status_for, stop_requested
-from tasks.stages import STAGE_TASKS
+from tasks.run_control import RunLock, end_run, status_for, stop_requested
 from tasks.workers import worker_pools
+from warehouse.queries import run_rows, state_rows
 
 STOP_HINTS = {"generations": "pass --generations with more than {generations}",
               "budget_candidates": "pass --budget-candidates above {budget_candidates}",
@@ -64,7 +65,7 @@ class Run:
     recorder: Recorder
     state: RunState
     debug: Debug | None = None
-    lock: Any = None
+    lock: RunLock | None = None
     cpu: Any = None                 # tasks.workers.ActorPool of CpuWorker
     gpu: Any = None                 # tasks.workers.ActorPool of GpuRunner (None: no GPU)
     gpu_resource: str | None = None  # the Ray resource of the GPU model asked for (gpu_model:H200)
@@ -75,6 +76,11 @@ class Run:
     started: float = field(default_factory=time.monotonic)
 
     @property
+    def problem(self) -> Problem:
+        """The run's problem (sent to a worker as its importable reference, never as a name to look up)."""
+        return get_problem(self.plan.problem)
+
+    @property
     def timed(self) -> bool:
         return bool(self.gpus)
 
@@ -82,11 +88,6 @@ class Run:
     def run_shapes(self) -> list[Shape]:
         """The shapes a candidate runs on during the search (its shape rules are checked against them)."""
         return self.search_shapes if self.timed else self.check_shapes
-
-    @property
-    def stages(self) -> list[Any]:
-        """The stage tasks of this run, in ``cake_core.pipeline.STAGES`` order."""
-        return [STAGE_TASKS[s.name] for s in stages_for(self.timed)]
 
     def input_seed(self) -> int:
         """The seed of this generation's fresh random inputs."""
@@ -97,36 +98,6 @@ class Run:
             compact.fn(self.warehouse_root)
         except Exception:  # noqa: BLE001 - the rows are in; merging their files is housekeeping
             pass
-
-
-def _shapes(problem: str, shape_set: str, check_shape_set: str | None, timed: bool):
-    prob = get_problem(problem)
-    ss = load_shape_set(prob, shape_set)
-    search = [s for s, r in zip(ss.shapes, ss.roles) if r != "held_out"]
-    held = [s for s, r in zip(ss.shapes, ss.roles) if r == "held_out"]
-    roles = {shape_key(s): r for s, r in zip(ss.shapes, ss.roles)}
-    if not search:
-        raise CakeError(f"shape set `{shape_set}` has only held-out rows; selection needs headline or tail rows")
-    small = lambda shapes: [s for s in shapes if max(s.values()) <= prob.cpu_limit]  # noqa: E731
-    if timed:
-        if check_shape_set:
-            raise CakeError("--check-shapes is for runs without a GPU (checked on the interpreter, ranked by the "
-                            "cost model); on a GPU every candidate is checked and timed on --shapes")
-        return ss, search, search, held
-    if check_shape_set:
-        cs = load_shape_set(prob, check_shape_set)
-        check = small([s for s, r in zip(cs.shapes, cs.roles) if r != "held_out"])
-        if not check:
-            raise CakeError(f"--check-shapes {check_shape_set} has no shape small enough for the CPU interpreter "
-                            f"(every dimension ≤ {prob.cpu_limit})")
-        return ss, search, check, small(held)
-    check = small(search)
-    if not check:
-        raise CakeError(f"shape set `{shape_set}` has no shape small enough for the CPU interpreter (every "
-                        f"dimension ≤ {prob.cpu_limit}); pick a smaller set such as {prob.shape_sets[0]}, run "
-                        f"where a GPU is present, or pass --check-shapes {prob.shape_sets[0]} to check there and "
-                        f"rank by the cost model on `{shape_set}`")
-    return ss, check, check, small(held)
 
 
 @task(name="check-shape-sets", cache_policy=NO_CACHE)
@@ -142,65 +113,53 @@ def check_shape_sets(problem: str, shape_sets: list[str] | None) -> list[str]:
 
 
 @task(name="open-run", cache_policy=NO_CACHE)
-def open_run(*, problem: str, run_id: str, warehouse_root: str, cache_dir: str,
-             gpu_models: list[str], timeout_s: float, reps: int, asked: dict[str, Any], resume: str | None,
-             llm: dict[str, Any] | None, debug: bool, cost_model: str | None = None,
-             gpu_count: int | None = None) -> Run:
-    """Check the request, record the run's row (and its shapes, for a new run), rebuild its state.
+def open_run(request: RunRequest) -> Run:
+    """Check the request (``tasks.opening.check_request``, as ``cake evolve`` did before any service started),
+    take the run's lock, record the run's row (and its shapes, for a new run), rebuild its state.
 
-    ``cost_model``: a model file (``cake model fit``) to rank with instead of the harness's analytic model; one
-    that does not load, is for another GPU or (learned) did not beat the analytic model on held-out data falls
-    back to the harness's model, and the run's log says why. A timed run gets one GPU runner per GPU of the
-    model ``gpu_models[0]`` names that the Ray cluster offers (at most ``gpu_count``); a model the cluster
-    lacks is refused here, before anything is recorded."""
+    ``request.cost_model``: a model file (``cake model fit``) to rank with instead of the harness's analytic
+    model; one that does not load, is for another GPU or (learned) did not beat the analytic model on held-out
+    data falls back to the harness's model, and the run's log says why. A timed run gets one GPU runner per GPU
+    of the model ``request.gpu_models[0]`` names that the Ray cluster offers (at most ``request.gpu_count``); a
+    model the cluster lacks is refused here, before anything is recorded."""
     from warehouse import Warehouse
 
-    Warehouse(warehouse_root)
-    mark_crashed(warehouse_root)          # runs whose process died while running (kill -9) are crashed
-    gpus = list(gpu_models or [])
-    if gpus and not nvcc_available():
-        raise CakeError("a GPU run builds cubins with nvcc, which is not on PATH; install the CUDA toolkit "
-                        "(nvcc) or run with CAKE_GPU=off to check on the CPU")
-    gpu_resource, runners = _gpu_runners(gpus, gpu_count)
-    if resume:
-        plan = plan_resume(warehouse_root, resume, {"problem": problem, **asked}, timed=bool(gpus))
-    else:
-        if run_rows(warehouse_root, run_id):
-            raise CakeError(f"run `{run_id}` exists already; continue it with --resume {run_id}")
-        if asked.get("shape_set") is None:
-            raise CakeError(f"a new run needs a shape set; pass --shapes (see `cake problems` for {problem}'s)")
-        plan = RunPlan(run_id=run_id, problem=problem, started_at=now(),
-                       **{k: v for k, v in asked.items() if v is not None})
-    ss, search, check, held = _shapes(plan.problem, plan.shape_set, plan.check_shape_set, bool(gpus))
-    harness = load_harness(warehouse_root, plan.harness_version)
-    plan = replace(plan, harness_version=harness.version)
-    lock = run_lock(warehouse_root, plan.run_id)
+    root = request.warehouse_root
+    Warehouse(root)
+    gpus = list(request.gpu_models or [])
+    checked = check_request(request, timed=bool(gpus))
+    shapes = checked.shapes
+    gpu_resource, runners = _gpu_runners(gpus, request.gpu_count)
+    harness = load_harness(root, checked.plan.harness_version)
+    plan = replace(checked.plan, harness_version=harness.version)
+    lock = RunLock(root, plan.run_id)
     try:
-        state = select_stage(plan, **state_rows(warehouse_root, plan.run_id))
-        if resume and state.stop and run_rows(warehouse_root, plan.run_id)[0]["status"] == "completed":
+        state = select_stage(plan, **state_rows(root, plan.run_id))
+        if request.resume and state.stop and run_rows(root, plan.run_id)[0]["status"] == "completed":
             hint = STOP_HINTS[state.stop].format(**vars(plan))
             raise ResumeRefused(f"run `{plan.run_id}` already stopped ({state.stop.replace('_', ' ')} after "
                                 f"{state.attempts} attempts); {hint} to continue it")
         gpu = gpu_for_name(gpus[0] if gpus else None)
         model = harness.cost_model(gpu)
-        if cost_model is not None:
-            model, why = model_for_run(cost_model, gpu, fallback=model, problem=plan.problem)
+        if request.cost_model is not None:
+            model, why = model_for_run(request.cost_model, gpu, fallback=model, problem=plan.problem)
             get_run_logger().info(why)
-        run = Run(plan, warehouse_root, cache_dir, harness, gpus, search, check, held,
-                  {shape_key(s): r for s, r in zip(ss.shapes, ss.roles)}, model,
-                  make_agent(plan.agent, plan.seed, harness, llm), timeout_s, reps,
-                  str(flow_run.id) if flow_run.id else None, Recorder(warehouse_root, plan.run_id), state, lock=lock)
-        if debug:
-            run.debug = Debug(Path(warehouse_root).parent / "debug", harness, plan.problem, run.run_shapes)
+        run = Run(plan, root, request.cache_dir, harness, gpus, shapes.search, shapes.check, shapes.held_out,
+                  shapes.roles, model, make_agent(plan.agent, plan.seed, harness, request.llm), request.timeout_s,
+                  request.reps, str(flow_run.id) if flow_run.id else None, Recorder(root, plan.run_id), state,
+                  lock=lock)
+        if request.debug:
+            run.debug = Debug(Path(root).parent / "debug", harness, plan.problem, run.run_shapes)
         run.gpu_resource, run.gpu_runners = gpu_resource, runners
         run.recorder.rows("runs", [run_row(plan, "running", harness_version=harness.version,
                                            gpu_model=gpus[0] if gpus else None, flow_run_id=run.flow_run_id)])
-        if not resume:
+        if not request.resume:
+            ss = shapes.shape_set
             run.recorder.rows("shapes", shape_rows(ss.name, plan.problem, ss.shapes, ss.roles))
         run.recorder.flush()
         return run
     except BaseException:
-        lock.close()
+        lock.release()
         raise
 
 
@@ -252,6 +211,6 @@ def close_run(run: Run, status: str, stop_reason: str | None = None) -> None:
         run.compact()
     finally:
         if run.lock is not None:
-            run.lock.close()
+            run.lock.release()
     if error is not None:
         raise error

@@ -1,16 +1,18 @@
 """A run's life in the warehouse: begun (and held), asked to stop, sealed, ended with a status.
 
-- :func:`begin_run` marks runs whose process died while ``running`` as
-  ``crashed``, takes the run's hold (an flock on ``locks/run-<id>.lock`` in the
-  warehouse, dropped by the kernel when the process dies, ``kill -9`` included)
-  and records the run as ``running``.
+- :class:`RunLock` is a run's one lock: an flock on ``locks/run-<id>.lock`` in
+  the warehouse, held by the process that runs it and dropped by the kernel when
+  that process dies, ``kill -9`` included; :func:`mark_crashed` marks the runs
+  still ``running`` whose lock nobody holds as ``crashed``.
+- :func:`begin_run` marks crashed runs, takes the run's lock and records it
+  ``running``.
 - :func:`request_stop` (Ctrl-C, SIGTERM) asks a run to stop: the next write of
   its attempts (:func:`writing`), the actor pool's next poll and the flow's
   next stage raise :class:`RunCancelled` instead of going on.
 - :func:`seal` ends every write of a run: after it returns nothing of that run
   is written any more, so a count taken then is final.
 - :func:`end_run` records the final status (``completed``, ``failed``,
-  ``cancelled``) unless the run was sealed, and drops the hold.
+  ``cancelled``) unless the run was sealed, and releases the lock.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from cake_core.errors import CakeError
+from cake_core.pipeline.plan import ResumeRefused
 
 
 class RunCancelled(CakeError):
@@ -109,26 +112,42 @@ def status_for(exc: BaseException | None, run_id: str | None = None) -> str:
     return "cancelled" if run_id is not None and stop_requested(run_id) else "failed"
 
 
-# ---------------------------------------------------------------- holds and crashed runs
+# ---------------------------------------------------------------- the run's lock and crashed runs
 
 
 def _now() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None)
 
 
-class RunHold:
-    """An flock on ``<warehouse>/locks/run-<run_id>.lock`` for as long as the run's process lives."""
+class RunLock:
+    """The lock of run ``run_id``: an exclusive flock on ``<warehouse>/locks/run-<run_id>.lock`` holding this
+    process's pid, released by :meth:`release` or when the process ends, however it ends.
+
+    Raises
+    ------
+    ResumeRefused
+        Another process holds it: that process is running the run now.
+    """
 
     def __init__(self, warehouse_root: str | Path, run_id: str):
         self.path = Path(warehouse_root) / "locks" / f"run-{run_id}.lock"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd: int | None = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
-        fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 100, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise ResumeRefused(f"run `{run_id}` is being run right now (by {holder}); wait for it to end, or "
+                                f"stop it before resuming") from None
+        # the file stays when released: a process that opened it meanwhile must lock this file, not a new one
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()}".encode(), 0)
+        self._fd: int | None = fd
 
     def release(self) -> None:
         if self._fd is None:
             return
-        self.path.unlink(missing_ok=True)
         os.close(self._fd)
         self._fd = None
 
@@ -136,7 +155,7 @@ class RunHold:
 def mark_crashed(warehouse_root: str | Path) -> list[str]:
     """Record ``crashed`` for every run still ``running`` whose process is gone; returns their ids.
 
-    Only runs with a hold file are judged (their process took one); a hold file
+    Only runs with a lock file are judged (their process took one); a lock file
     that can be locked has no living owner.
     """
     from warehouse import Warehouse
@@ -187,18 +206,18 @@ def record_cancelled(warehouse_root: str | Path, run_id: str) -> bool:
     return True
 
 
-def begin_run(warehouse_root: str | Path, row: dict[str, Any]) -> RunHold:
-    """Mark crashed runs, hold ``row['run_id']`` and record it ``running``; returns the hold."""
+def begin_run(warehouse_root: str | Path, row: dict[str, Any]) -> RunLock:
+    """Mark crashed runs, lock ``row['run_id']`` and record it ``running``; returns the lock."""
     from warehouse import Warehouse
 
     mark_crashed(warehouse_root)
-    hold = RunHold(warehouse_root, row["run_id"])
+    lock = RunLock(warehouse_root, row["run_id"])
     Warehouse(warehouse_root).append("runs", [{**row, "status": "running"}])
-    return hold
+    return lock
 
 
-def end_run(warehouse_root: str | Path, hold: RunHold | None, row: dict[str, Any], status: str) -> None:
-    """Record the run's final ``status`` (nothing if it was sealed) and drop its hold."""
+def end_run(warehouse_root: str | Path, lock: RunLock | None, row: dict[str, Any], status: str) -> None:
+    """Record the run's final ``status`` (nothing if it was sealed) and release its lock."""
     from warehouse import Warehouse
 
     c = _control(row["run_id"])
@@ -208,5 +227,5 @@ def end_run(warehouse_root: str | Path, hold: RunHold | None, row: dict[str, Any
                 Warehouse(warehouse_root).append("runs", [{**row, "status": status,
                                                            "finished_at": row.get("finished_at") or _now()}])
     finally:
-        if hold is not None:
-            hold.release()
+        if lock is not None:
+            lock.release()

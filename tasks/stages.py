@@ -7,44 +7,31 @@ have landed, marks the generation done and rebuilds the run's state from the war
 """
 from __future__ import annotations
 
-import math
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from cake_core.outcome import Diagnostic, Outcome, Severity, StageResult
 from cake_core.pipeline.attempt import Attempt, attempt_id_for
-from cake_core.pipeline.execute import GpuJob, strict_check_shapes
+from cake_core.pipeline.execute import GpuJob
 from cake_core.pipeline.generate import generate_stage
+from cake_core.pipeline.policy import (CPU_TIMEOUT_S, batch_size, cost_order, filter_counts, filter_seed,
+                                       loser_cutoffs, strict_jobs)
 from cake_core.pipeline.rows import CHILD_TABLES, now, refusal_rows, stage_time_row
-from cake_core.pipeline.stages import cost_filter_stage, keep_count
+from cake_core.pipeline.stages import cost_filter_stage, stages_for
 from cake_core.pipeline.state import select_stage
 from cake_core.pipeline.verdicts import ShapeVerdict, as_strict, fault, judge
-from cake_core.problems import get_problem
 from cake_core.problems.base import Shape, shape_key
-from tasks.history import recorded, search_best_ms, state_rows
 from tasks.workers import Fault, LostWork, Unit
+from warehouse.queries import recorded, search_best_ms, state_rows
 
 if TYPE_CHECKING:
     from tasks.run import Run
 
 _TASK = dict(cache_policy=NO_CACHE)
-CPU_TIMEOUT_S = {"verify": 120.0, "lower": 120.0, "compile": 300.0}   # the pool's watchdog per candidate
-EXPLORE = 1               # candidates the cost filter lets through beside its top k (best placed on one shape)
-SAMPLE_OUT = 1            # filtered-out candidates timed anyway, to measure what the filter threw away
-MAX_BATCH = 8             # (candidate, shape) jobs a GPU runner takes at once
 COMPACT_EVERY = 10        # generations between compactions of the warehouse's batch files
-LOSER_FACTOR = 3.0
-"""The time stage stops timing a candidate on a shape once the median of its first few timed launches
-(``runtime.timing.CUTOFF_MIN_REPS``) is above LOSER_FACTOR x the run's best searched median there so far. The
-noise of a median of a few launches is far below a factor of 3, so such a candidate is slower than the best on
-that shape whatever its other launches would say, and it cannot be picked there (``shape_best``). Its figure
-is still a median of timed launches after warm-up and L2 flush, of fewer runs (the measurement's ``runs``), and
-it still scores the candidate (``kernel_scores``). The losers are where the time goes: each launch of one costs
-more than the best's (kmeans_assign's seed takes 64.6 ms against 1.33 ms after four generations,
-bench/results/gpu-evolve-2026-12-01.md)."""
 
 
 def _timed(run: "Run", stage: str, n_in: int, body: Callable[[], list[Attempt]], workers: int,
@@ -97,7 +84,7 @@ def generate(run: "Run", _: list[Attempt]) -> list[Attempt]:
     """Ask the agent for this generation's candidates."""
     search = run.search_shapes
     bounds = {d: max(s[d] for s in search) for d in search[0]} if search else {}
-    known = [] if run.plan.cold else get_problem(run.plan.problem).best_texts()
+    known = [] if run.plan.cold else run.problem.best_texts()
     ctx = run.state.context(run.plan, run.harness.version, bounds, known)
     # only the first generation a resumed job runs can have been cut short by a crash: what it landed then
     # is not recorded again
@@ -120,7 +107,7 @@ def generate(run: "Run", _: list[Attempt]) -> list[Attempt]:
 def verify(run: "Run", attempts: list[Attempt]) -> list[Attempt]:
     """Parse and verify every candidate (shape rules see the shapes it will run on)."""
     def body() -> list[Attempt]:
-        on_cpu(run, "verify", attempts, lambda a: (a.candidate.text, run.harness, run.plan.problem, run.run_shapes),
+        on_cpu(run, "verify", attempts, lambda a: (a.candidate.text, run.harness, run.problem, run.run_shapes),
                CPU_TIMEOUT_S["verify"])
         return _stop(run, "verify", attempts)
     return _timed(run, "verify", len(attempts), body, run.cpu.size, _seconds("verify", attempts))
@@ -151,12 +138,9 @@ def cost_filter(run: "Run", attempts: list[Attempt]) -> list[Attempt]:
     def body() -> list[Attempt]:
         if not attempts:
             return []
-        on = run.plan.cost_filter
         results = cost_filter_stage([a.program for a in attempts], run.search_shapes, run.model,
-                                    keep_count(run.plan.population, run.plan.filter_keep) if on else len(attempts),
-                                    EXPLORE if on else 0, SAMPLE_OUT if on else 0,
-                                    seed=run.plan.seed * 1_000_003 + run.state.generation,
-                                    problem=run.plan.problem)
+                                    *filter_counts(run.plan, len(attempts)),
+                                    seed=filter_seed(run.plan, run.state.generation), problem=run.plan.problem)
         for a, r in zip(attempts, results):
             a.record(r)
         going = _stop(run, "cost_filter", attempts)
@@ -171,7 +155,7 @@ def check(run: "Run", attempts: list[Attempt]) -> list[Attempt]:
     seed = run.input_seed()
 
     def body() -> list[Attempt]:
-        on_cpu(run, "check", attempts, lambda a: (a.program, run.plan.problem,
+        on_cpu(run, "check", attempts, lambda a: (a.program, run.problem,
                                                   [s for s in run.check_shapes if a.runs_on(shape_key(s))], seed),
                run.timeout_s)
         _stop(run, "check", attempts)
@@ -217,23 +201,16 @@ STAGE_TASKS = {"generate": generate, "verify": verify, "lower": lower, "compile"
                "cost_filter": cost_filter, "check": check, "time": time_, "select": select}
 
 
+def stage_tasks(run: "Run") -> list[Any]:
+    """The stage tasks of ``run``, in ``cake_core.pipeline.STAGES`` order (with or without the GPU's)."""
+    return [STAGE_TASKS[s.name] for s in stages_for(run.timed)]
+
+
 # ---------------------------------------------------------------- runners
 
 def _seconds(stage: str, attempts: list[Attempt]) -> Callable[[list[Attempt]], float]:
     """Worker seconds a stage spent on ``attempts`` (summed: above the wall time when workers ran at once)."""
     return lambda _: sum(a.seconds.get(stage, 0.0) for a in attempts)
-
-
-def _cost_order(problem: str, shapes: list[Shape]) -> list[int]:
-    """Shape indices, cheapest first: a wrong kernel is caught on the smallest shape, before the large ones."""
-    prob = get_problem(problem)
-    return sorted(range(len(shapes)), key=lambda j: (prob.flops(shapes[j]) + prob.bytes(shapes[j]), j))
-
-
-def loser_cutoffs(best_ms: dict[str, float]) -> dict[str, float]:
-    """The time stage's cutoff per shape key: :data:`LOSER_FACTOR` x the run's best searched median there (a
-    shape without one, as in generation 0, gets none)."""
-    return {k: LOSER_FACTOR * ms for k, ms in best_ms.items()}
 
 
 def search_cutoffs(run: "Run") -> dict[str, float]:
@@ -244,22 +221,11 @@ def search_cutoffs(run: "Run") -> dict[str, float]:
 def gate_and_time(run: "Run", attempts: list[Attempt], seed: int,
                   cutoffs: dict[str, float] | None = None) -> dict[int, list[ShapeVerdict]]:
     """The time stage's verdicts of each attempt: gate and timing on the search shapes (timing cut short above
-    ``cutoffs``, per shape key: :func:`loser_cutoffs`), then, for a candidate right on all of them, the gate
-    alone (untimed) on its strict shapes (``execute.strict_check_shapes``), verdicts of kind ``strict``. Cheap
-    first: a candidate wrong on a search shape pays no strict shape."""
+    ``cutoffs``, per shape key: ``policy.loser_cutoffs``), then the strict gate (``policy.strict_jobs``: for a
+    candidate right on all of them, the gate alone, untimed, on its strict shapes), verdicts of kind
+    ``strict``. Cheap first: a candidate wrong on a search shape pays no strict shape."""
     verdicts = on_gpu(run, attempts, run.search_shapes, seed, drop_failed=True, cutoffs=cutoffs)
-    prob = get_problem(run.plan.problem)
-    strict: list[Shape] = []
-    why: dict[str, str] = {}
-    pairs: set[tuple[int, int]] = set()
-    for i, a in enumerate(attempts):
-        if not verdicts[i] or not all(v.correct for v in verdicts[i]):
-            continue
-        for s, w in strict_check_shapes(a.program, prob, run.search_shapes):
-            if s not in strict:
-                strict.append(s)
-            why[shape_key(s)] = w
-            pairs.add((i, strict.index(s)))
+    strict, why, pairs = strict_jobs([a.program for a in attempts], verdicts, run.problem, run.search_shapes)
     if pairs:
         extra = on_gpu(run, attempts, strict, seed, drop_failed=True, pairs=pairs, timed=False, kind="strict")
         for i, vs in extra.items():
@@ -275,21 +241,22 @@ def on_gpu(run: "Run", attempts: list[Attempt], shapes: list[Shape], seed: int, 
     a candidate that came out wrong or faulted are not run; a shape outside a candidate's domain never is. A
     job run again after its runner was lost lands a ``reruns`` row (``kind``: what the jobs measure, search |
     strict | confirm | held_out | baseline) through the run's recorder. ``cutoffs`` (shape key -> ms, the
-    search's timing only: :data:`LOSER_FACTOR`): a job timed above its shape's cutoff stops early.
+    search's timing only: ``policy.LOSER_FACTOR``): a job timed above its shape's cutoff stops early; the jobs
+    go cheapest shape first (``policy.cost_order``) in batches of ``policy.batch_size``.
     """
     if cutoffs and (kind != "search" or not timed):
         raise ValueError(f"a timing cutoff is for the search's timed jobs only (these: {kind}"
                          f"{'' if timed else ', untimed'}); confirm, held-out and baseline jobs time every rep")
     failed: set[int] = set()
     units = []
-    for j in _cost_order(run.plan.problem, shapes):
+    for j in cost_order(run.problem, shapes):
         for i, a in enumerate(attempts):
             if pairs is not None and (i, j) not in pairs or not a.runs_on(shape_key(shapes[j])):
                 continue        # not asked for, or outside the kernel's domain (refused before any launch)
-            job = GpuJob((i, j), a.lowered, a.binary.cubin, a.binary.compiled.kernel_name, run.plan.problem,
+            job = GpuJob((i, j), a.lowered, a.binary.cubin, a.binary.compiled.kernel_name, run.problem,
                          shapes[j], seed, run.reps, timed, (cutoffs or {}).get(shape_key(shapes[j])))
             units.append(Unit((i, j), job, run.timeout_s, group=j))
-    n_batch = max(1, min(MAX_BATCH, math.ceil(len(units) / (2 * run.gpu.size)))) if units else 1
+    n_batch = batch_size(len(units), run.gpu.size)
 
     def note(key, answer) -> None:
         if isinstance(answer, Fault) or not answer.correct:
@@ -320,7 +287,7 @@ def rerun_rows(run: "Run", attempts: list[Attempt], shapes: list[Shape], lost: l
 def build(run: "Run", attempts: list[Attempt], shapes: list[Shape]) -> list[Attempt]:
     """verify, lower and compile ``attempts`` on the CPU workers without recording them (the final stage's
     kernels: the best of earlier jobs of a resumed run, the hand-written baselines); returns those built."""
-    on_cpu(run, "verify", attempts, lambda a: (a.candidate.text, run.harness, run.plan.problem, shapes),
+    on_cpu(run, "verify", attempts, lambda a: (a.candidate.text, run.harness, run.problem, shapes),
            CPU_TIMEOUT_S["verify"])
     going = [a for a in attempts if a.going_on]
     on_cpu(run, "lower", going, lambda a: (a.program,), CPU_TIMEOUT_S["lower"])

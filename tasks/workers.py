@@ -53,7 +53,7 @@ def _ident() -> tuple[str, int]:
     return ray.get_runtime_context().get_node_id(), os.getpid()
 
 
-def _verify(text: str, harness, problem: str, shapes: list[dict]):
+def _verify(text: str, harness, problem, shapes: list[dict]):
     from cake_core.pipeline.stages import verify_stage
     from cake_core.problems import get_problem
     return verify_stage(text, harness, get_problem(problem), shapes)
@@ -116,7 +116,7 @@ class GpuRunner:
             out.append(self.session.run(job))
         return {"verdicts": out, "restart": self.session.poisoned is not None, "pid": os.getpid()}
 
-    def peer(self, problem: str, peer: str, shape: dict, seed: int, reps: int) -> dict:
+    def peer(self, problem, peer: str, shape: dict, seed: int, reps: int) -> dict:
         """One peer on one shape (``cake_core.pipeline.execute.GpuSession.peer``): ``{"verdict", "restart"}``."""
         if self.session.poisoned:
             return {"verdict": None, "restart": True}

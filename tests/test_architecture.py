@@ -1,18 +1,20 @@
 """The import table of docs/architecture.md, enforced: every module's imports against the table, and no cycles.
 
 Every ``import`` and ``from ... import`` of every module under cake_core/, warehouse/, tasks/, flows/ and
-cake_cli/ is read with ``ast`` (module-level and function-level imports alike; an ``if TYPE_CHECKING:`` block
-never runs and is skipped) and checked against :data:`TABLE`: a module may import the standard library, its
-own folder, the folders and third-party packages of its row, and (inside cake_core) the shared leaves
-``cake_core.errors`` and ``cake_core.outcome``. Third-party packages marked lazy (CuPy, the CUDA driver
-bindings, torch, flash-kmeans, openai) may be imported inside functions only, so that the module imports on
-a machine without them. bench/ and tests/ are scripts over the packages, outside the table.
+cake_cli/ is read with ``ast`` (module-level, function-level and inside ``if TYPE_CHECKING:`` alike) and
+checked against :data:`TABLE`: a module may import the standard library, its own folder, the folders and
+third-party packages of its row, and (inside cake_core) the shared leaves ``cake_core.errors`` and
+``cake_core.outcome``. Third-party packages marked lazy (CuPy, the CUDA driver bindings, torch, flash-kmeans,
+openai) may be imported inside functions (or for type checking) only, so that the module imports on a machine
+without them. bench/ and tests/ are scripts over the packages, outside the table.
 
-The no-cycle test follows module-level imports only: those run when a module is imported, and a cycle among
-them is an import-order trap. A function-level import runs when the function is called, after every module
-has loaded, so it cannot deadlock an import; function-level imports obey the table all the same (above).
-Importing ``a.b.c`` runs ``a/__init__`` and ``a/b/__init__`` too; those implied imports are not edges here
-(the package inits hold no imports of their submodules' dependents).
+The no-cycle test follows every import too, not only those that run when a module loads: a function-level or
+type-checking import still says that one module needs the other, and two modules that need each other are one
+concern split in two. Any cycle among first-party modules fails, reported as a path ``a -> b -> c -> a``.
+``from a.b import c`` reads ``c`` off the package ``a.b``, whose init (which may re-export ``c``'s importers)
+must have run: it is an edge to ``a.b`` as well as to ``a.b.c``. Importing ``a.b.c`` by its own path runs
+``a/__init__`` and ``a/b/__init__`` too; those implied imports are not edges here, so a package's modules
+import each other by their own paths.
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ TABLE: dict[str, tuple[str, ...]] = {
     "cake_core/ir": ("stdlib", "numpy", "cake_core/targets"),
     "cake_core/lower": ("stdlib", "cake_core/ir", "cake_core/targets"),
     "cake_core/model": ("stdlib", "numpy", "lightgbm", "cake_core/ir", "cake_core/lower", "cake_core/targets"),
-    "cake_core/problems": ("stdlib", "numpy", "cake_core/ir"),
+    "cake_core/problems": ("stdlib", "numpy", "torch", "flash_kmeans", "cake_core/ir"),
     "cake_core/agents": ("stdlib", "numpy", "openai", "cake_core/ir", "cake_core/model", "cake_core/problems",
                          "cake_core/targets"),
     "cake_core/runtime": ("stdlib", "numpy", "cupy", "cuda", "torch", "flash_kmeans", "cake_core/ir",
@@ -59,7 +61,7 @@ class Import:
     module: str       # the importing module, dotted
     target: str       # the module imported (the longest dotted prefix that is one of ours, or the third-party name)
     line: int
-    lazy: bool        # inside a function
+    lazy: bool        # inside a function or an `if TYPE_CHECKING:` block: not run when the module loads
 
 
 def _modules() -> dict[str, Path]:
@@ -76,14 +78,21 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
-def _imports(module: str, path: Path) -> list[Import]:
+def _type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(module: str, path: Path, modules: dict[str, Path] | None = None) -> list[Import]:
+    """Every import of ``module`` (read from ``path``), its target resolved against ``modules``."""
+    modules = MODULES if modules is None else modules
     tree = ast.parse(path.read_text(), str(path))
     out: list[Import] = []
 
     def resolve(name: str) -> str:
         parts = name.split(".")
         for i in range(len(parts), 0, -1):
-            if ".".join(parts[:i]) in MODULES:
+            if ".".join(parts[:i]) in modules:
                 return ".".join(parts[:i])
         return name
 
@@ -96,11 +105,16 @@ def _imports(module: str, path: Path) -> list[Import]:
                 if n.level:
                     pkg = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
                     base = ".".join(pkg[:len(pkg) - n.level + 1] + ([n.module] if n.module else []))
-                for a in n.names:       # `from pkg import submodule` imports the submodule
-                    out.append(Import(module, resolve(f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES
+                # `from pkg import submodule` imports the submodule and reads it off pkg, whose init
+                # (re-exporting its submodules, perhaps this very importer) must have run: an edge to each
+                for a in n.names:
+                    out.append(Import(module, resolve(f"{base}.{a.name}" if f"{base}.{a.name}" in modules
                                                       else base), n.lineno, lazy))
-            elif isinstance(n, ast.If) and isinstance(n.test, ast.Name) and n.test.id == "TYPE_CHECKING":
-                continue
+                if base in modules and base != module and any(f"{base}.{a.name}" in modules for a in n.names):
+                    out.append(Import(module, base, n.lineno, lazy))
+            elif isinstance(n, ast.If) and _type_checking(n.test):
+                visit(n.body, True)         # never runs, so a lazy package may be named there
+                visit(n.orelse, lazy)
             elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 visit(n.body, True)
             elif isinstance(n, ast.ClassDef):
@@ -168,8 +182,29 @@ def test_flows_import_only_prefect_and_tasks():
     assert not bad, "flows import more than Prefect, tasks and the standard library:\n" + "\n".join(bad)
 
 
+def _cycle_through(v: str, comp: set[str], edges: dict[str, set[str]]) -> list[str]:
+    """A shortest import path from ``v`` back to ``v`` inside the strongly connected ``comp``."""
+    came: dict[str, str] = {}
+    frontier = [v]
+    while frontier:
+        nxt = []
+        for u in frontier:
+            for w in sorted(edges.get(u, ())):
+                if w == v:
+                    path = [u]
+                    while path[-1] != v:
+                        path.append(came[path[-1]])
+                    return [v, *reversed(path[:-1]), v]
+                if w in comp and w not in came:
+                    came[w] = u
+                    nxt.append(w)
+        frontier = nxt
+    raise AssertionError(f"{v} is on no cycle of {sorted(comp)}")
+
+
 def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components of more than one module (Tarjan), each a cycle of imports."""
+    """One import cycle per strongly connected component of more than one module (Tarjan), each a path
+    ``[a, b, c, a]`` from the component's first module back to itself."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -195,7 +230,7 @@ def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
                 if w == v:
                     break
             if len(comp) > 1:
-                found.append(sorted(comp))
+                found.append(_cycle_through(min(comp), set(comp), edges))
 
     for v in sorted(edges):
         if v not in index:
@@ -203,23 +238,63 @@ def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def module_edges() -> dict[str, set[str]]:
-    edges: dict[str, set[str]] = {m: set() for m in MODULES}
-    for i in IMPORTS:
-        if not i.lazy and i.target in MODULES and i.target != i.module:
+def module_edges(imports: list[Import] | None = None,
+                 modules: dict[str, Path] | None = None) -> dict[str, set[str]]:
+    """Module -> the first-party modules it imports anywhere (module level, in functions, for type checking)."""
+    imports = IMPORTS if imports is None else imports
+    modules = MODULES if modules is None else modules
+    edges: dict[str, set[str]] = {m: set() for m in modules}
+    for i in imports:
+        if i.target in modules and i.target != i.module:
             edges[i.module].add(i.target)
     return edges
 
 
 def test_no_import_cycles():
     cycles = _cycles(module_edges())
-    assert not cycles, "module-level import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
 
 
 def test_the_cycle_finder_finds_a_planted_cycle():
     edges = module_edges()
     edges["cake_core.ir.expr"] = edges["cake_core.ir.expr"] | {"cake_core.ir.ops"}    # ops -> ... -> expr
-    assert any("cake_core.ir.expr" in c and "cake_core.ir.ops" in c for c in _cycles(edges))
+    cycles = _cycles(edges)
+    assert any("cake_core.ir.expr" in c and "cake_core.ir.ops" in c for c in cycles)
+    assert all(c[0] == c[-1] and all(b in edges[a] for a, b in zip(c, c[1:])) for c in cycles)
+
+
+def test_a_cycle_through_function_level_and_type_checking_imports_is_found(tmp_path):
+    (tmp_path / "probe").mkdir()
+    files = {
+        "probe.a": "def f():\n    from probe.b import g\n    return g\n",
+        "probe.b": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from probe.c import h\n",
+        "probe.c": "import probe.d\n",
+        "probe.d": "class K:\n    def m(self):\n        from probe import a\n",
+    }
+    modules = {m: tmp_path / (m.replace(".", "/") + ".py") for m in files}
+    for m, text in files.items():
+        modules[m].write_text(text)
+    imports = [i for m, p in modules.items() for i in _imports(m, p, modules)]
+    assert [i.lazy for i in imports] == [True, False, True, False, True]
+    assert _cycles(module_edges(imports, modules)) == [["probe.a", "probe.b", "probe.c", "probe.d", "probe.a"]]
+    modules["probe.d"].write_text("class K:\n    pass\n")
+    imports = [i for m, p in modules.items() for i in _imports(m, p, modules)]
+    assert _cycles(module_edges(imports, modules)) == []
+
+
+def test_a_sibling_read_off_a_reexporting_package_is_a_cycle(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    modules = {"pkg": tmp_path / "pkg" / "__init__.py", "pkg.a": tmp_path / "pkg" / "a.py",
+               "pkg.b": tmp_path / "pkg" / "b.py"}
+    modules["pkg"].write_text("from pkg.a import f\n")
+    modules["pkg.b"].write_text("x = 1\n")
+
+    def cycles(a_text: str) -> list[list[str]]:
+        modules["pkg.a"].write_text(a_text)
+        return _cycles(module_edges([i for m, p in modules.items() for i in _imports(m, p, modules)], modules))
+    assert cycles("from pkg import b\n") == [["pkg", "pkg.a", "pkg"]]
+    assert cycles("import pkg.b as b\n") == []
+    assert cycles("from pkg.b import x\n") == []
 
 
 def test_the_table_refuses_a_planted_import():

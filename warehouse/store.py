@@ -34,6 +34,9 @@ then the merged file is renamed into place. Readers list the batch files first
 and the records second, and drop the inputs of every record whose output they
 saw (the output is renamed into place only after its record is committed). Inputs are deleted only
 ``grace_s`` seconds after their record, by a later ``compact``.
+
+The file operations these rules rest on (batch ids, atomic writes, the listing a reader sees, pruning,
+stale temporaries) are ``warehouse.batches``'; this module is the DuckDB side and the schema's checks.
 """
 
 from __future__ import annotations
@@ -41,19 +44,17 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import re
 import threading
-import time
-import uuid
 import warnings
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterable
 
 import duckdb
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from warehouse.batches import (TMP_SUFFIX, clean_stale_tmp, corrupt_files, file_identity, fsync_dir, list_batches,
+                               new_batch_id, prune_compacted, sql_str, vanished, write_parquet_atomic,
+                               write_text_atomic)
 from warehouse.errors import BatchRejected, WarehouseError
 from warehouse.readonly import ReadOnlyError, locked_connection, outside_message, read_only_statements
 from warehouse.schema import Schema, eval_default, load_schema
@@ -61,88 +62,8 @@ from warehouse.schema import Schema, eval_default, load_schema
 TABLES: tuple[str, ...] = tuple(load_schema().arrow)
 EXPORT_FORMATS = ("csv", "parquet", "json")
 
-_TMP_SUFFIX = ".tmp"
-_STALE_TMP_S = 6 * 3600          # a temp file this old is abandoned whoever wrote it
-_DEAD_WRITER_TMP_S = 60          # ... or this old when its writer's pid is gone
-_BATCH_PID_RE = re.compile(r"^\.?(?:compact-)?\d{8}T\d{12}Z-(\d+)-")
-
-
-def new_batch_id() -> str:
-    """Unique, time-ordered batch id: ``<UTC time>-<pid>-<uuid>``."""
-    now = datetime.now(timezone.utc)
-    return f"{now:%Y%m%dT%H%M%S%f}Z-{os.getpid()}-{uuid.uuid4().hex[:12]}"
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_parquet_atomic(table: pa.Table, path: Path, *, publish: bool = True) -> Path:
-    """Write to ``.<name>.tmp`` in the same folder, fsync, rename onto ``path``.
-
-    With ``publish=False`` the fsynced temp file is left for the caller to rename.
-    """
-    tmp = path.with_name(f".{path.name}{_TMP_SUFFIX}")
-    with open(tmp, "wb") as f:
-        pq.write_table(table, f, compression="zstd")
-        f.flush()
-        os.fsync(f.fileno())
-    if not publish:
-        return tmp
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-    return path
-
-
-def _write_text_atomic(text: str, path: Path) -> None:
-    # a temporary name of its own per writer: two processes opening a new warehouse at once both write
-    # SCHEMA_VERSION, and a shared temporary file would be renamed away under one of them
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}{_TMP_SUFFIX}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def _vanished(files: Iterable[Path]) -> bool:
-    """Whether a batch file a reader listed is gone (a compaction pruned it)."""
-    return any(not f.exists() for f in files)
-
-
-def _identity(files: list[Path]) -> list[tuple]:
-    """Each file with its size and modification time (a vanished one as None)."""
-    out = []
-    for f in files:
-        try:
-            st = f.stat()
-            out.append((f, st.st_size, st.st_mtime_ns))
-        except FileNotFoundError:
-            out.append((f, None, None))
-    return out
-
-
 class _Relist(Exception):
     """A batch file listed for a view vanished (pruned by a compaction): list the batches again."""
-
-
-def _sql_str(s: str | Path) -> str:
-    return "'" + str(s).replace("'", "''") + "'"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class Warehouse:
@@ -174,7 +95,7 @@ class Warehouse:
             (self.root / "landing" / t / "_compactions").mkdir(parents=True, exist_ok=True)
         if on_disk is None or on_disk < self.schema.version:
             # Migrations are additive; old batches are read by column name.
-            _write_text_atomic(f"{self.schema.version}\n", self._version_file)
+            write_text_atomic(f"{self.schema.version}\n", self._version_file)
         self._clean_stale_tmp()
         # thread ident -> (batch files with size and time, connection over exactly them): each thread reuses
         # only its own
@@ -249,13 +170,13 @@ class Warehouse:
         if not ok:
             qdir = self.root / "quarantine" / table
             qdir.mkdir(parents=True, exist_ok=True)
-            parquet_path = _write_parquet_atomic(batch, qdir / f"{batch_id}.parquet")
+            parquet_path = write_parquet_atomic(batch, qdir / f"{batch_id}.parquet")
             report_path = qdir / f"{batch_id}.json"
-            _write_text_atomic(json.dumps({"table": table, "batch_id": batch_id, "rows": batch.num_rows,
+            write_text_atomic(json.dumps({"table": table, "batch_id": batch_id, "rows": batch.num_rows,
                                            "failed": failed, "report": report}, indent=1, default=str),
                                report_path)
             raise BatchRejected(table, failed, parquet_path, report_path)
-        _write_parquet_atomic(batch, self.root / "landing" / table / f"{batch_id}.parquet")
+        write_parquet_atomic(batch, self.root / "landing" / table / f"{batch_id}.parquet")
         return batch.num_rows
 
     def _to_arrow(self, table: str, rows: list[dict] | pa.Table) -> pa.Table:
@@ -316,31 +237,7 @@ class Warehouse:
         return self.root / "landing" / table
 
     def _snapshot(self, table: str) -> list[Path]:
-        """The batch files a reader must see now: no duplicates, no gaps (see module docstring)."""
-        d = self._table_dir(table)
-        # Batch files first, compaction records second: if a compacted output is listed,
-        # its record was committed before and is listed too.
-        try:
-            names = [n for n in os.listdir(d) if n.endswith(".parquet") and not n.startswith(".")]
-        except FileNotFoundError:
-            return []
-        present, hidden = set(names), set()
-        for rec in self._records(table):
-            if rec["output"] in present:
-                hidden.update(rec["inputs"])
-        return [d / n for n in sorted(present - hidden)]
-
-    def _records(self, table: str) -> list[dict]:
-        rdir = self._table_dir(table) / "_compactions"
-        out = []
-        for name in sorted(os.listdir(rdir)) if rdir.exists() else []:
-            if name.startswith(".") or not name.endswith(".json"):
-                continue
-            try:
-                out.append(json.loads((rdir / name).read_text()) | {"_path": str(rdir / name)})
-            except FileNotFoundError:
-                continue  # pruned meanwhile: its inputs are gone too
-        return out
+        return list_batches(self._table_dir(table))
 
     def _empty_select(self, table: str) -> str:
         cols = ", ".join(f'cast(null as {c.sql_type}) as "{c.name}"' for c in self.schema.columns[table])
@@ -359,7 +256,7 @@ class Warehouse:
         me = threading.get_ident()
         listing = self._listing()
         files = [f for fs in listing.values() for f in fs]
-        key = _identity(files)
+        key = file_identity(files)
         held = self._readers.get(me)
         if held is not None and held[0] == key:
             return held[1], files, False
@@ -368,7 +265,7 @@ class Warehouse:
         alive = {t.ident for t in threading.enumerate()}
         for ident in [i for i in list(self._readers) if i not in alive]:
             self._drop_reader(ident)        # a thread that has ended: its connection is closed here
-        self._readers[me] = (_identity(files), con)
+        self._readers[me] = (file_identity(files), con)
         return con, files, True
 
     def _drop_reader(self, ident: int | None = None) -> None:
@@ -394,7 +291,7 @@ class Warehouse:
                 con.close()  # a file pruned by a compaction since we listed: list again
             except duckdb.Error:
                 con.close()
-                if attempt == self.RELISTS - 1 or not _vanished(files):
+                if attempt == self.RELISTS - 1 or not vanished(files):
                     raise
             except BaseException:
                 con.close()
@@ -408,13 +305,13 @@ class Warehouse:
         while True:
             body = self._empty_select(table)
             if files:
-                lst = "[" + ", ".join(_sql_str(f) for f in files) + "]"
+                lst = "[" + ", ".join(sql_str(f) for f in files) + "]"
                 body += f" union all by name select * from read_parquet({lst}, union_by_name=true)"
             try:
                 con.execute(f'create view "{table}" as {body}')
                 return
             except duckdb.Error as e:
-                bad = self._corrupt_files(files)
+                bad = corrupt_files(files)
                 if not bad and relist_ok:
                     raise _Relist() from None
                 if not bad:
@@ -423,18 +320,6 @@ class Warehouse:
                     raise WarehouseError(self._corrupt_message(bad)) from None
                 warnings.warn(self._corrupt_message(bad), stacklevel=4)
                 files = [f for f in files if f not in {p for p, _ in bad}]
-
-    @staticmethod
-    def _corrupt_files(files: Iterable[Path]) -> list[tuple[Path, str]]:
-        bad = []
-        for f in files:
-            try:
-                pq.read_metadata(f)
-            except FileNotFoundError:
-                continue
-            except Exception as e:  # noqa: BLE001 - any failure to read the footer means corrupt
-                bad.append((f, str(e)))
-        return bad
 
     def _corrupt_message(self, bad: list[tuple[Path, str]]) -> str:
         lines = [f"  {p}: {why}" for p, why in bad]
@@ -478,7 +363,7 @@ class Warehouse:
                 self._drop_reader()     # a failed statement: the next query starts from a fresh connection
                 # A batch file pruned by a compaction between our listing and the read (DuckDB then reports
                 # a missing file, or a glob under its name outside the allowed paths): list again.
-                if attempt < self.RELISTS - 1 and _vanished(files):
+                if attempt < self.RELISTS - 1 and vanished(files):
                     continue
                 if isinstance(e, duckdb.PermissionException):
                     raise ReadOnlyError(outside_message(e)) from None
@@ -511,13 +396,13 @@ class Warehouse:
             raise WarehouseError(f"export format {fmt!r} unknown; use one of {', '.join(EXPORT_FORMATS)}")
         result = self.query(sql, params)
         path = Path(path)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}{_TMP_SUFFIX}")
+        tmp = path.with_name(f".{path.name}.{os.getpid()}{TMP_SUFFIX}")
         options = {"csv": "format csv, header true", "parquet": "format parquet",
                    "json": "format json, array true"}[fmt]
         con = duckdb.connect(":memory:")
         try:
             con.register("result", result)
-            con.execute(f"copy result to {_sql_str(tmp)} ({options})")
+            con.execute(f"copy result to {sql_str(tmp)} ({options})")
         finally:
             con.close()
         os.replace(tmp, path)
@@ -527,7 +412,7 @@ class Warehouse:
 
     def check(self) -> list[tuple[Path, str]]:
         """Every landed batch file whose Parquet footer cannot be read, with the reason."""
-        return self._corrupt_files(f for t in TABLES for f in self._snapshot(t))
+        return corrupt_files(f for t in TABLES for f in self._snapshot(t))
 
     def quarantine_file(self, path: str | Path, reason: str = "corrupted") -> Path:
         """Move a landed batch file to ``quarantine/<table>/`` with a note; returns its new path."""
@@ -539,27 +424,14 @@ class Warehouse:
         qdir.mkdir(parents=True, exist_ok=True)
         dest = qdir / path.name
         os.replace(path, dest)
-        _write_text_atomic(json.dumps({"table": table, "file": path.name, "reason": reason,
+        write_text_atomic(json.dumps({"table": table, "file": path.name, "reason": reason,
                                        "moved_at": datetime.now(timezone.utc).isoformat()}),
                            dest.with_suffix(".json"))
         return dest
 
     def _clean_stale_tmp(self) -> None:
-        now = time.time()
-        for t in TABLES:
-            for d in (self._table_dir(t), self._table_dir(t) / "_compactions", self.root / "quarantine" / t):
-                for name in os.listdir(d) if d.exists() else []:
-                    if not name.endswith(_TMP_SUFFIX):
-                        continue
-                    p = d / name
-                    try:
-                        age = now - p.stat().st_mtime
-                    except FileNotFoundError:
-                        continue
-                    m = _BATCH_PID_RE.match(name)
-                    dead = m is not None and not _pid_alive(int(m.group(1)))
-                    if age > _STALE_TMP_S or (dead and age > _DEAD_WRITER_TMP_S):
-                        p.unlink(missing_ok=True)
+        clean_stale_tmp(d for t in TABLES for d in (self._table_dir(t), self._table_dir(t) / "_compactions",
+                                                    self.root / "quarantine" / t))
 
     def compact(self, table: str, *, min_files: int = 2, grace_s: float = 600.0) -> int:
         """Merge a table's batch files into one; returns how many files were merged.
@@ -577,48 +449,30 @@ class Warehouse:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return 0
-            self._prune(table, grace_s)
+            prune_compacted(self._table_dir(table), grace_s)
             files = self._snapshot(table)
             if len(files) < min_files:
                 return 0
             con = duckdb.connect(":memory:")
             try:
-                lst = "[" + ", ".join(_sql_str(f) for f in files) + "]"
+                lst = "[" + ", ".join(sql_str(f) for f in files) + "]"
                 merged = con.sql(f"{self._empty_select(table)} union all by name "
                                  f"select * from read_parquet({lst}, union_by_name=true)").to_arrow_table()
             except duckdb.Error as e:
-                bad = self._corrupt_files(files)
+                bad = corrupt_files(files)
                 raise WarehouseError(self._corrupt_message(bad) if bad else str(e)) from None
             finally:
                 con.close()
             merged = merged.select(self.schema.arrow[table].names).cast(self.schema.arrow[table])
             batch_id = new_batch_id()
             out = self._table_dir(table) / f"compact-{batch_id}.parquet"
-            staged = _write_parquet_atomic(merged, out, publish=False)
+            staged = write_parquet_atomic(merged, out, publish=False)
             record = {"output": out.name, "inputs": [f.name for f in files], "rows": merged.num_rows,
                       "created_at": datetime.now(timezone.utc).isoformat()}
-            _write_text_atomic(json.dumps(record), self._table_dir(table) / "_compactions" / f"{batch_id}.json")
+            write_text_atomic(json.dumps(record), self._table_dir(table) / "_compactions" / f"{batch_id}.json")
             os.replace(staged, out)  # the commit point for readers
-            _fsync_dir(out.parent)
+            fsync_dir(out.parent)
             return len(files)
-
-    def _prune(self, table: str, grace_s: float) -> None:
-        """Delete inputs of compactions older than ``grace_s``, then their records."""
-        now = datetime.now(timezone.utc)
-        d = self._table_dir(table)
-        for rec in self._records(table):
-            age = (now - datetime.fromisoformat(rec["created_at"])).total_seconds()
-            if age < grace_s:
-                continue
-            if (d / rec["output"]).exists():
-                for name in rec["inputs"]:
-                    (d / name).unlink(missing_ok=True)
-                _fsync_dir(d)
-            else:
-                staged = d / f".{rec['output']}{_TMP_SUFFIX}"
-                staged.unlink(missing_ok=True)  # compactor died before the commit point
-            Path(rec["_path"]).unlink(missing_ok=True)
-            _fsync_dir(Path(rec["_path"]).parent)
 
     def describe(self, table: str) -> list[tuple[str, str, bool]]:
         """(column, SQL type, nullable) for a table."""

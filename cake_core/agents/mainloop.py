@@ -1,6 +1,6 @@
 """Recognising a CTA-collective contraction mainloop, the shape the structural tactics start from.
 
-The naive seeds of gemm_bf16, tinygemm, kmeans_assign and knn_topk share one structure: tiles of two
+The naive seeds of a GEMM, an argmin-epilogue and a top-k-epilogue contraction share one structure: tiles of two
 operands are loaded into shared memory on every trip of a reduction loop and multiplied into an rmem
 accumulator by ``mma``; optionally an outer loop streams tiles of candidates (centroids, database rows)
 past a fixed tile of rows, with an epilogue per candidate tile (scores from a bias and the dot products,
@@ -25,7 +25,7 @@ a running arg-min or top-k); at the end, stores::
 
 ``find_mainloop`` returns that structure as data, or raises ``Refused`` saying which statement does not
 fit. It knows one more pattern inside the reduction: the squared row norms of the streamed operand
-(``unary(sq, db_s, fn="square"); reduce(part, sq, axis=1); ewise(norm, norm, part)``, knn_topk's seed),
+(``unary(sq, db_s, fn="square"); reduce(part, sq, axis=1); ewise(norm, norm, part)``, a top-k epilogue's seed),
 which the warp-specialized form computes with ``sqnorm_rows``.
 """
 from __future__ import annotations

@@ -199,6 +199,22 @@ def replace_expr(n: Node, old: Expr, new: Expr) -> Node:
     return map_exprs(n, lambda e: replace_expr_in(e, old, new))
 
 
+def node_syms(n: Node) -> set[str]:
+    """The symbols ``n``'s own operands mention (not its body's)."""
+    out: set[str] = set()
+    map_exprs(replace(n, body=()), lambda e: (out.update(symbols(e)), e)[1])
+    return out
+
+
+def trips_past(stop: Expr, base: Expr | None) -> int | None:
+    """How many trips ``stop`` runs past ``base`` (``base`` itself: 0; ``base + 1``: 1), else None."""
+    if base is None or stop == base:
+        return 0
+    if isinstance(stop, Bin) and stop.op == "+" and stop.a == base and isinstance(stop.b, int):
+        return stop.b
+    return None
+
+
 def subst_node(n: Node, env: dict[str, Expr]) -> Node:
     """``n`` (and its body) with the symbols named in ``env`` replaced in every index expression."""
     return map_exprs(n, lambda e: subst_expr(e, env))

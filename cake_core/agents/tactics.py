@@ -26,7 +26,9 @@ import numpy as np
 
 from cake_core.agents.rewrite import Refused, map_nodes, refuse_unless, set_attrs, walk_nodes
 from cake_core.agents.tactics_copy import resident, tma
-from cake_core.agents.tactics_grid import cluster_split, group_tiles, multicast, persistent, split_k
+from cake_core.agents.tactics_cluster import cluster_split, multicast
+from cake_core.agents.tactics_grid import group_tiles, split_k
+from cake_core.agents.tactics_persistent import persistent
 from cake_core.agents.tactics_sched import batch_wgmma, consumer_warpgroups, pingpong, pipeline_wgmma
 from cake_core.agents.tactics_ws import WGMMA_N, warp_specialize, wgmma_consts
 from cake_core.ir.expr import Bin, Sym, symbols
@@ -204,8 +206,9 @@ def mma_sync(p: Program, rng: np.random.Generator, bounds: Bounds | None = None)
     of a distance kernel) reads it, the lowering refuses the child (``lower.acc_layout``). The tactic does
     not look past the mma it rewrites; catching that before the lower stage is left to the verifier's
     rules (a rule mined from such failures does, see ``tests/core/test_harness_kinds.py``).
-    Precondition: an ``mma`` with ``atom="fma"`` on bf16/f16 operands (gemm_bf16, tinygemm, kmeans_assign,
-    knn_topk seeds); its tiles must split into m16n8k16 atoms over the warps, which the verifier checks.
+    Precondition: an ``mma`` with ``atom="fma"`` on bf16/f16 operands (the contraction seeds: a GEMM, an
+    argmin or a top-k epilogue); its tiles must split into m16n8k16 atoms over the warps, which the verifier
+    checks.
     """
     found = [n for n in walk_nodes(p.body) if n.op is Op.MMA and n.attr("atom") == "fma"]
     refuse_unless(bool(found), "no mma with the fma atom")

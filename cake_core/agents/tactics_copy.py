@@ -30,7 +30,7 @@ After::
     wgmma(...)
 
 An N-major ``b`` operand that cp.async fills has rows of one 128-byte swizzle span, which pins wgmma's N to 64
-16-bit columns (gemm_bf16 after ``warp_specialize``: ``BN = 64``); TMA's boxes lift that, so the rewrite also
+16-bit columns (a GEMM's seed after ``warp_specialize``: ``BN = 64``); TMA's boxes lift that, so the rewrite also
 draws that N among the widths wgmma takes (64, 128, 192, 256): the copy engine and the tile that it allows
 change in one step, as neither pays alone.
 
@@ -39,8 +39,8 @@ A loop of a static trip count that only copies into the same barrier (a resident
 
 Precondition: a group of ``cp_async_bar`` copies on one barrier with the role's ``arrive`` on it after them in
 the same block, and no other smem write (``sqnorm_rows``) that the arrive also publishes. Applies to every
-warp-specialized program with cp.async producers (gemm_bf16, tinygemm, kmeans_assign, knn_topk after
-``warp_specialize``).
+warp-specialized program with cp.async producers (every contraction seed, a GEMM or an argmin or top-k
+epilogue, after ``warp_specialize``).
 """
 from __future__ import annotations
 
@@ -195,7 +195,7 @@ def _resident_slots(p: Program, extent, rng: np.random.Generator, bounds) -> int
 def resident(p: Program, rng: np.random.Generator, bounds=None) -> Program:
     """Keep an operand that the candidate loop does not change resident in shared memory.
 
-    Before (warp-specialized kmeans_assign: x's tile is copied again for every centroid tile)::
+    Before (a warp-specialized argmin-epilogue contraction: x's tile is copied again for every centroid tile)::
 
         with role("producer", warps=(0, 4), regs=40):
             for kt in range(cdiv(K, BK)):
@@ -235,7 +235,7 @@ def resident(p: Program, rng: np.random.Generator, bounds=None) -> Program:
 
     Precondition: a producer/consumer program whose producer copies an operand in a reduction loop
     nested in a candidate loop, with a window that does not use the candidate loop's variable
-    (kmeans_assign's points, knn_topk's queries).
+    (an argmin epilogue's points, a top-k epilogue's queries).
     """
     prod = _role(p, lambda n: bool(_copies(n.body)))
     cons = _role(p, lambda n: any(m.op is Op.WGMMA for m in walk_nodes(n.body)))

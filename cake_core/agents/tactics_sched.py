@@ -104,8 +104,8 @@ def batch_wgmma(p: Program, rng: np.random.Generator, bounds=None) -> Program:
 
     Precondition: a consumer loop whose steps end with ``wgmma_wait(0); arrive(slot)``, with a static
     trip count no larger than the ring (a tile holds every slot it reads until its last wgmma: more trips
-    than slots would deadlock). Applies to kmeans_assign and knn_topk after ``resident``, and to any GEMM
-    whose reduction is a static number of tiles.
+    than slots would deadlock). Applies to an argmin or a top-k epilogue contraction after ``resident``, and
+    to any GEMM whose reduction is a static number of tiles.
     """
     def pred(n: Node) -> bool:
         tail = _release_tail(n.body)
@@ -155,7 +155,7 @@ def pipeline_wgmma(p: Program, rng: np.random.Generator, bounds=None) -> Program
         arrive(empty[(cdiv(K, BK) - 1 + S) % S])
 
     Precondition: a consumer loop from 0 in steps of 1 whose steps end with ``wgmma_wait(0);
-    arrive(ring[i % S])``. Applies to gemm_bf16, tinygemm, kmeans_assign and knn_topk after
+    arrive(ring[i % S])``. Applies to every contraction seed (a GEMM, an argmin or a top-k epilogue) after
     ``warp_specialize``.
     """
     def pred(n: Node) -> bool:
@@ -251,7 +251,7 @@ def pingpong(p: Program, rng: np.random.Generator, bounds=None) -> Program:
             ...  (the same on rows BN // 2 .. BN, waiting on turn1 with parity kt % 2, arriving on turn0)
 
     Precondition: one consumer role of two warpgroups whose accumulator rows are a tile constant, a loop
-    over candidate tiles in it (a per-tile epilogue to overlap: kmeans_assign, knn_topk), and row
+    over candidate tiles in it (a per-tile epilogue to overlap: an argmin or a top-k epilogue), and row
     operands copied by the producer in tiles of those rows.
     """
     cons = [r for r in p.body if _is_consumer(r)]
@@ -422,8 +422,8 @@ def consumer_warpgroups(p: Program, rng: np.random.Generator, bounds=None) -> Pr
 
     Precondition: one consumer role (it issues wgmma) of one or two warpgroups, the last role of the CTA;
     its accumulators' rows are one tile constant of 64 per warpgroup; every barrier it arrives on counts
-    one arrival per consumer warpgroup. Applies to every warp-specialized contraction (gemm_bf16,
-    tinygemm, kmeans_assign, knn_topk).
+    one arrival per consumer warpgroup. Applies to every warp-specialized contraction (a GEMM, an argmin
+    or a top-k epilogue).
     """
     cons = [r for r in p.body if _is_consumer(r)]
     refuse_unless(len(cons) == 1, f"{len(cons)} consumer roles; this rewrite widens or narrows one")

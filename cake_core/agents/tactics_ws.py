@@ -13,7 +13,7 @@ Tile shapes are set to what wgmma takes: the reduction tile to one 128-byte swiz
 elements), the accumulator's rows to 64 per consumer warpgroup (two from 128 rows up, else one or two) and
 its columns to a multiple of 64 up to 256.
 
-Before (knn_topk's seed, abridged)::
+Before (a top-k epilogue's seed, abridged)::
 
     q_s = smem(bf16, (BQ, BD))
     ...
@@ -80,11 +80,12 @@ landed tile)::
             arrive(eempty[nt % 2])
         store(idx[tile(bid.x, BQ), tile(0, KMAX)], top_i)
 
-kmeans_assign's seed takes the same steps, its running arg-min becoming the fused ``argmin_bias``.
+An argmin-epilogue contraction's seed takes the same steps, its running arg-min becoming the fused
+``argmin_bias``.
 
 Precondition (``find_mainloop``): a CTA-collective contraction mainloop; 16-bit operands whose tile
-shapes are program constants. It applies to every problem of the corpus whose seed multiplies tiles
-(gemm_bf16, tinygemm, kmeans_assign, knn_topk).
+shapes are program constants. It applies to every seed that multiplies tiles (a GEMM, an argmin or a
+top-k epilogue contraction).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The corpus gate: replay the whole kernel corpus under a proposed harness before anyone approves it.
 
-The corpus (:func:`corpus`): every hand-written kernel under ``problems/seeds/``, every problem's naive
+The corpus (:func:`corpus`): every hand-written kernel in a problem's ``kernels/``, every problem's naive
 seed, and the best passing attempts of every problem from the warehouse. Each kernel is replayed on its
 problem's gate shapes (:func:`gate_shapes`: small enough for the interpreter, never held out) and on its
 own strict shapes (:func:`kernel_shapes`: ``runtime.strict``, its rings wrapping, several tiles and a tail
@@ -42,9 +42,10 @@ from cake_core.harness.version import HarnessSpec
 from cake_core.ir.program import Program
 from cake_core.ir.text import ParseResult, parse
 from cake_core.ir.verify import verify
+from cake_core.model.base import geomean
 from cake_core.outcome import Diagnostic
-from cake_core.problems import PROBLEMS, get_problem
-from cake_core.problems.base import SEEDS_DIR, Problem, Shape, shape_key
+from cake_core.problems import get_problem, list_problems
+from cake_core.problems.base import Problem, Shape, shape_key
 from cake_core.runtime.cpu import ShapeCheck, check_on_cpu
 from cake_core.runtime.strict import strict_shapes
 
@@ -59,32 +60,29 @@ GpuCheck = Callable[[Program, Problem, list[Shape], int], list[tuple[bool, str]]
 
 @dataclass(frozen=True)
 class Kernel:
-    name: str           # seeds/<file>.cake, or attempt:<id>
+    name: str           # <problem>/kernels/<file>.cake, or attempt:<id>
     origin: str         # hand-written | seed | best-attempt
     problem: str
     text: str
 
 
 def kernel_problem(filename: str) -> str | None:
-    """The problem a kernel file under seeds/ belongs to: the one that lists it, else the longest problem
-    name its file name starts with."""
-    for p in PROBLEMS.values():
-        if filename == p.seed_file or filename in p.best_files:
+    """The problem whose ``kernels/`` holds the kernel file ``filename`` (None: no problem's)."""
+    for p in list_problems():
+        if (p.kernels_dir / filename).is_file():
             return p.name
-    starts = [p for p in PROBLEMS if filename.startswith(p + "_") or filename == p + ".cake"]
-    return max(starts, key=len) if starts else None
+    return None
 
 
 def corpus(best: Sequence[AttemptRecord] = (), per_problem: int = BEST_PER_PROBLEM) -> list[Kernel]:
-    """The gate's corpus: every kernel file under seeds/ and the ``per_problem`` best passing attempts of
-    each problem (lowest score first, one per IR hash, none that is a kernel file's text)."""
+    """The gate's corpus: every kernel file of every problem's ``kernels/`` (its naive seed and its hand-written
+    programs) and the ``per_problem`` best passing attempts of each problem (lowest score first, one per IR hash,
+    none that is a kernel file's text)."""
     out = []
-    seeds = {p.seed_file for p in PROBLEMS.values()}
-    for path in sorted(SEEDS_DIR.glob("*.cake")):
-        prob = kernel_problem(path.name)
-        if prob is not None:
-            out.append(Kernel(f"seeds/{path.name}", "seed" if path.name in seeds else "hand-written", prob,
-                              path.read_text()))
+    for prob in list_problems():
+        for f in prob.kernel_files():
+            out.append(Kernel(f"{prob.name}/kernels/{f}", "seed" if f == prob.seed_file else "hand-written",
+                              prob.name, prob.kernel_text(f)))
     files = {k.text for k in out}
     by_problem: dict[str, list[AttemptRecord]] = {}
     for a in sorted((a for a in best if a.passed and a.score is not None), key=lambda a: a.score):
@@ -340,7 +338,7 @@ def macro_effect(proposed: HarnessSpec, macro: Macro, kernels: Sequence[Kernel],
             passed += 1
             row["passed"] += 1
             b, a = model.predict_ms(prog, shapes), model.predict_ms(child, shapes)
-            speedups.append(math.exp(statistics.fmean(math.log(x / y) for x, y in zip(b, a))))
+            speedups.append(geomean(x / y for x, y in zip(b, a)))
     return {"children": made, "children_passing": passed, "per_problem": per_problem,
             "predicted_speedup_median": round(statistics.median(speedups), 4) if speedups else None}
 

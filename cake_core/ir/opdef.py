@@ -76,6 +76,8 @@ class Op(str, enum.Enum):
     CAST = enum.auto()
     UNARY = enum.auto()
     EWISE = enum.auto()
+    SELECT = enum.auto()
+    IOTA = enum.auto()
     TRANSPOSE = enum.auto()
     # -- reductions along an axis
     REDUCE = enum.auto()
@@ -190,6 +192,7 @@ class Operand:
     space: tuple[MemSpace, ...] = ()
     barrier: BarrierUse | None = None    # an mbarrier slot, and what the op does with it
     index: bool = False                  # holds i32 indices (argmin's idx, scatter_add's idx...)
+    predicate: bool = False              # a condition, tested against 0 and never written into an output
     cluster: bool = False                # an smem tile the cluster's CTAs exchange (published, then read)
     exchange: Exchange = Exchange.NONE   # its elements move between threads
     binds: Scope | None = None           # a ``name`` operand: the index name it binds, and where it is visible

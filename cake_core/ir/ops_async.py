@@ -333,7 +333,9 @@ DECLS: tuple[OpDef, ...] = (
           example='with role("producer", warps=(0, 4), regs=40):',
           preconditions=("only at the kernel's top level, roles do not nest",
                          "warp ranges lie within threads and do not overlap",
-                         "regs in [24, 256], step 8; sum of regs * threads within the register file")),
+                         "regs in [24, 256], step 8; sum of regs * threads within the register file",
+                         "compute ops inside it: the elementwise ones (fill, cast, unary, ewise, select, iota) on smem "
+                         "tiles and the role's wgmma accumulators")),
     OpDef(Op.MBARRIER, Family.ALLOC, (value("count"),), mbarrier, CostClass.FREE,
           {"arrivals": AttrSpec(int, 1)}, result=True, allocates=Alloc.MBARRIER,
           summary="Allocate `count` mbarriers in shared memory (8 B each), each expecting `arrivals` "

@@ -13,7 +13,13 @@ Semantics that the interpreter, the verifier and the lowering agree on:
 - ``ewise`` broadcasts like numpy: each source's shape, aligned to the right
   of the destination's, has every dimension equal to the destination's or 1.
   A (BK,) tile against a (BN, BK) destination is a row vector; (BN, 1) is a
-  column vector.
+  column vector. ``select`` broadcasts its three sources the same way.
+- Compares (``ewise`` with fn lt, le, gt, ge, eq, ne) write 1 where the
+  comparison holds and 0 where it does not, in the destination's dtype, any
+  dtype (bool, i32 or a float: a mask is a tile like any other). They compare
+  in f32 when either operand is a float tile, else in i32, whatever the
+  destination: a float score compared into an i32 mask is not truncated first.
+  ``select`` takes any nonzero (NaN included) element of ``cond`` as true.
 - Axis ops (``reduce``, ``scan``, ``argmin``, ``argmax``) act on 1-D or 2-D
   tiles; ``axis=-1`` is the last axis. A reduced result has the source's shape
   with the axis dropped, or kept as 1 (both accepted).
@@ -46,8 +52,9 @@ from cake_core.ir.opdef import (AttrSpec, ByAttr, CostClass, Effect, Exchange, F
 from cake_core.ir.shapes import broadcasts_to, norm_axis
 from cake_core.ir.types import MemSpace
 
-EWISE_FNS = ("add", "sub", "mul", "div", "max", "min")
-UNARY_FNS = ("neg", "abs", "square", "sqrt", "rsqrt", "exp", "log")
+COMPARE_FNS = ("lt", "le", "gt", "ge", "eq", "ne")
+EWISE_FNS = ("add", "sub", "mul", "div", "max", "min") + COMPARE_FNS
+UNARY_FNS = ("neg", "abs", "square", "sqrt", "rsqrt", "exp", "log", "exp2", "sigmoid", "silu", "softplus")
 UNARY_INT_FNS = ("neg", "abs", "square")          # also defined on i32 tiles
 REDUCE_FNS = ("sum", "max", "min")
 # who adds a scatter row into an smem target: any thread with an atomic, or the warp that owns the row
@@ -95,8 +102,19 @@ def cast(cta, n: Any) -> None:
     _write(cta, n.args[0], _tile(cta, n.args[1]))
 
 
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return np.float32(1) / (np.float32(1) + np.exp(-x))
+
+
+def _softplus(x: np.ndarray) -> np.ndarray:
+    """log(1 + e^x) without overflow: e^-|x| <= 1, and log1p keeps the small tail exact."""
+    return np.log1p(np.exp(-np.abs(x))) + np.maximum(x, np.float32(0))
+
+
+# f32 formulas the header's device functions (cake_compute.cuh) compute the same way
 _UNARY = {"neg": np.negative, "abs": np.abs, "square": np.square, "sqrt": np.sqrt,
-          "rsqrt": lambda x: np.float32(1) / np.sqrt(x), "exp": np.exp, "log": np.log}
+          "rsqrt": lambda x: np.float32(1) / np.sqrt(x), "exp": np.exp, "log": np.log, "exp2": np.exp2,
+          "sigmoid": _sigmoid, "silu": lambda x: x * _sigmoid(x), "softplus": _softplus}
 
 
 def unary(cta, n: Any) -> None:
@@ -106,14 +124,31 @@ def unary(cta, n: Any) -> None:
         _write(cta, dst, _UNARY[n.attr("fn")](x))
 
 
-def ewise(cta, n: Any) -> None:
-    dst, a_name, b_name = n.args
-    is_float = cta.dtypes[dst].is_float
-    shape = cta.tiles[dst].shape
-    a, b = (_as_compute(_tile(cta, x), is_float) for x in (a_name, b_name))
-    for name, x in ((a_name, a), (b_name, b)):
+def _broadcast_sources(cta, n: Any, names: tuple[str, ...], is_float: bool) -> list[np.ndarray]:
+    shape = cta.tiles[n.args[0]].shape
+    out = [_as_compute(_tile(cta, x), is_float) for x in names]
+    for name, x in zip(names, out):
         if not broadcasts_to(x.shape, shape):
             raise InterpFault(n, f"`{name}` of shape {x.shape} does not broadcast to {shape}")
+    return out
+
+
+def computes_in_float(dtypes: dict, n: Any) -> bool:
+    """Whether ``ewise`` node ``n`` computes in f32: a float destination, or for a compare a float operand."""
+    if n.attr("fn") in COMPARE_FNS:
+        return dtypes[n.args[1]].is_float or dtypes[n.args[2]].is_float
+    return dtypes[n.args[0]].is_float
+
+
+_COMPARE = {"lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal, "eq": np.equal,
+            "ne": np.not_equal}
+
+
+def ewise(cta, n: Any) -> None:
+    dst, a_name, b_name = n.args
+    is_float = computes_in_float(cta.dtypes, n)
+    shape = cta.tiles[dst].shape
+    a, b = _broadcast_sources(cta, n, (a_name, b_name), is_float)
     alpha, beta = n.attr("alpha"), n.attr("beta")
     if is_float:
         a, b = np.float32(alpha) * a, np.float32(beta) * b
@@ -136,9 +171,28 @@ def ewise(cta, n: Any) -> None:
                 r = np.trunc(a.astype(np.float64) / b).astype(np.int32)
         elif fn == "max":
             r = np.maximum(a, b)
-        else:
+        elif fn == "min":
             r = np.minimum(a, b)
+        else:
+            r = _COMPARE[fn](a, b).astype(np.int32)
     _write(cta, dst, np.broadcast_to(r, shape))
+
+
+def select(cta, n: Any) -> None:
+    dst, cond = n.args[:2]
+    a, b = _broadcast_sources(cta, n, n.args[2:], cta.dtypes[dst].is_float)
+    c = _tile(cta, cond)
+    if not broadcasts_to(c.shape, cta.tiles[dst].shape):
+        raise InterpFault(n, f"`{cond}` of shape {c.shape} does not broadcast to {cta.tiles[dst].shape}")
+    _write(cta, dst, np.broadcast_to(np.where(c != 0, a, b), cta.tiles[dst].shape))
+
+
+def iota(cta, n: Any) -> None:
+    dst = cta.tiles[n.args[0]]
+    axis = _axis(cta, n, dst)
+    idx = np.arange(dst.shape[axis], dtype=np.int64) + cta.ev(n.arg("base"))
+    _write(cta, n.args[0], np.broadcast_to(np.expand_dims(idx, tuple(a for a in range(dst.ndim) if a != axis)),
+                                           dst.shape).astype(np.float64))
 
 
 def transpose(cta, n: Any) -> None:
@@ -325,21 +379,42 @@ DECLS: tuple[OpDef, ...] = (
           preconditions=("dst and src have the same shape",)),
     OpDef(Op.UNARY, Family.ELEMENTWISE, (buf("dst", _W), buf("src", _R)), unary, CostClass.SIMT,
           {"fn": AttrSpec(str, "neg", UNARY_FNS)}, **_COMPUTE,
-          summary="dst := fn(src) elementwise: neg, abs, square, sqrt, rsqrt, exp, log (computed in f32; "
-                  "neg/abs/square also in i32).",
+          summary="dst := fn(src) elementwise: neg, abs, square, sqrt, rsqrt, exp, log, exp2, sigmoid "
+                  "(1 / (1 + e^-x)), silu (x * sigmoid(x)), softplus (log(1 + e^x), computed as "
+                  "log1p(e^-|x|) + max(x, 0) so that it never overflows); computed in f32, neg/abs/square "
+                  "also in i32.",
           example='unary(sq, db_s, fn="square")',
           preconditions=("dst and src have the same shape",
-                         "sqrt, rsqrt, exp and log need a float dst")),
+                         "every fn but neg, abs and square needs a float dst")),
     OpDef(Op.EWISE, Family.ELEMENTWISE, (buf("dst", _W), buf("a", _R, exchange=Exchange.BROADCAST),
                                          buf("b", _R, exchange=Exchange.BROADCAST)), ewise, CostClass.SIMT,
           {"fn": AttrSpec(str, "add", EWISE_FNS), "alpha": AttrSpec(float, 1.0), "beta": AttrSpec(float, 1.0)},
           **_COMPUTE,
-          summary="dst := fn(alpha * a, beta * b) elementwise, fn one of add, sub, mul, div, max, min; a and b "
-                  "broadcast to dst's shape like numpy (a (BK,) row vector or a (BN, 1) column vector against "
-                  "a (BN, BK) dst). dst may be a or b (in place).",
+          summary="dst := fn(alpha * a, beta * b) elementwise, fn one of add, sub, mul, div, max, min, or a "
+                  "compare lt, le, gt, ge, eq, ne, which writes 1 where it holds and 0 where not, into a dst of "
+                  "any dtype (compared in f32 when a or b is a float tile, else in i32); a and b broadcast to "
+                  "dst's shape like numpy (a (BK,) row vector or a (BN, 1) column vector against a (BN, BK) "
+                  "dst). dst may be a or b (in place).",
           example='ewise(scores, c_sq_s, dot, fn="sub", beta=2.0)',
           preconditions=("a and b broadcast to dst's shape",
-                         "with an i32 dst, alpha and beta are whole numbers")),
+                         "computing in i32 (an i32 dst; a compare of two integer tiles), alpha and beta are whole "
+                         "numbers")),
+    OpDef(Op.SELECT, Family.ELEMENTWISE,
+          (buf("dst", _W), buf("cond", _R, exchange=Exchange.BROADCAST, predicate=True),
+           buf("a", _R, exchange=Exchange.BROADCAST), buf("b", _R, exchange=Exchange.BROADCAST)),
+          select, CostClass.SIMT, **_COMPUTE,
+          summary="dst := a where cond is nonzero, else b, elementwise (a and b converted to dst's dtype as "
+                  "ewise converts); cond, a and b broadcast to dst's shape like ewise's operands; cond may have "
+                  "any dtype (a compare's 0/1 mask). dst may be any of the sources (in place).",
+          example="select(scores, mask, scores, ninf_s)",
+          preconditions=("cond, a and b broadcast to dst's shape",)),
+    OpDef(Op.IOTA, Family.ELEMENTWISE, (buf("dst", _W), value("base", keyword=True)), iota, CostClass.SIMT,
+          {"axis": _AXIS}, **_COMPUTE,
+          summary="dst := base + the index of each element along `axis` (rounded to dst's dtype): with "
+                  "base=bid.y * BM along axis 0 the global row of each element, along axis 1 its column; "
+                  "compared with ewise (fn=\"ge\") they give a causal mask.",
+          example="iota(row, base=bid.y * BM, axis=0)",
+          preconditions=("dst is 1-D or 2-D and axis is one of its axes",)),
     OpDef(Op.TRANSPOSE, Family.ELEMENTWISE, (buf("dst", _W), buf("src", _R, exchange=_X)), transpose,
           CostClass.SIMT, in_place=False, **_COMPUTE,
           summary="dst (C, R) := src (R, C) transposed, e.g. to feed a K-major tile to mma as its b operand.",

@@ -44,7 +44,8 @@ from typing import Any, Iterator
 from cake_core.ir.expr import Cmp, Sym, UnboundSymbol, evaluate, symbols, try_evaluate
 from cake_core.ir.opdef import Alloc
 from cake_core.ir.ops import Node, Op
-from cake_core.ir.protocol_sim import Budget, OutOfSteps, Sim, Stop, Undecided, flipped
+from cake_core.ir.protocol_sim import Sim, flipped
+from cake_core.ir.protocol_state import Budget, OutOfSteps, Stop, Undecided
 from cake_core.ir.tree import loop_range
 from cake_core.outcome import Diagnostic, Severity
 

@@ -25,195 +25,20 @@ State tracked:
 Races are judged by what a role has *observed* (the phases its waits returned on), not by how far the others
 happen to be in the schedule: a read is ready when its reader has seen the phase its filling copy completes,
 a slot may be refilled when its writer has seen the phase its readers released it in. Findings (rule ids, all
-errors) are listed in ``ir.protocol``; each witness names both sides: op, line, role and trip.
+errors) are listed in ``ir.protocol``; each witness names both sides: op, line, role and trip. The records of
+that state, each op's plan and the simulation's outcomes are in ``ir.protocol_state``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any, Iterator
 
 from cake_core.ir.expr import Bin, Expr, UnboundSymbol, evaluate, symbols
-from cake_core.ir.opdef import Alloc, BarrierUse, ByAttr, Completion, Effect, Operand, Proxy, Slot, SyncKind
+from cake_core.ir.opdef import Alloc, BarrierUse, Completion, Proxy, Slot, SyncKind
 from cake_core.ir.ops import REGISTRY, Node, Op
+from cake_core.ir.protocol_state import (Bar, BarArray, Budget, Fill, Read, Role, Stop, Stuck, Undecided,
+                                         barrier_operand, plan_of)
 from cake_core.ir.tree import loop_range
 from cake_core.outcome import Diagnostic, Severity
-
-
-@dataclass(frozen=True)
-class _Accesses:
-    """Which operands (by position) an op reads, read-writes and writes, as its declaration says."""
-
-    acc_reads: tuple[int, ...]      # tiles it reads (an accumulator a wgmma may still be writing)
-    acc_write: int | None           # the tile an async MMA writes (its accumulator)
-    reads: tuple[int, ...]          # slots and smem tiles of its own CTA it only reads
-    read_writes: tuple[int, ...]    # ... reads, then writes
-    writes: tuple[int, ...]         # ... writes or adds into (read_writes included)
-    publishes: tuple[int, ...]      # smem tiles it writes for the cluster's CTAs to read
-    cluster_reads: tuple[int, ...]  # smem tiles it reads from every CTA of the cluster
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """What the simulation needs of an op's declaration (worked out once per op)."""
-
-    operands: tuple[Operand, ...]
-    barrier: tuple[int, BarrierUse] | None      # its barrier operand and what it does with it
-    issued: bool                                # an async MMA: its reads stay in flight until a wgmma_wait
-    fixed: _Accesses | None                     # its accesses, when no attribute selects an effect
-
-    def accesses(self, n: Node) -> _Accesses:
-        return self.fixed or _accesses(self.operands, n)
-
-
-def _accesses(operands: tuple[Operand, ...], n: Node | None) -> _Accesses:
-    eff = [(i, o, o.effect_of(n) if n is not None else o.effect) for i, o in enumerate(operands)]
-    smem = [(i, e) for i, o, e in eff if o.memory and o.kind != "view" and not o.cluster]
-    return _Accesses(tuple(i for i, o, e in eff if o.kind == "buf" and not o.cluster and e is Effect.READ),
-                     next((i for i, o, e in eff if o.kind == "buf" and not o.cluster and e.modifies), None),
-                     tuple(i for i, e in smem if e is Effect.READ), tuple(i for i, e in smem if e is Effect.READWRITE),
-                     tuple(i for i, e in smem if e.modifies),
-                     tuple(i for i, o, e in eff if o.cluster and e is Effect.WRITE),
-                     tuple(i for i, o, e in eff if o.cluster and e is Effect.READ))
-
-
-@lru_cache(maxsize=None)
-def _plan(op: Op) -> _Plan:
-    d = REGISTRY[op]
-    bar = next(((i, o.barrier) for i, o in enumerate(d.operands) if o.barrier is not None), None)
-    fixed = None if any(isinstance(o.effect, ByAttr) for o in d.operands) else _accesses(d.operands, None)
-    return _Plan(d.operands, bar, d.completion is Completion.MMA_GROUP, fixed)
-
-
-def barrier_operand(n: Node) -> tuple[BarrierUse, Slot] | None:
-    """The barrier operand of ``n`` and what ``n`` does with it (None without one)."""
-    b = _plan(n.op).barrier
-    return (b[1], n.args[b[0]]) if b is not None else None
-
-
-# ------------------------------------------------------------------ outcomes
-
-class Undecided(Exception):
-    """The simulation cannot go on: ``reason`` says why, ``node`` (when known) where."""
-
-    def __init__(self, reason: str, node: Node | None = None):
-        super().__init__(reason)
-        self.reason, self.node = reason, node
-
-
-class OutOfSteps(Undecided):
-    """The check spent its step budget before this simulation ended."""
-
-
-class Stop(Exception):
-    """A finding after which the protocol no longer means anything (the rest would be its echoes)."""
-
-
-class Budget:
-    """Ops simulated, over every run of one check, up to ``limit``."""
-
-    def __init__(self, limit: int):
-        self.limit, self.used = limit, 0
-
-    def spend(self, node: Node) -> None:
-        self.used += 1
-        if self.used > self.limit:
-            raise OutOfSteps(f"the check simulated {self.limit:,} ops", node)
-
-    @property
-    def left(self) -> int:
-        return self.limit - self.used
-
-
-# ------------------------------------------------------------------ state
-
-@dataclass
-class _Bar:
-    arrivals: int
-    pending: int
-    tx: int = 0
-    done: int = 0
-    expects: list = field(default_factory=list)    # (node, role, trip, bytes) of the current phase
-    landed: list = field(default_factory=list)     # (node, role, trip, bytes) of the current phase
-    prev: tuple = ([], [])                          # expects and landed of the last completed phase
-
-    def settle(self) -> None:
-        # arrivals >= 1 (the simulation refuses others), so each completion needs a new arrival
-        while self.pending <= 0 and self.tx == 0:
-            self.done += 1
-            self.pending += self.arrivals
-            self.prev = (self.expects, self.landed)
-            self.expects, self.landed = [], []
-
-
-@dataclass
-class _BarArray:
-    """An mbarrier array: ``count`` slots, each made when first touched."""
-
-    count: int
-    arrivals: int
-    node: Node
-    slots: dict[int, _Bar] = field(default_factory=dict)
-
-    def __getitem__(self, i: int) -> _Bar:
-        b = self.slots.get(i)
-        if b is None:
-            b = self.slots[i] = _Bar(self.arrivals, self.arrivals)
-        return b
-
-
-@dataclass
-class _Read:
-    role: str
-    node: Node
-    trip: str
-    releases: list = field(default_factory=list)   # (barrier key, phase, arrive node, trip) of each release
-
-
-@dataclass
-class _Fill:
-    role: str
-    node: Node
-    trip: str
-    bar: str | None          # barrier key the bytes complete on (None: an ordinary write)
-    phase: int
-    generic: bool = False    # generic-proxy writes (cp_async_bar): async-proxy readers fence after the wait
-
-
-@dataclass
-class Role:
-    name: str
-    wgs: int
-    env: dict[str, Any]
-    rank: int = 0            # the CTA's rank in its cluster
-    base: str = ""           # the role's name in the program (without the CTA suffix)
-    gen: Iterator[Node | None] | None = None
-    seen: dict[str, int] = field(default_factory=dict)
-    fenced: dict[str, int] = field(default_factory=dict)       # seen as of the role's last fence_async
-    inflight: list[list[_Read]] = field(default_factory=list)   # wgmma groups not yet waited for
-    inflight_acc: list[tuple[str, Node]] = field(default_factory=list)   # each such group's accumulator
-    done_reads: list[_Read] = field(default_factory=list)       # completed, not yet released
-    blocked: Node | None = None
-    loops: list[str] = field(default_factory=list)
-    published: list[tuple[str, int]] = field(default_factory=list)   # smem written by the role's threads
-
-    def trip(self) -> str:
-        return ", ".join(f"{v}={self.env[v]}" for v in self.loops) or "-"
-
-
-@dataclass(frozen=True)
-class Stuck:
-    """One role blocked at a deadlock: its wait, the barrier slot and the parity it waits for."""
-
-    role: str
-    node: Node
-    key: str
-    done: int
-    pending: int
-    arrivals: int
-    parity: int
-    trip: str
-    tx: int
 
 
 class Sim:
@@ -232,14 +57,14 @@ class Sim:
         self.budget = budget
         self.schedule = schedule
         self.overrides = overrides or {}
-        self.bars: dict[str, _BarArray] = {}       # mbarrier name (@rank in a cluster) -> its slots
+        self.bars: dict[str, BarArray] = {}       # mbarrier name (@rank in a cluster) -> its slots
         self.syncs: dict[int, int] = {}                          # rank -> cluster_sync()s passed
         self.published: dict[tuple[str, int], tuple[int, Node, str]] = {}   # (tile, rank) -> (syncs, op, role)
         self.remote: list[tuple[int, int, int, Node]] = []       # (owner, reader, reader's syncs, op)
         self.stages: dict[str, int] = {n.result: n.attr("stages") for n, _, _ in ctx.nodes
                                        if n.decl.allocates is Alloc.SMEM}
-        self.fills: dict[tuple[str, int], _Fill] = {}
-        self.reads: dict[tuple[str, int], list[_Read]] = {}
+        self.fills: dict[tuple[str, int], Fill] = {}
+        self.reads: dict[tuple[str, int], list[Read]] = {}
         self.diags: list[Diagnostic] = []
         self.reported: set = set()
         self.stuck: list[Stuck] = []               # the blocked roles of a deadlock, when one happened
@@ -316,7 +141,7 @@ class Sim:
                             "(resources.cluster)", n)
         return [k for k in range(self.cluster) if mask >> k & 1]
 
-    def bar(self, r: Role, n: Node, s: Slot, rank: int | None = None) -> tuple[str, _Bar]:
+    def bar(self, r: Role, n: Node, s: Slot, rank: int | None = None) -> tuple[str, Bar]:
         """A barrier slot, indexed in ``r``'s environment, of CTA ``rank`` (default: ``r``'s own)."""
         at = self.at(r.rank if rank is None else rank)
         bars = self.bars.get(s.buf + at)
@@ -367,12 +192,12 @@ class Sim:
         return f"{key[0]}[{key[1]}]"
 
     # ------------------------------------------------------------ accesses
-    def read(self, r: Role, n: Node, s: Slot | str, inflight: list[_Read] | None, async_proxy: bool = False) -> None:
+    def read(self, r: Role, n: Node, s: Slot | str, inflight: list[Read] | None, async_proxy: bool = False) -> None:
         if isinstance(s, str) and not self.is_smem(s):
             return
         key = self.slot(r, n, s)
         fill = self.fills.get(key)
-        rd = _Read(r.name, n, r.trip())
+        rd = Read(r.name, n, r.trip())
         if fill is None:
             self.report("protocol.read_before_ready", n, (n.line, "never"),
                         f"{n.op.value} reads smem slot {self.sname(key)} before any copy has filled it",
@@ -426,14 +251,14 @@ class Sim:
                         "the consumer arrives on the empty barrier after its reads complete, and the producer "
                         "waits on it before refilling the slot")
         self.reads[key] = []
-        self.fills[key] = _Fill(r.name, n, r.trip(), bar, phase)
+        self.fills[key] = Fill(r.name, n, r.trip(), bar, phase)
 
     def publish(self, r: Role, key: str, phase: int) -> None:
         """Slots the role's threads wrote (sqnorm_rows) count as filled by this arrival's phase."""
         for slot in r.published:
             f = self.fills.get(slot)
             if f is not None and f.role == r.name and f.bar is None:
-                self.fills[slot] = _Fill(f.role, f.node, f.trip, key, phase)
+                self.fills[slot] = Fill(f.role, f.node, f.trip, key, phase)
         r.published = []
 
     def release(self, r: Role, phases: list[tuple[str, int]], n: Node) -> None:
@@ -499,7 +324,7 @@ class Sim:
             if cnt < 1 or not isinstance(arrivals, int) or arrivals < 1:
                 raise Undecided(f"mbarrier `{n.result}` of {cnt} barriers with {arrivals} arrivals "
                                 "(mbarrier.count)", n)
-            self.bars[n.result + self.at(r.rank)] = _BarArray(cnt, arrivals, n)
+            self.bars[n.result + self.at(r.rank)] = BarArray(cnt, arrivals, n)
             return
         bar = barrier_operand(n)
         if bar is not None and bar[0] is BarrierUse.ARRIVE:     # on the role's own barrier, or each of the mask's
@@ -527,12 +352,14 @@ class Sim:
                 r.inflight_acc.pop(0)
         elif d.sync is SyncKind.CLUSTER:
             self.syncs[r.rank] = self.syncs.get(r.rank, 0) + 1
-        plan = _plan(n.op)
+        plan = plan_of(n.op)
         acc = plan.accesses(n)
-        if not plan.issued:      # reading an accumulator whose wgmma may still run
+        if not plan.issued:      # touching an accumulator whose wgmma may still run
             for i in acc.acc_reads:
                 self.acc_ready(r, n, n.args[i])
-        group: list[_Read] | None = [] if plan.issued else None
+            if acc.acc_write is not None and acc.acc_write not in acc.acc_reads:
+                self.acc_ready(r, n, n.args[acc.acc_write], "writes")
+        group: list[Read] | None = [] if plan.issued else None
         for i in acc.reads + acc.read_writes:      # plain reads first, then the reads of read-writes
             self.read(r, n, n.args[i], group, d.proxy is Proxy.ASYNC)
         for i in acc.writes:
@@ -571,15 +398,15 @@ class Sim:
             if n.decl.completion is Completion.ISSUE and (not isinstance(s, str) or self.is_smem(s)):
                 r.published.append(self.slot(r, n, s))
 
-    def acc_ready(self, r: Role, n: Node, acc: str) -> None:
-        """An op that reads a wgmma accumulator: no wgmma group writing it may still be in flight."""
+    def acc_ready(self, r: Role, n: Node, acc: str, verb: str = "reads") -> None:
+        """An op that reads or writes a wgmma accumulator: no wgmma group writing it may still be in flight."""
         pending = [w for a, w in r.inflight_acc if a == acc]
         if pending:
             self.report("protocol.acc_in_flight", n, (n.line, acc),
-                        f"{n.op.value} reads accumulator `{acc}` while the wgmma at line {pending[-1].line} that "
+                        f"{n.op.value} {verb} accumulator `{acc}` while the wgmma at line {pending[-1].line} that "
                         f"writes it may still be running ({len(r.inflight)} wgmma group(s) in flight here)",
                         [f"write: wgmma at line {pending[-1].line} (role {r.name}, trip {r.trip()})",
-                         f"read: {n.op.value} at line {n.line}"],
+                         f"{verb[:-1]}: {n.op.value} at line {n.line}"],
                         "wgmma_wait(n) first, with n at most the number of wgmma groups committed after it")
 
     def cluster_read(self, r: Role, n: Node, tiles: list[str]) -> None:

@@ -50,6 +50,8 @@ def _operand(o: Operand, d: OpDef) -> str:
         what.append(f"a name it binds, visible in {o.binds.value}")
     if o.index:
         what.append("indices")
+    if o.predicate:
+        what.append("a condition: nonzero is true")
     if o.cluster:
         what.append("exchanged with the cluster")
     return f"- `{o.name}`: {o.kind}{kw}" + (f" ({'; '.join(what)})" if what else "")

@@ -68,6 +68,15 @@ class Ctx:
         lo, hi = r.args[1]
         return max(hi - lo, 0) * self.target.warp_size
 
+    def warpgroups_of(self, n: Node) -> int:
+        """Warpgroups that execute ``n`` (a partial warpgroup counts as one)."""
+        return max(-(-self.threads_of(n) // self.target.warpgroup_threads), 1)
+
+    def swizzle_of(self, name: str) -> int:
+        """The swizzle an smem tile was allocated with (0 for anything else)."""
+        n = self.defined_at.get(name)
+        return n.attr("swizzle") if n is not None and "swizzle" in REGISTRY[n.op].attrs else 0
+
     def buf_of(self, operand: Any) -> TileType | None:
         name = operand.buf if isinstance(operand, View) else operand
         return self.buffers.get(name)

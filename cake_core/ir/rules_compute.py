@@ -13,7 +13,7 @@ from typing import Iterable, Iterator
 
 from cake_core.ir.opdef import Exchange, Family
 from cake_core.ir.ops import REGISTRY, Full, Node, Op, View
-from cake_core.ir.ops_compute import UNARY_INT_FNS
+from cake_core.ir.ops_compute import UNARY_INT_FNS, computes_in_float
 from cake_core.ir.registry import COMPUTE_OPS, ops_of
 from cake_core.ir.rule_ctx import Ctx, RuleSet, fmt_shape, same_extent, smem, view_extent
 from cake_core.ir.smem_layout import SCRATCH
@@ -100,29 +100,29 @@ def _same_shape(ctx: Ctx) -> Iterable[Diagnostic]:
                            hint="dst and src must have the same shape (use reduce/transpose to change it)")
 
 
-@rule("compute.broadcast", "compute", "an ewise source does not broadcast to the destination's shape",
-      guards=(Op.EWISE,))
+@rule("compute.broadcast", "compute", "an ewise or select source does not broadcast to the destination's shape",
+      guards=(Op.EWISE, Op.SELECT))
 def _broadcast(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path in _compute_nodes(ctx):
-        if n.op is not Op.EWISE:
+        if n.op not in (Op.EWISE, Op.SELECT):
             continue
         d = _sh(ctx, n.args[0])
-        for name, buf in (("a", n.args[1]), ("b", n.args[2])):
+        for name, buf in _tiles(n)[1:]:
             s = _sh(ctx, buf)
             if d is not None and s is not None and not broadcasts_to(s, d):
-                yield ctx.diag("compute.broadcast", n, f"ewise operand `{name}` = `{buf}` {_fmt(s)} does not "
+                yield ctx.diag("compute.broadcast", n, f"{n.op.value} operand `{name}` = `{buf}` {_fmt(s)} does not "
                                                        f"broadcast to dst {_fmt(d)}", path=path,
                                hint="a source's dims, aligned right, must equal dst's or be 1: a row vector is "
                                     "(C,), a column vector (R, 1)")
 
 
-@rule("compute.axis", "compute", "the axis of reduce/scan/argmin/argmax is not an axis of a 1-D or 2-D source",
-      guards=AXIS_OPS)
+@rule("compute.axis", "compute", "the axis of reduce/scan/argmin/argmax is not an axis of a 1-D or 2-D source, "
+                                 "or iota's not one of its destination", guards=AXIS_OPS | {Op.IOTA})
 def _axis(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path in _compute_nodes(ctx):
-        if n.op not in AXIS_OPS:
+        if n.op not in AXIS_OPS and n.op is not Op.IOTA:
             continue
-        s = _sh(ctx, n.args[-1] if n.op in (Op.ARGMIN, Op.ARGMAX) else n.args[1])
+        s = _sh(ctx, n.args[-1] if n.op in (Op.ARGMIN, Op.ARGMAX) else n.args[0] if n.op is Op.IOTA else n.args[1])
         if s is None:
             continue
         if len(s) > 2:
@@ -198,11 +198,15 @@ def _dtype(ctx: Ctx) -> Iterable[Diagnostic]:
         if n.op is Op.UNARY and not t.dtype.is_float and n.attr("fn") not in UNARY_INT_FNS:
             yield ctx.diag("compute.dtype", n, f"unary fn=\"{n.attr('fn')}\" into an {t.dtype.value} tile",
                            path=path, hint=f"write into an f32 tile; on integers only {', '.join(UNARY_INT_FNS)}")
-        if n.op is Op.EWISE and not t.dtype.is_float:
+        dtypes = {x: ctx.buffers[x].dtype for x in n.args[:3] if isinstance(x, str) and x in ctx.buffers}
+        if n.op is Op.EWISE and set(n.args) <= set(dtypes) and not computes_in_float(dtypes, n):
             for k in ("alpha", "beta"):
                 if n.attr(k) != int(n.attr(k)):
-                    yield ctx.diag("compute.dtype", n, f"{k}={n.attr(k)} on an {t.dtype.value} destination",
-                                   path=path, hint="integer ewise takes whole-number alpha and beta; use an f32 dst")
+                    yield ctx.diag("compute.dtype", n, f"{k}={n.attr(k)} on an ewise computed in i32 (the "
+                                                       f"{t.dtype.value} destination, or a compare of integer "
+                                                       "tiles)", path=path,
+                                   hint="integer ewise takes whole-number alpha and beta; use an f32 dst (or "
+                                        "compare f32 tiles)")
         if n.op in RUNNING_OPS and t.dtype is not DType.F32:
             yield ctx.diag("compute.dtype", n, f"running values `{n.args[0]}` are {t.dtype.value}; "
                                                f"`{n.op.value}` keeps them in f32", path=path,

@@ -26,6 +26,7 @@ from typing import Any, Iterable, Iterator
 from cake_core.ir.expr import Bin, Call, Cmp, Expr, fmt_expr, try_evaluate
 from cake_core.ir.opdef import Alloc, Completion, Family, Operand, Scope, buffer_name
 from cake_core.ir.ops import REGISTRY, At, Node, Op, Tile, View
+from cake_core.ir.ops_compute import COMPARE_FNS
 from cake_core.ir.registry import ops_of
 from cake_core.ir.rule_ctx import Ctx, RuleSet
 from cake_core.ir.types import DType, MemSpace
@@ -265,7 +266,7 @@ def _value_operands(n: Node) -> tuple[list[tuple[Operand, Any]], list[tuple[Oper
     """(written, read) value operands of ``n``: tiles, slots and views, index operands and barriers left out."""
     out, srcs = [], []
     for o, a in _memory_operands(n):
-        if o.index or o.barrier is not None:
+        if o.index or o.predicate or o.barrier is not None:
             continue
         e = o.effect_of(n)
         if e.modifies:
@@ -291,6 +292,8 @@ def _narrowing(ctx: Ctx) -> Iterable[Diagnostic]:
             continue
         if n.op in _CONVERTS or n.op in _OWN_DTYPE_RULES:
             continue
+        if n.op is Op.EWISE and n.attr("fn") in COMPARE_FNS:
+            continue        # a compare writes 1 or 0, never its operands' values
         outs, srcs = _value_operands(n)
         for o, a in outs:
             d = ctx.buffers.get(buffer_name(a))

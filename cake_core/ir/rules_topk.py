@@ -11,7 +11,7 @@ from typing import Iterable, Iterator
 
 from cake_core.ir.ops import Node, Op
 from cake_core.ir.types import DType, MemSpace
-from cake_core.ir.rules_async import fragment_dtype_checks, fragment_state_checks
+from cake_core.ir.rules_wgmma import fragment_dtype_checks, fragment_state_checks
 from cake_core.ir.rule_ctx import Ctx, RuleSet, fmt_shape, view_extent
 from cake_core.outcome import Diagnostic
 

@@ -52,6 +52,25 @@ class ParseResult:
         return self.program is not None and not any(d.is_error for d in self.diagnostics)
 
 
+_NOT_LITERAL = object()
+_INF = {"inf": float("inf"), "ninf": float("-inf")}   # ninf: the spelling older texts used for -inf
+
+
+def _literal(v: ast.expr, is_float: bool) -> Any:
+    """An attribute's literal value: a constant, a negated number, or (float attributes) ``inf``, ``-inf``,
+    ``ninf``; else ``_NOT_LITERAL``. ``-inf`` is accepted because the printer writes it."""
+    neg = isinstance(v, ast.UnaryOp) and isinstance(v.op, ast.USub)
+    x = v.operand if neg else v
+    if isinstance(x, ast.Constant):
+        if not neg:
+            return x.value
+        if type(x.value) in (int, float):
+            return -x.value
+    elif isinstance(x, ast.Name) and is_float and x.id in _INF:
+        return -_INF[x.id] if neg else _INF[x.id]
+    return _NOT_LITERAL
+
+
 class IRSyntaxError(CakeError):
     def __init__(self, diagnostics: list[Diagnostic], filename: str, source: str):
         self.diagnostics = diagnostics
@@ -304,13 +323,8 @@ class _Parser:
                            f"its attributes: {allowed}")
             spec = d.attrs[k.arg]
             v = k.value
-            if isinstance(v, ast.UnaryOp) and isinstance(v.op, ast.USub) and isinstance(v.operand, ast.Constant):
-                val = -v.operand.value
-            elif isinstance(v, ast.Constant):
-                val = v.value
-            elif isinstance(v, ast.Name) and spec.kind is float and v.id in ("inf", "ninf"):
-                val = float("inf") if v.id == "inf" else float("-inf")
-            else:
+            val = _literal(v, spec.kind is float)
+            if val is _NOT_LITERAL:
                 raise _Bad("parse.attr", v, f"attribute `{k.arg}` must be a literal",
                            f"write e.g. {k.arg}={fmt_attr(spec.default)}")
             if spec.kind is float and type(val) is int:

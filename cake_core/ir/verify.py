@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol, Sequence
 
-from cake_core.ir import (rules, rules_async, rules_cluster, rules_compute, rules_let, rules_operands, rules_sync,
-                          rules_topk)
+from cake_core.ir import (rules, rules_async, rules_async_copy, rules_cluster, rules_compute, rules_let,
+                          rules_operands, rules_sync, rules_topk, rules_wgmma)
 from cake_core.ir.program import Program
 from cake_core.ir.rule_ctx import (Ctx, Rule, build_ctx, fmt_shape, rmem_words_per_thread, same_extent,  # noqa: F401
                                    smem_bytes, view_extent)
@@ -33,8 +33,8 @@ def _assemble(*modules: Any) -> dict[str, Rule]:
     return out
 
 
-RULES: dict[str, Rule] = _assemble(rules_operands, rules, rules_async, rules_compute, rules_topk, rules_cluster,
-                                    rules_let, rules_sync)
+RULES: dict[str, Rule] = _assemble(rules_operands, rules, rules_async, rules_async_copy, rules_wgmma, rules_compute,
+                                    rules_topk, rules_cluster, rules_let, rules_sync)
 
 
 class LearnedCheck(Protocol):

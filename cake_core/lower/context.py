@@ -98,6 +98,7 @@ class Buf:
     shape: tuple[int, ...]      # static (evaluated with the consts); () for gmem
     smem_offset: int = -1
     layout: tuple[int, int] | None = None   # rmem in the mma_sync fragment layout: its warp grid (WM, WN)
+    wgmma: bool = False                      # rmem held as a role's wgmma accumulator (m64nNk16 fragments)
 
     @property
     def numel(self) -> int:

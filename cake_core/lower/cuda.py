@@ -13,8 +13,8 @@ node's IR line. All diagnostics of a program are collected, not just the first.
 What is lowered in v1 (and what is not, with its rule id):
 - allocation and the CTA-wide tile ops (smem, rmem, load, store, sync, mma per atom, the mma_sync
   fragment layout): ``lower_tile``; ``for``, ``if`` and ``let``: ``lower_control``;
-- the async vocabulary (roles, mbarriers, TMA, cp.async, wgmma and its accumulators, argmin_bias):
-  ``lower_async``; topk_bias, sqnorm_rows and the top-k cluster merge: ``lower_topk``; split-K over a
+- the async vocabulary: roles, mbarriers, TMA, cp.async: ``lower_async``; wgmma and its accumulators,
+  argmin_bias: ``lower_wgmma``; topk_bias, sqnorm_rows and the top-k cluster merge: ``lower_topk``; split-K over a
   cluster: ``lower_cluster``; split-K with atomics from a wgmma accumulator: ``lower_splitk``;
 - the compute ops: ``lower_compute``.
 A grid that uses ``num_sms`` is evaluated at launch with the GPU's SM count
@@ -27,9 +27,9 @@ from cake_core.ir.expr import LAUNCH_SYMBOLS, Bin, Call, Expr, Sym, symbols
 from cake_core.ir.program import Program, walk
 from cake_core.ir.smem_layout import smem_layout
 from cake_core.ir.zeroing import accumulated_params
-from cake_core.lower import lower_async
 from cake_core.lower.context import Buf, Ctx, KernelArg, LoweredKernel, LowerError  # noqa: F401 - the products
 from cake_core.lower.dispatch import LOWERINGS
+from cake_core.lower.lower_async import kernel_extras
 from cake_core.outcome import Diagnostic, Outcome, Severity, StageResult
 from cake_core.targets import find_arch, known_archs
 
@@ -120,7 +120,7 @@ def lower(program: Program, ir_filename: str = "kernel.cake") -> StageResult:
     args = tuple(KernelArg(q.name, q.type.dtype, q.type.shape, q.name in written) for q in program.params)
     sig = [f"{'' if a.written else 'const '}{a.dtype.c_type}* __restrict__ {a.name}" for a in args]
     sig += [f"int {d}" for d in dims]
-    tmap_sig, kattrs, tmaps, cluster = lower_async.kernel_extras(ctx)
+    tmap_sig, kattrs, tmaps, cluster = kernel_extras(ctx)
     sig += tmap_sig
     # setmaxnreg needs a register cap at entry: one CTA per SM; ctas_per_sm=N caps the registers so that N fit
     setmaxnreg = ctx.__dict__.get("async_state", {}).get("setmaxnreg")

@@ -1,9 +1,9 @@
 """The lowering dispatch: one entry per op, assembled here.
 
 An op that lowers one way has its hook in the ``HOOKS`` table of its lowering module (``lower_tile``,
-``lower_control``, ``lower_async``, ``lower_topk``, ``lower_cluster``, ``lower_compute``). An op that lowers
-differently by context has its entry in :data:`VARIANTS`: named variants, each chosen by a predicate, in the
-order they are tried (the last one always applies): ``store`` of a wgmma accumulator, of argmin_bias row state
+``lower_control``, ``lower_async``, ``lower_wgmma``, ``lower_topk``, ``lower_cluster``, ``lower_compute``). An op
+that lowers differently by context has its entry in :data:`VARIANTS`: named variants, each chosen by a predicate,
+in the order they are tried (the last one always applies): ``store`` of a wgmma accumulator, of argmin_bias row state
 or of a topk_bias list inside a role, ``mma`` per atom, ``atomic_add`` of a wgmma accumulator (split-K)... No
 lowering module replaces another's hook, and an op lowered twice is refused here. Entries that do not handle
 the mma_sync fragment layout themselves run ``lower_tile.layout_guard`` first (``lower.acc_layout``).
@@ -13,9 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import cake_core.lower.lower_async as lower_async
+import cake_core.lower.lower_cluster as lower_cluster
+import cake_core.lower.lower_compute as lower_compute
+import cake_core.lower.lower_control as lower_control
+import cake_core.lower.lower_splitk as lower_splitk
+import cake_core.lower.lower_tile as lower_tile
+import cake_core.lower.lower_topk as lower_topk
+import cake_core.lower.lower_wgmma as lower_wgmma
 from cake_core.ir.ops import Node, Op
-from cake_core.lower import (lower_async, lower_cluster, lower_compute, lower_control, lower_splitk, lower_tile,
-                             lower_topk)
 from cake_core.lower.context import Ctx, Line, Lowering, LowerError
 
 
@@ -63,18 +69,18 @@ def _in_role(fn: Lowering) -> Variant:
 # The ops that lower by context: their variants, in the order they are tried.
 VARIANTS: dict[Op, Dispatch] = {
     Op.RMEM: Dispatch((
-        Variant("argmin_bias_row_state", lower_async.is_rowstate, lower_async.lower_rowstate_rmem),
+        Variant("argmin_bias_row_state", lower_wgmma.is_rowstate, lower_wgmma.lower_rowstate_rmem),
         Variant("topk_bias_lists", lower_topk.is_topk_list, lower_topk.lower_topk_rmem),
-        Variant("wgmma_accumulator", lower_async.is_wgmma_acc, lower_async.lower_acc_rmem),
+        Variant("wgmma_accumulator", lower_wgmma.is_wgmma_acc, lower_wgmma.lower_acc_rmem),
         _in_role(lower_async.refuse_rmem_in_role),                       # v1 tiles spread over the CTA
         Variant("cta", always, lower_tile.lower_rmem),
     ), fragment_aware=True),
     Op.LOAD: Dispatch((_in_role(lower_async.refuse_cta_op_in_role), Variant("cta", always, lower_tile.lower_load)),
                       fragment_aware=True),
     Op.STORE: Dispatch((
-        Variant("argmin_bias_row_state", lower_async.stores_rowstate, lower_async.lower_store_rowstate),
+        Variant("argmin_bias_row_state", lower_wgmma.stores_rowstate, lower_wgmma.lower_store_rowstate),
         Variant("topk_bias_lists", lower_topk.stores_topk_list, lower_topk.lower_topk_store),
-        Variant("wgmma_accumulator", lower_async.reads_wgmma_acc, lower_async.lower_store_acc),
+        Variant("wgmma_accumulator", lower_wgmma.reads_wgmma_acc, lower_wgmma.lower_store_acc),
         _in_role(lower_async.refuse_store_in_role),
         Variant("cta", always, lower_tile.lower_store),
     ), fragment_aware=True),
@@ -85,14 +91,14 @@ VARIANTS: dict[Op, Dispatch] = {
         Variant("other_atom", always, lower_tile.refuse_mma_atom),       # wgmma: the wgmma op
     ), fragment_aware=True),
     Op.ATOMIC_ADD: Dispatch((
-        Variant("wgmma_accumulator", lower_async.reads_wgmma_acc, lower_splitk.lower_atomic_add_acc),   # split-K
+        Variant("wgmma_accumulator", lower_wgmma.reads_wgmma_acc, lower_splitk.lower_atomic_add_acc),   # split-K
         _in_role(lower_splitk.refuse_atomic_add_in_role),
         Variant("cta", always, lower_compute.lower_atomic_add),
     )),
 }
 
 # The modules whose ops lower one way, each with its table of hooks, in this order.
-MODULES = (lower_tile, lower_control, lower_async, lower_topk, lower_cluster, lower_compute)
+MODULES = (lower_tile, lower_control, lower_async, lower_wgmma, lower_topk, lower_cluster, lower_compute)
 
 
 def _assemble() -> dict[Op, Lowering]:

@@ -3,7 +3,7 @@
 - ``acc_publish(part, acc)``, inside the wgmma role: ``cake::store_smem_wgmma_acc_cluster`` writes the
   accumulator's fragment into ``part`` (row-major f32, 16-byte chunks XOR-swizzled by row % 8 when a row
   holds a multiple of 8 chunks: the layout is private to these two ops). A CTA whose K loop ran no trip
-  publishes zeros (the accumulator is zeroed lazily, see lower_async).
+  publishes zeros (the accumulator is zeroed lazily, see lower_wgmma).
 - ``acc_cluster_reduce(dst, part)``, at the top level between two ``cluster_sync()``:
   ``cake::cluster_reduce_gmem_f32<R, C, NC>``: NC is the declared cluster's size (1 without a cluster);
   each CTA sums its share of the in-bounds chunks over the cluster's tiles (mapa + ld.shared::cluster.v4)
@@ -16,7 +16,7 @@ import math
 from cake_core.ir.ops import Node, Op
 from cake_core.ir.types import DType, MemSpace
 from cake_core.lower.context import Buf, Ctx, Line, Lowering, LowerError, window
-from cake_core.lower.lower_async import zero_unwritten_acc
+from cake_core.lower.lower_wgmma import zero_unwritten_acc
 
 
 def _part(n: Node, ctx: Ctx) -> Buf:

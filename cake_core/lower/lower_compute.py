@@ -1,10 +1,12 @@
 """Lowering hooks of the compute ops (``dispatch.LOWERINGS`` names them).
 
-Correctness first, all CTA-collective:
-- Elementwise ops (``fill``, ``cast``, ``unary``, ``ewise``, ``transpose``)
-  and ``atomic_add`` / ``scatter_add`` are emitted inline as one unrolled loop
-  over the destination elements each thread owns (e = s * THREADS + tid: slot
-  ``s`` of an rmem tile, element ``e`` of an smem tile). They add no barrier:
+Correctness first, CTA-collective outside roles:
+- Elementwise ops (``fill``, ``cast``, ``unary``, ``ewise``, ``select``,
+  ``iota``, ``transpose``) and ``atomic_add`` / ``scatter_add`` are emitted
+  inline as one unrolled loop over the destination elements each thread owns
+  (e = s * THREADS + tid: slot ``s`` of an rmem tile, element ``e`` of an smem
+  tile; inside a role, over the role's threads or its wgmma fragments:
+  ``thread_map``). They add no barrier:
   as with ``mma``, a ``sync()`` must separate them from smem writes of other
   threads. A ``scatter_add`` of an rmem tile into contiguous f32 gmem rows
   adds 4 columns per ``red.global.add.v4.f32`` when the view is 16-byte
@@ -26,10 +28,13 @@ from __future__ import annotations
 
 from cake_core.ir.expr import Expr, evaluate
 from cake_core.ir.ops import At, Full, Node, Op, Tile, View
+from cake_core.ir.ops_compute import computes_in_float
 from cake_core.ir.scratch import SCRATCH_ALIGN, staged_operands
 from cake_core.ir.shapes import broadcasts_to, norm_axis
 from cake_core.ir.types import DType, MemSpace, TileType
 from cake_core.lower.context import Buf, Ctx, Line, Lowering, LowerError, c_literal, window
+from cake_core.lower.lower_async import in_role
+from cake_core.lower.thread_map import ThreadMap, owned_loop, settle_fresh_accs, thread_map
 
 _TILE = (MemSpace.SMEM, MemSpace.RMEM)
 _FN_CODE = {"sum": 0, "max": 1, "min": 2}
@@ -136,20 +141,30 @@ def _broadcast_offset(src: tuple[int, ...], dst: tuple[int, ...]) -> str | None:
 
 
 def _owned_loop(ctx: Ctx, numel: int, cols: int, body: list[str], unroll: int = 0) -> list[str]:
-    """A loop over the elements e = s * THREADS + tid this thread owns; body sees cake_s, cake_e, cake_r, cake_c.
-    Unrolled fully (register tiles are indexed by cake_s), or ``unroll`` trips at a time where the body only
-    touches smem and gmem, so that a long loop does not hold every trip's values in registers at once."""
-    slots = -(-numel // ctx.threads)
-    inner = []
-    text = "\n".join(body)
-    if "cake_r" in text or "cake_c" in text:
-        inner.append(f"    [[maybe_unused]] const int cake_r = cake_e / {cols}, cake_c = cake_e % {cols};")
-    inner += ["    " + b for b in body]
-    if numel % ctx.threads:
-        inner = [f"    if (cake_e < {numel}) {{"] + ["    " + x for x in inner] + ["    }"]
-    return ["#pragma unroll" + (f" {unroll}" if unroll else ""),
-            f"for (int cake_s = 0; cake_s < {slots}; ++cake_s) {{",
-            "    [[maybe_unused]] const int cake_e = cake_s * THREADS + (int)threadIdx.x;"] + inner + ["}"]
+    """The loop of a CTA-wide op over the elements e = s * THREADS + tid this thread owns (``thread_map``)."""
+    return owned_loop(ThreadMap("cta", 0, ctx.threads, numel, cols), body, unroll)
+
+
+def _elementwise(ctx: Ctx, n: Node, st: "_Staging", dst: Buf, tiles: list[Buf], body: list[str]) -> list[Line]:
+    """An elementwise op's block: its staging, then the loop over the elements its thread map gives each thread
+    (the CTA's, the role's, or the role's wgmma fragments: ``thread_map``)."""
+    tm = thread_map(ctx, n, dst, tiles)
+    if tm.kind != "cta" and st.names:
+        raise LowerError("lower.unsupported_in_role", f"`{n.op.value}` inside a role exchanges rmem tiles through "
+                                                      "smem scratch, which takes CTA barriers")
+    return _block(st.pre + settle_fresh_accs(ctx, tiles), owned_loop(tm, body))
+
+
+def _cta_wide(hook: Lowering) -> Lowering:
+    """A hook whose lowering spreads the op over every thread of the CTA (or synchronises the CTA): refused
+    inside a role, where only the role's threads run it (the verifier's ``role.compute`` says so first)."""
+    def lower_cta_wide(n: Node, ctx: Ctx) -> list[Line]:
+        if in_role(n, ctx):
+            raise LowerError("lower.unsupported_in_role", f"`{n.op.value}` inside a role: its lowering spreads it "
+                                                          "over every thread of the CTA",
+                             "move it after the roles (at the top level, after a sync())")
+        return hook(n, ctx)
+    return lower_cta_wide
 
 
 def _is_int(d: DType) -> bool:
@@ -178,7 +193,7 @@ def lower_fill(n: Node, ctx: Ctx) -> list[Line]:
     st = _Staging(ctx, n)
     lit = c_literal(n.attr("value"), dst.type.dtype)
     body = [f"{_access(dst, st, None)} = cake::convert<{dst.type.dtype.c_type}>({lit});"]
-    return _block([], _owned_loop(ctx, dst.numel, dst.shape[-1], body))
+    return _elementwise(ctx, n, st, dst, [dst], body)
 
 
 def _cast_expr(x: str, src: DType, dst: DType) -> str:
@@ -193,11 +208,13 @@ def lower_cast(n: Node, ctx: Ctx) -> list[Line]:
         raise LowerError("lower.shape_mismatch", f"cast of {src.shape} into {dst.shape}")
     st = _Staging(ctx, n)
     body = [f"{_access(dst, st, None)} = {_cast_expr(_access(src, st, None), src.type.dtype, dst.type.dtype)};"]
-    return _block(st.pre, _owned_loop(ctx, dst.numel, dst.shape[-1], body))
+    return _elementwise(ctx, n, st, dst, [dst, src], body)
 
 
 _UNARY_F = {"neg": "(-{x})", "abs": "fabsf({x})", "square": "({x} * {x})", "sqrt": "sqrtf({x})",
-            "rsqrt": "rsqrtf({x})", "exp": "expf({x})", "log": "logf({x})"}
+            "rsqrt": "rsqrtf({x})", "exp": "expf({x})", "log": "logf({x})", "exp2": "exp2f({x})",
+            "sigmoid": "cake::sigmoid_f32({x})", "silu": "cake::silu_f32({x})",
+            "softplus": "cake::softplus_f32({x})"}
 _UNARY_I = {"neg": "(-{x})", "abs": "abs({x})", "square": "({x} * {x})"}
 
 
@@ -213,20 +230,22 @@ def lower_unary(n: Node, ctx: Ctx) -> list[Line]:
     st = _Staging(ctx, n)
     body = [f"const auto cake_x = {_value(_access(src, st, None), src.type.dtype, fl)};",
             f"{_access(dst, st, None)} = cake::convert<{dst.type.dtype.c_type}>({table[fn].format(x='cake_x')});"]
-    return _block(st.pre, _owned_loop(ctx, dst.numel, dst.shape[-1], body))
+    return _elementwise(ctx, n, st, dst, [dst, src], body)
 
 
+_COMPARE = {"lt": "({a} < {b})", "le": "({a} <= {b})", "gt": "({a} > {b})", "ge": "({a} >= {b})",
+            "eq": "({a} == {b})", "ne": "({a} != {b})"}
 _EWISE_F = {"add": "{a} + {b}", "sub": "{a} - {b}", "mul": "{a} * {b}", "div": "{a} / {b}",
-            "max": "fmaxf({a}, {b})", "min": "fminf({a}, {b})"}
+            "max": "fmaxf({a}, {b})", "min": "fminf({a}, {b})", **_COMPARE}
 _EWISE_I = {"add": "{a} + {b}", "sub": "{a} - {b}", "mul": "{a} * {b}", "div": "{a} / {b}",
-            "max": "cake_max({a}, {b})", "min": "cake_min({a}, {b})"}
+            "max": "cake_max({a}, {b})", "min": "cake_min({a}, {b})", **_COMPARE}
 
 
 def lower_ewise(n: Node, ctx: Ctx) -> list[Line]:
     dst = _tile(ctx, n.args[0], "destination")
     a, b = _tile(ctx, n.args[1], "operand a"), _tile(ctx, n.args[2], "operand b")
     st = _Staging(ctx, n)
-    fl = dst.type.dtype.is_float
+    fl = computes_in_float({x.name: x.type.dtype for x in (dst, a, b)}, n)
     vals = []
     for x, k in ((a, "alpha"), (b, "beta")):
         if not broadcasts_to(x.shape, dst.shape):
@@ -236,7 +255,34 @@ def lower_ewise(n: Node, ctx: Ctx) -> list[Line]:
     expr = (_EWISE_F if fl else _EWISE_I)[n.attr("fn")].format(a="cake_a", b="cake_b")
     body = [f"const auto cake_a = {vals[0]};", f"const auto cake_b = {vals[1]};",
             f"{_access(dst, st, None)} = cake::convert<{dst.type.dtype.c_type}>({expr});"]
-    return _block(st.pre, _owned_loop(ctx, dst.numel, dst.shape[-1], body))
+    return _elementwise(ctx, n, st, dst, [dst, a, b], body)
+
+
+def lower_select(n: Node, ctx: Ctx) -> list[Line]:
+    dst = _tile(ctx, n.args[0], "destination")
+    cond, a, b = (_tile(ctx, x, r) for x, r in zip(n.args[1:], ("condition", "operand a", "operand b")))
+    st = _Staging(ctx, n)
+    fl = dst.type.dtype.is_float
+    for x in (cond, a, b):
+        if not broadcasts_to(x.shape, dst.shape):
+            raise LowerError("lower.shape_mismatch", f"`{x.name}` {x.shape} does not broadcast to {dst.shape}")
+    c, va, vb = (_access(x, st, _broadcast_offset(x.shape, dst.shape)) for x in (cond, a, b))
+    test = f"cake::to_f32({c}) != 0.0f" if cond.type.dtype.is_float else f"{c} != 0"
+    body = [f"{_access(dst, st, None)} = cake::convert<{dst.type.dtype.c_type}>({test} ? "
+            f"{_value(va, a.type.dtype, fl)} : {_value(vb, b.type.dtype, fl)});"]
+    return _elementwise(ctx, n, st, dst, [dst, cond, a, b], body)
+
+
+def lower_iota(n: Node, ctx: Ctx) -> list[Line]:
+    dst = _tile(ctx, n.args[0], "destination")
+    axis = norm_axis(n.attr("axis"), len(dst.shape))
+    if axis is None:
+        raise LowerError("lower.shape_mismatch", f"axis={n.attr('axis')} is not an axis of `{dst.name}` {dst.shape}")
+    index = "cake_c" if axis == len(dst.shape) - 1 else "cake_r"
+    base = ctx.check_expr(n.arg("base"), "base")
+    st = _Staging(ctx, n)
+    body = [f"{_access(dst, st, None)} = cake::convert<{dst.type.dtype.c_type}>((int)({base}) + {index});"]
+    return _elementwise(ctx, n, st, dst, [dst], body)
 
 
 def lower_transpose(n: Node, ctx: Ctx) -> list[Line]:
@@ -446,7 +492,7 @@ def _rows_by_red_v4(ctx: Ctx, g: Buf, src: Buf, st: _Staging) -> bool:
     """Whether a rank-2 scatter_add may add its rows 4 columns per red.global.add.v4.f32 (decided at compile time;
     the pointer and strides are checked at run time, with the scalar loop as the fallback): an f32 target, an
     rmem source with rows a multiple of 4 long, each thread on one column and every slot full. smem sources
-    keep the scalar loop: the warp-owned kmeans_update variants' gmem branch spills with both paths."""
+    keep the scalar loop: a warp-owned scatter-add's gmem branch spills with both paths."""
     R, C = src.shape
     return g.type.dtype is DType.F32 and C % 4 == 0 and src.type.space is MemSpace.RMEM \
         and src.name not in st.ptr and ctx.threads % ctx.arch.warp_size == 0 and ctx.threads % C == 0 \
@@ -521,13 +567,15 @@ HOOKS: dict[Op, Lowering] = {
     Op.CAST: lower_cast,
     Op.UNARY: lower_unary,
     Op.EWISE: lower_ewise,
-    Op.TRANSPOSE: lower_transpose,
-    Op.REDUCE: lower_reduce,
-    Op.SCAN: lower_scan,
-    Op.ARGMIN: lower_argreduce,
-    Op.ARGMAX: lower_argreduce,
-    Op.ARGMIN_UPDATE: lower_argmin_update,
-    Op.TOPK_MERGE: lower_topk_merge,
-    Op.SCATTER_ADD: lower_scatter_add,
-    Op.GATHER_ADD: lower_gather_add,
+    Op.SELECT: lower_select,
+    Op.IOTA: lower_iota,
+    Op.TRANSPOSE: _cta_wide(lower_transpose),
+    Op.REDUCE: _cta_wide(lower_reduce),
+    Op.SCAN: _cta_wide(lower_scan),
+    Op.ARGMIN: _cta_wide(lower_argreduce),
+    Op.ARGMAX: _cta_wide(lower_argreduce),
+    Op.ARGMIN_UPDATE: _cta_wide(lower_argmin_update),
+    Op.TOPK_MERGE: _cta_wide(lower_topk_merge),
+    Op.SCATTER_ADD: _cta_wide(lower_scatter_add),
+    Op.GATHER_ADD: _cta_wide(lower_gather_add),
 }

@@ -2,12 +2,12 @@
 
 Split-K spreads the K loop of one output tile over several CTAs (a grid dimension over K slices);
 each CTA adds its partial product into an output the harness zeroes before every launch
-(``Problem.zeroed_outputs``). Inside a warp role the accumulator is a wgmma fragment (lower_async),
+(``Problem.zeroed_outputs``). Inside a warp role the accumulator is a wgmma fragment (lower_wgmma),
 so the v1 compute lowering of ``atomic_add``, which assumes the CTA-wide distribution (element e in
 thread e % threads), would add the wrong elements: this hook takes over for such tiles and emits
 ``cake::atomic_add_gmem_wgmma_acc`` (red.global.add.v4.f32 when rows are 16-byte aligned, .v2 or
 scalar otherwise, decided at run time from the pointer and strides): the ``atomic_add`` variant for a wgmma
-accumulator (``lower_async.reads_wgmma_acc``). Any other ``atomic_add`` inside a role is refused
+accumulator (``lower_wgmma.reads_wgmma_acc``). Any other ``atomic_add`` inside a role is refused
 (``lower.unsupported_in_role``); outside roles the compute lowering applies.
 """
 from __future__ import annotations
@@ -15,7 +15,8 @@ from __future__ import annotations
 from cake_core.ir.ops import Node
 from cake_core.ir.types import DType, MemSpace
 from cake_core.lower.context import Ctx, Line, LowerError, window
-from cake_core.lower.lower_async import async_state, role_threads, zero_unwritten_acc
+from cake_core.lower.lower_async import async_state, role_threads
+from cake_core.lower.lower_wgmma import zero_unwritten_acc
 
 
 def refuse_atomic_add_in_role(n: Node, ctx: Ctx) -> list[Line]:

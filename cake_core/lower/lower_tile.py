@@ -10,15 +10,15 @@ load, store, sync, mma (``atom="fma"`` and ``atom="mma_sync"``), and the mma_syn
 - ``mma``, one variant per atom: ``fma`` (fp32 FMAs over the CTA-distributed acc) and ``mma_sync`` (tensor cores:
   ``mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}``, operands from smem through ``ldmatrix`` /
   ``ldmatrix.trans``). ``atom="wgmma"`` on ``mma`` is not lowered (``lower.unsupported_atom``): use the ``wgmma``
-  op (lower_async).
+  op (lower_wgmma).
 - The mma_sync accumulator layout. An rmem tile that ``mma(..., atom="mma_sync")`` accumulates into is held in
   the mma.sync fragment layout, not in the IR's default distribution (element e in thread e % threads): the
   CTA's warps form a WM x WN grid (warp w at (w // WN, w % WN)), each owns an (M/WM) x (N/WN) block of m16n8
   atoms, and slot (mi*NI + ni)*4 + j of lane l holds row mi*16 + l//4 + 8*(j//2), column ni*8 + 2*(l%4) + j%2
   of its block (cake_mma.cuh has the full formula). WM, WN are chosen here (:func:`warp_grid`: the fewest
   ldmatrix per 16 of K). The per-thread slot count is numel / threads as for any rmem tile, so
-  ``rmem(fill=...)`` and the slot-wise elementwise ops (``fill``, ``cast``, ``unary``, ``ewise`` whose rmem
-  operands all have the acc's shape) are layout-agnostic; rmem tiles tied to an accumulator by such ops take
+  ``rmem(fill=...)`` and the slot-wise elementwise ops (``fill``, ``cast``, ``unary``, ``ewise``, ``select`` whose
+  rmem operands all have the acc's shape) are layout-agnostic; rmem tiles tied to an accumulator by such ops take
   its layout too (:func:`fragment_names`). ``load`` into and ``store`` from a fragment-layout tile go through
   ``mma_layout::coord``. Any other op that names such a tile is refused (``lower.acc_layout``,
   :func:`layout_guard`), as is an ``mma`` of another atom into it. Preconditions, each a ``LowerError`` at the
@@ -166,7 +166,7 @@ def lower_mma_sync(n: Node, ctx: Ctx) -> list[Line]:
 
 # ------------------------------------------------------- mma_sync fragment layout (see the module docstring)
 
-_SLOTWISE = (Op.FILL, Op.CAST, Op.UNARY, Op.EWISE)   # lowered slot by slot when operand shapes agree
+_SLOTWISE = (Op.FILL, Op.CAST, Op.UNARY, Op.EWISE, Op.SELECT)   # lowered slot by slot when operand shapes agree
 
 
 def _buf_operands(n: Node) -> list[str]:

@@ -22,9 +22,9 @@ from cake_core.ir.program import walk
 from cake_core.ir.types import DType, MemSpace, TileType
 from cake_core.lower.context import Buf, Ctx, Line, Lowering, LowerError, window
 from cake_core.ir.rules_topk import KMAX_LIMIT
-from cake_core.lower.lower_async import (epilogue_operands, fragment_rows, in_role, named_barrier, role_threads,
-                                        slot_ptr)
+from cake_core.lower.lower_async import in_role, named_barrier, role_threads, slot_ptr
 from cake_core.lower.lower_cluster import cluster_top_level
+from cake_core.lower.lower_wgmma import epilogue_operands, fragment_rows
 
 
 def topk_rowstate(ctx: Ctx) -> dict[str, tuple[int, str]]:

@@ -1,11 +1,11 @@
-"""The cost-model interface (as TVM MetaSchedule's): ``update / predict / score / save / load``.
+"""The cost-model interface (as TVM MetaSchedule's): ``update / predict / score``, saved and loaded by ``artifact``.
 
 A model sees ``Sample``s (a program at one shape on one GPU, with ptxas' resources when compiled and the
 measured time when known). ``predict`` gives milliseconds (the filter's record and the error factor);
 ``score`` gives a ranking key comparable among samples of one shape (higher: predicted faster). ``update``
 returns a *new* model fitted to measured samples (a new version; the old one is unchanged), so a
-calibration is a versioned artefact like any harness change. Models are saved to and loaded from one file
-(``artifact``) whose header names kind, version, target, GPU and feature schema.
+calibration is a versioned artefact like any harness change. ``artifact.save_model`` and ``load_model`` keep
+a model in one file whose header names kind, version, target, GPU and feature schema.
 
 Backends, one per module: ``analytic.AnalyticModel`` and ``learned.LearnedModel``.
 """
@@ -15,8 +15,7 @@ import abc
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
-from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -125,15 +124,9 @@ class CostModelBase(abc.ABC):
         """Header fields beside kind, version, target, GPU and schema (training data, evaluation)."""
         return {}
 
-    def save(self, path: str | Path) -> Path:
-        from cake_core.model.artifact import save_model
-        return save_model(self, path)
 
-    @staticmethod
-    def load(path: str | Path, gpu: str | None = None) -> "CostModelBase":
-        from cake_core.model.artifact import load_model
-        return load_model(path, gpu)
-
-
-def geomean(xs: Sequence[float]) -> float:
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+def geomean(xs: Iterable[float]) -> float:
+    """The geometric mean, the one Cake uses everywhere (the warehouse's views write it ``exp(avg(ln(x)))``): how
+    a kernel's figures over several shapes, or speed-ups over several kernels, add up to one; nan for none."""
+    v = list(xs)
+    return math.exp(sum(math.log(x) for x in v) / len(v)) if v else float("nan")

@@ -25,7 +25,8 @@ from typing import Any, Callable
 from cake_core.errors import CakeError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SEEDS_REL = "cake_core/problems/seeds"
+PROBLEMS_REL = "cake_core/problems"        # <problem>/kernels/<file>.cake
+LEGACY_KERNELS_REL = "cake_core/problems/seeds"     # where every kernel file lay before problems were packages
 GIT_WINDOW = timedelta(hours=8)
 
 
@@ -35,7 +36,7 @@ class BenchFileError(CakeError):
 
 @dataclass
 class BenchProgram:
-    key: str                    # the file's key, e.g. "tinygemm/best:tinygemm_splitk.cake"
+    key: str                    # the file's key, e.g. "PROBLEM/best:KERNEL.cake"
     problem: str
     path: str                   # relative to the repository root
     kernel: str
@@ -80,7 +81,7 @@ class BenchFile:
 def _program_path(key: str) -> tuple[str, str]:
     problem, _, rest = key.partition("/")
     if ":" in rest:                                     # "seed:x.cake" / "best:x.cake"
-        return problem, f"{SEEDS_REL}/{rest.split(':', 1)[1]}"
+        return problem, f"{PROBLEMS_REL}/{problem}/kernels/{rest.split(':', 1)[1]}"
     return problem, rest
 
 
@@ -146,7 +147,9 @@ def candidate_texts(rel: str, when: datetime, repo: Path = REPO_ROOT) -> list[tu
     """(source, text) versions of ``rel`` to try, most likely first: the first commit at or after ``when``,
     the last before it, the other commits within GIT_WINDOW by distance, then the working tree."""
     out: list[tuple[str, str]] = []
-    log = _git(repo, "log", "--all", "--format=%H %ct", "--", rel)
+    # a kernel file's history before it moved into its problem's package is under the old shared folder
+    legacy = f"{LEGACY_KERNELS_REL}/{rel.rsplit('/', 1)[-1]}" if "/kernels/" in rel else None
+    log = "\n".join(filter(None, (_git(repo, "log", "--all", "--format=%H %ct", "--", r) for r in (rel, legacy) if r)))
     if log:
         commits = []
         for line in log.splitlines():
@@ -159,6 +162,8 @@ def candidate_texts(rel: str, when: datetime, repo: Path = REPO_ROOT) -> list[tu
         ordered = after[:1] + before[:1] + sorted(after[1:] + before[1:], key=lambda c: abs(c[0] - when))
         for _, sha in ordered:
             text = _git(repo, "show", f"{sha}:{rel}")
+            if text is None and legacy:
+                text = _git(repo, "show", f"{sha}:{legacy}")
             if text is not None and (f"git:{sha[:12]}", text) not in out:
                 out.append((f"git:{sha[:12]}", text))
     f = repo / rel

@@ -62,6 +62,7 @@ TRAFFIC: dict[Op, tuple[str, str]] = {
     Op.ATOMIC_ADD: ("atomic", ""), Op.SCATTER_ADD: ("atomic", ""),
     Op.MMA: ("mma", ""), Op.WGMMA: ("mma", ""), Op.TCGEN05_MMA: ("mma", ""),
     Op.FILL: ("simt", ""), Op.CAST: ("simt", ""), Op.UNARY: ("simt", ""), Op.EWISE: ("simt", ""),
+    Op.SELECT: ("simt", ""), Op.IOTA: ("simt", ""),
     Op.TRANSPOSE: ("simt", ""), Op.REDUCE: ("simt", ""), Op.SCAN: ("simt", ""), Op.ARGMIN: ("simt", ""),
     Op.ARGMAX: ("simt", ""), Op.ARGMIN_UPDATE: ("simt", ""), Op.TOPK_MERGE: ("simt", ""),
     Op.ARGMIN_BIAS: ("simt", ""), Op.TOPK_BIAS: ("simt", ""), Op.SQNORM_ROWS: ("simt", ""),

@@ -19,7 +19,6 @@ Pure: no Prefect, no GPU; deterministic under ``seed``.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Sequence, TypeVar
 
@@ -167,6 +166,3 @@ def filter_recall(decisions: Sequence[str], measured_ms: Sequence[float | None])
         return Recall(len(surv), len(samp), None, 0)
     return Recall(len(surv), len(samp), min(samp) < min(surv), sum(m < max(surv) for m in samp))
 
-
-def geomean_ms(values: Sequence[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))

@@ -8,7 +8,10 @@
 - ``verdicts``  right or wrong, decided once: per-shape verdicts and :func:`judge`
 - ``execute``   every call into the runtime (interpreter gate, GPU gate and timing, peers)
 - ``state``     the select stage: a run's state rebuilt from its rows (resume = the same computation)
-- ``plan``      a run's parameters, new or resumed
+- ``request``   a run's parameters, defined once (``RunRequest``), and its run id
+- ``plan``      a run's plan, new or resumed, and the one check of a request (``plan_run``)
+- ``progress``  where a run stands, as the warehouse says (``RunProgress``)
+- ``policy``    how a run spends its workers and GPUs: job order, batching, cutoffs, strict gate, confirmation
 - ``rows``      every warehouse row, as plain dicts
 - ``debug``     re-verify after every stage and dump numbered IR
 

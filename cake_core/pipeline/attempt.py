@@ -109,7 +109,7 @@ class Attempt:
         """The cost model's geometric mean over the search shapes (None before the filter)."""
         if not self.predictions:
             return None
-        from cake_core.pipeline.stages import geomean
+        from cake_core.model.base import geomean
         return geomean(self.predictions.values())
 
     @property

@@ -25,7 +25,7 @@ from typing import Any
 from cake_core.errors import CakeError
 from cake_core.outcome import Outcome
 from cake_core.pipeline.verdicts import ShapeVerdict, Timing, as_strict, fault, from_cpu_check, from_gpu_run
-from cake_core.problems import get_problem
+from cake_core.problems import Problem, get_problem
 from cake_core.problems.base import Shape, shape_key
 
 DEFAULT_KERNEL_TIMEOUT_S = 30.0   # the runtime's own watchdog per wait on the GPU (see runtime.gpu)
@@ -34,7 +34,6 @@ DEFAULT_KERNEL_TIMEOUT_S = 30.0   # the runtime's own watchdog per wait on the G
 # cells costs seconds, and a kernel's gate on the device does not need every row to catch a wrong index.
 FULL_ORACLE_FLOPS = 2e10
 FULL_ORACLE_BYTES = 2.5e8
-SUBSET_ROWS = {"kmeans_assign": 4096}    # rows checked on a large shape; 256 for the other problems
 # The strict gate of the check and time stages (runtime.strict): a candidate right on the run's shapes is checked
 # on at most STRICT_SHAPES of its own strict shapes (the first wraps its rings and tiles every dimension with a
 # tail, the next cross its thresholds), each under STRICT_MAX_WORK flops + bytes (the interpreter's budget).
@@ -53,7 +52,7 @@ class GpuJob:
     lowered: Any                 # cake_core.lower.cuda.LoweredKernel
     cubin: bytes
     kernel_name: str
-    problem: str
+    problem: Problem | str       # the Problem (pickled to a worker as its reference), or its name
     shape: Shape
     seed: int
     reps: int
@@ -61,7 +60,7 @@ class GpuJob:
     cutoff_ms: float | None = None
 
 
-def check_on_interpreter(program, problem: str, shapes: list[Shape], seed: int,
+def check_on_interpreter(program, problem: Problem | str, shapes: list[Shape], seed: int,
                          strict: bool = False) -> list[ShapeVerdict]:
     """The CPU correctness gate (``runtime.cpu.check_on_cpu``) on ``shapes``, one verdict per shape; with
     ``strict``, a candidate right on all of them is then checked on its strict shapes too
@@ -95,12 +94,13 @@ def strict_check_shapes(program, problem, shapes: list[Shape]) -> list[tuple[Sha
     return strict_shapes(program, problem, STRICT_MAX_WORK).beyond(given)[:STRICT_SHAPES]
 
 
-def gate_rows(problem: str, shape: Shape) -> int | None:
-    """How many output rows the gate checks of ``shape`` (None: all of them)."""
+def gate_rows(problem, shape: Shape) -> int | None:
+    """How many output rows the gate checks of ``shape`` (None: all of them; ``Problem.subset_rows`` above
+    the full oracle's cost)."""
     prob = get_problem(problem)
     if prob.rows is None or (prob.flops(shape) <= FULL_ORACLE_FLOPS and prob.bytes(shape) <= FULL_ORACLE_BYTES):
         return None
-    return SUBSET_ROWS.get(problem, 256)
+    return prob.subset_rows
 
 
 class GpuSession:
@@ -164,7 +164,7 @@ class GpuSession:
             self.poisoned = f"{v.outcome.value}: {v.message}"
         return v
 
-    def peer(self, problem: str, peer: str, shape: Shape, seed: int, reps: int) -> ShapeVerdict:
+    def peer(self, problem: Problem | str, peer: str, shape: Shape, seed: int, reps: int) -> ShapeVerdict:
         """One peer on one shape, timed and checked as our kernels are (``runtime.peers.measure_peer``): on the
         device draw our kernels get for (``seed``, ``shape``), against the same reference (cached where the
         hand-written baselines were checked first at that seed), on the same rows of a very large shape

@@ -15,6 +15,7 @@ from cake_core.harness.signature import signature
 from cake_core.outcome import Outcome
 from cake_core.pipeline.attempt import Attempt
 from cake_core.pipeline.plan import RunPlan
+from cake_core.pipeline.request import recorded_fields
 from cake_core.pipeline.verdicts import ShapeVerdict
 from cake_core.problems.base import Shape, shape_key
 
@@ -105,15 +106,12 @@ def measurement_rows(attempt_id: str, run_id: str, verdicts: Iterable[ShapeVerdi
 
 def run_row(plan: RunPlan, status: str, *, harness_version: int, gpu_model: str | None, flow_run_id: str | None,
             stop_reason: str | None = None, finished_at: datetime | None = None) -> dict[str, Any]:
-    """One status row of a run (append-only: ``runs_latest`` picks the current one)."""
-    return {"run_id": plan.run_id, "problem": plan.problem, "shape_set": plan.shape_set,
-            "harness_version": harness_version, "agent": plan.agent, "seed": plan.seed,
-            "generations": plan.generations, "population": plan.population, "host": socket.gethostname(),
-            "gpu_model": gpu_model, "flow_run_id": flow_run_id, "started_at": plan.started_at, "status": status,
-            "finished_at": finished_at, "cold": plan.cold, "session": plan.session, "stop_reason": stop_reason,
-            "budget_candidates": plan.budget_candidates, "budget_gpu_minutes": plan.budget_gpu_minutes,
-            "patience": plan.patience, "check_shape_set": plan.check_shape_set,
-            "cost_filter": plan.cost_filter, "filter_keep": plan.filter_keep, "recorded_at": now()}
+    """One status row of a run (append-only: ``runs_latest`` picks the current one): every recorded field of
+    the plan (``request.recorded_fields``), the harness version it runs under, and where and how it stands."""
+    return {"run_id": plan.run_id, **{n: getattr(plan, n) for n in recorded_fields()},
+            "harness_version": harness_version, "host": socket.gethostname(), "gpu_model": gpu_model,
+            "flow_run_id": flow_run_id, "started_at": plan.started_at, "status": status, "finished_at": finished_at,
+            "session": plan.session, "stop_reason": stop_reason, "recorded_at": now()}
 
 
 def shape_rows(shape_set: str, problem: str, shapes: Iterable[Shape], roles: Iterable[str]) -> list[dict[str, Any]]:

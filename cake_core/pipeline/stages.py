@@ -14,8 +14,6 @@ a generation. Nothing here knows about Prefect, Ray or DuckDB.
 """
 from __future__ import annotations
 
-import math
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,7 +95,7 @@ def verify_stage(text: str, harness: HarnessSpec, problem: Problem, shapes: list
             diags += next(iter(outside.values()))
         diags += verify(r.program, learned=harness.learned_rules, shapes=inside)
         dims = {d for p in r.program.params for d in _syms(p)} - set(r.program.const_env)
-        mismatch = problem.param_mismatch([p.name for p in r.program.params])
+        mismatch = problem.program_mismatch(r.program)
         if mismatch:
             diags.append(Diagnostic("problem.params", Severity.ERROR, mismatch, r.program.line, 1, "kernel",
                                     f"the kernel's parameters must be {', '.join(problem.inputs + problem.outputs)}"))
@@ -123,7 +121,10 @@ def _syms(p) -> set[str]:
 # ---------------------------------------------------------------- lower, compile
 
 def nvcc_available() -> bool:
-    return shutil.which("nvcc") is not None
+    """Whether nvcc is there, found as the compile stage finds it (``lower.compile.nvcc_path``)."""
+    from cake_core.lower.compile import nvcc_path
+
+    return nvcc_path() is not None
 
 
 @dataclass(frozen=True)
@@ -182,12 +183,6 @@ def cost_filter_stage(programs: list[Program], shapes: list[Shape], model: CostM
                                  "decision": r.decisions[i], "rank": rank[i], "model_version": r.model_version,
                                  "model_kind": r.model_kind})
             for i in range(len(programs))]
-
-
-def geomean(values) -> float:
-    """The geometric mean: how a kernel's figures over several shapes add up to one (see kernel_scores)."""
-    v = list(values)
-    return math.exp(sum(math.log(x) for x in v) / len(v))
 
 
 def keep_count(population: int, asked: int | None = None) -> int:

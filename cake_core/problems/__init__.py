@@ -1,29 +1,28 @@
-"""The kernel corpus: every problem Cake knows, by name."""
+"""Kernel problems: the interface (:mod:`.base`: a problem's spec; :mod:`.registry`: finding them) and the
+built-in problem packages, one folder each (spec, naive seed, hand-written references, shape sets, peers,
+bench target). Nothing outside a problem's folder names it."""
 from __future__ import annotations
 
-from cake_core.problems.base import (Problem, Shape, ShapeSet, ShapeSetError, UnknownProblem,
-                                     load_shape_set, shape_key)
-from cake_core.problems.gemm import GEMM_BF16
-from cake_core.problems.kmeans_assign import KMEANS_ASSIGN
-from cake_core.problems.kmeans_update import KMEANS_UPDATE
-from cake_core.problems.knn_topk import KNN_TOPK
-from cake_core.problems.tinygemm import TINYGEMM
-
-PROBLEMS: dict[str, Problem] = {p.name: p for p in (GEMM_BF16, KMEANS_ASSIGN, KMEANS_UPDATE, KNN_TOPK,
-                                                      TINYGEMM)}
+from cake_core.problems.base import (BenchTarget, Problem, ProblemSpecError, Role, Shape, ShapeSet, ShapeSetError,
+                                     Tensor, UnknownProblem, data, index, load_shape_set, output, shape_key)
+from cake_core.problems.registry import (ENTRY_POINT_GROUP, Broken, catalogue, find_problem, get_problem,
+                                         list_problems, use_problem_paths)
 
 
-def list_problems() -> list[Problem]:
-    return list(PROBLEMS.values())
+def corpus_file(file: str):
+    """The path of kernel file ``file`` (``kernels/`` of whichever problem holds it)."""
+    for p in list_problems():
+        path = p.kernels_dir / file
+        if path.is_file():
+            return path
+    raise FileNotFoundError(f"no problem's kernels/ holds {file}")
 
 
-def get_problem(name: str) -> Problem:
-    try:
-        return PROBLEMS[name]
-    except KeyError:
-        raise UnknownProblem(f"unknown problem `{name}`; known: {', '.join(PROBLEMS)} "
-                             "(`cake problems` lists them)") from None
+def corpus_files(pattern: str = "*.cake"):
+    """Every kernel file of every problem whose name matches ``pattern``, sorted by file name."""
+    return sorted((f for p in list_problems() for f in p.kernels_dir.glob(pattern)), key=lambda f: f.name)
 
 
-__all__ = ["Problem", "Shape", "ShapeSet", "ShapeSetError", "UnknownProblem", "get_problem",
-           "list_problems", "load_shape_set", "shape_key", "PROBLEMS"]
+__all__ = ["BenchTarget", "Broken", "ENTRY_POINT_GROUP", "Problem", "ProblemSpecError", "Role", "Shape", "ShapeSet",
+           "ShapeSetError", "Tensor", "UnknownProblem", "catalogue", "corpus_file", "corpus_files", "data", "find_problem", "get_problem", "index",
+           "list_problems", "load_shape_set", "output", "shape_key", "use_problem_paths"]

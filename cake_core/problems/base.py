@@ -17,25 +17,30 @@ that it cannot separate).
 from __future__ import annotations
 
 import csv
+import enum
 import sys
 import hashlib
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from cake_core.errors import CakeError
 from cake_core.ir.numeric import bf16_round  # noqa: F401 - the problems' inputs are bf16 values
 
-SHAPES_DIR = Path(__file__).resolve().parents[2] / "datasets" / "shapes"
-SEEDS_DIR = Path(__file__).resolve().parent / "seeds"
+KERNELS = "kernels"      # a problem folder's naive seed and hand-written references (.cake)
+SHAPES = "shapes"        # a problem folder's shape sets (.csv)
 
 
 class UnknownProblem(CakeError):
     pass
+
+
+class ProblemSpecError(CakeError):
+    """A problem's definition is malformed (said in one line: which problem, which field, what to change)."""
 
 
 class ShapeSetError(CakeError):
@@ -128,11 +133,13 @@ class ShapeSet:
 class RowOracle:
     """Checking a large shape on a subset of its output rows.
 
-    What a "row" is depends on the problem (gemm: a row of C; knn: a query; kmeans_assign: a point,
-    numbered b*N + n; kmeans_update: a cluster, numbered b*K + k). ``count(shape)`` is how many rows
+    What a "row" is depends on the problem (a GEMM: a row of C; a nearest-neighbour search: a query; an
+    assignment of batched points: a point, numbered b*N + n; per-cluster sums: a cluster, numbered b*K + k).
+    ``count(shape)`` is how many rows
     there are; ``oracle(inputs, rows)`` is the fp64 oracle for those rows alone, in a layout the
     problem's ``compare`` accepts; ``take(outputs, rows)`` cuts the same rows out of a full output;
-    ``rows_of_input0(inputs, flat)`` names the rows that element ``flat`` of the first input feeds
+    ``rows_of_perturbed(inputs, flat)`` names the rows that element ``flat`` of the perturbed input
+    (``Problem.perturbed``, the first float input) feeds
     (so a perturbation check recomputes only those). Every output, reshaped to ``(count, -1)``, has
     one row per RowOracle row (see :func:`row_view`). Rows are host (numpy) index arrays; inputs
     and outputs may live on either array module.
@@ -141,24 +148,96 @@ class RowOracle:
     count: Callable[[Shape], int]
     oracle: Callable[[dict[str, np.ndarray], np.ndarray], dict[str, np.ndarray]]
     take: Callable[[dict[str, np.ndarray], np.ndarray], dict[str, np.ndarray]]
-    rows_of_input0: Callable[[dict[str, np.ndarray], np.ndarray], np.ndarray]
+    rows_of_perturbed: Callable[[dict[str, np.ndarray], np.ndarray], np.ndarray]
+
+
+class Role(str, enum.Enum):
+    """What a problem's tensor is to a kernel, and so how the gate treats it."""
+
+    DATA = "data"          # a float input: drawn fresh, perturbed by the gate's perturbation check
+    INDEX = "index"        # an integer input (ids, offsets, assignments): drawn fresh, never perturbed
+    OUTPUT = "output"      # written by the kernel: poisoned before each run (or zeroed: ``zeroed_outputs``)
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One of a problem's tensors: its name (the kernel's gmem parameter of that name), its dtype (the
+    parameter must declare exactly this one: a state declared bf16 where the problem says f32 is refused,
+    never silently rounded) and its :class:`Role`."""
+
+    name: str
+    dtype: str                       # a cake_core.ir.types.DType value: bf16, f16, f32, i32, i64, bool
+    role: Role = Role.DATA
+
+    def __post_init__(self) -> None:
+        if not str(self.name).isidentifier():
+            raise ProblemSpecError(f"tensor name {self.name!r} must be an identifier (it is a kernel parameter)")
+        if self.dtype not in _DTYPES:
+            raise ProblemSpecError(f"tensor `{self.name}`: dtype {self.dtype!r} is not one of {', '.join(_DTYPES)}")
+        object.__setattr__(self, "role", Role(self.role))
+        if self.role is Role.INDEX and self.dtype not in ("i32", "i64"):
+            raise ProblemSpecError(f"tensor `{self.name}`: an index input is i32 or i64, not {self.dtype}")
+
+
+_DTYPES = ("bf16", "f16", "f32", "e4m3", "e5m2", "i32", "i64", "bool")
+
+
+def data(name: str, dtype: str) -> Tensor:
+    """A float input tensor."""
+    return Tensor(name, dtype, Role.DATA)
+
+
+def index(name: str, dtype: str = "i32") -> Tensor:
+    """An integer input tensor (never perturbed)."""
+    return Tensor(name, dtype, Role.INDEX)
+
+
+def output(name: str, dtype: str) -> Tensor:
+    """An output tensor."""
+    return Tensor(name, dtype, Role.OUTPUT)
+
+
+@dataclass(frozen=True)
+class BenchTarget:
+    """What the problem's bench (``bench/corpus_vs_peers.py``) holds its fastest program to: ``speedup`` x the
+    fastest of ``peers`` on ``shapes`` (every shape run when empty), a ``geomean`` over every shape run where
+    given, or a time within ``floor_slack`` x the weight-read floor (``floor``: a function of the shape, ms at
+    the bench machine's bandwidth) where given."""
+
+    shape_set: str                                   # the set the bench runs
+    peers: tuple[str, ...] = ()
+    speedup: float = 1.0
+    shapes: tuple[str, ...] = ()
+    geomean: float | None = None
+    floor_slack: float | None = None
+    floor_bytes: Callable[[dict[str, int]], float] | None = None    # the bytes of the floor floor_slack counts
+
+
+PeerFactory = Callable[[str, dict[str, Any], "int | None"], Any]     # (problem name, inputs, copies) -> PeerRun
 
 
 @dataclass(frozen=True)
 class Problem:
+    """A kernel problem: semantics, tensors, oracle, tolerance, work counts, and the folder that holds its naive
+    seed, its hand-written references (``kernels/``) and its shape sets (``shapes/``).
+
+    A problem is defined as ``PROBLEM = Problem(...)`` in a package's ``__init__.py``; ``cake_core.problems.registry``
+    finds it (a built-in folder, an installed package's ``cake.problems`` entry point, a ``--problem-path``
+    folder) and fills ``root``, ``ref`` and ``source``. A Problem sent to another process (a Ray worker) is
+    pickled as its ``ref`` and imported there again (:meth:`__reduce__`)."""
+
     name: str
     description: str                # the semantics, including the accumulation contract (fp32 or wider)
     dims: tuple[str, ...]
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
+    tensors: tuple[Tensor, ...]     # inputs and outputs, each with its dtype and role
     make_inputs: Callable[[Shape, np.random.Generator], dict[str, np.ndarray]]
     oracle: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]     # fp64 reference
     rtol: float                     # max |out - ref| / max|ref| allowed
     flops: Callable[[Shape], float]
     bytes: Callable[[Shape], float]  # fewest bytes: each input read once, output written once
-    seed_file: str
+    seed_file: str                  # the naive seed, under kernels/
     cpu_limit: int = 160            # largest dimension the interpreter checks
-    shape_sets: tuple[str, ...] = field(default=())
+    shape_sets: tuple[str, ...] = field(default=())     # under shapes/, the first the default for a small run
     # outputs the kernel accumulates into (atomics): the harness zeroes them before every launch
     # instead of poisoning them; only for a program that reads or adds into them (see zeroed_for)
     zeroed_outputs: tuple[str, ...] = ()
@@ -167,10 +246,11 @@ class Problem:
     # `_`-prefixed entries for the comparison)
     compare_fn: Callable[[dict[str, np.ndarray], dict[str, np.ndarray], float], tuple[bool, float, str]] | None = None
     # the oracle on a subset of rows, for headline shapes whose full fp64 oracle is too slow on a CPU
-    # (see :class:`RowOracle`); None where the full oracle is cheap enough or nobody needed one yet
+    # (see :class:`RowOracle`); None where the full oracle is cheap enough
     rows: RowOracle | None = None
-    # the best programs known for the problem (files in seeds/), offered beside the naive seed;
-    # they may need shapes the seed does not (e.g. TMA's 16-byte-aligned rows): the verifier says so
+    # hand-written programs (under kernels/), offered beside the naive seed to a warm run, measured beside
+    # every run's best, and part of the corpus gate; they may need shapes the seed does not (e.g. TMA's
+    # 16-byte-aligned rows): the verifier says so
     best_files: tuple[str, ...] = ()
     # bump on any change to make_inputs, the oracle or the comparison: cached references carry it in their key
     version: int = 1
@@ -180,6 +260,41 @@ class Problem:
     context: Callable[[dict[str, Any], np.ndarray | None], dict[str, Any]] | None = None
     # what makes a shape meaningless for the problem beyond positive dimensions ('' when nothing), e.g. k > N
     shape_rule: Callable[[Shape], str] | None = None
+    # the libraries it is measured against: peer name -> factory (``cake_core.problems.peer``)
+    peers: Mapping[str, PeerFactory] = field(default_factory=dict)
+    subset_rows: int = 256          # output rows the GPU gate checks on a shape too large for the full oracle
+    bench: BenchTarget | None = None
+    root: Path | None = None        # the problem's folder (kernels/, shapes/); the registry fills it
+    ref: str = ""                   # the importable reference (``module:attr`` or ``path:DIR``); the registry
+    source: str = ""                # where it came from: built-in, entry point DIST, path DIR
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """The names of the input tensors, in declaration order."""
+        return tuple(t.name for t in self.tensors if t.role is not Role.OUTPUT)
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """The names of the output tensors, in declaration order."""
+        return tuple(t.name for t in self.tensors if t.role is Role.OUTPUT)
+
+    @property
+    def perturbed(self) -> str:
+        """The input the gate's perturbation check changes: the first float input."""
+        return next(t.name for t in self.tensors if t.role is Role.DATA)
+
+    def tensor(self, name: str) -> Tensor:
+        return next(t for t in self.tensors if t.name == name)
+
+    def __reduce_ex__(self, protocol: Any):
+        """Pickled as its reference (plus any field changed since it was loaded), so that a worker in another
+        process imports the problem's own package instead of needing it in a global table."""
+        if not self.ref or _registry is None:
+            return super().__reduce_ex__(protocol)
+        base = _registry.loaded(self.ref)
+        changed = {} if base is None else {f.name: getattr(self, f.name) for f in fields(self)
+                                           if getattr(self, f.name) is not getattr(base, f.name)}
+        return _rebuild_problem, (self.ref, changed)
 
     def oracle_rows(self, inputs: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
         """The oracle for the output rows ``rows`` only (a 1-D index array, see :class:`RowOracle`);
@@ -201,21 +316,54 @@ class Problem:
             return self.zeroed_outputs
         return tuple(n for n in self.zeroed_outputs if n in accumulated)
 
-    def param_mismatch(self, names: list[str] | tuple[str, ...]) -> str:
-        """What keeps a kernel with gmem parameters ``names`` from running on this problem ('' if
-        nothing): every input and output must be a parameter, and every parameter one of them."""
+    def param_mismatch(self, names: list[str] | tuple[str, ...], dtypes: Mapping[str, str] | None = None) -> str:
+        """What keeps a kernel with gmem parameters ``names`` (of ``dtypes``, name -> dtype value, where known)
+        from running on this problem ('' if nothing): every input and output must be a parameter, every
+        parameter one of them, and each of the dtype the problem declares."""
         wanted = self.inputs + self.outputs
         missing = [n for n in wanted if n not in names]
         extra = [n for n in names if n not in wanted]
         parts = ([f"problem `{self.name}` needs parameters {', '.join(missing)}"] if missing else []) + \
                 ([f"parameters {', '.join(extra)} are not inputs or outputs of `{self.name}`"] if extra else [])
+        for n, dt in (dtypes or {}).items():
+            if n in wanted and dt != self.tensor(n).dtype:
+                parts.append(f"parameter `{n}` is {dt}, but problem `{self.name}` declares it "
+                             f"{self.tensor(n).dtype}; declare gmem[{self.tensor(n).dtype}, ...]")
         return "; ".join(parts)
 
+    def program_mismatch(self, program: Any) -> str:
+        """:meth:`param_mismatch` of a parsed program's gmem parameters, names and dtypes."""
+        return self.param_mismatch([q.name for q in program.params],
+                                   {q.name: q.type.dtype.value for q in program.params})
+
+    @property
+    def kernels_dir(self) -> Path:
+        """The folder of the naive seed and the hand-written references."""
+        if self.root is None:
+            raise ProblemSpecError(f"problem `{self.name}` has no folder; load it through cake_core.problems")
+        return self.root / KERNELS
+
+    @property
+    def shapes_dir(self) -> Path:
+        """The folder of the problem's shape sets."""
+        if self.root is None:
+            raise ProblemSpecError(f"problem `{self.name}` has no folder; load it through cake_core.problems")
+        return self.root / SHAPES
+
+    def kernel_text(self, file: str) -> str:
+        """The text of ``file`` under the problem's kernels/."""
+        return (self.kernels_dir / file).read_text()
+
+    def kernel_files(self) -> list[str]:
+        """Every program file under kernels/, the seed and the references first."""
+        named = [self.seed_file, *self.best_files]
+        return named + sorted(p.name for p in self.kernels_dir.glob("*.cake") if p.name not in named)
+
     def seed_text(self) -> str:
-        return (SEEDS_DIR / self.seed_file).read_text()
+        return self.kernel_text(self.seed_file)
 
     def best_texts(self) -> list[str]:
-        return [(SEEDS_DIR / f).read_text() for f in self.best_files]
+        return [self.kernel_text(f) for f in self.best_files]
 
     def shape_set(self, name: str) -> ShapeSet:
         return load_shape_set(self, name)
@@ -265,18 +413,29 @@ class Problem:
         return worst <= self.rtol, worst, msg
 
 
+# cake_core.problems.registry, which sets this when it loads (the package imports it first): a Problem's
+# pickling and loading go through it, and this module cannot import it back
+_registry: Any = None
+
+
+def _rebuild_problem(ref: str, changed: dict[str, Any]) -> Problem:
+    """A pickled Problem loaded again: the one at ``ref`` with ``changed`` fields replaced."""
+    return _registry.rebuild(ref, changed)
+
+
 def is_shape_file(name: str) -> bool:
-    """True when ``name`` is a path to a CSV file rather than the name of a set in ``datasets/shapes/``."""
+    """True when ``name`` is a path to a CSV file rather than the name of a set in a problem's ``shapes/``."""
     return name.endswith(".csv") or "/" in name or os.sep in name
 
 
 def load_shape_set(problem: Problem, name: str) -> ShapeSet:
     """Read a shape set (columns: the problem's dims, then ``role``).
 
-    ``name`` is a set under ``datasets/shapes/`` (``gemm_small``), or a path to a
-    CSV file, relative or absolute, when it ends in ``.csv`` or holds a ``/``.
+    ``name`` is a set under the problem's ``shapes/`` folder, or a path to a CSV file, relative or absolute,
+    when it ends in ``.csv`` or holds a ``/``.
     """
-    known = sorted(p.stem for p in SHAPES_DIR.glob("*.csv"))
+    folder = problem.shapes_dir
+    known = sorted(p.stem for p in folder.glob("*.csv"))
     if is_shape_file(name):
         path = Path(name).expanduser()
         if path.is_dir():
@@ -285,9 +444,10 @@ def load_shape_set(problem: Problem, name: str) -> ShapeSet:
             raise ShapeSetError(f"no shape file {path} (looked for {path.absolute()}); pass the path of a "
                                 f"CSV file, or a set name: {', '.join(known) or 'none'}")
     else:
-        path = SHAPES_DIR / f"{name}.csv"
+        path = folder / f"{name}.csv"
         if not path.exists():
-            raise ShapeSetError(f"no shape set `{name}` (looked for {path}); known: {', '.join(known) or 'none'}; "
+            raise ShapeSetError(f"no shape set `{name}` of problem `{problem.name}` (looked for {path}); known: "
+                                f"{', '.join(known) or 'none'}; "
                                 f"a CSV file elsewhere is passed by its path (my_shapes.csv)")
     shapes, roles = [], []
     with path.open() as f:
@@ -312,6 +472,8 @@ def load_shape_set(problem: Problem, name: str) -> ShapeSet:
         shapes.append(shape)
         roles.append(role)
     return ShapeSet(name, problem.name, tuple(shapes), tuple(roles))
+
+
 def row_view(a: Any, count: int) -> Any:
     """Output ``a`` as ``(count, -1)``: one row per RowOracle row (every problem's outputs are laid out so)."""
     return a.reshape(count, -1)

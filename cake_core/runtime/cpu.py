@@ -85,7 +85,7 @@ def check_shape_on_cpu(program: Program, problem: Problem, shape: Shape, seed: i
         ok, err, msg = compare_to(problem, got, ref)
         if not ok:
             return _with_info(ShapeCheck(key, False, err, msg), info_for(problem, shape, ref))
-        param = program.param(problem.inputs[0])
+        param = program.param(problem.perturbed)
         bf16 = param is not None and param.type.dtype is DType.BF16     # inputs are bf16 values, as on the GPU
         ok2, err2, msg2, what = perturbation_check(problem, shape, x, got, ref, run, words, bf16)
     except interp.InterpFault as e:
@@ -148,7 +148,7 @@ def run_file(path: str | Path, problem_name: str, shapes: list[Shape], seed: int
         if min(s.values()) < 1:
             raise CakeError(f"shape {shape_key(s)}: dimensions must be ≥ 1")
     program = parse_program(text, str(p))
-    mismatch = problem.param_mismatch([q.name for q in program.params])
+    mismatch = problem.program_mismatch(program)
     if mismatch:
         raise CakeError(f"{p} does not fit problem {problem.name}: {mismatch}")
     ordered = [{d: int(s[d]) for d in problem.dims} for s in shapes]

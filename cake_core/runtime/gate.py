@@ -7,7 +7,7 @@ Both backends run the same protocol on their own array module (numpy or CuPy: th
    and device kind; cached under the Cake home), for every output row or a subset of rows;
 3. run the kernel into poisoned outputs and compare (:func:`compare_to`): all of them, or the subset;
 4. perturb one element of the first input and run again (:func:`perturbation_check`): only the rows
-   that element feeds are recomputed (``RowOracle.rows_of_input0``); they must match the perturbed
+   that element feeds are recomputed (``RowOracle.rows_of_perturbed``, of ``Problem.perturbed``); they must match the perturbed
    oracle and must have changed where the oracle did, and every other row must still match the
    unperturbed reference (so a kernel that caches a result from its first run fails).
 
@@ -71,9 +71,10 @@ def pick_rows(problem: Problem, shape: Shape, n: int, seed: int) -> np.ndarray:
 
 
 def perturbed_inputs(problem: Problem, inputs: dict[str, Any], flat: int, bf16: bool) -> dict[str, Any]:
-    """``inputs`` with element ``flat`` of the first input moved by 4 + 2|v| (far past the tolerance,
-    away from zero; rounded to bf16 when the kernel reads bf16). A copy: the original stays as it was."""
-    name = problem.inputs[0]
+    """``inputs`` with element ``flat`` of the perturbed input (``Problem.perturbed``, the first float input) moved
+    by 4 + 2|v| (far past the tolerance, away from zero; rounded to bf16 when the kernel reads bf16). A copy: the
+    original stays as it was."""
+    name = problem.perturbed
     x = inputs[name].copy()
     view = x.reshape(-1)
     v = float(view[flat])
@@ -109,14 +110,14 @@ def _splice(problem: Problem, shape: Shape, into: dict[str, Any], src: dict[str,
 def perturbation_check(problem: Problem, shape: Shape, inputs: dict[str, Any], got: dict[str, Any],
                        ref: Reference, run: Callable[[dict[str, Any]], dict[str, Any]], seed_words: list[int],
                        bf16: bool) -> tuple[bool, float, str, str]:
-    """Perturb one element of the first input, run again, check incrementally.
+    """Perturb one element of the perturbed input (``Problem.perturbed``), run again, check incrementally.
 
     ``got`` is the (correct) output of the first run; ``run(inputs)`` runs the kernel on new inputs into
     poisoned outputs. The element is the first of a few seeded draws whose change moves the expected
     output (so that replaying the first output fails). Returns (ok, max error, message, what was
     perturbed). Without a row oracle the perturbed output is checked against the whole oracle, recomputed.
     """
-    name = problem.inputs[0]
+    name = problem.perturbed
     size = int(np.prod(inputs[name].shape))
     draw = np.random.default_rng([*seed_words, PERTURB_STREAM])
     if problem.rows is None:
@@ -129,7 +130,7 @@ def perturbation_check(problem: Problem, shape: Shape, inputs: dict[str, Any], g
     for _ in range(PERTURB_TRIES):
         flat = int(draw.integers(size))
         p_inputs = perturbed_inputs(problem, inputs, flat, bf16)
-        fed = problem.rows.rows_of_input0(p_inputs, np.array([flat]))
+        fed = problem.rows.rows_of_perturbed(p_inputs, np.array([flat]))
         old, new = problem.oracle_rows(inputs, fed), problem.oracle_rows(p_inputs, fed)
         moved = {n: _moved(problem, old[n], new[n]) for n in problem.outputs}
         if any(int(m.sum()) for m in moved.values()):

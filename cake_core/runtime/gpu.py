@@ -375,7 +375,7 @@ def _check_shape(cp, fn, lowered: LoweredKernel, problem: Problem, shape: Shape,
                         outcome=Outcome.WRONG.value).with_info(info_for(problem, shape, ref))
 
     # perturbation: the output must follow a changed input (no result cached from setup)
-    bf16 = L.dtypes.get(problem.inputs[0]) is DType.BF16
+    bf16 = L.dtypes.get(problem.perturbed) is DType.BF16
     p_ok, p_err, p_msg, what = perturbation_check(
         problem, shape, inputs, got, ref, lambda p_inputs: L.run_checked(L.upload(p_inputs), "perturbation run"),
         seed_words(seed, shape), bf16)

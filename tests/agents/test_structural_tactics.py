@@ -177,7 +177,7 @@ def test_mma_sync_on_a_kernel_whose_ewise_reads_the_accumulator_is_refused_by_th
 
 
 def test_no_tactic_reads_a_stored_program(monkeypatch):
-    """Tactics rewrite the program they are given: reading any file under problems/seeds/ fails here."""
+    """Tactics rewrite the program they are given: reading any problem's kernels/ file fails here."""
     seeds = (Path(__file__).parents[2] / "cake_core" / "problems" / "seeds").resolve()
     texts = {p: get_problem(p).seed_text() for p in SHAPES}
     real_read = Path.read_text
@@ -209,7 +209,7 @@ def test_agents_never_name_the_stored_programs():
     src = Path(__file__).parents[2] / "cake_core" / "agents"
     for f in src.glob("*.py"):
         text = f.read_text()
-        for word in ("seeds/", "best_files", "best_texts", "read_text("):
+        for word in ("seeds/", "kernels/", "kernel_text", "best_files", "best_texts", "read_text("):
             assert word not in text, f"{f.name} mentions {word}"
 
 

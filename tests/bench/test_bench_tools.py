@@ -67,7 +67,7 @@ def test_the_a_rows_probe_cuts_the_box_and_the_expected_bytes():
     import tinygemm_a_rows
     from cake_core.ir.text import parse_program
     from cake_core.lower import lower
-    path = ROOT / "cake_core/problems/seeds/tinygemm_splitk.cake"
+    path = ROOT / "cake_core/problems/tinygemm/kernels/tinygemm_splitk.cake"
     lk = lower(parse_program(path.read_text(), str(path)), str(path)).value
     cut = tinygemm_a_rows.cut_a_rows(lk, 8)
     assert [m.box for m in cut.tensor_maps if m.gmem == "a"] == [(8, 64)]

@@ -2,6 +2,7 @@
 from typer.testing import CliRunner
 
 import cake_cli.main as main
+import cake_cli.service_cli as service_cli
 from cake_cli.deployments import REPO_PREFECT_FILE, deployment_names, unfilled_templates
 
 runner = CliRunner()
@@ -11,7 +12,7 @@ def _refuse(monkeypatch):
     def no_server(settings):
         raise AssertionError("no service may start")
 
-    monkeypatch.setattr(main, "prefect_server", no_server)
+    monkeypatch.setattr(service_cli, "prefect_server", no_server)
 
 
 def test_missing_file_is_one_line(monkeypatch, tmp_path):
@@ -35,3 +36,18 @@ def test_the_repository_file_needs_nothing_but_the_home():
     assert "pull:" not in text and "CAKE_REPO" not in text   # the deploy records the repository itself
     assert unfilled_templates(REPO_PREFECT_FILE) == []
     assert deployment_names(REPO_PREFECT_FILE) == ["nightly-gemm", "weekly-harness-review", "sweep"]
+
+
+def test_an_evolve_deployment_asks_only_for_what_a_run_request_takes(monkeypatch, tmp_path):
+    from cake_cli.deployments import request_problems
+
+    _refuse(monkeypatch)
+    assert request_problems(REPO_PREFECT_FILE) == []
+    f = tmp_path / "prefect.yaml"
+    f.write_text("deployments:\n"
+                 "  - {name: typo, entrypoint: flows/evolve.py:evolve_flow, parameters: {problem: p, generation: 3}}\n"
+                 "  - {name: none, entrypoint: flows/evolve.py:evolve_flow, parameters: {problem: p, population: 0}}\n")
+    result = runner.invoke(main.app, ["deploy", "--file", str(f)])
+    assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "deployment typo: generation is not a parameter of a run" in result.stderr
+    assert "deployment none: --population must be at least 1, got 0" in result.stderr

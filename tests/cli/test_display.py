@@ -5,7 +5,7 @@ from datetime import datetime
 import pyarrow as pa
 from rich.console import Console
 
-from cake_cli.display import RunProgress, best_text, print_result, summary_table
+from cake_cli.display import LiveProgress, best_text, print_result, summary_table
 from warehouse import Warehouse
 
 
@@ -31,11 +31,11 @@ def test_best_is_the_geomean_of_a_kernel_measured_on_every_shape(tmp_path):
     wh.append("measurements", [_m("a", "S1", 1.0), _m("a", "S2", 4.0),      # geomean 2.0
                                _m("b", "S1", 0.5), _m("b", "S2", 16.0),     # geomean 2.83; fastest single shape
                                _m("c", "S1", 0.1)])                          # not measured on every shape
-    p = RunProgress(tmp_path / "wh", "r").refresh()
+    p = LiveProgress(tmp_path / "wh", "r").refresh()
     assert abs(p.best_ms - 2.0) < 1e-9
     assert best_text(p, timed=True).startswith("2 ms (geomean")
     assert "nothing timed" in best_text(p, timed=False)
-    assert best_text(RunProgress(tmp_path / "none", "r").refresh(), timed=False).startswith("nothing timed (CPU run")
+    assert best_text(LiveProgress(tmp_path / "none", "r").refresh(), timed=False).startswith("nothing timed (CPU run")
 
 
 def test_cpu_run_shows_its_best_predicted_time_and_that_nothing_was_timed(tmp_path):
@@ -43,7 +43,7 @@ def test_cpu_run_shows_its_best_predicted_time_and_that_nothing_was_timed(tmp_pa
     wh.append("attempts", [_a("a", 0, "checked", 2.5), _a("b", 0, "verify_failed"), _a("c", 1, "checked", 0.8),
                            _a("d", 1, "filtered", 0.1),      # filtered: never passed a check, not a best
                            _a("e", 2, "wrong", 0.05), _a("f", 2, "checked", 1.2)])
-    p = RunProgress(tmp_path / "wh", "r").refresh()
+    p = LiveProgress(tmp_path / "wh", "r").refresh()
     assert p.best_predicted_ms == 0.8 and p.predicted == {0: 2.5, 1: 0.8, 2: 1.2}
     text = best_text(p, timed=False)
     assert text.startswith("predicted 0.8 ms, from 2.5 ms in generation 0 (cost model")

@@ -15,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 import cake_cli.evolve_run as evolve_run
+import cake_cli.harness_cli as harness_cli
 import cake_cli.main as main
 from cake_cli.main import app
 from cake_cli.services import PrefectServer, ServiceError
@@ -63,9 +64,13 @@ class FakeWarehouse:
 @pytest.fixture
 def warehouse(monkeypatch, tmp_path):
     """A stand-in `warehouse` package, and the warehouse folder it pretends to read."""
+    import warehouse.queries as queries
+
     mod = types.ModuleType("warehouse")
     mod.Warehouse, mod.WarehouseError = FakeWarehouse, WarehouseError
     monkeypatch.setitem(sys.modules, "warehouse", mod)
+    monkeypatch.setitem(sys.modules, "warehouse.queries", queries)     # the real reads, of the stand-in
+    monkeypatch.setattr(queries, "Warehouse", FakeWarehouse)
     monkeypatch.setattr(FakeWarehouse, "tables", {})
     monkeypatch.setattr(FakeWarehouse, "queries", [])
     (tmp_path / "home" / "warehouse").mkdir(parents=True)
@@ -90,10 +95,11 @@ def no_services(monkeypatch):
             used.append(f"resources:{sorted(resources.items())}")
         yield None
 
-    for module in (main, evolve_run):
+    for module in (harness_cli, evolve_run):
         monkeypatch.setattr(module, "prefect_server", fake_prefect)
     monkeypatch.setattr(evolve_run, "ray_runtime", fake_ray)
-    monkeypatch.setattr(main, "gpu_policy", lambda settings: [])
+    for module in (main, harness_cli):
+        monkeypatch.setattr(module, "gpu_policy", lambda settings: [])
     return used
 
 
@@ -181,7 +187,7 @@ def test_service_error_is_one_line_exit_1(monkeypatch, warehouse):
         raise ServiceError("port 4200 is in use by another program; stop it or set CAKE_PREFECT_PORT=4201")
         yield
 
-    monkeypatch.setattr(main, "prefect_server", broken)
+    monkeypatch.setattr(harness_cli, "prefect_server", broken)
     fake_module(monkeypatch, "flows.harness", decide_proposal=lambda *a, **k: None)
     result = run("harness", "approve", "p1", "--reason", "faster kernels")
     assert result.exit_code == 1
@@ -190,16 +196,16 @@ def test_service_error_is_one_line_exit_1(monkeypatch, warehouse):
 
 
 def test_internal_error_is_one_line_and_logs_the_traceback(monkeypatch, tmp_path):
-    def list_problems():
+    def catalogue():
         raise RuntimeError("boom\nsecond line")
 
-    monkeypatch.setattr("cake_core.problems.list_problems", list_problems)
+    monkeypatch.setattr("cake_core.problems.catalogue", catalogue)
     result = run("problems")
     assert result.exit_code == 1
     log = tmp_path / "home" / "logs" / "cli.log"
     assert one_error_line(result) == (f"error: internal: RuntimeError: boom second line "
                                       f"(full traceback in {log})")
-    assert "Traceback" in log.read_text() and "list_problems" in log.read_text()
+    assert "Traceback" in log.read_text() and "catalogue" in log.read_text()
 
 
 # ---------------------------------------------------------------- sql
@@ -245,12 +251,20 @@ def test_sql_exports(counts, tmp_path):
 
 
 def test_problems_table(monkeypatch):
-    p = types.SimpleNamespace(name="gemm_bf16", description="C = A @ B in bf16",
-                              shape_sets=["llm_decode", "square"])
-    monkeypatch.setattr("cake_core.problems.list_problems", lambda: [p])
+    from cake_core.problems import Broken
+    p = types.SimpleNamespace(name="gemm_bf16", description="C[m, n] = A @ B in bf16; the rest is detail",
+                              shape_sets=["llm_decode", "square"], source="built-in", root=None)
+    q = types.SimpleNamespace(name="mine", description="a plugin", shape_sets=["s"], source="path /x/mine", root=None)
+    broken = Broken("path /x", "/x/bad/__init__.py:3", "NameError: name 'oracle' is not defined")
+    monkeypatch.setattr("cake_core.problems.catalogue",
+                        lambda: types.SimpleNamespace(problems={"gemm_bf16": p, "mine": q}, broken=[broken]))
     result = run("problems")
     assert result.exit_code == 0
-    assert "gemm_bf16" in result.stdout and "llm_decode, square" in result.stdout
+    out = " ".join(result.stdout.split())
+    assert "gemm_bf16" in out and "llm_decode, square" in out and "C[m, n] = A @ B in bf16" in out
+    assert "the rest is detail" not in out and "path /x/mine" in out
+    assert "broken problem: /x/bad/__init__.py:3: NameError: name 'oracle' is not defined (path /x)" in \
+        " ".join(result.stderr.split())
 
 
 def test_harness_approve_and_reject_call_decide_proposal(monkeypatch, tmp_path, no_services):
@@ -356,11 +370,16 @@ def test_sql_out_that_cannot_be_written_is_a_usage_error(counts, tmp_path):
 
 @pytest.fixture
 def corpus(monkeypatch):
-    problem = types.SimpleNamespace(name="gemm_bf16", description="", shape_sets=("square",))
+    problem = types.SimpleNamespace(name="gemm_bf16", description="", shape_sets=("square",), cpu_limit=160,
+                                    source="built-in")
+
+    def load_shape_set(prob, name):
+        loaded.append((prob.name, name))
+        return types.SimpleNamespace(name=name, shapes=({"M": 64, "N": 64, "K": 64},), roles=("headline",))
+
     loaded = []
     monkeypatch.setattr("cake_core.problems.get_problem", lambda name: problem)
-    monkeypatch.setattr("cake_core.problems.load_shape_set",
-                        lambda prob, name: loaded.append((prob.name, name)))
+    monkeypatch.setattr("cake_core.problems.load_shape_set", load_shape_set)
     return loaded
 
 

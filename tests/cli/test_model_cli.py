@@ -72,7 +72,8 @@ def test_fit_with_too_little_data_and_bad_model_files(tmp_path):
 
 def test_show_prints_the_header(tmp_path):
     from cake_core.model.analytic import AnalyticModel
-    path = AnalyticModel("H200").save(tmp_path / "a.json")
+    from cake_core.model.artifact import save_model
+    path = save_model(AnalyticModel("H200"), tmp_path / "a.json")
     r = run("model", "show", str(path))
     assert r.exit_code == 0 and "kind: analytic" in r.output and "gpu: H200" in r.output
 

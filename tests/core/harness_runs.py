@@ -25,7 +25,7 @@ from cake_core.agents.tactics import TACTICS, THREAD_COUNTS, _has_roles
 from cake_core.harness.version import HarnessSpec
 from cake_core.pipeline import Attempt, check_stage, cost_filter_stage, lower_stage, verify_stage
 from cake_core.pipeline.rows import CHILD_TABLES, merge_rows, now
-from cake_core.problems import PROBLEMS, get_problem
+from cake_core.problems import get_problem
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "results"
 

@@ -11,6 +11,7 @@ from cake_core.ir.verify import verify
 from cake_core.model.analytic import AnalyticModel
 from cake_core.model.features import extract
 from cake_core.problems import get_problem
+from cake_core.problems import corpus_file
 
 GEMM = get_problem("gemm_bf16")
 SEED = parse_program(GEMM.seed_text())
@@ -146,7 +147,7 @@ def test_cost_model_covers_every_seed_and_wgmma_beats_fma():
         if "k" in shape:
             shape["k"] = 10
         assert m.estimate(parse_program(p.seed_text()), shape).ms > 0
-    ws = parse_program((Path(__file__).parents[2] / "cake_core/problems/seeds/gemm_bf16_ws.cake").read_text())
+    ws = parse_program(corpus_file("gemm_bf16_ws.cake").read_text())
     big = {"M": 4096, "N": 4096, "K": 4096}
     assert m.estimate(ws, big).ms < m.estimate(SEED, big).ms / 5
 

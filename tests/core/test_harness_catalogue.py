@@ -12,10 +12,10 @@ from cake_core.ir.text import parse_program
 from cake_core.ir.verify import verify
 from cake_core.pipeline import verify_stage
 from cake_core.problems import get_problem
-from cake_core.problems.base import SEEDS_DIR
+from cake_core.problems import corpus_file
 
 GEMM = parse_program(get_problem("gemm_bf16").seed_text())
-WS = parse_program((SEEDS_DIR / "gemm_bf16_ws.cake").read_text())
+WS = parse_program(corpus_file("gemm_bf16_ws.cake").read_text())
 KNN = parse_program(get_problem("knn_topk").seed_text())
 RAGGED = [{"M": 96, "N": 80, "K": 72}, {"M": 128, "N": 128, "K": 64}]
 

@@ -18,7 +18,7 @@ from cake_core.harness.signature import signature
 from cake_core.harness.version import HarnessSpec
 from cake_core.ir.text import parse_program
 from cake_core.problems import get_problem
-from cake_core.problems.base import SEEDS_DIR
+from cake_core.problems import corpus_files
 
 SEED = parse_program(get_problem("gemm_bf16").seed_text())
 RULE = {"id": "learned.x.000001", "predicate": {"all": [{"feature": "sched.threads", "op": ">", "value": 512}]},
@@ -143,7 +143,7 @@ def _samples(wgmma_factor: float) -> list[cal.Sample]:
     shapes = {"gemm_bf16": [{"M": m, "N": m, "K": m} for m in (1024, 2048, 4096)],
               "tinygemm": [{"M": m, "N": 4096, "K": 4096} for m in (1, 8, 16, 64)]}
     out = []
-    for path in sorted(SEEDS_DIR.glob("*gemm*.cake")):
+    for path in corpus_files("*gemm*.cake"):
         prog = parse_program(path.read_text())
         problem = "tinygemm" if path.name.startswith("tinygemm") else "gemm_bf16"
         for s in shapes[problem]:

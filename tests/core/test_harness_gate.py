@@ -8,7 +8,7 @@ from cake_core.harness.predicate import Atom, Predicate
 from cake_core.harness.proposal import Proposal
 from cake_core.harness.version import HarnessSpec
 from cake_core.problems import get_problem, list_problems
-from cake_core.problems.base import SEEDS_DIR
+from cake_core.problems import corpus_files
 
 
 def _rule(*atoms):
@@ -19,8 +19,8 @@ def _rule(*atoms):
 
 def test_the_corpus_is_every_kernel_file_with_its_problem():
     kernels = corpus()
-    files = sorted(p.name for p in SEEDS_DIR.glob("*.cake"))
-    assert sorted(k.name.removeprefix("seeds/") for k in kernels) == files
+    files = sorted(p.name for p in corpus_files("*.cake"))
+    assert sorted(k.name.rsplit("/", 1)[-1] for k in kernels) == files
     assert {k.origin for k in kernels} == {"seed", "hand-written"}
     assert sum(k.origin == "seed" for k in kernels) == len(list_problems())
     assert kernel_problem("kmeans_assign_pingpong_mc.cake") == "kmeans_assign"     # listed nowhere: by prefix
@@ -69,8 +69,8 @@ def test_the_gate_asks_the_gpu_checker_when_there_is_one():
         return [(program.name != "tinygemm_rows", "wrong on the GPU")] * len(shapes)
     tiny = [k for k in corpus() if k.problem == "tinygemm"]
     gate = run_gate(_rule(("op.tcgen05_mma", ">=", 1)), HarnessSpec(), tiny, GateCache(), gpu=gpu)
-    assert gate["gpu"] and set(calls) == {k.name.removeprefix("seeds/").removesuffix(".cake") for k in tiny}
-    assert {f["kernel"] for f in gate["corpus"]["failing_today"]} == {"seeds/tinygemm_rows.cake"}
+    assert gate["gpu"] and set(calls) == {k.name.rsplit("/", 1)[-1].removesuffix(".cake") for k in tiny}
+    assert {f["kernel"] for f in gate["corpus"]["failing_today"]} == {"tinygemm/kernels/tinygemm_rows.cake"}
     assert gate["flips"] == []
 
 

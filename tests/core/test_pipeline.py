@@ -246,13 +246,14 @@ def test_debug_stops_an_attempt_whose_program_a_stage_changed(tmp_path):
 
 
 def test_a_gpu_session_keeps_references_under_the_home_and_checks_very_large_shapes_on_rows(tmp_path):
-    from cake_core.pipeline.execute import SUBSET_ROWS, GpuSession, gate_rows
+    from cake_core.pipeline.execute import GpuSession, gate_rows
+    from cake_core.problems import get_problem
     session = GpuSession(refs_dir=tmp_path / "refs")
     assert session.refs is not None and session.refs.root == tmp_path / "refs"
     assert GpuSession().refs is None                        # no home: references are computed every time
     assert gate_rows("gemm_bf16", {"M": 64, "N": 48, "K": 32}) is None                       # every row
     assert gate_rows("gemm_bf16", {"M": 8192, "N": 8192, "K": 8192}) == 256
-    assert gate_rows("kmeans_assign", {"B": 32, "N": 65536, "K": 1024, "D": 128}) == SUBSET_ROWS["kmeans_assign"]
+    assert gate_rows("kmeans_assign", {"B": 32, "N": 65536, "K": 1024, "D": 128}) == get_problem("kmeans_assign").subset_rows == 4096
 
 
 def test_a_peer_that_cannot_run_here_is_a_fault_that_says_what_is_missing():

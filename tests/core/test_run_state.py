@@ -1,6 +1,8 @@
 """The select stage and run plans: state from rows, stop reasons, resume checks, cold starts."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from cake_core.agents.base import Context
@@ -12,6 +14,7 @@ from cake_core.pipeline.rows import run_row
 from cake_core.pipeline.stages import keep_count
 from cake_core.pipeline.state import select_stage
 from cake_core.problems import get_problem
+from cake_core.problems import corpus_files
 
 GEMM = get_problem("gemm_bf16")
 
@@ -101,13 +104,13 @@ def test_feedback_is_the_first_error_of_each_recent_failure_with_its_source_line
 
 
 def test_plans_refuse_bad_values():
-    with pytest.raises(CakeError, match="generations must be at least 1"):
+    with pytest.raises(CakeError, match="--generations must be at least 1"):
         RunPlan("r", "p", "s", generations=0)
-    with pytest.raises(CakeError, match="budget-gpu-minutes must be above 0"):
+    with pytest.raises(CakeError, match="--budget-gpu-minutes must be above 0"):
         RunPlan("r", "p", "s", budget_gpu_minutes=0.0)
-    with pytest.raises(CakeError, match="filter-keep must be at least 1"):
+    with pytest.raises(CakeError, match=r"--keep \(filter_keep\) must be at least 1"):
         RunPlan("r", "p", "s", filter_keep=0)
-    with pytest.raises(CakeError, match="--no-filter keeps them all"):
+    with pytest.raises(CakeError, match=r"--no-filter \(cost_filter\) passes them all"):
         RunPlan("r", "p", "s", cost_filter=False, filter_keep=3)
 
 
@@ -152,13 +155,13 @@ def test_a_resume_may_move_the_run_to_a_newer_harness_version_only():
     ({"rows": ()}, "no run `r1` in the warehouse W"),
     ({"problem": "tinygemm"}, "run `r1` evolves gemm_bf16, not tinygemm; resume it with `cake evolve gemm_bf16"),
     ({"versions": frozenset({1})}, "harness version 2, which the warehouse W no longer holds"),
-    ({"seed": 4}, "was started with seed 3, and a resumed run keeps it"),
-    ({"filter_keep": 2}, "was started with filter-keep None, and a resumed run keeps it"),
-    ({"shape_set": "gemm_square"}, "was started with shape-set 'gemm_small'"),
+    ({"seed": 4}, "was started with --seed 3, and a resumed run keeps it"),
+    ({"filter_keep": 2}, "was started with --keep (filter_keep) None, and a resumed run keeps it"),
+    ({"shape_set": "gemm_square"}, "was started with --shapes (shape_set) 'gemm_small'"),
     ({"timed": True}, "was checked on the CPU and can only continue the same way"),
 ])
 def test_resume_refusals_say_what_is_wrong(kw, message):
-    with pytest.raises(ResumeRefused, match=message.replace("(", r"\(").replace("`", ".")):
+    with pytest.raises(ResumeRefused, match=re.escape(message)):
         _resume(**kw)
 
 
@@ -166,23 +169,22 @@ def test_resume_refusals_say_what_is_wrong(kw, message):
 
 def test_a_cold_start_never_asks_for_the_hand_written_kernels(monkeypatch):
     from dataclasses import replace
-    from cake_core.problems import PROBLEMS
+    from cake_core.problems import get_problem
 
     def refuse():
         raise AssertionError("a cold run read the hand-written kernels")
 
     prob = replace(GEMM, best_files=("gemm_bf16_ws.cake",))
-    known = PROBLEMS["gemm_bf16"].best_texts()
+    known = get_problem("gemm_bf16").best_texts()
     monkeypatch.setattr(type(prob), "best_texts", lambda self: refuse())
     cands = TacticAgent(0).propose(prob, Context(0, 0, 6, cold=True))
     assert cands[0].tactic == "seed" and all(c.tactic != "best-known" for c in cands) and len(cands) == 6
-    from cake_core.problems.base import SEEDS_DIR
-    hand = {parse_program(t.read_text()).hash for t in SEEDS_DIR.glob("gemm_bf16_*.cake")}
+    hand = {parse_program(t.read_text()).hash for t in corpus_files("gemm_bf16_*.cake")}
     assert not hand & {parse_program(c.text).hash for c in cands}
     # the agent never reads them itself: a warm run's caller passes them in (the select stage does)
     warm = TacticAgent(0).propose(prob, Context(0, 0, 6, known=known))
     assert [c.tactic for c in warm[:2]] == ["seed", "best-known"]
-    assert PROBLEMS["gemm_bf16"].best_files
+    assert get_problem("gemm_bf16").best_files
 
 
 def test_a_generation_proposes_the_same_whatever_ran_before():

@@ -45,11 +45,10 @@ def test_bad_shape_file(tmp_path, monkeypatch):
     from cake_core.problems import base, get_problem
     (tmp_path / "broken.csv").write_text("M,N,K,role\n64,64,x,headline\n")
     (tmp_path / "short.csv").write_text("M,N,role\n64,64,headline\n")
-    monkeypatch.setattr(base, "SHAPES_DIR", tmp_path)
     with pytest.raises(base.ShapeSetError, match=r"broken.csv:2: every dimension must be a positive integer"):
-        base.load_shape_set(get_problem("gemm_bf16"), "broken")
+        base.load_shape_set(get_problem("gemm_bf16"), str(tmp_path / "broken.csv"))
     with pytest.raises(base.ShapeSetError, match=r"lacks column\(s\) K"):
-        base.load_shape_set(get_problem("gemm_bf16"), "short")
+        base.load_shape_set(get_problem("gemm_bf16"), str(tmp_path / "short.csv"))
 
 
 def test_no_gpu_when_required(tmp_path):

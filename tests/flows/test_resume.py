@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -14,8 +13,8 @@ import pytest
 
 from cake_core.ir.text import parse_program
 from cake_core.problems import get_problem
-from cake_core.problems.base import SEEDS_DIR, SHAPES_DIR
 from warehouse import Warehouse
+from cake_core.problems import corpus_file
 
 CAKE = str(Path(sys.executable).parent / "cake")
 EVOLVE = ["evolve", "gemm_bf16", "--shapes", "gemm_small", "--generations", "3", "--population", "5",
@@ -90,7 +89,7 @@ def test_a_run_killed_and_resumed_ends_as_the_uninterrupted_one(services, tmp_pa
 
 
 def _hashes_of_hand_written(problem):
-    return {parse_program((SEEDS_DIR / f).read_text()).hash for f in get_problem(problem).best_files}
+    return {parse_program(corpus_file(f).read_text()).hash for f in get_problem(problem).best_files}
 
 
 @pytest.mark.services
@@ -105,7 +104,7 @@ def test_a_cold_run_never_offers_a_hand_written_kernel_and_measures_them_beside_
     assert len(rows) == out["attempts"] >= 8 and out["cold"]
     assert not _hashes_of_hand_written("gemm_bf16") & {r["ir_hash"] for r in rows}
     assert "best-known" not in {r["tactic"] for r in rows}
-    seed = parse_program((SEEDS_DIR / "gemm_bf16.cake").read_text()).hash
+    seed = parse_program(corpus_file("gemm_bf16.cake").read_text()).hash
     known = {r["ir_hash"] for r in rows} | {seed}
     assert all(set(r["parents"]) <= known for r in rows), "a parent that is not the seed or an attempt of the run"
     assert wh.query("select cold from runs_latest where run_id = 'cold-1'").to_pylist() == [{"cold": True}]
@@ -116,21 +115,19 @@ def test_a_cold_run_never_offers_a_hand_written_kernel_and_measures_them_beside_
 
 @pytest.mark.services
 def test_held_out_rows_never_decide_selection(services, tmp_path, monkeypatch):
-    import cake_core.problems.base as base
     from flows.evolve import evolve_flow
 
     shapes = tmp_path / "shapes"
-    shutil.copytree(SHAPES_DIR, shapes)
-    plain = (SHAPES_DIR / "gemm_small.csv").read_text().splitlines()
+    shapes.mkdir()
+    plain = (get_problem("gemm_bf16").shapes_dir / "gemm_small.csv").read_text().splitlines()
     searched = [ln for ln in plain if not ln.endswith("held_out")]
     # two ragged held-out rows: searched, they would stop kernels that drop their tail guards
     (shapes / "gemm_held.csv").write_text("\n".join(searched + ["31,47,13,held_out", "150,3,77,held_out"]) + "\n")
     (shapes / "gemm_searched.csv").write_text("\n".join(searched) + "\n")
-    monkeypatch.setattr(base, "SHAPES_DIR", shapes)
     # each run in its own warehouse: the agent reads the problem's earlier runs (tactic records), so a shared
     # warehouse would make the second run differ from the first for a reason that is not the held-out rows
     runs, whs = {}, {}
-    for run_id, shape_set in (("with-held", "gemm_held"), ("without", "gemm_searched")):
+    for run_id, shape_set in (("with-held", str(shapes / "gemm_held.csv")), ("without", str(shapes / "gemm_searched.csv"))):
         root = tmp_path / run_id
         runs[run_id] = evolve_flow(problem="gemm_bf16", shape_set=shape_set, generations=2, population=5, seed=9,
                                    run_id=run_id, warehouse_root=str(root), cache_dir=str(services["home"] / "cache"))
@@ -186,7 +183,7 @@ def _files(root):
     (["evolve", "gemm_bf16", "--resume", "nope-1"], "no run `nope-1` in the warehouse"),
     (["evolve", "gemm_bf16", "--resume", "km-1"], "run `km-1` evolves kmeans_assign, not gemm_bf16"),
     (["evolve", "gemm_bf16", "--resume", "gone-1"], "run `gone-1` used harness version 4, which the warehouse"),
-    (["evolve", "kmeans_assign", "--resume", "km-1", "--seed", "3"], "was started with seed 0, and a resumed run"),
+    (["evolve", "kmeans_assign", "--resume", "km-1", "--seed", "3"], "was started with --seed 0, and a resumed run"),
     (["evolve", "gemm_bf16", "--harness", "7"], "--harness 7: the warehouse"),
 ])
 def test_a_resume_that_cannot_be_is_one_line_and_touches_nothing(tmp_path, args, message):
@@ -200,14 +197,14 @@ def test_a_resume_that_cannot_be_is_one_line_and_touches_nothing(tmp_path, args,
 
 
 def test_resuming_a_run_that_another_process_runs_is_refused(tmp_path):
-    from tasks.history import run_lock
+    from tasks.run_control import RunLock
 
     _warehouse_with_runs(tmp_path)
-    held = run_lock(str(tmp_path / "warehouse"), "km-1")       # as the process running it holds it
+    held = RunLock(tmp_path / "warehouse", "km-1")       # as the process running it holds it
     try:
         p = _cake(["evolve", "kmeans_assign", "--resume", "km-1"], tmp_path, timeout=120)
     finally:
-        held.close()
+        held.release()
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert p.returncode == 1 and len(lines) == 1 and "run `km-1` is being run right now (by pid" in lines[0], p.stderr
-    run_lock(str(tmp_path / "warehouse"), "km-1").close()       # released: it could be resumed now
+    RunLock(tmp_path / "warehouse", "km-1").release()       # released: it could be resumed now

@@ -1,4 +1,5 @@
 """A run's stop, seal, status and crash detection (tasks.run_control), without services."""
+import os
 import subprocess
 import sys
 import threading
@@ -70,8 +71,11 @@ def test_end_run_records_the_status_unless_sealed(tmp_path, run_id):
     root = tmp_path / "wh"
     hold = rc.begin_run(root, _row(run_id))
     assert _status(root, run_id) == "running" and hold.path.exists()
+    with pytest.raises(rc.ResumeRefused, match=f"run `{run_id}` is being run right now \\(by pid {os.getpid()}\\)"):
+        rc.RunLock(root, run_id)                           # one lock: the run's process holds it
     rc.end_run(root, hold, _row(run_id), "completed")
-    assert _status(root, run_id) == "completed" and not hold.path.exists()
+    assert _status(root, run_id) == "completed"
+    rc.RunLock(root, run_id).release()                    # released with the run
 
     other = f"{run_id}-b"
     hold = rc.begin_run(root, _row(other))

@@ -157,7 +157,8 @@ class FakeGpu:
 
 
 def _gpu_run(pool):
-    return SimpleNamespace(plan=SimpleNamespace(problem="gemm_bf16"), reps=20, timeout_s=30.0, gpu=pool)
+    return SimpleNamespace(plan=SimpleNamespace(problem="gemm_bf16"), problem=get_problem("gemm_bf16"), reps=20,
+                           timeout_s=30.0, gpu=pool)
 
 
 def test_the_time_stage_spreads_shapes_over_runners_and_drops_a_wrong_candidate_early(local_ray):

@@ -1,5 +1,5 @@
-"""The time stage's cutoff for clear losers (``tasks.stages.LOSER_FACTOR``): computed from the run's search
-measurements, carried by the search's timed jobs alone, and without effect on what selection picks."""
+"""The time stage's cutoff for clear losers (``cake_core.pipeline.policy.LOSER_FACTOR``): computed from the run's
+search measurements, carried by the search's timed jobs alone, and without effect on what selection picks."""
 from __future__ import annotations
 
 import ast
@@ -11,13 +11,14 @@ import pytest
 
 from cake_core.ir.text import parse_program
 from cake_core.outcome import Outcome
+from cake_core.pipeline.policy import LOSER_FACTOR, loser_cutoffs
 from cake_core.pipeline.rows import measurement_rows
 from cake_core.pipeline.stages import Binary
 from cake_core.pipeline.verdicts import ShapeVerdict, Timing, as_kind
 from cake_core.problems import get_problem
-from tasks.history import run_best, search_best_ms, shape_best
-from tasks.stages import LOSER_FACTOR, gate_and_time, loser_cutoffs, on_gpu, search_cutoffs
+from tasks.stages import gate_and_time, on_gpu, search_cutoffs
 from warehouse import Warehouse
+from warehouse.queries import run_best, search_best_ms, shape_best
 
 SHAPES = [{"M": 128, "N": 64, "K": 64}, {"M": 64, "N": 128, "K": 64}]
 K1, K2 = "M=128,N=64,K=64", "M=64,N=128,K=64"
@@ -58,8 +59,9 @@ class _Pool:
 
 
 def _run(root: Path | None = None):
-    return SimpleNamespace(plan=SimpleNamespace(problem="gemm_bf16", run_id="r"), reps=20, timeout_s=30.0,
-                           gpu=_Pool(), search_shapes=SHAPES, warehouse_root=str(root) if root else None)
+    return SimpleNamespace(plan=SimpleNamespace(problem="gemm_bf16", run_id="r"), problem=get_problem("gemm_bf16"),
+                           reps=20, timeout_s=30.0, gpu=_Pool(), search_shapes=SHAPES,
+                           warehouse_root=str(root) if root else None)
 
 
 def _attempts():

@@ -17,9 +17,10 @@ from cake_core.ir.text import parse_program
 from cake_core.ir.verify import build_ctx
 from cake_core.problems import get_problem
 from cake_core.runtime.cpu import check_on_cpu
+from cake_core.problems import corpus_file
 
 ROOT = Path(__file__).resolve().parents[2]
-SEED = (ROOT / "cake_core/problems/seeds/tinygemm_cluster.cake").read_text()
+SEED = corpus_file("tinygemm_cluster.cake").read_text()
 TINY = get_problem("tinygemm")
 PUBLISH = "        acc_publish(part_s, acc)\n"
 REDUCE = "    acc_cluster_reduce(c[tile(bid.z, BM), tile(bid.x, BN)], part_s)\n"

@@ -4,8 +4,9 @@ from pathlib import Path
 from cake_core.ir.text import parse, parse_program
 from cake_core.problems import get_problem
 from cake_core.runtime.cpu import check_on_cpu
+from cake_core.problems import corpus_file
 
-SEED = (Path(__file__).resolve().parents[2] / "cake_core/problems/seeds/gemm_bf16_ws.cake").read_text()
+SEED = corpus_file("gemm_bf16_ws.cake").read_text()
 # ragged against the 128 x 64 tiles and the 64-wide K tiles, inside TMA's domain (N and K multiples of 8)
 RAGGED = [{"M": 130, "N": 72, "K": 200}, {"M": 64, "N": 64, "K": 64}, {"M": 200, "N": 136, "K": 520},
           {"M": 1, "N": 8, "K": 8}]

@@ -15,9 +15,10 @@ from cake_core.ir.text import parse_program
 from cake_core.ir.verify import build_ctx
 from cake_core.problems import get_problem
 from cake_core.runtime.cpu import check_on_cpu
+from cake_core.problems import corpus_file
 
 ROOT = Path(__file__).resolve().parents[2]
-MC = (ROOT / "cake_core/problems/seeds/gemm_bf16_persistent_mc.cake").read_text()
+MC = corpus_file("gemm_bf16_persistent_mc.cake").read_text()
 GEMM = get_problem("gemm_bf16")
 RELEASE = "kt + S - 1) % S], multicast=3)"                                   # the in-loop release, both CTAs
 LAST = "cdiv(K, BK) + S - 1) % S], multicast=3)"                             # the tile's last slot, both CTAs

@@ -8,8 +8,9 @@ from pathlib import Path
 from cake_core.ir.text import parse_program
 from cake_core.ir.verify import verify
 from cake_core.problems import get_problem
+from cake_core.problems import corpus_file
 
-SEED = (Path(__file__).resolve().parents[2] / "cake_core/problems/seeds/kmeans_assign_unaligned.cake").read_text()
+SEED = corpus_file("kmeans_assign_unaligned.cake").read_text()
 KM = get_problem("kmeans_assign")
 # the async rules planted here (test_async_rules checks every async rule is planted somewhere)
 PLANTED = ("cp_async_bar.role", "cp_async_bar.shape", "cp_async_bar.layout", "protocol.proxy_fence")
@@ -92,7 +93,7 @@ def test_the_interpreter_reproduces_the_oracle_on_unaligned_d():
     assert all(c.correct for c in checks), [(c.shape, c.message) for c in checks if not c.correct]
 
 
-M256 = (Path(__file__).resolve().parents[2] / "cake_core/problems/seeds/kmeans_assign_unaligned_m256.cake").read_text()
+M256 = corpus_file("kmeans_assign_unaligned_m256.cake").read_text()
 
 
 def test_the_256_point_tile_seed_passes_the_verifier_and_reproduces_the_oracle():

@@ -12,10 +12,10 @@ from cake_core.ir.verify import verify
 from cake_core.lower import compile_kernel, lower
 from cake_core.lower import compile as compile_mod
 from cake_core.outcome import Outcome
+from cake_core.problems import corpus_file
 
-SEEDS = Path(__file__).resolve().parents[2] / "cake_core" / "problems" / "seeds"
-RED4 = (SEEDS / "kmeans_update_red4.cake").read_text()
-D3 = (SEEDS / "kmeans_update_red4_d3.cake").read_text()
+RED4 = corpus_file("kmeans_update_red4.cake").read_text()
+D3 = corpus_file("kmeans_update_red4_d3.cake").read_text()
 
 
 def _with(text: str, n: int) -> str:
@@ -51,7 +51,7 @@ def test_more_threads_than_an_sm_holds_are_refused():
 
 
 def test_more_shared_memory_than_an_sm_has_is_refused():
-    smem = (SEEDS / "kmeans_update_smem.cake").read_text()          # ~210 KB per CTA
+    smem = corpus_file("kmeans_update_smem.cake").read_text()          # ~210 KB per CTA
     head, rest = smem.split("\n", 1)
     text = head.replace(", consts=", ", ctas_per_sm=2, consts=", 1) + "\n" + rest
     assert "ctas_per_sm=2" in text and "resources.ctas_per_sm" not in _rules(smem)
@@ -60,7 +60,7 @@ def test_more_shared_memory_than_an_sm_has_is_refused():
 
 
 def test_setmaxnreg_roles_are_refused_with_more_than_one_cta():
-    ws = (SEEDS / "gemm_bf16_ws.cake").read_text()
+    ws = corpus_file("gemm_bf16_ws.cake").read_text()
     head, rest = ws.split("\n", 1)
     two = head.replace(", consts=", ", ctas_per_sm=2, consts=", 1) + "\n" + rest
     one = head.replace(", consts=", ", ctas_per_sm=1, consts=", 1) + "\n" + rest

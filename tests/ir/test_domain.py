@@ -10,15 +10,15 @@ from cake_core.errors import CakeError
 from cake_core.ir.domain import domain_violations, extent_limit, kernel_domain
 from cake_core.ir.text import parse_program
 from cake_core.problems import get_problem
-from cake_core.problems.base import SEEDS_DIR
 from cake_core.runtime.cpu import check_on_cpu, run_file
+from cake_core.problems import corpus_file
 
 KNN = get_problem("knn_topk")
-SPLIT_PP = parse_program((SEEDS_DIR / "knn_topk_split_pp.cake").read_text(), "knn_topk_split_pp.cake")
+SPLIT_PP = parse_program(corpus_file("knn_topk_split_pp.cake").read_text(), "knn_topk_split_pp.cake")
 
 
 def _bounds(name: str) -> set[str]:
-    return {b.text() for b in kernel_domain(parse_program((SEEDS_DIR / name).read_text(), name))}
+    return {b.text() for b in kernel_domain(parse_program(corpus_file(name).read_text(), name))}
 
 
 def test_the_topk_kernels_bound_k_by_kmax_and_d_by_their_tiles():
@@ -55,7 +55,7 @@ def test_an_aligned_shape_inside_the_domain_is_accepted_and_correct():
 
 def test_accesses_under_a_branch_the_shape_does_not_take_do_not_bound_it():
     # kmeans_update_smem stores tile(0, KMAX) of the clusters only when K <= KMAX, else adds into all of them
-    prog = parse_program((SEEDS_DIR / "kmeans_update_smem.cake").read_text())
+    prog = parse_program(corpus_file("kmeans_update_smem.cake").read_text())
     assert extent_limit(prog, "sums", 1, {"B": 1, "N": 100, "K": 40, "D": 64}) == 1024     # K <= KMAX: the store
     assert extent_limit(prog, "sums", 1, {"B": 1, "N": 100, "K": 2000, "D": 64}) is None   # K > KMAX: `:`
     for K in (40, 2000):
@@ -63,7 +63,7 @@ def test_accesses_under_a_branch_the_shape_does_not_take_do_not_bound_it():
 
 
 def test_a_bound_from_a_loop_with_a_static_range():
-    text = (SEEDS_DIR / "knn_topk.cake").read_text().replace(
+    text = corpus_file("knn_topk.cake").read_text().replace(
         "    store(idx[tile(bid.x, BQ), tile(0, KMAX)], top_i)",
         "    for j in range(2):\n        store(idx[tile(bid.x, BQ), tile(j, 8)], top_i)")
     prog = parse_program(text)
@@ -74,7 +74,7 @@ def test_a_bound_from_a_loop_with_a_static_range():
 
 def test_run_file_refuses_before_running_with_the_formatted_diagnostic(tmp_path):
     path = tmp_path / "pp.cake"
-    path.write_text((SEEDS_DIR / "knn_topk_split_pp.cake").read_text())
+    path.write_text(corpus_file("knn_topk_split_pp.cake").read_text())
     with pytest.raises(CakeError, match=r"pp.cake:83:\d+: error\[domain.extent\].*k = 40 > 16"):
         run_file(path, "knn_topk", [{"Q": 130, "N": 300, "D": 64, "k": 40}])
     (c,) = run_file(path, "knn_topk", [{"Q": 130, "N": 300, "D": 64, "k": 12}])
@@ -85,7 +85,7 @@ def test_cake_run_prints_the_refusal_and_exits_1(tmp_path):
     from cake_cli.main import app
 
     path = tmp_path / "pp.cake"
-    path.write_text((SEEDS_DIR / "knn_topk_split_pp.cake").read_text())
+    path.write_text(corpus_file("knn_topk_split_pp.cake").read_text())
     r = CliRunner().invoke(app, ["run", str(path), "--cpu", "--problem", "knn_topk", "--shape", "Q=64,N=300,D=64,k=40"])
     assert r.exit_code == 1
     assert "domain.extent" in r.output and "k = 40 > 16" in r.output and "Traceback" not in r.output

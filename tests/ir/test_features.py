@@ -5,12 +5,12 @@ from pathlib import Path
 
 from cake_core.ir.features import features
 from cake_core.ir.text import parse_program
+from cake_core.problems import corpus_file
 
-SEEDS = Path(__file__).resolve().parents[2] / "cake_core" / "problems" / "seeds"
 
 
 def _f(name: str, **replace: str) -> dict:
-    text = (SEEDS / f"{name}.cake").read_text()
+    text = corpus_file(f"{name}.cake").read_text()
     for old, new in replace.items():
         assert old in text, old
         text = text.replace(old, new)
@@ -52,7 +52,7 @@ def test_the_copy_engine_and_atom_of_the_cta_wide_kernels():
 
 
 def test_tcgen05_reports_its_atom():
-    text = (SEEDS / "gemm_bf16_ws.cake").read_text().replace("wgmma(acc,", "tcgen05_mma(acc,")
+    text = corpus_file("gemm_bf16_ws.cake").read_text().replace("wgmma(acc,", "tcgen05_mma(acc,")
     assert features(parse_program(text))["mma_atom"] == "tcgen05"
 
 

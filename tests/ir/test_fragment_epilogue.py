@@ -9,8 +9,9 @@ from cake_core.ir import interp
 from cake_core.ir.check import check_text
 from cake_core.ir.text import parse_program
 from planting import assert_fires_at_its_line
+from cake_core.problems import corpus_file
 
-SEED = (Path(__file__).resolve().parents[2] / "cake_core/problems/seeds/kmeans_assign_ws.cake").read_text()
+SEED = corpus_file("kmeans_assign_ws.cake").read_text()
 C_B = "c_b = smem(bf16, (BN, BK), stages=4, swizzle=128)"
 EPI0 = "argmin_bias(best, arg, acc0, csq_a[kp % S], base=2 * kp * BN, limit=K)"
 

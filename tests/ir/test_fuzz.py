@@ -8,6 +8,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+from cake_core.problems import corpus_files
 
 STAGE_S = 60.0
 MUTANTS = 160
@@ -38,7 +39,7 @@ def test_mutants_of_every_corpus_kernel_get_an_answer(fuzz):
 
 def test_the_mutations_cover_every_corpus_kernel(fuzz):
     progs = fuzz.corpus()
-    seeds = sorted(Path(fuzz.SEEDS_DIR).glob("*.cake"))
+    seeds = corpus_files("*.cake")
     assert len(progs) == len(seeds) and MUTANTS >= len(progs)
 
 

@@ -20,8 +20,8 @@ from cake_core.ir.types import DType
 from cake_core.model.features import extract
 from cake_core.problems import get_problem
 from cake_core.runtime.cpu import check_on_cpu
+from cake_core.problems import corpus_file
 
-SEEDS = Path(__file__).resolve().parents[2] / "cake_core" / "problems" / "seeds"
 
 LET = """@kernel(target="sm_90a", grid=(cdiv(N, BN), cdiv(M, BM)), threads=128, consts={"BK": 32, "BM": 64, "BN": 64})
 def g(a: gmem[f32, (M, K)], b: gmem[f32, (K, N)], c: gmem[f32, (M, N)]):
@@ -137,7 +137,7 @@ def test_sibling_blocks_may_reuse_a_name():
     assert _rules(text) == []
 
 
-PINGPONG = (SEEDS / "kmeans_assign_pingpong.cake").read_text()
+PINGPONG = corpus_file("kmeans_assign_pingpong.cake").read_text()
 RUN = "(t - bid.x) // ncta.x * cdiv(K, 2 * BN) + kp"
 
 
@@ -222,7 +222,7 @@ def test_inline_lets_substitutes_through_nested_bindings():
 @pytest.mark.parametrize("which", ["kmeans_update_smem", "pingpong"])
 @pytest.mark.parametrize("name", sorted(TACTICS))
 def test_every_tactic_keeps_a_program_with_bindings_valid_or_skips_it(name, which):
-    seed = parse_program((SEEDS / "kmeans_update_smem.cake").read_text() if which == "kmeans_update_smem"
+    seed = parse_program(corpus_file("kmeans_update_smem.cake").read_text() if which == "kmeans_update_smem"
                          else _pingpong_with_bindings())
     for s in range(8):
         out = apply(name, seed, np.random.default_rng(s))
@@ -241,7 +241,7 @@ def test_the_tactic_agent_mutates_the_best_known_program_with_its_bindings():
     upd = get_problem("kmeans_update")
     gen0 = TacticAgent(seed=5).propose(upd, Context(harness_version=1, generation=0, population=6,
                                                      known=upd.best_texts()))
-    best = parse_program((SEEDS / "kmeans_update_smem.cake").read_text())    # a best-known program with bindings
+    best = parse_program(corpus_file("kmeans_update_smem.cake").read_text())    # a best-known program with bindings
     assert any(c.tactic == "best-known" and parse_program(c.text) == best for c in gen0)
     later = TacticAgent(seed=5).propose(upd, Context(1, 1, 6, best=[(best.text(), 1.0)]))
     assert later and all(parse_program(c.text).text() == c.text and "chunk = cdiv(N, BN * splits)" in c.text
@@ -255,7 +255,7 @@ MEASURED_HASH = "a80ac3e5b3ea2eed"     # kmeans_update_smem as measured on the G
 
 
 def test_the_rewritten_seed_is_the_measured_kernel():
-    text = (SEEDS / "kmeans_update_smem.cake").read_text()
+    text = corpus_file("kmeans_update_smem.cake").read_text()
     p = parse_program(text)
     assert sum(n.op is Op.LET for n, _, _ in walk(p.body)) == 5
     assert "max(1, SMS // (B * cdiv(D, BD)))" not in text.split("\n", 2)[2].replace(
@@ -273,7 +273,7 @@ def _run(p, shape):
 
 
 def test_the_rewritten_seed_gives_identical_outputs_on_the_small_set():
-    p = parse_program((SEEDS / "kmeans_update_smem.cake").read_text())
+    p = parse_program(corpus_file("kmeans_update_smem.cake").read_text())
     before = inline_lets(p)
     for shape in UPD.shape_set("kmeans_update_small").shapes:
         a, b = _run(p, shape), _run(before, shape)

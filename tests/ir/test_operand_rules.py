@@ -10,11 +10,11 @@ import pytest
 
 from cake_core.ir.check import check_text
 from cake_core.ir.verify import RULES
+from cake_core.problems import corpus_file
 
-SEEDS = Path(__file__).resolve().parents[2] / "cake_core/problems/seeds"
-WS = (SEEDS / "gemm_bf16_ws.cake").read_text()
-GEMM = (SEEDS / "gemm_bf16.cake").read_text()
-MC = (SEEDS / "gemm_bf16_persistent_mc.cake").read_text()
+WS = corpus_file("gemm_bf16_ws.cake").read_text()
+GEMM = corpus_file("gemm_bf16.cake").read_text()
+MC = corpus_file("gemm_bf16_persistent_mc.cake").read_text()
 STORE = """@kernel(target="sm_90a", grid=(cdiv(N, 64), cdiv(M, 64)), threads=128, consts={})
 def twice(x: gmem[f32, (M, N)], y: gmem[f32, (M, N)]):
     r = rmem(f32, (64, 64))
@@ -143,7 +143,7 @@ def test_the_runs_shapes_name_the_witness_of_a_grid():
     assert "M=384, N=128" in g.message
 
 
-ROWS = (SEEDS / "tinygemm_rows.cake").read_text()
+ROWS = corpus_file("tinygemm_rows.cake").read_text()
 
 
 def test_an_undefined_name_in_an_if_condition_is_named_at_its_line():

@@ -17,9 +17,10 @@ from cake_core.ir.types import DType
 from cake_core.ir.verify import build_ctx
 from cake_core.problems import get_problem
 from cake_core.runtime.cpu import check_on_cpu
+from cake_core.problems import corpus_file
 
 ROOT = Path(__file__).resolve().parents[2]
-SEED = (ROOT / "cake_core/problems/seeds/gemm_bf16_persistent.cake").read_text()
+SEED = corpus_file("gemm_bf16_persistent.cake").read_text()
 GEMM = get_problem("gemm_bf16")
 IT = "(t - bid.x) // ncta.x * cdiv(K, BK) + kt"          # the running k-tile count of the seed's ring
 LAST_RELEASE = "            arrive(empty[((t - bid.x) // ncta.x * cdiv(K, BK) + cdiv(K, BK) + S - 1) % S])\n"

@@ -6,8 +6,9 @@ from cake_core.targets import get_arch
 from cake_core.ir.protocol import check_protocol
 from cake_core.ir.text import parse_program
 from cake_core.ir.verify import build_ctx
+from cake_core.problems import corpus_file, corpus_files
 
-SEED = (Path(__file__).resolve().parents[2] / "cake_core/problems/seeds/gemm_bf16_ws.cake").read_text()
+SEED = corpus_file("gemm_bf16_ws.cake").read_text()
 WGMMA = "            wgmma(acc, a_s[kt % S], b_s[kt % S])\n"
 WAIT0 = "            wgmma_wait(0)\n"
 ARRIVE = "            arrive(empty[kt % S])\n"
@@ -141,19 +142,19 @@ def test_a_slot_index_out_of_range_at_some_trip():
 
 
 def test_every_corpus_kernel_decides():
-    for p in sorted((Path(__file__).resolve().parents[2] / "cake_core/problems/seeds").glob("*.cake")):
+    for p in corpus_files("*.cake"):
         assert _protocol(p.read_text()) == [], p.name
 
 
 def test_an_accumulator_read_before_its_wgmma_is_waited_for():
     # the interpreter runs wgmma synchronously, so only this check sees the race
-    n256 = (Path(__file__).resolve().parents[2] / "cake_core/problems/seeds/gemm_bf16_ws_n256.cake").read_text()
+    n256 = corpus_file("gemm_bf16_ws_n256.cake").read_text()
     assert not [d for d in check_text(n256) if d.rule == "protocol.acc_in_flight"]
     racy = n256.replace("        wgmma_wait(0)\n", "", 1)
     hits = [d for d in check_text(racy, "racy.cake") if d.rule == "protocol.acc_in_flight"]
     assert hits and hits[0].line == 21 and "store reads accumulator `acc`" in hits[0].message
     assert "wgmma at line 17" in hits[0].message and hits[0].hint.startswith("wgmma_wait(n)")
     # waiting for all but the newest group is not enough when the newest writes the tile read
-    kws = (Path(__file__).resolve().parents[2] / "cake_core/problems/seeds/kmeans_assign_ws.cake").read_text()
+    kws = corpus_file("kmeans_assign_ws.cake").read_text()
     early = kws.replace("            wgmma_wait(2)\n", "            wgmma_wait(3)\n")
     assert [d.line for d in check_text(early) if d.rule == "protocol.acc_in_flight"] == [42]   # the argmin

@@ -10,8 +10,8 @@ from cake_core.ir import registry
 from cake_core.ir.check import check_text
 from cake_core.ir.opdef import Effect, Family, Op, Ordering
 from cake_core.ir.registry import COMPUTE_OPS, DECLARATIONS, REGISTRY, SEMANTICS, _assemble, ops_of
+from cake_core.problems import corpus_file
 
-SEEDS = Path(__file__).resolve().parents[2] / "cake_core" / "problems" / "seeds"
 
 
 def test_every_op_is_declared_once_with_semantics_and_docs():
@@ -36,13 +36,14 @@ def test_the_groups_are_families():
     assert ops_of(Family.AXIS) == {Op.REDUCE, Op.SCAN, Op.ARGMIN, Op.ARGMAX}
     assert ops_of(Family.RUNNING) == {Op.ARGMIN_UPDATE, Op.TOPK_MERGE}
     assert ops_of(Family.MMA) == {Op.MMA, Op.WGMMA, Op.TCGEN05_MMA}
-    assert COMPUTE_OPS == {Op.FILL, Op.CAST, Op.UNARY, Op.EWISE, Op.TRANSPOSE, Op.REDUCE, Op.SCAN, Op.ARGMIN,
-                           Op.ARGMAX, Op.ARGMIN_UPDATE, Op.TOPK_MERGE, Op.ATOMIC_ADD, Op.SCATTER_ADD, Op.GATHER_ADD}
+    assert COMPUTE_OPS == {Op.FILL, Op.CAST, Op.UNARY, Op.EWISE, Op.SELECT, Op.IOTA, Op.TRANSPOSE, Op.REDUCE,
+                           Op.SCAN, Op.ARGMIN, Op.ARGMAX, Op.ARGMIN_UPDATE, Op.TOPK_MERGE, Op.ATOMIC_ADD,
+                           Op.SCATTER_ADD, Op.GATHER_ADD}
 
 
 def test_an_effect_an_attribute_selects():
     from cake_core.ir.text import parse_program
-    p = parse_program((SEEDS / "kmeans_update_owned.cake").read_text())
+    p = parse_program(corpus_file("kmeans_update_owned.cake").read_text())
     from cake_core.ir.program import walk
     scatter = next(n for n, _, _ in walk(p.body) if n.op is Op.SCATTER_ADD)
     assert REGISTRY[Op.SCATTER_ADD].operand("dst").effect_of(scatter) is Effect.OWNED_ADD
@@ -51,7 +52,7 @@ def test_an_effect_an_attribute_selects():
 
 def _race_seed() -> str:
     # the gemm seed with the sync between the loads and the mma removed: a read-after-write race on a_s
-    text = (SEEDS / "gemm_bf16.cake").read_text()
+    text = corpus_file("gemm_bf16.cake").read_text()
     return text.replace("        sync()\n        mma(acc, a_s, b_s)\n", "        mma(acc, a_s, b_s)\n")
 
 
@@ -78,19 +79,19 @@ def test_the_race_rule_reads_effects_from_the_declaration(monkeypatch):
 def test_the_protocol_checker_reads_effects_from_the_declaration(monkeypatch):
     # the ws gemm with the full wait removed: the wgmma reads a slot before its copy landed; declare the
     # wgmma as reading nothing and the finding goes: the checker has no list of wgmma's operands of its own
-    from cake_core.ir import protocol_sim as protocol
-    text = (SEEDS / "gemm_bf16_ws.cake").read_text().replace("            wait(full[kt % S], phase=kt // S % 2)\n", "")
+    from cake_core.ir import protocol_state as protocol
+    text = corpus_file("gemm_bf16_ws.cake").read_text().replace("            wait(full[kt % S], phase=kt // S % 2)\n", "")
     assert any(d.rule == "protocol.read_before_ready" for d in check_text(text))
     wg = REGISTRY[Op.WGMMA]
     blind = dataclasses.replace(wg, operands=tuple(dataclasses.replace(o, effect=Effect.NONE)
                                                    if o.name in ("a", "b") else o for o in wg.operands))
     monkeypatch.setattr(protocol, "REGISTRY", {**REGISTRY, Op.WGMMA: blind})
-    protocol._plan.cache_clear()            # the checker works out each op's plan once
+    protocol.plan_of.cache_clear()            # the checker works out each op's plan once
     try:
         assert not any(d.rule == "protocol.read_before_ready" for d in check_text(text))
     finally:
         monkeypatch.undo()
-        protocol._plan.cache_clear()
+        protocol.plan_of.cache_clear()
     assert any(d.rule == "protocol.read_before_ready" for d in check_text(text))
 
 

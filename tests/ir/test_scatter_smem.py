@@ -11,9 +11,9 @@ from cake_core.ir import interp
 from cake_core.ir.check import check_text
 from cake_core.ir.text import parse_program
 from cake_core.problems import get_problem
+from cake_core.problems import corpus_file
 
 UPD = get_problem("kmeans_update")
-SEEDS = Path(__file__).resolve().parents[2] / "cake_core" / "problems" / "seeds"
 
 PRIV = '''@kernel(target="sm_90a", grid=(cdiv(N, BN), B), threads=128, consts={"BN": 128, "BD": 32, "KMAX": 64})
 def priv(x: gmem[bf16, (B, N, D)], assign: gmem[i32, (B, N)], sums: gmem[f32, (B, K, D)], counts: gmem[i32, (B, K)]):
@@ -87,7 +87,7 @@ def test_the_interpreter_scatters_into_smem_like_the_oracle(shape):
 
 @pytest.mark.parametrize("name", UPD.best_files)
 def test_the_best_known_programs_verify_and_match_the_oracle_on_the_small_set(name):
-    text = (SEEDS / name).read_text()
+    text = corpus_file(name).read_text()
     assert check_text(text, name) == []
     for shape in UPD.shape_set("kmeans_update_small").shapes:
         ok, err, msg = _interp(text, shape)
@@ -100,7 +100,7 @@ def test_the_best_known_programs_verify_and_match_the_oracle_on_the_small_set(na
     {"B": 1, "N": 1000, "K": 5, "D": 8},      # points split across 4 CTAs, merged with atomics
 ])
 def test_the_smem_program_with_small_tiles_covers_every_branch(shape):
-    text = (SEEDS / "kmeans_update_smem.cake").read_text()
+    text = corpus_file("kmeans_update_smem.cake").read_text()
     small = text.replace('"BN": 384, "KMAX": 1024, "SMS": 132', '"BN": 32, "KMAX": 64, "SMS": 4')
     assert small != text
     ok, err, msg = _interp(small, shape)
@@ -113,7 +113,7 @@ OWNED = ("kmeans_update_owned.cake", "kmeans_update_owned_w32.cake", "kmeans_upd
 def test_the_warp_owned_variants_verify_and_match_the_oracle(name):
     # owner="warp" changes who adds a row, not the sum: the interpreter checks the program around it
     # (ring, branches, merges); the GPU test checks the helper itself
-    text = (SEEDS / name).read_text()
+    text = corpus_file(name).read_text()
     assert check_text(text, name) == [] and 'owner="warp"' in text
     small = text.replace('"BN": 384, "KMAX": 1024, "SMS": 132', '"BN": 32, "KMAX": 64, "SMS": 4')
     assert small != text

@@ -11,10 +11,10 @@ from cake_core.ir.smem_layout import MBARRIER, SCRATCH, TILE, smem_layout
 from cake_core.ir.text import parse_program
 from cake_core.lower.cuda import lower
 from cake_core.targets import get_arch
+from cake_core.problems import corpus_file, corpus_files
 
-SEEDS = Path(__file__).resolve().parents[2] / "cake_core/problems/seeds"
 ARCH = get_arch("sm_90a")
-WS = (SEEDS / "gemm_bf16_ws.cake").read_text()
+WS = corpus_file("gemm_bf16_ws.cake").read_text()
 
 
 def _nine_stages(pad: int, flag_first: bool) -> str:
@@ -27,7 +27,7 @@ def _nine_stages(pad: int, flag_first: bool) -> str:
     return t.replace("    full = mbarrier", padl + flag + "    full = mbarrier")
 
 
-@pytest.mark.parametrize("path", sorted(SEEDS.glob("*.cake")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", corpus_files("*.cake"), ids=lambda p: p.stem)
 def test_the_lowering_places_smem_where_the_layout_says(path):
     prog = parse_program(path.read_text(), path.name)
     lay = smem_layout(prog, ARCH)

@@ -53,6 +53,9 @@ BAD = [
     ("type", "    x = smem(bf17, (BM, BK))\n", "parse.type", 9),
     ("attr type", "    x = smem(bf16, (BM, BK), swizzle=\"yes\")\n", "parse.type", 9),
     ("unknown attr", "    sync(fast=True)\n", "parse.attr", 9),
+    ("negated name", "    r = rmem(f32, (BM,), fill=-big)\n", "parse.attr", 9),
+    ("negated string", "    r = rmem(f32, (BM,), fill=-\"inf\")\n", "parse.attr", 9),
+    ("inf on an int attr", "    x = smem(bf16, (BM, BK), stages=-inf)\n", "parse.attr", 9),
     ("statement", "    while True:\n        pass\n", "parse.statement", 9),
 ]
 HEAD = ('@kernel(target="sm_90a", grid=(1,), threads=128, consts={"BK": 32, "BM": 64})\n'
@@ -74,3 +77,26 @@ def test_all_errors_are_collected():
     text = HEAD + "    lod(x)\n    sync(1)\n"
     rules = [d.rule for d in parse(text).diagnostics]
     assert rules == ["parse.unknown_op", "parse.arity"]
+
+
+INF_FILLS = ('@kernel(target="sm_90a", grid=(1,), threads=128)\n'
+             "def k(out: gmem[f32, (128,)]):\n"
+             "    lo = rmem(f32, (128,), fill=-inf)\n"
+             "    hi = rmem(f32, (128,), fill=inf)\n"
+             "    fill(lo, value=-inf)\n"
+             "    fill(hi, value=inf)\n"
+             "    ewise(lo, lo, hi, fn=\"max\")\n"
+             "    store(out[tile(0, 128)], lo)\n")
+
+
+def test_infinite_attributes_print_back_to_the_same_text():
+    prog = parse_program(INF_FILLS)
+    assert prog.text() == INF_FILLS
+    assert parse_program(prog.text()) == prog
+    assert [dict(n.attrs).get("value", dict(n.attrs).get("fill")) for n in prog.body[:4]] == \
+        [float("-inf"), float("inf"), float("-inf"), float("inf")]
+
+
+def test_ninf_still_reads_as_minus_inf():
+    prog = parse_program(INF_FILLS.replace("value=-inf", "value=ninf"))
+    assert prog.text() == INF_FILLS

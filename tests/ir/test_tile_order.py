@@ -20,8 +20,9 @@ from cake_core.model.features import extract
 from cake_core.problems import get_problem
 from cake_core.runtime.cpu import check_on_cpu
 from cake_core.targets import get_arch
+from cake_core.problems import corpus_file
 
-SEED = (Path(__file__).resolve().parents[2] / "cake_core/problems/seeds/gemm_bf16_persistent.cake").read_text()
+SEED = corpus_file("gemm_bf16_persistent.cake").read_text()
 TM = "t // (G * cdiv(N, BN)) * G + t % (G * cdiv(N, BN)) % min(cdiv(M, BM) - t // (G * cdiv(N, BN)) * G, G)"
 TN = "t % (G * cdiv(N, BN)) // min(cdiv(M, BM) - t // (G * cdiv(N, BN)) * G, G)"
 LOOP = "        for t in range(bid.x, cdiv(M, BM) * cdiv(N, BN), ncta.x):\n"

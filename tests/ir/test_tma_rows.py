@@ -14,10 +14,10 @@ from cake_core.lower import compile as compile_mod
 from cake_core.lower import compile_kernel, lower
 from cake_core.problems import get_problem
 from cake_core.runtime.cpu import check_on_cpu
+from cake_core.problems import corpus_file
 
-SEEDS = Path(__file__).resolve().parents[2] / "cake_core/problems/seeds"
-WS = (SEEDS / "gemm_bf16_ws.cake").read_text()
-ROWS = (SEEDS / "tinygemm_rows.cake").read_text()
+WS = corpus_file("gemm_bf16_ws.cake").read_text()
+ROWS = corpus_file("tinygemm_rows.cake").read_text()
 ROW_PROGRAMS = ("tinygemm_rows.cake", "tinygemm_cluster2_rows.cake")   # no split; split-K over clusters of 2
 LOAD_A = "tma_load(a_s[kt % S], a[tile(bid.y, BM), tile(kt, BK)], bar=full[kt % S])"
 EXPECT = "expect_tx(full[kt % S], (BM * BK + BK * BN) * 2)"
@@ -53,7 +53,7 @@ def test_expect_tx_and_the_protocol_count_only_the_rows_that_land():
 
 @pytest.mark.parametrize("name", ROW_PROGRAMS)
 def test_the_rows_programs_match_the_oracle_at_every_branch_in_the_interpreter(name):
-    text = (SEEDS / name).read_text()
+    text = corpus_file(name).read_text()
     assert check_text(text, name) == []
     # K = 200: 4 K tiles, the last ragged; split over 2 CTAs of a cluster, 2 tiles each
     shapes = [{"M": m, "N": 136, "K": 200} for m in (1, 8, 9, 16, 17, 64, 70)]     # N: TMA's 8-element rows
@@ -80,7 +80,7 @@ def test_the_lowering_cuts_the_tensor_maps_box():
 @pytest.mark.skipif(compile_mod.nvcc_path() is None, reason="nvcc not installed")
 @pytest.mark.parametrize("name", ROW_PROGRAMS)
 def test_the_rows_programs_compile_for_sm_90a(name, tmp_path):
-    lr = lower(parse_program((SEEDS / name).read_text(), name), name)
+    lr = lower(parse_program(corpus_file(name).read_text(), name), name)
     c = compile_kernel(lr.value, arch="sm_90a", cache_dir=tmp_path)
     assert c.ok, [d.message for d in c.diagnostics]
     assert c.value.resources.spill_bytes == 0

@@ -13,9 +13,10 @@ from cake_core.ir.text import parse_program
 from cake_core.ir.verify import build_ctx
 from cake_core.problems import get_problem
 from cake_core.runtime.cpu import check_on_cpu
+from cake_core.problems import corpus_file
 
 ROOT = Path(__file__).resolve().parents[2]
-SPLIT = (ROOT / "cake_core/problems/seeds/knn_topk_split.cake").read_text()
+SPLIT = corpus_file("knn_topk_split.cake").read_text()
 KNN = get_problem("knn_topk")
 PUBLISH = "        topk_publish(pub_v, pub_i, top_v, top_i)\n"
 MERGE = "    topk_cluster_merge(idx[tile(bid.x, BM), tile(0, KMAX)], pub_v, pub_i)\n"

@@ -10,8 +10,9 @@ from cake_core.ir import interp
 from cake_core.ir.check import check_text
 from cake_core.ir.text import parse_program
 from planting import assert_fires_at_its_line
+from cake_core.problems import corpus_file
 
-SEED = (Path(__file__).resolve().parents[2] / "cake_core/problems/seeds/knn_topk_ws.cake").read_text()
+SEED = corpus_file("knn_topk_ws.cake").read_text()
 EPI = "topk_bias(top_v, top_i, acc, nrm_s[t % S], base=t * BN, limit=N)"
 NORM0 = "sqnorm_rows(nrm_s[(t - L) % S], db_s[(t - L) % S * 2])"
 

@@ -11,9 +11,10 @@ from cake_core.ir.check import check_text
 from cake_core.ir.text import parse_program
 from cake_core.problems import get_problem
 from cake_core.runtime.cpu import check_on_cpu
+from cake_core.problems import corpus_file
 
 ROOT = Path(__file__).resolve().parents[2]
-PP = (ROOT / "cake_core/problems/seeds/knn_topk_split_pp.cake").read_text()
+PP = corpus_file("knn_topk_split_pp.cake").read_text()
 KNN = get_problem("knn_topk")
 LIMIT = "limit=min(N, (bid.y + 1) * cdiv(cdiv(N, BN), SPLIT) * BN))"
 # 64-row tiles over 4 CTAs: 700 rows are 11 tiles, 3 + 3 + 3 + 2 (odd shares: each rounds up to a pair

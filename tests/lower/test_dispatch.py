@@ -11,8 +11,8 @@ from cake_core.lower.context import Buf, Ctx
 from cake_core.lower.dispatch import LOWERINGS, Dispatch
 from cake_core.outcome import Outcome
 from cake_core.targets import get_arch
+from cake_core.problems import corpus_file
 
-SEEDS = Path(__file__).resolve().parents[2] / "cake_core" / "problems" / "seeds"
 
 
 def test_every_op_has_one_dispatch_entry_with_uniquely_named_variants():
@@ -46,7 +46,7 @@ def _chosen(text: str) -> dict[tuple[Op, int], str]:
 
 
 def _at(name: str, needle: str) -> tuple[str, int]:
-    text = (SEEDS / f"{name}.cake").read_text()
+    text = corpus_file(f"{name}.cake").read_text()
     return text, next(i for i, ln in enumerate(text.splitlines(), 1) if needle in ln)
 
 
@@ -76,13 +76,13 @@ def test_the_variants_chosen_for_a_cta_wide_kernel():
 
 def test_an_op_outside_its_variants_domain_is_refused_by_its_named_variant():
     # load inside a role: the in-role variant refuses it (the v1 helper spreads over all the CTA's threads)
-    text = (SEEDS / "gemm_bf16_ws.cake").read_text().replace(
+    text = corpus_file("gemm_bf16_ws.cake").read_text().replace(
         "    full = mbarrier(S)\n", "    t_s = smem(bf16, (BM, BK))\n    full = mbarrier(S)\n").replace(
         "        acc = rmem(f32, (BM, BN))\n", "        acc = rmem(f32, (BM, BN))\n        load(t_s, a[tile(bid.y, BM), tile(0, BK)])\n")
     r = lower(parse_program(text))
     assert r.outcome is Outcome.COMPILE_FAILED
     assert [d.rule for d in r.diagnostics] == ["lower.unsupported_in_role"]
-    mma = parse_program((SEEDS / "gemm_bf16.cake").read_text().replace("mma(acc, a_s, b_s)",
+    mma = parse_program(corpus_file("gemm_bf16.cake").read_text().replace("mma(acc, a_s, b_s)",
                                                                         'mma(acc, a_s, b_s, atom="wgmma")'))
     r = lower(mma)
     assert [d.rule for d in r.diagnostics] == ["lower.unsupported_atom"]
@@ -90,7 +90,7 @@ def test_an_op_outside_its_variants_domain_is_refused_by_its_named_variant():
 
 def test_a_variant_table_with_no_applicable_variant_says_so():
     from cake_core.lower.dispatch import Variant
-    prog = parse_program((SEEDS / "gemm_bf16.cake").read_text())
+    prog = parse_program(corpus_file("gemm_bf16.cake").read_text())
     ctx = Ctx(prog, "k.cake", ("M", "K", "N"), {q.name: Buf(q.name, q.type, ()) for q in prog.params},
               get_arch("sm_90a"), LOWERINGS)
     never = Dispatch((Variant("never", lambda n, c: False, lambda n, c: []),), fragment_aware=True)

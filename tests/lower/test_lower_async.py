@@ -14,8 +14,9 @@ from cake_core.lower import compile as compile_mod
 from cake_core.outcome import Outcome
 from cake_core.problems import get_problem
 from ptx import ptx_of
+from cake_core.problems import corpus_file
 
-SEED = (Path(__file__).resolve().parents[2] / "cake_core/problems/seeds/gemm_bf16_ws.cake").read_text()
+SEED = corpus_file("gemm_bf16_ws.cake").read_text()
 
 
 def _lower(text: str = SEED):
@@ -91,7 +92,7 @@ def test_ws_gemm_ptx_holds_the_async_instructions(tmp_path):
 
 # ------------------------------------------------ the m64n256 seed: wide B, wgmma_wait(1), grouped raster
 
-N256 = (Path(__file__).resolve().parents[2] / "cake_core/problems/seeds/gemm_bf16_ws_n256.cake").read_text()
+N256 = corpus_file("gemm_bf16_ws_n256.cake").read_text()
 
 
 def _lower_n256(text: str = N256):

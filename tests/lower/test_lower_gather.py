@@ -20,8 +20,9 @@ from cake_core.runtime.cpu import check_on_cpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ptx import ptx_of  # noqa: E402
+from cake_core.problems import corpus_file
 
-SEED = (Path(__file__).resolve().parents[2] / "cake_core/problems/seeds/kmeans_update_gather.cake").read_text()
+SEED = corpus_file("kmeans_update_gather.cake").read_text()
 UPD = get_problem("kmeans_update")
 # K = 600 > KC: three CTAs split the clusters; D = 130 > BD: two D-slices, one ragged; B = 1: N split over CTAs
 EXTRA = [{"B": 2, "N": 4100, "K": 600, "D": 128}, {"B": 1, "N": 5000, "K": 300, "D": 130},

@@ -13,9 +13,9 @@ from cake_core.lower import compile_kernel, lower
 from cake_core.lower import compile as compile_mod
 from cake_core.outcome import Outcome
 from ptx import ptx_of
+from cake_core.problems import corpus_file
 
-SEEDS = Path(__file__).resolve().parents[2] / "cake_core/problems/seeds"
-SEED = (SEEDS / "kmeans_assign_ws.cake").read_text()
+SEED = corpus_file("kmeans_assign_ws.cake").read_text()
 # variants of the best-known program: persistent CTAs (x double-buffered across tiles); two consumer warpgroup
 # roles taking turns on the tensor cores (ping-pong); and that with centroid tiles multicast to a 2-CTA cluster
 VARIANTS = ["kmeans_assign_ws", "kmeans_assign_persistent", "kmeans_assign_pingpong", "kmeans_assign_pingpong_mc"]
@@ -45,7 +45,7 @@ def test_kmeans_ws_lowers_with_k_major_b_and_the_fused_argmin():
 
 
 def test_n_major_b_keeps_the_transpose_flag():
-    src = lower(parse_program((Path(__file__).resolve().parents[2] / "cake_core/problems/seeds/gemm_bf16_ws.cake")
+    src = lower(parse_program(corpus_file("gemm_bf16_ws.cake")
                               .read_text())).value.source
     assert "p, 1, 1, 0, 1;" in src and "p, 1, 1, 0, 0;" not in src
 
@@ -64,7 +64,7 @@ def test_row_state_of_the_wrong_shape_is_refused():
 @pytest.mark.skipif(compile_mod.nvcc_path() is None, reason="nvcc not installed")
 @pytest.mark.parametrize("name", VARIANTS)
 def test_kmeans_ws_compiles_for_sm_90a_with_the_wgmma_pipeline_intact(tmp_path, name):
-    lowered = lower(parse_program((SEEDS / f"{name}.cake").read_text(), f"{name}.cake"), f"{name}.cake")
+    lowered = lower(parse_program(corpus_file(f"{name}.cake").read_text(), f"{name}.cake"), f"{name}.cake")
     assert lowered.outcome is Outcome.OK, lowered.diagnostics
     r = compile_kernel(lowered.value, arch="sm_90a", cache_dir=tmp_path)
     assert r.outcome is Outcome.OK, [d.message for d in r.diagnostics]
@@ -93,7 +93,7 @@ def test_kmeans_ws_ptx_holds_the_quad_merge(tmp_path):
 def test_kmeans_unaligned_compiles_with_cp_async_on_the_mbarrier(tmp_path):
     # the TMA-free producer (rows not 16-byte aligned): cp.async chunks into the swizzled slots, completing on
     # the stage's mbarrier; consumers fence the async proxy after their waits
-    lowered = lower(parse_program((SEEDS / "kmeans_assign_unaligned.cake").read_text(), "u.cake"), "u.cake")
+    lowered = lower(parse_program(corpus_file("kmeans_assign_unaligned.cake").read_text(), "u.cake"), "u.cake")
     assert lowered.outcome is Outcome.OK, lowered.diagnostics
     assert not lowered.value.tensor_maps
     src = lowered.value.source
@@ -117,7 +117,7 @@ def _compiled_clean(lowered, tmp_path):
 
 @pytest.mark.skipif(compile_mod.nvcc_path() is None, reason="nvcc not installed")
 def test_the_256_point_tile_seed_compiles_with_four_accumulators_per_consumer_and_no_spills(tmp_path):
-    lowered = lower(parse_program((SEEDS / "kmeans_assign_unaligned_m256.cake").read_text(), "m.cake"), "m.cake")
+    lowered = lower(parse_program(corpus_file("kmeans_assign_unaligned_m256.cake").read_text(), "m.cake"), "m.cake")
     assert lowered.outcome is Outcome.OK, lowered.diagnostics
     src = lowered.value.source
     assert src.count("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16") == 16   # 2 roles x 4 acc x 2 halves

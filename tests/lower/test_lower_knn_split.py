@@ -14,10 +14,10 @@ from cake_core.ir.text import parse_program
 from cake_core.lower import compile_kernel, lower
 from cake_core.lower import compile as compile_mod
 from cake_core.outcome import Outcome
+from cake_core.problems import corpus_file
 
-SEEDS = Path(__file__).resolve().parents[2] / "cake_core/problems/seeds"
-SEED = (SEEDS / "knn_topk_split.cake").read_text()
-PP = (SEEDS / "knn_topk_split_pp.cake").read_text()
+SEED = corpus_file("knn_topk_split.cake").read_text()
+PP = corpus_file("knn_topk_split_pp.cake").read_text()
 
 
 def _lower(text: str = SEED):
@@ -49,7 +49,7 @@ def test_roles_go_back_to_the_entry_cap_before_the_merge_every_thread_runs():
 
 
 def test_roles_with_nothing_after_them_keep_their_registers_to_the_end():
-    src = _lower((SEEDS / "knn_topk_ws.cake").read_text()).value.source
+    src = _lower(corpus_file("knn_topk_ws.cake").read_text()).value.source
     assert "setmaxnreg_dec<40>" in src and "setmaxnreg_inc<232>" in src and "<168>" not in src
 
 
@@ -81,7 +81,7 @@ def test_knn_split_pp_lowers_one_list_pair_per_role_and_two_cluster_merges():
 @pytest.mark.skipif(compile_mod.nvcc_path() is None, reason="nvcc not installed")
 @pytest.mark.parametrize("seed", ["knn_topk_split", "knn_topk_split_pp"])
 def test_knn_split_compiles_for_sm_90a_without_local_memory(seed, tmp_path):
-    r = compile_kernel(_lower((SEEDS / f"{seed}.cake").read_text()).value, arch="sm_90a", cache_dir=tmp_path)
+    r = compile_kernel(_lower(corpus_file(f"{seed}.cake").read_text()).value, arch="sm_90a", cache_dir=tmp_path)
     assert r.outcome is Outcome.OK, [d.message for d in r.diagnostics]
     log = r.artifacts["nvcc.log"]
     assert "for 'sm_90a'" in log
@@ -108,10 +108,10 @@ def test_the_ablation_variants_lower_and_each_removes_what_it_names():
     # bench/knn_ablation.py times the pp3 seed with parts dropped: a needle that stops matching would time
     # the unchanged kernel under another name
     import importlib.util
-    spec = importlib.util.spec_from_file_location("knn_ablation", SEEDS.parents[2] / "bench" / "knn_ablation.py")
+    spec = importlib.util.spec_from_file_location("knn_ablation", Path(__file__).resolve().parents[2] / "bench" / "knn_ablation.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    vs = mod.variants((SEEDS / "knn_topk_split_pp3.cake").read_text())
+    vs = mod.variants(corpus_file("knn_topk_split_pp3.cake").read_text())
     counts = {n: (t.count("topk_bias("), t.count("sqnorm_rows(")) for n, t in vs.items()}
     assert counts == {"as_is": (4, 4), "regs56": (4, 4), "no_sqnorm": (4, 0), "half_topk": (2, 4),
                       "half_both": (2, 0), "S5": (4, 4)}
@@ -124,4 +124,4 @@ def test_the_ablation_variants_lower_and_each_removes_what_it_names():
 def test_the_pp_split_variants_are_the_pp_program_with_another_cluster_size(split):
     # the GPU tests build SPLIT = 3 from knn_topk_split_pp.cake: the registered file must stay that program
     pp = PP.replace('"SPLIT": 4}', f'"SPLIT": {split}}}').replace("def knn_topk_split_pp(", f"def knn_topk_split_pp{split}(")
-    assert (SEEDS / f"knn_topk_split_pp{split}.cake").read_text() == pp
+    assert corpus_file(f"knn_topk_split_pp{split}.cake").read_text() == pp

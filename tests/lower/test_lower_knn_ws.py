@@ -14,8 +14,9 @@ from cake_core.ir.text import parse_program
 from cake_core.lower import compile_kernel, lower
 from cake_core.lower import compile as compile_mod
 from cake_core.outcome import Outcome
+from cake_core.problems import corpus_file
 
-SEED = (Path(__file__).resolve().parents[2] / "cake_core/problems/seeds/knn_topk_ws.cake").read_text()
+SEED = corpus_file("knn_topk_ws.cake").read_text()
 
 
 def _lower(text: str = SEED):

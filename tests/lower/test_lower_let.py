@@ -14,8 +14,8 @@ from cake_core.lower import compile as compile_mod
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ir"))
 from test_let import LET, _pingpong_with_bindings  # noqa: E402
+from cake_core.problems import corpus_file
 
-SEEDS = Path(__file__).resolve().parents[2] / "cake_core" / "problems" / "seeds"
 nvcc = pytest.mark.skipif(compile_mod.nvcc_path() is None, reason="nvcc not installed")
 
 
@@ -57,7 +57,7 @@ def test_programs_with_bindings_compile_for_sm_90a(tmp_path):
 
 @nvcc
 def test_the_rewritten_kmeans_update_smem_has_the_measured_kernels_resources(tmp_path):
-    p = parse_program((SEEDS / "kmeans_update_smem.cake").read_text())
+    p = parse_program(corpus_file("kmeans_update_smem.cake").read_text())
     new, old = lower(p), lower(inline_lets(p))      # inline_lets(p) is the measured program (test_let)
     assert new.ok and old.ok and "const int chunk = " in new.value.source
     assert new.value.smem_bytes == old.value.smem_bytes

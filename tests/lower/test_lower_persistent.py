@@ -7,9 +7,10 @@ import pytest
 from cake_core.ir.text import parse_program
 from cake_core.lower import compile as compile_mod
 from cake_core.lower import compile_kernel, lower
+from cake_core.problems import corpus_file
 
 ROOT = Path(__file__).resolve().parents[2]
-SEED = (ROOT / "cake_core/problems/seeds/gemm_bf16_persistent.cake").read_text()
+SEED = corpus_file("gemm_bf16_persistent.cake").read_text()
 
 
 def _lowered(text: str = SEED):
@@ -33,7 +34,7 @@ def test_grid_is_sized_by_the_sm_count_at_launch():
     assert lk.grid_for({"M": 1024, "N": 1024, "K": 1024}, num_sms=132) == (32,)
     with pytest.raises(ValueError, match="num_sms"):
         lk.grid_for(shape)
-    n256 = (ROOT / "cake_core/problems/seeds/gemm_bf16_ws_n256.cake").read_text()
+    n256 = corpus_file("gemm_bf16_ws_n256.cake").read_text()
     assert not _lowered(n256).persistent
 
 
@@ -55,7 +56,7 @@ def test_persistent_seed_compiles_without_spills(tmp_path):
     assert r.metrics["registers"] <= 168    # 384 threads, one CTA per SM
 
 
-MC = (ROOT / "cake_core/problems/seeds/gemm_bf16_persistent_mc.cake").read_text()
+MC = corpus_file("gemm_bf16_persistent_mc.cake").read_text()
 
 
 def test_multicast_seed_lowers_cluster_dims_multicast_copies_and_remote_arrivals():

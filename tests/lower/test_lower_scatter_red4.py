@@ -18,12 +18,12 @@ from cake_core.runtime.cpu import check_on_cpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ptx import ptx_of  # noqa: E402
+from cake_core.problems import corpus_file
 
-SEEDS = Path(__file__).resolve().parents[2] / "cake_core" / "problems" / "seeds"
-NAIVE = (SEEDS / "kmeans_update.cake").read_text()      # rmem x_r (128, 32), 128 threads
+NAIVE = corpus_file("kmeans_update.cake").read_text()      # rmem x_r (128, 32), 128 threads
 VEC = NAIVE.replace("scatter_add(sums[bid.y, :, tile(dt, BD)], a_r, x_r, base=bid.x * BN, limit=N)",
                     "scatter_add(sums[bid.y, :, tile(dt, BD)], a_r, x_r, base=bid.x * BN, limit=N, vector=4)")
-RED4 = (SEEDS / "kmeans_update_red4.cake").read_text()
+RED4 = corpus_file("kmeans_update_red4.cake").read_text()
 
 
 def _source(text: str) -> str:
@@ -73,7 +73,7 @@ def test_the_vector_path_emits_red_v4_and_keeps_the_scalar_fallback_in_ptx(tmp_p
 @pytest.mark.parametrize("name", ["kmeans_update_red4", "kmeans_update_red4_d3"])
 def test_the_red4_seeds_check_and_match_the_oracle_in_the_cpu_interpreter(name):
     p = get_problem("kmeans_update")
-    text = (SEEDS / f"{name}.cake").read_text()
+    text = corpus_file(f"{name}.cake").read_text()
     assert check_text(text, f"{name}.cake") == []
     shapes = load_shape_set(p, "kmeans_update_small").cpu_shapes(p.cpu_limit) + [{"B": 2, "N": 1200, "K": 40, "D": 72}]
     checks = check_on_cpu(parse_program(text, f"{name}.cake"), p, shapes, seed=11)
@@ -83,7 +83,7 @@ def test_the_red4_seeds_check_and_match_the_oracle_in_the_cpu_interpreter(name):
 def test_a_three_buffer_rotation_that_scatters_a_buffer_twice_fails():
     # kmeans_update_red4_d3 keeps two x tiles in flight: x2 scattered where x0 should be double-counts one tile
     p = get_problem("kmeans_update")
-    d3 = (SEEDS / "kmeans_update_red4_d3.cake").read_text()
+    d3 = corpus_file("kmeans_update_red4_d3.cake").read_text()
     wrong = d3.replace("scatter_add(sums[bid.y, :, tile(dt, BD)], a0, x0, base=c * BN",
                        "scatter_add(sums[bid.y, :, tile(dt, BD)], a1, x1, base=c * BN", 1)
     assert wrong != d3

@@ -15,6 +15,7 @@ from cake_core.problems import get_problem
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ir"))
 from test_scatter_smem import PRIV  # noqa: E402  (a privatised kmeans_update)
+from cake_core.problems import corpus_file
 
 
 def test_scatter_into_smem_lowers_to_shared_memory_atomics():
@@ -38,7 +39,7 @@ def test_an_rmem_index_is_staged_through_smem_scratch():
 @pytest.mark.skipif(compile_mod.nvcc_path() is None, reason="nvcc not installed")
 @pytest.mark.parametrize("which", ["priv", "smem"])
 def test_smem_scatter_programs_compile_for_sm_90a(which, tmp_path):
-    text = PRIV if which == "priv" else (SEEDS / "kmeans_update_smem.cake").read_text()
+    text = PRIV if which == "priv" else corpus_file("kmeans_update_smem.cake").read_text()
     r = lower(parse_program(text, f"{which}.cake"), f"{which}.cake")
     assert r.ok, r.diagnostics
     c = compile_kernel(r.value, cache_dir=tmp_path)
@@ -48,7 +49,6 @@ def test_smem_scatter_programs_compile_for_sm_90a(which, tmp_path):
         assert r.value.smem_bytes > 128 * 1024     # the K x BD f32 accumulator plus the cp.async ring
 
 
-SEEDS = Path(__file__).resolve().parents[2] / "cake_core" / "problems" / "seeds"
 OWNED = ("kmeans_update_owned.cake", "kmeans_update_owned_w32.cake", "kmeans_update_owned_w8.cake")
 # PRIV with x staged in smem, so that a warp can read every row it owns
 PRIV_S = PRIV.replace("    x_r = rmem(bf16, (BN, BD))\n", "    x_r = smem(bf16, (BN, BD))\n").replace(
@@ -76,7 +76,7 @@ def test_a_warp_owned_scatter_of_an_rmem_source_is_refused_by_the_lowering():
 @pytest.mark.skipif(compile_mod.nvcc_path() is None, reason="nvcc not installed")
 @pytest.mark.parametrize("name", OWNED)
 def test_the_warp_owned_variants_compile_for_sm_90a_without_spills(name, tmp_path):
-    r = lower(parse_program((SEEDS / name).read_text(), name), name)
+    r = lower(parse_program(corpus_file(name).read_text(), name), name)
     assert r.ok, r.diagnostics
     assert "cake::scatter_add_smem_owned<384, 32, THREADS, true>(acc_s, 1024, " in r.value.source
     c = compile_kernel(r.value, cache_dir=tmp_path)

@@ -11,9 +11,10 @@ from cake_core.lower import compile_kernel, lower
 from cake_core.lower import compile as compile_mod
 from cake_core.outcome import Outcome
 from ptx import ptx_of
+from cake_core.problems import corpus_file
 
 NAME = "tinygemm_cluster.cake"
-TEXT = (Path(__file__).resolve().parents[2] / "cake_core/problems/seeds" / NAME).read_text()
+TEXT = corpus_file(NAME).read_text()
 SM_SMEM = 233472        # bytes of shared memory per H200 SM (228 KiB), 1 KiB of it reserved per CTA
 
 

@@ -5,12 +5,12 @@ from pathlib import Path
 
 from cake_core.ir.text import parse_program
 from cake_core.model.base import Sample
+from cake_core.problems import corpus_file
 
-SEEDS = Path(__file__).resolve().parents[2] / "cake_core" / "problems" / "seeds"
 
 
 def seed(name: str):
-    return parse_program((SEEDS / f"{name}.cake").read_text())
+    return parse_program(corpus_file(f"{name}.cake").read_text())
 
 
 def gemm_variants():

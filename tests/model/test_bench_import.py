@@ -5,6 +5,7 @@ import pytest
 from bench_fixture import PROGRAMS, write_bench
 
 from cake_core.model.bench_import import BenchFileError, read_bench_file, resolve_texts, warehouse_rows
+from cake_core.problems import corpus_file
 
 
 def fake_check(text: str):
@@ -58,7 +59,7 @@ def test_a_program_in_no_commit_is_read_from_the_text_the_result_file_holds(tmp_
     from pathlib import Path
     path = write_bench(tmp_path / "b.json")
     doc = json.loads(path.read_text())
-    text = (Path(__file__).resolve().parents[2] / "cake_core/problems/seeds/gemm_bf16_ws_n256.cake").read_text()
+    text = corpus_file("gemm_bf16_ws_n256.cake").read_text()
     doc["programs"]["gemm_bf16/best:no_such_program.cake"]["text"] = text.replace("def gemm_bf16_ws_n256(",
                                                                                   "def no_such_program(")
     doc["programs"]["gemm_bf16/best:no_such_program.cake"]["kernel"] = "no_such_program"

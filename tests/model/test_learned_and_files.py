@@ -9,7 +9,7 @@ import pytest
 from model_fixtures import gemm_variants, measured
 
 from cake_core.model.analytic import AnalyticModel
-from cake_core.model.artifact import load_model, model_for_run, read_header
+from cake_core.model.artifact import load_model, model_for_run, read_header, save_model
 from cake_core.model.base import ModelFileError, NotEnoughData
 from cake_core.model.learned import LearnedModel, labels
 
@@ -58,18 +58,18 @@ def test_too_little_data_is_one_clear_error(data):
 
 
 def test_round_trip_keeps_predictions(tmp_path, data, fitted):
-    path = fitted.with_comparison({"learned_wins": True, "summary": "test"}).save(tmp_path / "m.json")
+    path = save_model(fitted.with_comparison({"learned_wins": True, "summary": "test"}), tmp_path / "m.json")
     back = load_model(path, "H200")
     assert back.kind == "learned" and back.version == fitted.version and back.beats_analytic
     assert np.allclose(back.predict(data), fitted.predict(data)) and np.allclose(back.score(data), fitted.score(data))
     h = read_header(path)
     assert (h["kind"], h["gpu"], h["target"]) == ("learned", "H200", "sm_90a") and len(h["feature_schema"]) > 40
-    a = A.update(data).save(tmp_path / "a.json")
+    a = save_model(A.update(data), tmp_path / "a.json")
     assert load_model(a).predict(data[:3]) == pytest.approx(A.update(data).predict(data[:3]))
 
 
 def test_a_file_of_another_gpu_is_refused(tmp_path):
-    path = AnalyticModel("B200").save(tmp_path / "b200.json")
+    path = save_model(AnalyticModel("B200"), tmp_path / "b200.json")
     with pytest.raises(ModelFileError, match=r"is for B200 \(sm_100a\), not H200 \(sm_90a\)"):
         load_model(path, "H200")
     model, line = model_for_run(path, "H200")
@@ -79,7 +79,7 @@ def test_a_file_of_another_gpu_is_refused(tmp_path):
 
 @pytest.mark.parametrize("damage", ["truncate", "payload", "garbage"])
 def test_a_corrupted_file_is_refused(tmp_path, fitted, damage):
-    path = fitted.save(tmp_path / "m.json")
+    path = save_model(fitted, tmp_path / "m.json")
     text = path.read_text()
     if damage == "truncate":
         path.write_text(text[: len(text) // 2])
@@ -97,10 +97,10 @@ def test_a_corrupted_file_is_refused(tmp_path, fitted, damage):
 
 def test_a_learned_model_that_lost_on_held_out_data_is_not_used(tmp_path, fitted):
     lost = fitted.with_comparison({"learned_wins": False, "summary": "Spearman 0.1 vs 0.3"})
-    model, line = model_for_run(lost.save(tmp_path / "lost.json"), "H200")
+    model, line = model_for_run(save_model(lost, tmp_path / "lost.json"), "H200")
     assert model.kind == "analytic" and "did not beat the analytic one on held-out data (Spearman 0.1 vs 0.3)" in line
     won = fitted.with_comparison({"learned_wins": True, "summary": "ok"})
-    model, line = model_for_run(won.save(tmp_path / "won.json"), "H200")
+    model, line = model_for_run(save_model(won, tmp_path / "won.json"), "H200")
     assert model.kind == "learned" and line.startswith("cost model: learned")
     assert model_for_run(None, "H200")[0].kind == "analytic"
 
@@ -115,7 +115,7 @@ def test_a_learned_model_serves_the_problems_it_won_on_and_leaves_the_others_to_
     mixed = fitted.with_comparison({"learned_wins": False, "summary": "overall 0.28 vs 0.34",
                                     "per_problem": {"kmeans_assign": {"learned_wins": True, "summary": "0.91 vs 0.22"},
                                                     "tinygemm": {"learned_wins": False, "summary": "-0.30 vs 0.16"}}})
-    path = mixed.save(tmp_path / "mixed.json")
+    path = save_model(mixed, tmp_path / "mixed.json")
     model, line = model_for_run(path, "H200", problem="kmeans_assign")
     assert model.kind == "learned" and "kmeans_assign: 0.91 vs 0.22" in line
     model, line = model_for_run(path, "H200", problem="tinygemm")

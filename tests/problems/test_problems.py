@@ -10,8 +10,10 @@ from cake_core.ir.check import check_text
 from cake_core.ir.text import parse_program
 from cake_core.lower import compile_kernel, lower
 from cake_core.lower import compile as compile_mod
-from cake_core.problems import PROBLEMS, get_problem, load_shape_set
+from cake_core.problems import list_problems, get_problem, load_shape_set
 from cake_core.runtime.cpu import check_on_cpu
+
+PROBLEMS = {p.name: p for p in list_problems()}
 
 NAMES = sorted(PROBLEMS)
 

@@ -9,13 +9,13 @@ from cake_core.ir.zeroing import accumulated_params
 from cake_core.lower import lower
 from cake_core.problems import get_problem
 from cake_core.runtime import cpu
+from cake_core.problems import corpus_file
 
-SEEDS = Path(__file__).resolve().parents[2] / "cake_core/problems/seeds"
 TINY = get_problem("tinygemm")
 
 
 def _prog(name: str):
-    return parse_program((SEEDS / name).read_text(), name)
+    return parse_program(corpus_file(name).read_text(), name)
 
 
 def test_atomics_and_reads_count_as_accumulation_plain_stores_do_not():

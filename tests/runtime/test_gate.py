@@ -8,11 +8,13 @@ import numpy as np
 import pytest
 
 from cake_core.ir.text import parse_program
-from cake_core.problems import PROBLEMS, get_problem
+from cake_core.problems import list_problems, get_problem
 from cake_core.problems.base import input_sampler, row_view, seed_words
 from cake_core.runtime.cpu import check_on_cpu
 from cake_core.runtime.gate import compare_to, perturbation_check, pick_rows
 from cake_core.runtime.references import ReferenceCache, reference
+
+PROBLEMS = {p.name: p for p in list_problems()}
 
 SMALL = {"gemm_bf16": {"M": 40, "N": 24, "K": 16}, "tinygemm": {"M": 5, "N": 24, "K": 32},
          "kmeans_assign": {"B": 2, "N": 30, "K": 9, "D": 8}, "kmeans_update": {"B": 2, "N": 60, "K": 7, "D": 8},
@@ -68,7 +70,7 @@ def test_a_kernel_wrong_on_a_row_the_perturbation_does_not_feed_fails(name):
 
     def stale_elsewhere(inputs):
         out = _honest(p)(inputs)
-        fed = set(p.rows.rows_of_input0(inputs, np.flatnonzero(inputs[p.inputs[0]] != x[p.inputs[0]])).tolist())
+        fed = set(p.rows.rows_of_perturbed(inputs, np.flatnonzero(inputs[p.inputs[0]] != x[p.inputs[0]])).tolist())
         victim = next(r for r in range(count) if r not in fed)
         for n in out:   # poison one unfed row: the unperturbed reference still holds there
             row_view(out[n], count)[victim] = np.nan

@@ -13,6 +13,7 @@ import pytest
 from cake_core.ir.text import parse_program
 from cake_core.lower import compile_kernel, lower
 from cake_core.problems import get_problem
+from cake_core.problems import corpus_file
 
 ROOT = Path(__file__).resolve().parents[2]
 SEEDS = ("gemm_bf16_persistent.cake", "gemm_bf16_persistent_mc.cake")
@@ -34,7 +35,7 @@ def _aligned_shapes() -> list[dict]:
 
 @pytest.fixture(scope="module", params=SEEDS)
 def built(request, tmp_path_factory):
-    text = (ROOT / "cake_core/problems/seeds" / request.param).read_text()
+    text = corpus_file(request.param).read_text()
     lk = lower(parse_program(text, request.param), request.param)
     assert lk.ok, lk.diagnostics
     cr = compile_kernel(lk.value, arch="sm_90a", cache_dir=tmp_path_factory.mktemp("cubins"))

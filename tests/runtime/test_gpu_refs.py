@@ -12,10 +12,13 @@ import time
 import numpy as np
 import pytest
 
-from cake_core.problems import PROBLEMS, get_problem
+from cake_core.problems import list_problems, get_problem
 from cake_core.problems.base import input_sampler, to_host
 from cake_core.runtime.gate import compare_to
 from cake_core.runtime.references import ReferenceCache, reference
+from cake_core.problems import corpus_file
+
+PROBLEMS = {p.name: p for p in list_problems()}
 
 pytestmark = pytest.mark.gpu
 
@@ -116,8 +119,7 @@ def test_the_second_reference_is_a_cache_hit(cp, tmp_path):
 def _compile(problem, name, tmp_path):
     from cake_core.ir.text import parse_program
     from cake_core.lower import compile_kernel, lower
-    from cake_core.problems.base import SEEDS_DIR
-    prog = parse_program((SEEDS_DIR / name).read_text(), name)
+    prog = parse_program(corpus_file(name).read_text(), name)
     lr = lower(prog, name)
     cr = compile_kernel(lr.value, arch="sm_90a", cache_dir=tmp_path)
     assert cr.ok, [d.message for d in cr.diagnostics]

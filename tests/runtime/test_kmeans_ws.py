@@ -19,9 +19,10 @@ from cake_core.ir.verify import verify
 from cake_core.lower import compile_kernel, lower
 from cake_core.problems import get_problem
 from cake_core.runtime import tma
+from cake_core.problems import corpus_file
 
 ROOT = Path(__file__).resolve().parents[2]
-WS = (ROOT / "cake_core/problems/seeds/kmeans_assign_ws.cake").read_text()
+WS = corpus_file("kmeans_assign_ws.cake").read_text()
 # variants of it, timed against it: persistent CTAs; two consumer warpgroup roles taking turns (ping-pong);
 # ping-pong with the centroid tiles multicast to a 2-CTA cluster
 VARIANTS = ["kmeans_assign_persistent", "kmeans_assign_pingpong", "kmeans_assign_pingpong_mc"]
@@ -74,7 +75,7 @@ def test_tensor_maps_of_the_three_inputs():
 @pytest.mark.parametrize("name", VARIANTS)
 def test_variants_pass_the_verifier_and_the_interpreter(name):
     from cake_core.runtime.cpu import check_on_cpu
-    prog = parse_program((ROOT / f"cake_core/problems/seeds/{name}.cake").read_text(), f"{name}.cake")
+    prog = parse_program(corpus_file(f"{name}.cake").read_text(), f"{name}.cake")
     assert not [d for d in verify(prog, shapes=list(ALIGNED.shapes) + [HEADLINE]) if d.is_error]
     checks = check_on_cpu(prog, KM, ALIGNED.cpu_shapes(KM.cpu_limit) + EXTRA, seed=7)
     assert all(c.correct for c in checks), [(c.shape, c.message) for c in checks if not c.correct]
@@ -83,7 +84,7 @@ def test_variants_pass_the_verifier_and_the_interpreter(name):
 def test_registers_are_counted_per_role():
     # the ping-pong roles hold 2 x 64 accumulator words each on disjoint warps: 132 per thread, not 260;
     # a third accumulator pair in one role is over the limit
-    pp = (ROOT / "cake_core/problems/seeds/kmeans_assign_pingpong.cake").read_text()
+    pp = corpus_file("kmeans_assign_pingpong.cake").read_text()
     assert "resources.registers" not in [d.rule for d in verify(parse_program(pp))]
     extra = "            acc0 = rmem(f32, (BM // 2, BN))\n"
     more = pp.replace(extra, extra + extra.replace("acc0", "acc4") + extra.replace("acc0", "acc5"))
@@ -94,8 +95,8 @@ def test_registers_are_counted_per_role():
 
 
 def _build_seed(name: str, tmp_path_factory):
-    """(compiled, lowered, name) of a seed program under cake_core/problems/seeds/."""
-    lk = lower(parse_program((ROOT / f"cake_core/problems/seeds/{name}.cake").read_text(), f"{name}.cake"),
+    """(compiled, lowered, name) of a seed program of the corpus (a problem's kernels/)."""
+    lk = lower(parse_program(corpus_file(f"{name}.cake").read_text(), f"{name}.cake"),
                f"{name}.cake").value
     cr = compile_kernel(lk, arch="sm_90a", cache_dir=tmp_path_factory.mktemp("cubins"))
     assert cr.ok, [d.message for d in cr.diagnostics]

@@ -17,10 +17,11 @@ import pytest
 from cake_core.ir.text import parse_program
 from cake_core.lower import compile_kernel, lower
 from cake_core.problems import get_problem
+from cake_core.problems import corpus_file
 
 ROOT = Path(__file__).resolve().parents[2]
-SPLIT = (ROOT / "cake_core/problems/seeds/knn_topk_split.cake").read_text()
-PP = (ROOT / "cake_core/problems/seeds/knn_topk_split_pp.cake").read_text()
+SPLIT = corpus_file("knn_topk_split.cake").read_text()
+PP = corpus_file("knn_topk_split_pp.cake").read_text()
 KNN = get_problem("knn_topk")
 ALIGNED = KNN.shape_set("knn_topk_aligned")
 HEADLINE = {"Q": 4096, "N": 1048576, "D": 128, "k": 10}

@@ -15,9 +15,10 @@ from cake_core.ir.verify import verify
 from cake_core.lower import compile_kernel, lower
 from cake_core.problems import get_problem
 from cake_core.runtime import tma
+from cake_core.problems import corpus_file
 
 ROOT = Path(__file__).resolve().parents[2]
-WS = (ROOT / "cake_core/problems/seeds/knn_topk_ws.cake").read_text()
+WS = corpus_file("knn_topk_ws.cake").read_text()
 KNN = get_problem("knn_topk")
 ALIGNED = KNN.shape_set("knn_topk_aligned")
 HEADLINE = {"Q": 4096, "N": 1048576, "D": 128, "k": 10}

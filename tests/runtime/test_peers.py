@@ -11,10 +11,15 @@ import numpy as np
 import pytest
 
 from cake_core.errors import CakeError
-from cake_core.problems import PROBLEMS, get_problem
+from cake_core.problems import list_problems, get_problem
 from cake_core.ir.numeric import bf16_round
 from cake_core.runtime.gate import pick_rows
-from cake_core.runtime.peers import BF16_C_RTOL, PEERS, PeerUnavailable, make_peer
+from cake_core.problems.common.matmul import BF16_C_RTOL
+from cake_core.runtime.peers import PeerUnavailable, make_peer
+from cake_core.problems import corpus_file
+
+PROBLEMS = {p.name: p for p in list_problems()}
+PEERS = {p.name: tuple(p.peers) for p in list_problems()}
 
 SMALL = {"gemm_bf16": {"M": 40, "N": 33, "K": 50}, "tinygemm": {"M": 9, "N": 70, "K": 40},
          "kmeans_assign": {"B": 3, "N": 77, "K": 20, "D": 9}, "kmeans_update": {"B": 3, "N": 200, "K": 13, "D": 7},
@@ -55,7 +60,7 @@ def test_peers_refuse_cleanly_without_torch(no_torch, problem, peer):
 
 
 def test_unknown_problem_or_peer_is_a_cake_error():
-    with pytest.raises(CakeError, match="no peers for problem"):
+    with pytest.raises(CakeError, match="unknown problem `nope`"):
         make_peer("nope", "torch", {})
     with pytest.raises(CakeError, match="its peers: torch"):
         make_peer("knn_topk", "faiss", {})
@@ -139,7 +144,7 @@ def test_bench_targets_take_our_fastest_correct_program_against_the_fastest_refe
     assert lines[-1].endswith("| yes |")
     # tinygemm: within 15 % of the weight-read floor counts even below 1.3x cuBLAS
     s = {"M": 1, "N": 4096, "K": 4096}
-    wf = mod.weight_floor_ms(s)
+    wf = mod.weight_floor_ms("tinygemm", s)
     near = row([("splitk", 1.1 * wf, True)], [("torch.mm_f32", 1.2 * wf, True)], "M=1,N=4096,K=4096", "tinygemm")
     far = row([("splitk", 1.3 * wf, True)], [("torch.mm_f32", 1.4 * wf, True)], "M=1,N=4096,K=4096", "tinygemm")
     near["shape"] = far["shape"] = s
@@ -298,9 +303,8 @@ def _hand_written_job(problem, shape, seed, tmp_path):
     from cake_core.ir.text import parse_program
     from cake_core.lower import compile_kernel, lower
     from cake_core.pipeline.execute import GpuJob
-    from cake_core.problems.base import SEEDS_DIR
     name = get_problem(problem).best_files[0]
-    lr = lower(parse_program((SEEDS_DIR / name).read_text(), name), name)
+    lr = lower(parse_program(corpus_file(name).read_text(), name), name)
     assert lr.ok, lr.diagnostics
     cr = compile_kernel(lr.value, arch="sm_90a", cache_dir=tmp_path)
     assert cr.ok, [d.message for d in cr.diagnostics]

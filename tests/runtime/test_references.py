@@ -9,9 +9,11 @@ import json
 import numpy as np
 import pytest
 
-from cake_core.problems import PROBLEMS, get_problem
+from cake_core.problems import list_problems, get_problem
 from cake_core.problems.base import input_sampler
 from cake_core.runtime.references import ReferenceCache, problem_fingerprint, ref_key, reference
+
+PROBLEMS = {p.name: p for p in list_problems()}
 
 KM = get_problem("kmeans_assign")
 SHAPE = {"B": 2, "N": 40, "K": 12, "D": 16}

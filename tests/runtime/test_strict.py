@@ -9,9 +9,10 @@ import pytest
 from cake_core.ir.domain import domain_violations, lets_of
 from cake_core.ir.text import parse_program
 from cake_core.problems import get_problem
-from cake_core.problems.base import SEEDS_DIR, bf16_round, input_sampler
+from cake_core.problems.base import bf16_round, input_sampler
 from cake_core.runtime.cpu import check_on_cpu
 from cake_core.runtime.strict import loop_trips, ring_loops, strict_shapes, tile_sizes
+from cake_core.problems import corpus_file
 
 KM = get_problem("kmeans_assign")
 KNN = get_problem("knn_topk")
@@ -19,7 +20,7 @@ GEMM = get_problem("gemm_bf16")
 
 
 def _program(name: str):
-    return parse_program((SEEDS_DIR / name).read_text(), name)
+    return parse_program(corpus_file(name).read_text(), name)
 
 
 @pytest.mark.parametrize("name,problem", [("knn_topk_split_pp.cake", KNN), ("kmeans_assign_ws.cake", KM),

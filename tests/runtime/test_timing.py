@@ -79,7 +79,7 @@ def _fake_torch(log: list, reps: int):
 def test_a_peer_is_timed_with_the_same_regions(monkeypatch):
     log: list[str] = []
     reps = timing.MIN_REPS
-    monkeypatch.setattr(peers, "_torch", lambda: _fake_torch(log, reps))
+    monkeypatch.setattr(peers, "torch_cuda", lambda: _fake_torch(log, reps))
     run = peers.PeerRun("kmeans_update", "p", "lib", run=lambda i: log.append("run"), fetch=dict,
                         reset=lambda: log.append("reset"))
     t = peers.time_peer(run, reps=1, warmup=1)

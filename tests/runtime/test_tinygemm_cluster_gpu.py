@@ -15,15 +15,15 @@ from cake_core.ir.text import parse_program
 from cake_core.lower import compile_kernel, lower
 from cake_core.problems import get_problem
 from cake_core.problems.base import shape_key
+from cake_core.problems import corpus_file
 
 TINY = get_problem("tinygemm")
-SEEDS = Path(__file__).resolve().parents[2] / "cake_core/problems/seeds"
 EXTRA = [{"M": 70, "N": 200, "K": 1000}, {"M": 64, "N": 264, "K": 8}, {"M": 2, "N": 36000, "K": 128}]
 HEADLINE = [{"M": m, "N": n, "K": n} for n in (4096, 8192) for m in (1, 16, 64)]
 
 
 def _build(name: str, tmp):
-    text = (SEEDS / name).read_text()
+    text = corpus_file(name).read_text()
     lk = lower(parse_program(text, name), name)
     assert lk.ok, lk.diagnostics
     cr = compile_kernel(lk.value, arch="sm_90a", cache_dir=tmp)

@@ -16,10 +16,11 @@ from cake_core.ir.text import parse_program
 from cake_core.lower import compile_kernel, lower
 from cake_core.problems import get_problem
 from cake_core.runtime import tma
+from cake_core.problems import corpus_file
 
 ROOT = Path(__file__).resolve().parents[2]
-WS = (ROOT / "cake_core/problems/seeds/gemm_bf16_ws.cake").read_text()
-N256 = (ROOT / "cake_core/problems/seeds/gemm_bf16_ws_n256.cake").read_text()
+WS = corpus_file("gemm_bf16_ws.cake").read_text()
+N256 = corpus_file("gemm_bf16_ws_n256.cake").read_text()
 GEMM = get_problem("gemm_bf16")
 # ragged in M, N and K against BM=128, BN=64, BK=64 (N and K multiples of 8: TMA's 16-byte strides);
 # K > 4 * BK wraps the 4-stage ring several times

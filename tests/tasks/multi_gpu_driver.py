@@ -102,8 +102,9 @@ def scenario(name: str, out: Path, wh_root: str, model: str, candidates: int, di
     if node_lost:
         workers._node_alive = lambda node_id: False      # every death looks like its node went away
     recorder = Recorder(wh_root)
+    from cake_core.problems import get_problem
     run = SimpleNamespace(plan=SimpleNamespace(problem="gemm_bf16", run_id=f"mg-{name}", session=0),
-                          timeout_s=120.0, reps=1, gpu=pool, recorder=recorder,
+                          problem=get_problem("gemm_bf16"), timeout_s=120.0, reps=1, gpu=pool, recorder=recorder,
                           state=SimpleNamespace(generation=0))
     try:
         verdicts = on_gpu(run, _attempts(candidates), SHAPES, 7, drop_failed=False)

@@ -19,15 +19,16 @@ from cake_core.model.analytic import AnalyticModel
 from cake_core.outcome import Outcome, StageResult
 from cake_core.pipeline.attempt import attempt_id_for
 from cake_core.pipeline.plan import RunPlan
+from cake_core.pipeline.policy import CONFIRM_ROUNDS, CONFIRM_SEED, HELD_OUT_SEED
 from cake_core.pipeline.stages import Binary
 from cake_core.pipeline.verdicts import ShapeVerdict, Timing
 from cake_core.problems import get_problem, shape_key
-from tasks.final import CONFIRM_ROUNDS, CONFIRM_SEED, HELD_OUT_SEED, final
-from tasks.history import confirm_failures, shape_best
+from tasks.final import final
 from tasks.record import Recorder
 from tasks.run import Run
 from tasks.workers import PoolExhausted, _cpu_stage
 from warehouse import Warehouse
+from warehouse.queries import confirm_failures, shape_best
 
 SEED_TEXT = get_problem("gemm_bf16").seed_text()
 UNGUARDED = SEED_TEXT.replace("tile(kt, BK)])", "tile(kt, BK)], guard=False)", 1)    # another kernel that verifies

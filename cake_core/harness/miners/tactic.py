@@ -11,7 +11,6 @@ speed-up is proposed.
 """
 from __future__ import annotations
 
-import math
 import statistics
 from typing import Sequence
 
@@ -19,6 +18,7 @@ from cake_core.harness.evidence import excerpt
 from cake_core.harness.macro import Macro, flatten, macro_name
 from cake_core.harness.proposal import Proposal
 from cake_core.harness.records import AttemptRecord
+from cake_core.model.base import geomean
 
 _NOT_TACTICS = ("seed", "best-known")
 MIN_SPEEDUP = 1.01        # a win is at least 1% faster
@@ -99,7 +99,7 @@ def mine_tactic(attempts: Sequence[AttemptRecord], macros: tuple[Macro, ...] = (
         "definition": {"macro": macro.to_data()},
         "cluster": {"signature": "tactic:" + "+".join(seq), "wins": len(ws), "problems": problems,
                     "median_speedup": round(statistics.median(speedups), 4),
-                    "geomean_speedup": round(math.exp(statistics.fmean(math.log(s) for s in speedups)), 4),
+                    "geomean_speedup": round(geomean(speedups), 4),
                     "score_basis": basis, "tried": tried},
         "examples": examples,
     }

@@ -423,7 +423,8 @@ __device__ __forceinline__ void topk_insert(float (&v)[KMAX], int (&ix)[KMAX], f
 // least KMAX of the row's scores are at or below it and a score that does not beat it is not among the
 // row's KMAX best. Against the list's own last entry alone (about the row's 4 * KMAX-th score), some
 // row of a warpgroup takes the insertion loop on most tiles and the warpgroup's barrier holds the
-// others: knn_topk_split_pp3 went from 8.30 to 6.74 ms at its headline shape with the row's bar.
+// others: a split, ping-ponged top-k epilogue kernel went from 8.30 to 6.74 ms at its headline shape with the
+// row's bar.
 template <int N, int KMAX, bool GUARD, int SLOTS>
 __device__ __forceinline__ void topk_bias_tile(float (&tv)[2][KMAX], int (&ti)[2][KMAX], const float (&acc)[SLOTS],
                                                const float* bias, float beta, int base, int limit, int lane) {
@@ -634,10 +635,10 @@ __device__ __forceinline__ void unpack2_f32(float& lo, float& hi, uint32_t w, co
 
 // sqnorm_rows_smem<R, C, THREADS, ACC>(dst, src, tid): dst[r] (+)= sum_c src[r, c]^2 (f32), P = 2
 // neighbouring threads per row where the role has 2R threads (a 64-row tile on a 128-thread role: 8.3 ms
-// instead of 9.8 for knn_topk_split_pp3 at its headline shape, where one thread per row left half the role
-// idle), else 1; each sums its half of the row's chunks, combined by a shuffle. 16-byte chunks: a
-// swizzled row keeps its chunks inside its own span, so the sum ignores the swizzle (and the XOR pattern
-// spreads a warp's reads evenly over the banks). Ends with a barrier of the role's threads
+// instead of 9.8 for a split, ping-ponged top-k epilogue kernel at its headline shape, where one thread per
+// row left half the role idle), else 1; each sums its half of the row's chunks, combined by a shuffle.
+// 16-byte chunks: a swizzled row keeps its chunks inside its own span, so the sum ignores the swizzle
+// (and the XOR pattern spreads a warp's reads evenly over the banks). Ends with a barrier of the role's threads
 // (named barrier BAR), so the role's next arrive publishes dst.
 template <int R, int C, int THREADS, bool ACC, int BAR, typename TS>
 __device__ __forceinline__ void sqnorm_rows_smem(float* dst, const TS* src, int tid) {

@@ -36,6 +36,14 @@ template <typename T> using acc_t = typename acc_of<T>::type;
 // f2i(x): float -> int as a C cast (toward zero), saturating instead of undefined.
 __device__ __forceinline__ int f2i(float x) { return __float2int_rz(x); }
 
+// The activations of unary (the interpreter's formulas, ops_compute._UNARY): expf, not __expf, so that
+// they stay within a few ulp of the f32 reference. expf(-x) overflows to inf for x < -88, where
+// 1 / (1 + inf) is the correct limit 0.
+__device__ __forceinline__ float sigmoid_f32(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float silu_f32(float x) { return x * sigmoid_f32(x); }
+// log(1 + e^x) = log1p(e^-|x|) + max(x, 0): the exponent is never positive, so nothing overflows.
+__device__ __forceinline__ float softplus_f32(float x) { return log1pf(expf(-fabsf(x))) + fmaxf(x, 0.0f); }
+
 // (value, index) lexicographic order of the running merges: ties go to the smaller index.
 __device__ __forceinline__ bool lex_less(float v, int i, float w, int j) { return v < w || (v == w && i < j); }
 
@@ -334,7 +342,7 @@ template <> __device__ __forceinline__ float word_elem<__half>(unsigned w, int h
 // contiguous and aligned to V elements. Each lane loads its V columns of a row as raw words, P rows at a
 // time (16 registers of them per lane: 8 rows of 128 bf16 columns), with no branch between the loads (past
 // the run's end a lane reloads its last row, unused), and the next P rows' loads go out before the current
-// P are added: two batches in flight. On the H200 (kmeans_update_gather, B=32 N=65536 K=1024 D=128) raw
+// P are added: two batches in flight. On the H200 (a gathering segmented sum, B=32 N=65536 K=1024 D=128) raw
 // words with no branch between the loads took the kernel from 0.78 to 0.38 ms, and 2 x 8 rows in flight
 // instead of 2 x 4 to 0.33 ms.
 template <int C, int V, typename TS>

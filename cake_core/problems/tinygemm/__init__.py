@@ -1,8 +1,8 @@
 """tinygemm: decode-style C[M, N] = A[M, K] @ B[K, N] with few rows (M ≤ 64), bf16 operands.
 
 A[M, K] holds the activations of a few tokens, B[K, N] the weights (row-major, K-major rows as
-in gemm_bf16); C is fp32 (accumulate and output), as in gemm_bf16, so the two problems take the
-same kernels and the same oracle. An fp32 C costs 4·M·N bytes, under 1 % of the weight read at
+in the general GEMM problem); C is fp32 (accumulate and output), as there, so the two problems take
+the same kernels and the same oracle (``common.matmul``). An fp32 C costs 4·M·N bytes, under 1 % of the weight read at
 every headline cell (M ≤ 64, N = K ≥ 4096), so the choice does not move the floor.
 
 The weight read dominates: K·N·2 bytes (32 MiB at N = K = 4096, 128 MiB at 8192) against
@@ -17,12 +17,13 @@ the tolerance, as is any tile left unwritten.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from cake_core.problems.base import Problem, Shape, as_sampler, bf16_round
-from cake_core.problems.gemm import GEMM_ROWS, matmul_f64
+from cake_core.problems.base import BenchTarget, Problem, Shape, as_sampler, bf16_round, data, output
+from cake_core.problems.common import matmul
 
 
 def _inputs(s: Shape, rng: Any) -> dict[str, Any]:
@@ -33,22 +34,17 @@ def _inputs(s: Shape, rng: Any) -> dict[str, Any]:
     return {"a": a, "b": b}
 
 
-def _oracle(x: dict[str, Any]) -> dict[str, Any]:
-    return {"c": matmul_f64(x["a"], x["b"])}
-
-
-TINYGEMM = Problem(
+PROBLEM = Problem(
     name="tinygemm",
     description="C = A @ B for decode (M ≤ 64 rows of activations, B[K,N] weights), bf16 inputs "
                 "(row-major A[M,K], B[K,N]), accumulated in fp32 (or wider), fp32 output; bound by the weight read",
     dims=("M", "N", "K"),
-    inputs=("a", "b"),
-    outputs=("c",),
+    tensors=(data("a", "bf16"), data("b", "bf16"), output("c", "f32")),
     make_inputs=_inputs,
-    oracle=_oracle,
+    oracle=matmul.oracle,
     rtol=2e-3,   # fp32 accumulation of exact bf16 products: ~1e-6; a dropped K-tile or wrong index is ≥ 1e-2
-    flops=lambda s: 2.0 * s["M"] * s["N"] * s["K"],
-    bytes=lambda s: 2.0 * (s["M"] * s["K"] + s["K"] * s["N"]) + 4.0 * s["M"] * s["N"],
+    flops=matmul.flops,
+    bytes=matmul.nbytes,
     seed_file="tinygemm.cake",
     # tinygemm_aligned: small shapes with N and K multiples of 8 (TMA's 16-byte row strides)
     shape_sets=("tinygemm_small", "tinygemm_aligned", "tinygemm_decode"),
@@ -58,9 +54,11 @@ TINYGEMM = Problem(
     # split-K over clusters of 2 reduced through distributed smem (no zeroing launch), 128-column tiles:
     # 128 CTAs in one wave at N = 8192; no split at all, 64-column tiles over the whole of K, stored
     # (no zeroing launch), with only the first 8 or 16 rows of A loaded at small M (tma_load rows=):
-    # fastest at N = K = 8192 (corpus-vs-peers-2026-11-29e.md); and clusters of 2 with 64-column tiles
-    # and the same rows= branches: one wave of 128 CTAs at N = 4096, fastest there at every M
-    # (corpus-vs-peers-2026-11-29g.md)
+    # fastest at N = K = 8192; and clusters of 2 with 64-column tiles and the same rows= branches: one wave
+    # of 128 CTAs at N = 4096, fastest there at every M
     best_files=("tinygemm_splitk.cake", "tinygemm_cluster2.cake", "tinygemm_rows.cake", "tinygemm_cluster2_rows.cake"),
-    rows=GEMM_ROWS,
+    rows=matmul.ROWS,
+    peers=matmul.PEERS,
+    bench=BenchTarget("tinygemm_decode", ("torch.mm_f32",), 1.3, floor_slack=1.15, floor_bytes=matmul.weight_bytes),
+    root=Path(__file__).resolve().parent,
 )

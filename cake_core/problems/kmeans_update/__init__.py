@@ -8,11 +8,14 @@ empty cluster stays visible). Both outputs are zeroed by the harness before ever
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from cake_core.problems.base import Problem, RowOracle, Shape, array_module, as_sampler, bf16_round, to_host
+from cake_core.problems.base import (BenchTarget, Problem, RowOracle, Shape, array_module, as_sampler, bf16_round,
+                                     data, index, output, to_host)
+from cake_core.problems.kmeans_update.peers import PEERS
 
 
 def _inputs(s: Shape, rng: Any) -> dict[str, Any]:
@@ -67,23 +70,21 @@ def _take(out: dict[str, Any], rows: np.ndarray) -> dict[str, Any]:
     return {"sums": out["sums"].reshape(-1, out["sums"].shape[-1])[r], "counts": out["counts"].reshape(-1)[r]}
 
 
-KMEANS_UPDATE = Problem(
+PROBLEM = Problem(
     name="kmeans_update",
     description="sums[b, k] = Σ x[b, n] and counts[b, k] = #n over the points with assign[b, n] = k; x[B,N,D] "
                 "bf16, assign[B,N] i32 in [0, K); sums accumulated in fp32 (or wider), f32, counts i32 (both zeroed "
                 "before the launch)",
     dims=("B", "N", "K", "D"),
-    inputs=("x", "assign"),
-    outputs=("sums", "counts"),
+    tensors=(data("x", "bf16"), index("assign", "i32"), output("sums", "f32"), output("counts", "i32")),
     make_inputs=_inputs,
     oracle=_oracle,
     rtol=1e-4,   # f32 atomic sums of exact bf16 values, any order: ~1e-6; a lost or doubled row is ~1e-1
     flops=lambda s: 1.0 * s["B"] * s["N"] * (s["D"] + 1),
     bytes=lambda s: 2.0 * s["B"] * s["N"] * s["D"] + 4.0 * s["B"] * s["N"] + 4.0 * s["B"] * s["K"] * (s["D"] + 1),
     seed_file="kmeans_update.cake",
-    # gather_add: each CTA sums its clusters' rows in smem, no global atomics (bench/results/
-    # corpus-vs-peers-2026-11-29e.md); red.global.add.v4.f32 of whole 128-column rows; the smem-privatised
-    # sums over D-slices
+    # gather_add: each CTA sums its clusters' rows in smem, no global atomics; red.global.add.v4.f32 of
+    # whole 128-column rows; the smem-privatised sums over D-slices
     best_files=("kmeans_update_gather.cake", "kmeans_update_red4.cake", "kmeans_update_smem.cake"),
     shape_sets=("kmeans_update_small", "kmeans_update_large"),
     zeroed_outputs=("sums", "counts"),
@@ -91,6 +92,9 @@ KMEANS_UPDATE = Problem(
         count=lambda s: s["B"] * s["K"],
         oracle=_oracle_rows,
         take=_take,
-        rows_of_input0=_rows_of_x,
+        rows_of_perturbed=_rows_of_x,
     ),
+    peers=PEERS,
+    bench=BenchTarget("kmeans_update_large", ("flash-kmeans-sorted",), 1.5, ("B=32,N=65536,K=1024,D=128",)),
+    root=Path(__file__).resolve().parent,
 )

@@ -7,13 +7,16 @@ ties may pick any of the tied centroids: the comparison accepts a centroid whose
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from cake_core.problems._distance import (check_indices, plant_ties, relative_gap, row_chunks, sq_dists,
-                                          sq_norms)
-from cake_core.problems.base import Problem, RowOracle, Shape, array_module, as_sampler, bf16_round
+from cake_core.problems.base import (BenchTarget, Problem, RowOracle, Shape, array_module, as_sampler, bf16_round,
+                                     data, output)
+from cake_core.problems.common.distance import (check_indices, plant_ties, relative_gap, row_chunks, sq_dists,
+                                                sq_norms)
+from cake_core.problems.kmeans_assign.peers import PEERS
 
 
 def _inputs(s: Shape, rng: Any) -> dict[str, Any]:
@@ -103,15 +106,14 @@ def _take(out: dict[str, Any], rows: np.ndarray) -> dict[str, Any]:
     return {"out": out["out"].reshape(-1)[xp.asarray(rows)][None]}
 
 
-KMEANS_ASSIGN = Problem(
+PROBLEM = Problem(
     name="kmeans_assign",
     description="out[b, n] = argmin_k ||x[b, n] - c[b, k]||^2 with x[B,N,D], c[B,K,D] bf16 and c_sq[B,K] f32 "
                 "= ||c[b, k]||^2 given; out i32; dot products accumulated in fp32 (or wider) and scored "
                 "unrounded: the inputs plant centroid pairs 2e-3 apart (relative) that a bf16 score cannot "
                 "order; equal-distance ties may pick any tied centroid",
     dims=("B", "N", "K", "D"),
-    inputs=("x", "c", "c_sq"),
-    outputs=("out",),
+    tensors=(data("x", "bf16"), data("c", "bf16"), data("c_sq", "f32"), output("out", "i32")),
     make_inputs=_inputs,
     oracle=_oracle,
     rtol=1e-3,   # chosen centroid's distance within 1e-3 relative of the nearest: fp32 scores pass, a wrong pick not
@@ -133,8 +135,12 @@ KMEANS_ASSIGN = Problem(
         count=lambda s: s["B"] * s["N"],
         oracle=_oracle_rows,
         take=_take,
-        rows_of_input0=lambda x, flat: np.unique(np.asarray(flat) // x["x"].shape[2]),
+        rows_of_perturbed=lambda x, flat: np.unique(np.asarray(flat) // x["x"].shape[2]),
     ),
     version=2,    # 2: near ties planted in the points
     context=_context,
+    peers=PEERS,
+    subset_rows=4096,
+    bench=BenchTarget("kmeans_assign_large", ("flash-kmeans",), 1.3, ("B=32,N=65536,K=1024,D=128",), geomean=1.1),
+    root=Path(__file__).resolve().parent,
 )

@@ -7,13 +7,16 @@ relative of the true j-th smallest distance, with no row returned twice.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from cake_core.problems._distance import (check_indices, plant_ties, relative_gap, row_chunks, smallest_k,
-                                          sq_dists, sq_norms)
-from cake_core.problems.base import Problem, RowOracle, Shape, array_module, as_sampler, bf16_round
+from cake_core.problems.base import (BenchTarget, Problem, RowOracle, Shape, array_module, as_sampler, bf16_round,
+                                     data, output)
+from cake_core.problems.common.distance import (check_indices, plant_ties, relative_gap, row_chunks, smallest_k,
+                                                sq_dists, sq_norms)
+from cake_core.problems.knn_topk.peers import PEERS
 
 
 def _inputs(s: Shape, rng: Any) -> dict[str, Any]:
@@ -77,15 +80,14 @@ def _compare(got: dict[str, Any], want: dict[str, Any], rtol: float) -> tuple[bo
                           f"the {j}-th nearest is at {float(dk[i, j]):.6g} (row {int(want['idx'][i, j])})")
 
 
-KNN_TOPK = Problem(
+PROBLEM = Problem(
     name="knn_topk",
     description="idx[i, :] = the k rows of db[N,D] nearest to q[i] (q[Q,D]) by L2, nearest first; bf16 inputs, "
                 "i32 output (Q, k), k ≤ N; dot products accumulated in fp32 (or wider) and ranked unrounded: "
                 "the inputs plant database pairs 2e-3 apart (relative) that a bf16 score cannot order; "
                 "equal-distance ties in any order",
     dims=("Q", "N", "D", "k"),
-    inputs=("q", "db"),
-    outputs=("idx",),
+    tensors=(data("q", "bf16"), data("db", "bf16"), output("idx", "i32")),
     make_inputs=_inputs,
     oracle=_oracle,
     rtol=1e-3,   # the j-th returned distance within 1e-3 relative of the true j-th: fp32 ranking passes
@@ -96,18 +98,20 @@ KNN_TOPK = Problem(
     compare_fn=_compare,
     # warp-specialized TMA + wgmma with a running top-k fused on the accumulator and the db row norms
     # computed in-kernel from the landed tile; D <= 128, D % 8 == 0 (TMA's 16-byte strides), k <= 16:
-    # the knn_topk_aligned shapes. Fastest first on the H200 (bench/results/corpus-vs-peers-2026-11-29c.md):
-    # the database split over a cluster of 3 CTAs (32 clusters of 4 do not fit in one wave), lists merged
-    # through distributed shared memory, two consumer roles taking turns (6.74 ms, 11.6x torch mm + topk);
-    # the same over 4 CTAs; 4 CTAs with one consumer role; one CTA per query tile
+    # the knn_topk_aligned shapes. Fastest first on the H200: the database split over a cluster of 3 CTAs
+    # (32 clusters of 4 do not fit in one wave), lists merged through distributed shared memory, two consumer
+    # roles taking turns; the same over 4 CTAs; 4 CTAs with one consumer role; one CTA per query tile
     best_files=("knn_topk_split_pp3.cake", "knn_topk_split_pp.cake", "knn_topk_split.cake", "knn_topk_ws.cake"),
     rows=RowOracle(
         count=lambda s: s["Q"],
         oracle=_oracle_rows,
         take=lambda out, rows: {"idx": out["idx"][array_module(out["idx"]).asarray(rows)]},
-        rows_of_input0=lambda x, flat: np.unique(np.asarray(flat) // x["q"].shape[1]),
+        rows_of_perturbed=lambda x, flat: np.unique(np.asarray(flat) // x["q"].shape[1]),
     ),
     version=2,    # 2: near ties planted in the queries
     shape_rule=lambda s: "" if s["k"] <= s["N"] else f"k = {s['k']} > N = {s['N']}: fewer database rows than k",
     context=_context,
+    peers=PEERS,
+    bench=BenchTarget("knn_topk_large", ("torch",), 10.0, ("Q=4096,N=1048576,D=128,k=10",)),
+    root=Path(__file__).resolve().parent,
 )

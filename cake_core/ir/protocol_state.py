@@ -1,0 +1,194 @@
+"""What the protocol simulation (``ir.protocol_sim``) keeps: each op's plan, its outcomes, and its state.
+
+- plans: what an op does to barriers, smem slots and accumulators, worked out once per op from its
+  declaration (:func:`plan_of`, :func:`barrier_operand`), so the simulation has no list of ops of its own;
+- outcomes: :class:`Undecided` (the simulation cannot go on), :class:`OutOfSteps` (its :class:`Budget` is
+  spent), :class:`Stop` (a finding after which the rest would be echoes), :class:`Stuck` (a role blocked at
+  a deadlock);
+- state: mbarrier slots (:class:`Bar`, :class:`BarArray`), the fill and reads of an smem slot
+  (:class:`Fill`, :class:`Read`) and each role's progress (:class:`Role`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Iterator
+
+from cake_core.ir.opdef import BarrierUse, ByAttr, Completion, Effect, Operand, Slot
+from cake_core.ir.ops import REGISTRY, Node, Op
+
+
+@dataclass(frozen=True)
+class _Accesses:
+    """Which operands (by position) an op reads, read-writes and writes, as its declaration says."""
+
+    acc_reads: tuple[int, ...]      # tiles it reads (an accumulator a wgmma may still be writing)
+    acc_write: int | None           # the tile an async MMA writes (its accumulator)
+    reads: tuple[int, ...]          # slots and smem tiles of its own CTA it only reads
+    read_writes: tuple[int, ...]    # ... reads, then writes
+    writes: tuple[int, ...]         # ... writes or adds into (read_writes included)
+    publishes: tuple[int, ...]      # smem tiles it writes for the cluster's CTAs to read
+    cluster_reads: tuple[int, ...]  # smem tiles it reads from every CTA of the cluster
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What the simulation needs of an op's declaration (worked out once per op)."""
+
+    operands: tuple[Operand, ...]
+    barrier: tuple[int, BarrierUse] | None      # its barrier operand and what it does with it
+    issued: bool                                # an async MMA: its reads stay in flight until a wgmma_wait
+    fixed: _Accesses | None                     # its accesses, when no attribute selects an effect
+
+    def accesses(self, n: Node) -> _Accesses:
+        return self.fixed or _accesses(self.operands, n)
+
+
+def _accesses(operands: tuple[Operand, ...], n: Node | None) -> _Accesses:
+    eff = [(i, o, o.effect_of(n) if n is not None else o.effect) for i, o in enumerate(operands)]
+    smem = [(i, e) for i, o, e in eff if o.memory and o.kind != "view" and not o.cluster]
+    return _Accesses(tuple(i for i, o, e in eff if o.kind == "buf" and not o.cluster and e is Effect.READ),
+                     next((i for i, o, e in eff if o.kind == "buf" and not o.cluster and e.modifies), None),
+                     tuple(i for i, e in smem if e is Effect.READ), tuple(i for i, e in smem if e is Effect.READWRITE),
+                     tuple(i for i, e in smem if e.modifies),
+                     tuple(i for i, o, e in eff if o.cluster and e is Effect.WRITE),
+                     tuple(i for i, o, e in eff if o.cluster and e is Effect.READ))
+
+
+@lru_cache(maxsize=None)
+def plan_of(op: Op) -> _Plan:
+    d = REGISTRY[op]
+    bar = next(((i, o.barrier) for i, o in enumerate(d.operands) if o.barrier is not None), None)
+    fixed = None if any(isinstance(o.effect, ByAttr) for o in d.operands) else _accesses(d.operands, None)
+    return _Plan(d.operands, bar, d.completion is Completion.MMA_GROUP, fixed)
+
+
+def barrier_operand(n: Node) -> tuple[BarrierUse, Slot] | None:
+    """The barrier operand of ``n`` and what ``n`` does with it (None without one)."""
+    b = plan_of(n.op).barrier
+    return (b[1], n.args[b[0]]) if b is not None else None
+
+
+# ------------------------------------------------------------------ outcomes
+
+class Undecided(Exception):
+    """The simulation cannot go on: ``reason`` says why, ``node`` (when known) where."""
+
+    def __init__(self, reason: str, node: Node | None = None):
+        super().__init__(reason)
+        self.reason, self.node = reason, node
+
+
+class OutOfSteps(Undecided):
+    """The check spent its step budget before this simulation ended."""
+
+
+class Stop(Exception):
+    """A finding after which the protocol no longer means anything (the rest would be its echoes)."""
+
+
+class Budget:
+    """Ops simulated, over every run of one check, up to ``limit``."""
+
+    def __init__(self, limit: int):
+        self.limit, self.used = limit, 0
+
+    def spend(self, node: Node) -> None:
+        self.used += 1
+        if self.used > self.limit:
+            raise OutOfSteps(f"the check simulated {self.limit:,} ops", node)
+
+    @property
+    def left(self) -> int:
+        return self.limit - self.used
+
+
+# ------------------------------------------------------------------ state
+
+@dataclass
+class Bar:
+    arrivals: int
+    pending: int
+    tx: int = 0
+    done: int = 0
+    expects: list = field(default_factory=list)    # (node, role, trip, bytes) of the current phase
+    landed: list = field(default_factory=list)     # (node, role, trip, bytes) of the current phase
+    prev: tuple = ([], [])                          # expects and landed of the last completed phase
+
+    def settle(self) -> None:
+        # arrivals >= 1 (the simulation refuses others), so each completion needs a new arrival
+        while self.pending <= 0 and self.tx == 0:
+            self.done += 1
+            self.pending += self.arrivals
+            self.prev = (self.expects, self.landed)
+            self.expects, self.landed = [], []
+
+
+@dataclass
+class BarArray:
+    """An mbarrier array: ``count`` slots, each made when first touched."""
+
+    count: int
+    arrivals: int
+    node: Node
+    slots: dict[int, Bar] = field(default_factory=dict)
+
+    def __getitem__(self, i: int) -> Bar:
+        b = self.slots.get(i)
+        if b is None:
+            b = self.slots[i] = Bar(self.arrivals, self.arrivals)
+        return b
+
+
+@dataclass
+class Read:
+    role: str
+    node: Node
+    trip: str
+    releases: list = field(default_factory=list)   # (barrier key, phase, arrive node, trip) of each release
+
+
+@dataclass
+class Fill:
+    role: str
+    node: Node
+    trip: str
+    bar: str | None          # barrier key the bytes complete on (None: an ordinary write)
+    phase: int
+    generic: bool = False    # generic-proxy writes (cp_async_bar): async-proxy readers fence after the wait
+
+
+@dataclass
+class Role:
+    name: str
+    wgs: int
+    env: dict[str, Any]
+    rank: int = 0            # the CTA's rank in its cluster
+    base: str = ""           # the role's name in the program (without the CTA suffix)
+    gen: Iterator[Node | None] | None = None
+    seen: dict[str, int] = field(default_factory=dict)
+    fenced: dict[str, int] = field(default_factory=dict)       # seen as of the role's last fence_async
+    inflight: list[list[Read]] = field(default_factory=list)   # wgmma groups not yet waited for
+    inflight_acc: list[tuple[str, Node]] = field(default_factory=list)   # each such group's accumulator
+    done_reads: list[Read] = field(default_factory=list)       # completed, not yet released
+    blocked: Node | None = None
+    loops: list[str] = field(default_factory=list)
+    published: list[tuple[str, int]] = field(default_factory=list)   # smem written by the role's threads
+
+    def trip(self) -> str:
+        return ", ".join(f"{v}={self.env[v]}" for v in self.loops) or "-"
+
+
+@dataclass(frozen=True)
+class Stuck:
+    """One role blocked at a deadlock: its wait, the barrier slot and the parity it waits for."""
+
+    role: str
+    node: Node
+    key: str
+    done: int
+    pending: int
+    arrivals: int
+    parity: int
+    trip: str
+    tx: int
