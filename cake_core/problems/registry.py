@@ -101,12 +101,11 @@ def get_problem(problem: str | Problem) -> Problem:
         return problem
     if is_ref(problem):
         return load_ref(problem)
+    found = find_problem(problem)
+    if found is not None:
+        return found
     cat = catalogue()
-    if problem in cat.problems:
-        return cat.problems[problem]
-    if problem in _by_name:
-        return _by_name[problem]
-    broken = [b for b in cat.broken if _names(b)(problem)]
+    broken = [b for b in cat.broken if _names(b, problem)]
     if broken:
         raise UnknownProblem(f"problem `{problem}` is broken: {broken[0].line()}")
     raise UnknownProblem(f"unknown problem `{problem}`; known: {', '.join(cat.problems) or 'none'} "
@@ -119,8 +118,9 @@ def find_problem(name: str) -> Problem | None:
     return catalogue().problems.get(name) or _by_name.get(name)
 
 
-def _names(b: Broken):
-    return lambda name: re.search(rf"\b{re.escape(name)}\b", b.where + " " + b.source) is not None
+def _names(b: Broken, name: str) -> bool:
+    """Whether broken problem ``b`` is the one a user asks for by ``name`` (its folder or module says so)."""
+    return re.search(rf"\b{re.escape(name)}\b", b.where + " " + b.source) is not None
 
 
 def is_ref(text: str) -> bool:
