@@ -12,6 +12,7 @@ Python writes them (``__pycache__``, ignored by git; the venv's packages), atomi
 imports a module first.
 """
 import os
+import socket
 import sys
 import warnings
 from pathlib import Path
@@ -66,3 +67,33 @@ def mined_warehouse_once(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("mined-once") / "warehouse"
     mined_runs(root)
     return root
+
+
+# ---------------------------------------------------------------- one Prefect server and one Ray per worker
+# Every test that needs the services shares this one fixture (a second copy would start a second server and
+# point PREFECT_API_URL at it under the first one's tests).
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def services(tmp_path_factory, compile_cache):
+    from cake_cli.config import load_settings
+    from cake_cli.services import prefect_server, ray_runtime
+
+    home = tmp_path_factory.mktemp("cake-home")
+    (home / "cache").symlink_to(compile_cache, target_is_directory=True)   # the session's cubins
+    port = _free_port()
+    env = {"CAKE_HOME": str(home), "CAKE_PREFECT_PORT": str(port), "CAKE_GPU": "off"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    settings = load_settings()
+    with prefect_server(settings) as server, ray_runtime(settings, num_gpus=0):
+        yield {"home": home, "api_url": server.api_url, "port": port, "settings": settings}
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v

@@ -152,7 +152,7 @@ def candidate_texts(rel: str, when: datetime, repo: Path = REPO_ROOT) -> list[tu
     log = "\n".join(filter(None, (_git(repo, "log", "--all", "--format=%H %ct", "--", r) for r in (rel, legacy) if r)))
     if log:
         commits = []
-        for line in log.splitlines():
+        for line in filter(None, log.splitlines()):
             sha, _, ts = line.partition(" ")
             t = datetime.fromtimestamp(int(ts), timezone.utc).replace(tzinfo=None)
             if abs(t - when) <= GIT_WINDOW:

@@ -33,7 +33,6 @@ def _flow_tests(file: str):
     return module
 
 
-services = _flow_tests("conftest.py").services        # one Prefect server and Ray, as the flow tests share
 _run = _flow_tests("test_cli_end_to_end.py")._run      # the real `cake` with a home of its own, CAKE_GPU=off
 
 
