@@ -46,8 +46,8 @@ def build_prompt(problem: Problem, ctx: Context, reference: str) -> str:
     parts = [
         "# Cake IR reference\n" + reference,
         f"# Problem `{problem.name}`\n{problem.description}\n"
-        f"Dimensions: {', '.join(problem.dims)}; inputs: {', '.join(problem.inputs)}; "
-        f"outputs: {', '.join(problem.outputs)}.",
+        f"Dimensions: {', '.join(problem.dims)}; tensors: "
+        + "; ".join(f"{t.name} ({t.role.value}, {t.dtype})" for t in problem.tensors) + ".",
         "# A correct starting program\n```python\n" + problem.seed_text() + "```",
     ]
     if ctx.best:

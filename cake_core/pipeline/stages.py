@@ -98,7 +98,7 @@ def verify_stage(text: str, harness: HarnessSpec, problem: Problem, shapes: list
         mismatch = problem.program_mismatch(r.program)
         if mismatch:
             diags.append(Diagnostic("problem.params", Severity.ERROR, mismatch, r.program.line, 1, "kernel",
-                                    f"the kernel's parameters must be {', '.join(problem.inputs + problem.outputs)}"))
+                                    f"the kernel's parameters must be {', '.join(problem.params)}"))
         unknown = dims - set(problem.dims)
         if unknown:
             diags.append(Diagnostic("problem.dims", Severity.ERROR,

@@ -4,7 +4,7 @@ bench target). Nothing outside a problem's folder names it."""
 from __future__ import annotations
 
 from cake_core.problems.base import (BenchTarget, Problem, ProblemSpecError, Role, Shape, ShapeSet, ShapeSetError,
-                                     Tensor, UnknownProblem, data, index, load_shape_set, output, shape_key)
+                                     Tensor, UnknownProblem, data, index, load_shape_set, output, shape_key, state)
 from cake_core.problems.registry import (ENTRY_POINT_GROUP, Broken, catalogue, find_problem, get_problem,
                                          list_problems, use_problem_paths)
 
@@ -25,4 +25,4 @@ def corpus_files(pattern: str = "*.cake"):
 
 __all__ = ["BenchTarget", "Broken", "ENTRY_POINT_GROUP", "Problem", "ProblemSpecError", "Role", "Shape", "ShapeSet",
            "ShapeSetError", "Tensor", "UnknownProblem", "catalogue", "corpus_file", "corpus_files", "data", "find_problem", "get_problem", "index",
-           "list_problems", "load_shape_set", "output", "shape_key", "use_problem_paths"]
+           "list_problems", "load_shape_set", "output", "shape_key", "state", "use_problem_paths"]

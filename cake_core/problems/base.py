@@ -140,15 +140,31 @@ class RowOracle:
     problem's ``compare`` accepts; ``take(outputs, rows)`` cuts the same rows out of a full output;
     ``rows_of_perturbed(inputs, flat)`` names the rows that element ``flat`` of the perturbed input
     (``Problem.perturbed``, the first float input) feeds
-    (so a perturbation check recomputes only those). Every output, reshaped to ``(count, -1)``, has
-    one row per RowOracle row (see :func:`row_view`). Rows are host (numpy) index arrays; inputs
+    (so a perturbation check recomputes only those). Rows are host (numpy) index arrays; inputs
     and outputs may live on either array module.
+
+    Each output maps its elements to rows: by default an output reshaped to ``(count, -1)`` has one row per
+    RowOracle row; ``views`` gives another map for an output laid out otherwise (output name -> a function of
+    the full output and the shape returning a view whose first axis is the row, e.g. ``lambda a, s: a.T`` for
+    an output whose rows are its columns, or ``lambda a, s: a.reshape(s["H"], s["T"], -1).transpose(1, 0, 2)``
+    for a head-major one). ``take`` defaults to the rows of those views.
     """
 
     count: Callable[[Shape], int]
     oracle: Callable[[dict[str, np.ndarray], np.ndarray], dict[str, np.ndarray]]
-    take: Callable[[dict[str, np.ndarray], np.ndarray], dict[str, np.ndarray]]
-    rows_of_perturbed: Callable[[dict[str, np.ndarray], np.ndarray], np.ndarray]
+    take: Callable[[dict[str, np.ndarray], np.ndarray], dict[str, np.ndarray]] | None = None
+    rows_of_perturbed: Callable[[dict[str, np.ndarray], np.ndarray], np.ndarray] | None = None
+    views: Mapping[str, Callable[[Any, Shape], Any]] = field(default_factory=dict)
+
+    def view(self, name: str, a: Any, shape: Shape) -> Any:
+        """Output ``name``'s full array ``a`` with one row of this oracle per index of its first axis (a view:
+        writing into it writes into ``a``)."""
+        f = self.views.get(name)
+        v = a.reshape(self.count(shape), -1) if f is None else f(a, shape)
+        if v.shape[0] != self.count(shape):
+            raise ProblemSpecError(f"the row view of output `{name}` has {v.shape[0]} rows, the RowOracle counts "
+                                   f"{self.count(shape)} for {shape_key(shape)}")
+        return v
 
 
 class Role(str, enum.Enum):
@@ -157,6 +173,9 @@ class Role(str, enum.Enum):
     DATA = "data"          # a float input: drawn fresh, perturbed by the gate's perturbation check
     INDEX = "index"        # an integer input (ids, offsets, assignments): drawn fresh, never perturbed
     OUTPUT = "output"      # written by the kernel: poisoned before each run (or zeroed: ``zeroed_outputs``)
+    STATE = "state"        # read and updated in place (a recurrent state, a KV cache): drawn fresh like an
+    #                        input, restored to its drawn value before every checked launch, and compared with
+    #                        the oracle's entry of the same name (its value after the kernel)
 
 
 @dataclass(frozen=True)
@@ -177,6 +196,9 @@ class Tensor:
         object.__setattr__(self, "role", Role(self.role))
         if self.role is Role.INDEX and self.dtype not in ("i32", "i64"):
             raise ProblemSpecError(f"tensor `{self.name}`: an index input is i32 or i64, not {self.dtype}")
+        if self.role in (Role.DATA, Role.STATE) and self.dtype in ("i32", "i64", "bool"):
+            raise ProblemSpecError(f"tensor `{self.name}`: a {self.role.value} tensor is a float, not {self.dtype}; "
+                                   "an integer input is index(...)")
 
 
 _DTYPES = ("bf16", "f16", "f32", "e4m3", "e5m2", "i32", "i64", "bool")
@@ -195,6 +217,11 @@ def index(name: str, dtype: str = "i32") -> Tensor:
 def output(name: str, dtype: str) -> Tensor:
     """An output tensor."""
     return Tensor(name, dtype, Role.OUTPUT)
+
+
+def state(name: str, dtype: str) -> Tensor:
+    """A float tensor the kernel reads and updates in place (an input and an output under one name)."""
+    return Tensor(name, dtype, Role.STATE)
 
 
 @dataclass(frozen=True)
@@ -270,18 +297,30 @@ class Problem:
 
     @property
     def inputs(self) -> tuple[str, ...]:
-        """The names of the input tensors, in declaration order."""
+        """The names of the tensors drawn before a run (data, index and state), in declaration order."""
         return tuple(t.name for t in self.tensors if t.role is not Role.OUTPUT)
 
     @property
     def outputs(self) -> tuple[str, ...]:
-        """The names of the output tensors, in declaration order."""
-        return tuple(t.name for t in self.tensors if t.role is Role.OUTPUT)
+        """The names of the tensors the kernel writes and the gate compares (outputs and states), in declaration
+        order."""
+        return tuple(t.name for t in self.tensors if t.role in (Role.OUTPUT, Role.STATE))
+
+    @property
+    def states(self) -> tuple[str, ...]:
+        """The names of the in/out state tensors (in both ``inputs`` and ``outputs``)."""
+        return tuple(t.name for t in self.tensors if t.role is Role.STATE)
+
+    @property
+    def params(self) -> tuple[str, ...]:
+        """Every tensor's name once, in declaration order: the gmem parameters a kernel of the problem has."""
+        return tuple(t.name for t in self.tensors)
 
     @property
     def perturbed(self) -> str:
-        """The input the gate's perturbation check changes: the first float input."""
-        return next(t.name for t in self.tensors if t.role is Role.DATA)
+        """The input the gate's perturbation check changes: the first float data input (else the first state)."""
+        return next((t.name for t in self.tensors if t.role is Role.DATA),
+                    next((t.name for t in self.tensors if t.role is Role.STATE), ""))
 
     def tensor(self, name: str) -> Tensor:
         return next(t for t in self.tensors if t.name == name)
@@ -303,11 +342,24 @@ class Problem:
             raise NotImplementedError(f"problem {self.name} has no row-subset oracle; use the full oracle")
         return self.rows.oracle(inputs, np.asarray(rows, dtype=np.int64))
 
-    def take_rows(self, outputs: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
-        """The rows ``rows`` of a full output (what a kernel wrote), in the layout ``oracle_rows`` gives."""
+    def take_rows(self, outputs: dict[str, np.ndarray], rows: np.ndarray,
+                  shape: Shape | None = None) -> dict[str, np.ndarray]:
+        """The rows ``rows`` of a full output (what a kernel wrote) of ``shape``, in the layout ``oracle_rows``
+        gives: the problem's ``take``, else the rows of each output's row view (which needs ``shape``)."""
         if self.rows is None:
             raise NotImplementedError(f"problem {self.name} has no row-subset oracle")
-        return self.rows.take(outputs, np.asarray(rows, dtype=np.int64))
+        rows = np.asarray(rows, dtype=np.int64)
+        if self.rows.take is not None:
+            return self.rows.take(outputs, rows)
+        if shape is None:
+            raise ValueError(f"problem {self.name} takes rows through its row views: pass the shape")
+        return {n: self.rows.view(n, a, shape)[array_module(a).asarray(rows)] for n, a in outputs.items()}
+
+    def row_view(self, name: str, a: Any, shape: Shape) -> Any:
+        """Output ``name``'s full array with one RowOracle row per index of its first axis (see RowOracle.views)."""
+        if self.rows is None:
+            raise NotImplementedError(f"problem {self.name} has no row-subset oracle")
+        return self.rows.view(name, a, shape)
 
     def zeroed_for(self, accumulated: tuple[str, ...] | None) -> tuple[str, ...]:
         """The zeroed outputs that a program accumulating into ``accumulated`` (its gmem parameters read or
@@ -320,7 +372,7 @@ class Problem:
         """What keeps a kernel with gmem parameters ``names`` (of ``dtypes``, name -> dtype value, where known)
         from running on this problem ('' if nothing): every input and output must be a parameter, every
         parameter one of them, and each of the dtype the problem declares."""
-        wanted = self.inputs + self.outputs
+        wanted = self.params
         missing = [n for n in wanted if n not in names]
         extra = [n for n in names if n not in wanted]
         parts = ([f"problem `{self.name}` needs parameters {', '.join(missing)}"] if missing else []) + \
@@ -472,8 +524,3 @@ def load_shape_set(problem: Problem, name: str) -> ShapeSet:
         shapes.append(shape)
         roles.append(role)
     return ShapeSet(name, problem.name, tuple(shapes), tuple(roles))
-
-
-def row_view(a: Any, count: int) -> Any:
-    """Output ``a`` as ``(count, -1)``: one row per RowOracle row (every problem's outputs are laid out so)."""
-    return a.reshape(count, -1)

@@ -34,7 +34,7 @@ from typing import Any, Iterable
 
 from cake_core.errors import CakeError
 import cake_core.problems.base as _base
-from cake_core.problems.base import Problem, ProblemSpecError, Role, UnknownProblem
+from cake_core.problems.base import Problem, ProblemSpecError, UnknownProblem
 
 ENTRY_POINT_GROUP = "cake.problems"
 PATH_ENV = "CAKE_PROBLEM_PATH"
@@ -289,10 +289,15 @@ def _checked(p: Problem) -> Problem:
             raise ProblemSpecError(f"problem `{p.name}`: {f} must be a function, got {type(getattr(p, f)).__name__}")
     if not p.dims:
         raise ProblemSpecError(f"problem `{p.name}` declares no dims")
-    if not any(t.role is Role.OUTPUT for t in p.tensors):
-        raise ProblemSpecError(f"problem `{p.name}` declares no output tensor")
-    if not any(t.role is Role.DATA for t in p.tensors):
-        raise ProblemSpecError(f"problem `{p.name}` declares no float (data) input for the perturbation check")
+    if not p.outputs:
+        raise ProblemSpecError(f"problem `{p.name}` declares no output (or state) tensor")
+    if not p.perturbed:
+        raise ProblemSpecError(f"problem `{p.name}` declares no float (data or state) input for the perturbation "
+                               "check")
+    bad_state = [n for n in p.states if n in p.zeroed_outputs]
+    if bad_state:
+        raise ProblemSpecError(f"problem `{p.name}`: state {', '.join(bad_state)} cannot be zeroed (its drawn value "
+                               "is what the kernel updates)")
     names = [t.name for t in p.tensors]
     if len(set(names)) != len(names):
         raise ProblemSpecError(f"problem `{p.name}` declares a tensor name twice: {', '.join(names)}")

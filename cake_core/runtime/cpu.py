@@ -42,11 +42,19 @@ class ShapeCheck:
     reference: str = ""          # where the expected outputs came from: cached | computed ...
 
 
-def _poisoned(problem: Problem, program: Program, shape: Shape) -> dict[str, np.ndarray]:
+def _poisoned(problem: Problem, program: Program, shape: Shape,
+              inputs: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """The output arrays a run writes into: poisoned (NaN), zeroed where the program accumulates into a zeroed
+    output, and a state at its drawn value (the kernel reads and updates it)."""
     env = {**shape, **program.const_env}
     out = {}
     zeroed = problem.zeroed_for(accumulated_params(program))
     for name in problem.outputs:
+        if name in problem.states:
+            if inputs is None:
+                raise ValueError(f"state `{name}` starts from its drawn value: pass the inputs")
+            out[name] = np.array(inputs[name], dtype=np.float32)
+            continue
         p = program.param(name)
         dims = tuple(int(evaluate(d, env)) for d in p.type.shape) if p else ()
         fill = 0.0 if name in zeroed else np.nan   # atomics accumulate into zeroed outputs
@@ -76,7 +84,7 @@ def check_shape_on_cpu(program: Program, problem: Problem, shape: Shape, seed: i
     ref = reference(problem, x, shape, seed, device=CPU_DEVICE, cache=refs)
 
     def run(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        out = _poisoned(problem, program, shape)
+        out = _poisoned(problem, program, shape, inputs)
         interp.run(program, shape, inputs, out)
         return out
 

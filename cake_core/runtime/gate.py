@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from cake_core.problems.base import Problem, Shape, array_module, bf16_round, row_view
+from cake_core.problems.base import Problem, Shape, array_module, bf16_round, parse_shape_key
 from cake_core.runtime.references import Reference
 
 PERTURB_STREAM = 1     # the perturbation's element is drawn from its own stream of the shape's seed
@@ -58,7 +58,8 @@ def compare_to(problem: Problem, got: dict[str, Any], ref: Reference) -> tuple[b
     """``got`` (a whole output) against ``ref``: every row, or ``ref.rows`` only."""
     if ref.rows is None:
         return problem.compare(got, ref.want)
-    ok, err, msg = problem.compare(problem.take_rows(got, ref.rows), ref.want)
+    shape = parse_shape_key(ref.key.shape, problem.dims)
+    ok, err, msg = problem.compare(problem.take_rows(got, ref.rows, shape), ref.want)
     return ok, err, (f"{msg} [on {ref.rows.size} rows]" if msg else msg)
 
 
@@ -97,12 +98,11 @@ def _moved(problem: Problem, w0: Any, w1: Any) -> Any:
 def _splice(problem: Problem, shape: Shape, into: dict[str, Any], src: dict[str, Any],
             rows: np.ndarray) -> dict[str, Any]:
     """A copy of ``into`` whose output rows ``rows`` are those of ``src``."""
-    count = problem.rows.count(shape)
     out = {}
     for n, a in into.items():
         xp = array_module(a)
         b = a.copy()
-        row_view(b, count)[xp.asarray(rows)] = row_view(src[n], count)[xp.asarray(rows)]
+        problem.row_view(n, b, shape)[xp.asarray(rows)] = problem.row_view(n, src[n], shape)[xp.asarray(rows)]
         out[n] = b
     return out
 
@@ -120,7 +120,7 @@ def perturbation_check(problem: Problem, shape: Shape, inputs: dict[str, Any], g
     name = problem.perturbed
     size = int(np.prod(inputs[name].shape))
     draw = np.random.default_rng([*seed_words, PERTURB_STREAM])
-    if problem.rows is None:
+    if problem.rows is None or problem.rows.rows_of_perturbed is None:   # the whole oracle again
         flat = int(draw.integers(size))
         p_inputs = perturbed_inputs(problem, inputs, flat, bf16)
         ok, err, msg = problem.compare(run(p_inputs), problem.oracle(p_inputs))
@@ -137,14 +137,14 @@ def perturbation_check(problem: Problem, shape: Shape, inputs: dict[str, Any], g
             break
     what = f"{name}[{flat}], {fed.size} row{'s' if fed.size != 1 else ''} recomputed"
     p_got = run(p_inputs)
-    ok, err, msg = problem.compare(problem.take_rows(p_got, fed), new)
+    ok, err, msg = problem.compare(problem.take_rows(p_got, fed, shape), new)
     if not ok:
         return False, err, f"after perturbing {name}[{flat}], on the rows it feeds: {msg}", what
     # the rest of the output: the perturbation does not reach it, so the unperturbed reference holds there
     ok2, err2, msg2 = compare_to(problem, _splice(problem, shape, p_got, got, fed), ref)
     if not ok2:
         return False, err2, f"after perturbing {name}[{flat}], on the rows it does not feed: {msg2}", what
-    before, after = problem.take_rows(got, fed), problem.take_rows(p_got, fed)
+    before, after = problem.take_rows(got, fed, shape), problem.take_rows(p_got, fed, shape)
     for n in problem.outputs:
         xp = array_module(before[n])
         n_moved = int(moved[n].sum())

@@ -179,11 +179,14 @@ class _Launcher:
         self.shapes = {a.name: tuple(int(evaluate(d, {**dict(lowered.consts), **shape})) for d in a.shape)
                        for a in lowered.params}
         self.dtypes = {a.name: a.dtype for a in lowered.params}
-        unknown = [a.name for a in lowered.params if a.name not in problem.inputs and a.name not in problem.outputs]
+        unknown = [a.name for a in lowered.params if a.name not in problem.params]
         if unknown:
             raise GPURefused(f"kernel parameter `{unknown[0]}` is neither an input ({', '.join(problem.inputs)}) "
                              f"nor an output ({', '.join(problem.outputs)}) of problem {problem.name}")
         self.outputs = {n: _alloc(cp, self.shapes[n], self.dtypes[n]) for n in problem.outputs}
+        # in/out states: the kernel updates its own buffer (in ``outputs``); each input set carries the drawn
+        # value, copied in before every checked launch
+        self.states = tuple(n for n in problem.states if n in self.shapes)
         # a kernel that only stores into a zeroed output (each element once) runs without the zeroing launch
         self.zeroed = problem.zeroed_for(lowered.accumulates)
 
@@ -199,7 +202,8 @@ class _Launcher:
         return dev
 
     def args(self, dev_in: dict[str, Any]) -> tuple:
-        bufs = [dev_in[a.name] if a.name in dev_in else self.outputs[a.name] for a in self.lowered.params]
+        bufs = [dev_in[a.name] if a.name in dev_in and a.name not in self.states else self.outputs[a.name]
+                for a in self.lowered.params]
         args = tuple(bufs) + tuple(np.int32(self.shape[d]) for d in self.lowered.dims)
         if self.lowered.tensor_maps:   # TMA: one 128-byte CUtensorMap by value per map (TMARefused: no launch)
             args += tuple(encode_tensor_maps(self.lowered, {a.name: b for a, b in zip(self.lowered.params, bufs)},
@@ -241,11 +245,14 @@ class _Launcher:
             e = box["error"]
             raise _Fault(Outcome.RUNTIME_FAULT, f"{what}: {type(e).__name__}: {e}")
 
-    def reset_outputs(self) -> None:
+    def reset_outputs(self, dev_in: dict[str, Any]) -> None:
         """Poison every output (so unwritten elements fail the gate), except those the problem
-        declares zeroed and the kernel accumulates into: atomics across CTAs add into them."""
+        declares zeroed and the kernel accumulates into (atomics across CTAs add into them), and the
+        states, which start from their drawn value in ``dev_in``."""
         for n, buf in self.outputs.items():
-            if n in self.zeroed:
+            if n in self.states:
+                buf[...] = dev_in[n]
+            elif n in self.zeroed:
                 buf.fill(0)
             else:
                 _poison(buf, self.dtypes[n])
@@ -258,7 +265,7 @@ class _Launcher:
 
     def run_checked(self, dev_in: dict[str, Any], what: str) -> dict[str, Any]:
         """Poison, launch, wait: a device copy of the outputs."""
-        self.reset_outputs()
+        self.reset_outputs(dev_in)
         self.launch(self.args(dev_in))
         self.wait(what)
         return self.got_device()
@@ -395,7 +402,7 @@ def _check_shape(cp, fn, lowered: LoweredKernel, problem: Problem, shape: Shape,
     for r in range(warmup):
         L.launch(arg_sets[r % len(arg_sets)])
     L.wait("warm-up")
-    L.reset_outputs()
+    L.reset_outputs(dev_in)
     reps = max(reps, MIN_REPS)
     if timer == "graph":
         ms = _graph_timed(cp, L, arg_sets, reps, warmup, stream, flush)
@@ -407,7 +414,9 @@ def _check_shape(cp, fn, lowered: LoweredKernel, problem: Problem, shape: Shape,
             how += (f"; timing cut short after {len(ms)} of {reps} runs: their median {stats(ms)[0]:.4g} ms is above "
                     f"the cutoff {cutoff_ms:.4g} ms")
 
-    ok2, err2, msg2 = compare_to(problem, L.got_device(), ref)
+    # a state was updated by every timed launch: the re-check runs once more from its drawn value
+    after = L.run_checked(dev_in, "re-check") if L.states else L.got_device()
+    ok2, err2, msg2 = compare_to(problem, after, ref)
     if not ok2:
         return ShapeRun(dict(shape), False, err2, f"wrong after timing (re-check): {msg2}",
                         outcome=Outcome.WRONG.value).with_info(info)

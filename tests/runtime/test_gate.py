@@ -9,7 +9,7 @@ import pytest
 
 from cake_core.ir.text import parse_program
 from cake_core.problems import list_problems, get_problem
-from cake_core.problems.base import input_sampler, row_view, seed_words
+from cake_core.problems.base import input_sampler, seed_words
 from cake_core.runtime.cpu import check_on_cpu
 from cake_core.runtime.gate import compare_to, perturbation_check, pick_rows
 from cake_core.runtime.references import ReferenceCache, reference
@@ -73,7 +73,7 @@ def test_a_kernel_wrong_on_a_row_the_perturbation_does_not_feed_fails(name):
         fed = set(p.rows.rows_of_perturbed(inputs, np.flatnonzero(inputs[p.inputs[0]] != x[p.inputs[0]])).tolist())
         victim = next(r for r in range(count) if r not in fed)
         for n in out:   # poison one unfed row: the unperturbed reference still holds there
-            row_view(out[n], count)[victim] = np.nan
+            p.row_view(n, out[n], shape)[victim] = np.nan
         return out
 
     ok, _, msg, _ = perturbation_check(p, shape, x, got, ref, stale_elsewhere, seed_words(3, shape), True)
@@ -100,7 +100,7 @@ def test_a_row_subset_check_catches_a_wrong_selected_row_and_passes_the_rest(nam
     assert ok, msg
     bad = {n: v.copy() for n, v in got.items()}
     for n in bad:
-        row_view(bad[n], p.rows.count(shape))[rows[2]] = np.nan
+        p.row_view(n, bad[n], shape)[rows[2]] = np.nan
     ok, _, msg = compare_to(p, bad, ref)
     assert not ok and "[on 5 rows]" in msg
     # and the perturbation check in row-subset mode
