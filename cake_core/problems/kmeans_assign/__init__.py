@@ -120,7 +120,8 @@ PROBLEM = Problem(
     flops=lambda s: 2.0 * s["B"] * s["N"] * s["K"] * s["D"],
     bytes=lambda s: 2.0 * s["B"] * (s["N"] + s["K"]) * s["D"] + 4.0 * s["B"] * (s["K"] + s["N"]),
     seed_file="kmeans_assign.cake",
-    shape_sets=("kmeans_assign_small", "kmeans_assign_large", "kmeans_assign_unaligned", "kmeans_assign_aligned"),
+    shape_sets=("kmeans_assign_small", "kmeans_assign_large", "kmeans_assign_unaligned", "kmeans_assign_aligned",
+                "kmeans_portfolio"),
     compare_fn=_compare,
     # warp-specialized TMA + wgmma with the argmin fused on the accumulator; D <= 128 and TMA's 16-byte
     # strides (D % 8 == 0, K % 4 == 0): the kmeans_assign_aligned shapes. Fastest first on the H200

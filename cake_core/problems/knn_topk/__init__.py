@@ -94,7 +94,7 @@ PROBLEM = Problem(
     flops=lambda s: 2.0 * s["Q"] * s["N"] * s["D"],
     bytes=lambda s: 2.0 * (s["Q"] + s["N"]) * s["D"] + 4.0 * s["Q"] * s["k"],
     seed_file="knn_topk.cake",
-    shape_sets=("knn_topk_small", "knn_topk_large", "knn_topk_aligned", "knn_topk_medium"),
+    shape_sets=("knn_topk_small", "knn_topk_large", "knn_topk_aligned", "knn_topk_medium", "knn_build_portfolio"),
     compare_fn=_compare,
     # warp-specialized TMA + wgmma with a running top-k fused on the accumulator and the db row norms
     # computed in-kernel from the landed tile; D <= 128, D % 8 == 0 (TMA's 16-byte strides), k <= 16:

@@ -47,7 +47,7 @@ PROBLEM = Problem(
     bytes=matmul.nbytes,
     seed_file="tinygemm.cake",
     # tinygemm_aligned: small shapes with N and K multiples of 8 (TMA's 16-byte row strides)
-    shape_sets=("tinygemm_small", "tinygemm_aligned", "tinygemm_decode"),
+    shape_sets=("tinygemm_small", "tinygemm_aligned", "tinygemm_decode", "gemm_decode_portfolio"),
     zeroed_outputs=("c",),
     # split-K TMA + wgmma: 64 x 128 tiles (A's rows past M zero-filled by TMA), an 8-stage ring (one
     # CTA per SM), K split so that about 132 CTAs stream the weights, partials added with red.v4.f32; and

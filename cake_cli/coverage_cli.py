@@ -1,0 +1,77 @@
+"""``cake coverage``: which shapes of a shape set (a portfolio) the problem's kernels, or given IR files, can serve
+by their domains, before anything is compiled or launched (``cake_core.pipeline.coverage``)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from cake_cli.display import console
+from cake_cli.errors import UsageError, cli_errors
+from cake_cli.invocation import PROBLEM_PATH_HELP
+from cake_cli.invocation import ir_file
+from cake_cli.invocation import problem_paths
+
+SHOWN_UNCOVERED = 12
+
+
+@cli_errors
+def coverage(
+    problem: str = typer.Argument(..., help="The problem."),
+    shapes: str = typer.Option(..., "--shapes", help="A shape set of the problem, or a CSV file of shapes."),
+    kernel: list[Path] | None = typer.Option(None, "--kernel", metavar="FILE.cake",
+                                             help="IR files to judge (repeatable); default: the problem's kernels."),
+    seed: bool = typer.Option(False, "--seed/--no-seed",
+                              help="Count the naive seed with the problem's kernels (it is no reference)."),
+    problem_path: list[Path] | None = typer.Option(None, "--problem-path", metavar="DIR", help=PROBLEM_PATH_HELP),
+) -> None:
+    """Count the shapes each kernel's domain admits, the shapes no kernel admits and the bounds that refuse them;
+    exit 1 when some shape is served by no kernel."""
+    from cake_core.ir.text import parse
+    from cake_core.pipeline.coverage import coverage as measure
+    from cake_core.problems import get_problem
+    from cake_core.problems.base import shape_key
+
+    problem_paths(problem_path)
+    prob = get_problem(problem)
+    sset = prob.shape_set(shapes)
+    if kernel:
+        texts = {}
+        for f in kernel:
+            ir_file(f)
+            texts[str(f)] = f.read_text()
+    else:
+        files = [f for f in prob.kernel_files() if seed or f != prob.seed_file]
+        texts = {f: prob.kernel_text(f) for f in files}
+    programs = {}
+    for name, text in texts.items():
+        parsed = parse(text, name)
+        if not parsed.ok:
+            d = next(d for d in parsed.diagnostics if d.is_error)
+            raise UsageError(f"{name}:{d.line}: does not parse: {d.message}; `cake check {name}` shows it")
+        programs[name] = parsed.program
+    if not programs:
+        raise UsageError(f"problem `{prob.name}` has no kernels but its seed; pass --seed or --kernel FILE.cake")
+    cov = measure(prob, list(sset.shapes), list(sset.roles), programs)
+    held = [r == "held_out" for r in sset.roles]
+    t = Table(title=f"{prob.name} · {sset.name}: {len(sset.shapes)} shapes ({sum(held)} held out)",
+              header_style="bold")
+    for col in ("kernel", "admits", "held out admitted", "refused most by"):
+        t.add_column(col)
+    for name, flags in cov.admitted.items():
+        top = ", ".join(f"{b} ({n})" for b, n in cov.refusals[name].most_common(2))
+        t.add_row(Path(name).name, f"{sum(flags)}/{len(flags)}",
+                  f"{sum(f for f, h in zip(flags, held) if h)}/{sum(held)}", top)
+    covered = cov.covered()
+    t.add_row("any kernel", f"{sum(covered)}/{len(covered)}",
+              f"{sum(c for c, h in zip(covered, held) if h)}/{sum(held)}", "", style="bold")
+    console.print(t)
+    for key, why in cov.invalid.items():
+        typer.echo(f"not a shape of {prob.name}: {key}: {why}")
+    missing = cov.uncovered()
+    if missing:
+        typer.echo(f"{len(missing)} shapes no kernel serves" + (f" (first {SHOWN_UNCOVERED})"
+                   if len(missing) > SHOWN_UNCOVERED else "") + ": " +
+                   "; ".join(shape_key(s) for s in missing[:SHOWN_UNCOVERED]))
+        raise typer.Exit(1)
