@@ -26,7 +26,7 @@ from rich.table import Table
 from rich.text import Text
 
 from cake_cli.config import Settings
-from cake_cli.coverage_cli import coverage
+from cake_cli.portfolio_cli import coverage, regions
 from cake_cli.display import columns_rows, console, print_result, to_arrow
 from cake_cli.display import say as _say
 from cake_cli.errors import UsageError, cli_errors
@@ -329,6 +329,7 @@ app.add_typer(model_app, name="model")
 app.add_typer(experiment_app, name="experiment")
 app.command("report", no_args_is_help=True)(report)
 app.command(no_args_is_help=True)(coverage)
+app.command(no_args_is_help=True)(regions)
 app.command(no_args_is_help=True)(lineage)
 
 

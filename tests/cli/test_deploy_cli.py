@@ -35,7 +35,7 @@ def test_the_repository_file_needs_nothing_but_the_home():
     text = REPO_PREFECT_FILE.read_text()
     assert "pull:" not in text and "CAKE_REPO" not in text   # the deploy records the repository itself
     assert unfilled_templates(REPO_PREFECT_FILE) == []
-    assert deployment_names(REPO_PREFECT_FILE) == ["nightly-gemm", "weekly-harness-review", "sweep"]
+    assert deployment_names(REPO_PREFECT_FILE) == ["nightly-gemm", "weekly-harness-review", "sweep", "portfolio"]
 
 
 def test_an_evolve_deployment_asks_only_for_what_a_run_request_takes(monkeypatch, tmp_path):

@@ -80,11 +80,24 @@ def test_the_sweep_flow_takes_request_fields_and_its_list_of_sets():
     assert set(names) - {"shape_sets"} <= fields
 
 
+PORTFOLIO_OWN = {"regions", "per_region", "portfolio_id"}      # the region plan's, not a run's
+
+
+def test_the_portfolio_flow_takes_request_fields_and_its_region_plan():
+    from flows.portfolio import portfolio_flow
+
+    fields = {f.name for f in dataclasses.fields(RunRequest)}
+    names = [p.name for p in _flow_parameters(portfolio_flow)]
+    assert set(names) - PORTFOLIO_OWN <= fields and PORTFOLIO_OWN <= set(names)
+
+
 def test_the_deployments_give_their_flows_parameters_and_values_a_run_can_take():
     from flows.evolve import evolve_flow
+    from flows.portfolio import portfolio_flow
     from flows.sweep import sweep_flow
 
-    flows = {"flows/evolve.py:evolve_flow": evolve_flow, "flows/sweep.py:sweep_flow": sweep_flow}
+    flows = {"flows/evolve.py:evolve_flow": evolve_flow, "flows/sweep.py:sweep_flow": sweep_flow,
+             "flows/portfolio.py:portfolio_flow": portfolio_flow}
     doc = yaml.safe_load((ROOT / "prefect.yaml").read_text())
     seen = 0
     for d in doc["deployments"]:
@@ -94,8 +107,8 @@ def test_the_deployments_give_their_flows_parameters_and_values_a_run_can_take()
         seen += 1
         given = d.get("parameters") or {}
         assert set(given) <= {p.name for p in _flow_parameters(flow)}, d["name"]
-        req.check_values(given)
-    assert seen >= 2
+        req.check_values({k: v for k, v in given.items() if k not in PORTFOLIO_OWN})
+    assert seen >= 3
 
 
 def test_a_plan_holds_the_recorded_fields_with_the_requests_defaults():

@@ -1,5 +1,6 @@
-"""`cake coverage`: a portfolio's shapes against the kernels' domains, before anything is compiled: per kernel
-what its domain admits, the bounds that refuse the rest, the union, and exit 1 when some shape is unserved."""
+"""`cake coverage`: a portfolio's shapes against the kernels' domains, before anything is compiled: per kernel what
+its domain admits, the bounds that refuse the rest, the union, and exit 1 when some shape is unserved. `cake
+regions`: the region plan the portfolio flow searches."""
 from __future__ import annotations
 
 from typer.testing import CliRunner
@@ -63,3 +64,17 @@ def test_a_shape_outside_the_problem_is_named_and_served_by_none():
     assert cov.admitted["seed"] == [True, False, False] and cov.covered() == [True, False, False]
     assert "k = 4 > N = 3" in cov.invalid["Q=4,N=3,D=16,k=4"]
     assert cov.refusals["seed"] == {"k > 16": 1} and cov.uncovered() == shapes[1:]
+
+
+def test_cake_regions_prints_the_plan_the_portfolio_flow_searches():
+    r = run("regions", "kmeans_assign", "--shapes", "kmeans_portfolio", "--regions", "4", "--per-region", "2")
+    assert r.exit_code == 0, r.output
+    out = " ".join(r.stdout.split())
+    assert "kmeans_portfolio: 123 rows in 4 regions" in out and "region-03" in out and "region-04" not in out
+    assert out.count("B=") == 8, "two representatives per region"
+
+
+def test_cake_regions_refuses_a_set_with_nothing_to_search(tmp_path):
+    f = tmp_path / "held.csv"
+    f.write_text("M,N,K,role\n16,16,16,held_out\n")
+    assert "every row is held out" in one_error_line(run("regions", "tinygemm", "--shapes", str(f)))

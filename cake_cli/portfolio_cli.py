@@ -1,5 +1,6 @@
-"""``cake coverage``: which shapes of a shape set (a portfolio) the problem's kernels, or given IR files, can serve
-by their domains, before anything is compiled or launched (``cake_core.pipeline.coverage``)."""
+"""Portfolio commands: ``cake coverage`` (which shapes of a shape set the problem's kernels, or given IR files, can
+serve by their domains, before anything is compiled or launched: ``cake_core.pipeline.coverage``) and ``cake
+regions`` (the regions the portfolio flow searches a shape set in: ``cake_core.pipeline.regions``)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -75,3 +76,35 @@ def coverage(
                    if len(missing) > SHOWN_UNCOVERED else "") + ": " +
                    "; ".join(shape_key(s) for s in missing[:SHOWN_UNCOVERED]))
         raise typer.Exit(1)
+
+
+@cli_errors
+def regions(
+    problem: str = typer.Argument(..., help="The problem."),
+    shapes: str = typer.Option(..., "--shapes", help="A shape set of the problem, or a CSV file of shapes."),
+    count: int | None = typer.Option(None, "--regions", min=1, help="Regions (default: ceil(sqrt(rows / 2)))."),
+    per_region: int = typer.Option(3, "--per-region", min=1, help="Representatives searched per region."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the grouping (the portfolio flow's seed)."),
+    problem_path: list[Path] | None = typer.Option(None, "--problem-path", metavar="DIR", help=PROBLEM_PATH_HELP),
+) -> None:
+    """Print the regions the portfolio flow (flows/portfolio.py) searches a shape set in: each region's rows,
+    its representatives and the held-out rows reported beside it."""
+    from cake_core.pipeline.regions import plan_regions
+    from cake_core.problems import get_problem
+    from cake_core.problems.base import shape_key
+
+    problem_paths(problem_path)
+    prob = get_problem(problem)
+    sset = prob.shape_set(shapes)
+    try:
+        planned = plan_regions(sset, prob.dims, count, per_region, seed)
+    except ValueError as e:
+        raise UsageError(f"--shapes {shapes}: {e}") from None
+    t = Table(title=f"{prob.name} · {sset.name}: {len(sset.shapes)} rows in {len(planned)} regions",
+              header_style="bold")
+    for col in ("region", "rows", "searched on", "held out"):
+        t.add_column(col, overflow="fold")
+    for r in planned:
+        t.add_row(r.name, str(len(r.members)), "; ".join(shape_key(s) for s in r.representatives),
+                  str(len(r.held_out)))
+    console.print(t)
