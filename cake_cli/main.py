@@ -279,6 +279,7 @@ def run(
     shape: list[str] = typer.Option(..., "--shape", help="A shape such as M=96,N=80,K=72 (repeatable)."),
     cpu: bool = typer.Option(True, "--cpu/--no-cpu", help="Run on the CPU interpreter (the only backend here)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random inputs."),
+    problem_path: list[Path] | None = typer.Option(None, "--problem-path", metavar="DIR", help=PROBLEM_PATH_HELP),
 ) -> None:
     """Run an IR file on the CPU against an oracle.
 
@@ -289,6 +290,7 @@ def run(
     if not cpu:
         raise UsageError("only --cpu is available from `cake run`; GPU runs go through `cake evolve`")
     _ir_file(file)
+    _problem_paths(problem_path)
     from cake_core.problems import get_problem
     from cake_core.problems.base import parse_shape_key
     from cake_core.runtime.cpu import run_file

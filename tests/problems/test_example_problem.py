@@ -147,6 +147,11 @@ def test_cake_problems_and_cake_run_take_the_problem_path(tmp_path):
     r = subprocess.run([*cake, "run", str(SEED), "--cpu", "--problem", "rmsnorm", "--shape", "M=7,N=100",
                         "--shape", "M=64,N=128"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert r.returncode == 0 and r.stdout.count("yes") == 2, r.stdout + r.stderr
+    # the path may also follow the command, as with `cake evolve`
+    r = subprocess.run([sys.executable, "-m", "cake_cli.main", "run", str(SEED), "--problem", "rmsnorm",
+                        "--problem-path", str(EXAMPLES), "--shape", "M=5,N=70"],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert r.returncode == 0 and r.stdout.count("yes") == 1, r.stdout + r.stderr
 
 
 @pytest.mark.services
