@@ -55,7 +55,10 @@ def niche(p: Program) -> Niche:
     resident = bool(once) or any(n.op is Op.MBARRIER and n.result.endswith("_empty") for n in nodes)
     persistent = any(n.op is Op.FOR and len(n.args) == 4 and getattr(n.args[3], "name", "") == "ncta.x"
                      for n in nodes)
-    split = any(n.op in (Op.ATOMIC_ADD,) for n in nodes)
+    # split-K: partial products of an mma accumulator added into the output (a segment sum's atomics are not)
+    accs = {m.args[0] for m in nodes if m.op in (Op.MMA, Op.WGMMA, Op.TCGEN05_MMA) and m.args}
+    split = any(n.op is Op.ATOMIC_ADD and len(n.args) > 1 and getattr(n.args[1], "buf", n.args[1]) in accs
+                for n in nodes)
     acc = next((n for n in nodes if n.op is Op.RMEM and n.result and any(
         m.op in (Op.MMA, Op.WGMMA) and m.args[0] == n.result for m in nodes)), None)
     env = p.const_env

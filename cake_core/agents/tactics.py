@@ -210,10 +210,22 @@ def mma_sync(p: Program, rng: np.random.Generator, bounds: Bounds | None = None)
     argmin or a top-k epilogue); its tiles must split into m16n8k16 atoms over the warps, which the verifier
     checks.
     """
-    found = [n for n in walk_nodes(p.body) if n.op is Op.MMA and n.attr("atom") == "fma"]
-    refuse_unless(bool(found), "no mma with the fma atom")
+    dtypes = {n.result: n.args[0] for n in walk_nodes(p.body) if n.op in (Op.SMEM, Op.RMEM) and n.result}
+
+    def sixteen_bit(n) -> bool:
+        return all(getattr(dtypes.get(_buf_name(a)), "value", "") in ("bf16", "f16") for a in n.args[1:3])
+
+    fma = [n for n in walk_nodes(p.body) if n.op is Op.MMA and n.attr("atom") == "fma"]
+    refuse_unless(bool(fma), "no mma with the fma atom")
+    found = [n for n in fma if sixteen_bit(n)]
+    refuse_unless(bool(found), "every fma mma multiplies f32 (or wider) tiles: mma.sync takes bf16/f16 operands")
     return replace(p, body=map_nodes(p.body, lambda n: set_attrs(n, atom="mma_sync")
-                                     if n.op is Op.MMA and n.attr("atom") == "fma" else n))
+                                     if n.op is Op.MMA and n.attr("atom") == "fma" and sixteen_bit(n) else n))
+
+
+def _buf_name(operand) -> str:
+    """The buffer an operand names (a name, or a view of one)."""
+    return operand if isinstance(operand, str) else getattr(operand, "buf", "")
 
 
 TACTICS: dict[str, Tactic] = {

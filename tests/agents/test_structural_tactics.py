@@ -333,3 +333,27 @@ def test_a_loop_joins_a_copy_group_only_when_it_copies_and_nothing_else_into_one
     assert [(bar.buf, total) for bar, total in found] == [("x_full", "(BN * BD * 2) * RD")]
     ws = _chain("kmeans_assign", ["warp_specialize"])       # its ring loops also wait and arrive: no such loop
     assert not [n for n in walk_nodes(ws.body) if n.op is Op.FOR and _loop_of_copies(ws, n) is not None]
+
+
+def _fp32_mma_seed() -> str:
+    """The gemm seed with its tiles widened to f32 (the UT transform's and a KDA chunk's f32 products)."""
+    text = get_problem("gemm_bf16").seed_text()
+    assert "smem(bf16," in text
+    return text.replace("smem(bf16,", "smem(f32,")
+
+
+def test_mma_sync_leaves_an_f32_product_alone():
+    p = parse_program(_fp32_mma_seed(), "f32.cake")
+    out = apply("mma_sync", p, np.random.default_rng(0), None)
+    assert isinstance(out, Refused) and "mma.sync takes bf16/f16 operands" in out.reason
+
+
+def test_mma_sync_rewrites_the_16_bit_products_of_a_kernel_that_has_both():
+    bf16 = get_problem("gemm_bf16").seed_text()
+    mixed = bf16.replace("    acc = rmem(f32", "    w_s = smem(f32, (BK, BN))\n    acc2 = rmem(f32, (BM, BN))\n"
+                                             "    acc = rmem(f32", 1)
+    mixed = mixed.replace("        mma(acc, a_s, b_s)", "        mma(acc, a_s, b_s)\n        mma(acc2, acc, w_s)", 1)
+    assert mixed.count("mma(") == 2, mixed
+    out = apply("mma_sync", parse_program(mixed, "mixed.cake"), np.random.default_rng(0), None)
+    assert not isinstance(out, Refused), out.reason
+    assert out.text().count('atom="mma_sync"') == 1 and "mma(acc2, acc, w_s)" in out.text()

@@ -130,3 +130,14 @@ def test_a_cold_cpu_run_reaches_warp_specialized_tma_wgmma_kernels():
     best = min(scored, key=lambda s: s.score)
     assert best.score < min(s.score for s in scored if s.lineage == ()) / 10      # far faster than the seed at real shapes
     assert "warp_specialize" in "+".join(best.lineage)
+
+
+def test_the_split_niche_is_split_k_not_any_atomic():
+    from cake_core.problems import get_problem
+    tiny = get_problem("tinygemm")
+    splitk = parse_program(tiny.kernel_text("tinygemm_splitk.cake"))
+    assert niche(splitk).split, "partial products of a wgmma accumulator added into C: split-K"
+    upd = get_problem("kmeans_update")
+    owned = parse_program(upd.kernel_text("kmeans_update_owned.cake"))
+    assert "atomic_add" in owned.text() and not niche(owned).split, "a segment sum's atomics are not split-K"
+    assert not niche(parse_program(tiny.seed_text())).split
