@@ -193,8 +193,8 @@ class Sim:
 
     # ------------------------------------------------------------ accesses
     def read(self, r: Role, n: Node, s: Slot | str, inflight: list[Read] | None, async_proxy: bool = False) -> None:
-        if isinstance(s, str) and not self.is_smem(s):
-            return
+        if not self.is_smem(s if isinstance(s, str) else s.buf):
+            return      # a register or global operand: its op's own rule reports the space (e.g. wgmma.operands)
         key = self.slot(r, n, s)
         fill = self.fills.get(key)
         rd = Read(r.name, n, r.trip())

@@ -136,7 +136,12 @@ def _wgmma_operands(ctx: Ctx) -> Iterable[Diagnostic]:
         if a is None or b is None:
             continue
         if a.space is not MemSpace.SMEM or b.space is not MemSpace.SMEM:
-            continue    # async.operands reports it
+            for name, t in (("a", a), ("b", b)):
+                if t.space is not MemSpace.SMEM:
+                    yield ctx.diag("wgmma.operands", n, f"wgmma's {name} `{n.arg(name).buf}` lives in {t.space.value}: "
+                                                        "wgmma reads a and b from shared memory", path=path,
+                                   hint=f"allocate `{n.arg(name).buf}` with smem(...) and copy it there first")
+            continue
         if a.dtype != b.dtype or a.dtype not in (DType.BF16, DType.F16, DType.E4M3, DType.E5M2):
             yield ctx.diag("wgmma.operands", n, f"a is {a.dtype.value}, b is {b.dtype.value}: wgmma takes one "
                                                 "16-bit (bf16/f16) or 8-bit float dtype", path=path,

@@ -112,3 +112,20 @@ def test_tma_global_align_judges_symbolic_strides_on_the_runs_shapes():
     assert len(hits) == 1 and "1026 B apart" in hits[0].message      # a's rows: K = 513 bf16
     assert hits[0].witness == ("shape M=2047, N=1024, K=513",)
     assert hits[0].line == next(i for i, ln in enumerate(prog.text().splitlines(), 1) if "tma_load(a_s" in ln)
+
+
+def _wgmma_kernel() -> str:
+    from cake_core.problems import get_problem
+    return get_problem("tinygemm").kernel_text("tinygemm_splitk.cake")
+
+
+def test_a_wgmma_operand_outside_shared_memory_is_reported_as_its_space_at_the_operand():
+    text = _wgmma_kernel()
+    regs = text.replace("        acc = rmem(f32, (BM, BN))\n",
+                        "        acc = rmem(f32, (BM, BN))\n        a_r = rmem(bf16, (BM, BK))\n", 1)
+    regs = regs.replace("wgmma(acc, a_s[i % S], b_s[i % S])", "wgmma(acc, a_r, b_s[i % S])", 1)
+    errors = [d for d in check_text(regs, "k.cake") if d.is_error]
+    assert [d.rule for d in errors] == ["wgmma.operands"], [(d.rule, d.message) for d in errors]
+    assert "wgmma's a `a_r` lives in rmem" in errors[0].message
+    assert errors[0].line == next(i for i, ln in enumerate(regs.splitlines(), 1) if "wgmma(acc, a_r" in ln)
+    assert not [d for d in check_text(text, "k.cake") if d.is_error], "the smem operands pass"
