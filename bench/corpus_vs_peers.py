@@ -191,7 +191,7 @@ def run_peer(problem, peer_name: str, shape, inputs, rows, want, args) -> dict:
 
         def check(tag: str) -> tuple[bool, float, str]:
             got = peer.fetch()
-            return problem.compare(got if rows is None else problem.take_rows(got, rows), want)
+            return problem.compare(got if rows is None else problem.take_rows(got, rows, shape), want)
 
         import torch  # noqa: PLC0415 - make_peer succeeded, so torch is there
         if peer.reset:

@@ -319,7 +319,7 @@ def fuzz(mutants: int, seed: int, stage_s: float = 5.0, interpret: bool = True, 
 
         def go():
             try:
-                interp.run(r.program, shape, x, _poisoned(problem, r.program, shape))
+                interp.run(r.program, shape, x, _poisoned(problem, r.program, shape, x))
             except interp.InterpFault as e:
                 return e
             return None

@@ -36,7 +36,7 @@ TABLE: dict[str, tuple[str, ...]] = {
     "cake_core/ir": ("stdlib", "numpy", "cake_core/targets"),
     "cake_core/lower": ("stdlib", "cake_core/ir", "cake_core/targets"),
     "cake_core/model": ("stdlib", "numpy", "lightgbm", "cake_core/ir", "cake_core/lower", "cake_core/targets"),
-    "cake_core/problems": ("stdlib", "numpy", "torch", "flash_kmeans", "cake_core/ir"),
+    "cake_core/problems": ("stdlib", "numpy", "torch", "flash_kmeans", "fla", "cake_core/ir"),
     "cake_core/agents": ("stdlib", "numpy", "openai", "cake_core/ir", "cake_core/model", "cake_core/problems",
                          "cake_core/targets"),
     "cake_core/runtime": ("stdlib", "numpy", "cupy", "cuda", "torch", "flash_kmeans", "cake_core/ir",
@@ -51,7 +51,7 @@ TABLE: dict[str, tuple[str, ...]] = {
     "flows": ("stdlib", "prefect", "tasks"),
     "cake_cli": ("everything",),
 }
-LAZY = {"cupy", "cuda", "torch", "flash_kmeans", "openai"}      # inside functions only
+LAZY = {"cupy", "cuda", "torch", "flash_kmeans", "fla", "openai"}      # inside functions only
 LEAVES = ("cake_core/errors", "cake_core/outcome")              # any cake_core folder may import them
 FIRST_PARTY = tuple(PACKAGES)
 

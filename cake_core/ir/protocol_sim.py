@@ -65,6 +65,7 @@ class Sim:
                                        if n.decl.allocates is Alloc.SMEM}
         self.fills: dict[tuple[str, int], Fill] = {}
         self.reads: dict[tuple[str, int], list[Read]] = {}
+        self.in_flight: set[int] = set()           # ids of the reads of every wgmma group not yet waited for
         self.diags: list[Diagnostic] = []
         self.reported: set = set()
         self.stuck: list[Stuck] = []               # the blocked roles of a deadlock, when one happened
@@ -238,8 +239,7 @@ class Sim:
             rel = rd.releases[0] if rd.releases else None
             if rel is None:
                 why = "it was never released (no arrive after the read completed" + \
-                      (": a wgmma is still in flight, wgmma_wait first)" if any(rd in g for rr in self.roles
-                                                                               for g in rr.inflight) else ")")
+                      (": a wgmma is still in flight, wgmma_wait first)" if id(rd) in self.in_flight else ")")
             else:
                 why = (f"it was released by arrive at line {rel[2].line} (trip {rel[3]}) on {rel[0]} phase "
                        f"{rel[1]}, which the writer has not waited for")
@@ -348,7 +348,9 @@ class Sim:
         elif d.sync is SyncKind.MMA_WAIT:
             keep = max(self.ev(r, n.args[0]), 0)
             while len(r.inflight) > keep:
-                r.done_reads.extend(r.inflight.pop(0))
+                done = r.inflight.pop(0)
+                self.in_flight.difference_update(id(x) for x in done)
+                r.done_reads.extend(done)
                 r.inflight_acc.pop(0)
         elif d.sync is SyncKind.CLUSTER:
             self.syncs[r.rank] = self.syncs.get(r.rank, 0) + 1
@@ -366,6 +368,7 @@ class Sim:
             self.lands(r, n, n.args[i], bar)
         if plan.issued:
             r.inflight.append(group)
+            self.in_flight.update(id(x) for x in group)
             r.inflight_acc.append((n.args[acc.acc_write] if acc.acc_write is not None else None, n))
         for i in acc.publishes:
             self.published[(n.args[i], r.rank)] = (self.syncs.get(r.rank, 0), n, r.name)
@@ -444,6 +447,7 @@ class Sim:
         """Run roles concurrently; False after a deadlock. Fair: every unfinished role moves one op per turn.
         Greedy: the scheduled role moves whenever it can, the others (in order) only while it is blocked."""
         self.roles = roles
+        self.in_flight = {id(x) for r in roles for g in r.inflight for x in g}
         live = list(roles)
         greedy = [r for r in live if r.base == self.schedule]
         while live:

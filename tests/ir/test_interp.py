@@ -67,7 +67,7 @@ def _run_gemm(text: str, shape: dict[str, int]):
     prog = parse_program(text)
     x = p.make_inputs(shape, np.random.default_rng(0))
     from cake_core.runtime.cpu import _poisoned      # the gate's own poisoned (or zeroed) outputs
-    return interp.run(prog, shape, x, _poisoned(p, prog, shape))
+    return interp.run(prog, shape, x, _poisoned(p, prog, shape, x))
 
 
 def test_a_grid_past_the_interpreters_launch_bound_faults_with_a_message():

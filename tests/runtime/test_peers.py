@@ -23,7 +23,7 @@ PEERS = {p.name: tuple(p.peers) for p in list_problems()}
 
 SMALL = {"gemm_bf16": {"M": 40, "N": 33, "K": 50}, "tinygemm": {"M": 9, "N": 70, "K": 40},
          "kmeans_assign": {"B": 3, "N": 77, "K": 20, "D": 9}, "kmeans_update": {"B": 3, "N": 200, "K": 13, "D": 7},
-         "knn_topk": {"Q": 30, "N": 90, "D": 8, "k": 5}}
+         "knn_topk": {"Q": 30, "N": 90, "D": 8, "k": 5}, "kda_decode": {"B": 2, "H": 3, "DK": 16, "DV": 12}}
 
 
 def _outputs(p, want):
@@ -77,14 +77,14 @@ def test_subset_oracle_agrees_with_the_full_oracle(name):
     rows = pick_rows(p, shape, 7, seed=4)
     assert rows.size == min(7, p.rows.count(shape)) and np.all(np.diff(rows) > 0)
     sub = p.oracle_rows(x, rows)
-    cut = p.take_rows(got, rows)
+    cut = p.take_rows(got, rows, shape)
     for n in p.outputs:   # the same values the full oracle gives for those rows
         np.testing.assert_array_equal(np.asarray(cut[n], np.float64), np.asarray(sub[n], np.float64))
     ok, err, msg = p.compare(cut, sub)
     assert ok and err <= p.rtol, msg
     # all rows at once: the whole output
     every = np.arange(p.rows.count(shape))
-    assert p.compare(p.take_rows(got, every), p.oracle_rows(x, every))[0]
+    assert p.compare(p.take_rows(got, every, shape), p.oracle_rows(x, every))[0]
 
 
 def test_bench_table_and_floor_import_on_cpu():
