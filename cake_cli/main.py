@@ -33,6 +33,7 @@ from cake_cli.errors import UsageError, cli_errors
 from cake_cli.evolve_options import absolute, request_options
 from cake_cli.evolve_run import Stopped, exit_now, run_evolution, terminate
 from cake_cli.experiment_cli import experiment_app
+from cake_cli.export_cli import export
 from cake_cli.harness_cli import harness_app
 from cake_cli.invocation import PROBLEM_PATH_HELP, forget_settings
 from cake_cli.invocation import ir_file as _ir_file
@@ -333,6 +334,7 @@ app.command("report", no_args_is_help=True)(report)
 app.command(no_args_is_help=True)(coverage)
 app.command(no_args_is_help=True)(regions)
 app.command(no_args_is_help=True)(lineage)
+app.command(no_args_is_help=True)(export)
 
 
 def main() -> None:

@@ -46,6 +46,8 @@ TABLE: dict[str, tuple[str, ...]] = {
                           "cake_core/problems", "cake_core/runtime"),
     "cake_core/pipeline": ("stdlib", "numpy", "cake_core/targets", "cake_core/ir", "cake_core/lower", "cake_core/model",
                            "cake_core/problems", "cake_core/agents", "cake_core/runtime", "cake_core/harness"),
+    "cake_core/export": ("stdlib", "cake_core/targets", "cake_core/ir", "cake_core/lower", "cake_core/problems",
+                         "cake_core/runtime"),
     "warehouse": ("stdlib", "duckdb", "pyarrow", "great_expectations"),
     "tasks": ("stdlib", "numpy", "cupy", "prefect", "pydantic", "ray", "tenacity", "cake_core", "warehouse"),
     "flows": ("stdlib", "prefect", "tasks"),

@@ -177,3 +177,37 @@ def progress_rows(where: Warehouse | str | Path, run_id: str, *, final: bool = F
     if final:
         out.update(held_out=held_out_rows(wh, run_id), confirm_failed=confirm_failures(wh, run_id))
     return out
+
+
+# ---------------------------------------------------------------- export
+
+def export_rows(where: Warehouse | str | Path, problem: str, run_ids: list[str] | None = None) -> dict[str, Any]:
+    """What ``cake_core.export.build.export_problem`` picks a package's kernels from, for ``problem`` (in
+    ``run_ids`` only, when given): ``measurements`` (every measurement of the problem's kernels, with the kernel's
+    ``ir_hash`` and ``ir_text``), ``failed`` (attempt ids a final stage found wrong: ``confirm_failures``),
+    ``peers`` (the peers' baselines), ``roles`` (shape, role of the runs' shape sets; a held-out measurement
+    counts as role held_out) and ``runs`` (the problem's run ids)."""
+    wh = _wh(where)
+    runs = [r["run_id"] for r in wh.query("select run_id from runs_latest where problem = ? order by run_id",
+                                          [problem]).to_pylist()]
+    picked = [r for r in runs if run_ids is None or r in run_ids]
+    if not picked:
+        return {"measurements": [], "failed": [], "peers": [], "roles": [], "runs": runs}
+    marks = ", ".join("?" * len(picked))
+    measurements = wh.query(f"""
+        select m.attempt_id, m.run_id, m.shape, m.gpu_model, m.timer, m.l2, m.median_ms, m.correct, m.kind,
+               a.ir_hash, a.ir_text
+        from measurements m join attempts a using (attempt_id)
+        where a.problem = ? and m.run_id in ({marks})""", [problem, *picked]).to_pylist()
+    failed = [r["attempt_id"] for r in wh.query(
+        f"select distinct attempt_id from confirm_failures where run_id in ({marks})", picked).to_pylist()]
+    peers = wh.query(f"""
+        select shape, gpu_model, name, median_ms, correct, timer, l2 from baselines
+        where source = 'peer' and run_id in ({marks})""", picked).to_pylist()
+    roles = wh.query(f"""
+        select distinct s.shape, s.role from shapes s join runs_latest r
+          on r.shape_set = s.shape_set and r.problem = s.problem
+        where r.run_id in ({marks})
+        union select distinct shape, 'held_out' as role from measurements
+        where kind = 'held_out' and run_id in ({marks})""", [*picked, *picked]).to_pylist()
+    return {"measurements": measurements, "failed": failed, "peers": peers, "roles": roles, "runs": runs}

@@ -1,0 +1,437 @@
+"""A per-shape kernel dispatcher exported by ``cake export``: ``covered``, ``route_of`` and ``run``.
+
+This file is the template of every exported package's ``__init__.py``: ``cake export`` copies it and pins
+the digest of the package's ``manifest.json`` in :data:`MANIFEST_SHA256`. It imports the standard library
+and the package's ``cuda_driver`` only (no Cake, no numpy); tensors are torch tensors or CuPy arrays.
+
+- ``covered(**shape)``, ``route_of(**shape)``: whether a shape (every dimension by name) has a route, and
+  which kernel serves it, with its measured median and the peer's where one was measured.
+- ``run(stream=None, fallback=None, **tensors)``: infers the shape from the tensors' shapes (the manifest's
+  parameter shapes), checks dtypes and contiguity, picks the route, launches the kernel on ``stream`` (a torch
+  or CuPy stream, or a raw handle; default: stream 0). A shape no route covers raises :class:`ShapeNotCovered`
+  before any CUDA call, unless ``fallback`` is given: it is called with the same tensors.
+
+Refusals are one line each: :class:`ManifestTampered` (on import), :class:`WrongGPU` (the first run on a
+device whose name is not the manifest's GPU model), :class:`ShapeNotCovered`, :class:`BadArgument`.
+Expressions of the manifest (grids, shapes, domains) are read by a small evaluator over ``ast``: names, ints,
+``+ - * // %``, ``cdiv``, ``min``, ``max`` (and one comparison in a domain's conditions); never ``eval``.
+"""
+from __future__ import annotations
+
+import ast
+import ctypes
+import hashlib
+import json
+import re
+from pathlib import Path
+
+MANIFEST_SHA256: str | None = None   # pinned by `cake export` in the package it writes
+
+_DTYPES = {   # manifest dtype -> the dtype names torch and CuPy give (CuPy holds bf16 as its raw uint16 bits)
+    "bf16": ("torch.bfloat16", "bfloat16", "uint16"), "f16": ("torch.float16", "float16"),
+    "f32": ("torch.float32", "float32"), "i32": ("torch.int32", "int32"), "i64": ("torch.int64", "int64"),
+    "bool": ("torch.bool", "bool"), "e4m3": ("torch.float8_e4m3fn", "uint8"), "e5m2": ("torch.float8_e5m2", "uint8"),
+}
+
+
+class ExportedError(Exception):
+    """Every refusal of an exported package."""
+
+
+class ManifestTampered(ExportedError):
+    """manifest.json (or a cubin) is not what `cake export` wrote."""
+
+
+class ShapeNotCovered(ExportedError):
+    """No route serves the shape."""
+
+
+class WrongGPU(ExportedError):
+    """The device is not the GPU model the kernels were measured on."""
+
+
+class BadArgument(ExportedError):
+    """A tensor is missing, extra, of the wrong dtype or shape, not contiguous or not on a GPU."""
+
+
+class BadExpression(ExportedError):
+    """A manifest expression outside the evaluator's grammar."""
+
+
+# ---------------------------------------------------------------- the expression evaluator
+
+_BINOPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+           ast.FloorDiv: lambda a, b: a // b, ast.Mod: lambda a, b: a % b}
+_CMPOPS = {ast.Lt: lambda a, b: a < b, ast.LtE: lambda a, b: a <= b, ast.Gt: lambda a, b: a > b,
+           ast.GtE: lambda a, b: a >= b, ast.Eq: lambda a, b: a == b, ast.NotEq: lambda a, b: a != b}
+_FUNCS = {"cdiv": lambda a, b: -(-a // b), "min": min, "max": max}
+_PARSED: dict[tuple[str, bool], ast.expr] = {}
+
+
+class UnknownName(BadExpression):
+    """A name the environment does not give."""
+
+
+def _node(text: str, compare: bool) -> ast.expr:
+    key = (text, compare)
+    if key not in _PARSED:
+        if not isinstance(text, str) or len(text) > 2000:
+            raise BadExpression(f"manifest expression {text!r:.60}: not a short text")
+        try:
+            tree = ast.parse(text, mode="eval").body
+        except SyntaxError:
+            raise BadExpression(f"manifest expression {text!r}: not an expression") from None
+        _check(tree, text, compare, top=True)
+        _PARSED[key] = tree
+    return _PARSED[key]
+
+
+def _check(n: ast.AST, text: str, compare: bool, top: bool = False) -> None:
+    ok = (isinstance(n, ast.Constant) and type(n.value) is int) or isinstance(n, ast.Name) or \
+        (isinstance(n, ast.BinOp) and type(n.op) in _BINOPS) or \
+        (isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub)) or \
+        (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in _FUNCS and not n.keywords
+         and len(n.args) == 2) or \
+        (compare and top and isinstance(n, ast.Compare) and len(n.ops) == 1 and type(n.ops[0]) in _CMPOPS)
+    if not ok:
+        raise BadExpression(f"manifest expression {text!r}: {type(n).__name__} is not allowed (names, ints, "
+                            "+ - * // %, cdiv, min, max only)")
+    for child in ([n.operand] if isinstance(n, ast.UnaryOp) else [n.left, n.right] if isinstance(n, ast.BinOp)
+                  else n.args if isinstance(n, ast.Call) else [n.left, *n.comparators] if isinstance(n, ast.Compare)
+                  else []):
+        _check(child, text, compare)
+
+
+def _value(n: ast.expr, env: dict[str, int]) -> int:
+    if isinstance(n, ast.Constant):
+        return n.value
+    if isinstance(n, ast.Name):
+        if n.id not in env:
+            raise UnknownName(n.id)
+        return env[n.id]
+    if isinstance(n, ast.BinOp):
+        a, b = _value(n.left, env), _value(n.right, env)
+        if b == 0 and isinstance(n.op, (ast.FloorDiv, ast.Mod)):
+            raise BadExpression("division by zero in a manifest expression")
+        return _BINOPS[type(n.op)](a, b)
+    if isinstance(n, ast.UnaryOp):
+        return -_value(n.operand, env)
+    if isinstance(n, ast.Call):
+        a, b = (_value(x, env) for x in n.args)
+        if n.func.id == "cdiv" and b == 0:
+            raise BadExpression("division by zero in a manifest expression")
+        return _FUNCS[n.func.id](a, b)
+    return _CMPOPS[type(n.ops[0])](_value(n.left, env), _value(n.comparators[0], env))
+
+
+def evaluate(text: str, env: dict[str, int], compare: bool = False) -> int:
+    """The value of manifest expression ``text`` over ``env`` (a comparison, when ``compare``, gives a bool)."""
+    return _value(_node(text, compare), env)
+
+
+# ---------------------------------------------------------------- domains
+
+def domain_refusal(domain: dict, shape: dict[str, int], consts: dict[str, int]) -> str:
+    """Why ``shape`` is outside a kernel's domain (the manifest's plain-data form of ``cake_core.ir.domain``),
+    or '' when it is inside."""
+    env = {**shape, **consts}
+
+    def applies(when: list[str]) -> bool:
+        return all(evaluate(c, env, compare=True) for c in when)
+
+    for ext in domain.get("extents", ()):
+        ends = [a["end"] for a in ext["accesses"] if applies(a["when"])]
+        if not ends or any(e is None for e in ends):
+            continue
+        v = evaluate(ext["dim"], env)
+        if v > max(ends):
+            return f"{ext['dim']} = {v} > {max(ends)}, the most `{ext['param']}` is read or written along it"
+    for b in domain.get("multiples", ()):
+        if applies(b["when"]):
+            v = evaluate(b["expr"], env)
+            if v % b["value"]:
+                return f"{b['expr']} = {v} is not a multiple of {b['value']} ({b['rule']})"
+    return ""
+
+
+def model_matches(device_name: str, model: str) -> bool:
+    """Whether a device name (``NVIDIA H200``) names ``model`` (``H200``) as a whole word, or is it."""
+    cleaned = re.sub(r"[^A-Za-z0-9.\-]+", "-", device_name.strip()).strip("-")
+    return cleaned == model or re.search(rf"(^|[^A-Z0-9]){re.escape(model.upper())}($|[^A-Z0-9])",
+                                         device_name.upper()) is not None
+
+
+# ---------------------------------------------------------------- tensors
+
+def _torch_ptr(t) -> int:
+    if not t.is_cuda or not t.is_contiguous():
+        raise BadArgument(f"a tensor of shape {tuple(t.shape)} is {'not contiguous' if t.is_cuda else 'not on a GPU'}")
+    return t.data_ptr()
+
+
+def _cupy_ptr(t) -> int:
+    if not t.flags.c_contiguous:
+        raise BadArgument(f"an array of shape {tuple(t.shape)} is not C-contiguous")
+    return t.data.ptr
+
+
+def _device_of(t) -> int:
+    return t.get_device() if hasattr(t, "get_device") else int(t.device.id)
+
+
+def stream_handle(stream) -> int:
+    """A raw CUstream from a torch stream, a CuPy stream, an int or None (stream 0)."""
+    if stream is None:
+        return 0
+    if isinstance(stream, int):
+        return stream
+    for attr in ("cuda_stream", "ptr"):
+        if hasattr(stream, attr):
+            return int(getattr(stream, attr))
+    raise BadArgument(f"stream {stream!r}: pass a torch or CuPy stream, a raw handle or None")
+
+
+# ---------------------------------------------------------------- the dispatcher
+
+class _Launch:
+    """One route's kernel at one shape: the grid, and the ctypes argument buffers reused by every call."""
+
+    def __init__(self, d: "Dispatcher", kernel: dict, shape: dict[str, int], order: list[int], sizes: list[int]):
+        self.d, self.kernel, self.shape, self.order = d, kernel, shape, order
+        self.fn = None
+        self.ptrs = [ctypes.c_uint64() for _ in order]
+        self.dims = [ctypes.c_int32(shape[x]) for x in kernel["dims"]]
+        self.tmaps = [ctypes.create_string_buffer(0) for _ in kernel["tensor_maps"]]
+        self.tmap_at: list[int] = []
+        self.encoded_for: tuple = ()
+        self.zeroed = [(kernel["params"].index(z), sizes[order[kernel["params"].index(z)]]) for z in kernel["zeroed"]]
+
+    def prepare(self, ordinal: int) -> None:
+        d, k = self.d, self.kernel
+        drv = d.driver(ordinal)
+        self.fn = d.function(ordinal, k)
+        env = {**k["consts"], **self.shape}
+        if k["persistent"]:
+            env["num_sms"] = drv.sm_count(ordinal)
+        grid = [evaluate(g, env) for g in k["grid"]]
+        self.grid = tuple(grid + [1] * (3 - len(grid)))
+        addresses = [ctypes.addressof(v) for v in self.ptrs + self.dims]
+        from .cuda_driver import aligned_tmap
+        for i in range(len(self.tmaps)):
+            self.tmaps[i], at = aligned_tmap()
+            self.tmap_at.append(at)
+        self.params = (ctypes.c_void_p * (len(addresses) + len(self.tmap_at)))(*addresses, *self.tmap_at)
+
+    def encode(self, ptrs: list[int]) -> None:
+        k, env = self.kernel, {**self.kernel["consts"], **self.shape}
+        for spec, at in zip(k["tensor_maps"], self.tmap_at):
+            i = k["params"].index(spec["gmem"])
+            dims = [evaluate(e, env) for e in reversed(k["param_shapes"][i])]
+            strides, step = [], spec["elem_bytes"]
+            for extent in dims[:-1]:
+                step *= extent
+                strides.append(step)
+            self.d.driver(None).encode_tmap(ptrs[i], spec, dims, strides, list(reversed(spec["box"])), at)
+        self.encoded_for = tuple(ptrs)
+
+    def __call__(self, ptrs: list[int], stream: int, ordinal: int) -> None:
+        if self.fn is None:
+            self.prepare(ordinal)
+        drv = self.d.driver(ordinal)
+        drv.use_device(ordinal)
+        for slot, i in zip(self.ptrs, self.order):
+            slot.value = ptrs[i]
+        if self.tmap_at:
+            mine = [ptrs[i] for i in self.order]
+            if tuple(mine) != self.encoded_for:     # a new buffer: its tensor map is encoded again
+                self.encode(mine)
+        for p, nbytes in self.zeroed:
+            drv.memset_zero(self.ptrs[p].value, nbytes, stream)
+        drv.launch(self.fn, self.grid, self.kernel["threads"], self.kernel["smem_bytes"], stream, self.params)
+
+
+class Dispatcher:
+    """The routes of one manifest; its launches, prepared once per (kernel, shape) and kept."""
+
+    def __init__(self, manifest: dict, folder: Path):
+        self.m, self.folder = manifest, folder
+        self.dims: list[str] = manifest["dims"]
+        self.tensors: list[dict] = manifest["tensors"]
+        self.names = [t["name"] for t in self.tensors]
+        self.kernels = {k["id"]: k for k in manifest["kernels"]}
+        self.exact = manifest["exact"]
+        self._plans: dict = {}
+        self._functions: dict = {}
+        self._checked: set[int] = set()
+        self._driver = None
+
+    @classmethod
+    def load(cls, folder: Path, pinned: str) -> "Dispatcher":
+        path = folder / "manifest.json"
+        data = path.read_bytes()
+        got = hashlib.sha256(data).hexdigest()
+        if got != pinned:
+            raise ManifestTampered(f"{path}: sha256 {got} is not the {pinned} pinned in {folder / '__init__.py'}; "
+                                   "export the package again instead of editing it")
+        return cls(json.loads(data), folder)
+
+    # -- routes (no CUDA)
+    def shape_of(self, shape: dict) -> dict[str, int]:
+        extra = sorted(set(shape) - set(self.dims))
+        missing = [x for x in self.dims if x not in shape]
+        if extra or missing:
+            raise BadArgument(f"a shape gives {', '.join(self.dims)}" + (f"; missing {', '.join(missing)}" if missing
+                              else "") + (f"; unknown {', '.join(extra)}" if extra else ""))
+        if not all(type(shape[x]) is int and shape[x] >= 1 for x in self.dims):
+            raise BadArgument(f"shape {shape}: every dimension is an int >= 1")
+        return {x: shape[x] for x in self.dims}
+
+    def route(self, shape: dict[str, int]) -> tuple[dict, dict] | None:
+        """(route, what it measured at the shape) of the first route that serves ``shape``; None when none."""
+        key = ",".join(f"{x}={shape[x]}" for x in self.dims)
+        hit = self.exact.get(key)
+        if hit is not None:
+            r = self.m["routes"][hit]
+            return r, r["shapes"][key]
+        for r in self.m["routes"]:
+            k = self.kernels[r["kernel"]]
+            if r["kind"] == "domain" and not domain_refusal(k["domain"], shape, k["consts"]):
+                return r, {}
+        return None
+
+    def covered(self, **shape) -> bool:
+        return self.route(self.shape_of(shape)) is not None
+
+    def route_of(self, **shape) -> dict | None:
+        hit = self.route(self.shape_of(shape))
+        if hit is None:
+            return None
+        r, at = hit
+        k = self.kernels[r["kernel"]]
+        return {"kernel": k["id"], "kernel_name": k["kernel_name"], "route": r["kind"],
+                "median_ms": at.get("median_ms"), "peer_ms": (at.get("peer") or {}).get("median_ms"),
+                "held_out": at.get("held_out", False)}
+
+    def refusal(self, shape: dict[str, int]) -> str:
+        key = ",".join(f"{x}={v}" for x, v in shape.items())
+        return (f"shape {key} is covered by no route of this {self.m['problem']} package ({len(self.exact)} measured "
+                f"shapes on {self.m['gpu_model']}): pass fallback= to serve it otherwise")
+
+    # -- run
+    def infer(self, ts: list) -> dict[str, int]:
+        shape: dict[str, int] = {}
+        for t, spec in zip(ts, self.tensors):
+            got = tuple(int(x) for x in t.shape)
+            if len(got) != len(spec["shape"]):
+                raise BadArgument(f"`{spec['name']}` has shape {got}; it is ({', '.join(spec['shape'])})")
+            for e, v in zip(spec["shape"], got):
+                if e in self.dims and shape.setdefault(e, v) != v:
+                    raise BadArgument(f"`{spec['name']}` gives {e} = {v}, an earlier tensor {e} = {shape[e]}")
+        missing = [x for x in self.dims if x not in shape]
+        if missing:
+            raise BadArgument(f"the tensors' shapes do not give {', '.join(missing)}")
+        shape = {x: shape[x] for x in self.dims}
+        for t, spec in zip(ts, self.tensors):
+            want = tuple(evaluate(e, {**self.m["consts"], **shape}) for e in spec["shape"])
+            if tuple(int(x) for x in t.shape) != want:
+                raise BadArgument(f"`{spec['name']}` has shape {tuple(t.shape)}; at {shape} it must be {want}")
+        return shape
+
+    def plan(self, ts: list) -> tuple:
+        for t, spec in zip(ts, self.tensors):
+            if str(t.dtype) not in _DTYPES[spec["dtype"]]:
+                raise BadArgument(f"`{spec['name']}` is {t.dtype}; this package takes {spec['dtype']} "
+                                  f"({' or '.join(_DTYPES[spec['dtype']])})")
+        shape = self.infer(ts)
+        hit = self.route(shape)
+        if hit is None:
+            return None, self.refusal(shape), None
+        k = self.kernels[hit[0]["kernel"]]
+        why = domain_refusal(k["domain"], shape, k["consts"])
+        if why:
+            return None, f"shape {shape} is outside kernel {k['id']}'s domain: {why}", None
+        order = [self.names.index(p) for p in k["params"]]
+        env = {**k["consts"], **shape}
+        for p, i in zip(k["param_shapes"], order):
+            if tuple(evaluate(e, env) for e in p) != tuple(int(x) for x in ts[i].shape):
+                raise BadArgument(f"`{self.names[i]}` has shape {tuple(ts[i].shape)}; kernel {k['id']} takes "
+                                  f"({', '.join(p)}) at {shape}")
+        sizes = [_nbytes(t) for t in ts]
+        ptr_of = [_torch_ptr if hasattr(t, "data_ptr") else _cupy_ptr for t in ts]
+        return _Launch(self, k, shape, order, sizes), "", ptr_of
+
+    def run(self, stream=None, fallback=None, **tensors):
+        try:
+            ts = [tensors[n] for n in self.names]
+        except KeyError:
+            raise BadArgument(f"run() takes {', '.join(self.names)}; missing "
+                              f"{', '.join(n for n in self.names if n not in tensors)}") from None
+        if len(tensors) != len(ts):
+            raise BadArgument(f"run() takes {', '.join(self.names)}; unknown "
+                              f"{', '.join(n for n in tensors if n not in self.names)}")
+        sig = tuple((t.shape, t.dtype) for t in ts)
+        plan = self._plans.get(sig)
+        if plan is None:
+            plan = self._plans[sig] = self.plan(ts)
+        launch, refused, ptr_of = plan
+        if launch is None:
+            if fallback is None:
+                raise ShapeNotCovered(refused)
+            return fallback(**tensors)
+        ptrs = [f(t) for f, t in zip(ptr_of, ts)]
+        launch(ptrs, stream_handle(stream), _device_of(ts[0]))
+        return None
+
+    # -- CUDA
+    def driver(self, ordinal: int | None):
+        if self._driver is None:
+            from .cuda_driver import Driver
+            self._driver = Driver()
+        if ordinal is not None and ordinal not in self._checked:
+            name = self._driver.device_name(ordinal)
+            if not model_matches(name, self.m["gpu_model"]):
+                raise WrongGPU(f"device {ordinal} is {name}; this package's kernels were measured on "
+                               f"{self.m['gpu_model']}: export them for this GPU from a run measured on it")
+            self._checked.add(ordinal)
+        return self._driver
+
+    def function(self, ordinal: int, k: dict) -> int:
+        key = (ordinal, k["id"])
+        if key not in self._functions:
+            path = self.folder / k["cubin"]
+            cubin = path.read_bytes()
+            got = hashlib.sha256(cubin).hexdigest()
+            if got != k["cubin_sha256"]:
+                raise ManifestTampered(f"{path}: sha256 {got} is not the {k['cubin_sha256']} the manifest names")
+            drv = self.driver(ordinal)
+            drv.use_device(ordinal)
+            self._functions[key] = drv.function(cubin, k["kernel_name"], k["smem_bytes"], k["smem_static_limit"])
+        return self._functions[key]
+
+
+def _nbytes(t) -> int:
+    return int(t.nbytes) if hasattr(t, "nbytes") else int(t.numel() * t.element_size())
+
+
+_dispatcher = Dispatcher.load(Path(__file__).resolve().parent, MANIFEST_SHA256) if MANIFEST_SHA256 else None
+
+
+def _the() -> Dispatcher:
+    if _dispatcher is None:
+        raise ExportedError("this is the template of exported packages; `cake export` writes a package from it")
+    return _dispatcher
+
+
+def covered(**shape) -> bool:
+    """Whether a route serves ``shape`` (every dimension of the problem by name)."""
+    return _the().covered(**shape)
+
+
+def route_of(**shape) -> dict | None:
+    """The route serving ``shape``: kernel, route kind, measured ms, peer ms, held_out; None when none does."""
+    return _the().route_of(**shape)
+
+
+def run(stream=None, fallback=None, **tensors):
+    """Launch the kernel routed for the tensors' shape on ``stream`` (see the module doc)."""
+    return _the().run(stream=stream, fallback=fallback, **tensors)
