@@ -20,11 +20,11 @@ from export_rows import FILES, PROBLEM, expected, land, shapes
 
 needs_nvcc = pytest.mark.skipif(nvcc_path() is None, reason="export compiles each kernel with nvcc, absent here")
 
-# run in the subprocess: the package's folder first, then the standard library alone (no site-packages, no Cake)
+# run in the subprocess (python -I -S: no site module, so no site-packages and no editable install of Cake): the
+# package's folder first, then the standard library alone
 PRELUDE = """
 import sys
-sys.path[:] = [{out!r}] + [p for p in sys.path if p and "site-packages" not in p and "wt-export" not in p
-                           and not p.endswith(".pth")]
+sys.path[:] = [{out!r}] + [p for p in sys.path if p]
 try:
     import cake_core
 except ModuleNotFoundError:
@@ -54,7 +54,7 @@ def tensors(B, N, K, D, x="torch.bfloat16"):
 
 def run_isolated(out: Path, body: str) -> subprocess.CompletedProcess:
     code = PRELUDE.format(out=str(out)) + textwrap.dedent(body)
-    return subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=120,
+    return subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=120,
                           cwd=out)
 
 
