@@ -68,7 +68,8 @@ def _planted(old: str, new: str) -> str:
 
 
 @pytest.mark.parametrize("case, wrong_in", [
-    ("no_decay", ("s", "o")), ("no_beta", ("s", "o")), ("output_from_k", ("o",)), ("state_not_written", ("s",))])
+    ("no_decay", ("s", "o")), ("no_beta", ("s", "o")), ("output_from_k", ("o",)), ("state_not_written", ("s",)),
+    ("ignores_the_state", ("s", "o"))])
 def test_a_planted_mistake_is_wrong_where_it_shows(case, wrong_in):
     text = {
         "no_decay": _planted('    ewise(s_t, s_t, a_c, fn="mul")\n', ""),
@@ -78,6 +79,8 @@ def test_a_planted_mistake_is_wrong_where_it_shows(case, wrong_in):
                                             '    ewise(t, s_t, k_c, fn="mul")\n'[::-1], 1)[::-1],
         # the state is computed and dropped: s keeps its drawn value (finite: only the values tell)
         "state_not_written": _planted("    store(s[bid.y, bid.x, tile(0, TK), tile(0, TV)], s_t)\n", ""),
+        # starts from a zero state instead of the one it is given
+        "ignores_the_state": _planted("    load(s_t, s[bid.y, bid.x, tile(0, TK), tile(0, TV)])\n", "    fill(s_t)\n"),
     }[case]
     assert text != SEED and check_text(text, f"{case}.cake") == []
     result = check_stage(parse_program(text, f"{case}.cake"), P, _small("headline"), seed=4, strict=False)
