@@ -23,7 +23,8 @@ SHAPE = {"B": 2, "N": 40, "K": 12, "D": 16}
 # and record the new pair here
 FINGERPRINTS = {
     "gemm_bf16": (1, "5b89a3b32dc1b776"),
-    "kda_decode": (1, "a61f0bad3415fa6a"),
+    "kda_prefill": (1, "ddcdfddb93cd31d7"),
+    "kda_decode": (1, "17762bdc17d7992a"),
     "kmeans_assign": (2, "c39075bf6394c55c"),
     "kmeans_update": (1, "bc7ca8841019504f"),
     "knn_topk": (2, "ed884dce47d8ad11"),

@@ -19,38 +19,21 @@ import numpy as np
 
 from cake_core.problems import BenchTarget, Problem, data, output, state
 from cake_core.problems.base import RowOracle, Shape, array_module, as_sampler, bf16_round
+from cake_core.problems.common.kda import betas, gates, step, unit_rows
 
 from .peers import PEERS
-
-
-def _unit_rows(r, shape: tuple[int, ...]) -> Any:
-    """bf16 unit vectors along the last axis (normalised, then rounded: within bf16 rounding of unit length)."""
-    x = r.normal(shape).astype(r.xp.float64)
-    x = x / r.xp.sqrt((x * x).sum(axis=-1, keepdims=True))
-    return bf16_round(x.astype(r.xp.float32))
 
 
 def _inputs(s: Shape, rng: Any) -> dict[str, Any]:
     r = as_sampler(rng)
     B, H, DK, DV = s["B"], s["H"], s["DK"], s["DV"]
-    # decays exp(g) spread over (0.37, 1): a kernel that forgets the decay, or decays along the value axis,
-    # is off by up to 0.6 of the state
-    g = -(r.uniform((B, H, DK)) * 0.999 + 0.001)
-    beta = 1.0 / (1.0 + r.xp.exp(-r.normal((B, H))))        # sigmoid of a normal: spread over (0, 1)
-    return {"q": _unit_rows(r, (B, H, DK)), "k": _unit_rows(r, (B, H, DK)),
-            "v": bf16_round(r.normal((B, H, DV))), "g": g.astype(r.xp.float32),
-            "beta": beta.astype(r.xp.float32), "s": r.normal((B, H, DK, DV))}
+    return {"q": unit_rows(r, (B, H, DK)), "k": unit_rows(r, (B, H, DK)), "v": bf16_round(r.normal((B, H, DV))),
+            "g": gates(r, (B, H, DK)), "beta": betas(r, (B, H)), "s": r.normal((B, H, DK, DV))}
 
 
 def _step(q, k, v, g, beta, s) -> dict[str, Any]:
-    """The fp64 step over leading batch axes: (new state, output)."""
-    xp = array_module(q, s)
-    f = lambda a: a.astype(xp.float64)          # noqa: E731
-    s1 = f(s) * xp.exp(f(g))[..., :, None]
-    u = (s1 * f(k)[..., :, None]).sum(axis=-2)                      # S'^T k: (..., DV)
-    d = (f(v) - u) * f(beta)[..., None]
-    s2 = s1 + f(k)[..., :, None] * d[..., None, :]
-    return {"s": s2, "o": (s2 * f(q)[..., :, None]).sum(axis=-2)}
+    s2, o = step(q, k, v, g, beta, s)
+    return {"s": s2, "o": o}
 
 
 def _oracle(x: dict[str, Any]) -> dict[str, Any]:
