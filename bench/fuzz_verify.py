@@ -49,7 +49,6 @@ from cake_core.ir.text import parse, parse_program  # noqa: E402
 from cake_core.ir.types import DType  # noqa: E402
 from cake_core.ir.verify import verify  # noqa: E402
 from cake_core.problems import list_problems  # noqa: E402
-from cake_core.problems import corpus_files  # noqa: E402
 
 PROBLEMS = {p.name: p for p in list_problems()}
 
@@ -66,15 +65,11 @@ def _alarm(signum: int, frame: Any) -> None:
 
 
 def corpus() -> list[tuple[str, Program]]:
-    """(problem, program) for every stored kernel whose parameters are a problem's."""
-    out = []
-    for f in corpus_files("*.cake"):
-        p = parse_program(f.read_text(), str(f))
-        names = {q.name for q in p.params}
-        prob = next((k for k, v in PROBLEMS.items() if set(v.inputs + v.outputs) == names), None)
-        if prob:
-            out.append((prob, p))
-    return out
+    """(problem, program) for every stored kernel, with the problem whose ``kernels/`` holds it (two problems may
+    share parameter names: the KDA decode and prefill)."""
+    files = sorted(((f, name) for name, prob in PROBLEMS.items() for f in prob.kernels_dir.glob("*.cake")),
+                   key=lambda fn: fn[0].name)      # the order of corpus_files: by file name
+    return [(name, parse_program(f.read_text(), str(f))) for f, name in files]
 
 
 def _nodes(body: tuple[Node, ...], path: tuple[int, ...] = ()) -> list[tuple[tuple[int, ...], Node]]:
