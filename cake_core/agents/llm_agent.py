@@ -2,9 +2,13 @@
 
 The prompt carries the IR reference (generated from the op registry: the same
 text people read), the problem's semantics (never a peer's source), the best
-programs so far and the diagnostics of recent failures. Tokens are counted per
-attempt and the run's budget is enforced here: when it is spent the agent
-proposes nothing more.
+programs so far and the diagnostics of recent failures. Each reply is parsed and
+verified at once (on the CPU, in milliseconds); a kernel that does not verify goes
+back to the endpoint with its located diagnostics (file:line:col, rule, the line
+itself, the hint), for ``repairs`` rounds at most, in the same conversation. Tokens
+are counted per attempt (every round of it) and the run's budget is enforced here:
+when it is spent the agent asks nothing more, and a kernel still broken is proposed
+as it is (the verify stage records why).
 """
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from dataclasses import dataclass
 
 from cake_core.agents.base import Candidate, Context
 from cake_core.errors import CakeError
+from cake_core.ir.check import check_text
 from cake_core.ir.text import parse
 from cake_core.problems.base import Problem
 
@@ -34,6 +39,8 @@ class LLMConfig:
     token_budget: int = 200_000
     temperature: float = 0.7
     timeout_s: float = 120.0
+    repairs: int = 2                # rounds a kernel that does not verify goes back with its diagnostics
+    repair_diagnostics: int = 5     # the first errors a repair round quotes
 
 
 def extract_program(reply: str) -> str:
@@ -71,33 +78,62 @@ class LLMAgent:
         self.tokens_used = 0
 
     def propose(self, problem: Problem, ctx: Context) -> list[Candidate]:
-        import openai
         prompt = build_prompt(problem, ctx, self.reference)
         parents = tuple(parse(t).program.hash for t, _ in ctx.best[:2] if parse(t).program is not None)
         out: list[Candidate] = []
         for _ in range(ctx.population):
             if self.tokens_used >= self.config.token_budget:
                 break
-            try:
-                resp = self.client.chat.completions.create(
-                    model=self.config.model, temperature=self.config.temperature,
-                    messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}])
-            except openai.APIConnectionError as e:
-                raise LLMUnavailable(f"the LLM endpoint {self.config.base_url or 'api.openai.com'} does not "
-                                     f"answer ({e.__cause__ or e}); check CAKE_LLM_BASE_URL or use --agent tactic"
-                                     ) from None
-            except openai.AuthenticationError:
-                raise LLMUnavailable("the LLM endpoint refused the API key; set the key in the variable named "
-                                     "by llm_api_key_env") from None
-            except openai.NotFoundError:
-                raise LLMUnavailable(f"the LLM endpoint has no model `{self.config.model}`; set CAKE_LLM_MODEL"
-                                     ) from None
-            except openai.APIStatusError as e:
-                raise LLMUnavailable(f"the LLM endpoint answered HTTP {e.status_code}: {str(e)[:200]}") from None
-            usage = resp.usage
-            p_tok = usage.prompt_tokens if usage else 0
-            c_tok = usage.completion_tokens if usage else 0
-            self.tokens_used += p_tok + c_tok
-            reply = (resp.choices[0].message.content or "") if resp.choices else ""
-            out.append(Candidate(extract_program(reply), parents, self.name, None, p_tok, c_tok))
+            out.append(self._attempt(prompt, parents))
         return out
+
+    def _attempt(self, prompt: str, parents: tuple[str, ...]) -> Candidate:
+        """One candidate: a reply, then up to ``repairs`` rounds of its own diagnostics while it does not verify
+        and the budget lasts; the tokens of every round are the attempt's."""
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}]
+        p_tok = c_tok = 0
+        for round_ in range(self.config.repairs + 1):
+            reply, p, c = self._ask(messages)
+            p_tok, c_tok = p_tok + p, c_tok + c
+            text = extract_program(reply)
+            why = repair_request(text, self.config.repair_diagnostics)
+            if why is None or round_ == self.config.repairs or self.tokens_used >= self.config.token_budget:
+                break
+            messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": why}]
+        return Candidate(text, parents, self.name, None, p_tok, c_tok)
+
+    def _ask(self, messages: list[dict[str, str]]) -> tuple[str, int, int]:
+        """The endpoint's reply to ``messages`` and its prompt and completion tokens (counted against the budget)."""
+        import openai
+        try:
+            resp = self.client.chat.completions.create(
+                model=self.config.model, temperature=self.config.temperature, messages=messages)
+        except openai.APIConnectionError as e:
+            raise LLMUnavailable(f"the LLM endpoint {self.config.base_url or 'api.openai.com'} does not "
+                                 f"answer ({e.__cause__ or e}); check CAKE_LLM_BASE_URL or use --agent tactic"
+                                 ) from None
+        except openai.AuthenticationError:
+            raise LLMUnavailable("the LLM endpoint refused the API key; set the key in the variable named "
+                                 "by llm_api_key_env") from None
+        except openai.NotFoundError:
+            raise LLMUnavailable(f"the LLM endpoint has no model `{self.config.model}`; set CAKE_LLM_MODEL"
+                                 ) from None
+        except openai.APIStatusError as e:
+            raise LLMUnavailable(f"the LLM endpoint answered HTTP {e.status_code}: {str(e)[:200]}") from None
+        usage = resp.usage
+        p_tok = usage.prompt_tokens if usage else 0
+        c_tok = usage.completion_tokens if usage else 0
+        self.tokens_used += p_tok + c_tok
+        return ((resp.choices[0].message.content or "") if resp.choices else ""), p_tok, c_tok
+
+
+def repair_request(text: str, limit: int = 5) -> str | None:
+    """What a repair round says of ``text``: its first ``limit`` errors, located as the compiler prints them, and
+    the request for the whole corrected kernel; None when it parses and verifies."""
+    errors = [d for d in check_text(text, "candidate.cake") if d.is_error]
+    if not errors:
+        return None
+    shown = "\n".join(d.format("candidate.cake", text) for d in errors[:limit])
+    more = f"\n(and {len(errors) - limit} more)" if len(errors) > limit else ""
+    return (f"The kernel does not verify ({len(errors)} error{'s' if len(errors) > 1 else ''}):\n{shown}{more}\n"
+            "Fix these and answer with the whole corrected kernel in one ```python code block.")

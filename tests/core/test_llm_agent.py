@@ -66,3 +66,71 @@ def test_extract_program_and_prompt():
     assert extract_program("no fence") == "no fence\n"
     p = build_prompt(GEMM, Context(0, 0, 1, best=[(GEMM.seed_text(), 1.5)]), "REF")
     assert "score 1.5" in p and p.startswith("# Cake IR reference\nREF")
+
+
+# ---------------------------------------------------------------- the repair loop
+GOOD = GEMM.seed_text()
+BROKEN = GOOD.replace("mma(acc, a_s, b_s)", "mma(acc, a_t, b_s)", 1)     # `a_t` is not defined
+
+
+class _Repairing(BaseHTTPRequestHandler):
+    """A scripted endpoint: a broken kernel first; the corrected one once it is shown the diagnostics."""
+    conversations: list = []
+
+    def do_POST(self):  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        _Repairing.conversations.append(body["messages"])
+        fixed = "does not verify" in body["messages"][-1]["content"]
+        out = {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+               "choices": [{"index": 0, "finish_reason": "stop", "message": {
+                   "role": "assistant", "content": "```python\n" + (GOOD if fixed else BROKEN) + "```\n"}}],
+               "usage": {"prompt_tokens": 1000, "completion_tokens": 200, "total_tokens": 1200}}
+        data = json.dumps(out).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture
+def repairing():
+    _Repairing.conversations = []
+    srv = HTTPServer(("127.0.0.1", 0), _Repairing)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    srv.shutdown()
+
+
+def test_a_kernel_that_does_not_verify_goes_back_with_its_located_diagnostics(repairing):
+    assert "mma(acc, a_t, b_s)" in BROKEN
+    agent = LLMAgent(LLMConfig(repairing, "stub-model", "k"), reference="(reference)")
+    (cand,) = agent.propose(GEMM, Context(0, 1, 1))
+    assert cand.text == GOOD and (cand.prompt_tokens, cand.completion_tokens) == (2000, 400)
+    first, second = _Repairing.conversations
+    assert len(first) == 2 and len(second) == 4 and second[2]["role"] == "assistant"
+    line = next(i for i, ln in enumerate(BROKEN.splitlines(), 1) if "a_t" in ln)
+    ask = second[3]["content"]
+    assert f"candidate.cake:{line}:" in ask and "types.undefined" in ask and "a_t" in ask
+    assert "whole corrected kernel" in ask
+
+
+def test_repairs_stop_at_their_rounds_and_at_the_budget(repairing):
+    never = LLMAgent(LLMConfig(repairing, "stub-model", "k", repairs=0), reference="")
+    (cand,) = never.propose(GEMM, Context(0, 1, 1))
+    assert cand.text == BROKEN and len(_Repairing.conversations) == 1, "no repair round: proposed as it is"
+    _Repairing.conversations = []
+    poor = LLMAgent(LLMConfig(repairing, "stub-model", "k", token_budget=1000), reference="")
+    cands = poor.propose(GEMM, Context(0, 1, 3))
+    assert [c.text for c in cands] == [BROKEN] and len(_Repairing.conversations) == 1
+    assert poor.tokens_used == 1200, "the first reply spent the budget: no repair, no second candidate"
+
+
+def test_a_verifying_kernel_asks_nothing_more():
+    from cake_core.agents.llm_agent import repair_request
+    assert repair_request(GOOD) is None
+    ask = repair_request(BROKEN, limit=1)
+    assert ask.startswith("The kernel does not verify (") and ask.count("candidate.cake:") == 1
