@@ -5,25 +5,12 @@ import json
 import sys
 from pathlib import Path
 
-from typer.testing import CliRunner
-
-from cake_cli.main import app
 from cake_core.ir.text import parse_program
+from cli_run import one_error_line, run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
 from bench_fixture import write_bench  # noqa: E402
 
-runner = CliRunner()
-
-
-def run(*args: str):
-    return runner.invoke(app, list(args))
-
-
-def one_error_line(result) -> str:
-    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in result.output, result.output
-    return lines[0]
 
 
 def test_import_then_eval_on_held_out_runs(tmp_path):

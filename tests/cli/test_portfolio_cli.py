@@ -3,24 +3,10 @@ its domain admits, the bounds that refuse the rest, the union, and exit 1 when s
 regions`: the region plan the portfolio flow searches."""
 from __future__ import annotations
 
-from typer.testing import CliRunner
-
-from cake_cli.main import app
 from cake_core.ir.text import parse_program
 from cake_core.pipeline.coverage import coverage
 from cake_core.problems import get_problem
-
-runner = CliRunner()
-
-
-def run(*args: str):
-    return runner.invoke(app, list(args))
-
-
-def one_error_line(result) -> str:
-    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in result.output, result.output
-    return lines[0]
+from cli_run import one_error_line, run
 
 
 def test_the_kmeans_portfolio_is_served_where_d_fits_the_hand_written_kernels():

@@ -14,16 +14,19 @@ GEMM = get_problem("gemm_bf16")
 REPLY = "Here is a faster one:\n```python\n" + GEMM.seed_text().replace('"BK": 32', '"BK": 64') + "```\n"
 
 
-class _Endpoint(BaseHTTPRequestHandler):
-    prompts: list = []
+class _Scripted(BaseHTTPRequestHandler):
+    """An OpenAI-compatible chat endpoint whose reply ``answer(messages)`` gives: (content, prompt tokens,
+    completion tokens)."""
+
+    def answer(self, messages: list) -> tuple[str, int, int]:
+        raise NotImplementedError
 
     def do_POST(self):  # noqa: N802
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        _Endpoint.prompts.append(body["messages"][-1]["content"])
+        content, p_tok, c_tok = self.answer(body["messages"])
         out = {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-               "choices": [{"index": 0, "finish_reason": "stop",
-                            "message": {"role": "assistant", "content": REPLY}}],
-               "usage": {"prompt_tokens": 1200, "completion_tokens": 300, "total_tokens": 1500}}
+               "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
+               "usage": {"prompt_tokens": p_tok, "completion_tokens": c_tok, "total_tokens": p_tok + c_tok}}
         data = json.dumps(out).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -35,12 +38,24 @@ class _Endpoint(BaseHTTPRequestHandler):
         pass
 
 
+def _serve(handler):
+    srv = HTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, f"http://127.0.0.1:{srv.server_address[1]}/v1"
+
+
+class _Endpoint(_Scripted):
+    prompts: list = []
+
+    def answer(self, messages):
+        _Endpoint.prompts.append(messages[-1]["content"])
+        return REPLY, 1200, 300
+
+
 @pytest.fixture
 def endpoint():
-    srv = HTTPServer(("127.0.0.1", 0), _Endpoint)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    srv, url = _serve(_Endpoint)
+    yield url
     srv.shutdown()
 
 
@@ -73,35 +88,21 @@ GOOD = GEMM.seed_text()
 BROKEN = GOOD.replace("mma(acc, a_s, b_s)", "mma(acc, a_t, b_s)", 1)     # `a_t` is not defined
 
 
-class _Repairing(BaseHTTPRequestHandler):
-    """A scripted endpoint: a broken kernel first; the corrected one once it is shown the diagnostics."""
+class _Repairing(_Scripted):
+    """A broken kernel first; the corrected one once it is shown the diagnostics."""
     conversations: list = []
 
-    def do_POST(self):  # noqa: N802
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        _Repairing.conversations.append(body["messages"])
-        fixed = "does not verify" in body["messages"][-1]["content"]
-        out = {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-               "choices": [{"index": 0, "finish_reason": "stop", "message": {
-                   "role": "assistant", "content": "```python\n" + (GOOD if fixed else BROKEN) + "```\n"}}],
-               "usage": {"prompt_tokens": 1000, "completion_tokens": 200, "total_tokens": 1200}}
-        data = json.dumps(out).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *a):
-        pass
+    def answer(self, messages):
+        _Repairing.conversations.append(messages)
+        fixed = "does not verify" in messages[-1]["content"]
+        return "```python\n" + (GOOD if fixed else BROKEN) + "```\n", 1000, 200
 
 
 @pytest.fixture
 def repairing():
     _Repairing.conversations = []
-    srv = HTTPServer(("127.0.0.1", 0), _Repairing)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    srv, url = _serve(_Repairing)
+    yield url
     srv.shutdown()
 
 
