@@ -224,3 +224,33 @@ def test_a_run_without_headline_rows_scores_its_baselines_on_every_searched_shap
                             _baseline("k.cake", "c", "held_out", 100.0)])
     (got,) = rows(wh, "select basis, score_ms from baseline_scores")
     assert got["basis"] == "measured" and got["score_ms"] == pytest.approx(3.0)
+
+
+def test_kernel_shape_scores_and_the_best_of_any_run(filled):
+    """Across both runs and shape sets: each kernel's best correct median per shape; the fastest kernel per shape
+    (the wrong 0.001 ms row of run-a-att-0 counts nowhere)."""
+    got = rows(filled, "select shape, ir_hash, best_ms, attempt_id, run_id, runs, kinds from shape_best_any_run "
+                       "order by shape")
+    assert [r["shape"] for r in got] == sorted(SHAPES)
+    best = {r["shape"]: r for r in got}
+    assert best[SHAPES[0]]["best_ms"] == pytest.approx(1 / 3) and best[SHAPES[0]]["attempt_id"] == "run-a-att-14"
+    assert best[SHAPES[0]]["run_id"] == "run-a" and best[SHAPES[0]]["kinds"] == ["search"]
+    per_kernel = rows(filled, "select ir_hash, count(*) as shapes from kernel_shape_scores group by ir_hash")
+    assert all(r["shapes"] == 2 for r in per_kernel) and len(per_kernel) == 6     # 3 winners per run, 2 runs
+    assert not rows(filled, "select * from kernel_shape_scores where ir_hash = 'h000000'"), "wrong rows do not score"
+
+
+def test_a_kernel_measured_by_two_runs_scores_once_with_its_best(tmp_path):
+    from warehouse import Warehouse
+    from wh_fixtures import attempt, measurement
+    wh = Warehouse(tmp_path / "wh")
+    a, b = attempt(1, "region-00"), attempt(2, "region-01")
+    b["ir_hash"] = a["ir_hash"]                    # the same kernel, found again by the other region's run
+    wh.append("attempts", [a, b])
+    wh.append("measurements", [measurement(a["attempt_id"], "region-00", SHAPES[0], 0.50),
+                               measurement(b["attempt_id"], "region-01", SHAPES[0], 0.40, kind="held_out"),
+                               measurement(b["attempt_id"], "region-01", SHAPES[0], 0.01, correct=False)])
+    (r,) = rows(wh, "select * from kernel_shape_scores")
+    assert (r["best_ms"], r["attempt_id"], r["run_id"], r["runs"], r["measurements"]) == \
+        (pytest.approx(0.40), b["attempt_id"], "region-01", 2, 2)
+    assert r["kinds"] == ["held_out", "search"]
