@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# One device call (under 10 minutes) for the GPU evidence the CPU suite cannot give; the table prints last.
+#
+#   bash bench/gpu_evidence.sh      # run from the repository root on the GPU machine, .gpu/ and .whl/ carried
+#
+# 1. the GPU tests of the new paths: in/out state tensors, the exported dispatcher from torch, the KDA and
+#    example problems, the role-aware compute lowering (tests/... marked gpu);
+# 2. `cake evolve rmsnorm --problem-path examples/problems` cold on the GPU, its torch peer measured in the run;
+# 3. the KDA naive seeds against flash-linear-attention at a few decode and prefill shapes (bench/corpus_vs_peers).
+# Each part has its own time limit, so a slow part leaves the others their share. Writes under $OUT.
+set -uo pipefail
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+rows=()
+part() {   # part NAME LIMIT_S COMMAND...: run, keep the log, note the exit status and the time
+    local name=$1 limit=$2; shift 2
+    local t0=$SECONDS
+    timeout -k 20 "$limit" "$@" > "$OUT/$name.log" 2>&1
+    local rc=$?
+    rows+=("$(printf '%-14s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - t0))" "$(tail -1 "$OUT/$name.log" | cut -c1-90)")")
+}
+part gpu-tests 200 env GPU_TESTS="tests/problems/test_state_tensors.py tests/export tests/runtime/test_role_compute_gpu.py" \
+    bash bench/gpu.sh tests -rf
+part rmsnorm 170 env CAKE_TIMEOUT=150 bash bench/gpu.sh cake --problem-path examples/problems evolve rmsnorm \
+    --shapes rmsnorm_llm --cold --generations 3 --population 8 --seed 0
+part kda-decode 80 env OUT="$OUT/kda_decode" bash bench/gpu.sh corpus --problems kda_decode \
+    --shapes "B=1,H=32,DK=128,DV=128;B=32,H=32,DK=128,DV=128;B=256,H=32,DK=128,DV=128" --reps 10
+part kda-prefill 80 env OUT="$OUT/kda_prefill" bash bench/gpu.sh corpus --problems kda_prefill \
+    --shapes "B=8,T=1024,H=64,DK=128,DV=128" --reps 5
+echo
+echo "== gpu evidence ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1))"
+for r in "${rows[@]}"; do echo "$r"; done
