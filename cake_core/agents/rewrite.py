@@ -166,6 +166,17 @@ def fresh(p: Program, base: str, taken: set[str] | None = None) -> str:
     return f"{base}{i}"
 
 
+def namer(p: Program) -> Callable[[str], str]:
+    """``name(base)``: a fresh name for ``p`` (see :func:`fresh`) that no earlier call of this namer returned."""
+    taken: set[str] = set()
+
+    def name(base: str) -> str:
+        n = fresh(p, base, taken)
+        taken.add(n)
+        return n
+    return name
+
+
 def replace_expr_in(e: Expr, old: Expr, new: Expr) -> Expr:
     """``e`` with every subexpression equal to ``old`` replaced by ``new``."""
     if e == old:

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from cake_core.agents.rewrite import (fresh, node_syms, refuse_unless, replace_expr, stmt, stmts, subst_expr,
+from cake_core.agents.rewrite import (namer, node_syms, refuse_unless, replace_expr, stmt, stmts, subst_expr,
                                       subst_view, trips_past, view_syms, walk_nodes)
 from cake_core.ir.expr import Bin, Call, Sym, fmt_expr
 from cake_core.ir.ops import REGISTRY, Node, Op, Slot, loop_range
@@ -89,12 +89,7 @@ def cluster_split(p: Program, rng: np.random.Generator, bounds=None) -> Program:
         refuse_unless(n.args[1] in accs or n.args[1] in topk,
                       f"`{n.args[1]}` is neither a wgmma accumulator nor a top-k index list: no cluster merge for it")
     refuse_unless(not (topk and any(n.args[1] in accs for _, n in stores)), "a mix of top-k and accumulator stores")
-    taken: set[str] = set()
-
-    def name(base: str) -> str:
-        n = fresh(p, base, taken)
-        taken.add(n)
-        return n
+    name = namer(p)
 
     split = name("SPLIT")
     axis = "xyz"[len(p.grid)]

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from cake_core.agents.rewrite import (fresh, map_exprs, node_syms, refuse_unless, stmt, stmts, subst_expr, trips_past,
+from cake_core.agents.rewrite import (map_exprs, namer, node_syms, refuse_unless, stmt, stmts, subst_expr, trips_past,
                                       view_syms, walk_nodes)
 from cake_core.ir.expr import Bin, Call, Expr, Sym, fmt_expr, symbols
 from cake_core.ir.ops import REGISTRY, Node, Op, Slot, loop_range
@@ -98,12 +98,7 @@ def persistent(p: Program, rng: np.random.Generator, bounds=None) -> Program:
                   not any("num_sms" in symbols(g) for g in p.grid), "the kernel already walks tiles (ncta / num_sms)")
     refuse_unless(all(n.op in (Op.SMEM, Op.RMEM, Op.MBARRIER, Op.LET, Op.ROLE) for n in p.body),
                   "statements outside the roles besides allocations")
-    taken: set[str] = set()
-
-    def name(base: str) -> str:
-        n = fresh(p, base, taken)
-        taken.add(n)
-        return n
+    name = namer(p)
 
     t = name("t")
     tiles = _tiles(p.grid)

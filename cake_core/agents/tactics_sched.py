@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from cake_core.agents.rewrite import (Refused, fresh, map_exprs, refuse_unless, set_attrs, stmt, stmts,
+from cake_core.agents.rewrite import (Refused, map_exprs, namer, refuse_unless, set_attrs, stmt, stmts,
                                       subst_expr, walk_nodes)
 from cake_core.agents.tactics_copy import _box_bytes, _slot_text
 from cake_core.ir.expr import Bin, Call, Expr, Sym, fmt_expr, symbols
@@ -289,12 +289,7 @@ def pingpong(p: Program, rng: np.random.Generator, bounds=None) -> Program:
                   "consumer reads the same slots after its turn, so a tile must fit the ring (see resident)")
     for b in a_bufs:
         refuse_unless(allocs[b].args[1][0] == rows_e, f"`{b}` does not hold the accumulator's rows")
-    taken: set[str] = set()
-
-    def name(base: str) -> str:
-        n = fresh(p, base, taken)
-        taken.add(n)
-        return n
+    name = namer(p)
 
     halves = {b: (name(f"{b}0"), name(f"{b}1")) for b in a_bufs}
     role_rmem = [m for m in walk_nodes(c.body) if m.op is Op.RMEM]

@@ -94,7 +94,7 @@ from dataclasses import replace
 import numpy as np
 
 from cake_core.agents.mainloop import Mainloop, find_mainloop
-from cake_core.agents.rewrite import Refused, const_of, expr_text, fresh, refuse_unless, stmts, walk_nodes
+from cake_core.agents.rewrite import Refused, const_of, expr_text, namer, refuse_unless, stmts, walk_nodes
 from cake_core.ir.expr import Sym, fmt_expr, symbols
 from cake_core.ir.ops import Node, Op, loop_range
 from cake_core.ir.program import Program
@@ -156,12 +156,7 @@ def warp_specialize(p: Program, rng: np.random.Generator, bounds=None) -> Progra
     if m.outer is not None:
         o_start, _, o_step = loop_range(m.outer)
         refuse_unless(o_start == 0 and o_step == 1, "the candidate loop does not count from 0 in steps of 1")
-    taken: set[str] = set()
-
-    def name(base: str) -> str:
-        n = fresh(p, base, taken)
-        taken.add(n)
-        return n
+    name = namer(p)
 
     S, full, empty = name("S"), name("full"), name("empty")
     it = name("it")
