@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -49,14 +50,19 @@ def default_count(n_shapes: int) -> int:
     return max(1, math.ceil(math.sqrt(n_shapes / 2)))
 
 
-def _features(shapes: list[Shape], dims: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """log2 of each dimension that varies over ``shapes``, and the centre and spread that scale it."""
-    x = np.log2(np.array([[max(s[d], 1) for d in dims] for s in shapes], dtype=np.float64))
+def _scaler(shapes: list[Shape], dims: tuple[str, ...]) -> Callable[[list[Shape]], np.ndarray]:
+    """Features of shapes, fitted on ``shapes``: log2 of each dimension that varies over them, centred and scaled
+    to unit spread (one zero column when none varies)."""
+    def log2(rows: list[Shape]) -> np.ndarray:
+        return np.log2(np.array([[max(s[d], 1) for d in dims] for s in rows], dtype=np.float64))
+
+    x = log2(shapes)
     spread = x.std(axis=0)
     keep = spread > 0
+    centre = x[:, keep].mean(axis=0)
     if not keep.any():
-        return np.zeros((len(shapes), 1)), np.zeros(1), np.ones(1)
-    return (x[:, keep] - x[:, keep].mean(axis=0)) / spread[keep], x[:, keep].mean(axis=0), spread[keep]
+        return lambda rows: np.zeros((len(rows), 1))
+    return lambda rows: (log2(rows)[:, keep] - centre) / spread[keep]
 
 
 def _kmeans(x: np.ndarray, k: int, seed: int) -> np.ndarray:
@@ -104,15 +110,13 @@ def plan_regions(shape_set: ShapeSet, dims: tuple[str, ...], count: int | None =
     k = min(count or default_count(len(searched)), len(searched))
     if k < 1:
         raise ValueError(f"the region count must be at least 1, got {count}")
-    x, centre, spread = _features(searched, dims)
+    features = _scaler(searched, dims)
+    x = features(searched)
     labels = _kmeans(x, k, seed)
     groups = sorted((np.flatnonzero(labels == j).tolist() for j in set(labels.tolist())), key=lambda g: g[0])
     held_of: list[list[Shape]] = [[] for _ in groups]
     if held:
-        hx = np.log2(np.array([[max(s[d], 1) for d in dims] for s in held], dtype=np.float64))
-        all_x = np.log2(np.array([[max(s[d], 1) for d in dims] for s in searched], dtype=np.float64))
-        keep = all_x.std(axis=0) > 0
-        hx = (hx[:, keep] - centre) / spread if keep.any() else np.zeros((len(held), 1))
+        hx = features(held)
         centres = np.array([x[g].mean(axis=0) for g in groups])
         for s, j in zip(held, ((hx[:, None, :] - centres[None, :, :]) ** 2).sum(axis=2).argmin(axis=1)):
             held_of[int(j)].append(s)
