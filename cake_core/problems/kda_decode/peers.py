@@ -4,26 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from cake_core.problems.peer import PeerRun, PeerUnavailable, device_copies, library, to_device, to_numpy, torch_cuda
-
-
-def _sets(torch, inputs: dict[str, Any], copies: int | None) -> list[dict[str, Any]]:
-    t = {n: to_device(torch, inputs[n], torch.bfloat16) for n in ("q", "k", "v")}
-    t.update({n: to_device(torch, inputs[n], torch.float32) for n in ("g", "beta", "s")})
-    return device_copies(torch, t, copies)
+from cake_core.problems.common.kda_peers import device_sets, fla_op
+from cake_core.problems.peer import PeerRun, library, to_numpy, torch_cuda
 
 
 def fla_kda(problem: str, inputs: dict[str, Any], copies: int | None) -> PeerRun:
     """``fla.ops.kda.fused_recurrent_kda`` on [B, 1, H, *] views, the state passed as its initial state and the
     final state returned (a new tensor: every timed run starts from the same state)."""
     torch = torch_cuda()
-    try:
-        import fla  # noqa: PLC0415
-        from fla.ops.kda import fused_recurrent_kda  # noqa: PLC0415
-    except Exception as e:  # noqa: BLE001
-        raise PeerUnavailable(f"flash-linear-attention does not import here ({type(e).__name__}: {e}); install the "
-                              "flash-linear-attention wheel on the GPU machine") from None
-    sets = _sets(torch, inputs, copies)
+    fused_recurrent_kda, lib = fla_op("fused_recurrent_kda")
+    sets = device_sets(torch, inputs, copies)
     box: dict[str, Any] = {}
 
     def run(i: int) -> None:
@@ -32,8 +22,7 @@ def fla_kda(problem: str, inputs: dict[str, Any], copies: int | None) -> PeerRun
                                     s["beta"][:, None], scale=1.0, initial_state=s["s"], output_final_state=True)
         box["o"], box["s"] = o, st
 
-    return PeerRun(problem, "fla.ops.kda.fused_recurrent_kda", f"flash-linear-attention "
-                   f"{getattr(fla, '__version__', '?')}, {library(torch)}", run,
+    return PeerRun(problem, "fla.ops.kda.fused_recurrent_kda", f"{lib}, {library(torch)}", run,
                    lambda: {"o": to_numpy(box["o"][:, 0].float()), "s": to_numpy(box["s"].float())}, len(sets),
                    note="bf16 o (its output dtype follows v): checked at the bf16 output rounding",
                    rtol=2e-5 + 2.0 ** -8, _keep=[sets, box])
@@ -42,7 +31,7 @@ def fla_kda(problem: str, inputs: dict[str, Any], copies: int | None) -> PeerRun
 def torch_step(problem: str, inputs: dict[str, Any], copies: int | None) -> PeerRun:
     """The step as torch ops in fp32 (a decay, two batched matrix-vector products and an outer product)."""
     torch = torch_cuda()
-    sets = _sets(torch, inputs, copies)
+    sets = device_sets(torch, inputs, copies)
     box: dict[str, Any] = {}
 
     def run(i: int) -> None:

@@ -4,28 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from cake_core.problems.peer import PeerRun, PeerUnavailable, device_copies, library, to_device, to_numpy, torch_cuda
+from cake_core.problems.common.kda_peers import device_sets, fla_op
+from cake_core.problems.peer import PeerRun, library, to_numpy, torch_cuda
 
 BF16_O_RTOL = 5e-5 + 2.0 ** -8        # fla returns o in v's dtype (bf16): its rounding on top of the problem's
-
-
-def _fla(name: str):
-    try:
-        import fla  # noqa: PLC0415
-        from fla.ops import kda  # noqa: PLC0415
-    except Exception as e:  # noqa: BLE001
-        raise PeerUnavailable(f"flash-linear-attention does not import here ({type(e).__name__}: {e}); install the "
-                              "flash-linear-attention wheel on the GPU machine") from None
-    return getattr(kda, name), f"flash-linear-attention {getattr(fla, '__version__', '?')}"
 
 
 def _peer(fn_name: str):
     def make(problem: str, inputs: dict[str, Any], copies: int | None) -> PeerRun:
         torch = torch_cuda()
-        fn, lib = _fla(fn_name)
-        t = {n: to_device(torch, inputs[n], torch.bfloat16) for n in ("q", "k", "v")}
-        t.update({n: to_device(torch, inputs[n], torch.float32) for n in ("g", "beta", "s")})
-        sets = device_copies(torch, t, copies)
+        fn, lib = fla_op(fn_name)
+        sets = device_sets(torch, inputs, copies)
         box: dict[str, Any] = {}
 
         def run(i: int) -> None:
