@@ -22,7 +22,7 @@ from rich.live import Live
 
 from cake_cli.config import Settings
 from cake_cli.display import LiveProgress, baseline_lines, best_text, console, live_view, say, summary_table
-from cake_cli.services import prefect_server, ray_runtime, shutdown_ray
+from cake_cli.services import abandon_ray, prefect_server, ray_runtime, shutdown_ray
 from tasks.gpus import local_resources
 
 REFRESH_S = 0.5            # live display refresh period
@@ -122,14 +122,18 @@ def _print_where(settings: Settings, ui_url: str, run_id: str) -> None:
 
 
 def _stop_run(settings: Settings, run_id: str, tag: str, worker: threading.Thread,
-              progress: LiveProgress, timed: bool, release_ray: Callable[[], None]) -> None:
+              progress: LiveProgress, timed: bool, release_ray: Callable[[bool], None]) -> None:
     """Ctrl-C or SIGTERM during a run: seal it, mark it cancelled, say what it recorded.
 
     The run is sealed at once (a write in progress completes, none starts), so
-    the count printed is final; Ray's workers are shut down meanwhile, and the
-    run is marked ``cancelled`` in the warehouse and in Prefect. The flow thread
-    gets what is left of ``STOP_WAIT_S`` to end on its own (a second Ctrl-C
-    skips the wait); it can no longer write anything.
+    the count printed is final; the run is marked ``cancelled`` in the
+    warehouse and in Prefect meanwhile. The flow thread gets what is left of
+    ``STOP_WAIT_S`` to end on its own (its worker pools see the stop within a
+    poll and kill their actors; a second Ctrl-C skips the wait); it can no
+    longer write anything. Then Ray is released: ``release_ray(False)``
+    disconnects once the flow thread has ended, ``release_ray(True)`` kills
+    Ray's processes under a flow thread still alive (disconnecting under it
+    would end the process from inside Ray).
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -139,7 +143,6 @@ def _stop_run(settings: Settings, run_id: str, tag: str, worker: threading.Threa
     _quiet_prefect_console(logging.CRITICAL)   # a task stopped mid-way is not an error to show
     say(f"stopping run {run_id} (Ctrl-C again to stop at once) ...")
     seal(run_id)
-    threading.Thread(target=release_ray, name="cake-ray-shutdown", daemon=True).start()
     with ThreadPoolExecutor(3) as pool:
         status = pool.submit(record_cancelled, settings.warehouse_root, run_id)
         pool.submit(_cancel_flow_run, tag)
@@ -149,6 +152,7 @@ def _stop_run(settings: Settings, run_id: str, tag: str, worker: threading.Threa
             worker.join(0.1)
     except KeyboardInterrupt:
         pass   # the second Ctrl-C: stop now
+    release_ray(worker.is_alive())
     if status.exception() is not None:   # the attempts are in; say so and go on stopping
         say(f"the run's status could not be recorded as cancelled: {status.exception()}")
     measured = progress.by_outcome().get("measured", 0)
@@ -162,6 +166,15 @@ def _stop_run(settings: Settings, run_id: str, tag: str, worker: threading.Threa
     # log batch the server, stopped next, can no longer take.
     logging.disable(logging.CRITICAL)
     logging.raiseExceptions = False
+
+
+def _releaser(started: bool) -> Callable[[bool], None]:
+    """How a stopped run lets go of Ray: nothing when it joined one it did not start; else disconnect (the flow
+    thread has ended) or kill the local Ray's processes under a flow thread still alive."""
+    def release(flow_alive: bool) -> None:
+        if started:
+            (abandon_ray if flow_alive else shutdown_ray)()
+    return release
 
 
 def _final_count(progress: LiveProgress, tries: int = 5) -> bool:
@@ -237,7 +250,7 @@ def run_evolution(settings: Settings, problem: str, run_id: str, kwargs: dict[st
                     _raise_if_signalled()
         except KeyboardInterrupt:
             _stop_run(settings, run_id, tag, worker, progress, timed,
-                      shutdown_ray if rt is not None and rt.started else lambda: None)
+                      _releaser(rt is not None and rt.started))
             raise Stopped() from None
         finally:
             watch.close()

@@ -25,6 +25,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -404,11 +405,31 @@ def ray_runtime(settings: Settings, num_gpus: int | None = None,
         shutdown_ray()
 
 
+_ABANDONED = threading.Event()   # set by abandon_ray: this process exits without disconnecting
+
+
 def shutdown_ray() -> None:
-    """Disconnect from Ray and wait until every process a local Ray started has exited (idempotent)."""
+    """Disconnect from Ray and wait until every process a local Ray started has exited (idempotent; nothing
+    once :func:`abandon_ray` ran)."""
     import ray
 
-    ray.shutdown(wait_for_processes=True)
+    if not _ABANDONED.is_set():
+        ray.shutdown(wait_for_processes=True)
+
+
+def abandon_ray() -> None:
+    """Kill every process the local Ray started, leaving this process's own connection as it is; for a process
+    about to exit while another of its threads may still be inside a Ray call.
+
+    Disconnecting (``ray.shutdown``) under such a thread is not safe: Ray's core worker ends the whole
+    process (exit status 1) when a thread touches it after its shutdown. Killing the processes instead makes
+    that thread's call fail, not the process."""
+    import ray._private.worker as ray_worker
+
+    _ABANDONED.set()
+    node = ray_worker._global_node
+    if node is not None:
+        node.kill_all_processes(check_alive=False, allow_graceful=False, wait=True)
 
 
 # ---------------------------------------------------------------- checks before any service

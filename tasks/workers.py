@@ -366,6 +366,7 @@ class ActorPool:
         node_losses: dict[Hashable, int] = {}
         self.lost = []
         while queue or pending:
+            self._raise_if_stopped()
             while free:
                 chosen = take(free[-1])
                 if not chosen:
