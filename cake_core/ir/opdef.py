@@ -69,6 +69,7 @@ class Op(str, enum.Enum):
     IF = enum.auto()
     LET = enum.auto()
     TILE_ORDER = enum.auto()
+    SCALAR = enum.auto()
     ROLE = enum.auto()
     CLUSTER = enum.auto()
     # -- elementwise tile math

@@ -1,4 +1,4 @@
-"""Verifier rules of bindings: family ``let``. A binding is a name an op binds for the rest of its block (a
+"""Verifier rules of bindings: family ``let`` (``scalar``'s source and range among them). A binding is a name an op binds for the rest of its block (a
 ``name`` operand of ``Scope.BLOCK``): ``name = expr`` (``let``), or a name any other op declares so.
 
 A binding is visible from the statement after it to the end of its block, nested blocks included
@@ -14,9 +14,10 @@ from typing import Iterable, Iterator
 
 from cake_core.ir.expr import LAUNCH_SYMBOLS, Bin, Call, Cmp, Expr, Sym, substitute, symbols
 from cake_core.ir.opdef import Scope
-from cake_core.ir.ops import REGISTRY, Node, Op
+from cake_core.ir.ops import REGISTRY, At, Node, Op
 from cake_core.ir.passes import node_exprs
 from cake_core.ir.rule_ctx import Ctx, RuleSet
+from cake_core.ir.types import DType, MemSpace
 from cake_core.outcome import Diagnostic
 
 RULESET = RuleSet()
@@ -160,3 +161,42 @@ def _placement(ctx: Ctx) -> Iterable[Diagnostic]:
             yield ctx.diag("let.placement", n, f"binding `{', '.join(_bound(n))}` sits between the roles "
                                                f"`{before.args[0]}` and `{after.args[0]}`", path=paths[id(n)],
                            hint="bind it before the first role (every role sees it) or inside the roles that use it")
+
+
+@rule("scalar.source", "let", "a scalar reads one element of an integer gmem tensor", guards=(Op.SCALAR,))
+def _scalar_source(ctx: Ctx) -> Iterable[Diagnostic]:
+    for n, path, _ in ctx.nodes:
+        if n.op is not Op.SCALAR:
+            continue
+        var, v = n.arg("var"), n.arg("src")
+        t = ctx.buffers.get(v.buf)
+        if t is None:
+            continue     # types.undefined names it
+        if t.space is not MemSpace.GMEM:
+            yield ctx.diag("scalar.source", n, f"scalar `{var}` reads `{v.buf}`, a {t.space.value} tile; it reads "
+                                               "a gmem tensor", path=path,
+                           hint="store the value to an i32 output (or a scratch tensor) and sync() first")
+        elif t.dtype not in (DType.I32, DType.I64):
+            yield ctx.diag("scalar.source", n, f"scalar `{var}` reads `{v.buf}` of {t.dtype.value}; it reads i32 or "
+                                               "i64 (an index, a count, an offset)", path=path,
+                           hint="bounds and offsets are integers: read an integer tensor")
+        elif len(v.index) == t.rank and not all(isinstance(i, At) for i in v.index):
+            yield ctx.diag("scalar.source", n, f"scalar `{var}` reads a window of `{v.buf}`, not one element",
+                           path=path, hint=f"index every dimension of `{v.buf}` with a single index, e.g. "
+                                           f"`{v.buf}[{', '.join(['bid.x'] + ['0'] * (t.rank - 1))}]`")
+
+
+@rule("scalar.max", "let", "a scalar's declared maximum is an expression of consts and problem dimensions",
+      guards=(Op.SCALAR,))
+def _scalar_max(ctx: Ctx) -> Iterable[Diagnostic]:
+    known = set(ctx.consts) | ctx.dims
+    for n, path, _ in ctx.nodes:
+        if n.op is not Op.SCALAR:
+            continue
+        hi = n.arg("max")
+        other = sorted(symbols(hi) - known)
+        if other or _has_float(hi):
+            what = f"uses `{other[0]}`" if other else "holds a float"
+            yield ctx.diag("scalar.max", n, f"scalar `{n.arg('var')}`'s max {what}; the range must be known per "
+                                            "shape, before the launch", path=path,
+                           hint="write it with consts and dims, e.g. `max=E - 1` for an expert id")

@@ -4,12 +4,14 @@
 - ``if`` → a C ``if`` over the condition (uniform across the CTA).
 - ``name = expr`` (``let``) → ``const int name = expr;`` in the C block of its IR block (the same int
   arithmetic as the expression written inline at each use); ``tile_order`` → two ints set by
-  ``cake::tile_order`` (header/cake.cuh), the same grouped order the interpreter binds.
+  ``cake::tile_order`` (header/cake.cuh), the same grouped order the interpreter binds; ``scalar`` → an int
+  read from gmem by every thread (``cake::read_index``), clamped into its declared range.
 """
 from __future__ import annotations
 
-from cake_core.ir.ops import Node, Op, loop_range
-from cake_core.lower.context import Ctx, Line, Lowering, LowerError
+from cake_core.ir.ops import At, Node, Op, loop_range
+from cake_core.ir.types import DType, MemSpace
+from cake_core.lower.context import Ctx, Line, Lowering, LowerError, window
 
 
 def lower_for(n: Node, ctx: Ctx) -> list[Line]:
@@ -71,10 +73,29 @@ def lower_tile_order(n: Node, ctx: Ctx) -> list[Line]:
             f"cake::tile_order({tm}, {tn}, {', '.join(args)}, {g});"]
 
 
+def lower_scalar(n: Node, ctx: Ctx) -> list[Line]:
+    """``scalar(e, t[i, j], max=HI)`` → ``const int e = cake::read_index(...)``: every thread reads the one
+    element (a broadcast), clamped into [0, HI]; outside the tensor it reads 0."""
+    var, v, hi = n.arg("var"), n.arg("src"), n.arg("max")
+    _free(ctx, [var])
+    if not all(isinstance(i, At) for i in v.index):
+        raise LowerError("lower.shape_mismatch", f"scalar `{var}` reads a window of `{v.buf}`, not one element",
+                         "index every dimension with a single index")
+    g = ctx.buf(v.buf, (MemSpace.GMEM,), "scalar's source")
+    if g.type.dtype not in (DType.I32, DType.I64):
+        raise LowerError("lower.unsupported_operand", f"scalar `{var}` reads `{v.buf}` of {g.type.dtype.value}; "
+                                                      "it reads i32 or i64 tensors")
+    w = window(v, (1, 1), ctx, "scalar's source")
+    c = ctx.check_expr(hi, f"scalar `{var}`'s max")
+    ctx.bound.append(var)
+    return [f"const int {var} = cake::read_index({w.base}, {w.rows_in} > 0, {c});"]
+
+
 # This module's ops that lower one way (dispatch.LOWERINGS assembles them with the variant tables).
 HOOKS: dict[Op, Lowering] = {
     Op.FOR: lower_for,
     Op.IF: lower_if,
     Op.LET: lower_let,
     Op.TILE_ORDER: lower_tile_order,
+    Op.SCALAR: lower_scalar,
 }

@@ -73,6 +73,7 @@ TRAFFIC: dict[Op, tuple[str, str]] = {
     Op.WGMMA_WAIT: ("none", ""), Op.FOR: ("none", ""), Op.IF: ("none", ""), Op.ROLE: ("none", ""),
     Op.LET: ("none", ""),
     Op.TILE_ORDER: ("none", ""),
+    Op.SCALAR: ("none", ""),
 }
 
 
@@ -260,6 +261,8 @@ class _Walker:
             elif n.op is Op.LET:
                 cost_hook(n.op)(n, self.ctx, self.env, trips, Work())
                 self.lets[n.args[0]] = self.expand(n.args[1])
+            elif n.op is Op.SCALAR:                 # a value read from memory: counted at its declared maximum
+                cost_hook(n.op)(n, self.ctx, self.env, trips, Work())
             else:
                 self._leaf(n, trips)
         self.lets = saved

@@ -40,6 +40,14 @@ __device__ __forceinline__ void tile_order(int& tm, int& tn, int t, int tiles_m,
     tn = t % width / rows;
 }
 
+// read_index(p, inside, hi): the integer at p (0 when the element lies outside its tensor), clamped into [0, hi]:
+// `scalar`'s data-dependent bound. Every thread reads the same element: one broadcast load. A plain load (not
+// the read-only path), so a value the CTA stored before a __syncthreads() is seen.
+template <typename T> __device__ __forceinline__ int read_index(const T* p, bool inside, int hi) {
+    const long long v = inside ? static_cast<long long>(*p) : 0;
+    return static_cast<int>(v < 0 ? 0 : (v > hi ? hi : v));
+}
+
 // ----------------------------------------------------------------- conversions
 template <typename T> __device__ __forceinline__ float to_f32(T x) { return static_cast<float>(x); }
 template <> __device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
