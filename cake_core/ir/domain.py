@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from cake_core.ir.expr import Cmp, Expr, fmt_expr, substitute, symbols, try_evaluate
+from cake_core.ir.opdef import Effect
 from cake_core.ir.ops import REGISTRY, At, Node, Op, Tile, View, loop_range
 from cake_core.ir.program import Program, walk
 from cake_core.targets import find_arch
@@ -54,6 +55,7 @@ class Access:
     node: Node
     path: str
     text: str                        # the index as written, e.g. ``tile(0, KMAX)``
+    writes: bool = False             # the op writes (or adds into) the tensor there
 
 
 @dataclass(frozen=True)
@@ -103,9 +105,15 @@ def expand_lets(e: Expr, lets: dict[str, Expr]) -> Expr:
 
 
 def _gmem_views(n: Node) -> Iterator[View]:
-    for (name, kind), arg in zip(((o.name, o.kind) for o in REGISTRY[n.op].operands), n.args):
-        if kind == "view" and isinstance(arg, View):
-            yield arg
+    for v, _ in _gmem_views_written(n):
+        yield v
+
+
+def _gmem_views_written(n: Node) -> Iterator[tuple[View, bool]]:
+    """Each gmem view operand of ``n``, and whether ``n`` writes (or adds into) it."""
+    for o, arg in zip(REGISTRY[n.op].operands, n.args):
+        if o.kind == "view" and isinstance(arg, View):
+            yield arg, any(e is not Effect.READ and e is not Effect.NONE for e in o.effects)
 
 
 def walk_with_conds(nodes: tuple[Node, ...], conds: tuple[Cmp, ...] = (), loops: dict | None = None,
@@ -200,11 +208,12 @@ def _accesses(program: Program) -> tuple[Access, ...]:
     params = {p.name: p for p in program.params}
     out: list[Access] = []
     for n, conds, loops, path in walk_with_conds(program.body):
-        whole = [a for o, a in zip(REGISTRY[n.op].operands, n.args) if o.kind == "buf" and a in params]
-        for name in whole:       # a whole-tensor operand reaches every element
+        whole = [(a, any(e is not Effect.READ and e is not Effect.NONE for e in o.effects))
+                 for o, a in zip(REGISTRY[n.op].operands, n.args) if o.kind == "buf" and a in params]
+        for name, writes in whole:       # a whole-tensor operand reaches every element
             for axis, _ in enumerate(params[name].type.shape):
-                out.append(Access(name, axis, None, conds, n, path, name))
-        for v in _gmem_views(n):
+                out.append(Access(name, axis, None, conds, n, path, name, writes))
+        for v, writes in _gmem_views_written(n):
             p = params.get(v.buf)
             if p is None or len(v.index) != len(p.type.shape):
                 continue
@@ -217,7 +226,7 @@ def _accesses(program: Program) -> tuple[Access, ...]:
                 elif isinstance(i, At):
                     top = _static_max(i.index, loops, consts, lets)
                     end = None if top is None else top + 1
-                out.append(Access(v.buf, axis, end, conds, n, path, _fmt_index(i)))
+                out.append(Access(v.buf, axis, end, conds, n, path, _fmt_index(i), writes))
     return tuple(out)
 
 
@@ -299,8 +308,12 @@ def _mul(a: Expr, b: Expr) -> Expr:
 
 
 def accesses_of(program: Program, param: str) -> list[Access]:
-    """The accesses of gmem parameter ``param`` (see :func:`accesses`)."""
-    return [a for a in accesses(program) if a.param == param]
+    """The accesses that bound gmem parameter ``param`` (see :func:`accesses`): its writes when the program writes
+    it (an output's elements past its last write are never produced, whatever reads reach further: a kernel that
+    reads back the top-k ids it stored, over all k of them, still writes only its own k), else its reads."""
+    mine = [a for a in accesses(program) if a.param == param]
+    written = [a for a in mine if a.writes]
+    return written or mine
 
 
 def extent_limit(program: Program, param: str, axis: int, shape: dict[str, int]) -> int | None:

@@ -28,6 +28,7 @@ FINGERPRINTS = {
     "kmeans_assign": (2, "c39075bf6394c55c"),
     "kmeans_update": (1, "bc7ca8841019504f"),
     "knn_topk": (2, "ed884dce47d8ad11"),
+    "moe": (1, "41f9b648ccea785f"),
     "tinygemm": (1, "12a04079961a5e26"),
 }
 
