@@ -93,6 +93,12 @@ def _types(p: Program) -> dict[str, TileType]:
     return dict(build_ctx(p, arch).buffers)
 
 
+def _running_state(merge: Node) -> tuple[str, str]:
+    """The (value, index) tiles a running merge keeps: the operands it writes (``best, arg``; ``vals, idx``)."""
+    value, index = (merge.arg(o.name) for o in merge.decl.operands if o.effect_of(merge).writes)
+    return value, index
+
+
 def find_mainloop(p: Program) -> Mainloop:
     """The contraction mainloop of a CTA-collective program (no roles), or ``Refused``."""
     refuse_unless(not any(n.op is Op.ROLE for n in p.body), "the program already has warp roles")
@@ -126,30 +132,30 @@ def find_mainloop(p: Program) -> Mainloop:
     norm = None
     for n in red.body:
         if n.op is Op.LOAD:
-            dst = n.args[0]
+            dst = n.arg("dst")
             refuse_unless(types.get(dst) is not None and types[dst].space is MemSpace.SMEM,
                           f"`load` into `{dst}`, not an smem tile: the producer copies into shared memory")
-            loads[dst] = n.args[1]
+            loads[dst] = n.arg("src")
         elif n.op is Op.SYNC:
             continue
-        elif n.op is Op.TRANSPOSE and n.args[1] in loads:
-            transposed[n.args[0]] = n.args[1]
+        elif n.op is Op.TRANSPOSE and n.arg("src") in loads:
+            transposed[n.arg("dst")] = n.arg("src")
         elif n.op is Op.MMA:
             refuse_unless(mma is None, "more than one mma in the reduction loop")
             mma = n
-        elif n.op is Op.UNARY and n.attr("fn") == "square" and n.args[1] in loads:
-            norm_sq[n.args[0]] = n.args[1]
-        elif n.op is Op.REDUCE and n.args[1] in norm_sq and n.attr("fn") == "sum" and n.attr("axis") in (1, -1):
-            norm_part[n.args[0]] = norm_sq[n.args[1]]
-        elif n.op is Op.EWISE and n.attr("fn") == "add" and n.args[0] == n.args[1] and n.args[2] in norm_part \
+        elif n.op is Op.UNARY and n.attr("fn") == "square" and n.arg("src") in loads:
+            norm_sq[n.arg("dst")] = n.arg("src")
+        elif n.op is Op.REDUCE and n.arg("src") in norm_sq and n.attr("fn") == "sum" and n.attr("axis") in (1, -1):
+            norm_part[n.arg("dst")] = norm_sq[n.arg("src")]
+        elif n.op is Op.EWISE and n.attr("fn") == "add" and n.arg("dst") == n.arg("a") and n.arg("b") in norm_part \
                 and n.attr("alpha") == 1.0 and n.attr("beta") == 1.0:
-            norm = n.args[0]
+            norm = n.arg("dst")
         else:
             raise Refused(f"the reduction loop holds `{n.op.value}` (line {n.line}), which the producer/consumer "
                           "split does not place: it takes loads, syncs, a transpose of a loaded operand, the "
                           "squared row norms of one, and one mma")
     assert mma is not None
-    acc, a_name, b_name = mma.args
+    acc, a_name, b_name = mma.arg("acc"), mma.arg("a"), mma.arg("b")
     refuse_unless(a_name in loads, f"mma's a operand `{a_name}` is not loaded in the reduction loop")
     if b_name in loads:
         b_major, b_src = "n", b_name
@@ -159,7 +165,7 @@ def find_mainloop(p: Program) -> Mainloop:
         b_major, b_src = "k", transposed[b_name]
     extra = set(loads) - {a_name, b_src}
     refuse_unless(not extra, f"the reduction loop loads {', '.join(sorted(extra))} besides the mma's operands")
-    red_var = red.args[0]
+    red_var = red.arg("var")
     for name in (a_name, b_src):
         refuse_unless(red_var in view_syms(loads[name]),
                       f"`{name}`'s window does not move with the reduction loop variable `{red_var}`")
@@ -169,7 +175,7 @@ def find_mainloop(p: Program) -> Mainloop:
     refuse_unless(ta.dtype in (DType.BF16, DType.F16) and tb.dtype == ta.dtype,
                   "the mma operands are not both bf16 or both f16")
     for pro in prologue:
-        refuse_unless(pro.op is Op.FILL and pro.args[0] in (acc, norm),
+        refuse_unless(pro.op is Op.FILL and pro.arg("dst") in (acc, norm),
                       f"the candidate loop's prologue holds `{pro.op.value}` (line {pro.line}); only fills of the "
                       "accumulator and the norm vector are placed")
     epi_loads: list[tuple[str, View]] = []
@@ -177,24 +183,24 @@ def find_mainloop(p: Program) -> Mainloop:
     rest = [n for n in after if n.op is not Op.SYNC]
     k = 0
     while k < len(rest) and rest[k].op is Op.LOAD:
-        dst = rest[k].args[0]
+        dst = rest[k].arg("dst")
         refuse_unless(types[dst].space is MemSpace.SMEM and len(types[dst].shape) == 1,
                       f"the epilogue loads `{dst}`, not an smem vector")
-        epi_loads.append((dst, rest[k].args[1]))
+        epi_loads.append((dst, rest[k].arg("src")))
         k += 1
     rest = rest[k:]
     if outer is not None:
         refuse_unless(len(rest) == 2, "the candidate loop's epilogue is not a score and a running merge")
         ew, merge = rest
-        refuse_unless(ew.op is Op.EWISE and ew.attr("fn") == "sub" and ew.args[2] == acc and ew.attr("alpha") == 1.0,
+        refuse_unless(ew.op is Op.EWISE and ew.attr("fn") == "sub" and ew.arg("b") == acc and ew.attr("alpha") == 1.0,
                       "the epilogue's scores are not `bias - beta * dots` (ewise sub of the accumulator)")
-        bias = ew.args[1]
+        bias = ew.arg("a")
         refuse_unless(bias in dict(epi_loads) or bias == norm,
                       f"the scores' bias `{bias}` is neither a loaded vector nor the row norms")
-        refuse_unless(merge.op in RUNNING_OPS and merge.args[2] == ew.args[0],
+        refuse_unless(merge.op in RUNNING_OPS and merge.arg("scores") == ew.arg("dst"),
                       f"the scores do not feed a running merge ({', '.join(sorted(o.value for o in RUNNING_OPS))})")
-        epi = Epilogue("argmin" if REGISTRY[merge.op].keeps_per_row == 1 else "topk", (merge.args[0], merge.args[1]), bias,
-                       float(ew.attr("beta")), merge.args[3], merge.args[4], ew.args[0])
+        epi = Epilogue("argmin" if REGISTRY[merge.op].keeps_per_row == 1 else "topk", _running_state(merge), bias,
+                       float(ew.attr("beta")), merge.arg("base"), merge.arg("limit"), ew.arg("dst"))
     else:
         refuse_unless(not rest and not epi_loads, "statements after the reduction loop that are not stores")
     for n in tail:

@@ -101,6 +101,19 @@ def set_attrs(n: Node, **kv) -> Node:
     return replace(n, attrs=make_attrs(n.op, merged))
 
 
+def with_args(node: Node, /, **named) -> Node:
+    """``node`` with the operands given by name replaced (its other operands, attributes, result and body
+    kept): a rewrite names the operand it changes, as ``n.arg(name)`` names the one it reads.
+
+    >>> with_args(stmt("wait(full[0], phase=0)"), phase=1).args
+    (Slot(buf='full', index=0), 1)
+    """
+    args = list(node.args)
+    for name, a in named.items():
+        args[node.decl.index_of(name)] = a
+    return replace(node, args=tuple(args))
+
+
 def buf_args(n: Node) -> list[str]:
     """The buffer names ``n`` names: buf operands, view buffers and ring-slot buffers."""
     out = []
@@ -157,7 +170,7 @@ def fresh(p: Program, base: str, taken: set[str] | None = None) -> str:
         if n.result:
             used.add(n.result)
         if n.op in (Op.FOR, Op.LET):
-            used.add(n.args[0])
+            used.add(n.arg("var"))
     if base not in used:
         return base
     i = 1

@@ -22,7 +22,7 @@ from typing import Iterable
 import numpy as np
 
 from cake_core.agents.base import Scored
-from cake_core.ir.ops import Op
+from cake_core.ir.ops import Op, loop_range
 from cake_core.ir.program import Program, walk
 
 
@@ -51,18 +51,16 @@ def niche(p: Program) -> Niche:
         atom = "mma_sync" if "mma_sync" in atoms else "wgmma" if "wgmma" in atoms else "fma"
     copy = "tma" if Op.TMA_LOAD in ops else "cp_async" if ops & {Op.CP_ASYNC, Op.CP_ASYNC_BAR} else "plain"
     consumers = sum(1 for n in p.body if n.op is Op.ROLE and any(m.op is Op.WGMMA for m, _, _ in walk(n.body)))
-    once = {n.args[0].buf for n in nodes if n.op is Op.WAIT and n.args[0].index == 0 and n.args[1] == 0}
+    once = {n.arg("bar").buf for n in nodes if n.op is Op.WAIT and n.arg("bar").index == 0 and n.arg("phase") == 0}
     resident = bool(once) or any(n.op is Op.MBARRIER and n.result.endswith("_empty") for n in nodes)
-    persistent = any(n.op is Op.FOR and len(n.args) == 4 and getattr(n.args[3], "name", "") == "ncta.x"
-                     for n in nodes)
+    persistent = any(n.op is Op.FOR and getattr(loop_range(n)[2], "name", "") == "ncta.x" for n in nodes)
     # split-K: partial products of an mma accumulator added into the output (a segment sum's atomics are not)
-    accs = {m.args[0] for m in nodes if m.op in (Op.MMA, Op.WGMMA, Op.TCGEN05_MMA) and m.args}
-    split = any(n.op is Op.ATOMIC_ADD and len(n.args) > 1 and getattr(n.args[1], "buf", n.args[1]) in accs
-                for n in nodes)
+    accs = {m.arg("acc") for m in nodes if m.op in (Op.MMA, Op.WGMMA, Op.TCGEN05_MMA)}
+    split = any(n.op is Op.ATOMIC_ADD and n.arg("src") in accs for n in nodes)
     acc = next((n for n in nodes if n.op is Op.RMEM and n.result and any(
-        m.op in (Op.MMA, Op.WGMMA) and m.args[0] == n.result for m in nodes)), None)
+        m.op in (Op.MMA, Op.WGMMA) and m.arg("acc") == n.result for m in nodes)), None)
     env = p.const_env
-    tile = "x".join(str(_eval(d, env)) for d in acc.args[1]) if acc is not None else "-"
+    tile = "x".join(str(_eval(d, env)) for d in acc.arg("shape")) if acc is not None else "-"
     return Niche(atom, copy, consumers, resident, persistent, split, tile)
 
 

@@ -60,8 +60,8 @@ def ring_consts(p: Program) -> set[str]:
     out: set[str] = set()
     loop_extent: dict[str, str] = {}
     for n in walk_nodes(p.body):
-        if n.op is Op.FOR and isinstance(n.args[1], Sym) and n.args[1].name in p.const_env:
-            loop_extent[n.args[0]] = n.args[1].name
+        if n.op is Op.FOR and isinstance(n.arg("extent"), Sym) and n.arg("extent").name in p.const_env:
+            loop_extent[n.arg("var")] = n.arg("extent").name
     for n in walk_nodes(p.body):
         for a in n.args:
             if isinstance(a, Slot) and a.index is not None:
@@ -71,8 +71,8 @@ def ring_consts(p: Program) -> set[str]:
                 for s in symbols(e):
                     if s in loop_extent:
                         out.add(loop_extent[s])
-        if n.op is Op.MBARRIER and isinstance(n.args[0], Sym):
-            out.add(n.args[0].name)
+        if n.op is Op.MBARRIER and isinstance(n.arg("count"), Sym):
+            out.add(n.arg("count").name)
     return out
 
 
@@ -210,10 +210,10 @@ def mma_sync(p: Program, rng: np.random.Generator, bounds: Bounds | None = None)
     argmin or a top-k epilogue); its tiles must split into m16n8k16 atoms over the warps, which the verifier
     checks.
     """
-    dtypes = {n.result: n.args[0] for n in walk_nodes(p.body) if n.op in (Op.SMEM, Op.RMEM) and n.result}
+    dtypes = {n.result: n.arg("dtype") for n in walk_nodes(p.body) if n.op in (Op.SMEM, Op.RMEM) and n.result}
 
     def sixteen_bit(n) -> bool:
-        return all(getattr(dtypes.get(_buf_name(a)), "value", "") in ("bf16", "f16") for a in n.args[1:3])
+        return all(getattr(dtypes.get(_buf_name(a)), "value", "") in ("bf16", "f16") for a in (n.arg("a"), n.arg("b")))
 
     fma = [n for n in walk_nodes(p.body) if n.op is Op.MMA and n.attr("atom") == "fma"]
     refuse_unless(bool(fma), "no mma with the fma atom")

@@ -71,7 +71,7 @@ def cluster_split(p: Program, rng: np.random.Generator, bounds=None) -> Program:
     loops = []
     for r in roles:
         ls = [n for n in r.body if n.op is Op.FOR and any(m.op is Op.WAIT for m in walk_nodes(n.body))]
-        refuse_unless(len(ls) == 1, f"role {r.args[0]} streams in {len(ls)} top-level loops, not one")
+        refuse_unless(len(ls) == 1, f"role {r.arg('name')} streams in {len(ls)} top-level loops, not one")
         s0, _, st = loop_range(ls[0])
         refuse_unless(s0 == 0 and st == 1, "the streamed loop does not count from 0 in steps of 1")
         loops.append(ls[0])
@@ -81,14 +81,15 @@ def cluster_split(p: Program, rng: np.random.Generator, bounds=None) -> Program:
     refuse_unless(all(trips_past(loop_range(lp)[1], base_extent) is not None for lp in loops),
                   "the roles' loops do not run the consumers' trips (or a few more)")
     allocs = {n.result: n for n in walk_nodes(p.body) if n.op in (Op.SMEM, Op.RMEM) and n.result}
-    accs = {n.args[0] for r in roles for n in walk_nodes(r.body) if n.op is Op.WGMMA}
-    topk = {n.args[1]: n.args[0] for r in roles for n in walk_nodes(r.body) if n.op is Op.TOPK_BIAS}
+    accs = {n.arg("acc") for r in roles for n in walk_nodes(r.body) if n.op is Op.WGMMA}
+    topk = {n.arg("top_i"): n.arg("top_v") for r in roles for n in walk_nodes(r.body) if n.op is Op.TOPK_BIAS}
     stores = [(r, n) for r in roles for n in r.body if n.op is Op.STORE]
     refuse_unless(bool(stores), "no store after the streamed loop to merge")
     for r, n in stores:
-        refuse_unless(n.args[1] in accs or n.args[1] in topk,
-                      f"`{n.args[1]}` is neither a wgmma accumulator nor a top-k index list: no cluster merge for it")
-    refuse_unless(not (topk and any(n.args[1] in accs for _, n in stores)), "a mix of top-k and accumulator stores")
+        src = n.arg("src")
+        refuse_unless(src in accs or src in topk,
+                      f"`{src}` is neither a wgmma accumulator nor a top-k index list: no cluster merge for it")
+    refuse_unless(not (topk and any(n.arg("src") in accs for _, n in stores)), "a mix of top-k and accumulator stores")
     name = namer(p)
 
     split = name("SPLIT")
@@ -120,20 +121,20 @@ def cluster_split(p: Program, rng: np.random.Generator, bounds=None) -> Program:
         for n in r.body:
             if n.op is Op.FOR and n in loops:
                 # the share replaces the stream's extent in the bounds and in the body's conditions on it
-                n = shift(replace_expr(n, extent, share), n.args[0])
-            elif n.op is Op.STORE and n.args[1] in topk:
-                vals, idxs = topk[n.args[1]], n.args[1]
-                rows, kmax = (fmt_expr(d) for d in allocs[idxs].args[1])
+                n = shift(replace_expr(n, extent, share), n.arg("var"))
+            elif n.op is Op.STORE and n.arg("src") in topk:
+                vals, idxs = topk[n.arg("src")], n.arg("src")
+                rows, kmax = (fmt_expr(d) for d in allocs[idxs].arg("shape"))
                 pv, pi = name("pub_v"), name("pub_i")
                 pubs.append((f"{pv} = smem(f32, ({rows}, {kmax}))", f"{pi} = smem(i32, ({rows}, {kmax}))"))
-                merges.append(stmt(f"topk_cluster_merge({fmt_view(n.args[0])}, {pv}, {pi})"))
+                merges.append(stmt(f"topk_cluster_merge({fmt_view(n.arg('dst'))}, {pv}, {pi})"))
                 n = stmt(f"topk_publish({pv}, {pi}, {vals}, {idxs})")
             elif n.op is Op.STORE:
-                rows, cols = (fmt_expr(d) for d in allocs[n.args[1]].args[1])
+                rows, cols = (fmt_expr(d) for d in allocs[n.arg("src")].arg("shape"))
                 part = name("part_s")
                 pubs.append((f"{part} = smem(f32, ({rows}, {cols}))",))
-                merges.append(stmt(f"acc_cluster_reduce({fmt_view(n.args[0])}, {part})"))
-                n = stmt(f"acc_publish({part}, {n.args[1]})")
+                merges.append(stmt(f"acc_cluster_reduce({fmt_view(n.arg('dst'))}, {part})"))
+                n = stmt(f"acc_publish({part}, {n.arg('src')})")
             out.append(n)
         return replace(r, body=tuple(out))
 
@@ -200,34 +201,35 @@ def multicast(p: Program, rng: np.random.Generator, bounds=None) -> Program:
     refuse_unless(not any(n.op is Op.CP_ASYNC_BAR for n in walk_nodes(p.body)), "cp.async producers: multicast is "
                                                                               "a TMA copy")
     loads = [n for n in walk_nodes(p.body) if n.op is Op.TMA_LOAD]
-    shared = [n for n in loads if "bid.x" not in view_syms(n.args[1])]
-    own = [n for n in loads if "bid.x" in view_syms(n.args[1])]
+    shared = [n for n in loads if "bid.x" not in view_syms(n.arg("src"))]
+    own = [n for n in loads if "bid.x" in view_syms(n.arg("src"))]
     refuse_unless(bool(shared) and bool(own), "no copy shared by CTAs along x beside one that is not")
     # the ring barriers the shared copies complete on: their releases go to both CTAs
-    rings = {n.args[2].buf for n in shared}
-    empties = {m.args[0].buf for r in p.body if r.op is Op.ROLE for m in walk_nodes(r.body)
-               if m.op is Op.WAIT and m.args[0].buf not in rings}
+    rings = {n.arg("bar").buf for n in shared}
+    empties = {m.arg("bar").buf for r in p.body if r.op is Op.ROLE for m in walk_nodes(r.body)
+               if m.op is Op.WAIT and m.arg("bar").buf not in rings}
     # a ring's empty barrier: waited by the producer before a shared copy into the ring's slots
     prod = next(r for r in p.body if r.op is Op.ROLE and any(m.op is Op.TMA_LOAD for m in walk_nodes(r.body)))
     release = set()
     for blk in walk_nodes(prod.body):
         for i, m in enumerate(blk.body):
             if m.op is Op.TMA_LOAD and m in shared:
-                prior = [x for x in blk.body[:i] if x.op is Op.WAIT and x.args[0].buf in empties]
-                release |= {x.args[0].buf for x in prior}
+                prior = [x for x in blk.body[:i] if x.op is Op.WAIT and x.arg("bar").buf in empties]
+                release |= {x.arg("bar").buf for x in prior}
     for i, m in enumerate(prod.body):
         if m.op is Op.TMA_LOAD and m in shared:
-            release |= {x.args[0].buf for x in prod.body[:i] if x.op is Op.WAIT and x.args[0].buf in empties}
+            release |= {x.arg("bar").buf for x in prod.body[:i] if x.op is Op.WAIT and x.arg("bar").buf in empties}
     shared_ids = {id(n) for n in shared}
 
     def fix(n: Node, in_consumer: bool) -> tuple[Node, ...]:
         if n.body:
             n = replace(n, body=tuple(x for m in n.body for x in fix(m, in_consumer)))
         if n.op is Op.TMA_LOAD and id(n) in shared_ids:
-            cast = stmt(f"tma_load({_slot(n.args[0])}, {fmt_view(n.args[1])}, bar={_slot(n.args[2])}, multicast=3)")
+            cast = stmt(f"tma_load({_slot(n.arg('dst'))}, {fmt_view(n.arg('src'))}, bar={_slot(n.arg('bar'))}, "
+                        "multicast=3)")
             return (replace(stmt("if bid.x % 2 == 0:\n    pass"), body=(cast,)),)
-        if in_consumer and n.op is Op.ARRIVE and n.args[0].buf in release and not n.attr("multicast"):
-            return (stmt(f"arrive({_slot(n.args[0])}, multicast=3)"),)
+        if in_consumer and n.op is Op.ARRIVE and n.arg("bar").buf in release and not n.attr("multicast"):
+            return (stmt(f"arrive({_slot(n.arg('bar'))}, multicast=3)"),)
         return (n,)
 
     body: list[Node] = [stmt("cluster((2, 1, 1))")]

@@ -49,7 +49,7 @@ from dataclasses import replace
 import numpy as np
 
 from cake_core.agents.rewrite import (Refused, fresh, map_exprs, refuse_unless, replace_expr, stmt, stmts, subst_expr,
-                                      view_syms, walk_nodes)
+                                      view_syms, walk_nodes, with_args)
 from cake_core.agents.tactics_ws import WGMMA_N, wgmma_consts
 from cake_core.ir.expr import Bin, Sym, fmt_expr, symbols, try_evaluate
 from cake_core.ir.ops import Node, Op, Slot, loop_range
@@ -64,8 +64,8 @@ def _slot_text(s: Slot) -> str:
 def _box_bytes(p: Program, dst: Slot) -> str:
     """The bytes of one slot of ``dst``'s tile, as an index expression's text."""
     alloc = next(n for n in walk_nodes(p.body) if n.op is Op.SMEM and n.result == dst.buf)
-    dims = " * ".join(fmt_expr(d) for d in alloc.args[1])
-    return f"{dims} * {alloc.args[0].bytes}"
+    dims = " * ".join(fmt_expr(d) for d in alloc.arg("shape"))
+    return f"{dims} * {alloc.arg('dtype').bytes}"
 
 
 def _publishes_other_writes(nodes: tuple[Node, ...]) -> bool:
@@ -79,14 +79,14 @@ def _loop_of_copies(p: Program, n: Node) -> tuple[Slot, str] | None:
     all its trips."""
     if n.op is not Op.FOR or not n.body or any(m.op is not Op.CP_ASYNC_BAR for m in n.body):
         return None
-    bars = {m.args[2] for m in n.body}
+    bars = {m.arg("bar") for m in n.body}
     bar = next(iter(bars))
     start, stop, step = loop_range(n)
     static = isinstance(stop, int) or (isinstance(stop, Sym) and stop.name in p.const_env)
     if len(bars) != 1 or start != 0 or step != 1 or not static or \
-            (bar.index is not None and n.args[0] in symbols(bar.index)):
+            (bar.index is not None and n.arg("var") in symbols(bar.index)):
         return None
-    per = " + ".join(_box_bytes(p, m.args[0]) for m in n.body)
+    per = " + ".join(_box_bytes(p, m.arg("dst")) for m in n.body)
     return bar, f"({per}) * {fmt_expr(stop)}"
 
 
@@ -105,28 +105,29 @@ def _tma_block(p: Program, nodes: tuple[Node, ...]) -> tuple[tuple[Node, ...], b
     loops: dict[int, tuple[Slot, str]] = {}     # a loop of copies in a group: its barrier, the bytes of its trips
     for i, n in enumerate(nodes):
         if n.op is Op.CP_ASYNC_BAR:
-            groups.setdefault(n.args[2], []).append(i)
+            groups.setdefault(n.arg("bar"), []).append(i)
         elif (lc := _loop_of_copies(p, n)) is not None:
             groups.setdefault(lc[0], []).append(i)
             loops[i] = lc
-        elif n.op is Op.ARRIVE and n.args[0] in groups and not n.attr("multicast"):
-            arrives.setdefault(n.args[0], i)
+        elif n.op is Op.ARRIVE and n.arg("bar") in groups and not n.attr("multicast"):
+            arrives.setdefault(n.arg("bar"), i)
     convert = {bar for bar, idx in groups.items()
                if bar in arrives and idx[-1] < arrives[bar]
                and not _publishes_other_writes(nodes[idx[0]:arrives[bar]])}
     def to_tma(m: Node) -> Node:
-        return stmt(f"tma_load({_slot_text(m.args[0])}, {fmt_view(m.args[1])}, bar={_slot_text(m.args[2])})")
+        return stmt(f"tma_load({_slot_text(m.arg('dst'))}, {fmt_view(m.arg('src'))}, bar={_slot_text(m.arg('bar'))})")
 
     out: list[Node] = []
     for i, n in enumerate(nodes):
-        bar = n.args[2] if n.op is Op.CP_ASYNC_BAR else loops[i][0] if i in loops else None
+        bar = n.arg("bar") if n.op is Op.CP_ASYNC_BAR else loops[i][0] if i in loops else None
         if bar is not None and bar in convert:
             if i == groups[bar][0]:
-                total = " + ".join(loops[j][1] if j in loops else _box_bytes(p, nodes[j].args[0]) for j in groups[bar])
+                total = " + ".join(loops[j][1] if j in loops else _box_bytes(p, nodes[j].arg("dst"))
+                                 for j in groups[bar])
                 out.append(stmt(f"expect_tx({_slot_text(bar)}, {total})"))
             out.append(replace(n, body=tuple(to_tma(m) for m in n.body)) if i in loops else to_tma(n))
             changed = True
-        elif n.op is Op.ARRIVE and n.args[0] in convert and arrives.get(n.args[0]) == i:
+        elif n.op is Op.ARRIVE and n.arg("bar") in convert and arrives.get(n.arg("bar")) == i:
             changed = True
         else:
             out.append(n)
@@ -174,7 +175,7 @@ def _loop_nest(role: Node, buf: str) -> tuple[Node, Node, Node]:
         for r in o.body:
             if r.op is Op.FOR:
                 for c in r.body:
-                    if c.op in (Op.CP_ASYNC_BAR, Op.TMA_LOAD) and c.args[0].buf == buf:
+                    if c.op in (Op.CP_ASYNC_BAR, Op.TMA_LOAD) and c.arg("dst").buf == buf:
                         return o, r, c
     raise Refused(f"`{buf}` is not copied in a loop nested in the producer's candidate loop")
 
@@ -241,47 +242,47 @@ def resident(p: Program, rng: np.random.Generator, bounds=None) -> Program:
     cons = _role(p, lambda n: any(m.op is Op.WGMMA for m in walk_nodes(n.body)))
     refuse_unless(prod is not None and cons is not None, "no producer role with copies and wgmma consumer role")
     wg = [m for m in walk_nodes(cons.body) if m.op is Op.WGMMA]
-    a_bufs = {m.args[1].buf for m in wg}
+    a_bufs = {m.arg("a").buf for m in wg}
     cand = None
     for buf in sorted(a_bufs):
         try:
             o, r, c = _loop_nest(prod, buf)
         except Refused:
             continue
-        if o.args[0] not in view_syms(c.args[1]) and r.args[0] in view_syms(c.args[1]):
+        if o.arg("var") not in view_syms(c.arg("src")) and r.arg("var") in view_syms(c.arg("src")):
             cand = (buf, o, r, c)
             break
     refuse_unless(cand is not None, "no wgmma a operand whose copy is independent of the candidate loop")
     buf, o, r, c = cand
-    refuse_unless(sum(1 for m in _copies(prod.body) if m.args[0].buf == buf) == 1,
+    refuse_unless(sum(1 for m in _copies(prod.body) if m.arg("dst").buf == buf) == 1,
                   f"`{buf}` is copied at more than one place")
-    red_extent = r.args[1]
+    red_extent = r.arg("extent")
     slots = _resident_slots(p, red_extent, rng, bounds)
     bar = fresh(p, f"{buf.removesuffix('_s')}_full")
     rd = fresh(p, "RD")
     tma_form = c.op is Op.TMA_LOAD
-    rv, extent = r.args[0], rd
-    box = _box_bytes(p, c.args[0])
+    rv, extent = r.arg("var"), rd
+    box = _box_bytes(p, c.arg("dst"))
     if tma_form:
         pre = [f"expect_tx({bar}[0], {box} * {extent})",
                f"for {rv} in range({extent}):",
-               f"    tma_load({buf}[{rv}], {fmt_view(c.args[1])}, bar={bar}[0])"]
+               f"    tma_load({buf}[{rv}], {fmt_view(c.arg('src'))}, bar={bar}[0])"]
     else:
         pre = [f"for {rv} in range({extent}):",
-               f"    cp_async_bar({buf}[{rv}], {fmt_view(c.args[1])}, bar={bar}[0])",
+               f"    cp_async_bar({buf}[{rv}], {fmt_view(c.arg('src'))}, bar={bar}[0])",
                f"arrive({bar}[0])"]
     pre_nodes = stmts("\n".join(pre))
 
     def new_inner(rn: Node) -> Node:
         body = [m for m in rn.body if m is not c]
         if tma_form:      # the group's expect_tx no longer counts the resident box
-            group = [m for m in body if m.op is Op.TMA_LOAD and m.args[2] == c.args[2]]
+            group = [m for m in body if m.op is Op.TMA_LOAD and m.arg("bar") == c.arg("bar")]
             fixed = []
             for m in body:
-                if m.op is Op.EXPECT_TX and m.args[0] == c.args[2]:
+                if m.op is Op.EXPECT_TX and m.arg("bar") == c.arg("bar"):
                     refuse_unless(group, "the resident copy was the only one of its barrier's group")
-                    total = " + ".join(_box_bytes(p, g.args[0]) for g in group)
-                    m = stmt(f"expect_tx({_slot_text(m.args[0])}, {total})")
+                    total = " + ".join(_box_bytes(p, g.arg("dst")) for g in group)
+                    m = stmt(f"expect_tx({_slot_text(m.arg('bar'))}, {total})")
                 fixed.append(m)
             body = fixed
         return replace(rn, body=tuple(body))
@@ -293,11 +294,11 @@ def resident(p: Program, rng: np.random.Generator, bounds=None) -> Program:
         out = []
         for m in nodes:
             if m.op is Op.FOR:
-                m = replace(m, body=fix_cons(m.body, m.args[0]))
+                m = replace(m, body=fix_cons(m.body, m.arg("var")))
             elif m.body:
                 m = replace(m, body=fix_cons(m.body, loopvar))
-            elif m.op is Op.WGMMA and m.args[1].buf == buf:
-                m = replace(m, args=(m.args[0], Slot(buf, Sym(loopvar)), m.args[2]))
+            elif m.op is Op.WGMMA and m.arg("a").buf == buf:
+                m = with_args(m, a=Slot(buf, Sym(loopvar)))
             out.append(m)
         return tuple(out)
 
@@ -332,10 +333,11 @@ def _batch_producer_reads(p: Program, trips: int) -> Program:
     def split(n: Node) -> tuple[Node, ...]:
         if n.op is not Op.FOR or not any(m.op in (Op.TMA_LOAD, Op.CP_ASYNC_BAR) for m in n.body):
             return (replace(n, body=tuple(x for m in n.body for x in split(m))),) if n.body else (n,)
-        bars = {m.args[2] for m in n.body if m.op in (Op.TMA_LOAD, Op.CP_ASYNC_BAR)}
-        at = next((i for i, m in enumerate(n.body) if m.op is Op.WAIT and m.args[0] in bars), None)
-        ring = next((m.args[0].index.b.name for m in n.body if m.op is Op.WAIT and isinstance(m.args[0].index, Bin)
-                     and m.args[0].index.op == "%" and isinstance(m.args[0].index.b, Sym)), None)
+        bars = {m.arg("bar") for m in n.body if m.op in (Op.TMA_LOAD, Op.CP_ASYNC_BAR)}
+        at = next((i for i, m in enumerate(n.body) if m.op is Op.WAIT and m.arg("bar") in bars), None)
+        ring = next((m.arg("bar").index.b.name for m in n.body if m.op is Op.WAIT
+                     and isinstance(m.arg("bar").index, Bin) and m.arg("bar").index.op == "%"
+                     and isinstance(m.arg("bar").index.b, Sym)), None)
         if at is None or ring is None or p.const_env.get(ring, 0) < trips:
             return (n,)
         ring_size[0] = p.const_env[ring]
@@ -344,7 +346,7 @@ def _batch_producer_reads(p: Program, trips: int) -> Program:
 
     def lag(cand: Node) -> Node:
         """The candidate loop with its reads (and their publication) one trip behind its copies."""
-        var, stop = cand.args[0], loop_range(cand)[1]
+        var, stop = cand.arg("var"), loop_range(cand)[1]
         copies = [i for i, m in enumerate(cand.body) if m.op is Op.FOR and _copies(m.body)]
         reads = [i for i, m in enumerate(cand.body) if m.op is Op.FOR and not _copies(m.body)
                  and any(k.op is Op.SQNORM_ROWS for k in walk_nodes(m.body))]
@@ -359,7 +361,7 @@ def _batch_producer_reads(p: Program, trips: int) -> Program:
         late = tuple(map_exprs(m, lambda e: subst_expr(e, back)) for m in head + [cand.body[r]] + tail)
         body = (replace(stmt(f"if {var} < {fmt_expr(stop)}:\n    pass"), body=(cand.body[c],)),
                 replace(stmt(f"if {var} > 0:\n    pass"), body=late))
-        return replace(cand, args=(var, Bin("+", stop, 1)) + tuple(cand.args[2:]), body=body)
+        return replace(with_args(cand, extent=Bin("+", stop, 1)), body=body)
 
     def fix_role(r: Node) -> Node:
         body = tuple(x for m in r.body for x in split(m))

@@ -10,7 +10,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from cake_core.agents.rewrite import fresh, map_exprs, node_syms, refuse_unless, stmt, subst_view, walk_nodes
+from cake_core.agents.rewrite import (fresh, map_exprs, node_syms, refuse_unless, stmt, subst_view, walk_nodes,
+                                      with_args)
 from cake_core.ir.expr import Bin, Call, Expr, Sym, fmt_expr
 from cake_core.ir.ops import REGISTRY, Node, Op, loop_range
 from cake_core.ir.program import Program
@@ -56,15 +57,15 @@ def split_k(p: Program, rng: np.random.Generator, bounds=None) -> Program:
     loops = []
     for r in roles:
         ls = [n for n in r.body if n.op is Op.FOR]
-        refuse_unless(len(ls) == 1, f"role {r.args[0]} has {len(ls)} top-level loops, not one reduction loop")
+        refuse_unless(len(ls) == 1, f"role {r.arg('name')} has {len(ls)} top-level loops, not one reduction loop")
         refuse_unless(not any(m.op is Op.FOR for m in ls[0].body), "the reduction loop holds a loop (a candidate "
                                                                    "loop's epilogue would be split too)")
         loops.append(ls[0])
     stops = {fmt_expr(loop_range(lp)[1]) for lp in loops}
     refuse_unless(len(stops) == 1, "the roles' loops do not share one extent")
     stores = [n for r in roles for n in walk_nodes(r.body) if n.op is Op.STORE]
-    accs = {n.args[0] for r in roles for n in walk_nodes(r.body) if n.op is Op.WGMMA}
-    refuse_unless(len(stores) == 1 and stores[0].args[1] in accs, "the accumulator is not stored once")
+    accs = {n.arg("acc") for r in roles for n in walk_nodes(r.body) if n.op is Op.WGMMA}
+    refuse_unless(len(stores) == 1 and stores[0].arg("src") in accs, "the accumulator is not stored once")
     split = fresh(p, "SPLIT")
     extent = loop_range(loops[0])[1]
     ch = Call("cdiv", (extent, Sym(split)))
@@ -81,10 +82,9 @@ def split_k(p: Program, rng: np.random.Generator, bounds=None) -> Program:
         out = []
         for n in r.body:
             if n.op is Op.FOR:
-                var = n.args[0]
-                n = replace(fix_views(n, var), args=(var, share) + tuple(n.args[2:]))
+                n = with_args(fix_views(n, n.arg("var")), extent=share)
             elif n.op is Op.STORE:
-                n = stmt(f"atomic_add({fmt_view(n.args[0])}, {n.args[1]})")
+                n = stmt(f"atomic_add({fmt_view(n.arg('dst'))}, {n.arg('src')})")
             out.append(n)
         return replace(r, body=tuple(out))
 

@@ -13,13 +13,14 @@ from dataclasses import replace
 import numpy as np
 
 from cake_core.agents.rewrite import (map_exprs, namer, node_syms, refuse_unless, stmt, stmts, subst_expr, trips_past,
-                                      view_syms, walk_nodes)
+                                      view_syms, walk_nodes, with_args)
 from cake_core.ir.expr import Bin, Call, Expr, Sym, fmt_expr, symbols
 from cake_core.ir.ops import REGISTRY, Node, Op, Slot, loop_range
 from cake_core.ir.program import Program
 
 
-_BAR_SLOT_OPS = {Op.WAIT: (0,), Op.ARRIVE: (0,), Op.EXPECT_TX: (0,), Op.TMA_LOAD: (2,), Op.CP_ASYNC_BAR: (2,)}
+# ops whose `bar` operand names an mbarrier slot (a ring's, or a barrier waited once)
+_BAR_SLOT_OPS = frozenset({Op.WAIT, Op.ARRIVE, Op.EXPECT_TX, Op.TMA_LOAD, Op.CP_ASYNC_BAR})
 
 
 def _tile_coords(grid: tuple[Expr, ...], t: Expr) -> dict[str, Expr]:
@@ -108,7 +109,7 @@ def persistent(p: Program, rng: np.random.Generator, bounds=None) -> Program:
     once = _once_barriers(p, bars)       # waited once per kernel: a resident operand's
     resident = _resident_bufs(p, once)
     empties = {b: name(b.replace("full", "empty") if "full" in b else f"{b}_empty") for b in once}
-    cons_wg = sum((r.args[1][1] - r.args[1][0]) // 4 for r in p.body if r.op is Op.ROLE
+    cons_wg = sum((r.arg("warps")[1] - r.arg("warps")[0]) // 4 for r in p.body if r.op is Op.ROLE
                   and any(m.op is Op.WGMMA for m in walk_nodes(r.body)))
 
     per_tile = _consumer_trips(p, bars - once)
@@ -116,24 +117,24 @@ def persistent(p: Program, rng: np.random.Generator, bounds=None) -> Program:
     def role_body(r: Node) -> tuple[Node, ...]:
         # the role's ring loop: the top-level loop whose waits or copies use a ring (not a once barrier)
         ring_loops = [n for n in r.body if n.op is Op.FOR and any(
-            m.op in _BAR_SLOT_OPS and m.args[_BAR_SLOT_OPS[m.op][0]].buf in bars - once for m in walk_nodes(n.body))]
-        refuse_unless(len(ring_loops) <= 1, f"role {r.args[0]} runs its rings in {len(ring_loops)} top-level loops")
+            m.op in _BAR_SLOT_OPS and m.arg("bar").buf in bars - once for m in walk_nodes(n.body))]
+        refuse_unless(len(ring_loops) <= 1, f"role {r.arg('name')} runs its rings in {len(ring_loops)} top-level loops")
         count: dict[str, Expr] = {}
         if ring_loops:
             lp = ring_loops[0]
             s0, stop, st = loop_range(lp)
             refuse_unless(s0 == 0 and st == 1, "a role's ring loop does not count from 0 in steps of 1")
-            refuse_unless(trips_past(stop, per_tile) is not None, f"role {r.args[0]}'s ring loop runs "
+            refuse_unless(trips_past(stop, per_tile) is not None, f"role {r.arg('name')}'s ring loop runs "
                           f"{fmt_expr(stop)} trips, not the consumers' {fmt_expr(per_tile)} (or a few more)")
             # every role counts tiles by the consumers' trips, a lagged producer's extra trip included
-            count = {lp.args[0]: Bin("+", Bin("*", lt, per_tile), Sym(lp.args[0]))}
+            count = {lp.arg("var"): Bin("+", Bin("*", lt, per_tile), Sym(lp.arg("var")))}
         view_names = _let_names_in_views(r.body)
         body = tuple(map_exprs(n, lambda e: subst_expr(e, coords)) for n in r.body)
         if ring_loops:
             # inside the ring loop its variable becomes the running count; a ring slot named after the loop
             # (pipeline_wgmma's last release) is offset by the tiles walked before
             offset = Bin("*", lt, per_tile)
-            body = tuple(_bar_exprs(n, bars, count, view_names) if n.op is Op.FOR and n.args[0] == ring_loops[0].args[0]
+            body = tuple(_bar_exprs(n, bars, count, view_names) if n.op is Op.FOR and n.arg("var") == lp.arg("var")
                          else _offset_ring_slots(n, bars - once, offset) for n in body)
         if once:
             body = _ring_once(body, once, empties, resident, lt, producer=_is_prod(r))
@@ -161,7 +162,7 @@ def _consumer_trips(p: Program, rings: set[str]) -> Expr | None:
     for r in p.body:
         if r.op is Op.ROLE and any(m.op is Op.WGMMA for m in walk_nodes(r.body)):
             for n in r.body:
-                if n.op is Op.FOR and any(m.op in _BAR_SLOT_OPS and m.args[_BAR_SLOT_OPS[m.op][0]].buf in rings
+                if n.op is Op.FOR and any(m.op in _BAR_SLOT_OPS and m.arg("bar").buf in rings
                                           for m in walk_nodes(n.body)):
                     return loop_range(n)[1]
     return None
@@ -176,16 +177,16 @@ def _once_barriers(p: Program, bars: set[str]) -> set[str]:
     out = set()
     for b in bars:
         waits = [(r, n) for r in p.body if r.op is Op.ROLE for n in walk_nodes(r.body)
-                 if n.op is Op.WAIT and n.args[0].buf == b]
-        if waits and all(n in r.body and n.args[1] == 0 and n.args[0].index == 0 for r, n in waits):
+                 if n.op is Op.WAIT and n.arg("bar").buf == b]
+        if waits and all(n in r.body and n.arg("phase") == 0 and n.arg("bar").index == 0 for r, n in waits):
             out.add(b)
     return out
 
 
 def _resident_bufs(p: Program, once: set[str]) -> dict[str, int]:
     """The smem tiles filled through a once-waited barrier, with their stage counts."""
-    bufs = {n.args[0].buf for n in walk_nodes(p.body) if n.op in (Op.TMA_LOAD, Op.CP_ASYNC_BAR)
-            and n.args[2].buf in once}
+    bufs = {n.arg("dst").buf for n in walk_nodes(p.body) if n.op in (Op.TMA_LOAD, Op.CP_ASYNC_BAR)
+            and n.arg("bar").buf in once}
     return {n.result: n.attr("stages") for n in p.body if n.op is Op.SMEM and n.result in bufs}
 
 
@@ -201,10 +202,10 @@ def _bar_exprs(n: Node, bars: set[str], count: dict[str, Expr], view_names: set[
         return a
 
     def fix(m: Node) -> Node:
-        if m.op is Op.LET and m.args[0] not in view_names:
-            m = replace(m, args=(m.args[0], subst_expr(m.args[1], count)))
-        elif m.op is Op.WAIT and m.args[0].buf in bars:
-            m = replace(m, args=(slot_fix(m.args[0], "slot"), subst_expr(m.args[1], count)))
+        if m.op is Op.LET and m.arg("var") not in view_names:
+            m = with_args(m, value=subst_expr(m.arg("value"), count))
+        elif m.op is Op.WAIT and m.arg("bar").buf in bars:
+            m = with_args(m, bar=slot_fix(m.arg("bar"), "slot"), phase=subst_expr(m.arg("phase"), count))
         elif m.op in _BAR_SLOT_OPS or m.op in (Op.WGMMA, Op.ARGMIN_BIAS, Op.TOPK_BIAS, Op.SQNORM_ROWS):
             kinds = [o.kind for o in REGISTRY[m.op].operands]
             m = replace(m, args=tuple(slot_fix(a, k) for k, a in zip(kinds, m.args)))
@@ -244,14 +245,14 @@ def _ring_once(body: tuple[Node, ...], once: set[str], empties: dict[str, str], 
         return replace(m, args=tuple(args), body=tuple(res_slot(b) for b in m.body))
 
     def fills_once(n: Node) -> bool:
-        return any((m.op in (Op.TMA_LOAD, Op.CP_ASYNC_BAR) and m.args[2].buf in once) or
-                   (m.op is Op.EXPECT_TX and m.args[0].buf in once) for m in walk_nodes((n,)))
+        return any((m.op in (Op.TMA_LOAD, Op.CP_ASYNC_BAR, Op.EXPECT_TX) and m.arg("bar").buf in once)
+                   for m in walk_nodes((n,)))
 
     out: list[Node] = []
     waited = False
     for n in body:
-        if n.op is Op.WAIT and n.args[0].buf in once:
-            out.append(stmt(f"wait({n.args[0].buf}[{ltx} % 2], phase={ltx} // 2 % 2)"))
+        if n.op is Op.WAIT and n.arg("bar").buf in once:
+            out.append(stmt(f"wait({n.arg('bar').buf}[{ltx} % 2], phase={ltx} // 2 % 2)"))
             continue
         if producer and not waited and fills_once(n):
             out += [stmt(f"wait({empties[b]}[{ltx} % 2], phase=({ltx} // 2 + 1) % 2)") for b in sorted(once)]

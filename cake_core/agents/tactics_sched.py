@@ -11,7 +11,7 @@ from dataclasses import replace
 import numpy as np
 
 from cake_core.agents.rewrite import (Refused, map_exprs, namer, refuse_unless, set_attrs, stmt, stmts,
-                                      subst_expr, walk_nodes)
+                                      subst_expr, walk_nodes, with_args)
 from cake_core.agents.tactics_copy import _box_bytes, _slot_text
 from cake_core.ir.expr import Bin, Call, Expr, Sym, fmt_expr, symbols
 from cake_core.ir.ops import REGISTRY, Node, Op, Slot, Tile, View, loop_range
@@ -53,7 +53,7 @@ def _value(p: Program, e: Expr) -> int | None:
 
 def _release_tail(body: tuple[Node, ...]) -> tuple[Node, Node] | None:
     """The loop body's closing ``wgmma_wait(0); arrive(empty[...])`` pair, if it ends so."""
-    if len(body) >= 2 and body[-2].op is Op.WGMMA_WAIT and body[-2].args[0] == 0 and body[-1].op is Op.ARRIVE:
+    if len(body) >= 2 and body[-2].op is Op.WGMMA_WAIT and body[-2].arg("n") == 0 and body[-1].op is Op.ARRIVE:
         return body[-2], body[-1]
     return None
 
@@ -113,8 +113,8 @@ def batch_wgmma(p: Program, rng: np.random.Generator, bounds=None) -> Program:
             return False
         start, stop, step = loop_range(n)
         trips = _value(p, stop)
-        ring = _ring_const(tail[1].args[0].index, p) if isinstance(tail[1].args[0], Slot) and \
-            tail[1].args[0].index is not None else None
+        slot = tail[1].arg("bar")
+        ring = _ring_const(slot.index, p) if isinstance(slot, Slot) and slot.index is not None else None
         return start == 0 and step == 1 and trips is not None and ring is not None and trips <= p.const_env[ring]
 
     def fn(n: Node) -> tuple[Node, ...]:
@@ -162,18 +162,18 @@ def pipeline_wgmma(p: Program, rng: np.random.Generator, bounds=None) -> Program
         tail = _release_tail(n.body)
         if tail is None or not any(m.op is Op.WGMMA for m in walk_nodes(n.body)):
             return False
-        slot = tail[1].args[0]
+        slot = tail[1].arg("bar")
         start, _, step = loop_range(n)
         return start == 0 and step == 1 and isinstance(slot, Slot) and slot.index is not None \
             and _ring_const(slot.index, p) is not None
 
     def fn(n: Node) -> tuple[Node, ...]:
         _, release = _release_tail(n.body)
-        slot = release.args[0]
+        slot = release.arg("bar")
         ring = _ring_const(slot.index, p)
         count = slot.index.a              # the step's running count: slot = count % S
-        var = n.args[0]
-        env = {m.args[0]: m.args[1] for m in n.body if m.op is Op.LET}
+        var = n.arg("var")
+        env = {m.arg("var"): m.arg("value") for m in n.body if m.op is Op.LET}
         last = subst_expr(subst_expr(count, env), {var: Bin("-", loop_range(n)[1], 1)})
         body = n.body[:-2] + stmts(f"wgmma_wait(1)\nif {var} > 0:\n"
                                    f"    arrive({slot.buf}[({fmt_expr(count)} + {ring} - 1) % {ring}])")
@@ -257,13 +257,13 @@ def pingpong(p: Program, rng: np.random.Generator, bounds=None) -> Program:
     cons = [r for r in p.body if _is_consumer(r)]
     refuse_unless(len(cons) == 1, f"{len(cons)} consumer roles; ping-pong splits one")
     c = cons[0]
-    lo, hi = c.args[1]
+    lo, hi = c.arg("warps")
     refuse_unless(hi - lo == 8, "the consumer role is not two warpgroups")
     wgs = [m for m in walk_nodes(c.body) if m.op is Op.WGMMA]
-    a_bufs = sorted({m.args[1].buf for m in wgs})
-    accs = sorted({m.args[0] for m in wgs})
+    a_bufs = sorted({m.arg("a").buf for m in wgs})
+    accs = sorted({m.arg("acc") for m in wgs})
     allocs = {n.result: n for n in walk_nodes(p.body) if n.op in (Op.SMEM, Op.RMEM) and n.result}
-    rows_e = allocs[accs[0]].args[1][0]
+    rows_e = allocs[accs[0]].arg("shape")[0]
     refuse_unless(isinstance(rows_e, Sym) and rows_e.name in p.const_env and p.const_env[rows_e.name] == 128,
                   "the accumulator's rows are not a tile constant of 128")
     rows = rows_e.name
@@ -282,30 +282,30 @@ def pingpong(p: Program, rng: np.random.Generator, bounds=None) -> Program:
                                     "overlap the other consumer's tensor-core work with")
     red_loop = reduction_of(cand)
     trips = _value(p, loop_range(red_loop)[1])
-    ring = next((_ring_const(m.args[0].index, p) for m in walk_nodes(red_loop.body)
-                 if m.op is Op.WAIT and m.args[0].index is not None), None)
+    ring = next((_ring_const(m.arg("bar").index, p) for m in walk_nodes(red_loop.body)
+                 if m.op is Op.WAIT and m.arg("bar").index is not None), None)
     refuse_unless(trips is not None and ring is not None and trips <= p.const_env[ring],
                   "a candidate tile's reduction is not a static number of ring slots within the ring: the other "
                   "consumer reads the same slots after its turn, so a tile must fit the ring (see resident)")
     for b in a_bufs:
-        refuse_unless(allocs[b].args[1][0] == rows_e, f"`{b}` does not hold the accumulator's rows")
+        refuse_unless(allocs[b].arg("shape")[0] == rows_e, f"`{b}` does not hold the accumulator's rows")
     name = namer(p)
 
     halves = {b: (name(f"{b}0"), name(f"{b}1")) for b in a_bufs}
     role_rmem = [m for m in walk_nodes(c.body) if m.op is Op.RMEM]
     for m in role_rmem:
-        refuse_unless(m.args[1][0] == rows_e, f"the consumer's rmem `{m.result}` is not a tile of {rows} rows")
+        refuse_unless(m.arg("shape")[0] == rows_e, f"the consumer's rmem `{m.result}` is not a tile of {rows} rows")
     rnames = {m.result: (name(f"{m.result}0"), name(f"{m.result}1")) for m in role_rmem}
     turn = (name("turn0"), name("turn1"))
     half_rows = Bin("//", Sym(rows), 2)
 
     # -- the count of candidate tiles taken so far (continuing across a persistent tile loop)
-    cvar = cand.args[0]
+    cvar = cand.arg("var")
     j: Expr = Sym(cvar)
     outer = next((n for n in c.body if n.op is Op.FOR and cand in n.body), None)
     if outer is not None:
         s0, _, st = loop_range(outer)
-        j = Bin("+", Bin("*", Bin("//", Bin("-", Sym(outer.args[0]), s0), st), loop_range(cand)[1]), j)
+        j = Bin("+", Bin("*", Bin("//", Bin("-", Sym(outer.arg("var")), s0), st), loop_range(cand)[1]), j)
 
     def rename_node(n: Node, half: int) -> Node:
         mapping = {k: v[half] for k, v in {**halves, **rnames}.items()}
@@ -348,17 +348,19 @@ def pingpong(p: Program, rng: np.random.Generator, bounds=None) -> Program:
     for half in (0, 1):
         body = with_turns(c.body, half)
         body = tuple(rename_node(m, half) for m in body)
-        roles.append(replace(c, args=(f"{c.args[0]}{half}", (lo + 4 * half, lo + 4 * half + 4)), body=body))
+        roles.append(replace(with_args(c, name=f"{c.arg('name')}{half}", warps=(lo + 4 * half, lo + 4 * half + 4)),
+                             body=body))
 
     def fix_producer(nodes: tuple[Node, ...]) -> tuple[Node, ...]:
         out = []
         for n in nodes:
             if n.body:
                 n = replace(n, body=fix_producer(n.body))
-            if n.op in (Op.TMA_LOAD, Op.CP_ASYNC_BAR) and n.args[0].buf in halves:
+            if n.op in (Op.TMA_LOAD, Op.CP_ASYNC_BAR) and n.arg("dst").buf in halves:
+                dst = n.arg("dst")
                 for h in (0, 1):
-                    out.append(replace(n, args=(Slot(halves[n.args[0].buf][h], n.args[0].index),
-                                                _halve_rows(n.args[1], rows, h), n.args[2])))
+                    out.append(with_args(n, dst=Slot(halves[dst.buf][h], dst.index),
+                                         src=_halve_rows(n.arg("src"), rows, h)))
                 continue
             out.append(n)
         return tuple(out)
@@ -367,7 +369,8 @@ def pingpong(p: Program, rng: np.random.Generator, bounds=None) -> Program:
     for n in p.body:
         if n.op is Op.SMEM and n.result in halves:
             for h in (0, 1):
-                new_body.append(replace(n, result=halves[n.result][h], args=(n.args[0], (half_rows,) + n.args[1][1:])))
+                new_body.append(replace(with_args(n, shape=(half_rows,) + n.arg("shape")[1:]),
+                                        result=halves[n.result][h]))
             continue
         if n is c:
             new_body += roles
@@ -423,22 +426,22 @@ def consumer_warpgroups(p: Program, rng: np.random.Generator, bounds=None) -> Pr
     cons = [r for r in p.body if _is_consumer(r)]
     refuse_unless(len(cons) == 1, f"{len(cons)} consumer roles; this rewrite widens or narrows one")
     c = cons[0]
-    lo, hi = c.args[1]
+    lo, hi = c.arg("warps")
     wg = (hi - lo) // 4
     refuse_unless((hi - lo) % 4 == 0 and wg in (1, 2), f"the consumer role has {hi - lo} warps, not one or "
                                                          "two warpgroups")
-    later = [r for r in p.body if r.op is Op.ROLE and r is not c and r.args[1][0] >= hi]
-    refuse_unless(not later, f"role `{later[0].args[0] if later else ''}` follows the consumer's warps")
+    later = [r for r in p.body if r.op is Op.ROLE and r is not c and r.arg("warps")[0] >= hi]
+    refuse_unless(not later, f"role `{later[0].arg('name') if later else ''}` follows the consumer's warps")
     allocs = {n.result: n for n in walk_nodes(p.body) if n.op in (Op.SMEM, Op.RMEM) and n.result}
     bars = {n.result: n for n in p.body if n.op is Op.MBARRIER}
-    accs = {m.args[0] for m in walk_nodes(c.body) if m.op is Op.WGMMA}
-    rows = {allocs[a].args[1][0] for a in accs if a in allocs}
+    accs = {m.arg("acc") for m in walk_nodes(c.body) if m.op is Op.WGMMA}
+    rows = {allocs[a].arg("shape")[0] for a in accs if a in allocs}
     refuse_unless(len(rows) == 1, "the consumer's accumulators do not share one row extent")
     rows_e = next(iter(rows))
     refuse_unless(isinstance(rows_e, Sym) and p.const_env.get(rows_e.name) == 64 * wg,
                   f"the accumulator's rows are not a tile constant of {64 * wg} ({wg} warpgroup(s) x 64)")
     new_wg = 3 - wg
-    arrived = {m.args[0].buf for m in walk_nodes(c.body) if m.op is Op.ARRIVE and isinstance(m.args[0], Slot)}
+    arrived = {m.arg("bar").buf for m in walk_nodes(c.body) if m.op is Op.ARRIVE and isinstance(m.arg("bar"), Slot)}
     for b in sorted(arrived):
         refuse_unless(b in bars, f"the consumer arrives on `{b}`, not an mbarrier of the kernel's top level")
         refuse_unless((bars[b].attr("arrivals") or 1) == wg, f"barrier `{b}` counts {bars[b].attr('arrivals') or 1}"
@@ -448,7 +451,7 @@ def consumer_warpgroups(p: Program, rng: np.random.Generator, bounds=None) -> Pr
         if n.op is Op.MBARRIER and n.result in arrived:
             return set_attrs(n, arrivals=new_wg)
         if n is c:
-            return replace(n, args=(n.args[0], (lo, lo + 4 * new_wg)) + tuple(n.args[2:]))
+            return with_args(n, warps=(lo, lo + 4 * new_wg))
         return n
 
     body = tuple(fix(n) for n in p.body)

@@ -111,19 +111,19 @@ def wgmma_consts(p: Program) -> tuple[set[str], set[str]]:
     """(constants fixed by wgmma: accumulator rows and the reduction span; constants that are wgmma's N)."""
     fixed, n_dims = set(), set()
     allocs = {n.result: n for n in walk_nodes(p.body) if n.op in (Op.SMEM, Op.RMEM) and n.result}
-    cp_async = {n.args[0].buf for n in walk_nodes(p.body) if n.op is Op.CP_ASYNC_BAR}
+    cp_async = {n.arg("dst").buf for n in walk_nodes(p.body) if n.op is Op.CP_ASYNC_BAR}
     for n in walk_nodes(p.body):
         if n.op is not Op.WGMMA:
             continue
-        acc, a = allocs.get(n.args[0]), allocs.get(n.args[1].buf)
+        acc, a = allocs.get(n.arg("acc")), allocs.get(n.arg("a").buf)
         if acc is not None:
-            r, c = acc.args[1][0], acc.args[1][1]
+            r, c = acc.arg("shape")[0], acc.arg("shape")[1]
             fixed |= symbols(r)
             if isinstance(c, Sym):
                 # an N-major b that cp.async fills has rows of one swizzle span: its N stays
-                (fixed if n.attr("b_major") == "n" and n.args[2].buf in cp_async else n_dims).add(c.name)
+                (fixed if n.attr("b_major") == "n" and n.arg("b").buf in cp_async else n_dims).add(c.name)
         if a is not None:
-            fixed |= symbols(a.args[1][0]) | symbols(a.args[1][1])
+            fixed |= symbols(a.arg("shape")[0]) | symbols(a.arg("shape")[1])
     return fixed, n_dims - fixed
 
 
@@ -160,9 +160,9 @@ def warp_specialize(p: Program, rng: np.random.Generator, bounds=None) -> Progra
 
     S, full, empty = name("S"), name("full"), name("empty")
     it = name("it")
-    r = m.red.args[0]
+    r = m.red.arg("var")
     red_extent = expr_text(r_stop)
-    itx = f"{m.outer.args[0]} * {red_extent} + {r}" if m.outer is not None else r
+    itx = f"{m.outer.arg('var')} * {red_extent} + {r}" if m.outer is not None else r
     a, b = m.a.buf, m.b.buf
     a_shape, b_shape = (rows, red), ((red, cols) if m.b_major == "n" else (cols, red))
     dt = m.a.type.dtype.value
@@ -175,7 +175,7 @@ def warp_specialize(p: Program, rng: np.random.Generator, bounds=None) -> Progra
              f"{b} = smem({dt}, ({b_shape[0]}, {b_shape[1]}), stages={stages}, swizzle=128)"]
     for n in m.head:
         if n.op is Op.SMEM and n.result in epi_bufs:
-            alloc.append(f"{n.result} = smem({n.args[0].value}, ({fmt_expr(n.args[1][0])},), stages={EPI})")
+            alloc.append(f"{n.result} = smem({n.arg('dtype').value}, ({fmt_expr(n.arg('shape')[0])},), stages={EPI})")
     if nrm:
         alloc.append(f"{nrm} = smem(f32, ({cols},), stages={EPI})")
     alloc += [f"{full} = mbarrier({S})", f"{empty} = mbarrier({S}, arrivals={wg})"]
@@ -190,14 +190,14 @@ def warp_specialize(p: Program, rng: np.random.Generator, bounds=None) -> Progra
             f"cp_async_bar({b}[{it} % {S}], {fmt_view(m.b.view)}, bar={full}[{it} % {S}])",
             f"arrive({full}[{it} % {S}])"]
     if nrm:
-        o = m.outer.args[0]
+        o = m.outer.arg("var")
         es = f"{nrm}[{o} % {EPI}]"
         step += [f"wait({full}[{it} % {S}], phase={it} // {S} % 2)",
                  f"if {r} == 0:", f"    sqnorm_rows({es}, {b}[{it} % {S}])",
                  f"if {r} > 0:", f"    sqnorm_rows({es}, {b}[{it} % {S}], accumulate=True)"]
     red_loop = [f"for {r} in range({red_extent}):"] + ["    " + s for s in step]
     if m.outer is not None:
-        o = m.outer.args[0]
+        o = m.outer.arg("var")
         trip = []
         if has_epi:
             trip.append(f"wait({eempty}[{o} % {EPI}], phase=({o} // {EPI} + 1) % 2)")
@@ -223,7 +223,7 @@ def warp_specialize(p: Program, rng: np.random.Generator, bounds=None) -> Progra
     c_red = [f"for {r} in range({red_extent}):"] + ["    " + s for s in body]
     rmem = [n for n in m.head if n.op is Op.RMEM and n.result not in m.dropped and n.result != m.norm]
     if m.outer is not None:
-        o = m.outer.args[0]
+        o = m.outer.arg("var")
         e = m.epilogue
         trip = list(c_red)
         if e is not None:

@@ -42,10 +42,12 @@ def _name(x) -> str:
     return getattr(x, "buf", x)
 
 
-def _operand(n: Node, kind: str | None = None, read_only: bool = False) -> Any:
-    """The first operand of ``n`` of this kind (any kind: None) that it only reads (``read_only``)."""
+def _operand(n: Node, kind: str | None = None, read_only: bool = False, writes: bool = False) -> Any:
+    """The first operand of ``n`` of this kind (any kind: None) that it only reads (``read_only``) or that it
+    writes (``writes``)."""
     for o, a in zip(REGISTRY[n.op].operands, n.args):
-        if (kind is None or o.kind == kind) and (not read_only or o.effect_of(n) is Effect.READ):
+        if (kind is None or o.kind == kind) and (not read_only or o.effect_of(n) is Effect.READ) \
+                and (not writes or o.effect_of(n).writes):
             return a
     raise KeyError(f"`{n.op.value}` has no such operand for its cost class {REGISTRY[n.op].cost.value}")
 
@@ -81,7 +83,8 @@ def _gather_cost(n: Node, ctx, env, trips: float, w: Work) -> None:
 
 
 def _simt_cost(n: Node, ctx, env, trips: float, w: Work) -> None:
-    w.simt_flops += _numel(ctx, _name(n.args[0]), env) * trips
+    """One SIMT op per element of the tile it writes (the first, for an op that writes a value and an index)."""
+    w.simt_flops += _numel(ctx, _name(_operand(n, writes=True)), env) * trips
 
 
 def _epilogue_cost(n: Node, ctx, env, trips: float, w: Work) -> None:

@@ -237,9 +237,9 @@ class _Walker:
     def _depends(self, nodes: tuple[Node, ...], var: str) -> bool:
         """Whether an ``if`` or a binding in ``nodes`` reads ``var`` (through bindings too)."""
         for n in nodes:
-            if n.op is Op.IF and var in symbols(self.expand(n.args[0])):
+            if n.op is Op.IF and var in symbols(self.expand(n.arg("cond"))):
                 return True
-            if n.op is Op.LET and var in symbols(self.expand(n.args[1])):
+            if n.op is Op.LET and var in symbols(self.expand(n.arg("value"))):
                 return True
             if n.body and self._depends(n.body, var):
                 return True
@@ -251,7 +251,7 @@ class _Walker:
             if n.op is Op.FOR:
                 self._for(n, trips)
             elif n.op is Op.IF:
-                taken = try_evaluate(self.expand(n.args[0]), self.env)
+                taken = try_evaluate(self.expand(n.arg("cond")), self.env)
                 if taken is None or taken:          # unknown: assumed taken
                     self.walk(n.body, trips)
             elif n.op is Op.ROLE:
@@ -260,7 +260,7 @@ class _Walker:
                 self.role = None
             elif n.op is Op.LET:
                 cost_hook(n.op)(n, self.ctx, self.env, trips, Work())
-                self.lets[n.args[0]] = self.expand(n.args[1])
+                self.lets[n.arg("var")] = self.expand(n.arg("value"))
             elif n.op is Op.SCALAR:                 # a value read from memory: counted at its declared maximum
                 cost_hook(n.op)(n, self.ctx, self.env, trips, Work())
             else:
@@ -272,7 +272,7 @@ class _Walker:
         if start is None or stop is None or step is None:
             return                                  # a bound CTA 0 cannot know: nothing counted
         values = range(int(start), int(stop), max(int(step), 1))
-        var = n.args[0]
+        var = n.arg("var")
         self.loops.append((var, self.expand(loop_range(n)[0]), len(values)))
         self.unroll.append(max(n.attr("unroll"), 1))
         self.max_unroll = max(self.max_unroll, n.attr("unroll"))
@@ -532,7 +532,7 @@ def extract(program: Program, shape: dict[str, int], gpu: str = "H200", resource
             ir_smem, False
     per_sm, limit = _occupancy(program.threads, regs, smem, g, target)
     cluster = next((n for n in program.body if n.op is Op.CLUSTER), None)
-    cluster_size = math.prod(int(try_evaluate(d, env) or 1) for d in cluster.args[0]) if cluster else 1
+    cluster_size = math.prod(int(try_evaluate(d, env) or 1) for d in cluster.arg("dims")) if cluster else 1
     concurrent = max(1, min(ctas, get_gpu(gpu).ctas_at_once(cluster_size, per_sm)))
     full_waves, tail = divmod(ctas, concurrent)
 
