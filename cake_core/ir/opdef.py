@@ -272,7 +272,7 @@ class CostClass(str, enum.Enum):
     BIND = "bind"              # a binding: its value joins the estimator's environment
     COPY = "copy"              # the gmem bytes of its view operand
     MMA = "mma"                # 2 * M * N * K FLOPs of its atom (operands acc (M, N), a (M, K))
-    SIMT = "simt"              # one SIMT op per element of its first operand
+    SIMT = "simt"              # one SIMT op per element of the tile it writes
     EPILOGUE = "epilogue"      # a few SIMT ops per element of the accumulator it reads
     ROW_REDUCE = "row reduce"  # a multiply-add per element of the tile it reads
     GATHER = "gather"          # the source window's bytes and an add per element
