@@ -25,6 +25,7 @@ FINGERPRINTS = {
     "gemm_bf16": (1, "5b89a3b32dc1b776"),
     "kda_prefill": (1, "ddcdfddb93cd31d7"),
     "kda_decode": (1, "17762bdc17d7992a"),
+    "kda_varlen": (1, "8ce1fba10215be44"),
     "kmeans_assign": (2, "c39075bf6394c55c"),
     "kmeans_update": (1, "bc7ca8841019504f"),
     "knn_topk": (2, "ed884dce47d8ad11"),

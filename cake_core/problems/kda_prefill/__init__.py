@@ -4,8 +4,7 @@ Per sequence b and head h, the decode step (``cake_core.problems.common.kda``) a
 order, starting from the state s[b, h] (f32, DK x DV): o[b, t, h] is the output after token t, and the final
 state is written over s. Inputs are laid out as flash-linear-attention takes them: q, k, g (B, T, H, DK), v
 (B, T, H, DV), beta (B, T, H); q carries the attention scale. Products are accumulated in fp32 (or wider).
-Fixed-length sequences: sequences of different lengths in one batch (cu_seqlens) need loop bounds read from
-memory, which Cake IR does not express yet.
+Fixed-length sequences (sequences of different lengths packed into one token axis are a problem of their own).
 """
 from __future__ import annotations
 
