@@ -6,7 +6,8 @@
 # 1. the GPU tests of the new paths: in/out state tensors, the exported dispatcher from torch, the KDA and
 #    example problems, the role-aware compute lowering (tests/... marked gpu);
 # 2. `cake evolve rmsnorm --problem-path examples/problems` cold on the GPU, its torch peer measured in the run;
-# 3. the KDA naive seeds against flash-linear-attention at a few decode and prefill shapes (bench/corpus_vs_peers).
+# 3. the KDA naive seeds against flash-linear-attention at a few decode, prefill and varlen prefill shapes, and the
+#    MoE naive seed against torch's grouped GEMM (bench/corpus_vs_peers).
 # Each part has its own time limit, so a slow part leaves the others their share. Writes under $OUT.
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
@@ -19,14 +20,18 @@ part() {   # part NAME LIMIT_S COMMAND...: run, keep the log, note the exit stat
     local rc=$?
     rows+=("$(printf '%-14s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - t0))" "$(tail -1 "$OUT/$name.log" | cut -c1-90)")")
 }
-part gpu-tests 200 env GPU_TESTS="tests/problems/test_state_tensors.py tests/export tests/runtime/test_role_compute_gpu.py" \
+part gpu-tests 180 env GPU_TESTS="tests/problems/test_state_tensors.py tests/export tests/runtime/test_role_compute_gpu.py tests/runtime/test_scalar_gpu.py" \
     bash bench/gpu.sh tests -rf
-part rmsnorm 170 env CAKE_TIMEOUT=150 bash bench/gpu.sh cake --problem-path examples/problems evolve rmsnorm \
+part rmsnorm 120 env CAKE_TIMEOUT=100 bash bench/gpu.sh cake --problem-path examples/problems evolve rmsnorm \
     --shapes rmsnorm_llm --cold --generations 3 --population 8 --seed 0
-part kda-decode 80 env OUT="$OUT/kda_decode" bash bench/gpu.sh corpus --problems kda_decode \
+part kda-decode 60 env OUT="$OUT/kda_decode" bash bench/gpu.sh corpus --problems kda_decode \
     --shapes "B=1,H=32,DK=128,DV=128;B=32,H=32,DK=128,DV=128;B=256,H=32,DK=128,DV=128" --reps 10
-part kda-prefill 80 env OUT="$OUT/kda_prefill" bash bench/gpu.sh corpus --problems kda_prefill \
+part kda-prefill 60 env OUT="$OUT/kda_prefill" bash bench/gpu.sh corpus --problems kda_prefill \
     --shapes "B=8,T=1024,H=64,DK=128,DV=128" --reps 5
+part kda-varlen 60 env OUT="$OUT/kda_varlen" bash bench/gpu.sh corpus --problems kda_varlen \
+    --shapes "N=6,T=8192,H=64,DK=128,DV=128" --reps 3
+part moe 80 env OUT="$OUT/moe" bash bench/gpu.sh corpus --problems moe \
+    --shapes "M=1,H=2048,I=128,E=512,k=10;M=16,H=2048,I=128,E=512,k=10;M=64,H=2048,I=768,E=128,k=8" --reps 5
 echo
 echo "== gpu evidence ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1))"
 for r in "${rows[@]}"; do echo "$r"; done
