@@ -27,7 +27,7 @@ import numpy as np
 from cake_core.agents.rewrite import Refused, map_nodes, refuse_unless, set_attrs, walk_nodes
 from cake_core.agents.tactics_copy import resident, tma
 from cake_core.agents.tactics_cluster import cluster_split, multicast
-from cake_core.agents.tactics_grid import group_tiles, split_k
+from cake_core.agents.tactics_grid import grid_loop, group_tiles, split_k
 from cake_core.agents.tactics_persistent import persistent
 from cake_core.agents.tactics_sched import batch_wgmma, consumer_warpgroups, pingpong, pipeline_wgmma
 from cake_core.agents.tactics_ws import WGMMA_N, warp_specialize, wgmma_consts
@@ -243,6 +243,7 @@ TACTICS: dict[str, Tactic] = {
     "cluster_split": cluster_split,      # the stream split over a cluster, merged through shared memory
     "multicast": multicast,              # a tile two neighbouring CTAs share, copied once into both
     "group_tiles": group_tiles,          # a 2-D grid launched in groups of G tile rows (L2 reuse)
+    "grid_loop": grid_loop,              # an independent loop's trips spread over CTAs (a grid dimension)
     # knobs
     "retile": retile,                    # tile sizes within the atom's constraints
     "restage": restage,                  # ring depth with its buffers' stages
@@ -253,7 +254,8 @@ TACTICS: dict[str, Tactic] = {
     "drop_guards": drop_guards,          # no tail predication (risky on ragged shapes)
 }
 STRUCTURAL = ("mma_sync", "warp_specialize", "tma", "resident", "batch_wgmma", "pipeline_wgmma", "pingpong",
-              "consumer_warpgroups", "persistent", "split_k", "cluster_split", "multicast", "group_tiles")
+              "consumer_warpgroups", "persistent", "split_k", "cluster_split", "multicast", "group_tiles",
+              "grid_loop")
 
 
 def apply(name: str, p: Program, rng: np.random.Generator, bounds: Bounds | None = None,

@@ -1,6 +1,8 @@
-"""Grid tactics: split-K over a new grid dimension, and a grouped order of a two-dimensional grid's tiles.
+"""Grid tactics: split-K over a new grid dimension, an independent loop onto the grid, and a grouped order of a
+two-dimensional grid's tiles.
 
 ``split_k`` gives each CTA a share of the reduction and adds its partial sum into the zeroed output;
+``grid_loop`` spreads the trips of a loop whose trips share nothing over CTAs (a role-free kernel's outer loop);
 ``group_tiles`` walks the tiles in groups of tile rows so that CTAs launched together share operand panels in
 L2. The persistent grid is ``tactics_persistent``'s, the cluster tactics are ``tactics_cluster``'s.
 """
@@ -10,9 +12,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from cake_core.agents.rewrite import (fresh, map_exprs, node_syms, refuse_unless, stmt, subst_view, walk_nodes,
-                                      with_args)
-from cake_core.ir.expr import Bin, Call, Expr, Sym, fmt_expr
+from cake_core.agents.rewrite import (buf_args, fresh, map_exprs, node_syms, refuse_unless, stmt, subst_expr,
+                                      subst_node, subst_view, view_syms, walk_nodes, with_args)
+from cake_core.ir.expr import Bin, Call, Expr, Sym, fmt_expr, symbols
+from cake_core.ir.opdef import Effect
 from cake_core.ir.ops import REGISTRY, Node, Op, loop_range
 from cake_core.ir.program import Program
 from cake_core.ir.printer import fmt_view
@@ -148,3 +151,121 @@ def _swap_coords(e: Expr, row: Expr, col: Expr) -> Expr:
     if isinstance(e, Cmp):
         return Cmp(e.op, _swap_coords(e.a, row, col), _swap_coords(e.b, row, col))
     return e
+
+
+# ------------------------------------------------------------------ a loop onto the grid
+
+def grid_loop(p: Program, rng: np.random.Generator, bounds=None) -> Program:
+    """Spread the trips of an independent top-level loop over CTAs: a new grid dimension (or, with three
+    already, the z dimension times the trips), the loop variable its CTA coordinate.
+
+    Before (one CTA per token walks its k experts)::
+
+        @kernel(grid=(M,), ...)
+            ... routing ...
+            for j in range(k):
+                scalar(e, topk_ids[bid.x, j], max=E - 1)
+                ...
+                atomic_add(out[tile(bid.x, 1), tile(nt, BN)], acc_o)
+
+    After (one CTA per token and expert; each runs what precedes the loop itself)::
+
+        @kernel(grid=(M, k), ...)
+            ... routing ...
+            scalar(e, topk_ids[bid.x, bid.y], max=E - 1)
+            ...
+
+    Precondition: the loop's trips are independent. A trip is independent when it writes gmem only with atomic adds or into windows that name the loop
+    variable, reads every tile the loop writes only after writing it in the same trip (nothing carried from
+    trip to trip), and leaves no tile read after the loop; what runs outside the loop runs in every CTA, so it
+    may store (the same values) but not add into gmem. The loop's extent must be a grid extent (consts and
+    dimensions); kernels with warp roles or clusters are left to ``split_k`` and the cluster tactics.
+    """
+    refuse_unless(not any(n.op in (Op.ROLE, Op.CLUSTER) for n in p.body), "warp roles or a cluster: split_k and "
+                                                                          "the cluster tactics spread those")
+    refuse_unless(not any("ncta.x" in node_syms(n) for n in walk_nodes(p.body)), "a persistent tile loop")
+    dims_consts = set(p.const_env) | {str(s) for q in p.params for d in q.type.shape for s in symbols(d)}
+    reasons, eligible = [], []
+    for i, n in enumerate(p.body):
+        if n.op is not Op.FOR:
+            continue
+        why = _not_independent(p, i, dims_consts)
+        (reasons.append(f"loop `{n.arg('var')}` (line {n.line}): {why}") if why else eligible.append(i))
+    refuse_unless(bool(reasons or eligible), "no top-level loop")
+    refuse_unless(bool(eligible), "; ".join(reasons))
+    i = eligible[int(rng.integers(len(eligible)))]
+    loop = p.body[i]
+    extent = loop_range(loop)[1]
+    body = p.body
+    if len(p.grid) < 3:
+        coord, grid = Sym(f"bid.{'xyz'[len(p.grid)]}"), p.grid + (extent,)
+    else:      # fold into z: the old z coordinate is bid.z // extent, the trip bid.z % extent
+        body = tuple(map_exprs(n, lambda e: subst_expr(e, {"bid.z": Bin("//", Sym("bid.z"), extent),
+                                                           "ncta.z": Bin("//", Sym("ncta.z"), extent)}))
+                     for n in body)
+        loop = body[i]
+        coord, grid = Bin("%", Sym("bid.z"), extent), p.grid[:2] + (Bin("*", p.grid[2], extent),)
+    lifted = tuple(subst_node(b, {loop.arg("var"): coord}) for b in loop.body)
+    return replace(p, grid=grid, body=body[:i] + lifted + body[i + 1:])
+
+
+def _not_independent(p: Program, i: int, grid_names: set[str]) -> str:
+    """Why top-level loop ``p.body[i]`` cannot be spread over CTAs ('' when it can)."""
+    loop = p.body[i]
+    start, stop, step = loop_range(loop)
+    if start != 0 or step != 1:
+        return "not a plain range(extent)"
+    if not symbols(stop) <= grid_names:
+        return f"its extent {fmt_expr(stop)} is not a grid extent (consts and dimensions only)"
+    var = loop.arg("var")
+    params = {q.name for q in p.params}
+    gmem = lambda o, a: o.kind == "view" or (o.kind == "buf" and a in params)     # noqa: E731
+    for n in walk_nodes(p.body[:i] + p.body[i + 1:]):
+        if any(gmem(o, a) and Effect.ATOMIC_ADD in o.effects for o, a in zip(n.decl.operands, n.args)):
+            return f"the {n.op.value} at line {n.line}, outside the loop, would add once per CTA"
+    local = {n.result for n in walk_nodes(loop.body) if n.result}
+    written: set[str] = set()
+    for n in walk_nodes(loop.body):
+        for o, a in zip(n.decl.operands, n.args):
+            effects = o.effects
+            if gmem(o, a) and any(e is not Effect.READ and e is not Effect.NONE for e in effects):
+                if all(e is Effect.ATOMIC_ADD for e in effects) or (o.kind == "view" and var in view_syms(a)):
+                    continue
+                return f"its {n.op.value} at line {n.line} writes {fmt_view(a) if o.kind == 'view' else a} on " \
+                       "every trip"
+            if o.kind in ("buf", "slot") and o.memory and any(e not in (Effect.READ, Effect.NONE) for e in effects):
+                written.add(a if isinstance(a, str) else a.buf)
+    carried = _read_before_written(loop.body, written - local, set())
+    if carried:
+        return carried
+    after = [n for n in walk_nodes(p.body[i + 1:]) if set(buf_args(n)) & (written - local)]
+    reads_after = [n for n in after if any(o.memory and any(e.reads for e in o.effects) and
+                                           (a if isinstance(a, str) else getattr(a, "buf", "")) in written
+                                           for o, a in zip(n.decl.operands, n.args))]
+    if reads_after:
+        n = reads_after[0]
+        return f"line {n.line} reads after the loop what its last trip left ({n.op.value})"
+    return ""
+
+
+def _read_before_written(nodes: tuple[Node, ...], written: set[str], done: set[str]) -> str:
+    """A read (in program order) of a tile the loop writes, before this trip wrote it ('' when none); ``done``
+    gathers the tiles written so far (a write under an ``if`` is not certain and does not count)."""
+    for n in nodes:
+        for o, a in zip(n.decl.operands, n.args):
+            name = a if isinstance(a, str) else getattr(a, "buf", "")
+            if o.kind in ("buf", "slot") and o.memory and any(e.reads for e in o.effects) and name in written \
+                    and name not in done:
+                return f"line {n.line} ({n.op.value}) reads `{name}` before the trip writes it: carried from the trip " \
+                       "before"
+        if n.body:
+            inner = set(done)
+            why = _read_before_written(n.body, written, inner)
+            if why:
+                return why
+            if n.op is Op.FOR:
+                done |= inner        # the nested loop runs at least once where it matters; its writes stand
+        for o, a in zip(n.decl.operands, n.args):
+            if o.kind in ("buf", "slot") and o.memory and any(e not in (Effect.READ, Effect.NONE) for e in o.effects):
+                done.add(a if isinstance(a, str) else a.buf)
+    return ""
