@@ -20,7 +20,7 @@ part() {   # part NAME LIMIT_S COMMAND...: run, keep the log, note the exit stat
     local rc=$?
     rows+=("$(printf '%-14s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - t0))" "$(tail -1 "$OUT/$name.log" | cut -c1-90)")")
 }
-part gpu-tests 180 env GPU_TESTS="tests/problems/test_state_tensors.py tests/export tests/runtime/test_role_compute_gpu.py tests/runtime/test_scalar_gpu.py" \
+part gpu-tests 180 env GPU_TESTS="tests/problems/test_state_tensors.py tests/export tests/runtime/test_role_compute_gpu.py tests/runtime/test_scalar_gpu.py tests/runtime/test_gather_rows_gpu.py" \
     bash bench/gpu.sh tests -rf
 part rmsnorm 120 env CAKE_TIMEOUT=100 bash bench/gpu.sh cake --problem-path examples/problems evolve rmsnorm \
     --shapes rmsnorm_llm --cold --generations 3 --population 8 --seed 0

@@ -70,6 +70,7 @@ class Op(str, enum.Enum):
     LET = enum.auto()
     TILE_ORDER = enum.auto()
     SCALAR = enum.auto()
+    GATHER = enum.auto()
     ROLE = enum.auto()
     CLUSTER = enum.auto()
     # -- elementwise tile math
@@ -276,6 +277,7 @@ class CostClass(str, enum.Enum):
     EPILOGUE = "epilogue"      # a few SIMT ops per element of the accumulator it reads
     ROW_REDUCE = "row reduce"  # a multiply-add per element of the tile it reads
     GATHER = "gather"          # the source window's bytes and an add per element
+    ROW_GATHER = "row gather"  # the rows it gathers (the destination tile's bytes) and their indices
 
 
 Semantics = Callable[[Any, Any], None]     # (the interpreter's CTA state, the node) -> None

@@ -75,6 +75,34 @@ def store(cta: CTA, n: Any) -> None:
     dst[g] = round_to(cta.dtypes[v.buf], tile[t]).reshape(dst[g].shape)
 
 
+def gather(cta: CTA, n: Any) -> None:
+    """Row r of dst := row idx[base + r] of the src window, zeros where base + r >= limit or the index lies outside
+    the tensor's rows (padding); an index position past idx's end below the limit is a fault."""
+    dst, v, idx = n.arg("dst"), n.arg("src"), n.arg("idx")
+    base, limit = cta.ev(n.arg("base")), cta.ev(n.arg("limit"))
+    win, shape = cta.window(n, v)
+    kept = [d for d, (_, _, k) in enumerate(win) if k]
+    rows_dim, col_dim = kept[0], kept[1]
+    arr, ids = cta.gmem[v.buf], np.asarray(cta.gmem[idx]).reshape(-1)
+    out = np.zeros(cta.tiles[dst].shape, dtype=np.float64)
+    c0, clen, _ = win[col_dim]
+    c1 = min(c0 + clen, shape[col_dim])
+    for r in range(out.shape[0]):
+        p = base + r
+        if p >= limit:
+            continue
+        if not 0 <= p < ids.size:
+            raise interp_cta.InterpFault(n, f"gather reads `{idx}`[{p}], outside its {ids.size} entries (base "
+                                            f"{base}, limit {limit})")
+        i = int(ids[p])
+        if not 0 <= i < shape[rows_dim] or c1 <= c0:
+            continue
+        at = tuple(i if d == rows_dim else slice(c0, c1) if d == col_dim else start
+                   for d, (start, _, _) in enumerate(win))
+        out[r, :c1 - c0] = arr[at]
+    cta.tiles[dst][...] = round_to(cta.dtypes[dst], out.astype(cta.tiles[dst].dtype))
+
+
 def mma(cta: CTA, n: Any) -> None:
     acc, a, b = (cta.tiles[n.arg(x)] for x in ("acc", "a", "b"))
     acc += a.astype(np.float32) @ b.astype(np.float32)
@@ -123,6 +151,19 @@ DECLS: tuple[OpDef, ...] = (
                   "guard, elements past the edge are skipped.",
           example="store(c[tile(bid.y, BM), tile(bid.x, BN)], acc)",
           preconditions=("src shape equals the view's extent",)),
+    OpDef(Op.GATHER, Family.COPY, (buf("dst", _W, (MemSpace.SMEM,)), view("src", _R),
+                                   buf("idx", _R, (MemSpace.GMEM,), index=True), value("base", keyword=True),
+                                   value("limit", keyword=True)),
+          gather, CostClass.ROW_GATHER, ordering=Ordering.BARRIER, engine="plain",
+          summary="Gather rows by index: row r of dst (R, C) := row idx[base + r] of the src window, whose first "
+                  "kept dimension is `:` (the rows gathered from) and whose second is C columns; rows with base + "
+                  "r >= limit, or whose index lies outside the tensor, are zeros (padding). idx is a 1-D i32 gmem "
+                  "tensor, read at any offset: the A operand of a grouped GEMM over tokens sorted by expert "
+                  "(base = the group's start + the tile's first row, limit = the group's end).",
+          example="gather(a_s, x[:, tile(kt, BK)], perm, base=start + bid.x * BM, limit=end)",
+          preconditions=("dst is a 2-D unswizzled smem tile (R, C) of src's dtype",
+                         "src's window keeps two dimensions: `:` (the gathered rows), then a tile of C columns",
+                         "idx is a 1-D i32 gmem tensor; base + r < limit only where base + r < len(idx)")),
     OpDef(Op.SYNC, Family.SYNC, (), no_effect, CostClass.FREE, sync=SyncKind.CTA,
           summary="CTA-wide barrier (__syncthreads): all smem writes before it are visible after it.",
           example="sync()",

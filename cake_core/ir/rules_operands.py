@@ -12,6 +12,9 @@
 - ``types.index``: index expressions (shapes, tile indices and sizes, slot indices, counts, phases,
   conditions) are integers; ``shapes.divisor``: no ``//``, ``%`` or ``cdiv`` divides by a constant zero
   or less.
+- ``gather.operands``: a gather fills a 2-D unswizzled single-stage smem tile of the source's dtype from a
+  window that keeps `:` (the rows gathered) and a tile of the destination's columns, by a 1-D i32 gmem index
+  tensor.
 - ``types.narrowing``: an op that moves values between tiles of different dtypes converts them
   implicitly; where that loses the value's kind or range (float -> integer, a wider integer -> a narrower
   one, anything -> bool, a fractional or infinite fill into an integer tile) it must be an explicit
@@ -25,10 +28,10 @@ from typing import Any, Iterable, Iterator
 
 from cake_core.ir.expr import Bin, Call, Cmp, Expr, fmt_expr, try_evaluate
 from cake_core.ir.opdef import Alloc, Completion, Family, Operand, Scope, buffer_name
-from cake_core.ir.ops import REGISTRY, At, Node, Op, Tile, View
+from cake_core.ir.ops import REGISTRY, At, Full, Node, Op, Tile, View
 from cake_core.ir.ops_compute import COMPARE_FNS
 from cake_core.ir.registry import ops_of
-from cake_core.ir.rule_ctx import Ctx, RuleSet
+from cake_core.ir.rule_ctx import Ctx, RuleSet, fmt_shape, same_extent
 from cake_core.ir.types import DType, MemSpace
 from cake_core.outcome import Diagnostic
 
@@ -307,3 +310,35 @@ def _narrowing(ctx: Ctx) -> Iterable[Diagnostic]:
                                path=path, hint=f"convert first with cast(tmp_{d.dtype.value}, {buffer_name(sa)}), "
                                                f"or give `{buffer_name(a)}` the dtype {s.dtype.value}")
                 break
+
+
+@rule("gather.operands", "shapes", "a gather fills a 2-D unswizzled smem tile from `:` rows and a tile of its "
+                                   "columns, by a 1-D i32 gmem index tensor", guards=(Op.GATHER,))
+def _gather_operands(ctx: Ctx) -> Iterable[Diagnostic]:
+    for n, path, _ in ctx.nodes:
+        if n.op is not Op.GATHER:
+            continue
+        dst, v, idx = ctx.buf_of(n.arg("dst")), n.arg("src"), ctx.buf_of(n.arg("idx"))
+        src = ctx.buf_of(v.buf)
+        if dst is None or src is None or idx is None:
+            continue          # types.undefined names it
+        kept = [i for i in v.index if not isinstance(i, At)] if len(v.index) == src.rank else None
+        bad = ""
+        alloc = ctx.defined_at.get(n.arg("dst"))
+        swizzled = alloc is not None and "swizzle" in alloc.decl.attrs and alloc.attr("swizzle")
+        if dst.space is not MemSpace.SMEM or dst.rank != 2 or swizzled or dst.stages != 1:
+            bad = f"`{n.arg('dst')}` is {dst}; gather writes a 2-D unswizzled single-stage smem tile"
+        elif dst.dtype is not src.dtype:
+            bad = f"`{n.arg('dst')}` is {dst.dtype.value} and `{v.buf}` {src.dtype.value}; gather copies one dtype"
+        elif kept is None or len(kept) != 2 or not isinstance(kept[0], Full) or not isinstance(kept[1], Tile):
+            bad = (f"the window of `{v.buf}` must keep two dimensions, `:` (the rows gathered from) and then a "
+                   "tile of columns")
+        elif not same_extent(ctx, (dst.shape[1],), (kept[1].size,)):
+            bad = (f"the window's {fmt_shape(ctx, (kept[1].size,))} columns differ from `{n.arg('dst')}`'s "
+                   f"{fmt_shape(ctx, (dst.shape[1],))}")
+        elif idx.space is not MemSpace.GMEM or idx.rank != 1 or idx.dtype is not DType.I32:
+            bad = f"`{n.arg('idx')}` is {idx}; the indices are a 1-D i32 gmem tensor"
+        if bad:
+            yield ctx.diag("gather.operands", n, bad, path=path,
+                           hint="gather(a_s, x[:, tile(kt, BK)], perm, base=..., limit=...) with a_s = "
+                                "smem(<x's dtype>, (BM, BK))")

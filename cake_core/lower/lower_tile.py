@@ -79,6 +79,21 @@ def lower_load(n: Node, ctx: Ctx) -> list[Line]:
     return [f"cake::{fn}<{w.rows}, {w.cols}, THREADS, {guard}>({dst_name}, {w.base}, {box_args(w)});"]
 
 
+def lower_gather(n: Node, ctx: Ctx) -> list[Line]:
+    """``gather(dst, src[:, tile(c, C)], idx, base=B, limit=L)`` → ``cake::gather_smem_gmem``: the window seen as a
+    box of the destination's rows, its row stride the gathered dimension's."""
+    dst_name, view, idx = n.arg("dst"), n.arg("src"), n.arg("idx")
+    dst = ctx.buf(dst_name, (MemSpace.SMEM,), "destination")
+    if len(dst.shape) != 2 or dst.type.swizzle is not Swizzle.NONE:
+        raise LowerError("lower.unsupported_operand", f"gather writes a 2-D unswizzled smem tile; `{dst_name}` is "
+                                                      f"{dst.type}")
+    ctx.buf(idx, (MemSpace.GMEM,), "gather's indices")
+    w = window(view, dst.shape, ctx, "source")
+    base, limit = (ctx.check_expr(n.arg(k), f"gather's {k}") for k in ("base", "limit"))
+    return [f"cake::gather_smem_gmem<{w.rows}, {w.cols}, THREADS>({dst_name}, {w.base}, {w.ld_row}, {w.ld_col}, "
+            f"{w.rows_in}, {w.cols_in}, {idx}, {base}, {limit});"]
+
+
 def lower_store(n: Node, ctx: Ctx) -> list[Line]:
     view, src_name = n.args
     src = ctx.buf(src_name, (MemSpace.SMEM, MemSpace.RMEM), "source")

@@ -82,6 +82,13 @@ def _gather_cost(n: Node, ctx, env, trips: float, w: Work) -> None:
     w.simt_flops += elems * trips
 
 
+def _row_gather_cost(n: Node, ctx, env, trips: float, w: Work) -> None:
+    """The rows gathered (the destination tile's bytes; padding rows counted too) and their i32 indices."""
+    dst = n.arg("dst")
+    rows = _numel(ctx, dst, env)
+    w.bytes += (rows * ctx.buffers[dst].dtype.bytes + 4 * int(evaluate(ctx.buffers[dst].shape[0], env))) * trips
+
+
 def _simt_cost(n: Node, ctx, env, trips: float, w: Work) -> None:
     """One SIMT op per element of the tile it writes (the first, for an op that writes a value and an index)."""
     w.simt_flops += _numel(ctx, _name(_operand(n, writes=True)), env) * trips
@@ -121,4 +128,5 @@ HOOKS: dict[CostClass, Callable[..., None]] = {
     CostClass.EPILOGUE: _epilogue_cost,
     CostClass.ROW_REDUCE: _row_reduce_cost,
     CostClass.GATHER: _gather_cost,
+    CostClass.ROW_GATHER: _row_gather_cost,
 }

@@ -56,7 +56,7 @@ SYNC_COPY_ELEMS_IN_FLIGHT = 4
 # synchronisation (sync is counted apart).
 TRAFFIC: dict[Op, tuple[str, str]] = {
     Op.LOAD: ("read", "load"), Op.CP_ASYNC: ("read", "cp_async"), Op.CP_ASYNC_BAR: ("read", "cp_async"),
-    Op.TMA_LOAD: ("read", "tma"), Op.GATHER_ADD: ("read", "load"),
+    Op.TMA_LOAD: ("read", "tma"), Op.GATHER_ADD: ("read", "load"), Op.GATHER: ("read", "load"),
     Op.STORE: ("write", "load"), Op.TMA_STORE: ("write", "tma"), Op.ACC_CLUSTER_REDUCE: ("write", "load"),
     Op.TOPK_CLUSTER_MERGE: ("write", "load"),
     Op.ATOMIC_ADD: ("atomic", ""), Op.SCATTER_ADD: ("atomic", ""),

@@ -4,6 +4,7 @@ counts, the cluster against the grid, the fence before a tma_store), with the sl
 async.slot_index: every planted defect fails with its rule at the statement at fault, and its twin passes."""
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,10 @@ def twice(x: gmem[f32, (M, N)], y: gmem[f32, (M, N)]):
     sync()
     tma_store(y[tile(bid.y, 64), tile(bid.x, 64)], y_s)
 """
-BASES = {"ws": WS, "gemm": GEMM, "mc": MC, "store": STORE}
+_spec = importlib.util.spec_from_file_location("gather_ir", Path(__file__).parent / "test_gather.py")
+_gather = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_gather)
+BASES = {"ws": WS, "gemm": GEMM, "mc": MC, "store": STORE, "pick": _gather.PICK}
 WGMMA = "wgmma(acc, a_s[kt % S], b_s[kt % S])"
 LOAD_B = "            tma_load(b_s[kt % S], b[tile(kt, BK), tile(bid.x, BN)], bar=full[kt % S])\n"
 ACC = "        acc = rmem(f32, (BM, BN))\n"
@@ -67,6 +71,8 @@ PLANTED = [
     ("async.slot_index", "ws", "tma_load(a_s[kt % S]", "tma_load(a_s[kt]", "tma_load(a_s[kt]",
      ("grows without bound",)),
     ("async.slot_index", "ws", "arrive(empty[kt % S])", "arrive(empty[kt % 5])", "arrive(empty", ("can reach 4",)),
+    # a gather whose window is narrower than its tile (tests/ir/test_gather.py plants the other misuses)
+    ("gather.operands", "pick", "x[:, tile(c, BC)], perm", "x[:, tile(c, 16)], perm", "gather(a_s", ("columns differ",)),
 ]
 # edits that keep the program correct: the rule stays silent
 TWINS = [
@@ -74,6 +80,7 @@ TWINS = [
     ("types.rmem_role", "ws", ACC, ""),                  # at the top level, used by the consumers only
     ("async.slot_index", "ws", "arrive(empty[kt % S])", "arrive(empty[(kt + S + 1) % S])"),
     ("cluster.grid", "mc", "num_sms // 2) * 2,)", "num_sms // 2) * 4,)"),
+    ("gather.operands", "pick", "x[:, tile(c, BC)], perm", "x[:, tile(c, 32)], perm"),      # BC = 32: the same
     ("tma.store_fence", "store", "    fence_async()\n    sync()\n", "    sync()\n    fence_async()\n    sync()\n"),
 ]
 MINE = {"cake_core.ir.rules_operands", "cake_core.ir.rules_sync"}

@@ -136,7 +136,7 @@ def _planted(old: str, new: str) -> str:
     ("one_expert_short", "out"), ("unweighted", "out")])
 def test_a_planted_mistake_is_wrong_where_it_shows(case, wrong_in):
     text = {
-        "smallest_logits": _planted('        unary(lg, lg, fn="neg")\n', ""),
+        "smallest_logits": _planted('        unary(lg, lg)\n', ""),
         "not_renormalised": _planted('    ewise(top_v, top_v, tot, fn="div")\n', ""),
         "no_silu": _planted('            unary(h, acc_g, fn="silu")\n', "            cast(h, acc_g)\n"),
         "one_expert_short": _planted("    for j in range(k):\n", "    for j in range(k - 1):\n"),

@@ -31,8 +31,10 @@ COMPARE = ("lt", "le", "gt", "ge", "eq", "ne")
 
 # ------------------------------------------------------------------ launching, and the interpreter's answer
 
-def _launch(text: str, shape: dict, inputs: dict[str, np.ndarray], tmp_path: Path) -> dict[str, np.ndarray]:
-    """Lower, compile and launch ``text`` once on ``inputs``; every output poisoned first (NaN, a sentinel)."""
+def _launch(text: str, shape: dict, inputs: dict[str, np.ndarray], tmp_path: Path,
+            fetch: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+    """Lower, compile and launch ``text`` once on ``inputs``; every output poisoned first (NaN, a sentinel); the
+    outputs, and the inputs named in ``fetch`` (an accumulator uploaded zeroed), come back."""
     cp = pytest.importorskip("cupy")
     from cake_core.runtime import gpu
     from cake_core.runtime.tma import encode_tensor_maps
@@ -58,7 +60,7 @@ def _launch(text: str, shape: dict, inputs: dict[str, np.ndarray], tmp_path: Pat
     args += tuple(encode_tensor_maps(lk, dev, shape))
     fn(lk.grid_for(shape), (lk.threads, 1, 1), args, shared_mem=lk.smem_bytes)
     cp.cuda.runtime.deviceSynchronize()
-    return {a.name: gpu._to_host(dev[a.name], a.dtype) for a in lk.params if a.name not in inputs}
+    return {a.name: gpu._to_host(dev[a.name], a.dtype) for a in lk.params if a.name not in inputs or a.name in fetch}
 
 
 def _interpret(text: str, shape: dict, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -106,6 +106,24 @@ __device__ __forceinline__ void load_smem_gmem(TD* dst, const TS* src, index_t l
     }
 }
 
+// gather_smem_gmem<ROWS, COLS, THREADS>(dst, src, ld_row, ld_col, src_rows, cols_in, idx, base, limit):
+// row r of dst := row idx[base + r] of the window (src + i * ld_row + c * ld_col); zeros where base + r >= limit,
+// where the index lies outside [0, src_rows) (padding rows) and past cols_in columns. Consecutive threads take
+// consecutive columns of a row, so each gathered row is read coalesced.
+template <int ROWS, int COLS, int THREADS, typename TD, typename TS, typename TI>
+__device__ __forceinline__ void gather_smem_gmem(TD* dst, const TS* src, index_t ld_row, index_t ld_col,
+                                                 int src_rows, int cols_in, const TI* idx, int base, int limit) {
+    static_assert(ROWS > 0 && COLS > 0, "a tile has at least one element");
+    constexpr int NUMEL = ROWS * COLS;
+#pragma unroll 4
+    for (int e = threadIdx.x; e < NUMEL; e += THREADS) {
+        const int r = e / COLS, c = e % COLS;
+        const int p = base + r;
+        const long long i = p < limit ? static_cast<long long>(idx[p]) : -1;
+        dst[e] = (i >= 0 && i < src_rows && c < cols_in) ? convert<TD>(src[i * ld_row + c * ld_col]) : zero<TD>();
+    }
+}
+
 // ----------------------------------------------------------------- gmem -> rmem
 // load_rmem_gmem<ROWS, COLS, THREADS, GUARD>(dst, src, ...): slot s of this thread
 // := element s * THREADS + threadIdx.x of the window.
