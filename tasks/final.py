@@ -9,6 +9,9 @@
   and stored apart (kind ``held_out``); nothing chose it by them.
 - baselines: the problem's hand-written kernels and its peers on every shape of the run, in the same run,
   so the run's best is always shown beside them. They are never attempts and never parents.
+- sweep: the run's finalists (each searched shape's winner and the run's best) on the sweep rows, measured (or
+  checked) and stored apart (kind ``sweep``): a portfolio region's run measures what it found on the portfolio's
+  other rows, so every row gets kernels measured on it; nothing chose them by these rows.
 - dispatch: per searched shape, the kernel to dispatch on (a GPU run's ``shape_best``).
 
 A long run is several jobs (``cake evolve --resume``, an experiment's blocks of generations), each ending with
@@ -30,7 +33,7 @@ from prefect.cache_policies import NO_CACHE
 from cake_core.agents.base import Candidate
 from cake_core.pipeline.attempt import Attempt
 from cake_core.pipeline.policy import (BASELINE_SEED, CONFIRM_ROUNDS, CONFIRM_SEED, CPU_TIMEOUT_S, HELD_OUT_SEED,
-                                       unconfirmed)
+                                       SWEEP_SEED, unconfirmed)
 from cake_core.pipeline.rows import baseline_rows, check_row, dispatch_rows, measurement_rows, stage_time_row
 from cake_core.pipeline.verdicts import ShapeVerdict, as_kind, fault
 from cake_core.problems import get_problem
@@ -92,6 +95,37 @@ def _held_out(run: Run, best: dict[str, Any]) -> int:
     run.recorder.rows("measurements", measurement_rows(kernel.attempt_id, run.plan.run_id, verdicts))
     run.recorder.rows("checks", [check_row(kernel.attempt_id, v) for v in verdicts])
     return len(verdicts)
+
+
+def _sweep(run: Run, done: set[str]) -> int:
+    """The run's finalists not swept before, each on every sweep row: measured (timed run) or checked, kind
+    ``sweep``; a finalist that does not build or verify for the rows is recorded as such on each."""
+    best = run_best(run.warehouse_root, run.plan.run_id)
+    ids = list(dict.fromkeys([p["attempt_id"] for p in shape_best(run.warehouse_root, run.plan.run_id)]
+                             + ([best["attempt_id"]] if best else [])))
+    ids = [i for i in ids if i not in done]
+    if not ids:
+        return 0
+    marks = ", ".join("?" * len(ids))
+    rows = {r["attempt_id"]: r for r in Warehouse(run.warehouse_root).query(
+        f"select attempt_id, generation, slot, ir_text from attempts where attempt_id in ({marks})", ids).to_pylist()}
+    kernels = [_kernel(run, rows[i]) for i in ids if i in rows]
+    seed = run.plan.seed + SWEEP_SEED
+    if run.timed:
+        built = build(run, kernels, run.sweep)
+        answers = on_gpu(run, built, run.sweep, seed, drop_failed=False, kind="sweep") if built else {}
+        got = {a.attempt_id: answers.get(i, []) for i, a in enumerate(built)}
+    else:
+        got = {k.attempt_id: _check(run, k, run.sweep, seed) for k in kernels}
+    n = 0
+    for k in kernels:
+        verdicts = got.get(k.attempt_id) or [ShapeVerdict(shape_key(s), "gpu" if run.timed else "interpreter",
+                                                          k.outcome, message=_why_not(k)) for s in run.sweep]
+        verdicts = as_kind(verdicts, "sweep")
+        run.recorder.rows("measurements", measurement_rows(k.attempt_id, run.plan.run_id, verdicts))
+        run.recorder.rows("checks", [check_row(k.attempt_id, v) for v in verdicts])
+        n += len(verdicts)
+    return n
 
 
 def _check(run: Run, kernel: Attempt, shapes: list, seed: int) -> list:
@@ -164,12 +198,12 @@ def record_dispatch(warehouse_root: str, run_id: str, problem: str, shape_set: s
 
 @task(name="final", cache_policy=NO_CACHE)
 def final(run: Run) -> dict[str, Any]:
-    """Confirm, held-out report, baselines, dispatch; returns what landed of each (rows) and, as
+    """Confirm, held-out report, sweep, baselines, dispatch; returns what landed of each (rows) and, as
     ``confirm_failed``, the winners that came out wrong on fresh inputs (attempt id, shape, message)."""
     t0 = time.monotonic()
     run.recorder.flush()
     done = final_recorded(run.warehouse_root, run.plan.run_id)
-    landed = {"confirm": 0, "held_out": 0, "baselines": 0, "dispatch": 0}
+    landed = {"confirm": 0, "held_out": 0, "sweep": 0, "baselines": 0, "dispatch": 0}
     failed: list[dict[str, Any]] = []
     for _ in range(CONFIRM_ROUNDS if run.timed else 0):
         picks = unconfirmed(shape_best(run.warehouse_root, run.plan.run_id), done["confirm"])
@@ -188,6 +222,9 @@ def final(run: Run) -> dict[str, Any]:
     best = run_best(run.warehouse_root, run.plan.run_id)     # after the confirmation: a wrong winner is not it
     if run.held_out and best is not None and best["attempt_id"] not in done["held_out"]:
         landed["held_out"] = _held_out(run, best)
+        run.recorder.flush()
+    if run.sweep:
+        landed["sweep"] = _sweep(run, done["sweep"])
         run.recorder.flush()
     if run.timed:
         landed["dispatch"] = record_dispatch(run.warehouse_root, run.plan.run_id, run.plan.problem, run.plan.shape_set)

@@ -23,17 +23,21 @@ def portfolio_folder(warehouse_root: str, portfolio_id: str) -> Path:
 @task(name="portfolio-plan", cache_policy=NO_CACHE)
 def portfolio_plan(problem: str, shape_set: str, regions: int | None, per_region: int, seed: int,
                    portfolio_id: str, warehouse_root: str) -> dict[str, Any]:
-    """The regions of ``shape_set``, each written as a shape set (its representatives and held-out rows) that
-    its run evolves on."""
+    """The regions of ``shape_set``, each written as a shape set that its run evolves on: its representatives,
+    its held-out rows, and every other searched row of the portfolio as a sweep row (the run's finalists are
+    measured there after the search, so each row of the portfolio gets a kernel measured on it)."""
     prob = get_problem(problem)
     sset = prob.shape_set(shape_set)
     planned = plan_regions(sset, prob.dims, regions, per_region, seed)
     folder = portfolio_folder(warehouse_root, portfolio_id)
     folder.mkdir(parents=True, exist_ok=True)
     out = []
+    searched = [s for r in planned for s in r.members]
     for r in planned:
         csv = folder / f"{r.name}.csv"
-        text = r.csv(prob.dims)
+        reps = {shape_key(s) for s in r.representatives}
+        # every searched row of the portfolio but the region's own representatives: its finalists' sweep
+        text = r.csv(prob.dims, tuple(s for s in searched if shape_key(s) not in reps))
         if not csv.exists() or csv.read_text() != text:
             csv.write_text(text)
         out.append({"name": r.name, "run_id": f"{portfolio_id}-{r.name}", "csv": str(csv),

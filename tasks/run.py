@@ -56,7 +56,7 @@ class Run:
     search_shapes: list[Shape]      # what selection ranks on: the cost model, and the GPU timing
     check_shapes: list[Shape]       # what the interpreter checks (CPU); the search shapes on a GPU
     held_out: list[Shape]           # measured (or checked) for the final best only, reported apart
-    roles: dict[str, str]           # shape key -> headline | tail | held_out, every shape of the run
+    roles: dict[str, str]           # shape key -> headline | tail | held_out | sweep, every shape of the run
     model: CostModelBase
     agent: Any
     timeout_s: float
@@ -66,6 +66,7 @@ class Run:
     state: RunState
     debug: Debug | None = None
     lock: RunLock | None = None
+    sweep: list[Shape] = field(default_factory=list)   # the finalists measured (checked) there after the search
     cpu: Any = None                 # tasks.workers.ActorPool of CpuWorker
     gpu: Any = None                 # tasks.workers.ActorPool of GpuRunner (None: no GPU)
     gpu_resource: str | None = None  # the Ray resource of the GPU model asked for (gpu_model:H200)
@@ -147,15 +148,16 @@ def open_run(request: RunRequest) -> Run:
         run = Run(plan, root, request.cache_dir, harness, gpus, shapes.search, shapes.check, shapes.held_out,
                   shapes.roles, model, make_agent(plan.agent, plan.seed, harness, request.llm), request.timeout_s,
                   request.reps, str(flow_run.id) if flow_run.id else None, Recorder(root, plan.run_id), state,
-                  lock=lock)
+                  lock=lock, sweep=shapes.sweep)
         if request.debug:
             run.debug = Debug(Path(root).parent / "debug", harness, plan.problem, run.run_shapes)
         run.gpu_resource, run.gpu_runners = gpu_resource, runners
         run.recorder.rows("runs", [run_row(plan, "running", harness_version=harness.version,
                                            gpu_model=gpus[0] if gpus else None, flow_run_id=run.flow_run_id)])
         if not request.resume:
-            ss = shapes.shape_set
-            run.recorder.rows("shapes", shape_rows(ss.name, plan.problem, ss.shapes, ss.roles))
+            ss = shapes.shape_set      # sweep rows are not the run's shapes: its measurements there say where
+            kept = [(s, r) for s, r in zip(ss.shapes, ss.roles) if r != "sweep"]
+            run.recorder.rows("shapes", shape_rows(ss.name, plan.problem, [s for s, _ in kept], [r for _, r in kept]))
         run.recorder.flush()
         return run
     except BaseException:

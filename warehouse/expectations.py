@@ -29,8 +29,9 @@ BACKENDS = ["interpreter", "gpu"]
 TIMERS = ["cuda_event", "cuda_graph"]   # runtime.gpu.TIMERS: one launch alone; back to back in a graph
 # cold-clean: L2 flushed by a read (runtime.gpu.L2Flush); cold: by a write (measurements before 2026-11-29 11:00 UTC)
 L2_STATES = ["cold-clean", "cold", "warm"]
-MEASURE_KINDS = ["search", "confirm", "held_out"]   # held_out: the final best only, never selected on
-CHECK_KINDS = ["search", "held_out", "strict", "confirm"]
+# held_out: the final best only, never selected on; sweep: the finalists on the sweep rows, after the search
+MEASURE_KINDS = ["search", "confirm", "held_out", "sweep"]
+CHECK_KINDS = ["search", "held_out", "strict", "confirm", "sweep"]
 STOP_REASONS = ["generations", "budget_candidates", "budget_gpu_minutes", "no_improvement"]
 BASELINE_SOURCES = ["hand_written", "peer"]
 SHAPE_ROLES = ["headline", "tail", "held_out"]
@@ -39,7 +40,7 @@ DECISIONS = ["approved", "rejected"]
 FILTER_DECISIONS = ["kept", "explored", "sampled", "filtered"]   # cake_core.model.filter.DECISIONS
 MODEL_KINDS = ["analytic", "learned"]
 RERUN_CAUSES = ["died", "timeout", "raised", "restart", "node_lost"]   # tasks.workers.LostWork.cause
-RERUN_KINDS = ["search", "strict", "confirm", "held_out", "baseline"]
+RERUN_KINDS = ["search", "strict", "confirm", "held_out", "sweep", "baseline"]
 
 # ------------------------------------------------------------------ checks
 

@@ -84,8 +84,8 @@ def recorded(where: Warehouse | str | Path, attempt_ids: list[str], tables: tupl
 def final_recorded(where: Warehouse | str | Path, run_id: str) -> dict[str, Any]:
     """What the final stages of ``run_id``'s jobs have landed already (a later one does not measure it again):
     ``confirm``, the (attempt id, shape) pairs confirmed, right (a confirmatory measurement) or wrong (a failed
-    ``confirm`` check); ``held_out``, the attempt ids with held-out rows (measured or checked); ``baselines``,
-    how many baseline rows."""
+    ``confirm`` check); ``held_out``, the attempt ids with held-out rows (measured or checked); ``sweep``, the
+    attempt ids with sweep rows; ``baselines``, how many baseline rows."""
     wh = _wh(where)
     confirmed = {(r["attempt_id"], r["shape"]) for r in wh.query(
         "select attempt_id, shape from measurements where run_id = ? and kind = 'confirm' union "
@@ -95,8 +95,12 @@ def final_recorded(where: Warehouse | str | Path, run_id: str) -> dict[str, Any]
         "select attempt_id from measurements where run_id = ? and kind = 'held_out' union "
         "select c.attempt_id from checks c join attempts a using (attempt_id) where a.run_id = ? "
         "and c.kind = 'held_out'", [run_id, run_id]).to_pylist()}
+    swept = {r["attempt_id"] for r in wh.query(
+        "select attempt_id from measurements where run_id = ? and kind = 'sweep' union "
+        "select c.attempt_id from checks c join attempts a using (attempt_id) where a.run_id = ? "
+        "and c.kind = 'sweep'", [run_id, run_id]).to_pylist()}
     base = wh.query("select count(*) as n from baselines where run_id = ?", [run_id]).to_pylist()[0]["n"]
-    return {"confirm": confirmed, "held_out": held, "baselines": base}
+    return {"confirm": confirmed, "held_out": held, "sweep": swept, "baselines": base}
 
 
 # ---------------------------------------------------------------- best so far

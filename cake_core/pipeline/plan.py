@@ -10,7 +10,7 @@ wrong, read nothing but their arguments and write nothing.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from cake_core.errors import CakeError
@@ -198,6 +198,7 @@ class RunShapes:
     search: list[dict[str, int]]    # what selection ranks on: the cost model, and the GPU timing
     check: list[dict[str, int]]     # what the interpreter checks (CPU); the search shapes on a GPU
     held_out: list[dict[str, int]]  # measured (or checked) for the final best only, reported apart
+    sweep: list[dict[str, int]] = field(default_factory=list)   # the finalists measured (checked) after the search
 
     @property
     def roles(self) -> dict[str, str]:
@@ -212,10 +213,12 @@ def run_shapes(prob: Any, plan: RunPlan, timed: bool) -> RunShapes:
     run checks the rows small enough for the interpreter); a set that cannot serve is a ``CakeError`` saying
     what to pass instead. The command line and the flow both call it, so a set is refused the same way."""
     from cake_core.problems import load_shape_set
+    from cake_core.problems.base import SEARCHED
 
     ss = load_shape_set(prob, plan.shape_set)
-    search = [s for s, r in zip(ss.shapes, ss.roles) if r != "held_out"]
+    search = [s for s, r in zip(ss.shapes, ss.roles) if r in SEARCHED]
     held = [s for s, r in zip(ss.shapes, ss.roles) if r == "held_out"]
+    sweep = [s for s, r in zip(ss.shapes, ss.roles) if r == "sweep"]
     if not search:
         raise RequestError(f"shape set `{plan.shape_set}` has only held-out rows; selection needs headline or "
                            f"tail rows")
@@ -224,14 +227,14 @@ def run_shapes(prob: Any, plan: RunPlan, timed: bool) -> RunShapes:
         if plan.check_shape_set:
             raise RequestError("--check-shapes is for runs without a GPU (checked on the interpreter, ranked by "
                                "the cost model); on a GPU every candidate is checked and timed on --shapes")
-        return RunShapes(ss, search, search, held)
+        return RunShapes(ss, search, search, held, sweep)
     if plan.check_shape_set:
         cs = load_shape_set(prob, plan.check_shape_set)
-        check = small([s for s, r in zip(cs.shapes, cs.roles) if r != "held_out"])
+        check = small([s for s, r in zip(cs.shapes, cs.roles) if r in SEARCHED])
         if not check:
             raise RequestError(f"--check-shapes {plan.check_shape_set} has no shape small enough for the CPU "
                                f"interpreter (every dimension ≤ {prob.cpu_limit})")
-        return RunShapes(ss, search, check, small(held))
+        return RunShapes(ss, search, check, small(held), small(sweep))
     check = small(search)
     if not check:
         first = prob.shape_sets[0]
@@ -239,4 +242,4 @@ def run_shapes(prob: Any, plan: RunPlan, timed: bool) -> RunShapes:
                            f"(every dimension ≤ {prob.cpu_limit}); pick a smaller set such as {first}, run where "
                            f"a GPU is present, or pass --check-shapes {first} to check there and rank by the cost "
                            f"model on `{plan.shape_set}`")
-    return RunShapes(ss, check, check, small(held))
+    return RunShapes(ss, check, check, small(held), small(sweep))

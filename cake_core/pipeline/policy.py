@@ -37,6 +37,7 @@ generations, bench/results/gpu-evolve-2026-12-01.md)."""
 # on the confirmation's inputs: beside the run's confirmed figures, and drawn once per shape for both.
 CONFIRM_SEED = 7919
 HELD_OUT_SEED = 104729
+SWEEP_SEED = 1299709        # the sweep's inputs: a draw of their own, like the held-out rows'
 BASELINE_SEED = CONFIRM_SEED
 # Rounds of confirmation a job runs: the winners, then the new winners of the shapes whose winner came out
 # wrong, and so on; a winner still unconfirmed after them is confirmed by the run's next job.

@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from cake_core.problems.base import Shape, ShapeSet, shape_key
+from cake_core.problems.base import SEARCHED, Shape, ShapeSet, shape_key
 
 KMEANS_ITERATIONS = 100
 
@@ -37,11 +37,13 @@ class Region:
     def name(self) -> str:
         return f"region-{self.index:02d}"
 
-    def csv(self, dims: tuple[str, ...]) -> str:
-        """The region as a shape set: its representatives (headline) and its held-out rows (held_out)."""
+    def csv(self, dims: tuple[str, ...], sweep: tuple[Shape, ...] = ()) -> str:
+        """The region as a shape set: its representatives (headline), its held-out rows (held_out) and the rows
+        ``sweep`` its finalists are measured on after the search (sweep: never searched)."""
         lines = [",".join([*dims, "role"])]
         lines += [",".join([*(str(s[d]) for d in dims), "headline"]) for s in self.representatives]
         lines += [",".join([*(str(s[d]) for d in dims), "held_out"]) for s in self.held_out]
+        lines += [",".join([*(str(s[d]) for d in dims), "sweep"]) for s in sweep]
         return "\n".join(lines) + "\n"
 
 
@@ -103,7 +105,7 @@ def plan_regions(shape_set: ShapeSet, dims: tuple[str, ...], count: int | None =
     each with ``per_region`` representatives; regions ordered by their first member in the set."""
     if per_region < 1:
         raise ValueError(f"per_region must be at least 1, got {per_region}")
-    searched = [s for s, r in zip(shape_set.shapes, shape_set.roles) if r != "held_out"]
+    searched = [s for s, r in zip(shape_set.shapes, shape_set.roles) if r in SEARCHED]
     held = [s for s, r in zip(shape_set.shapes, shape_set.roles) if r == "held_out"]
     if not searched:
         raise ValueError(f"shape set `{shape_set.name}` has no rows to search: every row is held out")

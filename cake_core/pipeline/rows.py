@@ -90,12 +90,12 @@ def compile_row(attempt_id: str, r) -> dict[str, Any]:
 def check_row(attempt_id: str, v: ShapeVerdict) -> dict[str, Any]:
     return {"attempt_id": attempt_id, "shape": v.shape, "backend": v.backend, "correct": v.correct,
             "max_error": v.max_error, "message": v.message or None,
-            "kind": v.kind if v.kind in ("held_out", "strict", "confirm") else "search"}
+            "kind": v.kind if v.kind in ("held_out", "strict", "confirm", "sweep") else "search"}
 
 
 def measurement_rows(attempt_id: str, run_id: str, verdicts: Iterable[ShapeVerdict],
                      measured_at: datetime | None = None) -> list[dict[str, Any]]:
-    """The timed verdicts as measurement rows (their kind: search, confirm or held_out)."""
+    """The timed verdicts as measurement rows (their kind: search, confirm, held_out or sweep)."""
     t = measured_at or now()
     return [{"attempt_id": attempt_id, "run_id": run_id, "shape": v.shape, "gpu_model": v.timing.gpu_model,
              "timer": v.timing.timer, "l2": v.timing.l2, "median_ms": v.timing.median_ms, "p10_ms": v.timing.p10_ms,

@@ -16,7 +16,7 @@ from cake_core.outcome import Diagnostic, Outcome, Severity, StageResult
 
 BACKENDS = ("interpreter", "gpu")
 # what a verdict was run for: selection, re-measurement, held-out report, the strict gate (checked, never timed)
-KINDS = ("search", "confirm", "held_out", "strict")
+KINDS = ("search", "confirm", "held_out", "strict", "sweep")
 BROKEN = (Outcome.RUNTIME_FAULT, Outcome.TIMEOUT)
 
 TAIL_HINT = "guard loads and stores on dimensions that are not tile multiples"

@@ -117,12 +117,18 @@ def parse_shape_key(key: str, dims: tuple[str, ...]) -> Shape:
     return {d: got[d] for d in dims}
 
 
+ROLES = ("headline", "tail", "held_out", "sweep")     # a shape set row's roles (ShapeSet.roles)
+SEARCHED = ("headline", "tail")                      # the roles a search ranks on
+
+
 @dataclass(frozen=True)
 class ShapeSet:
     name: str
     problem: str
     shapes: tuple[Shape, ...]
-    roles: tuple[str, ...]          # headline | tail | held_out, one per shape
+    # headline | tail | held_out | sweep, one per shape; sweep: never searched, the run's finalists measured on it
+    # after the search (a portfolio region's run sweeps the portfolio's other rows)
+    roles: tuple[str, ...]
 
     def cpu_shapes(self, limit: int) -> list[Shape]:
         """Shapes small enough for the CPU interpreter (every dimension at most ``limit``)."""
@@ -519,8 +525,8 @@ def load_shape_set(problem: Problem, name: str) -> ShapeSet:
         if min(shape.values()) < 1:
             raise ShapeSetError(f"{path}:{i}: dimensions must be ≥ 1, got {shape_key(shape)}")
         role = (row.get("role") or "headline").strip()
-        if role not in ("headline", "tail", "held_out"):
-            raise ShapeSetError(f"{path}:{i}: role `{role}` must be headline, tail or held_out")
+        if role not in ROLES:
+            raise ShapeSetError(f"{path}:{i}: role `{role}` must be headline, tail, held_out or sweep")
         shapes.append(shape)
         roles.append(role)
     return ShapeSet(name, problem.name, tuple(shapes), tuple(roles))

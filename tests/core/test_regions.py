@@ -65,3 +65,29 @@ def test_the_default_count_and_the_limits():
         plan_regions(_set([], SMALL[:2]), DIMS)
     with pytest.raises(ValueError, match="per_region"):
         plan_regions(_set(SMALL), DIMS, per_region=0)
+
+
+def test_a_region_set_sweeps_the_rows_it_does_not_search_and_a_run_never_searches_them(tmp_path):
+    from cake_core.pipeline.plan import RunPlan, run_shapes
+    from cake_core.problems import get_problem
+
+    rs = plan_regions(_set(SMALL + LARGE), DIMS, count=2, per_region=2, seed=1)
+    r = rs[0]
+    others = [s for x in rs for s in x.members if shape_key(s) not in _keys(r.representatives)]
+    csv = tmp_path / "region.csv"
+    csv.write_text(r.csv(DIMS, tuple(others)))
+    assert csv.read_text().count(",sweep\n") == len(others) == len(SMALL + LARGE) - 2
+    shapes = run_shapes(get_problem("gemm_bf16"), RunPlan(run_id="x", problem="gemm_bf16", shape_set=str(csv)),
+                        timed=True)
+    assert _keys(shapes.search) == _keys(r.representatives) and _keys(shapes.sweep) == _keys(others)
+    assert shapes.held_out == [] and "sweep" in shapes.roles.values()
+
+
+def test_a_shape_set_with_an_unknown_role_is_refused_with_the_roles_it_may_use(tmp_path):
+    from cake_core.problems import get_problem, load_shape_set
+    from cake_core.problems.base import ShapeSetError
+
+    csv = tmp_path / "bad.csv"
+    csv.write_text("M,N,K,role\n16,16,16,swept\n")
+    with pytest.raises(ShapeSetError, match="must be headline, tail, held_out or sweep"):
+        load_shape_set(get_problem("gemm_bf16"), str(csv))

@@ -57,3 +57,20 @@ def test_run_again_the_completed_regions_are_kept(portfolio):
     again = portfolio_flow(**args)
     assert wh.query("select count(*) as n from attempts").to_pylist()[0]["n"] == before
     assert [r["best"] for r in again["regions"]] == [r["best"] for r in out["regions"]]
+
+
+def test_each_regions_finalists_are_swept_over_every_other_searched_row(portfolio):
+    args, out = portfolio
+    wh = Warehouse(args["warehouse_root"])
+    searched = {f"M={r.split(',')[0]},N={r.split(',')[1]},K={r.split(',')[2]}" for r in ROWS if r not in HELD}
+    for r in out["regions"]:
+        reps = {x["shape"] for x in wh.query(
+            "select s.shape from shapes s join runs_latest r on r.shape_set = s.shape_set where r.run_id = ? "
+            "and s.role = 'headline'", [r["run_id"]]).to_pylist()}
+        swept = {x["shape"] for x in wh.query(
+            "select distinct c.shape from checks c join attempts a using (attempt_id) where a.run_id = ? "
+            "and c.kind = 'sweep'", [r["run_id"]]).to_pylist()}
+        assert swept == searched - reps, (r["region"], swept)
+        assert r["best"] in {x["attempt_id"] for x in wh.query(
+            "select distinct c.attempt_id from checks c join attempts a using (attempt_id) where a.run_id = ? "
+            "and c.kind = 'sweep'", [r["run_id"]]).to_pylist()}

@@ -19,7 +19,7 @@ from cake_core.model.analytic import AnalyticModel
 from cake_core.outcome import Outcome, StageResult
 from cake_core.pipeline.attempt import attempt_id_for
 from cake_core.pipeline.plan import RunPlan
-from cake_core.pipeline.policy import CONFIRM_ROUNDS, CONFIRM_SEED, HELD_OUT_SEED
+from cake_core.pipeline.policy import CONFIRM_ROUNDS, CONFIRM_SEED, HELD_OUT_SEED, SWEEP_SEED
 from cake_core.pipeline.stages import Binary
 from cake_core.pipeline.verdicts import ShapeVerdict, Timing
 from cake_core.problems import get_problem, shape_key
@@ -292,3 +292,34 @@ def test_the_confirmation_stops_after_its_rounds_and_leaves_the_next_winner_to_a
     later = _ended(_job(root, 1))
     assert _jobs_at(later, CONFIRM_SEED) == sorted([shape_key(S1), shape_key(S2)])
     assert [p["confirm_ms"] for p in shape_best(str(root), "r")] == [pytest.approx(0.128), pytest.approx(0.064)]
+
+
+SWEPT = [{"M": 96, "N": 64, "K": 96}, {"M": 200, "N": 136, "K": 72}]
+
+
+def test_the_finalists_are_swept_over_the_sweep_rows_once(tmp_path):
+    """Each searched shape's winner and the run's best, once each, on every sweep row (a portfolio's other rows),
+    kind `sweep`, from their own input seed; a later job sweeps only a finalist not swept before."""
+    root = tmp_path / "warehouse"
+    a = _searched(root, 0, SEED_TEXT, {shape_key(S1): 1.0, shape_key(S2): 1.0})
+    first = _job(root, 0)
+    first.sweep = SWEPT
+    _ended(first)
+    swept = sorted(shape for seed, _, shape in first.gpu.ran if seed == RUN_SEED + SWEEP_SEED)
+    assert swept == sorted(shape_key(s) for s in SWEPT)
+    rows = Warehouse(root).query("select attempt_id, shape, median_ms from measurements where kind = 'sweep' "
+                                 "order by shape").to_pylist()
+    assert [(r["attempt_id"], r["shape"]) for r in rows] == [(a, shape_key(s)) for s in
+                                                            sorted(SWEPT, key=shape_key)]
+    b = _searched(root, 1, UNGUARDED, {shape_key(S1): 1.5, shape_key(S2): 0.5})
+    later = _job(root, 1)
+    later.sweep = SWEPT
+    _ended(later)
+    assert sorted(s for seed, _, s in later.gpu.ran if seed == RUN_SEED + SWEEP_SEED) == sorted(
+        shape_key(s) for s in SWEPT)                                        # B, the new finalist, alone
+    n = Counter(r["attempt_id"] for r in Warehouse(root).query(
+        "select attempt_id from measurements where kind = 'sweep'").to_pylist())
+    assert n == {a: 2, b: 2}
+    checks = Counter((r["attempt_id"], r["kind"]) for r in Warehouse(root).query(
+        "select attempt_id, kind from checks where kind = 'sweep' and correct").to_pylist())
+    assert checks == {(a, "sweep"): 2, (b, "sweep"): 2}
