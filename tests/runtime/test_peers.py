@@ -25,7 +25,7 @@ SMALL = {"gemm_bf16": {"M": 40, "N": 33, "K": 50}, "tinygemm": {"M": 9, "N": 70,
          "kmeans_assign": {"B": 3, "N": 77, "K": 20, "D": 9}, "kmeans_update": {"B": 3, "N": 200, "K": 13, "D": 7},
          "knn_topk": {"Q": 30, "N": 90, "D": 8, "k": 5}, "kda_decode": {"B": 2, "H": 3, "DK": 16, "DV": 12},
          "kda_prefill": {"B": 2, "T": 3, "H": 2, "DK": 16, "DV": 12}, "moe": {"M": 3, "H": 16, "I": 8, "E": 6, "k": 2},
-         "kda_varlen": {"N": 2, "T": 5, "H": 2, "DK": 16, "DV": 12}}
+         "kda_varlen": {"N": 2, "T": 5, "H": 2, "DK": 16, "DV": 12}, "mha": {"H": 2, "T": 9, "DH": 8}}
 
 
 def _outputs(p, want):

@@ -22,6 +22,7 @@ SHAPE = {"B": 2, "N": 40, "K": 12, "D": 16}
 # oracle changes the fingerprint; then bump Problem.version (cached references carry it in their key)
 # and record the new pair here
 FINGERPRINTS = {
+    "mha": (1, "b7b90ae8bdeddde6"),
     "gemm_bf16": (1, "5b89a3b32dc1b776"),
     "kda_prefill": (1, "ddcdfddb93cd31d7"),
     "kda_decode": (1, "17762bdc17d7992a"),
