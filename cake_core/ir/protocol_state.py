@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Iterator
@@ -141,11 +142,56 @@ class BarArray:
 
 
 @dataclass
+class Arrives:
+    """A role's arrives (and expect_tx arrivals) in order. An arrive releases every read its role completed before
+    it, whichever barrier it is on: a writer is ordered after a read once it has seen the phase of some later
+    arrive of the reader complete, and per barrier slot the first such arrive is the one to see (a later one
+    completes a later phase)."""
+
+    ops: list = field(default_factory=list)         # (arrive node, trip, ((barrier key, phase), ...)) of each
+    by_key: dict = field(default_factory=dict)      # barrier key -> [(index in ops, phase)] of the arrives on it
+
+    def add(self, node: Node, trip: str, phases: list[tuple[str, int]]) -> None:
+        i = len(self.ops)
+        self.ops.append((node, trip, tuple(phases)))
+        for key, phase in phases:
+            self.by_key.setdefault(key, []).append((i, phase))
+
+    def first_phase(self, since: int, key: str) -> int | None:
+        """The phase of ``key`` that the first arrive on it from the ``since``-th arrive on completes."""
+        on = self.by_key.get(key)
+        if not on or on[-1][0] < since:
+            return None
+        return on[bisect_left(on, (since, -1))][1]
+
+
+@dataclass
 class Read:
     role: str
     node: Node
     trip: str
-    releases: list = field(default_factory=list)   # (barrier key, phase, arrive node, trip) of each release
+    arrives: Arrives | None = None  # the reader's arrives once the read completed (None: a wgmma still in flight)
+    since: int = 0                  # how many there were then: the arrives from there on release it
+
+    def complete(self, arrives: Arrives) -> None:
+        """The read is done (issued, or its wgmma group waited for): the reader's arrives from now on release it."""
+        self.arrives, self.since = arrives, len(arrives.ops)
+
+    def released_for(self, seen: dict[str, int]) -> bool:
+        """Whether a writer that has seen ``seen`` completed phases of each barrier slot is ordered after the read."""
+        if self.arrives is None:
+            return False
+        for key, done in seen.items():
+            phase = self.arrives.first_phase(self.since, key)
+            if phase is not None and done > phase:
+                return True
+        return False
+
+    def first_release(self) -> tuple | None:
+        """(arrive node, trip, ((barrier key, phase), ...)) of the first arrive after the read completed."""
+        if self.arrives is None or self.since >= len(self.arrives.ops):
+            return None
+        return self.arrives.ops[self.since]
 
 
 @dataclass
@@ -170,7 +216,7 @@ class Role:
     fenced: dict[str, int] = field(default_factory=dict)       # seen as of the role's last fence_async
     inflight: list[list[Read]] = field(default_factory=list)   # wgmma groups not yet waited for
     inflight_acc: list[tuple[str, Node]] = field(default_factory=list)   # each such group's accumulator
-    done_reads: list[Read] = field(default_factory=list)       # completed, not yet released
+    arrives: Arrives = field(default_factory=Arrives)          # its arrives: each releases the reads before it
     blocked: Node | None = None
     loops: list[str] = field(default_factory=list)
     published: list[tuple[str, int]] = field(default_factory=list)   # smem written by the role's threads
