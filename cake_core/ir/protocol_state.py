@@ -117,12 +117,16 @@ class Bar:
     prev: tuple = ([], [])                          # expects and landed of the last completed phase
 
     def settle(self) -> None:
-        # arrivals >= 1 (the simulation refuses others), so each completion needs a new arrival
-        while self.pending <= 0 and self.tx == 0:
-            self.done += 1
-            self.pending += self.arrivals
-            self.prev = (self.expects, self.landed)
-            self.expects, self.landed = [], []
+        """Complete the phases the arrivals so far complete: one per ``arrivals`` of them once the bytes are in.
+        At once, not one phase a step: a role of many warpgroups (a mutated warp range) arriving on a barrier of
+        one arrival completes as many phases in one arrive."""
+        if self.pending > 0 or self.tx != 0:
+            return
+        k = -self.pending // self.arrivals + 1      # arrivals >= 1 (the simulation refuses others)
+        self.done += k
+        self.pending += k * self.arrivals
+        self.prev = (self.expects, self.landed) if k == 1 else ([], [])
+        self.expects, self.landed = [], []
 
 
 @dataclass

@@ -158,3 +158,27 @@ def test_an_accumulator_read_before_its_wgmma_is_waited_for():
     kws = corpus_file("kmeans_assign_ws.cake").read_text()
     early = kws.replace("            wgmma_wait(2)\n", "            wgmma_wait(3)\n")
     assert [d.line for d in check_text(early) if d.rule == "protocol.acc_in_flight"] == [42]   # the argmin
+
+
+def test_a_barrier_completes_the_phases_of_many_arrivals_at_once():
+    # one arrive of a role of a huge warp range on a barrier of one arrival: as many phases as arrivals beyond
+    # the pending one, in one step (completing them one by one would not finish)
+    from cake_core.ir.protocol_state import Bar
+    b = Bar(arrivals=1, pending=1)
+    b.pending -= 10 ** 12
+    b.settle()
+    assert (b.done, b.pending) == (10 ** 12, 1)
+    b = Bar(arrivals=2, pending=2, tx=64)
+    b.pending -= 2
+    b.settle()
+    assert b.done == 0                   # the bytes are not in yet
+    b.tx = 0
+    b.settle()
+    assert (b.done, b.pending) == (1, 2)
+
+
+def test_a_role_of_a_huge_warp_range_is_refused_without_simulating_each_warpgroup():
+    # fuzz seed 11, mutant 2785: a role moved to warps (0, 10**6) arrives 250,000 times at once
+    text = _plant('warps=(4, 12)', 'warps=(4, 4000000004)')
+    rules = {d.rule for d in check_text(text) if d.is_error}
+    assert "role.bounds" in rules
