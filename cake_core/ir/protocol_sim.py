@@ -37,7 +37,7 @@ from typing import Any, Iterator
 from cake_core.ir.expr import Bin, Expr, UnboundSymbol, evaluate, symbols
 from cake_core.ir.opdef import Alloc, BarrierUse, Completion, Proxy, Slot, SyncKind
 from cake_core.ir.ops import REGISTRY, Node, Op
-from cake_core.ir.protocol_state import (Bar, BarArray, Budget, Fill, Read, Role, Stop, Stuck, Undecided,
+from cake_core.ir.protocol_state import (Arrives, Bar, BarArray, Budget, Fill, Read, Role, Stop, Stuck, Undecided,
                                          barrier_operand, plan_of)
 from cake_core.ir.tree import loop_range
 from cake_core.outcome import Diagnostic, Severity
@@ -236,12 +236,9 @@ class Sim:
         if isinstance(s, str) and not self.is_smem(s):
             return
         key = self.slot(r, n, s, rank)
-        for rd in self.reads.get(key, []):
-            if rd.role == r.name:
-                continue
-            if rd.released_for(r.seen):
-                continue
-            if rank is not None and rank != r.rank:
+        peer = rank is not None and rank != r.rank
+        for rd in self.unreleased_reads(r, key):
+            if peer:
                 self.peer_reuse(r, n, key, rd, rank)
                 continue
             self.report("protocol.slot_reuse", n, (n.line, rd.node.line),
@@ -253,6 +250,29 @@ class Sim:
                         "waits on it before refilling the slot")
         self.reads[key] = []
         self.fills[key] = Fill(r.name, n, r.trip(), bar, phase)
+
+    def unreleased_reads(self, r: Role, key: tuple[str, int]) -> list[Read]:
+        """The reads of slot ``key`` by other roles that no release orders a write of ``r`` after, in the order they
+        were made. Being released is monotone in when a read completed (one completed earlier has every arrive of
+        a later one after it), so each reader's point is found by bisection over its reads' completion points: a
+        slot read on every trip costs a few judgements, not one a read."""
+        reads = [rd for rd in self.reads.get(key, []) if rd.role != r.name]
+        points: dict[int, tuple[Arrives, set[int]]] = {}
+        for rd in reads:
+            if rd.arrives is not None:
+                points.setdefault(id(rd.arrives), (rd.arrives, set()))[1].add(rd.since)
+        upto = {}       # reader's arrives -> the latest completion point that is released (-1: none)
+        for k, (arrives, sinces) in points.items():
+            xs = sorted(sinces)
+            lo, hi = 0, len(xs)
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if arrives.release(xs[mid], r.seen):
+                    lo = mid + 1
+                else:
+                    hi = mid
+            upto[k] = xs[lo - 1] if lo else -1
+        return [rd for rd in reads if rd.arrives is None or rd.since > upto[id(rd.arrives)]]
 
     def unreleased(self, rd: Read) -> str:
         """Why no release of ``rd`` orders a write after it (the writer has seen none of its phases)."""

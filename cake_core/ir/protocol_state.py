@@ -161,6 +161,22 @@ class Arrives:
         for key, phase in phases:
             self.by_key.setdefault(key, []).append((i, phase))
 
+    def release(self, since: int, seen: dict[str, int]) -> bool:
+        """Whether a writer that has seen ``seen`` completed phases of each barrier slot is ordered after the reads
+        completed before the ``since``-th arrive. Walks the shorter of the arrives from there and the barriers
+        seen (either may grow with a ring of many barriers; the other stays short)."""
+        if len(self.ops) - since > len(seen):
+            return any(done > phase for key, done in seen.items()
+                       for phase in [self.first_phase(since, key)] if phase is not None)
+        first: set[str] = set()
+        for _, _, phases in self.ops[since:]:
+            for key, phase in phases:
+                if key not in first:
+                    first.add(key)
+                    if seen.get(key, 0) > phase:
+                        return True
+        return False
+
     def first_phase(self, since: int, key: str) -> int | None:
         """The phase of ``key`` that the first arrive on it from the ``since``-th arrive on completes."""
         on = self.by_key.get(key)
@@ -180,16 +196,6 @@ class Read:
     def complete(self, arrives: Arrives) -> None:
         """The read is done (issued, or its wgmma group waited for): the reader's arrives from now on release it."""
         self.arrives, self.since = arrives, len(arrives.ops)
-
-    def released_for(self, seen: dict[str, int]) -> bool:
-        """Whether a writer that has seen ``seen`` completed phases of each barrier slot is ordered after the read."""
-        if self.arrives is None:
-            return False
-        for key, done in seen.items():
-            phase = self.arrives.first_phase(self.since, key)
-            if phase is not None and done > phase:
-                return True
-        return False
 
     def first_release(self) -> tuple | None:
         """(arrive node, trip, ((barrier key, phase), ...)) of the first arrive after the read completed."""
