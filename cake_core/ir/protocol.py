@@ -8,7 +8,9 @@ diagnostics. The configurations, and why they cover what runs:
   ring wraps at least once), then one past it (ragged: ``cdiv`` adds a partial last tile, and an inner
   loop's trip count is odd, so a ring phase that restarts with each outer trip instead of carrying a
   running count falls out of step), then at each value where an ``if`` comparing a dimension with a
-  constant turns (every branch is simulated).
+  constant turns (every branch is simulated), then each dimension alone at 1 (the first CTA only): every
+  loop over it makes one trip, so a ring an outer loop carries (an x tile per output tile) is refilled
+  after few trips of an inner ring whose waits would otherwise order the refill after the reads.
 - CTAs: the first cluster (or CTA), the second along each grid axis and the last along all of them. What
   a CTA does differs from another's only through its coordinates: in conditions on them (the first, the
   second -- the other parity -- and the last, ragged tile are where those turn) and in the tiles a
@@ -19,12 +21,13 @@ diagnostics. The configurations, and why they cover what runs:
   boundaries are followed.
 - Interleavings: the fair one (every unfinished role one op per turn), then each role greedy (it runs as
   far as its waits let it before any other moves: a producer that runs ahead of its consumers, or a
-  consumer that drains a ring at once). A race is judged by what a role has observed (the phases its
-  waits returned on), not by where the others happen to be, so it does not depend on the interleaving; a
-  deadlock does only through a wait that can pass on a phase of the wrong pass around a ring, which the
-  greedy schedules provoke. That depends on the order of the roles' ops, not on the tiles a CTA walks, so
-  the greedy schedules run on the first configuration (tile-multiple dimensions, where every ring wraps;
-  the first CTA) and the fair one on every configuration.
+  consumer that drains a ring at once), in a cluster in every CTA at once and then in one CTA alone (a
+  CTA's producer ahead of its peer's, whose multicast copies its barriers expect). A race is judged by
+  what a role has observed (the phases its waits returned on), not by where the others happen to be, so
+  it does not depend on the interleaving; a deadlock does only through a wait that can pass on a phase of
+  the wrong pass around a ring, which the greedy schedules provoke. That depends on the order of the roles'
+  ops, not on the tiles a CTA walks, so the greedy schedules run on the first configuration (tile-multiple
+  dimensions, where every ring wraps; the first CTA) and the fair one on every configuration.
 
 A deadlock is reported at its cause: each blocked wait is tried with the other parity; a wait whose
 flipped phase lets the configuration finish cleanly is the mistake (a producer's empty wait that does not
@@ -34,11 +37,14 @@ finding's witness names both sides: op, line, role and trip.
 Findings (rule ids, all errors): ``protocol.deadlock``, ``protocol.tx_mismatch``,
 ``protocol.read_before_ready``, ``protocol.slot_reuse``, ``protocol.cluster_read``, ``protocol.proxy_fence``,
 ``protocol.acc_in_flight``, ``protocol.slot_range`` (a ring slot or barrier index outside its slots at some
-trip), and ``protocol.undecided``: the checker could not finish (its step budget spent, or an op it cannot
-simulate, with the rule that says why). An undecided protocol is an error: no finding is not a clean bill.
+trip), ``protocol.multicast_reuse`` (a multicast copy overwrites a peer CTA's slot that the peer's readers
+have not released to the copying CTA), and ``protocol.undecided``: the checker could not finish (its step
+budget spent, or an op it cannot simulate, with the rule that says why). An undecided protocol is an error:
+no finding is not a clean bill.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Iterator
 
 from cake_core.ir.expr import Cmp, Sym, UnboundSymbol, evaluate, symbols, try_evaluate
@@ -53,7 +59,7 @@ MAX_STEPS = 100_000     # ops simulated at most over every configuration of one 
 PERSISTENT_TRIPS = 4    # tiles a persistent CTA walks at most in the simulated launch (num_sms is chosen so)
 RULE_IDS = ("protocol.deadlock", "protocol.tx_mismatch", "protocol.read_before_ready", "protocol.slot_reuse",
             "protocol.cluster_read", "protocol.proxy_fence", "protocol.undecided", "protocol.acc_in_flight",
-            "protocol.slot_range")
+            "protocol.slot_range", "protocol.multicast_reuse")
 _COUNTS = ("ncta.x", "ncta.y", "ncta.z")
 # what a simulation raises on an op it cannot evaluate although the other rules let it through
 _SIM_ERRORS = (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError, ArithmeticError, RecursionError)
@@ -107,10 +113,18 @@ def _run(ctx: Any, env0: dict[str, Any], origin: tuple[int, int, int], budget: B
             raise Undecided(f"the simulation cannot evaluate this op ({type(e).__name__}: {e}); the other rules "
                             "name what is malformed", sim.node) from None
         if sim.stuck:
-            return sim.diags + [_deadlock(ctx, sim, env0, origin, budget)]
+            return _launched(ctx, sim, env0, origin) + [_deadlock(ctx, sim, env0, origin, budget)]
         if sim.diags:
-            return sim.diags
+            return _launched(ctx, sim, env0, origin)
     return []
+
+
+def _launched(ctx: Any, sim: Sim, env0: dict[str, Any], origin: tuple[int, int, int]) -> list[Diagnostic]:
+    """``sim``'s findings, each with the launch and schedule it was found in as its last witness line: a race may
+    show in one configuration only (a dimension at one tile, a CTA running ahead of its peer)."""
+    how = f"{sim.schedule} greedy" if sim.schedule else "fair"
+    return [replace(d, witness=d.witness + (f"launch: {_launch(ctx, env0, origin)}; schedule {how}",))
+            for d in sim.diags]
 
 
 def _undecided(ctx: Any, u: Undecided, reason: str, hint: str) -> Diagnostic:
@@ -179,13 +193,30 @@ def _configurations(ctx: Any) -> Iterator[tuple[dict[str, Any], tuple[int, int, 
     dim = (max([s for s in stages if isinstance(s, int)] + [1]) + 2) * big
     values = list(dict.fromkeys([dim, dim + 1] + _dim_turns(ctx)))
     cluster = _cluster_dims(ctx)
-    for v in values:
-        env0 = {**{d: v for d in ctx.dims}, **consts}
+    envs = [{**{d: v for d in ctx.dims}, **consts} for v in values]
+    small = _one_tile(ctx, envs[0])
+    for env0 in envs + small:
         env0["num_sms"] = _num_sms(ctx, env0)
         grid = _grid(ctx, env0)
         env0.update(dict(zip(_COUNTS, grid)))
-        for origin in _origins(grid, cluster):
+        for origin in _origins(grid, cluster) if not any(env0 is e for e in small) else [(0, 0, 0)]:
             yield env0, origin
+
+
+def _one_tile(ctx: Any, env: dict[str, Any]) -> list[dict[str, Any]]:
+    """``env`` with one dimension at a time at 1 (every loop over it makes one trip), where the grid is still a
+    launch. A ring that an outer loop carries (an x tile per output tile, refilled every other tile) is often
+    ordered after its reads only by the waits of an inner ring over another dimension while that inner loop makes
+    more trips than its ring has slots; with the inner loop at one trip the ring's own empty barrier must do it."""
+    out = []
+    for d in sorted(ctx.dims):
+        e = {**env, d: 1}
+        try:
+            _grid(ctx, {**e, "num_sms": _num_sms(ctx, e)})
+        except Undecided:
+            continue
+        out.append(e)
+    return out
 
 
 def _grid(ctx: Any, env: dict[str, Any]) -> list[int]:
@@ -245,7 +276,12 @@ def _origins(grid: list[int], cluster: tuple[int, int, int]) -> list[tuple[int, 
 
 
 def _role_names(ctx: Any) -> list[str]:
-    return list(dict.fromkeys(n.args[0] for n in ctx.program.body if n.op is Op.ROLE))
+    """The greedy schedules: each role (of every CTA of the cluster at once), then in a cluster each role of one
+    CTA alone (``producer@1``: a CTA's producer running ahead of its peer's)."""
+    names = list(dict.fromkeys(n.args[0] for n in ctx.program.body if n.op is Op.ROLE))
+    cx, cy, cz = _cluster_dims(ctx)
+    size = cx * cy * cz
+    return names + ([f"{n}@{k}" for n in names for k in range(size)] if size > 1 else [])
 
 
 def _cluster_dims(ctx: Any) -> tuple[int, int, int]:

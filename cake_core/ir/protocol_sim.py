@@ -19,8 +19,10 @@ State tracked:
 - per role, ``seen[bar]``: completed phases of ``bar`` the role has observed through a wait that returned
   (``wait`` is try_wait.parity);
 - per smem slot, the last copy that filled it (its barrier and the phase the bytes land in) and the reads
-  since, each with the arrive that released it. wgmma reads stay in flight until the role's ``wgmma_wait``
-  retires them; an arrive releases only the role's completed reads.
+  since; per role, its arrives in order. An arrive releases every read its role completed before it, on
+  whichever barrier it is (a ring of x tiles is released by its own empty barrier and, as well, by the
+  arrives of the inner ring that follow the reads). wgmma reads stay in flight until the role's
+  ``wgmma_wait`` retires them; an arrive releases only the role's completed reads.
 
 Races are judged by what a role has *observed* (the phases its waits returned on), not by how far the others
 happen to be in the schedule: a read is ready when its reader has seen the phase its filling copy completes,
@@ -35,7 +37,7 @@ from typing import Any, Iterator
 from cake_core.ir.expr import Bin, Expr, UnboundSymbol, evaluate, symbols
 from cake_core.ir.opdef import Alloc, BarrierUse, Completion, Proxy, Slot, SyncKind
 from cake_core.ir.ops import REGISTRY, Node, Op
-from cake_core.ir.protocol_state import (Bar, BarArray, Budget, Fill, Read, Role, Stop, Stuck, Undecided,
+from cake_core.ir.protocol_state import (Arrives, Bar, BarArray, Budget, Fill, Read, Role, Stop, Stuck, Undecided,
                                          barrier_operand, plan_of)
 from cake_core.ir.tree import loop_range
 from cake_core.outcome import Diagnostic, Severity
@@ -225,33 +227,82 @@ class Sim:
                          "fence_async() since that phase was seen"],
                         "fence_async() after the wait on the full barrier, before the wgmma")
         self.reads.setdefault(key, []).append(rd)
-        (inflight if inflight is not None else r.done_reads).append(rd)
+        if inflight is not None:
+            inflight.append(rd)
+        else:
+            rd.complete(r.arrives)
 
     def write(self, r: Role, n: Node, s: Slot | str, bar: str | None, phase: int, rank: int | None = None) -> None:
         if isinstance(s, str) and not self.is_smem(s):
             return
         key = self.slot(r, n, s, rank)
-        for rd in self.reads.get(key, []):
-            if rd.role == r.name:
+        peer = rank is not None and rank != r.rank
+        for rd in self.unreleased_reads(r, key):
+            if peer:
+                self.peer_reuse(r, n, key, rd, rank)
                 continue
-            if any(r.seen.get(k, 0) > ph for k, ph, _, _ in rd.releases):
-                continue
-            rel = rd.releases[0] if rd.releases else None
-            if rel is None:
-                why = "it was never released (no arrive after the read completed" + \
-                      (": a wgmma is still in flight, wgmma_wait first)" if id(rd) in self.in_flight else ")")
-            else:
-                why = (f"it was released by arrive at line {rel[2].line} (trip {rel[3]}) on {rel[0]} phase "
-                       f"{rel[1]}, which the writer has not waited for")
             self.report("protocol.slot_reuse", n, (n.line, rd.node.line),
                         f"{n.op.value} overwrites smem slot {self.sname(key)} while an earlier read may still "
-                        f"use it: {why}",
+                        f"use it: {self.unreleased(rd)}",
                         [f"read: {rd.node.op.value} at line {rd.node.line} (role {rd.role}, trip {rd.trip})",
                          f"write: {n.op.value} at line {n.line} (role {r.name}, trip {r.trip()})"],
                         "the consumer arrives on the empty barrier after its reads complete, and the producer "
                         "waits on it before refilling the slot")
         self.reads[key] = []
         self.fills[key] = Fill(r.name, n, r.trip(), bar, phase)
+
+    def unreleased_reads(self, r: Role, key: tuple[str, int]) -> list[Read]:
+        """The reads of slot ``key`` by other roles that no release orders a write of ``r`` after, in the order they
+        were made. Being released is monotone in when a read completed (one completed earlier has every arrive of
+        a later one after it), so each reader's point is found by bisection over its reads' completion points: a
+        slot read on every trip costs a few judgements, not one a read."""
+        reads = [rd for rd in self.reads.get(key, []) if rd.role != r.name]
+        points: dict[int, tuple[Arrives, set[int]]] = {}
+        for rd in reads:
+            if rd.arrives is not None:
+                points.setdefault(id(rd.arrives), (rd.arrives, set()))[1].add(rd.since)
+        upto = {}       # reader's arrives -> the latest completion point that is released (-1: none)
+        for k, (arrives, sinces) in points.items():
+            xs = sorted(sinces)
+            lo, hi = 0, len(xs)
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if arrives.release(xs[mid], r.seen):
+                    lo = mid + 1
+                else:
+                    hi = mid
+            upto[k] = xs[lo - 1] if lo else -1
+        return [rd for rd in reads if rd.arrives is None or rd.since > upto[id(rd.arrives)]]
+
+    def unreleased(self, rd: Read) -> str:
+        """Why no release of ``rd`` orders a write after it (the writer has seen none of its phases)."""
+        rel = rd.first_release()
+        if rel is None:
+            return "it was never released (no arrive after the read completed" + \
+                   (": a wgmma is still in flight, wgmma_wait first)" if id(rd) in self.in_flight else ")")
+        return (f"it was released by arrive at line {rel[0].line} (trip {rel[1]}) on {rel[2][0][0]} phase "
+                f"{rel[2][0][1]}, which the writer has not waited for")
+
+    def peer_reuse(self, r: Role, n: Node, key: tuple[str, int], rd: Read, rank: int) -> None:
+        """A multicast copy of ``r``'s CTA overwrites slot ``key`` of the peer CTA ``rank`` while the peer's read
+        ``rd`` may still use it: the copying CTA's producer can only wait on its own barriers, so the peer's readers
+        must release the slot on one of them (an arrive whose mask holds the copying CTA)."""
+        slot = f"{key[0].split('@')[0]}[{key[1]}]"
+        rel = rd.first_release()
+        on_copier = rd.arrives is not None and any(k.rsplit("@", 1)[-1] == str(r.rank) for k in rd.arrives.by_key)
+        why = self.unreleased(rd) if rel is None or on_copier else (
+            f"the reader releases it on CTA {rank}'s barriers only ({rel[2][0][0]} at line {rel[0].line}), never "
+            f"on one of CTA {r.rank}, whose producer issues the copy")
+        self.report("protocol.multicast_reuse", n, (n.line, rd.node.line),
+                    f"multicast {n.op.value} of CTA {r.rank} overwrites smem slot {slot} of CTA {rank} while "
+                    f"{rd.role} may still read it (trip {rd.trip}): {why}",
+                    [f"write: {n.op.value} at line {n.line} (role {r.name}, CTA {r.rank}, trip {r.trip()}) into "
+                     f"{slot} of CTAs {self.targets(r, n)} (multicast={n.attr('multicast'):#x})",
+                     f"read: {rd.node.op.value} at line {rd.node.line} (role {rd.role}, CTA {rank}, trip {rd.trip}) "
+                     f"of {self.sname(key)}"],
+                    f"the readers of every CTA in the mask arrive on CTA {r.rank}'s empty barrier for this slot "
+                    f"(arrive(empty[...], multicast={n.attr('multicast'):#x}), counted in its arrivals) after their "
+                    f"reads complete, and CTA {r.rank}'s producer waits on it before the multicast copy")
 
     def publish(self, r: Role, key: str, phase: int) -> None:
         """Slots the role's threads wrote (sqnorm_rows) count as filled by this arrival's phase."""
@@ -262,10 +313,9 @@ class Sim:
         r.published = []
 
     def release(self, r: Role, phases: list[tuple[str, int]], n: Node) -> None:
-        """The role's completed reads are released through these (barrier key, phase) pairs."""
-        for rd in r.done_reads:
-            rd.releases += [(key, phase, n, r.trip()) for key, phase in phases]
-        r.done_reads = []
+        """An arrive of ``r`` on these (barrier key, phase) pairs: it releases every read the role completed before
+        it (``Arrives`` keeps them; a read is released by all the later arrives, not only the first)."""
+        r.arrives.add(n, r.trip(), phases)
 
     # ------------------------------------------------------------ execution
     def phase_of(self, n: Node) -> Expr:
@@ -350,7 +400,8 @@ class Sim:
             while len(r.inflight) > keep:
                 done = r.inflight.pop(0)
                 self.in_flight.difference_update(id(x) for x in done)
-                r.done_reads.extend(done)
+                for rd in done:
+                    rd.complete(r.arrives)
                 r.inflight_acc.pop(0)
         elif d.sync is SyncKind.CLUSTER:
             self.syncs[r.rank] = self.syncs.get(r.rank, 0) + 1
@@ -449,7 +500,7 @@ class Sim:
         self.roles = roles
         self.in_flight = {id(x) for r in roles for g in r.inflight for x in g}
         live = list(roles)
-        greedy = [r for r in live if r.base == self.schedule]
+        greedy = [r for r in live if self.schedule in (r.base, r.name)]
         while live:
             progressed = False
             for r in (greedy + [r for r in live if r not in greedy]) if greedy else list(live):

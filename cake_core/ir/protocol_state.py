@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Iterator
@@ -116,12 +117,16 @@ class Bar:
     prev: tuple = ([], [])                          # expects and landed of the last completed phase
 
     def settle(self) -> None:
-        # arrivals >= 1 (the simulation refuses others), so each completion needs a new arrival
-        while self.pending <= 0 and self.tx == 0:
-            self.done += 1
-            self.pending += self.arrivals
-            self.prev = (self.expects, self.landed)
-            self.expects, self.landed = [], []
+        """Complete the phases the arrivals so far complete: one per ``arrivals`` of them once the bytes are in.
+        At once, not one phase a step: a role of many warpgroups (a mutated warp range) arriving on a barrier of
+        one arrival completes as many phases in one arrive."""
+        if self.pending > 0 or self.tx != 0:
+            return
+        k = -self.pending // self.arrivals + 1      # arrivals >= 1 (the simulation refuses others)
+        self.done += k
+        self.pending += k * self.arrivals
+        self.prev = (self.expects, self.landed) if k == 1 else ([], [])
+        self.expects, self.landed = [], []
 
 
 @dataclass
@@ -141,11 +146,62 @@ class BarArray:
 
 
 @dataclass
+class Arrives:
+    """A role's arrives (and expect_tx arrivals) in order. An arrive releases every read its role completed before
+    it, whichever barrier it is on: a writer is ordered after a read once it has seen the phase of some later
+    arrive of the reader complete, and per barrier slot the first such arrive is the one to see (a later one
+    completes a later phase)."""
+
+    ops: list = field(default_factory=list)         # (arrive node, trip, ((barrier key, phase), ...)) of each
+    by_key: dict = field(default_factory=dict)      # barrier key -> [(index in ops, phase)] of the arrives on it
+
+    def add(self, node: Node, trip: str, phases: list[tuple[str, int]]) -> None:
+        i = len(self.ops)
+        self.ops.append((node, trip, tuple(phases)))
+        for key, phase in phases:
+            self.by_key.setdefault(key, []).append((i, phase))
+
+    def release(self, since: int, seen: dict[str, int]) -> bool:
+        """Whether a writer that has seen ``seen`` completed phases of each barrier slot is ordered after the reads
+        completed before the ``since``-th arrive. Walks the shorter of the arrives from there and the barriers
+        seen (either may grow with a ring of many barriers; the other stays short)."""
+        if len(self.ops) - since > len(seen):
+            return any(done > phase for key, done in seen.items()
+                       for phase in [self.first_phase(since, key)] if phase is not None)
+        first: set[str] = set()
+        for _, _, phases in self.ops[since:]:
+            for key, phase in phases:
+                if key not in first:
+                    first.add(key)
+                    if seen.get(key, 0) > phase:
+                        return True
+        return False
+
+    def first_phase(self, since: int, key: str) -> int | None:
+        """The phase of ``key`` that the first arrive on it from the ``since``-th arrive on completes."""
+        on = self.by_key.get(key)
+        if not on or on[-1][0] < since:
+            return None
+        return on[bisect_left(on, (since, -1))][1]
+
+
+@dataclass
 class Read:
     role: str
     node: Node
     trip: str
-    releases: list = field(default_factory=list)   # (barrier key, phase, arrive node, trip) of each release
+    arrives: Arrives | None = None  # the reader's arrives once the read completed (None: a wgmma still in flight)
+    since: int = 0                  # how many there were then: the arrives from there on release it
+
+    def complete(self, arrives: Arrives) -> None:
+        """The read is done (issued, or its wgmma group waited for): the reader's arrives from now on release it."""
+        self.arrives, self.since = arrives, len(arrives.ops)
+
+    def first_release(self) -> tuple | None:
+        """(arrive node, trip, ((barrier key, phase), ...)) of the first arrive after the read completed."""
+        if self.arrives is None or self.since >= len(self.arrives.ops):
+            return None
+        return self.arrives.ops[self.since]
 
 
 @dataclass
@@ -170,7 +226,7 @@ class Role:
     fenced: dict[str, int] = field(default_factory=dict)       # seen as of the role's last fence_async
     inflight: list[list[Read]] = field(default_factory=list)   # wgmma groups not yet waited for
     inflight_acc: list[tuple[str, Node]] = field(default_factory=list)   # each such group's accumulator
-    done_reads: list[Read] = field(default_factory=list)       # completed, not yet released
+    arrives: Arrives = field(default_factory=Arrives)          # its arrives: each releases the reads before it
     blocked: Node | None = None
     loops: list[str] = field(default_factory=list)
     published: list[tuple[str, int]] = field(default_factory=list)   # smem written by the role's threads

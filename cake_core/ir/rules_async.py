@@ -501,7 +501,9 @@ for _id, _summary, _guards in zip(RULE_IDS, (
         "a wgmma reads a slot filled by generic-proxy copies without a fence_async after its wait",
         "the protocol checker could not decide the kernel (its step budget spent, or an op it cannot simulate)",
         "an op reads or writes a wgmma accumulator before a wgmma_wait covers the wgmma that writes it",
-        "a ring slot or mbarrier index falls outside its slots at some trip of the simulated launches"), (
+        "a ring slot or mbarrier index falls outside its slots at some trip of the simulated launches",
+        "a multicast copy overwrites a peer CTA's ring slot before the peer's readers released it on a barrier of "
+        "the copying CTA"), (
         _uses(BarrierUse.WAIT),
         _uses(BarrierUse.EXPECT_TX) | _uses(BarrierUse.COMPLETE_TX),
         _READERS,
@@ -513,5 +515,6 @@ for _id, _summary, _guards in zip(RULE_IDS, (
                   if any(o.kind == "buf" and MemSpace.RMEM in o.space and any(e.reads or e.writes for e in o.effects)
                          for o in d.operands)
                   and d.completion is not Completion.MMA_GROUP),
-        frozenset(_SLOT_OPS))):
+        frozenset(_SLOT_OPS),
+        _MULTICAST)):
     _protocol_rule(_id, _summary, _guards)

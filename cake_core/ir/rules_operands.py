@@ -124,9 +124,10 @@ def _undefined(ctx: Ctx) -> Iterable[Diagnostic]:
 # ------------------------------------------------------------------ spaces
 
 @rule("types.space", "types", "an operand lives in a memory space the op cannot use",
-      guards=_MEMORY_OPS - OWN_SPACE_RULES)
+      guards=_MEMORY_OPS)
 def _space(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path, visible in scoped(ctx):
+        yield from _barriers_as_data(ctx, n, path, visible)
         if n.op in OWN_SPACE_RULES:
             continue
         for o, a in _memory_operands(n):
@@ -140,6 +141,20 @@ def _space(ctx: Ctx) -> Iterable[Diagnostic]:
                            hint=("name a kernel parameter" if o.space == (MemSpace.GMEM,) else
                                  f"allocate it with {o.space[0].value}(...)" if len(o.space) == 1 else
                                  "stage the data through the right memory space with load/store"))
+
+
+def _barriers_as_data(ctx: Ctx, n: Node, path: str, visible: dict[str, Node]) -> Iterator[Diagnostic]:
+    """A tile or tensor operand that names an mbarrier (every op, those with their own space rules too: an
+    mbarrier has no tile type, so their rules, which judge typed tiles, pass it by)."""
+    for o, a in _memory_operands(n):
+        name = buffer_name(a)
+        at = visible.get(name) if o.barrier is None else None
+        if at is not None and at.decl.allocates is Alloc.MBARRIER:
+            want = "/".join(s.value for s in o.space) or "memory"
+            yield ctx.diag("types.space", n, f"`{n.op.value}` operand `{o.name}` names the mbarrier `{name}` "
+                                             f"(line {at.line}): it must be a tile or tensor in {want}", path=path,
+                           hint="name the tile the op reads or writes; mbarriers are the bar= operands of "
+                                "wait, arrive, expect_tx and the copies")
 
 
 @rule("types.rmem_role", "types", "a register tile is used by one role only: its elements live in the registers "

@@ -59,6 +59,13 @@ def _mma_tiles(ctx: Ctx, n: Node):
     return acc, a, b
 
 
+def _smem_tiles(ctx: Ctx, n: Node):
+    """acc, a and b for the shape rules (wgmma.m, .n, .k): an a or b outside shared memory is None, since
+    wgmma.operands reports its space and its shape (a whole gmem tensor, a register tile) says nothing more."""
+    acc, a, b = _mma_tiles(ctx, n)
+    return (acc, *(t if t is not None and t.space is MemSpace.SMEM else None for t in (a, b)))
+
+
 def _b_kn(ctx: Ctx, n: Node, b) -> tuple[int | None, int | None]:
     """(K, N) of wgmma's b: (rows, columns) N-major, (columns, rows) with b_major="k"."""
     k, nn = ctx.static(b.shape[0]), ctx.static(b.shape[1])
@@ -80,7 +87,7 @@ def _wgmma_m(ctx: Ctx) -> Iterable[Diagnostic]:
         return                  # no wgmma on this target: async.atom_target says so
     m = ctx.target.wgmma.m
     for n, path in _mmas(ctx):
-        acc, a, _ = _mma_tiles(ctx, n)
+        acc, a, _ = _smem_tiles(ctx, n)
         if acc is None or a is None or acc.rank != 2 or a.rank != 2:
             continue
         rows, arows, wgs = ctx.static(acc.shape[0]), ctx.static(a.shape[0]), ctx.warpgroups_of(n)
@@ -96,7 +103,7 @@ def _wgmma_n(ctx: Ctx) -> Iterable[Diagnostic]:
     if w is None:
         return
     for n, path in _mmas(ctx):
-        acc, _, b = _mma_tiles(ctx, n)
+        acc, _, b = _smem_tiles(ctx, n)
         if acc is None or b is None or acc.rank != 2 or b.rank != 2:
             continue
         nn, bn = ctx.static(acc.shape[1]), _b_kn(ctx, n, b)[1]
@@ -117,7 +124,7 @@ def _wgmma_k(ctx: Ctx) -> Iterable[Diagnostic]:
     if w is None:
         return
     for n, path in _mmas(ctx):
-        _, a, b = _mma_tiles(ctx, n)
+        _, a, b = _smem_tiles(ctx, n)
         if a is None or b is None or a.rank != 2 or b.rank != 2:
             continue
         k, bk = ctx.static(a.shape[1]), _b_kn(ctx, n, b)[0]

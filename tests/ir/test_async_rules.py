@@ -68,6 +68,7 @@ def test_every_async_rule_has_a_planted_failure():
     spec.loader.exec_module(cp)
     mine = {r for r in RULES if RULES[r].check.__module__ in ASYNC_MODULES}
     elsewhere = {"protocol.cluster_read",      # test_topk_cluster.py
+                 "protocol.multicast_reuse",   # test_cluster.py
                  "protocol.undecided", "protocol.acc_in_flight", "protocol.slot_range"}        # test_protocol.py
     assert mine == set(PLANTED) | set(KMEANS_PLANTED) | set(cp.PLANTED) | elsewhere
     assert len(mine) >= 12
@@ -129,3 +130,16 @@ def test_a_wgmma_operand_outside_shared_memory_is_reported_as_its_space_at_the_o
     assert "wgmma's a `a_r` lives in rmem" in errors[0].message
     assert errors[0].line == next(i for i, ln in enumerate(regs.splitlines(), 1) if "wgmma(acc, a_r" in ln)
     assert not [d for d in check_text(text, "k.cake") if d.is_error], "the smem operands pass"
+
+
+def test_a_wgmma_b_in_global_memory_is_reported_as_its_space_at_the_operand():
+    # b named as the gmem tensor itself: one wgmma.operands at the wgmma, naming b and its space; the shape rules
+    # (wgmma.n, wgmma.k) leave an operand outside smem to it, and the protocol checker does not read it
+    text = _wgmma_kernel()
+    gmem = text.replace("wgmma(acc, a_s[i % S], b_s[i % S])", "wgmma(acc, a_s[i % S], b)", 1)
+    line = next(i for i, ln in enumerate(gmem.splitlines(), 1) if "wgmma(acc, a_s[i % S], b)" in ln)
+    diags = check_text(gmem, "k.cake")
+    at = [d for d in diags if d.line == line]
+    assert [d.rule for d in at] == ["wgmma.operands"], [(d.rule, d.message) for d in at]
+    assert "wgmma's b `b` lives in gmem" in at[0].message and at[0].path.endswith("wgmma")
+    assert not [d for d in diags if d.rule.startswith("protocol.")]

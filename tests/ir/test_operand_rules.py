@@ -46,6 +46,11 @@ PLANTED = [
     ("types.space", "gemm", "acc = rmem(f32, (BM, BN))", "acc = smem(f32, (BM, BN))", "mma(acc", ("must be in rmem",)),
     ("types.space", "gemm", "store(c[tile(bid.y, BM), tile(bid.x, BN)], acc)", "store(acc[tile(bid.y, BM), :], acc)",
      "store(acc", ("must be in gmem",)),
+    # an mbarrier named where a tile is read or written (an op with its own space rule, and one without)
+    ("types.space", "ws", WGMMA, WGMMA.replace("acc,", "empty,"), "            wgmma(empty",
+     ("names the mbarrier `empty`", "rmem")),
+    ("types.space", "ws", "store(c[tile(bid.y, BM), tile(bid.x, BN)], acc)",
+     "store(c[tile(bid.y, BM), tile(bid.x, BN)], full)", "        store(c[", ("names the mbarrier `full`",)),
     # a top-level register tile written by the consumers and stored by the producer
     ("types.rmem_role", "ws", ACC, "", "            store(c[", ("role `producer`", "role `consumer` holds")),
     ("types.index", "gemm", "tile(kt, BK)])\n        load(b_s", "tile(kt, 1.5)])\n        load(b_s",

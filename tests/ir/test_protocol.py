@@ -1,4 +1,5 @@
 """The protocol checker on the warp-specialized GEMM: planted deadlock, ring-slot race and tx mismatch, with witnesses."""
+import time
 from pathlib import Path
 
 from cake_core.ir.check import check_text
@@ -158,3 +159,44 @@ def test_an_accumulator_read_before_its_wgmma_is_waited_for():
     kws = corpus_file("kmeans_assign_ws.cake").read_text()
     early = kws.replace("            wgmma_wait(2)\n", "            wgmma_wait(3)\n")
     assert [d.line for d in check_text(early) if d.rule == "protocol.acc_in_flight"] == [42]   # the argmin
+
+
+def test_a_barrier_completes_the_phases_of_many_arrivals_at_once():
+    # one arrive of a role of a huge warp range on a barrier of one arrival: as many phases as arrivals beyond
+    # the pending one, in one step (completing them one by one would not finish)
+    from cake_core.ir.protocol_state import Bar
+    b = Bar(arrivals=1, pending=1)
+    b.pending -= 10 ** 12
+    b.settle()
+    assert (b.done, b.pending) == (10 ** 12, 1)
+    b = Bar(arrivals=2, pending=2, tx=64)
+    b.pending -= 2
+    b.settle()
+    assert b.done == 0                   # the bytes are not in yet
+    b.tx = 0
+    b.settle()
+    assert (b.done, b.pending) == (1, 2)
+
+
+def test_a_role_of_a_huge_warp_range_is_refused_without_simulating_each_warpgroup():
+    # fuzz seed 11, mutant 2785: a role moved to warps (0, 10**6) arrives 250,000 times at once
+    text = _plant('warps=(4, 12)', 'warps=(4, 4000000004)')
+    rules = {d.rule for d in check_text(text) if d.is_error}
+    assert "role.bounds" in rules
+
+
+def test_a_ring_of_a_million_barriers_is_undecided_within_seconds():
+    # the barriers indexed by the trip, not the ring slot: every wait passes a fresh barrier, so the producer's
+    # barriers seen grow with the trips. Judging a refill must not walk all of them (32 s of CPU did, on the
+    # 2-core box): the reader's few arrives since its read are walked instead, and the budget ends the check
+    text = (SEED.replace("full = mbarrier(S)", "full = mbarrier(1000000)")
+            .replace("empty = mbarrier(S, arrivals=2)", "empty = mbarrier(1000000, arrivals=2)")
+            .replace("wait(empty[kt % S], phase=(kt // S + 1) % 2)", "wait(empty[kt], phase=1)")
+            .replace("wait(full[kt % S], phase=kt // S % 2)", "wait(full[kt], phase=0)")
+            .replace("full[kt % S]", "full[kt]").replace("arrive(empty[kt % S])", "arrive(empty[kt])")
+            .replace("range(cdiv(K, BK))", "range(cdiv(K, BK) * 1000)"))
+    assert "kt % S]" in text and "full[kt % S]" not in text and "empty[kt % S]" not in text
+    t0 = time.process_time()
+    rules = [d.rule for d in _protocol(text)]
+    assert time.process_time() - t0 < 10
+    assert rules == ["protocol.undecided"]
