@@ -5,13 +5,13 @@ that carries state, whose extent is not a grid extent, that stores one window on
 is read after it, or beside an atomic add that would run once per CTA."""
 from __future__ import annotations
 
-import importlib.util
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import sibling
 from cake_core.agents.rewrite import Refused
 from cake_core.agents.tactics import apply
 from cake_core.ir import interp
@@ -23,9 +23,7 @@ from cake_core.outcome import Outcome
 from cake_core.problems import get_problem
 from cake_core.runtime.cpu import check_on_cpu
 
-_spec = importlib.util.spec_from_file_location("scalar_ir", Path(__file__).parents[1] / "ir" / "test_scalar.py")
-_ir = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_ir)
+_ir = sibling.load(Path(__file__).parents[1] / "ir" / "test_scalar.py")
 
 MOE = get_problem("moe")
 MOE_SHAPES = [{"M": 3, "H": 72, "I": 40, "E": 12, "k": 3}, {"M": 4, "H": 200, "I": 136, "E": 8, "k": 2}]

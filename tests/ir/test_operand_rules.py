@@ -4,11 +4,11 @@ counts, the cluster against the grid, the fence before a tma_store), with the sl
 async.slot_index: every planted defect fails with its rule at the statement at fault, and its twin passes."""
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
+import sibling
 from cake_core.ir.check import check_text
 from cake_core.ir.verify import RULES
 from cake_core.problems import corpus_file
@@ -26,9 +26,7 @@ def twice(x: gmem[f32, (M, N)], y: gmem[f32, (M, N)]):
     sync()
     tma_store(y[tile(bid.y, 64), tile(bid.x, 64)], y_s)
 """
-_spec = importlib.util.spec_from_file_location("gather_ir", Path(__file__).parent / "test_gather.py")
-_gather = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_gather)
+_gather = sibling.load(Path(__file__).parent / "test_gather.py")
 BASES = {"ws": WS, "gemm": GEMM, "mc": MC, "store": STORE, "pick": _gather.PICK}
 WGMMA = "wgmma(acc, a_s[kt % S], b_s[kt % S])"
 LOAD_B = "            tma_load(b_s[kt % S], b[tile(kt, BK), tile(bid.x, BN)], bar=full[kt % S])\n"

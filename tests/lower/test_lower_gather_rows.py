@@ -2,19 +2,17 @@
 GEMM over gathered rows; refused inside a warp role."""
 from __future__ import annotations
 
-import importlib.util
 import shutil
 from pathlib import Path
 
 import pytest
 
+import sibling
 from cake_core.ir.text import parse_program
 from cake_core.lower import compile_kernel, lower
 from cake_core.outcome import Outcome
 
-_spec = importlib.util.spec_from_file_location("gather_ir", Path(__file__).parents[1] / "ir" / "test_gather.py")
-_ir = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_ir)
+_ir = sibling.load(Path(__file__).parents[1] / "ir" / "test_gather.py")
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 
 

@@ -5,20 +5,18 @@
 """
 from __future__ import annotations
 
-import importlib.util
 import shutil
 from pathlib import Path
 
 import pytest
 
+import sibling
 from cake_core.ir.text import parse_program
 from cake_core.lower import compile_kernel, lower
 from cake_core.outcome import Outcome
 from cake_core.problems import get_problem
 
-_spec = importlib.util.spec_from_file_location("tile_order_ir", Path(__file__).parents[1] / "ir" / "test_tile_order.py")
-_ir = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_ir)
+_ir = sibling.load(Path(__file__).parents[1] / "ir" / "test_tile_order.py")
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 
 

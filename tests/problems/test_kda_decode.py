@@ -13,6 +13,8 @@ from cake_core.outcome import Outcome
 from cake_core.pipeline.stages import check_stage
 from cake_core.problems import get_problem
 
+from seed_build import compiled_seed, lowered_seed
+
 P = get_problem("kda_decode")
 SEED = P.seed_text()
 
@@ -91,13 +93,7 @@ def test_a_planted_mistake_is_wrong_where_it_shows(case, wrong_in):
 
 
 def test_the_seed_lowers_and_compiles_for_sm_90a(tmp_path):
-    from cake_core.lower import compile as compile_mod
-    from cake_core.lower import compile_kernel, lower
-    lr = lower(parse_program(SEED, "kda_decode.cake"), "kda_decode.cake")
-    assert lr.ok, [d.format("kda_decode.cake") for d in lr.diagnostics]
-    assert "float* __restrict__ s" in lr.value.source and "const float* __restrict__ s" not in lr.value.source
-    if compile_mod.nvcc_path() is None:
-        pytest.skip("nvcc not installed")
-    cr = compile_kernel(lr.value, arch="sm_90a", cache_dir=tmp_path)
-    assert cr.ok, [d.message for d in cr.diagnostics]
-    assert cr.value.resources.spill_bytes == 0
+    source = lowered_seed(P).source
+    assert "float* __restrict__ s" in source and "const float* __restrict__ s" not in source
+    compiled = compiled_seed(P, tmp_path)
+    assert compiled.resources.spill_bytes == 0

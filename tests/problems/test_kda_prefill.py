@@ -12,6 +12,8 @@ from cake_core.outcome import Outcome
 from cake_core.pipeline.stages import check_stage
 from cake_core.problems import get_problem
 
+from seed_build import compiled_seed
+
 P = get_problem("kda_prefill")
 DECODE = get_problem("kda_decode")
 SEED = P.seed_text()
@@ -74,11 +76,4 @@ def test_a_planted_mistake_is_wrong(case):
 
 
 def test_the_seed_lowers_and_compiles_for_sm_90a(tmp_path):
-    from cake_core.lower import compile as compile_mod
-    from cake_core.lower import compile_kernel, lower
-    lr = lower(parse_program(SEED, "kda_prefill.cake"), "kda_prefill.cake")
-    assert lr.ok, [d.format("kda_prefill.cake") for d in lr.diagnostics]
-    if compile_mod.nvcc_path() is None:
-        pytest.skip("nvcc not installed")
-    cr = compile_kernel(lr.value, arch="sm_90a", cache_dir=tmp_path)
-    assert cr.ok, [d.message for d in cr.diagnostics]
+    compiled_seed(P, tmp_path)

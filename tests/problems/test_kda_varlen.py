@@ -15,6 +15,8 @@ from cake_core.problems import get_problem
 from cake_core.problems.base import as_sampler
 from cake_core.problems.kda_varlen import seqlens_offsets
 
+from seed_build import compiled_seed, lowered_seed
+
 P = get_problem("kda_varlen")
 FIXED = get_problem("kda_prefill")
 SEED = P.seed_text()
@@ -91,15 +93,9 @@ def test_more_sequences_than_tokens_is_not_a_shape():
 
 
 def test_the_seed_lowers_and_compiles_for_sm_90a(tmp_path):
-    from cake_core.lower import compile as compile_mod
-    from cake_core.lower import compile_kernel, lower
-    lr = lower(parse_program(SEED, "kda_varlen.cake"), "kda_varlen.cake")
-    assert lr.ok, [d.format("kda_varlen.cake") for d in lr.diagnostics]
-    assert "for (int t = 0; t < (eos - bos); ++t) {" in lr.value.source
-    if compile_mod.nvcc_path() is None:
-        pytest.skip("nvcc not installed")
-    cr = compile_kernel(lr.value, arch="sm_90a", cache_dir=tmp_path)
-    assert cr.ok, [d.message for d in cr.diagnostics]
+    source = lowered_seed(P).source
+    assert "for (int t = 0; t < (eos - bos); ++t) {" in source
+    compiled_seed(P, tmp_path)
 
 
 def test_a_row_is_a_head_and_its_oracle_agrees_with_the_full_one():

@@ -13,6 +13,8 @@ from cake_core.outcome import Outcome
 from cake_core.pipeline.stages import check_stage
 from cake_core.problems import get_problem
 
+from seed_build import compiled_seed
+
 P = get_problem("mha")
 SEED = P.seed_text()
 
@@ -79,12 +81,5 @@ def test_a_loop_cut_to_one_key_tile_is_outside_the_derived_domain():
 
 
 def test_the_seed_lowers_and_compiles_for_sm_90a(tmp_path):
-    from cake_core.lower import compile as compile_mod
-    from cake_core.lower import compile_kernel, lower
-    lr = lower(parse_program(SEED, "mha.cake"), "mha.cake")
-    assert lr.ok, [d.format("mha.cake") for d in lr.diagnostics]
-    if compile_mod.nvcc_path() is None:
-        pytest.skip("nvcc not installed")
-    cr = compile_kernel(lr.value, arch="sm_90a", cache_dir=tmp_path)
-    assert cr.ok, [d.message for d in cr.diagnostics]
-    assert cr.value.resources.spill_bytes == 0
+    compiled = compiled_seed(P, tmp_path)
+    assert compiled.resources.spill_bytes == 0

@@ -14,6 +14,8 @@ from cake_core.pipeline.stages import check_stage
 from cake_core.problems import get_problem
 from cake_core.problems.moe import COLD, HOT, SPREAD, experts, route, routed_experts
 
+from seed_build import compiled_seed, lowered_seed
+
 P = get_problem("moe")
 SEED = P.seed_text()
 
@@ -159,13 +161,7 @@ def test_an_expert_id_past_the_declared_range_faults_at_the_scalar():
 
 
 def test_the_seed_lowers_and_compiles_for_sm_90a(tmp_path):
-    from cake_core.lower import compile as compile_mod
-    from cake_core.lower import compile_kernel, lower
-    lr = lower(parse_program(SEED, "moe.cake"), "moe.cake")
-    assert lr.ok, [d.format("moe.cake") for d in lr.diagnostics]
-    assert "const int e = cake::read_index(topk_ids + " in lr.value.source
-    if compile_mod.nvcc_path() is None:
-        pytest.skip("nvcc not installed")
-    cr = compile_kernel(lr.value, arch="sm_90a", cache_dir=tmp_path)
-    assert cr.ok, [d.message for d in cr.diagnostics]
-    assert cr.value.resources.spill_bytes == 0
+    source = lowered_seed(P).source
+    assert "const int e = cake::read_index(topk_ids + " in source
+    compiled = compiled_seed(P, tmp_path)
+    assert compiled.resources.spill_bytes == 0

@@ -6,11 +6,12 @@ random inputs.
 """
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+import sibling
 
 from cake_core.ir import interp
 from cake_core.ir.text import parse_program
@@ -18,16 +19,9 @@ from cake_core.ir.text import parse_program
 pytestmark = pytest.mark.gpu
 
 
-def _load(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 _here = Path(__file__).parent
-_gpu = _load(_here / "test_role_compute_gpu.py", "role_compute_gpu")
-_ir = _load(_here.parent / "ir" / "test_gather.py", "gather_ir")
+_gpu = sibling.load(_here / "test_role_compute_gpu.py")
+_ir = sibling.load(_here.parent / "ir" / "test_gather.py")
 
 
 def test_picked_rows_match_the_interpreter(tmp_path):

@@ -5,25 +5,19 @@ the interpreter element for element on random inputs; a value outside the declar
 """
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import sibling
+
 pytestmark = pytest.mark.gpu
 
 
-def _load(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 _here = Path(__file__).parent
-_gpu = _load(_here / "test_role_compute_gpu.py", "role_compute_gpu")
-_ir = _load(_here.parent / "ir" / "test_scalar.py", "scalar_ir")
+_gpu = sibling.load(_here / "test_role_compute_gpu.py")
+_ir = sibling.load(_here.parent / "ir" / "test_scalar.py")
 
 
 def test_a_gathered_row_matches_the_interpreter(tmp_path):
