@@ -28,8 +28,12 @@ harness_app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
 # What a person reviewing proposals needs on one screen; the JSON evidence is one `cake sql` away.
 PROPOSALS_QUERY = ("select proposal_id, kind, status, title, created_at from proposals_latest "
                    "order by created_at, proposal_id")
-VERSIONS_QUERY = ("select version, parent, proposal_id, created_at from harness_versions "
-                  "order by version")
+# each version with what its change did since (warehouse view harness_effects): a rule's stopped candidates and
+# the GPU-seconds saved, the attempts and winners that used a primitive or a macro, the attempts a refit ranked
+VERSIONS_QUERY = ("select v.version, v.parent, coalesce(e.kind, 'built-in') as change, e.name, e.stopped, "
+                  "round(e.gpu_s_saved, 1) as gpu_s_saved, e.used, e.winners, e.ranked, v.proposal_id, "
+                  "v.created_at from harness_versions v left join harness_effects e using (version) "
+                  "order by v.version")
 
 
 @harness_app.command("proposals")
@@ -124,6 +128,9 @@ def harness_review(
 @harness_app.command("versions")
 @cli_errors
 def harness_versions() -> None:
-    """List harness versions, newest last (each also exported as <home>/harness/harness-vN.json)."""
+    """List harness versions, newest last, each with what its change did since over every run of the home: the
+    candidates a rule stopped before the compiler and the GPU-seconds that saved (estimated from what its
+    failure cluster cost before), the attempts and run winners that used a primitive or a macro, the attempts
+    a calibration ranked (each version is also exported as <home>/harness/harness-vN.json)."""
     print_result(console, _warehouse(_settings()).query(VERSIONS_QUERY),
                   empty="no harness versions yet")

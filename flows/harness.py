@@ -22,7 +22,7 @@ from prefect import flow, get_run_logger
 from prefect.flow_runs import pause_flow_run
 from prefect.runtime import flow_run
 
-from tasks.artifacts import decision_artifact, proposal_artifact, shown
+from tasks.artifacts import decision_artifact, harness_record_artifact, proposal_artifact, shown
 from tasks.harness import (AlreadyDecided, CakeError, Decision, apply_decision, decide_proposal, mine_proposals,
                            record_proposal)
 
@@ -49,6 +49,7 @@ def harness_review_flow(warehouse_root: str = ".cake/warehouse", min_support: in
     if policy not in POLICIES:
         raise CakeError(f"unknown approval policy `{policy}`; use one of {', '.join(POLICIES)}")
     log = get_run_logger()
+    shown(log, "the harness's record", harness_record_artifact(warehouse_root, return_state=True))
     mined = mine_proposals(warehouse_root, min_support, gpu_cache_dir)
     for s in mined["skipped"]:
         log.info(f"not proposed ({s.get('signature', '?')}): {s['why']}")

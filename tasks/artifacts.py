@@ -220,6 +220,27 @@ def proposal_artifact(warehouse_root: str, proposal_id: str) -> str:
     return md
 
 
+@task(name="harness-record-artifact", **_TASK)
+def harness_record_artifact(warehouse_root: str) -> str | None:
+    """Publish what each approved harness change did since its version (``harness_effects``); None when there
+    is no approved change yet."""
+    from warehouse import Warehouse
+
+    rows = Warehouse(warehouse_root).query("select * from harness_effects order by version").to_pylist()
+    if not rows:
+        return None
+    fmt = lambda v, f="{}": "–" if v is None else f.format(v)     # noqa: E731
+    md = "\n".join(["# The harness's record", "",
+                    "What each approved change did from its version on, over every run of this warehouse.", "",
+                    md_table(["version", "kind", "name", "stopped", "GPU-s saved (est.)", "used", "winners",
+                              "ranked", "title"],
+                             [[f"v{r['version']}", r["kind"], fmt(r["name"]), fmt(r["stopped"]),
+                               fmt(r["gpu_s_saved"], "{:.1f}"), fmt(r["used"]), fmt(r["winners"]), fmt(r["ranked"]),
+                               r["title"]] for r in rows])])
+    create_markdown_artifact(md, key="harness-record", description="what each approved harness change did")
+    return md
+
+
 @task(name="decision-artifact", task_run_name="decision {proposal_id}", **_TASK)
 def decision_artifact(proposal_id: str, title: str, decision: str, reason: str, decided_by: str,
                       new_version: int | None) -> None:
