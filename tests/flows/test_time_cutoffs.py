@@ -104,7 +104,7 @@ def test_confirm_held_out_and_baseline_jobs_never_carry_a_cutoff(kind):
 
 
 def test_the_final_stage_passes_no_cutoff_to_any_of_its_jobs():
-    # confirm, held-out and baselines go through on_gpu; the peers through GpuSession.peer, which has none
+    # confirm, held-out, sweep and baselines go through on_gpu; the peers through GpuSession.peer, which has none
     import inspect
 
     import tasks.final
@@ -112,7 +112,7 @@ def test_the_final_stage_passes_no_cutoff_to_any_of_its_jobs():
     tree = ast.parse(Path(tasks.final.__file__).read_text())
     calls = [c for c in ast.walk(tree) if isinstance(c, ast.Call) and getattr(c.func, "id", None) == "on_gpu"]
     assert {next(k.value.value for k in c.keywords if k.arg == "kind") for c in calls} == {"confirm", "held_out",
-                                                                                         "baseline"}
+                                                                                         "sweep", "baseline"}
     assert all(k.arg != "cutoffs" for c in calls for k in c.keywords)
     assert "cutoff_ms" not in inspect.signature(GpuSession.peer).parameters
 
