@@ -23,12 +23,12 @@ _R, _W, _RW = Effect.READ, Effect.WRITE, Effect.READWRITE
 # ----------------------------------------------------------------- semantics
 
 def read_scalar(cta: CTA, n: Any) -> None:
-    """``scalar(name, t[i, j], max=HI)``: bind ``name`` to the integer at that element of gmem tensor ``t``. A
-    value outside [0, HI] (or an index outside the tensor) is a fault at the op's line: the GPU code clamps into
-    the declared range so that a window offset never leaves its tensor, and a kernel whose declared range does
-    not hold for its inputs is wrong there."""
+    """``scalar(name, t[i, j], max=HI)``: bind ``name`` to the integer at that element of ``t`` (a gmem tensor or an
+    smem tile). A value outside [0, HI] (or an index outside the tensor) is a fault at the op's line: the GPU code
+    clamps into the declared range so that a window offset never leaves its tensor, and a kernel whose declared
+    range does not hold for its inputs is wrong there."""
     var, v, hi = n.arg("var"), n.arg("src"), cta.ev(n.arg("max"))
-    arr = cta.gmem[v.buf]
+    arr = cta.gmem[v.buf] if v.buf in cta.gmem else cta.tiles[v.buf]
     index = tuple(cta.ev(i.index) for i in v.index)
     if not all(0 <= i < size for i, size in zip(index, arr.shape)):
         raise interp_cta.InterpFault(n, f"scalar `{var}`: index {index} is outside `{v.buf}` {tuple(arr.shape)}")
@@ -215,18 +215,19 @@ DECLS: tuple[OpDef, ...] = (
           preconditions=("tm and tn are new names (the let rules: not a const, dim, parameter, buffer, loop "
                          "variable or binding in scope)",
                          "0 <= t < tiles_m * tiles_n", "group is a positive compile-time constant")),
-    OpDef(Op.SCALAR, Family.STRUCTURE, (value("var", "name", binds=Scope.BLOCK), view("src", _R),
-                                        value("max", keyword=True)),
-          read_scalar, CostClass.BIND, bind=scalar_bound,
-          summary="Bind a name to an integer read from memory: one element of an integer gmem tensor (an "
-                  "expert id, a token count, a sequence offset), in the declared range [0, max]. The name is a "
-                  "binding (like `name = expr`) usable in loop bounds, `if` conditions and window offsets: a "
+    OpDef(Op.SCALAR, Family.STRUCTURE, (value("var", "name", binds=Scope.BLOCK),
+                                        view("src", _R, (MemSpace.GMEM, MemSpace.SMEM)), value("max", keyword=True)),
+          read_scalar, CostClass.BIND, bind=scalar_bound, ordering=Ordering.BARRIER,
+          summary="Bind a name to an integer read from memory: one element of an integer gmem tensor or smem "
+                  "tile (an expert id, a token count, a sequence offset), in the declared range [0, max]. The name "
+                  "is a binding (like `name = expr`) usable in loop bounds, `if` conditions and window offsets: a "
                   "data-dependent bound. Every thread reads the same element, so it is uniform across the CTA; "
                   "a value the kernel wrote itself is read after a sync(). On the GPU the value is clamped into "
                   "[0, max] (a window it offsets stays inside its tensor); the interpreter faults on a value "
                   "outside it. Readers without memory (the protocol checker, the cost model) take it at max.",
           example="scalar(e, topk_ids[bid.x, j], max=E - 1)",
-          preconditions=("src is one element (every index a single index) of an i32 or i64 gmem tensor",
+          preconditions=("src is one element (every index a single index) of an i32 or i64 gmem tensor or of a "
+                         "single-stage unswizzled smem tile",
                          "max is an expression of consts and problem dimensions",
                          "var is a new name (the let rules)")),
 )

@@ -163,7 +163,8 @@ def _placement(ctx: Ctx) -> Iterable[Diagnostic]:
                            hint="bind it before the first role (every role sees it) or inside the roles that use it")
 
 
-@rule("scalar.source", "let", "a scalar reads one element of an integer gmem tensor", guards=(Op.SCALAR,))
+@rule("scalar.source", "let", "a scalar reads one element of an integer gmem tensor or plain smem tile",
+      guards=(Op.SCALAR,))
 def _scalar_source(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path, _ in ctx.nodes:
         if n.op is not Op.SCALAR:
@@ -172,10 +173,18 @@ def _scalar_source(ctx: Ctx) -> Iterable[Diagnostic]:
         t = ctx.buffers.get(v.buf)
         if t is None:
             continue     # types.undefined names it
-        if t.space is not MemSpace.GMEM:
+        alloc = ctx.defined_at.get(v.buf)
+        swizzled = alloc is not None and "swizzle" in alloc.decl.attrs and alloc.attr("swizzle")
+        if t.space not in (MemSpace.GMEM, MemSpace.SMEM):
             yield ctx.diag("scalar.source", n, f"scalar `{var}` reads `{v.buf}`, a {t.space.value} tile; it reads "
-                                               "a gmem tensor", path=path,
-                           hint="store the value to an i32 output (or a scratch tensor) and sync() first")
+                                               "a gmem tensor or an smem tile", path=path,
+                           hint="copy the value to an smem tile and sync() first (an rmem tile is spread over "
+                                "the threads)")
+        elif t.space is MemSpace.SMEM and (t.stages != 1 or swizzled):
+            yield ctx.diag("scalar.source", n, f"scalar `{var}` reads `{v.buf}`, a "
+                                               f"{'ring' if t.stages != 1 else 'swizzled'} smem tile; it reads a "
+                                               "single-stage unswizzled one", path=path,
+                           hint="copy the value to a plain smem tile (e.g. smem(i32, (1, K))) and sync() first")
         elif t.dtype not in (DType.I32, DType.I64):
             yield ctx.diag("scalar.source", n, f"scalar `{var}` reads `{v.buf}` of {t.dtype.value}; it reads i32 or "
                                                "i64 (an index, a count, an offset)", path=path,

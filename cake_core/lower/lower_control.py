@@ -9,6 +9,8 @@
 """
 from __future__ import annotations
 
+import math
+
 from cake_core.ir.ops import At, Node, Op, loop_range
 from cake_core.ir.types import DType, MemSpace
 from cake_core.lower.context import Ctx, Line, Lowering, LowerError, window
@@ -81,12 +83,21 @@ def lower_scalar(n: Node, ctx: Ctx) -> list[Line]:
     if not all(isinstance(i, At) for i in v.index):
         raise LowerError("lower.shape_mismatch", f"scalar `{var}` reads a window of `{v.buf}`, not one element",
                          "index every dimension with a single index")
-    g = ctx.buf(v.buf, (MemSpace.GMEM,), "scalar's source")
+    g = ctx.buf(v.buf, (MemSpace.GMEM, MemSpace.SMEM), "scalar's source")
     if g.type.dtype not in (DType.I32, DType.I64):
         raise LowerError("lower.unsupported_operand", f"scalar `{var}` reads `{v.buf}` of {g.type.dtype.value}; "
                                                       "it reads i32 or i64 tensors")
-    w = window(v, (1, 1), ctx, "scalar's source")
     c = ctx.check_expr(hi, f"scalar `{var}`'s max")
+    if g.type.space is MemSpace.SMEM:        # a row-major tile of static shape: the element's flat offset
+        idx = [f"({ctx.check_expr(i.index, f'scalar `{var}`s index')})" for i in v.index]
+        if len(idx) != len(g.shape):
+            raise LowerError("lower.shape_mismatch", f"scalar `{var}` indexes `{v.buf}` with {len(idx)} indices; "
+                                                     f"it has rank {len(g.shape)}")
+        flat = " + ".join(f"{i} * {math.prod(g.shape[d + 1:])}" for d, i in enumerate(idx))
+        inside = " && ".join(f"{i} >= 0 && {i} < {n}" for i, n in zip(idx, g.shape))
+        ctx.bound.append(var)
+        return [f"const int {var} = cake::read_index({v.buf} + ({flat}), {inside}, {c});"]
+    w = window(v, (1, 1), ctx, "scalar's source")
     ctx.bound.append(var)
     return [f"const int {var} = cake::read_index({w.base}, {w.rows_in} > 0, {c});"]
 

@@ -48,6 +48,22 @@ def ragged_sum(cnt: gmem[i32, (S,)], x: gmem[f32, (S, R, C)], out: gmem[f32, (S,
 """
 
 
+# the index read from an smem tile the CTA loaded (and synchronised): y[m] = x[ids[m, 1]]
+SMEM = """@kernel(target="sm_90a", grid=(M,), threads=64, consts={"BC": 32})
+def gather_rows_smem(ids: gmem[i32, (M, 2)], x: gmem[f32, (N, C)], y: gmem[f32, (M, C)]):
+    ix = smem(i32, (1, 2))
+    r = smem(f32, (1, BC))
+    load(ix, ids[tile(bid.x, 1), tile(0, 2)])
+    sync()
+    scalar(e, ix[0, 1], max=N - 1)
+    for c in range(cdiv(C, BC)):
+        load(r, x[tile(e, 1), tile(c, BC)])
+        sync()
+        store(y[tile(bid.x, 1), tile(c, BC)], r)
+        sync()
+"""
+
+
 def _rules(text: str) -> list[str]:
     return [d.rule for d in check_text(text) if d.severity.name == "ERROR"]
 
@@ -138,8 +154,25 @@ def test_misuse_is_refused_for_its_reason(edit, rule, words):
     assert diags[0].line == next(i for i, ln in enumerate(text.splitlines(), 1) if "scalar(" in ln)
 
 
-def test_an_smem_source_is_refused_with_the_way_out():
-    text = GATHER.replace("    scalar(e, ids[bid.x], max=N - 1)\n",
-                          "    ix = smem(i32, (4,))\n    scalar(e, ix[0], max=N - 1)\n")
-    diags = [d for d in check_text(text) if d.rule.startswith("scalar.") or d.rule.startswith("types.")]
-    assert diags and diags[0].rule in ("scalar.source", "types.space"), [d.message for d in diags]
+def test_an_smem_source_is_read_after_a_sync_and_a_missing_sync_is_a_race():
+    assert _rules(SMEM) == []
+    rng = np.random.default_rng(7)
+    M, N, C = 4, 9, 40
+    ids = rng.integers(0, N, (M, 2)).astype(np.int32)
+    x = rng.normal(size=(N, C)).astype(np.float32)
+    got = _run(SMEM, {"M": M, "N": N, "C": C}, {"ids": ids, "x": x}, {"y": np.full((M, C), np.nan, np.float32)})
+    np.testing.assert_array_equal(got["y"], x[ids[:, 1]])
+    racy = SMEM.replace("    sync()\n    scalar(", "    scalar(", 1)
+    assert "races.smem" in _rules(racy)
+
+
+@pytest.mark.parametrize("alloc, words", [
+    ("ix = smem(i32, (1, 2), stages=2)", "a ring smem tile"),
+    ("ix = rmem(i32, (64, 2))", "a rmem tile"),
+])
+def test_an_smem_source_that_is_not_a_plain_tile_is_refused_with_the_way_out(alloc, words):
+    text = SMEM.replace("ix = smem(i32, (1, 2))", alloc)
+    if "rmem" in alloc:
+        text = text.replace("load(ix, ids[tile(bid.x, 1), tile(0, 2)])", "fill(ix)")
+    d = [d for d in check_text(text) if d.rule == "scalar.source"]
+    assert d and words in d[0].message, [x.rule + ": " + x.message for x in check_text(text)]

@@ -39,8 +39,14 @@ def test_a_name_already_in_scope_is_refused():
     assert r.outcome is Outcome.COMPILE_FAILED and r.diagnostics[0].rule == "lower.shadowed_name"
 
 
+def test_an_smem_source_is_read_at_its_flat_offset_and_checked_inside_the_tile():
+    src = lower(parse_program(_ir.SMEM)).value.source
+    assert "const int e = cake::read_index(ix + ((0) * 2 + (1) * 1), (0) >= 0 && (0) < 1 && (1) >= 0 && (1) < 2, " \
+           "(N - 1));" in src
+
+
 @needs_nvcc
-@pytest.mark.parametrize("name", ["GATHER", "RAGGED"])
+@pytest.mark.parametrize("name", ["GATHER", "RAGGED", "SMEM"])
 def test_it_compiles_for_sm_90a(tmp_path, name):
     lk = lower(parse_program(getattr(_ir, name)))
     cr = compile_kernel(lk.value, arch="sm_90a", cache_dir=tmp_path)

@@ -27,6 +27,13 @@ def test_a_gathered_row_matches_the_interpreter(tmp_path):
     _gpu._agree(_ir.GATHER, {"M": M, "N": N, "C": C}, inputs, tmp_path)
 
 
+def test_an_index_read_from_shared_memory_matches_the_interpreter(tmp_path):
+    rng = np.random.default_rng(6)
+    M, N, C = 21, 40, 100
+    inputs = {"ids": rng.integers(0, N, (M, 2)).astype(np.int32), "x": rng.normal(size=(N, C)).astype(np.float32)}
+    _gpu._agree(_ir.SMEM, {"M": M, "N": N, "C": C}, inputs, tmp_path)
+
+
 def test_a_loop_bounded_by_counts_read_from_memory_matches_the_interpreter(tmp_path):
     rng = np.random.default_rng(4)
     S, R, C = 9, 11, 32
