@@ -162,6 +162,6 @@ def test_an_expert_id_past_the_declared_range_faults_at_the_scalar():
 
 def test_the_seed_lowers_and_compiles_for_sm_90a(tmp_path):
     source = lowered_seed(P).source
-    assert "const int e = cake::read_index(topk_ids + " in source
+    assert "const int e = cake::read_index(top_i + " in source
     compiled = compiled_seed(P, tmp_path)
     assert compiled.resources.spill_bytes == 0

@@ -51,7 +51,7 @@ def moe(x: gmem[bf16, (M, H)], logits: gmem[f32, (M, E)], w_gate: gmem[bf16, (E,
     store(topk_weights[tile(bid.x, 1), tile(0, KT)], top_v)
     sync()
     for j in range(k):
-        scalar(e, topk_ids[bid.x, j], max=E - 1)
+        scalar(e, top_i[0, j], max=E - 1)
         load(wj, topk_weights[tile(bid.x, 1), tile(j, 1)])
         for it in range(cdiv(I, BI)):
             fill(acc_g)
