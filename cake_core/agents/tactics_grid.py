@@ -164,7 +164,7 @@ def grid_loop(p: Program, rng: np.random.Generator, bounds=None) -> Program:
         @kernel(grid=(M,), ...)
             ... routing ...
             for j in range(k):
-                scalar(e, topk_ids[bid.x, j], max=E - 1)
+                scalar(e, top_i[0, j], max=E - 1)
                 ...
                 atomic_add(out[tile(bid.x, 1), tile(nt, BN)], acc_o)
 
@@ -172,10 +172,11 @@ def grid_loop(p: Program, rng: np.random.Generator, bounds=None) -> Program:
 
         @kernel(grid=(M, k), ...)
             ... routing ...
-            scalar(e, topk_ids[bid.x, bid.y], max=E - 1)
+            scalar(e, top_i[0, bid.y], max=E - 1)
             ...
 
-    Precondition: the loop's trips are independent. A trip is independent when it writes gmem only with atomic adds or into windows that name the loop
+    Precondition: the loop's trips are independent. A trip is independent when it writes gmem only with atomic
+    adds or into windows that name the loop
     variable, reads every tile the loop writes only after writing it in the same trip (nothing carried from
     trip to trip), and leaves no tile read after the loop; what runs outside the loop runs in every CTA, so it
     may store (the same values) but not add into gmem. The loop's extent must be a grid extent (consts and
