@@ -176,10 +176,9 @@ def grid_loop(p: Program, rng: np.random.Generator, bounds=None) -> Program:
             ...
 
     Precondition: the loop's trips are independent. A trip is independent when it writes gmem only with atomic
-    adds or into windows that name the loop
-    variable, reads every tile the loop writes only after writing it in the same trip (nothing carried from
-    trip to trip), and leaves no tile read after the loop; what runs outside the loop runs in every CTA, so it
-    may store (the same values) but not add into gmem. The loop's extent must be a grid extent (consts and
+    adds or into windows that name the loop variable, reads every tile the loop writes only after writing it in
+    the same trip (nothing carried from trip to trip), and leaves no tile read after the loop; what runs outside
+    the loop runs in every CTA, so it may store (the same values) but not add into gmem. The loop's extent must be a grid extent (consts and
     dimensions); kernels with warp roles or clusters are left to ``split_k`` and the cluster tactics.
     """
     refuse_unless(not any(n.op in (Op.ROLE, Op.CLUSTER) for n in p.body), "warp roles or a cluster: split_k and "
