@@ -46,6 +46,8 @@ CHAINS = [
     ("knn_topk", "ws_tma_res_pp_cluster3_bn256", {"BQ": 128}, RES + ["pingpong", "cluster_split"], {"BN": 256, "S": 4, "SPLIT": 3}, {"D": 128}),
     ("tinygemm", "ws_tma_cluster", {}, WS + ["pipeline_wgmma", "cluster_split"], {"BN": 128, "S": 4, "SPLIT": 2}, {}),
     ("tinygemm", "ws_tma_splitk", {}, WS + ["split_k", "pipeline_wgmma"], {"BN": 128, "S": 6, "SPLIT": 8}, {}),
+
+    ("moe", "grid_experts_tiles", {}, ["grid_loop", "grid_loop"], {}, {}),
 ]
 
 
