@@ -41,7 +41,7 @@ def read_scalar(cta: CTA, n: Any) -> None:
 
 def scalar_bound(n: Any, ev: Callable[[Any], int]) -> dict[str, int]:
     """What a reader without memory binds for a ``scalar``: its declared maximum (the most trips of a loop it
-    bounds, the furthest window it offsets)."""
+    bounds, the furthest window it offsets); the protocol checker runs one configuration at 0 besides."""
     return {n.arg("var"): ev(n.arg("max"))}
 
 
@@ -224,7 +224,8 @@ DECLS: tuple[OpDef, ...] = (
                   "data-dependent bound. Every thread reads the same element, so it is uniform across the CTA; "
                   "a value the kernel wrote itself is read after a sync(). On the GPU the value is clamped into "
                   "[0, max] (a window it offsets stays inside its tensor); the interpreter faults on a value "
-                  "outside it. Readers without memory (the protocol checker, the cost model) take it at max.",
+                  "outside it. Readers without memory take it at max (the cost model) or at max and at 0 (the "
+                  "protocol checker).",
           example="scalar(e, topk_ids[bid.x, j], max=E - 1)",
           preconditions=("src is one element (every index a single index) of an i32 or i64 gmem tensor or of a "
                          "single-stage unswizzled smem tile",

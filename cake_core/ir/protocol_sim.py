@@ -43,6 +43,8 @@ from cake_core.ir.tree import loop_range
 from cake_core.outcome import Diagnostic, Severity
 
 
+SCALAR_AT_ZERO = "scalar@0"   # a configuration's key: every `scalar` binds 0, not its declared maximum
+
 class Sim:
     """One launch configuration: ``env0`` (dims, consts, grid counts), the cluster's first CTA ``origin``, the
     cluster shape, a schedule (None: fair; a role name: that role greedy) and phase overrides (id of a wait
@@ -342,6 +344,9 @@ class Sim:
             if op is Op.IF:
                 if self.ev(r, n.args[0], cond=True):
                     yield from self.steps_of(r, n.body)
+                continue
+            if n.op is Op.SCALAR and self.env0.get(SCALAR_AT_ZERO):    # a value read from memory: here its least
+                r.env[n.arg("var")] = 0
                 continue
             if n.decl.bind is not None:     # a binding: no memory effect, so not a turn of its own (bindings
                 try:                        # leave the interleaving as it was)

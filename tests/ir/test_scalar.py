@@ -14,6 +14,7 @@ from cake_core.ir.printer import print_program
 from cake_core.ir.program import walk
 from cake_core.ir.text import parse_program
 from cake_core.model.features import extract
+from cake_core.problems import corpus_file
 
 # row gather: y[m] = x[ids[m]], each CTA's source row an offset read from memory
 GATHER = """@kernel(target="sm_90a", grid=(M,), threads=64, consts={"BC": 32})
@@ -176,3 +177,37 @@ def test_an_smem_source_that_is_not_a_plain_tile_is_refused_with_the_way_out(all
         text = text.replace("load(ix, ids[tile(bid.x, 1), tile(0, 2)])", "fill(ix)")
     d = [d for d in check_text(text) if d.rule == "scalar.source"]
     assert d and words in d[0].message, [x.rule + ": " + x.message for x in check_text(text)]
+
+
+WS = corpus_file("gemm_bf16_ws.cake").read_text()
+
+
+def _ws_with_producer_trips(trips: str) -> str:
+    """The warp-specialized GEMM whose producer's loop runs ``trips`` times, read with scalar from a count
+    tensor, while its consumer's runs cdiv(K, BK) times."""
+    text = WS.replace("c: gmem[f32, (M, N)]):", "c: gmem[f32, (M, N)], cnt: gmem[i32, (1,)]):")
+    text = text.replace('    with role("producer", warps=(0, 4), regs=40):\n        for kt in range(cdiv(K, BK)):',
+                        '    with role("producer", warps=(0, 4), regs=40):\n'
+                        f'        scalar(n, cnt[0], max={trips})\n        for kt in range(n):')
+    assert text.count("scalar(n,") == 1
+    return text
+
+
+def test_the_protocol_checker_also_runs_a_scalar_at_zero():
+    # at its maximum the producer fills every tile the consumer waits for: no finding there
+    ok = _ws_with_producer_trips("cdiv(K, BK)")
+    # the same bound, read as 0: the consumer waits for a tile no producer fills
+    diags = [d for d in check_text(ok) if d.rule.startswith("protocol.")]
+    assert diags and diags[0].rule == "protocol.deadlock", [d.rule + ": " + d.message for d in check_text(ok)]
+    assert any("every scalar read as 0" in w for w in diags[0].witness), diags[0].witness
+
+
+def test_a_role_that_guards_its_scalar_bounded_loop_passes_at_zero():
+    # the consumer's loop bounded by the same count: at 0 neither role moves, at the maximum both walk K
+    text = _ws_with_producer_trips("cdiv(K, BK)").replace(
+        '    with role("consumer", warps=(4, 12), regs=232):\n        acc = rmem(f32, (BM, BN))\n'
+        '        for kt in range(cdiv(K, BK)):',
+        '    with role("consumer", warps=(4, 12), regs=232):\n        acc = rmem(f32, (BM, BN))\n'
+        '        scalar(m, cnt[0], max=cdiv(K, BK))\n        for kt in range(m):')
+    assert text.count("scalar(") == 2
+    assert [d.rule for d in check_text(text) if d.rule.startswith("protocol.")] == []
