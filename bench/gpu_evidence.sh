@@ -10,16 +10,7 @@
 #    MoE naive seed against torch's grouped GEMM (bench/corpus_vs_peers).
 # Each part has its own time limit, so a slow part leaves the others their share. Writes under $OUT.
 set -uo pipefail
-OUT=${OUT:-$PWD/out}
-mkdir -p "$OUT"
-rows=()
-part() {   # part NAME LIMIT_S COMMAND...: run, keep the log, note the exit status and the time
-    local name=$1 limit=$2; shift 2
-    local t0=$SECONDS
-    timeout -k 20 "$limit" "$@" > "$OUT/$name.log" 2>&1
-    local rc=$?
-    rows+=("$(printf '%-14s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - t0))" "$(tail -1 "$OUT/$name.log" | cut -c1-90)")")
-}
+source "$(dirname "$0")/gpu_parts.sh"
 part gpu-tests 180 env GPU_TESTS="tests/problems/test_state_tensors.py tests/export tests/runtime/test_role_compute_gpu.py tests/runtime/test_scalar_gpu.py tests/runtime/test_gather_rows_gpu.py" \
     bash bench/gpu.sh tests -rf
 part rmsnorm 120 env CAKE_TIMEOUT=100 bash bench/gpu.sh cake --problem-path examples/problems evolve rmsnorm \
@@ -32,6 +23,4 @@ part kda-varlen 60 env OUT="$OUT/kda_varlen" bash bench/gpu.sh corpus --problems
     --shapes "N=6,T=8192,H=64,DK=128,DV=128" --reps 3
 part moe 80 env OUT="$OUT/moe" bash bench/gpu.sh corpus --problems moe \
     --shapes "M=1,H=2048,I=128,E=512,k=10;M=16,H=2048,I=128,E=512,k=10;M=64,H=2048,I=768,E=128,k=8" --reps 5
-echo
-echo "== gpu evidence ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1))"
-for r in "${rows[@]}"; do echo "$r"; done
+table "gpu evidence"

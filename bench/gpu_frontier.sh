@@ -11,16 +11,7 @@
 # 3. the mha naive seed against torch's scaled_dot_product_attention at two prefill shapes.
 # Each part has its own time limit, so a slow part leaves the others their share. Writes under $OUT.
 set -uo pipefail
-OUT=${OUT:-$PWD/out}
-mkdir -p "$OUT"
-rows=()
-part() {   # part NAME LIMIT_S COMMAND...: run, keep the log, note the exit status and the time
-    local name=$1 limit=$2; shift 2
-    local t0=$SECONDS
-    timeout -k 20 "$limit" "$@" > "$OUT/$name.log" 2>&1
-    local rc=$?
-    rows+=("$(printf '%-14s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - t0))" "$(tail -1 "$OUT/$name.log" | cut -c1-90)")")
-}
+source "$(dirname "$0")/gpu_parts.sh"
 python3 - "$OUT/moe_grid.cake" <<'PY'
 import sys
 import numpy as np
@@ -38,6 +29,4 @@ part moe 220 env OUT="$OUT/moe" bash bench/gpu.sh corpus --problems moe --progra
     --shapes "M=1,H=2048,I=128,E=512,k=10;M=16,H=2048,I=128,E=512,k=10;M=64,H=2048,I=768,E=128,k=8" --reps 10
 part mha 150 env OUT="$OUT/mha" bash bench/gpu.sh corpus --problems mha \
     --shapes "H=32,T=1024,DH=128;H=8,T=8192,DH=128" --reps 5
-echo
-echo "== gpu frontier ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1))"
-for r in "${rows[@]}"; do echo "$r"; done
+table "gpu frontier"
