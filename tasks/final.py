@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Any
+from typing import Any, Callable
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -56,10 +56,8 @@ def _confirm(run: Run, picks: list[dict[str, Any]]) -> tuple[int, list[dict[str,
     """Each of ``picks`` (``shape_best`` rows) re-measured on fresh inputs: every verdict lands as a ``checks`` row
     of kind ``confirm``, the correct timed ones as measurements too. Returns the verdicts landed and the failed
     ones (attempt id, shape, message)."""
-    rows = {r["attempt_id"]: r for r in Warehouse(run.warehouse_root).query(
-        "select attempt_id, generation, slot, ir_text from attempts where run_id = ?", [run.plan.run_id]).to_pylist()}
-    ids = list(dict.fromkeys(p["attempt_id"] for p in picks if p["attempt_id"] in rows))
-    kernels = build(run, [_kernel(run, rows[i]) for i in ids], run.search_shapes)
+    rows = _attempt_rows(run, list(dict.fromkeys(p["attempt_id"] for p in picks)))
+    kernels = build(run, [_kernel(run, r) for r in rows.values()], run.search_shapes)
     index = {a.attempt_id: i for i, a in enumerate(kernels)}
     keys = [shape_key(s) for s in run.search_shapes]
     pairs = {(index[p["attempt_id"]], keys.index(p["shape"])) for p in picks
@@ -79,53 +77,55 @@ def _confirm(run: Run, picks: list[dict[str, Any]]) -> tuple[int, list[dict[str,
     return n, failed
 
 
-def _held_out(run: Run, best: dict[str, Any]) -> int:
-    kernel = _kernel(run, best)
-    seed = run.plan.seed + HELD_OUT_SEED
+def _apart(run: Run, kernels: list[Attempt], shapes: list, seed: int, kind: str,
+           on_gpu_as: Callable[[list[Attempt]], dict[int, list[ShapeVerdict]]]) -> int:
+    """Each of ``kernels`` on every one of ``shapes``, measured (a timed run: ``on_gpu_as(built)``, the jobs of
+    this kind) or checked, stored apart under ``kind`` (held_out, sweep); a kernel that does not verify (or
+    build) for them is recorded as such on each: that is the report. Returns the verdicts landed."""
     if run.timed:
-        built = build(run, [kernel], run.held_out)
-        verdicts = on_gpu(run, built, run.held_out, seed, drop_failed=False, kind="held_out")[0] if built else []
-    else:
-        verdicts = _check(run, kernel, run.held_out, seed)
-    if not verdicts:     # it does not verify (or build) for these shapes: that is the report
-        why = _why_not(kernel)
-        verdicts = [ShapeVerdict(shape_key(s), "gpu" if run.timed else "interpreter", kernel.outcome, message=why)
-                    for s in run.held_out]
-    verdicts = as_kind(verdicts, "held_out")
-    run.recorder.rows("measurements", measurement_rows(kernel.attempt_id, run.plan.run_id, verdicts))
-    run.recorder.rows("checks", [check_row(kernel.attempt_id, v) for v in verdicts])
-    return len(verdicts)
-
-
-def _sweep(run: Run, done: set[str]) -> int:
-    """The run's finalists not swept before, each on every sweep row: measured (timed run) or checked, kind
-    ``sweep``; a finalist that does not build or verify for the rows is recorded as such on each."""
-    best = run_best(run.warehouse_root, run.plan.run_id)
-    ids = list(dict.fromkeys([p["attempt_id"] for p in shape_best(run.warehouse_root, run.plan.run_id)]
-                             + ([best["attempt_id"]] if best else [])))
-    ids = [i for i in ids if i not in done]
-    if not ids:
-        return 0
-    marks = ", ".join("?" * len(ids))
-    rows = {r["attempt_id"]: r for r in Warehouse(run.warehouse_root).query(
-        f"select attempt_id, generation, slot, ir_text from attempts where attempt_id in ({marks})", ids).to_pylist()}
-    kernels = [_kernel(run, rows[i]) for i in ids if i in rows]
-    seed = run.plan.seed + SWEEP_SEED
-    if run.timed:
-        built = build(run, kernels, run.sweep)
-        answers = on_gpu(run, built, run.sweep, seed, drop_failed=False, kind="sweep") if built else {}
+        built = build(run, kernels, shapes)
+        answers = on_gpu_as(built) if built else {}
         got = {a.attempt_id: answers.get(i, []) for i, a in enumerate(built)}
     else:
-        got = {k.attempt_id: _check(run, k, run.sweep, seed) for k in kernels}
+        got = {k.attempt_id: _check(run, k, shapes, seed) for k in kernels}
     n = 0
     for k in kernels:
-        verdicts = got.get(k.attempt_id) or [ShapeVerdict(shape_key(s), "gpu" if run.timed else "interpreter",
-                                                          k.outcome, message=_why_not(k)) for s in run.sweep]
-        verdicts = as_kind(verdicts, "sweep")
+        verdicts = as_kind(got.get(k.attempt_id) or [
+            ShapeVerdict(shape_key(s), "gpu" if run.timed else "interpreter", k.outcome, message=_why_not(k))
+            for s in shapes], kind)
         run.recorder.rows("measurements", measurement_rows(k.attempt_id, run.plan.run_id, verdicts))
         run.recorder.rows("checks", [check_row(k.attempt_id, v) for v in verdicts])
         n += len(verdicts)
     return n
+
+
+def _held_out(run: Run, best: dict[str, Any]) -> int:
+    seed = run.plan.seed + HELD_OUT_SEED
+    return _apart(run, [_kernel(run, best)], run.held_out, seed, "held_out",
+                  lambda built: on_gpu(run, built, run.held_out, seed, drop_failed=False, kind="held_out"))
+
+
+def _sweep(run: Run, done: set[str]) -> int:
+    """The run's finalists (each searched shape's winner and the run's best) not swept before, each on every sweep
+    row, kind ``sweep``."""
+    best = run_best(run.warehouse_root, run.plan.run_id)
+    ids = list(dict.fromkeys([p["attempt_id"] for p in shape_best(run.warehouse_root, run.plan.run_id)]
+                             + ([best["attempt_id"]] if best else [])))
+    rows = _attempt_rows(run, [i for i in ids if i not in done])
+    seed = run.plan.seed + SWEEP_SEED
+    return _apart(run, [_kernel(run, r) for r in rows.values()], run.sweep, seed, "sweep",
+                  lambda built: on_gpu(run, built, run.sweep, seed, drop_failed=False, kind="sweep"))
+
+
+def _attempt_rows(run: Run, ids: list[str]) -> dict[str, dict[str, Any]]:
+    """The run's attempts ``ids`` (what ``_kernel`` rebuilds them from), by id, in the order given."""
+    if not ids:
+        return {}
+    marks = ", ".join("?" * len(ids))
+    got = {r["attempt_id"]: r for r in Warehouse(run.warehouse_root).query(
+        f"select attempt_id, generation, slot, ir_text from attempts where run_id = ? and attempt_id in ({marks})",
+        [run.plan.run_id, *ids]).to_pylist()}
+    return {i: got[i] for i in ids if i in got}
 
 
 def _check(run: Run, kernel: Attempt, shapes: list, seed: int) -> list:

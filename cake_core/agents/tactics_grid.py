@@ -15,7 +15,7 @@ import numpy as np
 from cake_core.agents.rewrite import (buf_args, fresh, map_exprs, node_syms, refuse_unless, stmt, subst_expr,
                                       subst_node, subst_view, view_syms, walk_nodes, with_args)
 from cake_core.ir.expr import Bin, Call, Expr, Sym, fmt_expr, symbols
-from cake_core.ir.opdef import Effect
+from cake_core.ir.opdef import Effect, buffer_name
 from cake_core.ir.ops import REGISTRY, Node, Op, loop_range
 from cake_core.ir.program import Program
 from cake_core.ir.printer import fmt_view
@@ -178,8 +178,9 @@ def grid_loop(p: Program, rng: np.random.Generator, bounds=None) -> Program:
     Precondition: the loop's trips are independent. A trip is independent when it writes gmem only with atomic
     adds or into windows that name the loop variable, reads every tile the loop writes only after writing it in
     the same trip (nothing carried from trip to trip), and leaves no tile read after the loop; what runs outside
-    the loop runs in every CTA, so it may store (the same values) but not add into gmem. The loop's extent must be a grid extent (consts and
-    dimensions); kernels with warp roles or clusters are left to ``split_k`` and the cluster tactics.
+    the loop runs in every CTA, so it may store (the same values) but not add into gmem. The loop's extent must
+    be a grid extent (consts and dimensions); kernels with warp roles or clusters are left to ``split_k`` and the
+    cluster tactics.
     """
     refuse_unless(not any(n.op in (Op.ROLE, Op.CLUSTER) for n in p.body), "warp roles or a cluster: split_k and "
                                                                           "the cluster tactics spread those")
@@ -228,19 +229,18 @@ def _not_independent(p: Program, i: int, grid_names: set[str]) -> str:
     for n in walk_nodes(loop.body):
         for o, a in zip(n.decl.operands, n.args):
             effects = o.effects
-            if gmem(o, a) and any(e is not Effect.READ and e is not Effect.NONE for e in effects):
+            if gmem(o, a) and any(e.modifies for e in effects):
                 if all(e is Effect.ATOMIC_ADD for e in effects) or (o.kind == "view" and var in view_syms(a)):
                     continue
                 return f"its {n.op.value} at line {n.line} writes {fmt_view(a) if o.kind == 'view' else a} on " \
                        "every trip"
-            if o.kind in ("buf", "slot") and o.memory and any(e not in (Effect.READ, Effect.NONE) for e in effects):
-                written.add(a if isinstance(a, str) else a.buf)
+            if o.kind in ("buf", "slot") and o.memory and any(e.modifies for e in effects):
+                written.add(buffer_name(a))
     carried = _read_before_written(loop.body, written - local, set())
     if carried:
         return carried
     after = [n for n in walk_nodes(p.body[i + 1:]) if set(buf_args(n)) & (written - local)]
-    reads_after = [n for n in after if any(o.memory and any(e.reads for e in o.effects) and
-                                           (a if isinstance(a, str) else getattr(a, "buf", "")) in written
+    reads_after = [n for n in after if any(o.memory and any(e.reads for e in o.effects) and buffer_name(a) in written
                                            for o, a in zip(n.decl.operands, n.args))]
     if reads_after:
         n = reads_after[0]
@@ -253,11 +253,11 @@ def _read_before_written(nodes: tuple[Node, ...], written: set[str], done: set[s
     gathers the tiles written so far (a write under an ``if`` is not certain and does not count)."""
     for n in nodes:
         for o, a in zip(n.decl.operands, n.args):
-            name = a if isinstance(a, str) else getattr(a, "buf", "")
+            name = buffer_name(a)
             if o.kind in ("buf", "slot") and o.memory and any(e.reads for e in o.effects) and name in written \
                     and name not in done:
-                return f"line {n.line} ({n.op.value}) reads `{name}` before the trip writes it: carried from the trip " \
-                       "before"
+                return (f"line {n.line} ({n.op.value}) reads `{name}` before the trip writes it: carried from the "
+                        "trip before")
         if n.body:
             inner = set(done)
             why = _read_before_written(n.body, written, inner)
@@ -266,6 +266,6 @@ def _read_before_written(nodes: tuple[Node, ...], written: set[str], done: set[s
             if n.op is Op.FOR:
                 done |= inner        # the nested loop runs at least once where it matters; its writes stand
         for o, a in zip(n.decl.operands, n.args):
-            if o.kind in ("buf", "slot") and o.memory and any(e not in (Effect.READ, Effect.NONE) for e in o.effects):
-                done.add(a if isinstance(a, str) else a.buf)
+            if o.kind in ("buf", "slot") and o.memory and any(e.modifies for e in o.effects):
+                done.add(buffer_name(a))
     return ""

@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from cake_core.ir.expr import Cmp, Expr, fmt_expr, substitute, symbols, try_evaluate
-from cake_core.ir.opdef import Effect
 from cake_core.ir.ops import REGISTRY, At, Node, Op, Tile, View, loop_range
 from cake_core.ir.program import Program, walk
 from cake_core.targets import find_arch
@@ -113,7 +112,7 @@ def _gmem_views_written(n: Node) -> Iterator[tuple[View, bool]]:
     """Each gmem view operand of ``n``, and whether ``n`` writes (or adds into) it."""
     for o, arg in zip(REGISTRY[n.op].operands, n.args):
         if o.kind == "view" and isinstance(arg, View):
-            yield arg, any(e is not Effect.READ and e is not Effect.NONE for e in o.effects)
+            yield arg, any(e.modifies for e in o.effects)
 
 
 def walk_with_conds(nodes: tuple[Node, ...], conds: tuple[Cmp, ...] = (), loops: dict | None = None,
@@ -208,7 +207,7 @@ def _accesses(program: Program) -> tuple[Access, ...]:
     params = {p.name: p for p in program.params}
     out: list[Access] = []
     for n, conds, loops, path in walk_with_conds(program.body):
-        whole = [(a, any(e is not Effect.READ and e is not Effect.NONE for e in o.effects))
+        whole = [(a, any(e.modifies for e in o.effects))
                  for o, a in zip(REGISTRY[n.op].operands, n.args) if o.kind == "buf" and a in params]
         for name, writes in whole:       # a whole-tensor operand reaches every element
             for axis, _ in enumerate(params[name].type.shape):

@@ -28,7 +28,8 @@ Races are judged by what a role has *observed* (the phases its waits returned on
 happen to be in the schedule: a read is ready when its reader has seen the phase its filling copy completes,
 a slot may be refilled when its writer has seen the phase its readers released it in. Findings (rule ids, all
 errors) are listed in ``ir.protocol``; each witness names both sides: op, line, role and trip. The records of
-that state, each op's plan and the simulation's outcomes are in ``ir.protocol_state``.
+that state, each op's plan and the simulation's outcomes are in ``ir.protocol_state``; the judging of reads
+and writes of smem slots in ``ir.protocol_slots``.
 """
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ from typing import Any, Iterator
 from cake_core.ir.expr import Bin, Expr, UnboundSymbol, evaluate, symbols
 from cake_core.ir.opdef import Alloc, BarrierUse, Completion, Proxy, Slot, SyncKind
 from cake_core.ir.ops import REGISTRY, Node, Op
-from cake_core.ir.protocol_state import (Arrives, Bar, BarArray, Budget, Fill, Read, Role, Stop, Stuck, Undecided,
+from cake_core.ir.protocol_slots import SlotAccesses
+from cake_core.ir.protocol_state import (Bar, BarArray, Budget, Fill, Read, Role, Stop, Stuck, Undecided,
                                          barrier_operand, plan_of)
 from cake_core.ir.tree import loop_range
 from cake_core.outcome import Diagnostic, Severity
@@ -45,7 +47,8 @@ from cake_core.outcome import Diagnostic, Severity
 
 SCALAR_AT_ZERO = "scalar@0"   # a configuration's key: every `scalar` binds 0, not its declared maximum
 
-class Sim:
+
+class Sim(SlotAccesses):
     """One launch configuration: ``env0`` (dims, consts, grid counts), the cluster's first CTA ``origin``, the
     cluster shape, a schedule (None: fair; a role name: that role greedy) and phase overrides (id of a wait
     -> the phase expression to use instead, for the deadlock's diagnosis)."""
@@ -191,133 +194,6 @@ class Sim:
         for d in dims:
             numel *= d
         return numel * t.dtype.bytes
-
-    @staticmethod
-    def sname(key: tuple[str, int]) -> str:
-        return f"{key[0]}[{key[1]}]"
-
-    # ------------------------------------------------------------ accesses
-    def read(self, r: Role, n: Node, s: Slot | str, inflight: list[Read] | None, async_proxy: bool = False) -> None:
-        if not self.is_smem(s if isinstance(s, str) else s.buf):
-            return      # a register or global operand: its op's own rule reports the space (e.g. wgmma.operands)
-        key = self.slot(r, n, s)
-        fill = self.fills.get(key)
-        rd = Read(r.name, n, r.trip())
-        if fill is None:
-            self.report("protocol.read_before_ready", n, (n.line, "never"),
-                        f"{n.op.value} reads smem slot {self.sname(key)} before any copy has filled it",
-                        [f"read: {n.op.value} at line {n.line} (role {r.name}, trip {rd.trip})",
-                         f"no copy into {self.sname(key)} has been issued yet"],
-                        "wait on the full barrier of this slot before reading it")
-        elif fill.bar is not None and r.seen.get(fill.bar, 0) <= fill.phase:
-            self.report("protocol.read_before_ready", n, (n.line, fill.node.line),
-                        f"{n.op.value} reads smem slot {self.sname(key)} before waiting for the copy that fills "
-                        f"it (phase {fill.phase} of {fill.bar})",
-                        [f"copy: {fill.node.op.value} at line {fill.node.line} (role {fill.role}, trip {fill.trip}) "
-                         f"completes on {fill.bar} phase {fill.phase}",
-                         f"read: {n.op.value} at line {n.line} (role {r.name}, trip {rd.trip}) has seen "
-                         f"{r.seen.get(fill.bar, 0)} completed phases of {fill.bar}"],
-                        f"wait(…, phase=…) on {fill.bar.split('[')[0]} for this slot before the read")
-        elif async_proxy and fill.generic and r.fenced.get(fill.bar, 0) <= fill.phase:
-            self.report("protocol.proxy_fence", n, (n.line, fill.node.line),
-                        f"{n.op.value} reads smem slot {self.sname(key)} through the async proxy, but the "
-                        f"{fill.node.op.value} that filled it wrote through the generic proxy and no fence_async() "
-                        f"follows the wait on {fill.bar}",
-                        [f"copy: {fill.node.op.value} at line {fill.node.line} (role {fill.role}, trip {fill.trip}) "
-                         f"completes on {fill.bar} phase {fill.phase}",
-                         f"read: {n.op.value} at line {n.line} (role {r.name}, trip {rd.trip}) without a "
-                         "fence_async() since that phase was seen"],
-                        "fence_async() after the wait on the full barrier, before the wgmma")
-        self.reads.setdefault(key, []).append(rd)
-        if inflight is not None:
-            inflight.append(rd)
-        else:
-            rd.complete(r.arrives)
-
-    def write(self, r: Role, n: Node, s: Slot | str, bar: str | None, phase: int, rank: int | None = None) -> None:
-        if isinstance(s, str) and not self.is_smem(s):
-            return
-        key = self.slot(r, n, s, rank)
-        peer = rank is not None and rank != r.rank
-        for rd in self.unreleased_reads(r, key):
-            if peer:
-                self.peer_reuse(r, n, key, rd, rank)
-                continue
-            self.report("protocol.slot_reuse", n, (n.line, rd.node.line),
-                        f"{n.op.value} overwrites smem slot {self.sname(key)} while an earlier read may still "
-                        f"use it: {self.unreleased(rd)}",
-                        [f"read: {rd.node.op.value} at line {rd.node.line} (role {rd.role}, trip {rd.trip})",
-                         f"write: {n.op.value} at line {n.line} (role {r.name}, trip {r.trip()})"],
-                        "the consumer arrives on the empty barrier after its reads complete, and the producer "
-                        "waits on it before refilling the slot")
-        self.reads[key] = []
-        self.fills[key] = Fill(r.name, n, r.trip(), bar, phase)
-
-    def unreleased_reads(self, r: Role, key: tuple[str, int]) -> list[Read]:
-        """The reads of slot ``key`` by other roles that no release orders a write of ``r`` after, in the order they
-        were made. Being released is monotone in when a read completed (one completed earlier has every arrive of
-        a later one after it), so each reader's point is found by bisection over its reads' completion points: a
-        slot read on every trip costs a few judgements, not one a read."""
-        reads = [rd for rd in self.reads.get(key, []) if rd.role != r.name]
-        points: dict[int, tuple[Arrives, set[int]]] = {}
-        for rd in reads:
-            if rd.arrives is not None:
-                points.setdefault(id(rd.arrives), (rd.arrives, set()))[1].add(rd.since)
-        upto = {}       # reader's arrives -> the latest completion point that is released (-1: none)
-        for k, (arrives, sinces) in points.items():
-            xs = sorted(sinces)
-            lo, hi = 0, len(xs)
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if arrives.release(xs[mid], r.seen):
-                    lo = mid + 1
-                else:
-                    hi = mid
-            upto[k] = xs[lo - 1] if lo else -1
-        return [rd for rd in reads if rd.arrives is None or rd.since > upto[id(rd.arrives)]]
-
-    def unreleased(self, rd: Read) -> str:
-        """Why no release of ``rd`` orders a write after it (the writer has seen none of its phases)."""
-        rel = rd.first_release()
-        if rel is None:
-            return "it was never released (no arrive after the read completed" + \
-                   (": a wgmma is still in flight, wgmma_wait first)" if id(rd) in self.in_flight else ")")
-        return (f"it was released by arrive at line {rel[0].line} (trip {rel[1]}) on {rel[2][0][0]} phase "
-                f"{rel[2][0][1]}, which the writer has not waited for")
-
-    def peer_reuse(self, r: Role, n: Node, key: tuple[str, int], rd: Read, rank: int) -> None:
-        """A multicast copy of ``r``'s CTA overwrites slot ``key`` of the peer CTA ``rank`` while the peer's read
-        ``rd`` may still use it: the copying CTA's producer can only wait on its own barriers, so the peer's readers
-        must release the slot on one of them (an arrive whose mask holds the copying CTA)."""
-        slot = f"{key[0].split('@')[0]}[{key[1]}]"
-        rel = rd.first_release()
-        on_copier = rd.arrives is not None and any(k.rsplit("@", 1)[-1] == str(r.rank) for k in rd.arrives.by_key)
-        why = self.unreleased(rd) if rel is None or on_copier else (
-            f"the reader releases it on CTA {rank}'s barriers only ({rel[2][0][0]} at line {rel[0].line}), never "
-            f"on one of CTA {r.rank}, whose producer issues the copy")
-        self.report("protocol.multicast_reuse", n, (n.line, rd.node.line),
-                    f"multicast {n.op.value} of CTA {r.rank} overwrites smem slot {slot} of CTA {rank} while "
-                    f"{rd.role} may still read it (trip {rd.trip}): {why}",
-                    [f"write: {n.op.value} at line {n.line} (role {r.name}, CTA {r.rank}, trip {r.trip()}) into "
-                     f"{slot} of CTAs {self.targets(r, n)} (multicast={n.attr('multicast'):#x})",
-                     f"read: {rd.node.op.value} at line {rd.node.line} (role {rd.role}, CTA {rank}, trip {rd.trip}) "
-                     f"of {self.sname(key)}"],
-                    f"the readers of every CTA in the mask arrive on CTA {r.rank}'s empty barrier for this slot "
-                    f"(arrive(empty[...], multicast={n.attr('multicast'):#x}), counted in its arrivals) after their "
-                    f"reads complete, and CTA {r.rank}'s producer waits on it before the multicast copy")
-
-    def publish(self, r: Role, key: str, phase: int) -> None:
-        """Slots the role's threads wrote (sqnorm_rows) count as filled by this arrival's phase."""
-        for slot in r.published:
-            f = self.fills.get(slot)
-            if f is not None and f.role == r.name and f.bar is None:
-                self.fills[slot] = Fill(f.role, f.node, f.trip, key, phase)
-        r.published = []
-
-    def release(self, r: Role, phases: list[tuple[str, int]], n: Node) -> None:
-        """An arrive of ``r`` on these (barrier key, phase) pairs: it releases every read the role completed before
-        it (``Arrives`` keeps them; a read is released by all the later arrives, not only the first)."""
-        r.arrives.add(n, r.trip(), phases)
 
     # ------------------------------------------------------------ execution
     def phase_of(self, n: Node) -> Expr:

@@ -1,5 +1,6 @@
-"""Verifier rules of bindings: family ``let`` (``scalar``'s source and range among them). A binding is a name an op binds for the rest of its block (a
-``name`` operand of ``Scope.BLOCK``): ``name = expr`` (``let``), or a name any other op declares so.
+"""Verifier rules of bindings: family ``let`` (``scalar``'s source and range among them). A binding is a name an
+op binds for the rest of its block (a ``name`` operand of ``Scope.BLOCK``): ``name = expr`` (``let``), or a name
+any other op declares so.
 
 A binding is visible from the statement after it to the end of its block, nested blocks included
 (``tree.walk`` puts it in their scope). Its name is new there: not a const, dim, parameter,
@@ -173,8 +174,7 @@ def _scalar_source(ctx: Ctx) -> Iterable[Diagnostic]:
         t = ctx.buffers.get(v.buf)
         if t is None:
             continue     # types.undefined names it
-        alloc = ctx.defined_at.get(v.buf)
-        swizzled = alloc is not None and "swizzle" in alloc.decl.attrs and alloc.attr("swizzle")
+        swizzled = ctx.swizzle_of(v.buf)
         if t.space not in (MemSpace.GMEM, MemSpace.SMEM):
             yield ctx.diag("scalar.source", n, f"scalar `{var}` reads `{v.buf}`, a {t.space.value} tile; it reads "
                                                "a gmem tensor or an smem tile", path=path,

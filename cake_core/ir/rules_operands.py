@@ -339,8 +339,7 @@ def _gather_operands(ctx: Ctx) -> Iterable[Diagnostic]:
             continue          # types.undefined names it
         kept = [i for i in v.index if not isinstance(i, At)] if len(v.index) == src.rank else None
         bad = ""
-        alloc = ctx.defined_at.get(n.arg("dst"))
-        swizzled = alloc is not None and "swizzle" in alloc.decl.attrs and alloc.attr("swizzle")
+        swizzled = ctx.swizzle_of(n.arg("dst"))
         if dst.space is not MemSpace.SMEM or dst.rank != 2 or swizzled or dst.stages != 1:
             bad = f"`{n.arg('dst')}` is {dst}; gather writes a 2-D unswizzled single-stage smem tile"
         elif dst.dtype is not src.dtype:

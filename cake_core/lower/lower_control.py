@@ -5,7 +5,7 @@
 - ``name = expr`` (``let``) → ``const int name = expr;`` in the C block of its IR block (the same int
   arithmetic as the expression written inline at each use); ``tile_order`` → two ints set by
   ``cake::tile_order`` (header/cake.cuh), the same grouped order the interpreter binds; ``scalar`` → an int
-  read from gmem by every thread (``cake::read_index``), clamped into its declared range.
+  read from gmem or an smem tile by every thread (``cake::read_index``), clamped into its declared range.
 """
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ def lower_scalar(n: Node, ctx: Ctx) -> list[Line]:
             raise LowerError("lower.shape_mismatch", f"scalar `{var}` indexes `{v.buf}` with {len(idx)} indices; "
                                                      f"it has rank {len(g.shape)}")
         flat = " + ".join(f"{i} * {math.prod(g.shape[d + 1:])}" for d, i in enumerate(idx))
-        inside = " && ".join(f"{i} >= 0 && {i} < {n}" for i, n in zip(idx, g.shape))
+        inside = " && ".join(f"{i} >= 0 && {i} < {size}" for i, size in zip(idx, g.shape))
         ctx.bound.append(var)
         return [f"const int {var} = cake::read_index({v.buf} + ({flat}), {inside}, {c});"]
     w = window(v, (1, 1), ctx, "scalar's source")

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from cake_core.problems import BenchTarget, Problem, data, index, output, state
-from cake_core.problems.base import RowOracle, Shape, array_module, as_sampler, bf16_round
+from cake_core.problems.base import RowOracle, Shape, array_module, as_sampler, bf16_round, to_host
 from cake_core.problems.common.kda import betas, gates, step, unit_rows
 
 from .peers import PEERS
@@ -41,7 +41,7 @@ def _oracle(x: dict[str, Any]) -> dict[str, Any]:
     """The steps of every sequence, token position by token position: step t advances the sequences longer than
     t together (one batched fp64 step per position, not per token)."""
     xp = array_module(x["q"], x["s"])
-    cu = np.asarray(x["cu_seqlens"].get() if hasattr(x["cu_seqlens"], "get") else x["cu_seqlens"], np.int64)
+    cu = to_host(x["cu_seqlens"]).astype(np.int64)
     starts, lengths = cu[:-1], np.diff(cu)
     st = x["s"].astype(xp.float64)
     o = xp.zeros(x["v"].shape, xp.float64)

@@ -15,14 +15,13 @@ def grouped_mm(problem: str, inputs: dict[str, Any], copies: int | None) -> Peer
     k = int(inputs["_k"])
     E, H, I = inputs["w_gate"].shape
 
-    def weights(name: str, rows: int, cols: int):
-        # (E, rows, cols) with each expert's matrix column-major, the layout _grouped_mm's second operand takes
-        w = to_device(torch, inputs[name], torch.bfloat16)
+    def column_major(w):
+        # each expert's matrix column-major: the layout _grouped_mm's second operand takes
         return w.transpose(1, 2).contiguous().transpose(1, 2)
 
-    w13 = torch.cat([weights("w_gate", H, I), weights("w_up", H, I)], dim=2)       # (E, H, 2I)
-    w13 = w13.transpose(1, 2).contiguous().transpose(1, 2)
-    w2 = weights("w_down", I, H)                                                       # (E, I, H)
+    bf16 = lambda name: to_device(torch, inputs[name], torch.bfloat16)     # noqa: E731
+    w13 = column_major(torch.cat([bf16("w_gate"), bf16("w_up")], dim=2))       # (E, H, 2I)
+    w2 = column_major(bf16("w_down"))                                           # (E, I, H)
     sets = device_copies(torch, {"x": to_device(torch, inputs["x"], torch.bfloat16),
                                  "logits": to_device(torch, inputs["logits"], torch.float32)}, copies)
     M = sets[0]["x"].shape[0]
