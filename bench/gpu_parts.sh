@@ -1,4 +1,4 @@
-# Sourced by the one-call device scripts (bench/gpu_evidence.sh, bench/gpu_frontier.sh): each part of a call runs
+# Sourced by the one-call device scripts (bench/gpu_frontier.sh, bench/gpu_evolve.sh): each part of a call runs
 # under its own time limit, so a slow part leaves the others their share; `table TITLE` prints one row a part last.
 # Writes each part's log as $OUT/NAME.log.
 OUT=${OUT:-$PWD/out}
