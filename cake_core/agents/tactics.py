@@ -28,6 +28,7 @@ from cake_core.agents.rewrite import Refused, map_nodes, refuse_unless, set_attr
 from cake_core.agents.tactics_copy import resident, tma
 from cake_core.agents.tactics_cluster import cluster_split, multicast
 from cake_core.agents.tactics_grid import grid_loop, group_tiles, split_k
+from cake_core.agents.tactics_prefetch import prefetch
 from cake_core.agents.tactics_persistent import persistent
 from cake_core.agents.tactics_sched import batch_wgmma, consumer_warpgroups, pingpong, pipeline_wgmma
 from cake_core.agents.tactics_ws import WGMMA_N, warp_specialize, wgmma_consts
@@ -244,6 +245,7 @@ TACTICS: dict[str, Tactic] = {
     "multicast": multicast,              # a tile two neighbouring CTAs share, copied once into both
     "group_tiles": group_tiles,          # a 2-D grid launched in groups of G tile rows (L2 reuse)
     "grid_loop": grid_loop,              # an independent loop's trips spread over CTAs (a grid dimension)
+    "prefetch": prefetch,                # a role-free loop's copies issued a trip ahead (cp.async, two buffers)
     # knobs
     "retile": retile,                    # tile sizes within the atom's constraints
     "restage": restage,                  # ring depth with its buffers' stages
@@ -255,7 +257,7 @@ TACTICS: dict[str, Tactic] = {
 }
 STRUCTURAL = ("mma_sync", "warp_specialize", "tma", "resident", "batch_wgmma", "pipeline_wgmma", "pingpong",
               "consumer_warpgroups", "persistent", "split_k", "cluster_split", "multicast", "group_tiles",
-              "grid_loop")
+              "grid_loop", "prefetch")
 
 
 def apply(name: str, p: Program, rng: np.random.Generator, bounds: Bounds | None = None,

@@ -6,10 +6,11 @@ memory accessed across a missing barrier), target.
 """
 from __future__ import annotations
 
+import itertools
 from typing import Iterable, Iterator
 
 from cake_core.ir.expr import CTA_COORDS, CTA_COUNTS, LAUNCH_SYMBOLS, fmt_expr, symbols, try_evaluate
-from cake_core.ir.opdef import Alloc, Effect, Family, Operand, Ordering, Scope, SyncKind
+from cake_core.ir.opdef import Alloc, Effect, Family, Operand, Ordering, Scope, SyncKind, buffer_name
 from cake_core.ir.ops import REGISTRY, Node, Op, Tile, View, loop_range
 from cake_core.ir.passes import node_exprs
 from cake_core.ir.registry import ops_of
@@ -381,30 +382,57 @@ def _races(ctx: Ctx) -> Iterable[Diagnostic]:
     touch elements another thread accesses: both read-after-write and
     write-after-read need a barrier. The ops followed are those whose declaration
     says sync() orders them (``Ordering.BARRIER``); role blocks are the protocol
-    checker's (sync() cannot stand in them)."""
+    checker's (sync() cannot stand in them).
+
+    A ``cp_async`` copy lands when a ``cp_async_wait(n)`` retires its group (each copy commits one; the wait
+    leaves the newest n in flight), not at the next sync(): until then its write stays pending across barriers.
+    A block under ``if`` may or may not run, so after it the groups in flight are those of either path."""
     smem = {name for name, t in ctx.buffers.items() if t.space is MemSpace.SMEM}
     reported: set[tuple[int, int]] = set()
     pending: dict[str, list[tuple[str, Node, int]]] = {}
+    inflight: list[tuple[int, str, Node, int]] = []      # cp.async groups not yet retired: (order, tile, op, trip)
+    issued = itertools.count()
     out: list[Diagnostic] = []
 
     def run(nodes: tuple[Node, ...], trip: int) -> None:
+        nonlocal inflight
         for n in nodes:
             if n.op in _SYNCS:
                 pending.clear()
+                for _, buf, pn, ptrip in inflight:      # still landing: the barrier does not order them
+                    pending.setdefault(buf, []).append(("landing", pn, ptrip))
+            elif n.op is Op.CP_ASYNC_WAIT:
+                keep = ctx.static(n.args[0]) if n.args[0] else 0
+                if keep is not None:                    # an unknown count retires nothing
+                    inflight = inflight[len(inflight) - keep:] if keep else []
             elif n.op is Op.FOR:
                 run(n.body, 1)
                 run(n.body, 2)
             elif n.op is Op.IF:
+                before = list(inflight)
                 run(n.body, trip)      # may run: its accesses count
+                inflight = sorted(set(before) | set(inflight), key=lambda g: g[0])
+            if n.op is Op.CP_ASYNC and buffer_name(n.arg("dst")) in smem:
+                inflight.append((next(issued), buffer_name(n.arg("dst")), n, trip))
             for kind, buf in (smem_accesses(n, smem) if n.op in _TRACKED else ()):
                 for pkind, pn, ptrip in pending.get(buf, []):
                     if _conflict(kind, pkind) and (pn.line, n.line) not in reported:
                         reported.add((pn.line, n.line))
+                        path = next((p for m, p, _ in ctx.nodes if m is n), "")
+                        if pkind == "landing":
+                            out.append(ctx.diag(
+                                "races.smem", n, f"read of smem tile `{buf}` while the cp_async at line {pn.line} "
+                                                 "may still be landing: no cp_async_wait retired its group",
+                                path=path, witness=[f"copy: cp_async at line {pn.line} (trip {ptrip}), in flight",
+                                                    f"read: {n.op.value} at line {n.line} (trip {trip})"],
+                                hint="cp_async_wait(n) then sync() before the read, with n at most the number of "
+                                     "cp_async copies issued after that one"))
+                            continue
                         what = f"{kind}-after-{pkind}"
                         out.append(ctx.diag(
                             "races.smem", n, f"{what} race on smem tile `{buf}`: no sync() between the "
                                              f"{pkind} at line {pn.line} and this {kind}",
-                            path=next((p for m, p, _ in ctx.nodes if m is n), ""),
+                            path=path,
                             witness=[f"{pkind}: {pn.op.value} at line {pn.line} (trip {ptrip})",
                                      f"{kind}: {n.op.value} at line {n.line} (trip {trip})"],
                             hint="insert sync() between them"))
@@ -432,5 +460,8 @@ def smem_accesses(n: Node, smem: set[str]) -> list[tuple[str, str]]:
 
 
 def _conflict(a: str, b: str) -> bool:
-    """Two unordered accesses to one smem tile race unless both only read or both are atomic adds."""
+    """Two unordered accesses to one smem tile race unless both only read or both are atomic adds; a cp.async copy
+    still landing ("landing": past a barrier, its group not yet retired) races with the reads after it."""
+    if "landing" in (a, b):
+        return "read" in (a, b)
     return a != b or a == "write"

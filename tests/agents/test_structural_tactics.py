@@ -48,6 +48,7 @@ CHAINS = {
     "group_tiles": {"gemm_bf16": ["warp_specialize", "tma"], "tinygemm": [], "kmeans_assign": []},
     "multicast": {"gemm_bf16": ["warp_specialize", "tma"],
                   "kmeans_assign": ["warp_specialize", "tma", "resident", "batch_wgmma", "pingpong"]},
+    "prefetch": {"gemm_bf16": [], "tinygemm": [], "kmeans_assign": [], "knn_topk": []},
 }
 # what each tactic must have done to the op counts (an op that appears, or one that goes)
 EFFECT = {
@@ -66,6 +67,8 @@ EFFECT = {
     and (a.get("topk_cluster_merge", 0) + a.get("acc_cluster_reduce", 0)) == b.get("store"),
     "group_tiles": lambda b, a, p: "G * cdiv(N, BN)" in p.text() or "G * cdiv(N, BN))" in p.text(),
     "multicast": lambda b, a, p: a.get("cluster") == 1 and "multicast=3)" in p.text() and a.get("if", 0) > b.get("if", 0),
+    "prefetch": lambda b, a, p: a.get("cp_async", 0) >= 2 * b.get("load", 0) - 2 * a.get("load", 0)
+    and a.get("cp_async_wait", 0) == 3 and a.get("smem", 0) > b.get("smem", 0),
 }
 
 
