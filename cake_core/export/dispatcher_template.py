@@ -8,8 +8,10 @@ and the package's ``cuda_driver`` only (no Cake, no numpy); tensors are torch te
   which kernel serves it, with its measured median and the peer's where one was measured.
 - ``run(stream=None, fallback=None, **tensors)``: infers the shape from the tensors' shapes (the manifest's
   parameter shapes), checks dtypes and contiguity, picks the route, launches the kernel on ``stream`` (a torch
-  or CuPy stream, or a raw handle; default: stream 0). A shape no route covers raises :class:`ShapeNotCovered`
-  before any CUDA call, unless ``fallback`` is given: it is called with the same tensors.
+  or CuPy stream, or a raw handle; default: stream 0). A dimension no tensor has as an extent (a flag that
+  decides only what the inputs hold) is passed by name beside the tensors, an int. A shape no route covers
+  raises :class:`ShapeNotCovered` before any CUDA call, unless ``fallback`` is given: it is called with the same
+  arguments.
 
 Refusals are one line each: :class:`ManifestTampered` (on import), :class:`WrongGPU` (the first run on a
 device whose name is not the manifest's GPU model), :class:`ShapeNotCovered`, :class:`BadArgument`.
@@ -258,6 +260,8 @@ class Dispatcher:
         self.dims: list[str] = manifest["dims"]
         self.tensors: list[dict] = manifest["tensors"]
         self.names = [t["name"] for t in self.tensors]
+        # dimensions no tensor has as an extent: run() cannot infer them, the caller passes them by name
+        self.scalars = [x for x in self.dims if all(x not in t["shape"] for t in self.tensors)]
         self.kernels = {k["id"]: k for k in manifest["kernels"]}
         self.exact = manifest["exact"]
         self._plans: dict = {}
@@ -318,8 +322,8 @@ class Dispatcher:
                 f"shapes on {self.m['gpu_model']}): pass fallback= to serve it otherwise")
 
     # -- run
-    def infer(self, ts: list) -> dict[str, int]:
-        shape: dict[str, int] = {}
+    def infer(self, ts: list, given: dict[str, int]) -> dict[str, int]:
+        shape: dict[str, int] = dict(given)      # the dimensions passed by name (self.scalars)
         for t, spec in zip(ts, self.tensors):
             got = tuple(int(x) for x in t.shape)
             if len(got) != len(spec["shape"]):
@@ -337,12 +341,12 @@ class Dispatcher:
                 raise BadArgument(f"`{spec['name']}` has shape {tuple(t.shape)}; at {shape} it must be {want}")
         return shape
 
-    def plan(self, ts: list) -> tuple:
+    def plan(self, ts: list, given: dict[str, int]) -> tuple:
         for t, spec in zip(ts, self.tensors):
             if str(t.dtype) not in _DTYPES[spec["dtype"]]:
                 raise BadArgument(f"`{spec['name']}` is {t.dtype}; this package takes {spec['dtype']} "
                                   f"({' or '.join(_DTYPES[spec['dtype']])})")
-        shape = self.infer(ts)
+        shape = self.infer(ts, given)
         hit = self.route(shape)
         if hit is None:
             return None, self.refusal(shape), None
@@ -360,27 +364,33 @@ class Dispatcher:
         ptr_of = [_torch_ptr if hasattr(t, "data_ptr") else _cupy_ptr for t in ts]
         return _Launch(self, k, shape, order, sizes), "", ptr_of
 
-    def run(self, stream=None, fallback=None, **tensors):
+    def run(self, stream=None, fallback=None, **args):
         try:
-            ts = [tensors[n] for n in self.names]
+            ts = [args[n] for n in self.names]
+            given = {x: args[x] for x in self.scalars}
         except KeyError:
-            raise BadArgument(f"run() takes {', '.join(self.names)}; missing "
-                              f"{', '.join(n for n in self.names if n not in tensors)}") from None
-        if len(tensors) != len(ts):
-            raise BadArgument(f"run() takes {', '.join(self.names)}; unknown "
-                              f"{', '.join(n for n in tensors if n not in self.names)}")
-        sig = tuple((t.shape, t.dtype) for t in ts)
+            raise BadArgument(self.takes("missing", [n for n in self.names + self.scalars if n not in args])) from None
+        if len(args) != len(ts) + len(given):
+            raise BadArgument(self.takes("unknown", [n for n in args if n not in self.names + self.scalars]))
+        sig = (tuple((t.shape, t.dtype) for t in ts), tuple(given.values()))
         plan = self._plans.get(sig)
         if plan is None:
-            plan = self._plans[sig] = self.plan(ts)
+            if not all(type(v) is int and v >= 1 for v in given.values()):
+                raise BadArgument(f"run(): {', '.join(f'{x}={v!r}' for x, v in given.items())}: each an int >= 1")
+            plan = self._plans[sig] = self.plan(ts, given)
         launch, refused, ptr_of = plan
         if launch is None:
             if fallback is None:
                 raise ShapeNotCovered(refused)
-            return fallback(**tensors)
+            return fallback(**args)
         ptrs = [f(t) for f, t in zip(ptr_of, ts)]
         launch(ptrs, stream_handle(stream), _device_of(ts[0]))
         return None
+
+    def takes(self, what: str, names: list[str]) -> str:
+        """What run() takes, and the arguments it misses or does not know (``what``: missing, unknown)."""
+        return (f"run() takes {', '.join(self.names + [f'{x} (an int)' for x in self.scalars])}; {what} "
+                f"{', '.join(names)}")
 
     # -- CUDA
     def driver(self, ordinal: int | None):
@@ -432,6 +442,7 @@ def route_of(**shape) -> dict | None:
     return _the().route_of(**shape)
 
 
-def run(stream=None, fallback=None, **tensors):
-    """Launch the kernel routed for the tensors' shape on ``stream`` (see the module doc)."""
-    return _the().run(stream=stream, fallback=fallback, **tensors)
+def run(stream=None, fallback=None, **args):
+    """Launch the kernel routed for the tensors' shape (and the dimensions passed by name) on ``stream`` (see the
+    module doc)."""
+    return _the().run(stream=stream, fallback=fallback, **args)

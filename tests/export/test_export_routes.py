@@ -79,3 +79,36 @@ def test_a_device_name_names_its_model_as_a_whole_word():
     assert model_matches("NVIDIA H200", "H200") and model_matches("NVIDIA H100 80GB HBM3", "H100")
     assert not model_matches("NVIDIA H100 80GB HBM3", "H200") and not model_matches("NVIDIA GB200", "B200")
     assert model_matches("NVIDIA GeForce RTX 4090", "NVIDIA-GeForce-RTX-4090")
+
+
+def test_a_dimension_no_tensor_has_is_passed_to_run_by_name():
+    # a flag dimension (here S, as knn_search's self-search) is the extent of no tensor: run() cannot infer it,
+    # so it takes it by name; routes tell its values apart, and the fallback gets it back
+    from cake_core.export.dispatcher_template import BadArgument, Dispatcher, ShapeNotCovered
+
+    class Fake:
+        def __init__(self, shape, dtype):
+            self.shape, self.dtype = shape, dtype
+
+    key = "B=1,Q=8,M=64,D=16,k=4,S=2"
+    spec = lambda name, dtype, shape: {"name": name, "dtype": dtype, "role": "data", "shape": shape}   # noqa: E731
+    d = Dispatcher({"problem": "p", "gpu_model": "H200", "dims": ["B", "Q", "M", "D", "k", "S"], "consts": {},
+                    "tensors": [spec("q", "bf16", ["B", "Q", "D"]), spec("db", "bf16", ["B", "M", "D"]),
+                                spec("idx", "i32", ["B", "Q", "k"])],
+                    "kernels": [{"id": "kern", "kernel_name": "knn", "domain": {}, "consts": {}}],
+                    "routes": [{"kind": "exact", "kernel": "kern", "shapes": {key: {"median_ms": 0.1}}}],
+                    "exact": {key: 0}}, folder=None)
+    assert d.scalars == ["S"]
+    assert d.covered(B=1, Q=8, M=64, D=16, k=4, S=2) and not d.covered(B=1, Q=8, M=64, D=16, k=4, S=1)
+    ts = {"q": Fake((1, 8, 16), "torch.bfloat16"), "db": Fake((1, 8, 16), "torch.bfloat16"),
+          "idx": Fake((1, 8, 4), "torch.int32")}
+    with pytest.raises(BadArgument, match=r"run\(\) takes q, db, idx, S \(an int\); missing S"):
+        d.run(**ts)
+    with pytest.raises(BadArgument, match="unknown T"):
+        d.run(**ts, S=1, T=3)
+    with pytest.raises(BadArgument, match="each an int >= 1"):
+        d.run(**ts, S="1")
+    seen = []
+    assert d.run(fallback=lambda **a: seen.append(a["S"]) or "served", **ts, S=1) == "served" and seen == [1]
+    with pytest.raises(ShapeNotCovered, match="B=1,Q=8,M=8,D=16,k=4,S=1"):
+        d.run(**ts, S=1)

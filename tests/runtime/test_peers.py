@@ -23,7 +23,8 @@ PEERS = {p.name: tuple(p.peers) for p in list_problems()}
 
 SMALL = {"gemm_bf16": {"M": 40, "N": 33, "K": 50}, "tinygemm": {"M": 9, "N": 70, "K": 40},
          "kmeans_assign": {"B": 3, "N": 77, "K": 20, "D": 9}, "kmeans_update": {"B": 3, "N": 200, "K": 13, "D": 7},
-         "knn_topk": {"Q": 30, "N": 90, "D": 8, "k": 5}, "kda_decode": {"B": 2, "H": 3, "DK": 16, "DV": 12},
+         "knn_topk": {"Q": 30, "N": 90, "D": 8, "k": 5}, "knn_search": {"B": 2, "Q": 30, "M": 90, "D": 8, "k": 5, "S": 2},
+         "kda_decode": {"B": 2, "H": 3, "DK": 16, "DV": 12},
          "kda_prefill": {"B": 2, "T": 3, "H": 2, "DK": 16, "DV": 12}, "moe": {"M": 3, "H": 16, "I": 8, "E": 6, "k": 2},
          "kda_varlen": {"N": 2, "T": 5, "H": 2, "DK": 16, "DV": 12}, "mha": {"H": 2, "T": 9, "DH": 8}}
 
@@ -256,7 +257,8 @@ def test_measuring_a_peer_that_cannot_run_here_draws_nothing(no_torch, monkeypat
 GPU_SHAPES = {"gemm_bf16": {"M": 256, "N": 192, "K": 128}, "tinygemm": {"M": 8, "N": 512, "K": 256},
               "kmeans_assign": {"B": 2, "N": 1024, "K": 64, "D": 128},
               "kmeans_update": {"B": 2, "N": 4096, "K": 64, "D": 128},
-              "knn_topk": {"Q": 64, "N": 1024, "D": 64, "k": 8}}
+              "knn_topk": {"Q": 64, "N": 1024, "D": 64, "k": 8},
+              "knn_search": {"B": 2, "Q": 64, "M": 1024, "D": 64, "k": 8, "S": 2}}
 
 
 def _cupy_and_torch():

@@ -29,6 +29,7 @@ FINGERPRINTS = {
     "kda_varlen": (1, "8ce1fba10215be44"),
     "kmeans_assign": (2, "c39075bf6394c55c"),
     "kmeans_update": (1, "bc7ca8841019504f"),
+    "knn_search": (1, "a4d4f4a02729aed1"),
     "knn_topk": (2, "ed884dce47d8ad11"),
     "moe": (1, "41f9b648ccea785f"),
     "tinygemm": (1, "12a04079961a5e26"),
@@ -43,6 +44,21 @@ def test_a_change_to_inputs_or_oracle_comes_with_a_version_bump(name):
     assert (p.version, got) == (version, fingerprint), (
         f"{name}: version {p.version}, fingerprint {got}; recorded ({version}, {fingerprint}). If make_inputs or "
         "the oracle changed, bump Problem.version and record the new pair in FINGERPRINTS")
+
+
+# a branch of make_inputs the default small shape does not take (it sets every dimension to 5 + its position):
+# fingerprinted on a shape of its own, bumped the same way
+BRANCH_FINGERPRINTS = {("knn_search", "B=2,Q=6,M=6,D=8,k=5,S=1"): (1, "1ae117ae5b6a2787")}     # a self-search
+
+
+@pytest.mark.parametrize("name, shape", sorted(BRANCH_FINGERPRINTS))
+def test_a_change_to_a_branch_of_the_inputs_comes_with_a_version_bump(name, shape):
+    p = PROBLEMS[name]
+    version, fingerprint = BRANCH_FINGERPRINTS[(name, shape)]
+    got = problem_fingerprint(p, dict((d, int(v)) for d, v in (x.split("=") for x in shape.split(","))))
+    assert (p.version, got) == (version, fingerprint), (
+        f"{name} at {shape}: version {p.version}, fingerprint {got}; recorded ({version}, {fingerprint}). If "
+        "make_inputs or the oracle changed, bump Problem.version and record the new pair in BRANCH_FINGERPRINTS")
 
 
 def test_the_key_names_every_input_of_a_reference_and_ignores_dimension_order():
