@@ -4,7 +4,7 @@
 #   bash bench/gpu_frontier.sh      # run from the repository root on the GPU machine, .gpu/ and .whl/ carried
 #
 # 1. the GPU tests of the new ops against the interpreter: scalar (gmem and smem sources, clamping), gather and
-#    the grouped GEMM over gathered rows;
+#    the grouped GEMM over gathered rows, fetch_add and compact (the token permutation by expert feeding it);
 # 2. the MoE naive seed, and the seed with its expert and intermediate-tile loops spread over CTAs by grid_loop
 #    (written by this script with the tactic, as a cold run would), against torch routing + _grouped_mm at
 #    Alpha-MoE M = 1 and 16 and Qwen3-30B-A3B M = 64, the routed-weight floor beside them;
@@ -23,7 +23,7 @@ for _ in range(2):
     p = apply("grid_loop", p, np.random.default_rng(0))
 open(sys.argv[1], "w").write(p.text())
 PY
-part gpu-tests 150 env GPU_TESTS="tests/runtime/test_scalar_gpu.py tests/runtime/test_gather_rows_gpu.py" \
+part gpu-tests 180 env GPU_TESTS="tests/runtime/test_scalar_gpu.py tests/runtime/test_gather_rows_gpu.py tests/runtime/test_token_permute_gpu.py" \
     bash bench/gpu.sh tests -rf
 part moe 220 env OUT="$OUT/moe" bash bench/gpu.sh corpus --problems moe --program "$OUT/moe_grid.cake" \
     --shapes "M=1,H=2048,I=128,E=512,k=10;M=16,H=2048,I=128,E=512,k=10;M=64,H=2048,I=768,E=128,k=8" --reps 10
