@@ -5,7 +5,8 @@
 #                                   # (.whl/: fla-core and einops for the KDA peers, flash-kmeans)
 #
 # 1. the GPU tests of the new paths against the interpreter: scalar (gmem and smem sources, clamping), gather and
-#    the grouped GEMM over gathered rows, in/out state tensors, the exported dispatcher from torch, the role-aware
+#    the grouped GEMM over gathered rows, fetch_add and compact (the token permutation by expert feeding it),
+#    in/out state tensors, the exported dispatcher from torch, the role-aware
 #    compute lowering;
 # 2. the KDA naive seeds (and the prefill seeds with prefetch) against flash-linear-attention at decode, prefill
 #    and varlen prefill shapes;
@@ -37,7 +38,7 @@ for name in ("kda_prefill", "kda_varlen", "mha"):     # each loop of the seed th
         p = p if hasattr(q, "reason") else q
     open(f"{sys.argv[1]}/{name}_prefetch.cake", "w").write(p.text())
 PY
-part gpu-tests 170 env GPU_TESTS="tests/runtime/test_scalar_gpu.py tests/runtime/test_gather_rows_gpu.py \
+part gpu-tests 170 env GPU_TESTS="tests/runtime/test_scalar_gpu.py tests/runtime/test_gather_rows_gpu.py tests/runtime/test_token_permute_gpu.py \
     tests/problems/test_state_tensors.py tests/export tests/runtime/test_role_compute_gpu.py" bash bench/gpu.sh tests -rf
 part kda-decode 50 env OUT="$OUT/kda_decode" bash bench/gpu.sh corpus --problems kda_decode \
     --shapes "B=1,H=32,DK=128,DV=128;B=8,H=32,DK=128,DV=128;B=256,H=32,DK=128,DV=128" --reps 10

@@ -98,8 +98,8 @@ def _div(a: Interval, c: int, ceil: bool) -> Interval:
 
 def loop_bounds(program: Any, dims: set[str]) -> dict[int, dict[str, Interval]]:
     """id(node) -> the intervals of every symbol in scope there: consts (exact), dims, CTA coordinates and
-    counts, loop variables, ``let`` bindings and ``scalar`` reads (0 to their declared maximum); names other
-    binders compute are left unbounded."""
+    counts, loop variables, ``let`` bindings and the values read from memory (``scalar``, ``fetch_add``,
+    ``compact``: 0 to their declared maximum); names other binders compute are left unbounded."""
     base: dict[str, Interval] = {k: Interval(v, v) for k, v in program.consts if isinstance(v, int)}
     base.update({d: Interval(1, None) for d in dims})
     base.update({c: Interval(0, None) for c in CTA_COORDS})
@@ -117,7 +117,7 @@ def loop_bounds(program: Any, dims: set[str]) -> dict[int, dict[str, Interval]]:
                 visit(n.body, env)
             if n.op is Op.LET:
                 env = {**env, n.args[0]: bounds(n.args[1], env)}
-            elif n.op is Op.SCALAR:       # read from memory, within its declared range
+            elif n.decl.data_dependent:   # read from memory (scalar, fetch_add, compact), within its declared range
                 env = {**env, n.arg("var"): Interval(0, bounds(n.arg("max"), env).hi)}
             else:
                 env = {**env, **{k: ANY for k in n.decl.bound_names(n, Scope.BLOCK)}}

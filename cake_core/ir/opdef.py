@@ -13,7 +13,9 @@ One op is one :class:`OpDef` (declared in ``ops_core``, ``ops_async`` or ``ops_c
   (:class:`Proxy`) and when they complete (:class:`Completion`); the synchronisation it is (:class:`SyncKind`);
 - its interpreter semantics (a function of the CTA state and the node, defined beside the declaration) and
   its :class:`CostClass`; for an op that binds index names (``let`` and any other), the function that gives
-  their values (``bind``), which the interpreter, the protocol checker and the cost model evaluate alike;
+  their values (``bind``), which the interpreter, the protocol checker and the cost model evaluate alike, and
+  whether the value is read from memory within a declared ``[0, max]`` (``data_dependent``: ``scalar``,
+  ``fetch_add``, ``compact``); the shared memory it uses for itself (``scratch_bytes``);
 - its documentation (summary, example, preconditions), from which ``docs/ops.md`` is generated.
 
 The verifier rules, the protocol checker, features, the reference and the cost model read these fields
@@ -70,6 +72,8 @@ class Op(str, enum.Enum):
     LET = enum.auto()
     TILE_ORDER = enum.auto()
     SCALAR = enum.auto()
+    FETCH_ADD = enum.auto()
+    COMPACT = enum.auto()
     GATHER = enum.auto()
     ROLE = enum.auto()
     CLUSTER = enum.auto()
@@ -304,6 +308,10 @@ class OpDef:
     completion: Completion = Completion.ISSUE
     sync: SyncKind | None = None
     bind: Binding | None = None            # an op that binds index names (Scope.BLOCK operands): their values
+    # its `var` binds a value read from memory, declared within [0, max] (its `max` operand): readers without
+    # memory take it at max (``bind``), the interval analysis over [0, max], the protocol checker at 0 besides
+    data_dependent: bool = False
+    scratch_bytes: int = 0                 # shared memory it uses itself, placed in the scratch region
     keeps_per_row: int | None = None       # a running merge: candidates kept per row (None: the state's columns)
     atom: str = ""                         # an MMA op's atom when no `atom` attribute chooses it
     engine: str = ""                       # a copy's engine: "plain", "cp_async" or "tma"

@@ -22,26 +22,66 @@ _R, _W, _RW = Effect.READ, Effect.WRITE, Effect.READWRITE
 
 # ----------------------------------------------------------------- semantics
 
-def read_scalar(cta: CTA, n: Any) -> None:
-    """``scalar(name, t[i, j], max=HI)``: bind ``name`` to the integer at that element of ``t`` (a gmem tensor or an
-    smem tile). A value outside [0, HI] (or an index outside the tensor) is a fault at the op's line: the GPU code
-    clamps into the declared range so that a window offset never leaves its tensor, and a kernel whose declared
-    range does not hold for its inputs is wrong there."""
-    var, v, hi = n.arg("var"), n.arg("src"), cta.ev(n.arg("max"))
+def _element(cta: CTA, n: Any, v: Any, what: str) -> tuple[np.ndarray, tuple[int, ...]]:
+    """The array and index of the one element view ``v`` of ``n`` names (in a gmem tensor or an smem tile); an index
+    outside it is a fault at the op's line."""
     arr = cta.gmem[v.buf] if v.buf in cta.gmem else cta.tiles[v.buf]
     index = tuple(cta.ev(i.index) for i in v.index)
     if not all(0 <= i < size for i, size in zip(index, arr.shape)):
-        raise interp_cta.InterpFault(n, f"scalar `{var}`: index {index} is outside `{v.buf}` {tuple(arr.shape)}")
-    got = arr[index]
+        raise interp_cta.InterpFault(n, f"{what}: index {index} is outside `{v.buf}` {tuple(arr.shape)}")
+    return arr, index
+
+
+def _declared(cta: CTA, n: Any, got: Any, what: str) -> int:
+    """``got`` as the value a data-dependent binding binds: a value outside [0, max] is a fault at the op's line (the
+    GPU code clamps into the range, so that a window it offsets never leaves its tensor, and a kernel whose declared
+    range does not hold for its inputs is wrong there)."""
+    hi = cta.ev(n.arg("max"))
     if not float(got).is_integer() or not 0 <= int(got) <= hi:
-        raise interp_cta.InterpFault(n, f"scalar `{var}` read {got} from `{v.buf}`{list(index)}, outside its "
-                                        f"declared range [0, {hi}]")
-    cta.env[var] = int(got)
+        raise interp_cta.InterpFault(n, f"{what}, outside its declared range [0, {hi}]")
+    return int(got)
 
 
-def scalar_bound(n: Any, ev: Callable[[Any], int]) -> dict[str, int]:
-    """What a reader without memory binds for a ``scalar``: its declared maximum (the most trips of a loop it
-    bounds, the furthest window it offsets); the protocol checker runs one configuration at 0 besides."""
+def read_scalar(cta: CTA, n: Any) -> None:
+    """``scalar(name, t[i, j], max=HI)``: bind ``name`` to the integer at that element of ``t`` (a gmem tensor or an
+    smem tile), within [0, HI]."""
+    var, v = n.arg("var"), n.arg("src")
+    arr, index = _element(cta, n, v, f"scalar `{var}`")
+    got = arr[index]
+    cta.env[var] = _declared(cta, n, got, f"scalar `{var}` read {got} from `{v.buf}`{list(index)}")
+
+
+def fetch_add(cta: CTA, n: Any) -> None:
+    """``fetch_add(name, t[i], v, max=HI)``: one atomic read-modify-write for the CTA: t[i] += v, and ``name`` binds
+    the value t[i] held before, within [0, HI]. CTAs run one after another here (x fastest, then y, z): one order
+    the GPU may take; a kernel whose answer depends on the order is checked against an oracle that accepts any."""
+    var, v = n.arg("var"), n.arg("dst")
+    arr, index = _element(cta, n, v, f"fetch_add `{var}`")
+    old = int(arr[index])
+    arr[index] = old + cta.ev(n.arg("value"))
+    cta.env[var] = _declared(cta, n, old, f"fetch_add `{var}` found {old} in `{v.buf}`{list(index)}")
+
+
+def compact(cta: CTA, n: Any) -> None:
+    """``compact(name, dst, flags, base=B, limit=L, max=HI)``: dst[r] := B + j for the r-th nonzero element j of
+    flags (row-major) with B + j < L, in increasing j; dst[r] := -1 from the count on; ``name`` binds the count."""
+    var, dst, flags = n.arg("var"), n.arg("dst"), n.arg("flags")
+    base, limit = cta.ev(n.arg("base")), cta.ev(n.arg("limit"))
+    f = cta.tiles[flags].reshape(-1)
+    out = cta.tiles[dst].reshape(-1)
+    if out.size < f.size:
+        raise interp_cta.InterpFault(n, f"compact of {f.size} flags into `{dst}` of {out.size} entries")
+    taking = max(0, min(f.size, limit - base))
+    picked = base + np.flatnonzero(f[:taking] != 0)
+    out[:] = -1
+    out[:picked.size] = picked
+    cta.env[var] = _declared(cta, n, picked.size, f"compact `{var}` counted {picked.size} set flags of `{flags}`")
+
+
+def bound_at_max(n: Any, ev: Callable[[Any], int]) -> dict[str, int]:
+    """What a reader without memory binds for a data-dependent binding (``scalar``, ``fetch_add``, ``compact``): its
+    declared maximum (the most trips of a loop it bounds, the furthest window it offsets); the protocol checker runs
+    one configuration at 0 besides."""
     return {n.arg("var"): ev(n.arg("max"))}
 
 
@@ -217,7 +257,7 @@ DECLS: tuple[OpDef, ...] = (
                          "0 <= t < tiles_m * tiles_n", "group is a positive compile-time constant")),
     OpDef(Op.SCALAR, Family.STRUCTURE, (value("var", "name", binds=Scope.BLOCK),
                                         view("src", _R, (MemSpace.GMEM, MemSpace.SMEM)), value("max", keyword=True)),
-          read_scalar, CostClass.BIND, bind=scalar_bound, ordering=Ordering.BARRIER,
+          read_scalar, CostClass.BIND, bind=bound_at_max, data_dependent=True, ordering=Ordering.BARRIER,
           summary="Bind a name to an integer read from memory: one element of an integer gmem tensor or smem "
                   "tile (an expert id, a token count, a sequence offset), in the declared range [0, max]. The name "
                   "is a binding (like `name = expr`) usable in loop bounds, `if` conditions and window offsets: a "
@@ -231,4 +271,50 @@ DECLS: tuple[OpDef, ...] = (
                          "single-stage unswizzled smem tile",
                          "max is an expression of consts and problem dimensions",
                          "var is a new name (the let rules)")),
+    OpDef(Op.FETCH_ADD, Family.STRUCTURE, (value("var", "name", binds=Scope.BLOCK),
+                                           view("dst", Effect.ATOMIC_ADD, (MemSpace.GMEM, MemSpace.SMEM)),
+                                           value("value"), value("max", keyword=True)),
+          fetch_add, CostClass.BIND, bind=bound_at_max, data_dependent=True, ordering=Ordering.BARRIER,
+          scratch_bytes=4,
+          summary="Atomic fetch-add: one thread of the CTA adds `value` to one i32 element of a gmem tensor or smem "
+                  "tile (an atomic add that returns the old value) and every thread binds `var` to the value the "
+                  "element held before, declared within [0, max]. It runs once per CTA each time the statement "
+                  "runs (not once per thread or per row): a counter the CTAs share in gmem (claim `value` slots of "
+                  "a list, `var` the first; count a CTA's rows into a total) or one the CTA keeps in smem (a "
+                  "running offset across a loop's trips, which a binding cannot hold). `var` is a binding like "
+                  "`scalar`'s: window offsets (a store's position), loop bounds, `if` conditions. Across CTAs the "
+                  "adds land in the GPU's order (the interpreter runs the CTAs one after another): a kernel whose "
+                  "output depends on that order is checked against an oracle that accepts every order. On the "
+                  "GPU the old value is clamped into [0, max]; the interpreter faults outside it. Every thread of "
+                  "the CTA runs it (two CTA barriers inside hand the value over): outside roles; an smem counter "
+                  "is ordered against plain reads and writes by sync() (fetch_adds of one counter need none "
+                  "between them).",
+          example="fetch_add(slot, counts[e], 1, max=M - 1)",
+          preconditions=("dst is one element (every index a single index) of an i32 gmem tensor or of a "
+                         "single-stage unswizzled i32 smem tile",
+                         "value is an index expression (the same in every thread)",
+                         "max is an expression of consts and problem dimensions",
+                         "var is a new name (the let rules)", "outside roles")),
+    OpDef(Op.COMPACT, Family.STRUCTURE, (value("var", "name", binds=Scope.BLOCK),
+                                         buf("dst", _W, (MemSpace.SMEM,), index=True),
+                                         buf("flags", _R, (MemSpace.SMEM,), predicate=True),
+                                         value("base", keyword=True), value("limit", keyword=True),
+                                         value("max", keyword=True)),
+          compact, CostClass.SIMT, bind=bound_at_max, data_dependent=True, in_place=False,
+          ordering=Ordering.BARRIER, scratch_bytes=4 * 32,
+          summary="Stable stream compaction over the CTA: dst[r] := base + j for the r-th nonzero element j of "
+                  "flags (row-major), taking only the elements with base + j < limit, in increasing j; dst[r] := -1 "
+                  "from the count on (a gather pads that index, a guarded scatter skips it). `var` binds the count "
+                  "of set flags, the same in every thread, declared within [0, max] like `scalar`'s. With flags = "
+                  "(ids == e) it lists where expert e's tokens are, in their original order: one expert at a time, "
+                  "a token permutation by expert that is the same on every run (the counts and starts come from "
+                  "it too: `fetch_add` keeps the running offset); with any other predicate, the rows to keep. Every "
+                  "thread of the CTA runs it (a warp ballot and a scan of the warps' counts, CTA barriers inside): "
+                  "outside roles, with sync() before and after it as for any tile op. On the GPU the count is "
+                  "clamped into [0, max]; the interpreter faults outside it.",
+          example="compact(n, pos_s, hit_s, base=t * BP, limit=P, max=BP)",
+          preconditions=("flags is a 1-D or 2-D single-stage unswizzled smem tile of any dtype (nonzero: set)",
+                         "dst is a 1-D single-stage unswizzled i32 smem tile with at least as many elements as flags",
+                         "max is an expression of consts and problem dimensions",
+                         "var is a new name (the let rules)", "outside roles")),
 )

@@ -178,7 +178,8 @@ def _deadlock(ctx: Any, sim: Sim, env0: dict[str, Any], origin: tuple[int, int, 
 def _launch(ctx: Any, env0: dict[str, Any], origin: tuple[int, int, int]) -> str:
     dims = ", ".join(f"{d}={env0[d]}" for d in sorted(ctx.dims))
     grid = "x".join(str(env0[c]) for c in _COUNTS)
-    at_zero = ", every scalar read as 0" if env0.get(SCALAR_AT_ZERO) else ""
+    at_zero = ", every scalar read as 0 (every fetch_add's old value and compact's count too)" \
+        if env0.get(SCALAR_AT_ZERO) else ""
     return f"{dims or 'no dims'}{at_zero}, num_sms={env0['num_sms']}, grid {grid}, first CTA of the run {origin}"
 
 
@@ -196,9 +197,9 @@ def _configurations(ctx: Any) -> Iterator[tuple[dict[str, Any], tuple[int, int, 
     cluster = _cluster_dims(ctx)
     envs = [{**{d: v for d in ctx.dims}, **consts} for v in values]
     small = _one_tile(ctx, envs[0])
-    # values read from memory (`scalar`) bind their declared maximum; once more at 0 (a loop they bound makes no
-    # trip, a condition on them turns the other way)
-    if any(n.op is Op.SCALAR for n, _, _ in ctx.nodes):
+    # values read from memory (`scalar`, `fetch_add`, `compact`) bind their declared maximum; once more at 0 (a
+    # loop they bound makes no trip, a condition on them turns the other way)
+    if any(n.decl.data_dependent for n, _, _ in ctx.nodes):
         small = small + [{**envs[0], SCALAR_AT_ZERO: 1}]
     for env0 in envs + small:
         env0["num_sms"] = _num_sms(ctx, env0)

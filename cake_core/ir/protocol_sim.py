@@ -45,7 +45,12 @@ from cake_core.ir.tree import loop_range
 from cake_core.outcome import Diagnostic, Severity
 
 
-SCALAR_AT_ZERO = "scalar@0"   # a configuration's key: every `scalar` binds 0, not its declared maximum
+SCALAR_AT_ZERO = "scalar@0"   # a configuration's key: every data-dependent binding binds 0, not its declared maximum
+
+
+def _modifies_memory(n: Node) -> bool:
+    """Whether ``n`` writes or adds into memory through one of its operands."""
+    return any(o.memory and o.effect_of(n).modifies for o in n.decl.operands)
 
 
 class Sim(SlotAccesses):
@@ -221,15 +226,16 @@ class Sim(SlotAccesses):
                 if self.ev(r, n.args[0], cond=True):
                     yield from self.steps_of(r, n.body)
                 continue
-            if n.op is Op.SCALAR and self.env0.get(SCALAR_AT_ZERO):    # a value read from memory: here its least
-                r.env[n.arg("var")] = 0
-                continue
-            if n.decl.bind is not None:     # a binding: no memory effect, so not a turn of its own (bindings
-                try:                        # leave the interleaving as it was)
-                    r.env.update(n.decl.bind(n, lambda e: self.ev(r, e)))
-                except ValueError as e:
-                    raise Undecided(f"`{n.op.value}` cannot bind its names at trip {r.trip()}: {e}", n) from None
-                continue
+            if n.decl.bind is not None:
+                if n.decl.data_dependent and self.env0.get(SCALAR_AT_ZERO):   # a value read from memory: its least
+                    r.env[n.arg("var")] = 0
+                else:
+                    try:
+                        r.env.update(n.decl.bind(n, lambda e: self.ev(r, e)))
+                    except ValueError as e:
+                        raise Undecided(f"`{n.op.value}` cannot bind its names at trip {r.trip()}: {e}", n) from None
+                if not _modifies_memory(n):    # a pure binding is not a turn of its own (bindings leave the
+                    continue                   # interleaving as it was); fetch_add and compact write memory
             waits = barrier_operand(n)
             if waits is not None and waits[0] is BarrierUse.WAIT:
                 key, b = self.bar(r, n, waits[1])

@@ -1,6 +1,7 @@
-"""Verifier rules of bindings: family ``let`` (``scalar``'s source and range among them). A binding is a name an
-op binds for the rest of its block (a ``name`` operand of ``Scope.BLOCK``): ``name = expr`` (``let``), or a name
-any other op declares so.
+"""Verifier rules of bindings: family ``let``, with those of the bindings read from memory (``scalar``'s source,
+``fetch_add``'s target, ``compact``'s tiles, each one's declared range, and where the CTA-wide ones may stand). A
+binding is a name an op binds for the rest of its block (a ``name`` operand of ``Scope.BLOCK``): ``name = expr``
+(``let``), or a name any other op declares so.
 
 A binding is visible from the statement after it to the end of its block, nested blocks included
 (``tree.walk`` puts it in their scope). Its name is new there: not a const, dim, parameter,
@@ -18,7 +19,7 @@ from cake_core.ir.opdef import Scope
 from cake_core.ir.ops import REGISTRY, At, Node, Op
 from cake_core.ir.passes import node_exprs
 from cake_core.ir.rule_ctx import Ctx, RuleSet
-from cake_core.ir.types import DType, MemSpace
+from cake_core.ir.types import DType, MemSpace, TileType
 from cake_core.outcome import Diagnostic
 
 RULESET = RuleSet()
@@ -195,17 +196,112 @@ def _scalar_source(ctx: Ctx) -> Iterable[Diagnostic]:
                                            f"`{v.buf}[{', '.join(['bid.x'] + ['0'] * (t.rank - 1))}]`")
 
 
-@rule("scalar.max", "let", "a scalar's declared maximum is an expression of consts and problem dimensions",
-      guards=(Op.SCALAR,))
-def _scalar_max(ctx: Ctx) -> Iterable[Diagnostic]:
+def _declared_max(ctx: Ctx, op: Op, rule_id: str, hint: str) -> Iterator[Diagnostic]:
+    """A data-dependent binding's ``max`` uses consts and dims only (known per shape, before the launch)."""
     known = set(ctx.consts) | ctx.dims
     for n, path, _ in ctx.nodes:
-        if n.op is not Op.SCALAR:
+        if n.op is not op:
             continue
         hi = n.arg("max")
         other = sorted(symbols(hi) - known)
         if other or _has_float(hi):
             what = f"uses `{other[0]}`" if other else "holds a float"
-            yield ctx.diag("scalar.max", n, f"scalar `{n.arg('var')}`'s max {what}; the range must be known per "
-                                            "shape, before the launch", path=path,
-                           hint="write it with consts and dims, e.g. `max=E - 1` for an expert id")
+            yield ctx.diag(rule_id, n, f"{op.value} `{n.arg('var')}`'s max {what}; the range must be known per "
+                                       "shape, before the launch", path=path, hint=hint)
+
+
+@rule("scalar.max", "let", "a scalar's declared maximum is an expression of consts and problem dimensions",
+      guards=(Op.SCALAR,))
+def _scalar_max(ctx: Ctx) -> Iterable[Diagnostic]:
+    return _declared_max(ctx, Op.SCALAR, "scalar.max", "write it with consts and dims, e.g. `max=E - 1` for an "
+                                                       "expert id")
+
+
+@rule("fetch_add.target", "let", "a fetch_add adds into one element of an i32 gmem tensor or plain i32 smem tile",
+      guards=(Op.FETCH_ADD,))
+def _fetch_add_target(ctx: Ctx) -> Iterable[Diagnostic]:
+    for n, path, _ in ctx.nodes:
+        if n.op is not Op.FETCH_ADD:
+            continue
+        var, v = n.arg("var"), n.arg("dst")
+        t = ctx.buffers.get(v.buf)
+        if t is None:
+            continue     # types.undefined names it
+        bad, hint = "", "fetch_add(slot, counts[e], 1, max=...) with counts: gmem[i32, (E,)] or smem(i32, (E,))"
+        if t.space not in (MemSpace.GMEM, MemSpace.SMEM):
+            bad = f"`{v.buf}` is a {t.space.value} tile; it adds into a gmem tensor or an smem tile"
+            hint = "keep the counter in an smem tile (an rmem tile is spread over the threads)"
+        elif t.space is MemSpace.SMEM and (t.stages != 1 or ctx.swizzle_of(v.buf)):
+            bad = (f"`{v.buf}` is a {'ring' if t.stages != 1 else 'swizzled'} smem tile; it adds into a single-stage "
+                   "unswizzled one")
+            hint = "keep the counter in a plain smem tile, e.g. cur_s = smem(i32, (1,))"
+        elif t.dtype is not DType.I32:
+            bad = f"`{v.buf}` is {t.dtype.value}; it adds into i32 (a count, an offset)"
+        elif len(v.index) == t.rank and not all(isinstance(i, At) for i in v.index):
+            bad = f"it names a window of `{v.buf}`, not one element"
+            hint = (f"index every dimension of `{v.buf}` with a single index, e.g. "
+                    f"`{v.buf}[{', '.join(['bid.x'] + ['0'] * (t.rank - 1))}]`")
+        if bad:
+            yield ctx.diag("fetch_add.target", n, f"fetch_add `{var}`: {bad}", path=path, hint=hint)
+
+
+@rule("fetch_add.max", "let", "a fetch_add's declared maximum is an expression of consts and problem dimensions",
+      guards=(Op.FETCH_ADD,))
+def _fetch_add_max(ctx: Ctx) -> Iterable[Diagnostic]:
+    return _declared_max(ctx, Op.FETCH_ADD, "fetch_add.max", "write it with consts and dims, e.g. `max=M * k` for "
+                                                             "a slot among M * k entries")
+
+
+def _plain_smem(ctx: Ctx, name: str, t: TileType) -> bool:
+    """A single-stage unswizzled smem tile (its elements at their row-major offsets)."""
+    return t.space is MemSpace.SMEM and t.stages == 1 and not ctx.swizzle_of(name)
+
+
+@rule("compact.operands", "let", "a compact reads a plain 1-D or 2-D smem tile of flags and writes the positions "
+                                 "into a plain 1-D i32 smem tile at least as long", guards=(Op.COMPACT,))
+def _compact_operands(ctx: Ctx) -> Iterable[Diagnostic]:
+    for n, path, _ in ctx.nodes:
+        if n.op is not Op.COMPACT:
+            continue
+        dst, flags = n.arg("dst"), n.arg("flags")
+        d, f = ctx.buffers.get(dst), ctx.buffers.get(flags)
+        if d is None or f is None:
+            continue     # types.undefined names it
+        bad = ""
+        if not _plain_smem(ctx, flags, f) or f.rank not in (1, 2):
+            bad = f"the flags `{flags}` are {f}; compact reads a 1-D or 2-D single-stage unswizzled smem tile"
+        elif not _plain_smem(ctx, dst, d) or d.rank != 1 or d.dtype is not DType.I32:
+            bad = f"`{dst}` is {d}; compact writes positions into a 1-D single-stage unswizzled i32 smem tile"
+        elif dst == flags:
+            bad = f"`{dst}` is both the flags and the positions; the positions go to a tile of their own"
+        else:
+            have, need = ctx.static_numel(d.shape), ctx.static_numel(f.shape)
+            if have is not None and need is not None and have < need:
+                bad = f"`{dst}` holds {have} positions and `{flags}` {need} flags, every one of which may be set"
+        if bad:
+            yield ctx.diag("compact.operands", n, f"compact `{n.arg('var')}`: {bad}", path=path,
+                           hint="compact(n, pos_s, hit_s, base=..., limit=..., max=...) with hit_s = smem(i32, (BM, "
+                                "KT)) and pos_s = smem(i32, (BM * KT,))")
+
+
+@rule("compact.max", "let", "a compact's declared maximum is an expression of consts and problem dimensions",
+      guards=(Op.COMPACT,))
+def _compact_max(ctx: Ctx) -> Iterable[Diagnostic]:
+    return _declared_max(ctx, Op.COMPACT, "compact.max", "write it with consts and dims, e.g. `max=BP` for the "
+                                                         "flags of a (BP,) tile")
+
+
+_CTA_WIDE = (Op.FETCH_ADD, Op.COMPACT)      # the bindings whose lowering synchronises the CTA
+
+
+@rule("let.cta_wide", "let", "a fetch_add or compact runs on every thread of the CTA (CTA barriers inside): not in "
+                             "a role", guards=_CTA_WIDE)
+def _cta_wide(ctx: Ctx) -> Iterable[Diagnostic]:
+    for n, path, _ in ctx.nodes:
+        role = ctx.role_of.get(id(n))
+        if n.op in _CTA_WIDE and role is not None:
+            yield ctx.diag("let.cta_wide", n, f"{n.op.value} `{n.arg('var')}` inside role `{role.args[0]}`: every "
+                                              "thread of the CTA runs it (its CTA barriers hand the value to them "
+                                              "all), and a role's threads are only some of them", path=path,
+                           hint="run it at the top level, before the roles (every role sees the name) or after them "
+                                "and a sync()")

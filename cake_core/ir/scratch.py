@@ -1,4 +1,5 @@
-"""Shared-memory scratch of the ops that move rmem elements between threads.
+"""Shared-memory scratch of the ops that move rmem elements between threads, and of the ops that need some for
+themselves (``OpDef.scratch_bytes``: ``fetch_add`` hands its value over through it, ``compact`` its warps' counts).
 
 An operand declared with an :class:`~cake_core.ir.opdef.Exchange` (a reduction's tiles, a running merge's,
 a transposed source, a scatter index, a broadcast ewise source) goes through shared memory when it is an
@@ -38,10 +39,17 @@ def staged_operands(n: Any, types: Callable[[str], TileType | None],
     return list(dict.fromkeys(out))
 
 
+def own_scratch_bytes(n: Any) -> int:
+    """The scratch an op uses itself (``OpDef.scratch_bytes``: a value handed from one thread to the others, the
+    warps' counts of a scan), rounded up to ``SCRATCH_ALIGN``; it comes first in the op's scratch region."""
+    return -(-REGISTRY[n.op].scratch_bytes // SCRATCH_ALIGN) * SCRATCH_ALIGN
+
+
 def scratch_bytes(n: Any, types: Callable[[str], TileType | None],
                   shape: Callable[[TileType], tuple[int, ...] | None]) -> int | None:
-    """Bytes of shared-memory scratch ``n`` needs (None if a shape is not static)."""
-    total = 0
+    """Bytes of shared-memory scratch ``n`` needs (None if a shape is not static): its own, then its staged
+    operands."""
+    total = own_scratch_bytes(n)
     for name in staged_operands(n, types, shape):
         t = types(name)
         s = shape(t) if t is not None else None

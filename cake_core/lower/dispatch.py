@@ -79,6 +79,9 @@ VARIANTS: dict[Op, Dispatch] = {
                       fragment_aware=True),
     Op.GATHER: Dispatch((_in_role(lower_async.refuse_cta_op_in_role), Variant("cta", always, lower_tile.lower_gather)),
                         fragment_aware=True),
+    Op.FETCH_ADD: Dispatch((_in_role(lower_async.refuse_cta_op_in_role),
+                            Variant("cta", always, lower_control.lower_fetch_add))),
+    Op.COMPACT: Dispatch((_in_role(lower_async.refuse_cta_op_in_role), Variant("cta", always, lower_control.lower_compact))),
     Op.STORE: Dispatch((
         Variant("argmin_bias_row_state", lower_wgmma.stores_rowstate, lower_wgmma.lower_store_rowstate),
         Variant("topk_bias_lists", lower_topk.stores_topk_list, lower_topk.lower_topk_store),

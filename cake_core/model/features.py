@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from cake_core.ir.expr import Bin, Call, Cmp, Expr, Sym, substitute, symbols, try_evaluate
+from cake_core.ir.opdef import CostClass
 from cake_core.ir.ops import REGISTRY, At, Full, Node, Op, Slot, Tile, View, loop_range
 from cake_core.ir.program import Program
 from cake_core.ir.rule_ctx import view_extent
@@ -74,6 +75,8 @@ TRAFFIC: dict[Op, tuple[str, str]] = {
     Op.LET: ("none", ""),
     Op.TILE_ORDER: ("none", ""),
     Op.SCALAR: ("none", ""),
+    Op.FETCH_ADD: ("atomic", ""),     # one element per CTA
+    Op.COMPACT: ("simt", ""),
 }
 
 
@@ -261,8 +264,9 @@ class _Walker:
             elif n.op is Op.LET:
                 cost_hook(n.op)(n, self.ctx, self.env, trips, Work())
                 self.lets[n.arg("var")] = self.expand(n.arg("value"))
-            elif n.op is Op.SCALAR:                 # a value read from memory: counted at its declared maximum
-                cost_hook(n.op)(n, self.ctx, self.env, trips, Work())
+            elif n.decl.data_dependent:             # a value read from memory: counted at its declared maximum
+                HOOKS[CostClass.BIND](n, self.ctx, self.env, trips, Work())
+                self._leaf(n, trips)                # and what the op does besides (an atomic, a compaction)
             else:
                 self._leaf(n, trips)
         self.lets = saved
@@ -405,11 +409,12 @@ class _Walker:
 
     def _atomic(self, n: Node, trips: float) -> None:
         a = self.acc
-        src = self.ctx.buffers.get(_buf_name(n.arg("src")))
+        one = n.op is Op.FETCH_ADD                  # one element, added by one thread
+        src = None if one else self.ctx.buffers.get(_buf_name(n.arg("src")))
         dst = self.ctx.buffers.get(_buf_name(n.arg("dst")))
-        if src is None or dst is None:
+        if (src is None and not one) or dst is None:
             return
-        elems = math.prod(int(try_evaluate(d, self.env) or 0) for d in src.shape) * trips
+        elems = (1 if one else math.prod(int(try_evaluate(d, self.env) or 0) for d in src.shape)) * trips
         if dst.space is MemSpace.GMEM:
             vec = n.attr("vector") if n.op is Op.SCATTER_ADD else 1
             a.atomic_ops += elems / vec

@@ -48,6 +48,27 @@ template <typename T> __device__ __forceinline__ int read_index(const T* p, bool
     return static_cast<int>(v < 0 ? 0 : (v > hi ? hi : v));
 }
 
+// fetch_add_index(dst, v, scratch, inside, hi): `fetch_add`'s old value. Thread 0 of the CTA adds v to *dst with an
+// atomic that returns what *dst held (nothing is added where the element lies outside its tensor: it reads 0) and
+// hands it to every thread through scratch, one int of shared memory; each returns it clamped into [0, hi]. The
+// first barrier lets every thread finish reading an earlier user's scratch, the second publishes the value. Every
+// thread of the CTA calls it, as many times (it holds two __syncthreads()).
+__device__ __forceinline__ int fetch_add_index(int* dst, int v, int* scratch, bool inside, int hi) {
+    __syncthreads();
+    if (threadIdx.x == 0) *scratch = inside ? atomicAdd(dst, v) : 0;
+    __syncthreads();
+    const int old = *scratch;
+    return old < 0 ? 0 : (old > hi ? hi : old);
+}
+// fetch_add_gmem: a counter in global memory, shared by the CTAs (the adds of different CTAs land in any order)
+__device__ __forceinline__ int fetch_add_gmem(int* dst, int v, int* scratch, bool inside, int hi) {
+    return fetch_add_index(dst, v, scratch, inside, hi);
+}
+// fetch_add_smem: a counter in the CTA's shared memory (a running offset across a loop's trips)
+__device__ __forceinline__ int fetch_add_smem(int* dst, int v, int* scratch, bool inside, int hi) {
+    return fetch_add_index(dst, v, scratch, inside, hi);
+}
+
 // ----------------------------------------------------------------- conversions
 template <typename T> __device__ __forceinline__ float to_f32(T x) { return static_cast<float>(x); }
 template <> __device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }

@@ -156,6 +156,44 @@ __device__ __forceinline__ void topk_merge_smem(float* vals, int* idx, const TS*
     }
 }
 
+// ----------------------------------------------------------------- stream compaction (smem -> smem)
+// compact_smem_smem<N, R, THREADS>(dst, flags, scratch, base, limit, hi): `compact`. dst[r] := base + j for the
+// r-th element j of flags (N of them, row-major) that is nonzero and has base + j < limit, in increasing j (a
+// stable order, the same on every run); dst[r] := -1 for r from that count to R. Returns the count clamped into
+// [0, hi], the same in every thread. Rounds of THREADS flags, flag j = round * THREADS + threadIdx.x: a warp's
+// ballot ranks a set flag among its warp's, the warps' counts in scratch (an int per warp) rank the warps, and every
+// thread adds the round's total to the running count. Every thread of the CTA calls it (CTA barriers inside).
+template <int N, int R, int THREADS, typename TF>
+__device__ __forceinline__ int compact_smem_smem(int* dst, const TF* flags, int* scratch, int base, int limit,
+                                                 int hi) {
+    static_assert(THREADS % 32 == 0, "whole warps ballot their flags");
+    static_assert(THREADS / 32 <= 32, "a CTA has at most 32 warps: their counts fill the op's 128 B of scratch");
+    static_assert(R >= N, "every flag may be set: dst holds a position for each");
+    constexpr int WARPS = THREADS / 32;
+    const int warp = (int)(threadIdx.x / 32), lane = (int)(threadIdx.x % 32);
+    int total = 0;
+    __syncthreads();           // an earlier user of the scratch has finished with it
+#pragma unroll 1
+    for (int j0 = 0; j0 < N; j0 += THREADS) {
+        const int j = j0 + (int)threadIdx.x;
+        const bool set = j < N && base + j < limit && to_f32(flags[j < N ? j : 0]) != 0.f;
+        const unsigned m = __ballot_sync(0xffffffffu, set);
+        if (lane == 0) scratch[warp] = __popc(m);
+        __syncthreads();
+        int before = total;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) {
+            const int c = scratch[w];
+            before += w < warp ? c : 0;
+            total += c;
+        }
+        if (set) dst[before + __popc(m & ((1u << lane) - 1u))] = base + j;
+        __syncthreads();       // every warp's count is read before the next round writes it
+    }
+    for (int r = total + (int)threadIdx.x; r < R; r += THREADS) dst[r] = -1;
+    return total < 0 ? 0 : (total > hi ? hi : total);
+}
+
 // ----------------------------------------------------------------- atomics to gmem
 // atomic_add_gmem(dst, v): *dst += v with a hardware atomic, v converted to dst's type.
 template <typename V> __device__ __forceinline__ void atomic_add_gmem(float* dst, V v) { atomicAdd(dst, to_f32(v)); }
