@@ -47,8 +47,8 @@ def ir_hash(name: str) -> str:
     return parse_program(get_problem(PROBLEM).kernel_text(FILES[name])).hash
 
 
-def land(root: Path) -> None:
-    """Write the rows into the warehouse at ``root``."""
+def land(root: Path, gpu_model: str = "H200") -> None:
+    """Write the rows into the warehouse at ``root``, measured on ``gpu_model`` (the one H100 row stays H100)."""
     from warehouse import Warehouse
 
     prob = get_problem(PROBLEM)
@@ -67,6 +67,7 @@ def land(root: Path) -> None:
           measurement(aid["UNALIGNED"], RUN, s[3], 0.01, correct=False),
           measurement(aid["FAILED"], RUN, s[4], 0.05),
           measurement(aid["SEED"], RUN, s[0], 0.9) | {"gpu_model": "H100"}]
+    m = [r | {"gpu_model": gpu_model} if r["gpu_model"] == "H200" else r for r in m]
     sets = prob.shape_set(SHAPE_SET)
     shape_rows = [{"shape_set": SHAPE_SET, "problem": PROBLEM, "shape": shape_key(d), "dims": json.dumps(d),
                    "role": role} for d, role in zip(sets.shapes, sets.roles)]

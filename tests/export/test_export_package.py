@@ -185,17 +185,26 @@ def test_an_out_of_domain_shape_is_refused_by_the_domain_routes(tmp_path, compil
 
 
 @pytest.mark.gpu
-def test_an_exported_kernel_matches_the_oracle_from_torch(exported):
-    """Each exported kernel on its routed shapes, from torch, on fresh random inputs with poisoned outputs."""
+def test_an_exported_kernel_matches_the_oracle_from_torch(tmp_path, compile_cache):
+    """Each exported kernel on its routed shapes, from torch, on fresh random inputs with poisoned outputs; the rows
+    are landed as measured on this GPU's model, as a package for it would be exported (another model is refused)."""
     import importlib
 
     import numpy as np
     import torch
 
     from cake_core.problems.base import input_sampler, parse_shape_key
+    from cake_core.runtime.gpu import gpu_model
+    from warehouse.queries import export_rows
+    model = gpu_model()
+    land(tmp_path / "warehouse", gpu_model=model)
+    exported = export_problem(get_problem(PROBLEM), export_rows(tmp_path / "warehouse", PROBLEM),
+                              ExportRequest(out=tmp_path / "dist", name="kmeans_gpu_pkg", gpu_model=model,
+                                            cache_dir=compile_cache))
+    assert exported.manifest["gpu_model"] == model and len(exported.manifest["exact"]) >= 5
     sys.path.insert(0, str(exported.path.parent))
     try:
-        pkg = importlib.import_module("kmeans_pkg")
+        pkg = importlib.import_module("kmeans_gpu_pkg")
     finally:
         sys.path.pop(0)
     prob = get_problem(PROBLEM)
