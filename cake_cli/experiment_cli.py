@@ -41,45 +41,63 @@ def run_experiment(problem: str, out_dir: str, seeds: list[int], shape_set: str 
     block and per review (what ran, how long it took, the run's best so far): an experiment runs for many
     minutes, and the command prints them as it goes.
     """
-    from flows.evolve import evolve_flow
     from flows.harness import harness_review_flow
-    from tasks.experiment import (experiment_plan, harness_for_block, next_block, record_review, run_progress,
-                                  run_result, write_report)
+    from tasks.experiment import experiment_plan, harness_for_block, record_review, run_result, write_report
 
     plan = experiment_plan(problem, shape_set, list(seeds), out_dir, population, block, generations,
                            budget_candidates, budget_gpu_minutes, approve, bool(gpu_models), gate_gpu)
     for run in plan["runs"]:
-        root, rid = run["warehouse_root"], run["run_id"]
-        progress = run_progress(root, rid)
-        while (target := next_block(plan, progress)) is not None:
+        root = run["warehouse_root"]
+
+        def reviewed(progress: dict[str, Any], run: dict[str, Any] = run, root: str = root) -> int:
+            """The evolving arm reviews its harness between blocks; the version the next block runs under."""
             if run["arm"] == "evolving" and progress["generations"] > 0:
                 t0 = time.monotonic()
                 decided = harness_review_flow(warehouse_root=root, min_support=min_support,
                                               policy=plan["review_policy"],
                                               gpu_cache_dir=plan["cache_dir"] if plan["gate_gpu"] else None)
-                review = {"arm": run["arm"], "seed": run["seed"], "after_generation": progress["generations"],
-                          "decisions": decided, "seconds": round(time.monotonic() - t0, 1)}
-                record_review(plan, review)
-                say(f"{rid}: harness review after generation {progress['generations']}: "
-                    f"{_decisions(decided)} ({review['seconds']} s)")
-            version = harness_for_block(run["arm"], root)
-            t0 = time.monotonic()
-            summary = evolve_flow(problem=plan["problem"], shape_set=plan["shape_set"], generations=target,
-                        population=plan["population"], seed=run["seed"],
-                        run_id=None if progress["exists"] else rid, resume=rid if progress["exists"] else None,
-                        warehouse_root=root, cache_dir=plan["cache_dir"], gpu_models=list(gpu_models or []),
-                        timeout_s=timeout_s, reps=reps, cold=True, harness_version=version,
-                        budget_candidates=plan["budget_candidates"], budget_gpu_minutes=plan["budget_gpu_minutes"])
-            before, progress = progress["generations"], run_progress(root, rid)
-            best = summary.get("best_score") if isinstance(summary, dict) else None
-            say(f"{rid}: generations {before} -> {progress['generations']} under harness v{version}, "
-                f"{progress.get('attempts', '?')} attempts, best "
-                f"{'none' if best is None else f'{best:.4g} ms'} ({time.monotonic() - t0:.0f} s)")
-            if progress["generations"] <= before:        # the run stopped on its own (see its stop reason)
-                log.warning(f"{rid}: the block ended at generation {before}; the run goes no further")
-                break
+                kept = {"arm": run["arm"], "seed": run["seed"], "after_generation": progress["generations"],
+                        "decisions": decided, "seconds": round(time.monotonic() - t0, 1)}
+                record_review(plan, kept)
+                say(f"{run['run_id']}: harness review after generation {progress['generations']}: "
+                    f"{_decisions(decided)} ({kept['seconds']} s)")
+            return harness_for_block(run["arm"], root)
+
+        _in_blocks(plan, {**run, "problem": plan["problem"], "shape_set": plan["shape_set"]}, reviewed,
+                   gpu_models, timeout_s, reps, say)
     rows = [run_result(plan, run) for run in plan["runs"]]
     return write_report(plan, rows)
+
+
+def _in_blocks(plan: dict[str, Any], run: dict[str, Any], before_block: Callable[[dict[str, Any]], int],
+               gpu_models: list[str] | None, timeout_s: float, reps: int, say: Callable[[str], None]) -> None:
+    """Take one run of an experiment (``run``: its arm, problem, shape set, seed, id and warehouse) block by block
+    to its generations or budget (``tasks.experiment.next_block``), each block a cold evolve run (the first) or a
+    resume of it that goes ``plan["block"]`` generations further. ``before_block`` gets the run's progress before
+    each block and returns the harness version the block runs under."""
+    from flows.evolve import evolve_flow
+    from tasks.experiment import next_block, run_progress
+
+    root, rid = run["warehouse_root"], run["run_id"]
+    progress = run_progress(root, rid)
+    while (target := next_block(plan, progress)) is not None:
+        version = before_block(progress)
+        t0 = time.monotonic()
+        summary = evolve_flow(problem=run["problem"], shape_set=run["shape_set"], generations=target,
+                              population=plan["population"], seed=run["seed"],
+                              run_id=None if progress["exists"] else rid, resume=rid if progress["exists"] else None,
+                              warehouse_root=root, cache_dir=plan["cache_dir"], gpu_models=list(gpu_models or []),
+                              timeout_s=timeout_s, reps=reps, cold=True, harness_version=version,
+                              budget_candidates=plan["budget_candidates"],
+                              budget_gpu_minutes=plan["budget_gpu_minutes"])
+        before, progress = progress["generations"], run_progress(root, rid)
+        best = summary.get("best_score") if isinstance(summary, dict) else None
+        say(f"{rid}: generations {before} -> {progress['generations']} under harness v{version}, "
+            f"{progress.get('attempts', '?')} attempts, best "
+            f"{'none' if best is None else f'{best:.4g} ms'} ({time.monotonic() - t0:.0f} s)")
+        if progress["generations"] <= before:        # the run stopped on its own (see its stop reason)
+            log.warning(f"{rid}: the block ended at generation {before}; the run goes no further")
+            break
 
 
 def _decisions(decided: Any) -> str:
@@ -168,3 +186,4 @@ def frozen_vs_evolving(
     if s.get("separates"):
         _say(f"caveat: {s['separates']}")
     _say(table(report["rows"]))
+
