@@ -3,6 +3,8 @@
     cake experiment frozen-vs-evolving PROBLEM --seeds 3 --budget-gpu-minutes 0.5 --block 2 \\
         --approve gate-passing --out bench/results/fve-PROBLEM
     cake experiment frozen-vs-evolving PROBLEM --cpu --seeds 1 --budget-candidates 16 --block 1
+    cake experiment transfer --learned-from HOME --problems P1,P2 --seeds 3 \\
+        --budget-gpu-minutes 1 --block 2 --out bench/results/transfer
 
 :func:`run_experiment` drives flows that exist already (``flows.evolve``, ``flows.harness``; a flow module
 imports no other flow): per arm and seed one evolve run in blocks of generations, each block a resume of
@@ -12,6 +14,10 @@ under the newest version. The report (``tasks.experiment``) says per run whether
 cost, and states the policy; the table is printed last and the report (``frozen-vs-evolving.json`` /
 ``.md``) lands under ``--out``. The same command with the same ``--out`` continues an experiment a kill or
 a time limit cut short.
+
+:func:`run_transfer` runs the transfer experiment the same way (``tasks.transfer``): per problem the harness never
+saw and seed, a cold run pinned to harness v0 and one pinned to the approved harness of another home, carried into
+its own warehouse.
 """
 from __future__ import annotations
 
@@ -109,7 +115,7 @@ def _decisions(decided: Any) -> str:
 
 
 experiment_app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
-                             help="Experiments over the evolution loop: frozen-vs-evolving.")
+                             help="Experiments over the evolution loop: frozen-vs-evolving, transfer.")
 
 
 @experiment_app.command("frozen-vs-evolving", no_args_is_help=True)
@@ -187,3 +193,98 @@ def frozen_vs_evolving(
         _say(f"caveat: {s['separates']}")
     _say(table(report["rows"]))
 
+
+def run_transfer(plan: dict[str, Any], gpu_models: list[str] | None = None, timeout_s: float = 120.0, reps: int = 20,
+                 say: Callable[[str], None] = log.info) -> dict[str, Any]:
+    """Run (or continue) the transfer experiment ``plan`` (``tasks.transfer.transfer_plan``) and write its report
+    under the plan's out dir; returns it. Pair by pair (problem, seed), the frozen arm's run under harness v0, then
+    the learned arm's under the carried version, each in its own warehouse; a run already done is left as it is.
+
+    Needs a Prefect API and Ray (the embedded services, as the command starts them); ``say`` gets one line per
+    block."""
+    from tasks.transfer import prepare_run, run_result, write_report
+
+    for run in plan["runs"]:
+        _in_blocks(plan, run, lambda progress, run=run: prepare_run(plan, run), gpu_models, timeout_s, reps, say)
+    return write_report(plan, [run_result(plan, run) for run in plan["runs"]])
+
+
+def _shape_sets(given: list[str]) -> dict[str, str]:
+    """``--shapes PROBLEM=SET`` options as a mapping."""
+    out: dict[str, str] = {}
+    for item in given:
+        name, eq, shape_set = item.partition("=")
+        if not (eq and name.strip() and shape_set.strip()):
+            raise UsageError(f"--shapes {item!r}: give PROBLEM=SET (a shape set of one of --problems)")
+        out[name.strip()] = shape_set.strip()
+    return out
+
+
+@experiment_app.command("transfer", no_args_is_help=True)
+@cli_errors
+def transfer(
+    learned_from: Path | None = typer.Option(None, "--learned-from", metavar="HOME",
+                                             help="The Cake home (or its warehouse) whose approved harness the "
+                                                  "learned arm carries (needed on the first call; a later call with "
+                                                  "the same --out keeps the one it recorded)."),
+    learned_version: int | None = typer.Option(None, "--learned-version", min=1,
+                                               help="Its harness version to carry (default: the newest approved)."),
+    problems: str | None = typer.Option(None, "--problems",
+                                        help="Problems the harness never saw, comma-separated (default: every "
+                                             "problem of `cake problems` the source home never ran)."),
+    seeds: int = typer.Option(3, "--seeds", min=1, help="Seeds per arm and problem (0 .. N-1), one cold run each."),
+    budget_candidates: int | None = typer.Option(None, "--budget-candidates", min=1,
+                                                 help="Attempts per run, the same for both arms."),
+    budget_gpu_minutes: float | None = typer.Option(None, "--budget-gpu-minutes", min=0.001,
+                                                    help="GPU minutes per run, the same for both arms."),
+    block: int = typer.Option(2, "--block", min=1, help="Generations per evolve call (a cut-short experiment "
+                                                        "loses at most the block it was in)."),
+    generations: int | None = typer.Option(None, "--generations", min=1,
+                                           help="Generations per run at most (default: what the candidate "
+                                                "budget allows, else 12)."),
+    population: int = typer.Option(8, "--population", min=1, help="Candidates per generation."),
+    shapes: list[str] = typer.Option([], "--shapes", metavar="PROBLEM=SET",
+                                     help="A problem's shape set (repeatable; default: each problem's first)."),
+    seed_target: float = typer.Option(1.5, "--seed-target",
+                                      help="Where a problem has no hand-written kernel and no measured peer (its "
+                                           "CPU mode), the target is this many times the naive seed's speed."),
+    cpu: bool = typer.Option(False, "--cpu", help="CPU mode: checked on the interpreter, scored by the cost "
+                                                  "model (no GPU used even where one is)."),
+    out: Path | None = typer.Option(None, "--out", help="Where the runs' warehouses, the kept harness and the report "
+                                                        "go (default: <home>/experiments/transfer)."),
+) -> None:
+    """Harness v0 against the harness learned from other problems' runs, cold on problems it never saw."""
+    from cake_cli.evolve_run import _quiet_prefect_console
+    from cake_cli.services import gpu_policy, prefect_server, ray_runtime
+    from cake_core.errors import CakeError
+    from tasks.gpus import local_resources
+    from tasks.transfer import arm_table, transfer_plan
+
+    settings = _settings()
+    names = None if problems is None else [p.strip() for p in problems.split(",") if p.strip()]
+    if budget_candidates is None and budget_gpu_minutes is None and generations is None:
+        raise UsageError("give the arms a budget: --budget-candidates N and/or --budget-gpu-minutes M "
+                         "(or --generations N)")
+    gpu_models = [] if cpu else gpu_policy(settings)
+    if not cpu and not gpu_models:
+        raise UsageError("no GPU here (or CAKE_GPU=off): pass --cpu for the CPU mode (interpreter as gate, cost "
+                         "model as score)")
+    out_dir = (out or settings.home / "experiments" / "transfer").resolve()
+    try:                        # what the plan refuses (the problems, the source home, a kept experiment) is usage
+        plan = transfer_plan(names, _shape_sets(shapes), list(range(seeds)), str(out_dir), population, block,
+                             generations, budget_candidates, budget_gpu_minutes, bool(gpu_models),
+                             str(learned_from) if learned_from is not None else None, learned_version, seed_target)
+    except CakeError as e:
+        raise UsageError(str(e)) from None
+    _say(f"transfer: {', '.join(plan['problems'])}, {seeds} seed(s) per arm, {'GPU ' + gpu_models[0] if gpu_models else 'CPU'} "
+         f"mode; learned arm: harness v{plan['learned_version']} of {plan['learned_from']}; runs and report under "
+         f"{out_dir}")
+    with prefect_server(settings), ray_runtime(settings, num_gpus=len(gpu_models),
+                                               resources=local_resources(gpu_models)):
+        _quiet_prefect_console()
+        report = run_transfer(plan, gpu_models=gpu_models, say=_say)
+    _say(f"converged means {report['converged_means']}")
+    _say(f"report: {out_dir / 'transfer.md'} and {out_dir / 'transfer.json'}")
+    _say(arm_table(report["summary"]["per_problem"]))
+    for g in report["summary"]["goals"]:
+        _say(g["line"])
