@@ -276,9 +276,9 @@ def transfer(
                              str(learned_from) if learned_from is not None else None, learned_version, seed_target)
     except CakeError as e:
         raise UsageError(str(e)) from None
-    _say(f"transfer: {', '.join(plan['problems'])}, {seeds} seed(s) per arm, {'GPU ' + gpu_models[0] if gpu_models else 'CPU'} "
-         f"mode; learned arm: harness v{plan['learned_version']} of {plan['learned_from']}; runs and report under "
-         f"{out_dir}")
+    mode = f"GPU {gpu_models[0]}" if gpu_models else "CPU"
+    _say(f"transfer: {', '.join(plan['problems'])}, {seeds} seed(s) per arm, {mode} mode; learned arm: harness "
+         f"v{plan['learned_version']} of {plan['learned_from']}; runs and report under {out_dir}")
     with prefect_server(settings), ray_runtime(settings, num_gpus=len(gpu_models),
                                                resources=local_resources(gpu_models)):
         _quiet_prefect_console()

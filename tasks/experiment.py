@@ -179,7 +179,8 @@ def kernel_scores(wh: Warehouse, run_id: str, shapes: list[str], timed: bool) ->
     return sorted(out, key=lambda k: (k["generation"], k["slot"] or 0))
 
 
-def hand_written_best(wh: Warehouse, run_id: str, shapes: list[str], timed: bool) -> tuple[float | None, str | None]:
+def hand_written_best(wh: Warehouse, run_id: str, shapes: list[str],
+                      timed: bool) -> tuple[float | None, str | None]:
     """The best hand-written kernel's score on ``shapes`` (each shape scored and correct where checked)."""
     if not shapes:
         return None, None

@@ -89,8 +89,8 @@ def source_problems(warehouse_root: str | Path, chain: dict[str, Any]) -> dict[s
     return {r["problem"]: int(r["n"]) for r in rows}
 
 
-def transfer_plan(problems: list[str] | None, shape_sets: dict[str, str], seeds: list[int], out_dir: str, population: int,
-                  block: int, generations: int | None, budget_candidates: int | None,
+def transfer_plan(problems: list[str] | None, shape_sets: dict[str, str], seeds: list[int], out_dir: str,
+                  population: int, block: int, generations: int | None, budget_candidates: int | None,
                   budget_gpu_minutes: float | None, timed: bool, learned_from_path: str | None = None,
                   learned_version: int | None = None, seed_target: float = SEED_TARGET) -> dict[str, Any]:
     """The experiment's runs and limits, and the learned harness they carry, checked before anything runs (a
@@ -257,7 +257,8 @@ def run_figures(attempts: list[dict[str, Any]], confirm_failed: set[str], scores
     return out
 
 
-def _peer_best(wh: Warehouse, run_id: str, shapes: list[str], peers: tuple[str, ...]) -> tuple[float | None, str | None]:
+def _peer_best(wh: Warehouse, run_id: str, shapes: list[str],
+               peers: tuple[str, ...]) -> tuple[float | None, str | None]:
     """The fastest measured peer per headline shape (of ``peers`` when given), as a geomean over ``shapes``."""
     if not shapes:
         return None, None

@@ -105,7 +105,8 @@ def test_the_cpu_mode_hands_over_its_plan_and_prints_the_goals_last(monkeypatch,
     got = {}
     rows = [{"arm": a, "problem": p, "seed": s, "attempts": 8, "converged": a == "learned", "gpu_min": 0.0,
              "gpu_min_to_converge": 0.0, "candidates_to_converge": 4, "doomed_gpu_s": 0.0,
-             "doomed_candidates": 2 if a == "frozen" else 1, "winner_used": ["calibration v3"] if a == "learned" else []}
+             "doomed_candidates": 2 if a == "frozen" else 1,
+             "winner_used": ["calibration v3"] if a == "learned" else []}
             for p in ("kda_decode", "moe") for s in (0, 1) for a in ("frozen", "learned")]
 
     def experiment(plan, gpu_models=None, say=None, **kw):
@@ -114,7 +115,8 @@ def test_the_cpu_mode_hands_over_its_plan_and_prints_the_goals_last(monkeypatch,
     monkeypatch.setattr(ex, "run_transfer", experiment)
     monkeypatch.setenv("CAKE_GPU", "off")
     result = run("--cpu", "--learned-from", str(homes / "learned"), "--problems", "kda_decode,moe", "--seeds", "2",
-                 "--budget-candidates", "16", "--block", "1", "--shapes", "moe=moe_decode", "--out", str(tmp_path / "o"))
+                 "--budget-candidates", "16", "--block", "1", "--shapes", "moe=moe_decode",
+                 "--out", str(tmp_path / "o"))
     assert result.exit_code == 0, result.output
     plan = got["plan"]
     assert plan["problems"] == ["kda_decode", "moe"] and plan["seeds"] == [0, 1] and got["gpu_models"] == []
