@@ -138,7 +138,7 @@ def harness_for_block(arm: str, warehouse_root: str) -> int:
 
 # ------------------------------------------------------------------ the report
 
-def _headline_shapes(wh: Warehouse, run_id: str, timed: bool) -> list[str]:
+def headline_shapes(wh: Warehouse, run_id: str, timed: bool) -> list[str]:
     """The shapes both the run's kernels and the hand-written ones are scored on."""
     if timed:
         return [r["shape"] for r in wh.query("select shape from run_headlines where run_id = ? order by shape",
@@ -153,7 +153,7 @@ def _headline_shapes(wh: Warehouse, run_id: str, timed: bool) -> list[str]:
     return heads or [r["shape"] for r in rows if r["role"] != "held_out"]
 
 
-def _kernel_scores(wh: Warehouse, run_id: str, shapes: list[str], timed: bool) -> list[dict[str, Any]]:
+def kernel_scores(wh: Warehouse, run_id: str, shapes: list[str], timed: bool) -> list[dict[str, Any]]:
     """Each scored attempt of the run on ``shapes`` (all of them), in generation order; a kernel that came out wrong
     when the final stage confirmed it (``confirm_failures``) scores nothing."""
     if not shapes:
@@ -179,7 +179,8 @@ def _kernel_scores(wh: Warehouse, run_id: str, shapes: list[str], timed: bool) -
     return sorted(out, key=lambda k: (k["generation"], k["slot"] or 0))
 
 
-def _hand_written_best(wh: Warehouse, run_id: str, shapes: list[str], timed: bool) -> tuple[float | None, str | None]:
+def hand_written_best(wh: Warehouse, run_id: str, shapes: list[str],
+                      timed: bool) -> tuple[float | None, str | None]:
     """The best hand-written kernel's score on ``shapes`` (each shape scored and correct where checked)."""
     if not shapes:
         return None, None
@@ -217,9 +218,9 @@ def run_result(plan: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
     if not Path(root).exists() or not run_rows(root, rid):
         return {**row, "note": "not run yet"}
     wh = Warehouse(root)
-    shapes = _headline_shapes(wh, rid, timed)
-    scores = _kernel_scores(wh, rid, shapes, timed)
-    hw_ms, hw_name = _hand_written_best(wh, rid, shapes, timed)
+    shapes = headline_shapes(wh, rid, timed)
+    scores = kernel_scores(wh, rid, shapes, timed)
+    hw_ms, hw_name = hand_written_best(wh, rid, shapes, timed)
     att = wh.query("select generation, outcome, coalesce(gpu_seconds, 0) as gpu_s, harness_version from attempts "
                    "where run_id = ?", [rid]).to_pylist()
     secs = {r["generation"]: r["s"] for r in wh.query(
@@ -248,7 +249,7 @@ def run_result(plan: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def _median(xs: list[float]) -> float | None:
+def median(xs: list[float]) -> float | None:
     xs = sorted(xs)
     if not xs:
         return None
@@ -263,7 +264,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     for arm in ARMS:
         rs = [r for r in rows if r["arm"] == arm and r.get("attempts")]
         out[arm] = {"runs": len(rs), "converged": sum(bool(r["converged"]) for r in rs),
-                    "median_gpu_s_to_converge": _median([r["gpu_s_to_converge"] for r in rs if r["converged"]]),
+                    "median_gpu_s_to_converge": median([r["gpu_s_to_converge"] for r in rs if r["converged"]]),
                     "gpu_s_failed": round(sum(r["gpu_s_failed"] or 0 for r in rs), 3),
                     "failed_candidates": sum(r["failed_candidates"] or 0 for r in rs)}
     f, e = out["frozen"]["gpu_s_failed"], out["evolving"]["gpu_s_failed"]
@@ -287,7 +288,7 @@ def separates(rows: list[dict[str, Any]]) -> str | None:
     return None
 
 
-def _cell(v: Any) -> str:
+def cell(v: Any) -> str:
     if v is None:
         return "-"
     if isinstance(v, bool):
@@ -297,14 +298,14 @@ def _cell(v: Any) -> str:
     if isinstance(v, dict):
         return ", ".join(f"{k} {n}" for k, n in sorted(v.items())) or "none"
     if isinstance(v, list):
-        return ",".join(map(str, v))
+        return ",".join(map(str, v)) or "none"
     return str(v)
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     """The report's table in Markdown: one row per arm and seed."""
     head = "| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS)
-    return head + "".join("\n| " + " | ".join(_cell(r.get(c)) for c in COLUMNS) + " |" for r in rows)
+    return head + "".join("\n| " + " | ".join(cell(r.get(c)) for c in COLUMNS) + " |" for r in rows)
 
 
 def record_review(plan: dict[str, Any], review: dict[str, Any]) -> None:

@@ -11,6 +11,7 @@ import fcntl
 import json
 import time
 import uuid
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -280,3 +281,87 @@ def decide_proposal(proposal_id: str, approve: bool, reason: str, decided_by: st
                         f"{wait_s:.0f} s; look at it in the Prefect UI")
     return apply_decision(warehouse_root, proposal_id, approve, reason, decided_by)
 
+
+
+# ------------------------------------------------------------------ carrying a harness to another warehouse
+
+CHAIN_TABLES = ("proposals", "decisions", "harness_versions")     # in the order an import lands them
+
+
+def harness_chain(warehouse_root: str, version: int | None = None) -> dict[str, Any]:
+    """Harness version ``version`` (None: the newest approved) of a warehouse with every version it was built on,
+    as plain rows: ``{"version": N, "harness_versions": [...], "proposals": [...], "decisions": [...]}`` (the
+    approved proposals of versions 1..N and their decisions, each proposal's latest row), what
+    :func:`import_harness_chain` lands in another warehouse.
+
+    Raises
+    ------
+    CakeError
+        The warehouse holds no approved harness change, or no version ``version``.
+    """
+    wh = Warehouse(warehouse_root)
+    have = sorted(int(r["version"]) for r in wh.query("select distinct version from harness_versions").to_pylist())
+    if not have:
+        raise CakeError(f"{warehouse_root} holds no approved harness change (only the built-in v0): review its runs "
+                        "with `cake harness review` and approve what passes, or pass another home")
+    if version == 0:
+        raise CakeError("harness version 0 is the built-in one, which learned nothing; name an approved version")
+    if version is None:
+        version = have[-1]
+    if version not in have:
+        raise CakeError(f"{warehouse_root} holds no harness version {version} (it has "
+                        f"{', '.join(map(str, [0, *have]))}); `cake harness versions` lists them")
+    versions = wh.query("""select * from harness_versions where version <= ?
+                           qualify row_number() over (partition by version order by created_at) = 1
+                           order by version""", [version]).to_pylist()
+    ids = [v["proposal_id"] for v in versions if v["proposal_id"]]
+    marks = ", ".join("?" * len(ids)) or "null"
+    proposals = wh.query(f"""select * from proposals where proposal_id in ({marks})
+                             qualify row_number() over (partition by proposal_id order by recorded_at desc) = 1
+                             order by created_at""", ids).to_pylist()
+    decisions = wh.query(f"""select * from decisions where proposal_id in ({marks}) and decision = 'approved'
+                             qualify row_number() over (partition by proposal_id order by decided_at desc) = 1
+                             order by decided_at""", ids).to_pylist()
+    return {"version": version, "harness_versions": versions, "proposals": proposals, "decisions": decisions}
+
+
+def chain_to_json(chain: dict[str, Any]) -> str:
+    """``chain`` as JSON (timestamps as ISO text), the form it is kept in beside an experiment."""
+    return json.dumps(chain, indent=1, default=lambda v: v.isoformat() if hasattr(v, "isoformat") else str(v))
+
+
+def import_harness_chain(warehouse_root: str, chain: dict[str, Any]) -> HarnessSpec:
+    """Land the harness versions of ``chain`` (:func:`harness_chain`, or its JSON read back) in the warehouse at
+    ``warehouse_root``, with their proposals and decisions, so its runs can pin ``chain["version"]`` and its
+    ``harness_effects`` and ``cake harness versions`` show each change; exports each version as
+    ``harness/harness-vN.json`` beside the warehouse, as an approval does. Returns the newest spec.
+
+    A warehouse that holds those versions already is left as it is (an experiment calls this again when it
+    continues); the version rows land last, in one batch, so an import cut short lands no version and is done
+    again whole.
+
+    Raises
+    ------
+    CakeError
+        The warehouse holds harness versions of its own.
+    """
+    wh = Warehouse(warehouse_root)
+    want = {int(v["version"]): HarnessSpec.from_json(v["spec"]) for v in chain["harness_versions"]}
+    have = {int(r["version"]): HarnessSpec.from_json(r["spec"]).to_json() for r in wh.query(
+        "select version, spec from harness_versions qualify row_number() over "
+        "(partition by version order by created_at) = 1").to_pylist()}
+    if have and have != {v: spec.to_json() for v, spec in want.items()}:
+        raise CakeError(f"{warehouse_root} holds harness versions of its own ({', '.join(map(str, sorted(have)))}); "
+                        "a harness is carried only into a warehouse that has none, or has the same versions")
+    if not have:
+        for table in CHAIN_TABLES:
+            wh.append(table, [_typed(wh, table, r) for r in chain[table]])
+        for spec in want.values():
+            spec.export(export_dir(warehouse_root))
+    return want[int(chain["version"])]
+
+
+def _typed(wh: Warehouse, table: str, row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` with the ISO text of its timestamp columns (a chain read back from JSON) as datetimes."""
+    stamps = {c.name for c in wh.schema.columns[table] if c.sql_type.upper().startswith("TIMESTAMP")}
+    return {k: datetime.fromisoformat(v) if k in stamps and isinstance(v, str) else v for k, v in row.items()}

@@ -137,3 +137,38 @@ def replay_measurements(wh_root, run_id: str = "h200-corpus", harness: HarnessSp
     rows = [{**r, **{k: r[k] * slower for k in ("median_ms", "p10_ms", "p90_ms")}}
             for r in bench_rows(sorted(BENCH.glob("corpus-vs-peers-*.json")))]
     return land_bench_rows(str(wh_root), rows, run_id, harness)
+
+
+# The approved changes of the source home the transfer tests carry: a rule that stops the unguarded children
+# drop_guards writes (they fault on the CPU shapes' tails), a macro of two knob tactics, a calibration of the
+# SIMT factor (the KDA kernels' unit): each a kind HarnessSpec.apply reads, approved as `cake harness approve`
+# records it (tasks.harness.apply_decision: one new version each, exported).
+SOURCE_CHANGES = (
+    ("rule", "learned.unguarded_store", {"id": "learned.unguarded_store",
+                                         "predicate": {"all": [{"feature": "op.store.guard=False", "op": ">",
+                                                                "value": 0}]},
+                                         "message": "a store without its bounds check faulted on a tail",
+                                         "hint": "keep the guards where a dimension may not be a tile multiple"}),
+    ("tactic", "macro_retune_unroll", {"macro": {"name": "macro_retune_unroll", "steps": ["retune", "unroll"],
+                                                 "summary": "retune, then unroll"}}),
+    ("calibration", "simt", {"eff": {"simt": 0.4}}),
+)
+
+
+def source_home(home, problems=("gemm_bf16", "kmeans_assign"), changes=SOURCE_CHANGES):
+    """A Cake home (``home/warehouse``) with a run row of each of ``problems`` (the home's runs of the built-in
+    problems a review read), then ``changes`` proposed and approved, one harness version each. Returns the
+    warehouse root."""
+    from cake_core.harness.proposal import Proposal
+    from tasks.harness import apply_decision, record_proposal
+    from warehouse import Warehouse
+    root = home / "warehouse"
+    Warehouse(root).append("runs", [{
+        "run_id": f"{p}-1", "problem": p, "shape_set": "set", "harness_version": 0, "agent": "tactic", "seed": 0,
+        "generations": 4, "population": 8, "host": "test", "started_at": now(), "status": "completed",
+        "finished_at": now(), "cold": True} for p in problems])
+    for kind, name, payload in changes:
+        pid = record_proposal(str(root), Proposal(kind, f"test:{name}", f"{kind} {name}", payload), {"passed": True},
+                              None)
+        apply_decision(str(root), pid, True, "passed the corpus gate", "test")
+    return root
