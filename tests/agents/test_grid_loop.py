@@ -89,10 +89,21 @@ def test_a_three_dimensional_grid_folds_the_trips_into_z():
     ("knn_topk", "reads `top_v` before the trip writes it"),
     ("kda_varlen", "its extent eos - bos is not a grid extent"),
     ("kmeans_update", "outside the loop, would add once per CTA"),
-    ("kda_decode", "no top-level loop"),
 ])
 def test_it_refuses_a_seed_whose_loop_is_not_independent(prob, reason):
     assert reason in _refusal(parse_program(get_problem(prob).seed_text()))
+
+
+def test_the_kda_decode_seeds_value_tiles_go_to_the_grid_and_stay_correct():
+    problem = get_problem("kda_decode")
+    p = _apply(parse_program(problem.seed_text()))
+    assert len(p.grid) == 3 and "for vt in" not in p.text() and "tile(bid.z, BV)" in p.text()
+    shapes = [{"B": 2, "H": 3, "DK": 64, "DV": 64}, {"B": 3, "H": 2, "DK": 40, "DV": 72},
+              {"B": 1, "H": 2, "DK": 128, "DV": 128}]
+    for q in (p, p.with_consts(BV=32)):
+        assert not [d for d in verify(q, shapes=shapes) if d.is_error]
+        checks = check_on_cpu(q, problem, shapes, seed=2, strict=True)
+        assert all(c.correct for c in checks), [c.message for c in checks]
 
 
 def test_it_refuses_a_loop_that_stores_one_window_on_every_trip():

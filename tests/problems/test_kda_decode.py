@@ -74,15 +74,16 @@ def _planted(old: str, new: str) -> str:
     ("ignores_the_state", ("s", "o"))])
 def test_a_planted_mistake_is_wrong_where_it_shows(case, wrong_in):
     text = {
-        "no_decay": _planted('    ewise(s_t, s_t, a_c, fn="mul")\n', ""),
-        "no_beta": _planted('    ewise(u, u, b_1, fn="mul")\n', ""),
+        "no_decay": _planted('        ewise(s_t, s_t, a_c, fn="mul")\n', ""),
+        "no_beta": _planted('        ewise(u, u, b_1, fn="mul")\n', ""),
         # the state is right, the output reads it with the key instead of the query
-        "output_from_k": SEED[::-1].replace('    ewise(t, s_t, q_c, fn="mul")\n'[::-1],
-                                            '    ewise(t, s_t, k_c, fn="mul")\n'[::-1], 1)[::-1],
+        "output_from_k": SEED[::-1].replace('        ewise(t, s_t, q_c, fn="mul")\n'[::-1],
+                                            '        ewise(t, s_t, k_c, fn="mul")\n'[::-1], 1)[::-1],
         # the state is computed and dropped: s keeps its drawn value (finite: only the values tell)
-        "state_not_written": _planted("    store(s[bid.y, bid.x, tile(0, TK), tile(0, TV)], s_t)\n", ""),
+        "state_not_written": _planted("        store(s[bid.y, bid.x, tile(0, TK), tile(vt, BV)], s_t)\n", ""),
         # starts from a zero state instead of the one it is given
-        "ignores_the_state": _planted("    load(s_t, s[bid.y, bid.x, tile(0, TK), tile(0, TV)])\n", "    fill(s_t)\n"),
+        "ignores_the_state": _planted("        load(s_t, s[bid.y, bid.x, tile(0, TK), tile(vt, BV)])\n",
+                                      "        fill(s_t)\n"),
     }[case]
     assert text != SEED and check_text(text, f"{case}.cake") == []
     result = check_stage(parse_program(text, f"{case}.cake"), P, _small("headline"), seed=4, strict=False)
