@@ -100,6 +100,25 @@ def test_the_rule_miner_finds_nothing_when_failures_and_passes_look_alike():
     assert props == [] and "fewer than 3" in why["why"]
 
 
+def test_a_condition_that_restates_a_warning_is_a_rule_one_that_restates_an_error_is_not():
+    # the MoE seed's drop_guards children store the top-k's 16 slots into rows of k = 10: the built-in
+    # shapes.tail_guard only warns (a kernel may be written for tile multiples), so they reach the GPU and are wrong
+    moe = parse_program(get_problem("moe").seed_text())
+    rng = np.random.default_rng(3)
+    guarded = [retile(moe, rng) for _ in range(4)]
+    wrong = [_record(i, drop_guards(p, rng), "wrong", problem="moe", signature="s",
+                     rules=frozenset({"shapes.tail_guard"})) for i, p in enumerate(guarded)]
+    passing = [_record(10 + i, p, "measured", problem="moe") for i, p in enumerate(guarded)]
+    props, why = mine_rule(ClusterRecord("s", "check", None, 4), wrong, passing)
+    assert props and not why, why
+    assert all("guard" in json.dumps(pr.payload["predicate"]) for pr in props), [pr.title for pr in props]
+    # the same attempts flagged by an error-level rule are already stopped: nothing to learn
+    stopped = [_record(i, r.program, "verify_failed", problem="moe", signature="s",
+                       rules=frozenset({"mma.sync_tiling"})) for i, r in enumerate(wrong)]
+    props, why = mine_rule(ClusterRecord("s", "verify", None, 4), stopped, passing)
+    assert props == [] and "restates a built-in rule" in why["why"]
+
+
 def test_the_primitive_miner_needs_a_pattern_shared_by_two_problems():
     gemm = [_record(i, SEED, "checked", score=1.0) for i in range(3)]
     prop, why = mine_primitive(gemm)

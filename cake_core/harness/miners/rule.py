@@ -27,6 +27,7 @@ from cake_core.harness.evidence import excerpt
 from cake_core.harness.predicate import Atom, Predicate
 from cake_core.harness.proposal import Proposal
 from cake_core.harness.records import AttemptRecord, ClusterRecord
+from cake_core.outcome import Severity
 from cake_core.ir.verify import RULES
 
 # Lower is preferred: a relation between views and shapes holds on any problem, an op pattern names a
@@ -89,7 +90,9 @@ def separating(failing: Sequence[AttemptRecord], passing: Sequence[AttemptRecord
     atoms = candidate_atoms(failing, passing)
     everyone = frozenset(range(len(passing)))
     universe = list(failing) + list(passing) + list(others)
-    builtin = {r for a in failing for r in a.rules if r in RULES}     # verifier rules, not failure kinds
+    # verifier rules that already stop what they flag (errors, not failure kinds): a condition that restates a
+    # warning is a rule worth having, as the warning let the cluster through to fail later, on the GPU
+    builtin = {r for a in failing for r in a.rules if r in RULES and RULES[r].severity is Severity.ERROR}
     passed_over: list[dict] = []
     chosen: list[Predicate] = []
     ranked = sorted(atoms, key=lambda ae: (-len(ae[1]), _PRIORITY[family(ae[0].feature)], ae[0].feature))
