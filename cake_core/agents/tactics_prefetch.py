@@ -19,42 +19,38 @@ After::
     x_s1 = smem(bf16, (1, BK))
     wg_s1 = smem(bf16, (BK, BI))
     ...
-    if 0 < cdiv(H, BK):
-        cp_async(x_s, x[tile(bid.x, 1), tile(0, BK)])
-        cp_async(wg_s, w_gate[e, tile(0, BK), tile(it, BI)])
+    cp_async(x_s, x[tile(bid.x, 1), tile(0, BK)])
+    cp_async(wg_s, w_gate[e, tile(0, BK), tile(it, BI)])
     for kt2 in range(cdiv(cdiv(H, BK), 2)):
         kt = kt2 * 2
-        if kt + 1 < cdiv(H, BK):
-            cp_async(x_s1, x[tile(bid.x, 1), tile(kt + 1, BK)])
-            cp_async(wg_s1, w_gate[e, tile(kt + 1, BK), tile(it, BI)])
-            cp_async_wait(2)
-        if kt + 1 >= cdiv(H, BK):
-            cp_async_wait(0)
+        cp_async(x_s1, x[tile(bid.x, 1), tile(kt + 1, BK)])
+        cp_async(wg_s1, w_gate[e, tile(kt + 1, BK), tile(it, BI)])
+        cp_async_wait(2)
         sync()
         mma(acc_g, x_s, wg_s)
         sync()
         if kt + 1 < cdiv(H, BK):
             kt1 = kt + 1
-            if kt1 + 1 < cdiv(H, BK):
-                cp_async(x_s, x[tile(bid.x, 1), tile(kt1 + 1, BK)])
-                cp_async(wg_s, w_gate[e, tile(kt1 + 1, BK), tile(it, BI)])
-                cp_async_wait(2)
-            if kt1 + 1 >= cdiv(H, BK):
-                cp_async_wait(0)
+            cp_async(x_s, x[tile(bid.x, 1), tile(kt1 + 1, BK)])
+            cp_async(wg_s, w_gate[e, tile(kt1 + 1, BK), tile(it, BI)])
+            cp_async_wait(2)
             sync()
             mma(acc_g, x_s1, wg_s1)
             sync()
+    cp_async_wait(0)
 
 Each ``cp_async`` commits its own group, so a trip that issues L copies waits until L groups are in flight: its
-own tiles have landed, the next trip's are on the way. The last trip issues nothing and waits for every group.
+own tiles have landed, the next trip's are on the way. The copies always go one trip ahead, also past the last
+trip (those windows lie past the tensor's edge and read zeros that nothing uses), so every trip waits for the
+same count and no wait depends on a branch; the drain after the loop retires the last of them.
 
 Precondition: a role-free kernel; a loop ``for v in range(T)`` that loads into smem tiles before its first
 ``sync()`` (one stage, the gmem window's dtype, each window naming ``v`` only inside ``tile(..)``, so that the copy
 one trip past the end reads zeros, and nothing the body binds) and ends with ``sync()`` (the trip's reads are over
 before the next trip's copies land in that buffer); the tiles are written by nothing else and named nowhere
 outside the loop; the body binds no name (its second, unrolled trip would bind it again). What else runs
-before the first ``sync()`` (an ``iota``, a ``fill``) runs before the copies, as it ran before the barrier. Applies to the MoE, KDA and mha seeds' reduction
-loops and to any role-free kernel that loads, syncs and computes.
+before the first ``sync()`` (an ``iota``, a ``fill``) runs before the copies, as it ran before the barrier.
+Applies to the MoE, KDA prefill and mha seeds' loops and to any role-free kernel that loads, syncs and computes.
 """
 from __future__ import annotations
 
