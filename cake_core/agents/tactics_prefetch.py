@@ -50,7 +50,7 @@ one trip past the end reads zeros, and nothing the body binds) and ends with ``s
 before the next trip's copies land in that buffer); the tiles are written by nothing else and named nowhere
 outside the loop; the body binds no name (its second, unrolled trip would bind it again). What else runs
 before the first ``sync()`` (an ``iota``, a ``fill``) runs before the copies, as it ran before the barrier.
-Applies to the MoE, KDA prefill and mha seeds' loops and to any role-free kernel that loads, syncs and computes.
+Applies to the MoE, KDA prefill and attention seeds' loops and to any role-free kernel that loads, syncs and computes.
 """
 from __future__ import annotations
 
