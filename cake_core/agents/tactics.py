@@ -208,20 +208,33 @@ def mma_sync(p: Program, rng: np.random.Generator, bounds: Bounds | None = None)
     not look past the mma it rewrites; catching that before the lower stage is left to the verifier's
     rules (a rule mined from such failures does, see ``tests/core/test_harness_kinds.py``).
     Precondition: an ``mma`` with ``atom="fma"`` on bf16/f16 operands (the contraction seeds: a GEMM, an
-    argmin or a top-k epilogue); its tiles must split into m16n8k16 atoms over the warps, which the verifier
-    checks.
+    argmin or a top-k epilogue) whose accumulator rows are a const or a multiple of the atom's 16 (a literal one-row
+    accumulator, a token's vector times a weight tile, fits no atom whatever the knobs do); its tiles must split
+    into m16n8k16 atoms over the warps, which the verifier checks.
     """
     dtypes = {n.result: n.arg("dtype") for n in walk_nodes(p.body) if n.op in (Op.SMEM, Op.RMEM) and n.result}
+    shapes = {n.result: n.arg("shape") for n in walk_nodes(p.body) if n.op in (Op.SMEM, Op.RMEM) and n.result}
+    arch = find_arch(p.target)
+    atom_m = arch.mma_sync.m if arch is not None else 16
 
     def sixteen_bit(n) -> bool:
         return all(getattr(dtypes.get(_buf_name(a)), "value", "") in ("bf16", "f16") for a in (n.arg("a"), n.arg("b")))
 
+    def rows_fixed_off_atom(n) -> bool:
+        """The accumulator's rows are a number no knob moves (not a const) and no atom's rows divide."""
+        rows = (shapes.get(_buf_name(n.arg("acc"))) or (None,))[0]
+        return isinstance(rows, int) and rows % atom_m != 0
+
     fma = [n for n in walk_nodes(p.body) if n.op is Op.MMA and n.attr("atom") == "fma"]
     refuse_unless(bool(fma), "no mma with the fma atom")
-    found = [n for n in fma if sixteen_bit(n)]
-    refuse_unless(bool(found), "every fma mma multiplies f32 (or wider) tiles: mma.sync takes bf16/f16 operands")
-    return replace(p, body=map_nodes(p.body, lambda n: set_attrs(n, atom="mma_sync")
-                                     if n.op is Op.MMA and n.attr("atom") == "fma" and sixteen_bit(n) else n))
+    wide = [n for n in fma if sixteen_bit(n)]
+    refuse_unless(bool(wide), "every fma mma multiplies f32 (or wider) tiles: mma.sync takes bf16/f16 operands")
+    found = [n for n in wide if not rows_fixed_off_atom(n)]
+    refuse_unless(bool(found), f"every bf16/f16 fma mma accumulates into a fixed number of rows that {atom_m}, the "
+                               "mma.sync atom's rows, does not divide (a one-row accumulator: a token's vector)")
+    return replace(p, body=map_nodes(p.body, lambda n: set_attrs(n, atom="mma_sync") if n.op is Op.MMA
+                                     and n.attr("atom") == "fma" and sixteen_bit(n) and not rows_fixed_off_atom(n)
+                                     else n))
 
 
 def _buf_name(operand) -> str:

@@ -1,6 +1,7 @@
 """Structural tactics: each applies to at least two problems of the corpus (the result verifies, passes the
 CPU gate on ragged shapes and lowers; nvcc compiles it where nvcc is present), and refuses where its
 precondition does not hold, with the reason."""
+import re
 import shutil
 from pathlib import Path
 
@@ -351,6 +352,21 @@ def test_mma_sync_leaves_an_f32_product_alone():
     p = parse_program(_fp32_mma_seed(), "f32.cake")
     out = apply("mma_sync", p, np.random.default_rng(0), None)
     assert isinstance(out, Refused) and "mma.sync takes bf16/f16 operands" in out.reason
+
+
+def test_mma_sync_leaves_a_one_row_accumulator_alone_and_takes_one_whose_rows_a_const_sets():
+    # the MoE seed multiplies a token's row (1, BK) by an expert's tile: no atom of 16 rows fits a literal 1, and
+    # no knob moves it (the H100 MoE run spent 81 of 160 attempts on such children failing mma.sync_tiling)
+    moe = parse_program(get_problem("moe").seed_text())
+    out = apply("mma_sync", moe, np.random.default_rng(0), None)
+    assert isinstance(out, Refused) and "fixed number of rows that 16" in out.reason
+    gemm = get_problem("gemm_bf16").seed_text()
+    rows = re.search(r"rmem\(f32, \((\w+), ", gemm).group(1)
+    assert not rows.isdigit()                      # a const (BM): retile may move it to a multiple of 16
+    out = apply("mma_sync", parse_program(gemm), np.random.default_rng(0), None)
+    assert not isinstance(out, Refused) and 'atom="mma_sync"' in out.text()
+    literal = parse_program(gemm.replace(f"rmem(f32, ({rows}, ", "rmem(f32, (24, "), "g.cake")
+    assert isinstance(apply("mma_sync", literal, np.random.default_rng(0), None), Refused)
 
 
 def test_mma_sync_rewrites_the_16_bit_products_of_a_kernel_that_has_both():
