@@ -47,8 +47,9 @@ same count and no wait depends on a branch; the drain after the loop retires the
 Precondition: a role-free kernel; a loop ``for v in range(T)`` that loads into smem tiles before its first
 ``sync()`` (one stage, the gmem window's dtype, each window naming ``v`` only inside ``tile(..)``, so that the copy
 one trip past the end reads zeros, and nothing the body binds) and ends with ``sync()`` (the trip's reads are over
-before the next trip's copies land in that buffer); the tiles are written by nothing else and named nowhere
-outside the loop; the body binds no name (its second, unrolled trip would bind it again). What else runs
+before the next trip's copies land in that buffer); the tiles are named nowhere outside the loop and by nothing
+before the first ``sync()`` but their loads (after it, the trip may update them in place: each trip starts from
+its own copy); the body binds no name (its second, unrolled trip would bind it again). What else runs
 before the first ``sync()`` (an ``iota``, a ``fill``) runs before the copies, as it ran before the barrier.
 Applies to the MoE, KDA prefill and attention seeds' loops and to any role-free kernel that loads, syncs and computes.
 """
@@ -177,9 +178,6 @@ def _not_prefetchable(p: Program, loop: Node) -> str:
         if {buffer_name(a) for a in n.args} & set(dsts):
             return f"line {n.line} ({n.op.value}) names a loaded tile before the sync()"
     for n in walk_nodes(tuple(m for m in body if m.op is not Op.LOAD)):
-        for o, a in zip(n.decl.operands, n.args):
-            if buffer_name(a) in dsts and any(e.modifies for e in o.effects):
-                return f"line {n.line} ({n.op.value}) also writes `{buffer_name(a)}`"
         if n.op in (Op.LET, Op.SCALAR) or n.result:
             return f"line {n.line} ({n.op.value}) binds a name the unrolled second trip would bind again"
     return ""

@@ -1,5 +1,5 @@
 """prefetch: a role-free loop's copies issued one trip ahead with cp_async into a second set of buffers. It applies
-to the MoE, KDA prefill and tinygemm seeds, whose children pass the CPU gate and lower (the MoE child compiles
+to the MoE, KDA prefill and decode and tinygemm seeds, whose children pass the CPU gate and lower (the MoE child compiles
 with nvcc); it refuses, with the reason, warp-specialized kernels, a window that names the loop variable outside
 tile(..), a body whose loads are not followed by sync(), and a tile read outside the loop. The races rule sees
 the copies land only at the cp_async_wait that retires their group: a wait that leaves the trip's own copies in
@@ -27,6 +27,9 @@ SHAPES = {
     "moe": [{"M": 3, "H": 72, "I": 40, "E": 12, "k": 3}, {"M": 4, "H": 200, "I": 136, "E": 8, "k": 2}],
     "kda_prefill": [{"B": 2, "T": 6, "H": 2, "DK": 64, "DV": 64}, {"B": 1, "T": 9, "H": 3, "DK": 32, "DV": 48}],
     "tinygemm": [{"M": 1, "N": 128, "K": 128}, {"M": 16, "N": 100, "K": 72}, {"M": 3, "N": 40, "K": 8}],
+    # the state tile is updated in place after the barrier: each trip starts from its own copy
+    "kda_decode": [{"B": 2, "H": 3, "DK": 64, "DV": 64}, {"B": 3, "H": 2, "DK": 40, "DV": 72},
+                   {"B": 1, "H": 1, "DK": 100, "DV": 16}],
 }
 
 LOOP = '''@kernel(target="sm_90a", grid=(cdiv(M, BM),), threads=128, consts={"BM": 128, "BK": 32})
