@@ -47,6 +47,22 @@ def run_id_of(problem: str, arm: str, seed: int) -> str:
     return f"{problem}-{arm}-s{seed}"
 
 
+def check_budget(seeds: list[int], block: int, population: int, generations: int | None,
+                 budget_candidates: int | None, budget_gpu_minutes: float | None, timed: bool) -> None:
+    """An experiment's seeds, blocks and budget as the command was given them, or the CakeError saying which is
+    wrong (an experiment's runs share them: the same for every arm)."""
+    if not seeds:
+        raise CakeError("the experiment needs at least one seed; pass --seeds 1 or more")
+    for name, v in (("block", block), ("population", population), ("generations", generations),
+                    ("budget-candidates", budget_candidates)):
+        if v is not None and v < 1:
+            raise CakeError(f"--{name} must be at least 1, got {v}")
+    if budget_gpu_minutes is not None and not budget_gpu_minutes > 0:
+        raise CakeError(f"--budget-gpu-minutes must be above 0, got {budget_gpu_minutes}")
+    if budget_gpu_minutes is not None and not timed:
+        raise CakeError("--budget-gpu-minutes needs a GPU (CPU mode spends none); give --budget-candidates")
+
+
 def experiment_plan(problem: str, shape_set: str | None, seeds: list[int], out_dir: str, population: int, block: int,
                     generations: int | None, budget_candidates: int | None, budget_gpu_minutes: float | None,
                     approve: str, timed: bool, gate_gpu: bool | None = None) -> dict[str, Any]:
@@ -59,16 +75,7 @@ def experiment_plan(problem: str, shape_set: str | None, seeds: list[int], out_d
     if approve not in APPROVALS:
         raise CakeError(f"unknown approval policy `{approve}` for the evolving arm; use one of "
                         f"{', '.join(APPROVALS)}")
-    if not seeds:
-        raise CakeError("the experiment needs at least one seed; pass --seeds 1 or more")
-    for name, v in (("block", block), ("population", population), ("generations", generations),
-                    ("budget-candidates", budget_candidates)):
-        if v is not None and v < 1:
-            raise CakeError(f"--{name} must be at least 1, got {v}")
-    if budget_gpu_minutes is not None and not budget_gpu_minutes > 0:
-        raise CakeError(f"--budget-gpu-minutes must be above 0, got {budget_gpu_minutes}")
-    if budget_gpu_minutes is not None and not timed:
-        raise CakeError("--budget-gpu-minutes needs a GPU (CPU mode spends none); give --budget-candidates")
+    check_budget(seeds, block, population, generations, budget_candidates, budget_gpu_minutes, timed)
     if gate_gpu is None:
         gate_gpu = timed
     if gate_gpu and not timed:

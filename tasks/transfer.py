@@ -42,7 +42,7 @@ from typing import Any
 from cake_core.errors import CakeError
 from cake_core.model.base import geomean
 from cake_core.problems import get_problem, list_problems, load_shape_set
-from tasks.experiment import (CONVERGED_AT, DEFAULT_GENERATIONS, cell, convergence, hand_written_best,
+from tasks.experiment import (CONVERGED_AT, DEFAULT_GENERATIONS, cell, check_budget, convergence, hand_written_best,
                               headline_shapes, kernel_scores, median)
 from tasks.harness import chain_to_json, harness_chain, import_harness_chain
 from warehouse import Warehouse
@@ -123,16 +123,7 @@ def transfer_plan(problems: list[str] | None, shape_sets: dict[str, str], seeds:
         prob = get_problem(name)
         sets[name] = shape_sets.get(name) or prob.shape_sets[0]
         load_shape_set(prob, sets[name])
-    if not seeds:
-        raise CakeError("the experiment needs at least one seed; pass --seeds 1 or more")
-    for name, v in (("block", block), ("population", population), ("generations", generations),
-                    ("budget-candidates", budget_candidates)):
-        if v is not None and v < 1:
-            raise CakeError(f"--{name} must be at least 1, got {v}")
-    if budget_gpu_minutes is not None and not budget_gpu_minutes > 0:
-        raise CakeError(f"--budget-gpu-minutes must be above 0, got {budget_gpu_minutes}")
-    if budget_gpu_minutes is not None and not timed:
-        raise CakeError("--budget-gpu-minutes needs a GPU (CPU mode spends none); give --budget-candidates")
+    check_budget(seeds, block, population, generations, budget_candidates, budget_gpu_minutes, timed)
     if not seed_target > 1:
         raise CakeError(f"--seed-target must be above 1 (a speed-up over the naive seed), got {seed_target}")
     if generations is None:
