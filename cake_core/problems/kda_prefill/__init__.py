@@ -5,6 +5,11 @@ order, starting from the state s[b, h] (f32, DK x DV): o[b, t, h] is the output 
 state is written over s. Inputs are laid out as flash-linear-attention takes them: q, k, g (B, T, H, DK), v
 (B, T, H, DV), beta (B, T, H); q carries the attention scale. Products are accumulated in fp32 (or wider).
 Fixed-length sequences (sequences of different lengths packed into one token axis are a problem of their own).
+
+The naive seed (kernels/kda_prefill.cake) is the decode step in a loop over tokens. kernels/kda_prefill_chunked.cake
+is the same recurrence in the chunked form fast kernels use (chunks of 64 tokens: the decayed intra-chunk products
+under iota masks, the UT transform (I + L)^-1 as a product of log2(64) Neumann factors in f32 mma, the chunk's output,
+the state carried chunk to chunk): a kernel file beside the seed (``Problem.kernel_files``), not the seed.
 """
 from __future__ import annotations
 
