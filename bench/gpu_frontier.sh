@@ -8,7 +8,7 @@
 #    the grouped GEMM over gathered rows, fetch_add and compact (the token permutation by expert feeding it),
 #    in/out state tensors, the exported dispatcher from torch, the role-aware
 #    compute lowering;
-# 2. the KDA naive seeds (and the prefill seeds with prefetch) against flash-linear-attention at decode, prefill
+# 2. the KDA naive seeds (and the prefill seeds with prefetch, and the chunked naive prefill program) against flash-linear-attention at decode, prefill
 #    and varlen prefill shapes;
 # 3. the MoE naive seed, and the seed with its expert and intermediate-tile loops spread over CTAs by grid_loop
 #    (written by this script with the tactic, as a cold run would), and that with the copies of its two loops issued
@@ -43,7 +43,7 @@ part gpu-tests 170 env GPU_TESTS="tests/runtime/test_scalar_gpu.py tests/runtime
 part kda-decode 50 env OUT="$OUT/kda_decode" bash bench/gpu.sh corpus --problems kda_decode \
     --shapes "B=1,H=32,DK=128,DV=128;B=8,H=32,DK=128,DV=128;B=256,H=32,DK=128,DV=128" --reps 10
 part kda-prefill 50 env OUT="$OUT/kda_prefill" bash bench/gpu.sh corpus --problems kda_prefill \
-    --program "$OUT/kda_prefill_prefetch.cake" \
+    --program "$OUT/kda_prefill_prefetch.cake" --program cake_core/problems/kda_prefill/kernels/kda_prefill_chunked.cake \
     --shapes "B=8,T=1024,H=64,DK=128,DV=128" --reps 3
 part kda-varlen 50 env OUT="$OUT/kda_varlen" bash bench/gpu.sh corpus --problems kda_varlen \
     --program "$OUT/kda_varlen_prefetch.cake" \
