@@ -212,8 +212,8 @@ def mma_sync(p: Program, rng: np.random.Generator, bounds: Bounds | None = None)
     accumulator, a token's vector times a weight tile, fits no atom whatever the knobs do); its tiles must split
     into m16n8k16 atoms over the warps, which the verifier checks.
     """
-    dtypes = {n.result: n.arg("dtype") for n in walk_nodes(p.body) if n.op in (Op.SMEM, Op.RMEM) and n.result}
-    shapes = {n.result: n.arg("shape") for n in walk_nodes(p.body) if n.op in (Op.SMEM, Op.RMEM) and n.result}
+    tiles = {n.result: n for n in walk_nodes(p.body) if n.op in (Op.SMEM, Op.RMEM) and n.result}
+    dtypes = {name: n.arg("dtype") for name, n in tiles.items()}
     arch = find_arch(p.target)
     atom_m = arch.mma_sync.m if arch is not None else 16
 
@@ -222,7 +222,8 @@ def mma_sync(p: Program, rng: np.random.Generator, bounds: Bounds | None = None)
 
     def rows_fixed_off_atom(n) -> bool:
         """The accumulator's rows are a number no knob moves (not a const) and no atom's rows divide."""
-        rows = (shapes.get(_buf_name(n.arg("acc"))) or (None,))[0]
+        acc = tiles.get(_buf_name(n.arg("acc")))
+        rows = acc.arg("shape")[0] if acc is not None else None
         return isinstance(rows, int) and rows % atom_m != 0
 
     fma = [n for n in walk_nodes(p.body) if n.op is Op.MMA and n.attr("atom") == "fma"]

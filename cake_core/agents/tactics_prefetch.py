@@ -59,7 +59,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from cake_core.agents.rewrite import namer, refuse_unless, stmt, subst_node, subst_view, view_syms, walk_nodes
+from cake_core.agents.rewrite import map_nodes, namer, refuse_unless, stmt, subst_node, subst_view, view_syms, walk_nodes
 from cake_core.ir.expr import Bin, Call, Expr, Sym, fmt_expr, symbols
 from cake_core.ir.opdef import At, Slot, Tile, View, buffer_name
 from cake_core.ir.ops import Node, Op, loop_range
@@ -103,25 +103,10 @@ def prefetch(p: Program, rng: np.random.Generator, bounds=None) -> Program:
     new_loop = replace(stmt(f"for {v2} in range({fmt_expr(Call('cdiv', (trips, 2)))}):\n    sync()"),
                        body=(*first, second))
 
-    def swap(n: Node) -> Node | tuple[Node, ...]:
-        if n is loop:
-            return (*copies(same, 0), new_loop, stmt("cp_async_wait(0)"))
-        if n.op is Op.SMEM and n.result in seconds:
-            return n, replace(n, result=seconds[n.result])
-        return n
-    return replace(p, body=_map_identity(p.body, swap))
-
-
-def _map_identity(nodes: tuple[Node, ...], fn) -> tuple[Node, ...]:
-    """``map_nodes`` that hands ``fn`` each original node (before its body is rebuilt), so ``fn`` can find a node by
-    identity; a node ``fn`` returns unchanged gets its body mapped."""
-    out: list[Node] = []
-    for n in nodes:
-        r = fn(n)
-        if r is n and n.body:
-            r = replace(n, body=_map_identity(n.body, fn))
-        out.extend(r if isinstance(r, tuple) else (r,))
-    return tuple(out)
+    body = map_nodes(p.body, lambda n: (*copies(same, 0), new_loop, stmt("cp_async_wait(0)")) if n == loop else n)
+    body = map_nodes(body, lambda n: (n, replace(n, result=seconds[n.result]))
+                     if n.op is Op.SMEM and n.result in seconds else n)
+    return replace(p, body=body)
 
 
 def _split(body: tuple[Node, ...]) -> tuple[tuple[Node, ...], tuple[Node, ...]]:

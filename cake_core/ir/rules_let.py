@@ -175,13 +175,12 @@ def _scalar_source(ctx: Ctx) -> Iterable[Diagnostic]:
         t = ctx.buffers.get(v.buf)
         if t is None:
             continue     # types.undefined names it
-        swizzled = ctx.swizzle_of(v.buf)
         if t.space not in (MemSpace.GMEM, MemSpace.SMEM):
             yield ctx.diag("scalar.source", n, f"scalar `{var}` reads `{v.buf}`, a {t.space.value} tile; it reads "
                                                "a gmem tensor or an smem tile", path=path,
                            hint="copy the value to an smem tile and sync() first (an rmem tile is spread over "
                                 "the threads)")
-        elif t.space is MemSpace.SMEM and (t.stages != 1 or swizzled):
+        elif t.space is MemSpace.SMEM and not _plain_smem(ctx, v.buf, t):
             yield ctx.diag("scalar.source", n, f"scalar `{var}` reads `{v.buf}`, a "
                                                f"{'ring' if t.stages != 1 else 'swizzled'} smem tile; it reads a "
                                                "single-stage unswizzled one", path=path,
@@ -231,7 +230,7 @@ def _fetch_add_target(ctx: Ctx) -> Iterable[Diagnostic]:
         if t.space not in (MemSpace.GMEM, MemSpace.SMEM):
             bad = f"`{v.buf}` is a {t.space.value} tile; it adds into a gmem tensor or an smem tile"
             hint = "keep the counter in an smem tile (an rmem tile is spread over the threads)"
-        elif t.space is MemSpace.SMEM and (t.stages != 1 or ctx.swizzle_of(v.buf)):
+        elif t.space is MemSpace.SMEM and not _plain_smem(ctx, v.buf, t):
             bad = (f"`{v.buf}` is a {'ring' if t.stages != 1 else 'swizzled'} smem tile; it adds into a single-stage "
                    "unswizzled one")
             hint = "keep the counter in a plain smem tile, e.g. cur_s = smem(i32, (1,))"

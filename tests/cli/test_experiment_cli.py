@@ -3,24 +3,15 @@ from __future__ import annotations
 
 import contextlib
 
+import cli_run
 import pytest
-from typer.testing import CliRunner
+from cli_run import one_error_line
 
-from cake_cli.main import app
 from tasks.experiment import COLUMNS
-
-runner = CliRunner()
 
 
 def run(*args: str):
-    return runner.invoke(app, ["experiment", "frozen-vs-evolving", *args])
-
-
-def one_error_line(result) -> str:
-    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("error: ") and "Traceback" not in result.output
-    return lines[0]
+    return cli_run.run("experiment", "frozen-vs-evolving", *args)
 
 
 @pytest.fixture
