@@ -60,3 +60,38 @@ def scratch_bytes(n: Any, types: Callable[[str], TileType | None],
             numel *= d
         total += -(-numel * t.dtype.bytes // SCRATCH_ALIGN) * SCRATCH_ALIGN
     return total
+
+
+def reduce_partials(shape: tuple[int, ...], axis: int, threads: int,
+                    src_bytes: int) -> tuple[int, str, str, int, str] | None:
+    """How the threads holding a CTA-spread rmem tile of ``shape`` reduce their own elements along ``axis`` before
+    anything goes through shared memory: (lines each thread touches, the line of its slot ``cake_s`` as C, the
+    line of its partial ``cake_k`` as C, partials per line Q, this thread's index among a line's Q as C); None
+    where a thread's slots do not fall on a fixed set of lines, or where the L x Q f32/i32 partials would not fit
+    the scratch the tile's staging reserves (then the lowering stages the whole tile). Element e = s * THREADS +
+    tid of an (R, C) tile lies on row e / C and column e % C."""
+    numel = 1
+    for d in shape:
+        numel *= d
+    T = threads
+    if T <= 0 or numel % T or len(shape) not in (1, 2):
+        return None
+    S = numel // T
+    if len(shape) == 1:
+        geo, lines = (1, "0", "0", T, "threadIdx.x"), 1
+    else:
+        R, C = shape
+        if axis in (0, -2):                          # lines are columns
+            if T % C == 0:                           # every slot of a thread on column tid % C
+                geo = (1, "0", f"threadIdx.x % {C}", T // C, f"threadIdx.x / {C}")
+            elif C % T == 0:                         # slot s on column (s % (C / T)) * T + tid, every row of it
+                g = C // T
+                geo = (g, f"cake_s % {g}", f"cake_k * {T} + threadIdx.x", 1, "0")
+            else:
+                return None
+            lines = C
+        elif C % T == 0 and S >= R:                  # lines are rows: slot s on row s / (C / T)
+            geo, lines = (R, f"cake_s / {C // T}", "cake_k", T, "threadIdx.x"), R
+        else:
+            return None
+    return geo if lines * geo[3] * 4 <= numel * src_bytes else None

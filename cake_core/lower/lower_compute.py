@@ -29,7 +29,7 @@ from __future__ import annotations
 from cake_core.ir.expr import Expr, evaluate
 from cake_core.ir.ops import At, Full, Node, Op, Tile, View
 from cake_core.ir.ops_compute import computes_in_float
-from cake_core.ir.scratch import SCRATCH_ALIGN, staged_operands
+from cake_core.ir.scratch import SCRATCH_ALIGN, reduce_partials, staged_operands
 from cake_core.ir.shapes import broadcasts_to, norm_axis
 from cake_core.ir.types import DType, MemSpace, TileType
 from cake_core.lower.context import Buf, Ctx, Line, Lowering, LowerError, c_literal, window
@@ -66,7 +66,9 @@ def _scratch(ctx: Ctx, n: Node, nbytes: int) -> int:
 class _Staging:
     """The rmem operands of one statement that go through smem scratch."""
 
-    def __init__(self, ctx: Ctx, n: Node):
+    def __init__(self, ctx: Ctx, n: Node, unstaged: frozenset[str] = frozenset()):
+        """``unstaged``: operands whose scratch region is placed as usual but not filled with their elements
+        (an op that writes something else there, a reduction its per-thread partials)."""
         def types(name: str) -> TileType | None:
             try:
                 return ctx.buf(name, _TILE, "operand").type
@@ -95,7 +97,8 @@ class _Staging:
             p = f"cake_st_{name}"
             self.ptr[name] = p
             self.pre.append(f"{c}* const {p} = reinterpret_cast<{c}*>(cake_smem + {base + sizes[name]});")
-            self.pre.append(f"cake::stage_smem_rmem<{b.numel}, THREADS>({p}, {name});")
+            if name not in unstaged:
+                self.pre.append(f"cake::stage_smem_rmem<{b.numel}, THREADS>({p}, {name});")
         self.pre.append("__syncthreads();")
 
     def smem_ptr(self, b: Buf) -> str:
@@ -324,10 +327,47 @@ def _check_reduced(src: Buf, outs: list[Buf], lines: int) -> None:
                                                      f"reducing `{src.name}` {src.shape}")
 
 
+def _reduce_partials(n: Node, ctx: Ctx, dst: Buf, src: Buf, L: int) -> list[Line] | None:
+    """An rmem ``src`` reduced by its owners first, each thread combining the elements it holds on one line into a
+    partial, then the Q partials of each line combined (``reduce_smem`` over an (L, Q) tile of partials): the
+    scratch carries the partials (THREADS of them, or one per line and thread), not the tile. None where the
+    thread map does not allow it, or the partials would not fit the region the tile's staging reserves
+    (``scratch.reduce_partials``)."""
+    if src.type.space is not MemSpace.RMEM or src.layout is not None or src.wgmma:
+        return None
+    geo = reduce_partials(src.shape, norm_axis(n.attr("axis"), len(src.shape)), ctx.threads, src.type.dtype.bytes)
+    if geo is None:
+        return None
+    per_thread, line_of_slot, line_of_k, Q, q = geo
+    st = _Staging(ctx, n, unstaged=frozenset(b.name for b in (src, dst) if b.type.space is MemSpace.RMEM))
+    op, c = _FN_CODE[n.attr("fn")], src.type.dtype.c_type
+    A = f"cake::acc_t<{c}>"
+    slots = src.numel // ctx.threads
+    body = [f"{A} cake_p[{per_thread}];",
+            f"#pragma unroll",
+            f"for (int cake_k = 0; cake_k < {per_thread}; ++cake_k) cake_p[cake_k] = cake::identity<{op}, {A}>();",
+            f"#pragma unroll",
+            f"for (int cake_s = 0; cake_s < {slots}; ++cake_s) {{",
+            f"    const int cake_k = {line_of_slot};",
+            f"    cake_p[cake_k] = cake::combine<{op}, {A}>(cake_p[cake_k], cake::convert<{A}>({src.name}[cake_s]));",
+            f"}}",
+            f"{A}* const cake_part = reinterpret_cast<{A}*>({st.smem_ptr(src)});",
+            f"__syncthreads();  // the scratch free to overwrite",
+            f"#pragma unroll",
+            f"for (int cake_k = 0; cake_k < {per_thread}; ++cake_k) cake_part[({line_of_k}) * {Q} + {q}] = cake_p[cake_k];",
+            f"__syncthreads();  // every partial visible",
+            f"cake::reduce_smem<{L}, {Q}, {Q}, 1, {op}, THREADS>({st.smem_ptr(dst)}, cake_part);",
+            f"__syncthreads();  // results visible to every thread"]
+    return _block([x for x in st.pre if not x.startswith("__syncthreads")], body, st.unstage([dst]))
+
+
 def lower_reduce(n: Node, ctx: Ctx) -> list[Line]:
     dst, src = _tile(ctx, n.args[0], "destination"), _tile(ctx, n.args[1], "source")
     L, N, LS, JS = _lines(n, src)
     _check_reduced(src, [dst], L)
+    partial = _reduce_partials(n, ctx, dst, src, L)
+    if partial is not None:
+        return partial
     st = _Staging(ctx, n)
     call = (f"cake::reduce_smem<{L}, {N}, {LS}, {JS}, {_FN_CODE[n.attr('fn')]}, THREADS>"
             f"({st.smem_ptr(dst)}, {st.smem_ptr(src)});")
