@@ -30,6 +30,7 @@ from cake_core.agents.tactics_cluster import cluster_split, multicast
 from cake_core.agents.tactics_grid import grid_loop, group_tiles, split_k
 from cake_core.agents.tactics_prefetch import prefetch
 from cake_core.agents.tactics_registers import registers
+from cake_core.agents.tactics_sync import drop_syncs
 from cake_core.agents.tactics_persistent import persistent
 from cake_core.agents.tactics_sched import batch_wgmma, consumer_warpgroups, pingpong, pipeline_wgmma
 from cake_core.agents.tactics_ws import WGMMA_N, warp_specialize, wgmma_consts
@@ -262,6 +263,7 @@ TACTICS: dict[str, Tactic] = {
     "grid_loop": grid_loop,              # an independent loop's trips spread over CTAs (a grid dimension)
     "prefetch": prefetch,                # a role-free loop's copies issued a trip ahead (cp.async, two buffers)
     "registers": registers,              # an smem tile only its owners touch, moved into registers
+    "drop_syncs": drop_syncs,            # the CTA barriers that order no smem access and no global write, removed
     # knobs
     "retile": retile,                    # tile sizes within the atom's constraints
     "restage": restage,                  # ring depth with its buffers' stages
@@ -273,7 +275,7 @@ TACTICS: dict[str, Tactic] = {
 }
 STRUCTURAL = ("mma_sync", "warp_specialize", "tma", "resident", "batch_wgmma", "pipeline_wgmma", "pingpong",
               "consumer_warpgroups", "persistent", "split_k", "cluster_split", "multicast", "group_tiles",
-              "grid_loop", "prefetch", "registers")
+              "grid_loop", "prefetch", "registers", "drop_syncs")
 
 
 def apply(name: str, p: Program, rng: np.random.Generator, bounds: Bounds | None = None,

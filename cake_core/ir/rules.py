@@ -369,12 +369,18 @@ def _grid(ctx: Ctx) -> Iterable[Diagnostic]:
 
 _TRACKED = frozenset(op for op, d in REGISTRY.items() if d.ordering is Ordering.BARRIER)
 _SYNCS = frozenset(op for op, d in REGISTRY.items() if d.sync is SyncKind.CTA)
+# compute ops lowered with a CTA barrier before and after them (one thread per line: lower_compute._line_op)
+_FENCED = frozenset({Op.REDUCE, Op.SCAN, Op.ARGMIN, Op.ARGMAX, Op.ARGMIN_UPDATE, Op.TOPK_MERGE})
+# compute ops lowered as a loop over the destination's elements, e = s * THREADS + tid, with no barrier (one
+# before them where they stage an rmem operand): a source read at the same element is read by the thread that
+# owns it, any other (a broadcast, a transpose's source) by other threads
+_OWNED = frozenset({Op.FILL, Op.CAST, Op.UNARY, Op.EWISE, Op.SELECT, Op.IOTA, Op.TRANSPOSE})
 _KIND = {Effect.READ: ("read",), Effect.WRITE: ("write",), Effect.READWRITE: ("read", "write"),
          Effect.ATOMIC_ADD: ("atomic",), Effect.OWNED_ADD: ("owned",)}
 
 
 @rule("races.smem", "races", "a shared-memory tile is read and written without a barrier between",
-      guards=_TRACKED | _SYNCS)
+      guards=_TRACKED | _SYNCS | _FENCED | _OWNED)
 def _races(ctx: Ctx) -> Iterable[Diagnostic]:
     """Simulate the statement order (loop bodies twice, so the wrap into the next
     trip is seen) and track, per smem tile, accesses since the last sync().
@@ -382,7 +388,11 @@ def _races(ctx: Ctx) -> Iterable[Diagnostic]:
     touch elements another thread accesses: both read-after-write and
     write-after-read need a barrier. The ops followed are those whose declaration
     says sync() orders them (``Ordering.BARRIER``); role blocks are the protocol
-    checker's (sync() cannot stand in them).
+    checker's (sync() cannot stand in them). The compute ops are followed as they are lowered: an axis op
+    (``reduce``, ``scan``...) runs between two CTA barriers; an elementwise op (``ewise``, ``unary``, ``fill``,
+    ``transpose``...) loops over its destination's elements with no barrier (one before it where it stages an
+    rmem operand), each element by the thread that owns it, so two such accesses to a tile at the same element
+    are one thread's and do not race, while a broadcast or transposed read of a tile another op wrote does.
 
     A ``cp_async`` copy lands when a ``cp_async_wait(n)`` retires its group (each copy commits one; the wait
     leaves the newest n in flight), not at the next sync(): until then its write stays pending across barriers.
@@ -394,13 +404,16 @@ def _races(ctx: Ctx) -> Iterable[Diagnostic]:
     issued = itertools.count()
     out: list[Diagnostic] = []
 
+    def barrier() -> None:
+        pending.clear()
+        for _, buf, pn, ptrip in inflight:      # still landing: the barrier does not order them
+            pending.setdefault(buf, []).append(("landing", pn, ptrip, False))
+
     def run(nodes: tuple[Node, ...], trip: int) -> None:
         nonlocal inflight
         for n in nodes:
-            if n.op in _SYNCS:
-                pending.clear()
-                for _, buf, pn, ptrip in inflight:      # still landing: the barrier does not order them
-                    pending.setdefault(buf, []).append(("landing", pn, ptrip))
+            if n.op in _SYNCS or n.op in _FENCED or (n.op in _OWNED and _stages(ctx, n)):
+                barrier()
             elif n.op is Op.CP_ASYNC_WAIT:
                 keep = ctx.static(n.args[0]) if n.args[0] else 0
                 if keep is not None:                    # an unknown count retires nothing
@@ -414,8 +427,14 @@ def _races(ctx: Ctx) -> Iterable[Diagnostic]:
                 inflight = sorted(set(before) | set(inflight), key=lambda g: g[0])
             if n.op is Op.CP_ASYNC and buffer_name(n.arg("dst")) in smem:
                 inflight.append((next(issued), buffer_name(n.arg("dst")), n, trip))
-            for kind, buf in (smem_accesses(n, smem) if n.op in _TRACKED else ()):
-                for pkind, pn, ptrip in pending.get(buf, []):
+            accesses = smem_accesses(n, smem) if n.op in _TRACKED | _FENCED | _OWNED else []
+            owned = _owned_accesses(ctx, n, smem) if n.op in _OWNED else set()
+            recorded: list[tuple[str, tuple[str, Node, int, bool]]] = []
+            for kind, buf in accesses:      # an op's own accesses do not race with each other
+                mine = (kind, buf) in owned
+                for pkind, pn, ptrip, pmine in pending.get(buf, []):
+                    if mine and pmine:
+                        continue        # the same element, by the thread that owns it
                     if _conflict(kind, pkind) and (pn.line, n.line) not in reported:
                         reported.add((pn.line, n.line))
                         path = next((p for m, p, _ in ctx.nodes if m is n), "")
@@ -436,9 +455,41 @@ def _races(ctx: Ctx) -> Iterable[Diagnostic]:
                             witness=[f"{pkind}: {pn.op.value} at line {pn.line} (trip {ptrip})",
                                      f"{kind}: {n.op.value} at line {n.line} (trip {trip})"],
                             hint="insert sync() between them"))
-                pending.setdefault(buf, []).append((kind, n, trip))
+                recorded.append((buf, (kind, n, trip, mine)))
+            for buf, access in recorded:
+                pending.setdefault(buf, []).append(access)
+            if n.op in _FENCED:
+                barrier()
 
     run(ctx.program.body, 1)
+    return out
+
+
+def _stages(ctx: Ctx, n: Node) -> bool:
+    """Whether an elementwise op's lowering stages an rmem operand through scratch (a barrier before it)."""
+    from cake_core.ir.scratch import staged_operands
+
+    def shape(t):
+        dims = tuple(ctx.static(d) for d in t.shape)
+        return None if any(d is None for d in dims) else dims
+    return bool(staged_operands(n, ctx.buffers.get, shape))
+
+
+def _owned_accesses(ctx: Ctx, n: Node, smem: set[str]) -> set[tuple[str, str]]:
+    """The accesses of an elementwise op to smem tiles at the element its destination's thread map gives each
+    thread: the destination, and each source of the destination's shape (not a transpose's source)."""
+    def shape(t) -> tuple:
+        return tuple(ctx.static(d) if ctx.static(d) is not None else d for d in t.shape)
+    dst_t = ctx.buffers.get(buffer_name(n.args[0]))
+    if dst_t is None:
+        return set()
+    out: set[tuple[str, str]] = set()
+    for i, (o, a) in enumerate(_operands(n)):
+        name = buffer_name(a) if o.kind == "buf" else None
+        t = ctx.buffers.get(name) if name in smem else None
+        if t is None or (n.op is Op.TRANSPOSE and i > 0) or shape(t) != shape(dst_t):
+            continue
+        out.update((k, name) for k in _KIND.get(o.effect_of(n), ()))
     return out
 
 
