@@ -31,4 +31,7 @@ if [ $# -ge 1 ]; then
         bash bench/gpu_evolve.sh kda_decode kda_decode_llm "$1" 8
     tail -14 "$OUT/evolve-call.log"
 fi
+# a call brings back 8 files: the state, the samples and the logs stay at the top, the rest goes one folder down
+mkdir -p "$OUT/more" && mv "$OUT"/*.cake "$OUT"/*.xml "$OUT"/reduce-tests.log "$OUT"/evolve.log "$OUT"/report.log \
+    "$OUT/more/" 2>/dev/null
 table "kda decode: the evolved kernel, + registers, + drop_syncs, against fla"
