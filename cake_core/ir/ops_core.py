@@ -208,7 +208,7 @@ DECLS: tuple[OpDef, ...] = (
           summary="CTA-wide barrier (__syncthreads): all smem writes before it are visible after it.",
           example="sync()",
           preconditions=("not inside role-divergent code",)),
-    OpDef(Op.MMA, Family.MMA, (buf("acc", _RW, (MemSpace.RMEM,)), buf("a", _R), buf("b", _R)), mma,
+    OpDef(Op.MMA, Family.MMA, (buf("acc", _RW, (MemSpace.RMEM,)), buf("a", _R, (MemSpace.SMEM,)), buf("b", _R, (MemSpace.SMEM,))), mma,
           CostClass.MMA, {"atom": AttrSpec(str, "fma", ("fma", "mma_sync", "wgmma"))}, ordering=Ordering.BARRIER,
           summary="acc += a @ b with fp32 accumulation, using the named MMA atom.",
           example='mma(acc, a_s, b_s, atom="fma")',
