@@ -38,12 +38,14 @@ from cake_core.ir.opdef import buffer_name
 from cake_core.ir.ops import Node, Op
 from cake_core.ir.program import Program
 from cake_core.ir.types import MemSpace
-from cake_core.ir.verify import verify
+from cake_core.ir.verify import RULES, build_ctx
+from cake_core.targets import find_arch
 
 
 def drop_syncs(p: Program, rng: np.random.Generator, bounds=None) -> Program:
     refuse_unless(not any(n.op in (Op.ROLE, Op.CLUSTER) for n in walk_nodes(p.body)),
                   "warp roles or a cluster: their barriers are mbarriers")
+    refuse_unless(find_arch(p.target) is not None, f"unknown target `{p.target}`")
     total = sum(n.op is Op.SYNC for n in walk_nodes(p.body))
     refuse_unless(total > 0, "no sync()")
     gmem = {a.name for a in p.params if a.type.space is MemSpace.GMEM}
@@ -60,7 +62,8 @@ def drop_syncs(p: Program, rng: np.random.Generator, bounds=None) -> Program:
 
 
 def _races(p: Program) -> set[str]:
-    return {d.message for d in verify(p) if d.rule == "races.smem"}
+    """The races.smem findings of ``p`` (that rule alone: it runs once per barrier tried)."""
+    return {d.message for d in RULES["races.smem"].check(build_ctx(p, find_arch(p.target)))}
 
 
 def _writes_gmem(n: Node, gmem: set[str]) -> bool:

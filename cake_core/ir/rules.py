@@ -14,6 +14,7 @@ from cake_core.ir.opdef import Alloc, Effect, Family, Operand, Ordering, Scope, 
 from cake_core.ir.ops import REGISTRY, Node, Op, Tile, View, loop_range
 from cake_core.ir.passes import node_exprs
 from cake_core.ir.registry import ops_of
+from cake_core.ir.scratch import staged_operands
 from cake_core.ir.smem_layout import SCRATCH
 from cake_core.ir.rule_ctx import (Ctx, RuleSet, fmt_shape, rmem_words_per_thread, same_extent, smem, smem_bytes,
                                    view_extent)
@@ -467,8 +468,6 @@ def _races(ctx: Ctx) -> Iterable[Diagnostic]:
 
 def _stages(ctx: Ctx, n: Node) -> bool:
     """Whether an elementwise op's lowering stages an rmem operand through scratch (a barrier before it)."""
-    from cake_core.ir.scratch import staged_operands
-
     def shape(t):
         dims = tuple(ctx.static(d) for d in t.shape)
         return None if any(d is None for d in dims) else dims
@@ -479,7 +478,7 @@ def _owned_accesses(ctx: Ctx, n: Node, smem: set[str]) -> set[tuple[str, str]]:
     """The accesses of an elementwise op to smem tiles at the element its destination's thread map gives each
     thread: the destination, and each source of the destination's shape (not a transpose's source)."""
     def shape(t) -> tuple:
-        return tuple(ctx.static(d) if ctx.static(d) is not None else d for d in t.shape)
+        return tuple(d if v is None else v for d in t.shape for v in (ctx.static(d),))
     dst_t = ctx.buffers.get(buffer_name(n.args[0]))
     if dst_t is None:
         return set()

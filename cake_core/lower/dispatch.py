@@ -1,7 +1,7 @@
 """The lowering dispatch: one entry per op, assembled here.
 
 An op that lowers one way has its hook in the ``HOOKS`` table of its lowering module (``lower_tile``,
-``lower_control``, ``lower_async``, ``lower_wgmma``, ``lower_topk``, ``lower_cluster``, ``lower_compute``). An op
+``lower_control``, ``lower_async``, ``lower_wgmma``, ``lower_topk``, ``lower_cluster``, ``lower_compute``, ``lower_axis``). An op
 that lowers differently by context has its entry in :data:`VARIANTS`: named variants, each chosen by a predicate,
 in the order they are tried (the last one always applies): ``store`` of a wgmma accumulator, of argmin_bias row state
 or of a topk_bias list inside a role, ``mma`` per atom, ``atomic_add`` of a wgmma accumulator (split-K)... No
@@ -15,6 +15,7 @@ from typing import Callable
 
 import cake_core.lower.lower_async as lower_async
 import cake_core.lower.lower_cluster as lower_cluster
+import cake_core.lower.lower_axis as lower_axis
 import cake_core.lower.lower_compute as lower_compute
 import cake_core.lower.lower_control as lower_control
 import cake_core.lower.lower_splitk as lower_splitk
@@ -103,7 +104,7 @@ VARIANTS: dict[Op, Dispatch] = {
 }
 
 # The modules whose ops lower one way, each with its table of hooks, in this order.
-MODULES = (lower_tile, lower_control, lower_async, lower_wgmma, lower_topk, lower_cluster, lower_compute)
+MODULES = (lower_tile, lower_control, lower_async, lower_wgmma, lower_topk, lower_cluster, lower_compute, lower_axis)
 
 
 def _assemble() -> dict[Op, Lowering]:

@@ -1,5 +1,5 @@
 """An rmem tile reduced by its owners first: each thread combines the elements it holds on one line into a
-partial, and only the partials go through shared-memory scratch (``lower_compute._reduce_partials``), where the
+partial, and only the partials go through shared-memory scratch (``lower_axis._reduce_partials``), where the
 thread map puts each thread's slots on a fixed set of lines; elsewhere the whole tile is staged as before.
 Compiled with nvcc here; ``tests/runtime/test_reduce_rmem_gpu.py`` (marked `gpu`) launches each case against the
 interpreter."""

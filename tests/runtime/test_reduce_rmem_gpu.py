@@ -1,4 +1,4 @@
-"""An rmem tile reduced by its owners first (``lower_compute._reduce_partials``), launched on the GPU against the
+"""An rmem tile reduced by its owners first (``lower_axis._reduce_partials``), launched on the GPU against the
 interpreter in every geometry of tests/lower/test_lower_reduce_rmem.py, for sum, max and min, into smem and rmem
 results, on fresh random inputs with the output poisoned (marked `gpu`: run on the GPU machine).
 
