@@ -62,6 +62,15 @@ def _reported_error_types() -> tuple[type[BaseException], ...]:
     return tuple(types)
 
 
+def _stopped_types() -> tuple[type[BaseException], ...]:
+    """A flow run cancelled under a command (Prefect raises CancelledRun out of the flow call)."""
+    try:
+        from prefect.exceptions import CancelledRun
+    except ImportError:
+        return ()
+    return (CancelledRun,)
+
+
 def _home_for_log() -> Path:
     if _home:
         return _home[0]
@@ -103,6 +112,11 @@ def cli_errors(fn: F) -> F:
             raise  # typer's own exits (typer >= 0.16 has its own classes) and usage errors
         except KeyboardInterrupt:
             say_error("interrupted")
+            raise typer.Exit(130) from None
+        except _stopped_types() as e:
+            # a flow run cancelled under the command (Ctrl-C, SIGTERM, a `timeout`): what it recorded is kept
+            say_error(f"stopped: {' '.join(str(e).split())}; what was recorded is kept: run the same command again "
+                      "to go on")
             raise typer.Exit(130) from None
         except _reported_error_types() as e:
             say_error(str(e))

@@ -26,7 +26,7 @@ from rich.table import Table
 from rich.text import Text
 
 from cake_cli.config import Settings
-from cake_cli.portfolio_cli import coverage, regions
+from cake_cli.portfolio_cli import coverage, portfolio, regions
 from cake_cli.display import columns_rows, console, print_result, to_arrow
 from cake_cli.display import say as _say
 from cake_cli.errors import UsageError, cli_errors
@@ -333,6 +333,7 @@ app.add_typer(experiment_app, name="experiment")
 app.command("report", no_args_is_help=True)(report)
 app.command(no_args_is_help=True)(coverage)
 app.command(no_args_is_help=True)(regions)
+app.command(no_args_is_help=True)(portfolio)
 app.command(no_args_is_help=True)(lineage)
 app.command(no_args_is_help=True)(export)
 

@@ -1,6 +1,7 @@
 """Portfolio commands: ``cake coverage`` (which shapes of a shape set the problem's kernels, or given IR files, can
-serve by their domains, before anything is compiled or launched: ``cake_core.pipeline.coverage``) and ``cake
-regions`` (the regions the portfolio flow searches a shape set in: ``cake_core.pipeline.regions``)."""
+serve by their domains, before anything is compiled or launched: ``cake_core.pipeline.coverage``), ``cake
+regions`` (the regions the portfolio flow searches a shape set in: ``cake_core.pipeline.regions``) and ``cake
+portfolio`` (the portfolio flow itself, in the foreground, on this home's server and a local Ray)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -108,3 +109,59 @@ def regions(
         t.add_row(r.name, str(len(r.members)), "; ".join(shape_key(s) for s in r.representatives),
                   str(len(r.held_out)))
     console.print(t)
+
+
+@cli_errors
+def portfolio(
+    problem: str = typer.Argument(..., help="The problem."),
+    shapes: str = typer.Option(..., "--shapes", help="A shape set of the problem, or a CSV file of shapes."),
+    count: int | None = typer.Option(None, "--regions", min=1, help="Regions (default: ceil(sqrt(rows / 2)))."),
+    per_region: int = typer.Option(3, "--per-region", min=1, help="Representatives searched per region."),
+    generations: int | None = typer.Option(None, "--generations", min=1, help="Generations per region run."),
+    population: int | None = typer.Option(None, "--population", min=1, help="Candidates per generation."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the grouping and of each region's search."),
+    cold: bool = typer.Option(True, "--cold/--warm",
+                              help="--cold (default): each region starts from the naive seed alone; --warm: the "
+                                   "problem's hand-written kernels are candidates and parents too."),
+    problem_path: list[Path] | None = typer.Option(None, "--problem-path", metavar="DIR", help=PROBLEM_PATH_HELP),
+) -> None:
+    """Evolve PROBLEM over a portfolio, one region of similar shapes at a time (the `portfolio` deployment, run
+    here): each region is a run on its representatives whose finalists are then measured on every other row, so
+    `cake export` can route each row to its fastest kernel. The same arguments again continue it."""
+    import flows.portfolio as flow
+    from cake_cli import services
+    from cake_cli.evolve_run import _quiet_prefect_console
+    from cake_cli.invocation import settings as get_settings
+    from cake_core.pipeline.regions import plan_regions
+    from cake_core.problems import get_problem
+    from tasks.gpus import local_resources
+
+    settings = get_settings()
+    problem_paths(problem_path)
+    prob = get_problem(problem)
+    sset = prob.shape_set(shapes)
+    try:                                # a plan that cannot be made fails before any service starts
+        plan_regions(sset, prob.dims, count, per_region, seed)
+    except ValueError as e:
+        raise UsageError(f"--shapes {shapes}: {e}") from None
+    set_ref = str(Path(shapes).resolve()) if shapes.endswith(".csv") else shapes
+    gpu_models = services.gpu_policy(settings)
+    services.preflight(settings)
+    pid = flow.portfolio_id_of(prob.name, set_ref, count, per_region, seed)
+    typer.echo(f"portfolio {pid}: {prob.name} on {sset.name}, {len(sset.shapes)} rows, "
+               f"{'cold' if cold else 'warm'}, {', '.join(gpu_models) if gpu_models else 'CPU only (checked, not timed)'}")
+    with services.prefect_server(settings), services.ray_runtime(settings, num_gpus=len(gpu_models),
+                                                                 resources=local_resources(gpu_models)):
+        _quiet_prefect_console()
+        out = flow.portfolio_flow(problem=prob.name if prob.source == "built-in" else prob.ref, shape_set=set_ref,
+                             regions=count, per_region=per_region, generations=generations, population=population,
+                             seed=seed, cold=cold, portfolio_id=pid, warehouse_root=str(settings.warehouse_root),
+                             cache_dir=str(settings.cache_dir), gpu_models=gpu_models)
+    t = Table(title=f"portfolio {pid} (region runs: {pid}-REGION)", header_style="bold")
+    for col in ("region", "rows", "held out", "status", "best", "score ms"):
+        t.add_column(col, no_wrap=True)
+    for r in out["regions"]:
+        t.add_row(r["region"], str(r["rows"]), str(r["held_out"]), r["status"] or "-",
+                  (r["best"] or "-")[:12], f"{r['score_ms']:.4g}" if r["score_ms"] else "-")
+    console.print(t)
+    typer.echo(f"next: cake export {problem} --shapes {shapes} --out DIR routes each row to its fastest kernel")

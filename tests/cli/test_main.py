@@ -115,6 +115,21 @@ def test_internal_error_is_one_line_and_logs_the_traceback(monkeypatch, tmp_path
     assert "Traceback" in log.read_text() and "catalogue" in log.read_text()
 
 
+def test_a_flow_run_cancelled_under_a_command_says_stopped_and_how_to_go_on(monkeypatch):
+    """A SIGINT from `timeout` cancels the flow a long command runs; Prefect raises CancelledRun out of it: that is a
+    stop, not an internal error (exit 130, nothing logged as a crash)."""
+    from prefect.exceptions import CancelledRun
+
+    def catalogue():
+        raise CancelledRun("run kmeans_assign-frozen-s1 was stopped")
+
+    monkeypatch.setattr("cake_core.problems.catalogue", catalogue)
+    result = run("problems")
+    assert result.exit_code == 130
+    assert one_error_line(result) == ("error: stopped: run kmeans_assign-frozen-s1 was stopped; what was recorded is "
+                                      "kept: run the same command again to go on")
+
+
 # ---------------------------------------------------------------- sql
 
 

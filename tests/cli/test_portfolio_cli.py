@@ -3,10 +3,13 @@ its domain admits, the bounds that refuse the rest, the union, and exit 1 when s
 regions`: the region plan the portfolio flow searches."""
 from __future__ import annotations
 
+import pytest
+
 from cake_core.ir.text import parse_program
 from cake_core.pipeline.coverage import coverage
 from cake_core.problems import get_problem
 from cli_run import one_error_line, run
+from stand_ins import no_services  # noqa: F401 - fixture
 
 
 def test_the_kmeans_portfolio_is_served_where_d_fits_the_hand_written_kernels():
@@ -64,3 +67,64 @@ def test_cake_regions_refuses_a_set_with_nothing_to_search(tmp_path):
     f = tmp_path / "held.csv"
     f.write_text("M,N,K,role\n16,16,16,held_out\n")
     assert "every row is held out" in one_error_line(run("regions", "tinygemm", "--shapes", str(f)))
+
+
+@pytest.fixture
+def fake_flow(monkeypatch, no_services):  # noqa: F811 - the fixture above
+    """The portfolio flow replaced by a recorder; the services started by nothing (``no_services``)."""
+    import flows.portfolio as flow
+    from cake_cli import services
+
+    calls: list[dict] = []
+
+    def portfolio_flow(**kw):
+        calls.append(kw)
+        return {"portfolio_id": kw["portfolio_id"], "regions": [
+            {"region": "region-00", "run_id": f"{kw['portfolio_id']}-region-00", "rows": 60, "held_out": 9,
+             "status": "completed", "best": "0123456789abcdef", "score_ms": 0.0123}]}
+
+    monkeypatch.setattr(flow, "portfolio_flow", portfolio_flow)
+    monkeypatch.setattr(services, "prefect_server", no_services_cm(no_services, "prefect"))
+    monkeypatch.setattr(services, "ray_runtime", no_services_cm(no_services, "ray"))
+    monkeypatch.setattr(services, "gpu_policy", lambda settings: [])
+    return calls, no_services
+
+
+def no_services_cm(used: list, name: str):
+    import contextlib
+
+    @contextlib.contextmanager
+    def cm(*a, **kw):
+        used.append(name)
+        yield None
+    return cm
+
+
+def test_cake_portfolio_runs_the_portfolio_flow_with_what_it_was_given(fake_flow):
+    calls, used = fake_flow
+    r = run("portfolio", "kmeans_assign", "--shapes", "kmeans_portfolio", "--regions", "4", "--per-region", "2",
+            "--generations", "1", "--population", "4", "--seed", "5", "--warm")
+    assert r.exit_code == 0, r.output
+    (kw,) = calls
+    assert (kw["problem"], kw["shape_set"], kw["regions"], kw["per_region"], kw["generations"], kw["population"],
+            kw["seed"], kw["cold"]) == ("kmeans_assign", "kmeans_portfolio", 4, 2, 1, 4, 5, False)
+    assert kw["portfolio_id"].startswith("pf-kmeans_portfolio-") and kw["gpu_models"] == []
+    assert used == ["prefect", "ray"]
+    out = " ".join(r.stdout.split())
+    assert "123 rows, warm, CPU only" in out and "region-00" in out and "0123456789ab" in out and "0.0123" in out
+    assert run("portfolio", "kmeans_assign", "--shapes", "kmeans_portfolio", "--regions", "4", "--per-region", "2",
+               "--generations", "1", "--population", "4", "--seed", "5", "--warm").exit_code == 0
+    assert calls[1]["portfolio_id"] == kw["portfolio_id"], "the same arguments continue the same portfolio"
+    assert run("portfolio", "kmeans_assign", "--shapes", "kmeans_portfolio").exit_code == 0
+    assert calls[2]["cold"] is True, "cold by default"
+
+
+def test_cake_portfolio_refuses_bad_input_in_one_line_before_any_service(fake_flow, tmp_path):
+    calls, used = fake_flow
+    assert "unknown problem `nope`" in one_error_line(run("portfolio", "nope", "--shapes", "x"))
+    assert "no shape set `nope`" in one_error_line(run("portfolio", "kmeans_assign", "--shapes", "nope"))
+    held = tmp_path / "held.csv"
+    held.write_text("B,N,K,D,role\n1,256,64,32,held_out\n2,512,64,32,held_out\n")
+    r = run("portfolio", "kmeans_assign", "--shapes", str(held))
+    assert r.exit_code == 2 and "every row is held out" in one_error_line(r)
+    assert calls == [] and used == []
