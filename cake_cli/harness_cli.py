@@ -5,6 +5,7 @@
     cake harness reject ID --reason TEXT
     cake harness review [--policy manual]       # mine the warehouse, gate on the corpus, pause for a person
     cake harness versions
+    cake harness import-runs HOME               # another home's runs, for the next review to mine with these
 
 A decision reaches a paused review flow through this home's Prefect server.
 """
@@ -134,3 +135,22 @@ def harness_versions() -> None:
     a calibration ranked (each version is also exported as <home>/harness/harness-vN.json)."""
     print_result(console, _warehouse(_settings()).query(VERSIONS_QUERY),
                   empty="no harness versions yet")
+
+
+@harness_app.command("import-runs", no_args_is_help=True)
+@cli_errors
+def harness_import_runs(
+    home: str = typer.Argument(..., metavar="HOME", help="Another Cake home (or its warehouse) whose runs to import."),
+) -> None:
+    """Import another home's runs (attempts, checks, measurements...) into this home's warehouse, so the next
+    `cake harness review` mines them with this home's: failure clusters, and primitives and macros that need wins
+    on two problems. Copies only what is not here yet; the other home's harness stays its own."""
+    from warehouse.merge import import_runs
+
+    wh = _warehouse(_settings())
+    before = wh.query("select count(distinct run_id) as n from attempts").to_pylist()[0]["n"]
+    copied = import_runs(wh, home)
+    after = wh.query("select count(distinct run_id) as n from attempts").to_pylist()[0]["n"]
+    files = sum(copied.values())
+    _say(f"imported {files} batch file(s) from {home}: runs with attempts here {before} -> {after}"
+         if files else f"nothing new in {home}: its runs are here already")
