@@ -132,6 +132,7 @@ def summary(rows: list[dict], roles: dict[str, str]) -> dict:
         return {"rows": len(rs), "covered": sum(r["covered"] for r in rs),
                 "wrong": sum(r["outcome"] in ("wrong", "served_uncovered") for r in rs),
                 "refused": sum(r["outcome"] == "refused" for r in rs),
+                "errors": sum(r["outcome"] == "error" for r in rs),
                 "geomean_all": geomean([r.get("speedup") for r in rs]),
                 "geomean_covered": geomean([r.get("speedup") for r in rs if r["outcome"] == "measured"]),
                 "below_1x": [r["shape"] for r in rs if r["outcome"] == "measured" and r.get("speedup", 1) < 1]}
@@ -148,11 +149,11 @@ def markdown(meta: dict, rows: list[dict], roles: dict[str, str], s: dict) -> st
     out = [f"# {meta['package']} over {meta['problem']}/{meta['shapes']} on {meta['gpu']}", "",
            f"{meta['date']}; peer `{meta['peer']}`; inputs seed {meta['seed']}; {meta['reps']} timed runs a row "
            "(CUDA events, L2 flushed).", "",
-           "| part | rows | covered | wrong | refused | geomean peer/ours (refused = 1x) | geomean covered | below 1x |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+           "| part | rows | covered | wrong | refused | errors | geomean peer/ours (refused = 1x) | geomean covered "
+           "| below 1x |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for k in ("all", "searched", "held_out"):
         p = s[k]
-        out.append(f"| {k} | {p['rows']} | {p['covered']} | {p['wrong']} | {p['refused']} | "
+        out.append(f"| {k} | {p['rows']} | {p['covered']} | {p['wrong']} | {p['refused']} | {p['errors']} | "
                    f"{fmt(p['geomean_all'], '.3f')} | {fmt(p['geomean_covered'], '.3f')} | {len(p['below_1x'])} |")
     out += ["", "| shape | role | route | outcome | ours ms | peer ms | peer/ours | note |",
             "|---|---|---|---|---:|---:|---:|---|"]
@@ -208,6 +209,7 @@ def main() -> int:
     for k in ("all", "searched", "held_out"):
         p = s[k]
         print(f"{k:9} rows {p['rows']:4} covered {p['covered']:4} wrong {p['wrong']} refused {p['refused']:4} "
+              f"errors {p['errors']} "
               f"geomean {fmt(p['geomean_all'], '.3f')} (covered {fmt(p['geomean_covered'], '.3f')}) "
               f"below 1x {len(p['below_1x'])}")
     return 1 if s["all"]["wrong"] else 0
