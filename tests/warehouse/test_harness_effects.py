@@ -84,6 +84,26 @@ def test_a_rule_whose_cluster_never_reached_the_gpu_saved_nothing_measurable(tmp
     assert row == {"stopped": 0, "gpu_s_saved": 0.0}
 
 
+def test_a_rule_carried_to_a_fresh_warehouse_is_credited_with_its_clusters_cost_where_it_was_mined(tmp_path):
+    """A transfer run's warehouse holds none of the rule's failures: the estimate falls back to the cluster's cost
+    in the proposal's evidence (GPU-seconds over its attempts where it was mined); the warehouse's own cost wins."""
+    wh = Warehouse(tmp_path / "fresh")
+    props, decs, vers = _approved("p-carried", "rule", 1, {"id": "learned.guard"}, "time:wrong:check.mismatch",
+                                  {"cluster": {"gpu_seconds": 15.0, "n_attempts": 24}})
+    wh.append("proposals", props)
+    wh.append("decisions", decs)
+    wh.append("harness_versions", vers)
+    wh.append("attempts", [attempt(i, "run-t", 0, "verify_failed", "verify", "learned.guard", "verify:learned.guard")
+                           | dict(harness_version=1) for i in range(3)])
+    (row,) = wh.query("select stopped, gpu_s_saved from harness_effects").to_pylist()
+    assert row["stopped"] == 3 and abs(row["gpu_s_saved"] - 3 * 15.0 / 24) < 1e-9
+    # once the warehouse has its own timed failures of the cluster (before the rule), those are the estimate
+    wh.append("attempts", [attempt(50, "run-t", 0, "wrong", "check", None, "time:wrong:check.mismatch")
+                           | dict(harness_version=0, gpu_seconds=2.0)])
+    (row,) = wh.query("select gpu_s_saved from harness_effects").to_pylist()
+    assert row["gpu_s_saved"] == 3 * 2.0
+
+
 def test_cake_harness_versions_shows_the_record(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 

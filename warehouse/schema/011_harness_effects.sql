@@ -7,7 +7,9 @@
 --                           never reached the compiler or the GPU;
 --                gpu_s_saved: stopped x what a failure of the rule's cluster cost on the GPU before the rule
 --                           (the mean gpu_seconds of the attempts with the proposal's signature that failed on the
---                           GPU under an earlier version): an estimate, 0 where no such failure was timed;
+--                           GPU under an earlier version; where this warehouse has none, as in a fresh run under a
+--                           harness learned elsewhere, the cluster's GPU-seconds per attempt recorded in the
+--                           proposal's evidence where it was mined): an estimate, 0 where no such failure was timed;
 --   primitive    used:      attempts whose text calls the composite; winners: those that are their run's best;
 --   tactic       used:      attempts whose lineage took the macro (a step of it, or of an ancestor's);
 --                winners:   those that are their run's best;
@@ -30,12 +32,20 @@ later as (
     from changes c join attempts a on a.harness_version >= c.version
 ),
 best as (select attempt_id from run_best),
-cost as (
+here as (
     select c.version, avg(a.gpu_seconds) as gpu_s
     from changes c join attempts a
       on a.signature = c.signature and a.harness_version < c.version
      and a.outcome in ('wrong', 'runtime_fault', 'timeout') and a.gpu_seconds > 0
     group by c.version
+),
+cost as (
+    -- this warehouse's own failures of the cluster first; else the cluster's cost where the rule was mined (the
+    -- proposal's evidence: its GPU-seconds over its attempts), e.g. a harness carried to a fresh warehouse
+    select c.version, coalesce(h.gpu_s,
+           try_cast(json_extract(c.evidence, '$.cluster.gpu_seconds') as double)
+           / nullif(try_cast(json_extract(c.evidence, '$.cluster.n_attempts') as double), 0)) as gpu_s
+    from changes c left join here h using (version)
 )
 select c.version, c.parent, c.kind, c.name, c.title, c.created_at as approved_at,
        case when c.kind = 'rule' then (select count(*) from later l
