@@ -85,6 +85,7 @@ class Op(str, enum.Enum):
     SELECT = enum.auto()
     IOTA = enum.auto()
     TRANSPOSE = enum.auto()
+    TRISOLVE = enum.auto()
     # -- reductions along an axis
     REDUCE = enum.auto()
     SCAN = enum.auto()

@@ -199,6 +199,22 @@ def transpose(cta, n: Any) -> None:
     _write(cta, n.args[0], _tile(cta, n.args[1]).T)
 
 
+def trisolve(cta, n: Any) -> None:
+    """x := L^-1 x by forward substitution, row by row in f32 (the order the lowering sums in)."""
+    x, low = _tile(cta, n.arg("x")), _tile(cta, n.arg("l"))
+    rows = x.shape[0]
+    if x.ndim != 2 or low.shape != (rows, rows):
+        raise InterpFault(n, f"trisolve of x {x.shape} by l {low.shape}: l must be (N, N) for x (N, M)")
+    out = x.astype(np.float32)
+    lf = low.astype(np.float32)
+    for i in range(rows):
+        acc = out[i].copy()
+        for j in range(i):
+            acc = (acc - lf[i, j] * out[j]).astype(np.float32)
+        out[i] = acc if n.attr("unit") else (acc / lf[i, i]).astype(np.float32)
+    _write(cta, n.arg("x"), out)
+
+
 def _axis(cta, n: Any, src: np.ndarray) -> int:
     a = norm_axis(n.attr("axis"), src.ndim)
     if a is None:
@@ -420,6 +436,17 @@ DECLS: tuple[OpDef, ...] = (
           summary="dst (C, R) := src (R, C) transposed, e.g. to feed a K-major tile to mma as its b operand.",
           example="transpose(ct_s, c_s)",
           preconditions=("src is 2-D and dst's shape is src's reversed", "dst is not src")),
+    OpDef(Op.TRISOLVE, Family.ELEMENTWISE, (buf("x", _RW, (MemSpace.SMEM,)),
+                                            buf("l", _R, (MemSpace.SMEM,), exchange=_X)),
+          trisolve, CostClass.SIMT, {"unit": AttrSpec(bool, True)}, in_place=False, **_COMPUTE,
+          summary="x := L^-1 x, the solve of L y = x by forward substitution, for a lower-triangular L (N, N) and "
+                  "x (N, M), both f32 smem tiles: row i of x becomes (x_i - sum_{j<i} L_ij y_j) / L_ii, summed in "
+                  "f32 in order of j. With unit=True (the default) the diagonal is taken as 1 and not read, so L "
+                  "may hold a strictly lower-triangular A for (I + A)^-1 x (the UT transform of a KDA chunk); "
+                  "entries above the diagonal are never read. Each thread solves whole columns of x; the op "
+                  "synchronises the CTA before and after.",
+          example="trisolve(u_s, a_s, unit=True)",
+          preconditions=("x is (N, M) and l is (N, N), both f32 smem tiles of one stage", "l is not x")),
     OpDef(Op.REDUCE, Family.AXIS, (buf("dst", _W, exchange=_X), buf("src", _R, exchange=_X)), reduce,
           CostClass.SIMT, {"axis": _AXIS, "fn": AttrSpec(str, "sum", REDUCE_FNS)}, in_place=False, **_COMPUTE,
           summary="dst := the sum, max or min of src along `axis` (sums in f32, or i32 for an i32 src).",

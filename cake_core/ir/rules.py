@@ -371,7 +371,7 @@ def _grid(ctx: Ctx) -> Iterable[Diagnostic]:
 _TRACKED = frozenset(op for op, d in REGISTRY.items() if d.ordering is Ordering.BARRIER)
 _SYNCS = frozenset(op for op, d in REGISTRY.items() if d.sync is SyncKind.CTA)
 # compute ops lowered with a CTA barrier before and after them (one thread per line: lower_compute._line_op)
-_FENCED = frozenset({Op.REDUCE, Op.SCAN, Op.ARGMIN, Op.ARGMAX, Op.ARGMIN_UPDATE, Op.TOPK_MERGE})
+_FENCED = frozenset({Op.REDUCE, Op.SCAN, Op.ARGMIN, Op.ARGMAX, Op.ARGMIN_UPDATE, Op.TOPK_MERGE, Op.TRISOLVE})
 # compute ops lowered as a loop over the destination's elements, e = s * THREADS + tid, with no barrier (one
 # before them where they stage an rmem operand): a source read at the same element is read by the thread that
 # owns it, any other (a broadcast, a transpose's source) by other threads

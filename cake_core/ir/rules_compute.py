@@ -229,6 +229,29 @@ def _alias(ctx: Ctx) -> Iterable[Diagnostic]:
                                hint="give the result its own tile: threads would overwrite elements others read")
 
 
+@rule("compute.trisolve", "compute", "trisolve needs x (N, M) and a square l (N, N), both f32",
+      guards=(Op.TRISOLVE,))
+def _trisolve(ctx: Ctx) -> Iterable[Diagnostic]:
+    for n, path in _compute_nodes(ctx):
+        if n.op is not Op.TRISOLVE:
+            continue
+        x_t, l_t = ctx.buffers.get(n.arg("x")), ctx.buffers.get(n.arg("l"))
+        if x_t is None or l_t is None:
+            continue                     # types.undefined says so
+        bad = [f"`{name}` is {t.dtype.value}" for name, t in ((n.arg("x"), x_t), (n.arg("l"), l_t))
+               if t.dtype is not DType.F32]
+        if bad:
+            yield ctx.diag("compute.trisolve", n, f"trisolve solves in f32: {', '.join(bad)}", path=path,
+                           hint="cast the operands into f32 smem tiles first")
+        x, low = _shape(ctx, x_t), _shape(ctx, l_t)
+        if x is None or low is None:
+            continue
+        if len(x) != 2 or low != (x[0], x[0]):
+            yield ctx.diag("compute.trisolve", n, f"trisolve of x {_fmt(x)} by l {_fmt(low)}: l must be square with "
+                                                  "as many rows as x", path=path,
+                           hint="x is (N, M) and l (N, N)")
+
+
 @rule("compute.scratch_smem", "compute", "the scratch a cross-thread compute op stages rmem tiles through ends past "
                                          "the target's shared memory", guards=_STAGING)
 def _scratch(ctx: Ctx) -> Iterable[Diagnostic]:

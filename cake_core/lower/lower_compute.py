@@ -300,6 +300,23 @@ def lower_transpose(n: Node, ctx: Ctx) -> list[Line]:
     return _block(st.pre, _owned_loop(ctx, dst.numel, dst.shape[-1], body))
 
 
+def lower_trisolve(n: Node, ctx: Ctx) -> list[Line]:
+    x, low = _tile(ctx, n.arg("x"), "x"), _tile(ctx, n.arg("l"), "l")
+    for b in (x, low):
+        if b.type.space is not MemSpace.SMEM or b.type.dtype is not DType.F32:
+            raise LowerError("lower.unsupported_operand", f"trisolve takes f32 smem tiles; `{b.name}` is "
+                                                          f"{b.type.dtype.value} {b.type.space.value}")
+    if len(x.shape) != 2 or low.shape != (x.shape[0], x.shape[0]):
+        raise LowerError("lower.shape_mismatch", f"trisolve of x {x.shape} by l {low.shape}: l must be (N, N)")
+    if x.name == low.name:
+        raise LowerError("lower.unsupported_operand", "trisolve in place of its own l: l is read while x is written")
+    rows, cols = x.shape
+    unit = "true" if n.attr("unit") else "false"
+    return ["__syncthreads();  // x and l written by other threads are visible",
+            f"cake::trisolve_smem<{rows}, {cols}, {unit}, THREADS>({x.name}, {low.name});",
+            "__syncthreads();  // x solved, visible to every thread"]
+
+
 # ----------------------------------------------------------------- atomics
 
 def _gmem_dst(ctx: Ctx, view: View) -> Buf:
@@ -477,6 +494,7 @@ HOOKS: dict[Op, Lowering] = {
     Op.SELECT: lower_select,
     Op.IOTA: lower_iota,
     Op.TRANSPOSE: _cta_wide(lower_transpose),
+    Op.TRISOLVE: _cta_wide(lower_trisolve),
     Op.SCATTER_ADD: _cta_wide(lower_scatter_add),
     Op.GATHER_ADD: _cta_wide(lower_gather_add),
 }

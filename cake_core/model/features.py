@@ -64,7 +64,7 @@ TRAFFIC: dict[Op, tuple[str, str]] = {
     Op.MMA: ("mma", ""), Op.WGMMA: ("mma", ""), Op.TCGEN05_MMA: ("mma", ""),
     Op.FILL: ("simt", ""), Op.CAST: ("simt", ""), Op.UNARY: ("simt", ""), Op.EWISE: ("simt", ""),
     Op.SELECT: ("simt", ""), Op.IOTA: ("simt", ""),
-    Op.TRANSPOSE: ("simt", ""), Op.REDUCE: ("simt", ""), Op.SCAN: ("simt", ""), Op.ARGMIN: ("simt", ""),
+    Op.TRANSPOSE: ("simt", ""), Op.TRISOLVE: ("simt", ""), Op.REDUCE: ("simt", ""), Op.SCAN: ("simt", ""), Op.ARGMIN: ("simt", ""),
     Op.ARGMAX: ("simt", ""), Op.ARGMIN_UPDATE: ("simt", ""), Op.TOPK_MERGE: ("simt", ""),
     Op.ARGMIN_BIAS: ("simt", ""), Op.TOPK_BIAS: ("simt", ""), Op.SQNORM_ROWS: ("simt", ""),
     Op.TOPK_PUBLISH: ("simt", ""), Op.ACC_PUBLISH: ("simt", ""),

@@ -43,6 +43,11 @@ def ops(x: gmem[f32, (N, C)], s: gmem[f32, (N, C)], cnt: gmem[i32, (C,)]):
     fill(g_i, value=3.0)
     sync()
     gather_add(g_acc[:, :], g_cnt[:], g_i, g_q, x[tile(bid.x, 128), tile(0, BC)], base=bid.x * 128, limit=N, first=0)
+    t_x = smem(f32, (16, BC))
+    t_l = smem(f32, (16, 16))
+    fill(t_x, value=1.0)
+    fill(t_l, value=0.5)
+    trisolve(t_x, t_l)
 '''
 GATHER = "gather_add(g_acc[:, :], g_cnt[:], g_i, g_q, x[tile(bid.x, 128), tile(0, BC)], base=bid.x * 128, limit=N, first=0)"
 
@@ -57,6 +62,7 @@ PLANTED = {
     "compute.dtype": ("top_v = rmem(f32, (128, 4), fill=inf)", "top_v = rmem(bf16, (128, 4), fill=inf)",
                       "topk_merge("),
     "compute.alias": ("argmin(v, i, a, axis=1)", "argmin(v, i, i, axis=1)", "argmin(v, i, i"),
+    "compute.trisolve": ("t_l = smem(f32, (16, 16))", "t_l = smem(f32, (16, 8))", "trisolve("),   # l not square
     "compute.scratch_smem": ("b = smem(f32, (BC, 128))", "b = smem(f32, (416, 128))", "transpose("),
     "atomic.space": ("atomic_add(s[tile(bid.x, 128), tile(0, BC)], a)", "atomic_add(b[tile(0, BC), :], a)",
                      "atomic_add("),
@@ -73,6 +79,8 @@ PLANTED = {
 }
 # a second planted failure for rules with several distinct checks
 MORE = [
+    ("compute.trisolve", "t_x = smem(f32, (16, BC))", "t_x = smem(bf16, (16, BC))", "trisolve("),   # a bf16 x
+    ("compute.trisolve", "t_x = smem(f32, (16, BC))", "t_x = smem(f32, (8, BC))", "trisolve("),     # rows differ
     ("compute.dtype", 'unary(a, a, fn="exp")', 'unary(i, i, fn="exp")', "unary("),
     ("compute.dtype", 'ewise(a, a, col, fn="sub")', 'ewise(i, i, ones, beta=0.5, fn="sub")', "ewise("),
     ("compute.shape", "transpose(b, a)", "transpose(a, a)", "transpose("),

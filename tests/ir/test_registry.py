@@ -36,7 +36,8 @@ def test_the_groups_are_families():
     assert ops_of(Family.AXIS) == {Op.REDUCE, Op.SCAN, Op.ARGMIN, Op.ARGMAX}
     assert ops_of(Family.RUNNING) == {Op.ARGMIN_UPDATE, Op.TOPK_MERGE}
     assert ops_of(Family.MMA) == {Op.MMA, Op.WGMMA, Op.TCGEN05_MMA}
-    assert COMPUTE_OPS == {Op.FILL, Op.CAST, Op.UNARY, Op.EWISE, Op.SELECT, Op.IOTA, Op.TRANSPOSE, Op.REDUCE,
+    assert COMPUTE_OPS == {Op.FILL, Op.CAST, Op.UNARY, Op.EWISE, Op.SELECT, Op.IOTA, Op.TRANSPOSE, Op.TRISOLVE,
+                           Op.REDUCE,
                            Op.SCAN, Op.ARGMIN, Op.ARGMAX, Op.ARGMIN_UPDATE, Op.TOPK_MERGE, Op.ATOMIC_ADD,
                            Op.SCATTER_ADD, Op.GATHER_ADD}
 

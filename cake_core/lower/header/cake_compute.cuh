@@ -48,6 +48,22 @@ __device__ __forceinline__ float softplus_f32(float x) { return log1pf(expf(-fab
 __device__ __forceinline__ bool lex_less(float v, int i, float w, int j) { return v < w || (v == w && i < j); }
 
 // ----------------------------------------------------------------- staging rmem <-> smem
+// trisolve_smem<N, M, UNIT, THREADS>(x, l): x (N x M, smem f32, row-major) := L^-1 x by forward substitution, for
+// L (N x N, smem f32, row-major) lower-triangular (UNIT: its diagonal taken as 1 and not read; above it nothing is
+// read). Thread t solves columns t, t + THREADS, ...: row i of a column is (x_i - sum_{j<i} L_ij y_j) / L_ii, summed
+// in f32 in order of j. Every thread reads the same L_ij at a step: a broadcast within a warp. The caller
+// synchronises before and after (lower_compute.lower_trisolve).
+template <int N, int M, bool UNIT, int THREADS>
+__device__ __forceinline__ void trisolve_smem(float* x, const float* l) {
+    for (int c = threadIdx.x; c < M; c += THREADS) {
+        for (int i = 0; i < N; ++i) {
+            float acc = x[i * M + c];
+            for (int j = 0; j < i; ++j) acc = fmaf(-l[i * N + j], x[j * M + c], acc);
+            x[i * M + c] = UNIT ? acc : acc / l[i * N + i];
+        }
+    }
+}
+
 // stage_smem_rmem<NUMEL, THREADS>(dst, src): dst[s * THREADS + threadIdx.x] := src[s].
 template <int NUMEL, int THREADS, int SLOTS, typename TD, typename TS>
 __device__ __forceinline__ void stage_smem_rmem(TD* dst, const TS (&src)[SLOTS]) {
