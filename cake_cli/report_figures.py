@@ -127,3 +127,26 @@ def predicted_vs_measured(rows: list[dict[str, Any]], path: Path) -> Path | None
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, path)
+
+
+def portfolio_speedup(rows: list[dict[str, Any]], path: Path) -> Path | None:
+    """A portfolio's rows (``tasks.portfolio.portfolio_report``): peer / ours against each row's work (flops), log
+    scales, searched and held-out rows apart; None when no row has both figures."""
+    rows = [r for r in rows if r["speedup"]]
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for role, marker, label in (("searched", "o", "searched rows"), ("held_out", "^", "held-out rows")):
+        pick = [r for r in rows if (r["role"] == "held_out") == (role == "held_out")]
+        if pick:
+            ax.scatter([max(r["flops"], 1.0) for r in pick], [r["speedup"] for r in pick], marker=marker,
+                       label=f"{label} ({len(pick)})", alpha=0.75)
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("work of the row (flops)")
+    ax.set_ylabel("speed-up over the fastest peer (above 1: faster)")
+    ax.set_title("Speed-up per portfolio row")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    return _save(fig, path)

@@ -50,5 +50,5 @@ def portfolio_flow(problem: str, shape_set: str, regions: int | None = None, per
                         generations=generations, population=population, seed=seed, cold=None if status else cold,
                         run_id=None if status else r["run_id"], resume=r["run_id"] if status else None,
                         warehouse_root=warehouse_root, cache_dir=cache_dir, gpu_models=gpu_models)
-    table = portfolio_table(warehouse_root, pid, plan)
+    table = portfolio_table(warehouse_root, pid, plan, problem, shape_set)
     return {"portfolio_id": pid, "problem": problem, "shape_set": shape_set, "regions": table}

@@ -11,7 +11,9 @@
   so the run's best is always shown beside them. They are never attempts and never parents.
 - sweep: the run's finalists (each searched shape's winner and the run's best) on the sweep rows, measured (or
   checked) and stored apart (kind ``sweep``): a portfolio region's run measures what it found on the portfolio's
-  other rows, so every row gets kernels measured on it; nothing chose them by these rows.
+  other rows, so every row gets kernels measured on it; nothing chose them by these rows. On a GPU the problem's
+  peers are timed there too (role ``sweep``), on the rows no run of the problem timed them on yet on that GPU
+  model, so each row of a portfolio gets its peer figure once, whichever region comes to it first.
 - dispatch: per searched shape, the kernel to dispatch on (a GPU run's ``shape_best``).
 
 A long run is several jobs (``cake evolve --resume``, an experiment's blocks of generations), each ending with
@@ -169,16 +171,7 @@ def _baselines(run: Run) -> int:
                                       message=_why_not(a))
         from cake_core.runtime.peers import peer_names
         for peer in peer_names(prob):
-            got: dict[str, Any] = {}
-            for _ in range(2):      # a runner that an earlier job left unusable refuses: the fresh one answers
-                todo = [s for s in every if shape_key(s) not in got]
-                answers = run.gpu.map("peer", [(prob, peer, s, seed, run.reps) for s in todo], run.timeout_s)
-                for s, a in zip(todo, answers):
-                    if isinstance(a, Fault):
-                        got[shape_key(s)] = fault(shape_key(s), "gpu", a.outcome, a.message)
-                    elif a["verdict"] is not None:
-                        got[shape_key(s)] = a["verdict"]
-            rows += baseline_rows(run.plan.run_id, peer, "peer", keys, roles, got)
+            rows += baseline_rows(run.plan.run_id, peer, "peer", keys, roles, _peer_verdicts(run, peer, every, seed))
     else:
         for a in hand:
             verdicts = {v.shape: v for v in _check(run, a, every, seed)}
@@ -186,6 +179,40 @@ def _baselines(run: Run) -> int:
                              run.model.predict_ms(a.program, run.search_shapes))) if a.program is not None else {}
             rows += baseline_rows(run.plan.run_id, prob.best_files[a.slot], "hand_written", keys, roles, verdicts,
                                   preds, "" if a.going_on or a.stage == "check" else _why_not(a))
+    run.recorder.rows("baselines", rows)
+    return len(rows)
+
+
+def _peer_verdicts(run: Run, peer: str, shapes: list, seed: int) -> dict[str, Any]:
+    """``peer`` timed on ``shapes`` by the GPU runners: each shape's verdict (or fault) by key."""
+    got: dict[str, Any] = {}
+    for _ in range(2):      # a runner that an earlier job left unusable refuses: the fresh one answers
+        todo = [s for s in shapes if shape_key(s) not in got]
+        answers = run.gpu.map("peer", [(run.problem, peer, s, seed, run.reps) for s in todo], run.timeout_s)
+        for s, a in zip(todo, answers):
+            if isinstance(a, Fault):
+                got[shape_key(s)] = fault(shape_key(s), "gpu", a.outcome, a.message)
+            elif a["verdict"] is not None:
+                got[shape_key(s)] = a["verdict"]
+    return got
+
+
+def _sweep_peers(run: Run) -> int:
+    """The problem's peers on the sweep rows (a portfolio's other rows) that no run of the problem timed them on yet
+    on this GPU model, role ``sweep``: each row of a portfolio gets the peer figure its report sets the kernels
+    against, once, in whichever region's run comes to it first."""
+    from cake_core.runtime.peers import peer_names
+    from warehouse.queries import peers_measured
+
+    have = peers_measured(run.warehouse_root, run.problem.name, run.plan.run_id)
+    seed = run.plan.seed + BASELINE_SEED
+    rows: list[dict[str, Any]] = []
+    for peer in peer_names(run.problem):
+        todo = [s for s in run.sweep if (peer, shape_key(s)) not in have]
+        if todo:
+            keys = [shape_key(s) for s in todo]
+            rows += baseline_rows(run.plan.run_id, peer, "peer", keys, {k: "sweep" for k in keys},
+                                  _peer_verdicts(run, peer, todo, seed))
     run.recorder.rows("baselines", rows)
     return len(rows)
 
@@ -198,12 +225,12 @@ def record_dispatch(warehouse_root: str, run_id: str, problem: str, shape_set: s
 
 @task(name="final", cache_policy=NO_CACHE)
 def final(run: Run) -> dict[str, Any]:
-    """Confirm, held-out report, sweep, baselines, dispatch; returns what landed of each (rows) and, as
+    """Confirm, held-out report, sweep (and the peers on the sweep rows), baselines, dispatch; returns what landed of each (rows) and, as
     ``confirm_failed``, the winners that came out wrong on fresh inputs (attempt id, shape, message)."""
     t0 = time.monotonic()
     run.recorder.flush()
     done = final_recorded(run.warehouse_root, run.plan.run_id)
-    landed = {"confirm": 0, "held_out": 0, "sweep": 0, "baselines": 0, "dispatch": 0}
+    landed = {"confirm": 0, "held_out": 0, "sweep": 0, "sweep_peers": 0, "baselines": 0, "dispatch": 0}
     failed: list[dict[str, Any]] = []
     for _ in range(CONFIRM_ROUNDS if run.timed else 0):
         picks = unconfirmed(shape_best(run.warehouse_root, run.plan.run_id), done["confirm"])
@@ -226,6 +253,9 @@ def final(run: Run) -> dict[str, Any]:
     if run.sweep:
         landed["sweep"] = _sweep(run, done["sweep"])
         run.recorder.flush()
+        if run.timed:
+            landed["sweep_peers"] = _sweep_peers(run)
+            run.recorder.flush()
     if run.timed:
         landed["dispatch"] = record_dispatch(run.warehouse_root, run.plan.run_id, run.plan.problem, run.plan.shape_set)
     run.recorder.rows("stage_times", [stage_time_row(run.plan.run_id, run.plan.session, -1, "final",

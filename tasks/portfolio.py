@@ -1,7 +1,8 @@
 """The portfolio flow's steps: the region plan (written as one shape set per region), each region run's
-status, and the table of the regions' bests (published as an artifact)."""
+status, the table of the regions' bests, and the portfolio's rows against the peer (published as an artifact)."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from prefect.cache_policies import NO_CACHE
 from cake_core.pipeline.regions import plan_regions
 from cake_core.problems import get_problem
 from cake_core.problems.base import shape_key
-from tasks.artifacts import artifact_key, md_table, ms
+from tasks.artifacts import artifact_key, md_table, ms, times
 
 
 def portfolio_folder(warehouse_root: str, portfolio_id: str) -> Path:
@@ -57,9 +58,11 @@ def region_status(warehouse_root: str, run_id: str) -> str | None:
 
 
 @task(name="portfolio-table", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
-def portfolio_table(warehouse_root: str, portfolio_id: str, plan: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each region's run and its best (score over the region's representatives), published as a Markdown
-    artifact ``<portfolio>-portfolio``; returns the rows."""
+def portfolio_table(warehouse_root: str, portfolio_id: str, plan: dict[str, Any], problem: str | None = None,
+                    shape_set: str | None = None) -> list[dict[str, Any]]:
+    """Each region's run and its best (score over the region's representatives), and, given the problem and its
+    shape set, every row of the portfolio against the peer (``portfolio_report``), published as a Markdown
+    artifact ``<portfolio>-portfolio``; returns the regions' rows."""
     from warehouse.queries import run_best
 
     rows = []
@@ -77,6 +80,69 @@ def portfolio_table(warehouse_root: str, portfolio_id: str, plan: dict[str, Any]
                                    [[x["region"], x["run_id"], x["rows"], x["representatives"], x["held_out"],
                                      x["status"] or "–", x["best"] or "–", ms(x["score_ms"]), x["basis"] or "–"]
                                     for x in rows])])
+    if problem and shape_set:
+        text += "\n\n" + portfolio_markdown(portfolio_report(warehouse_root, problem, shape_set))
     create_markdown_artifact(text, key=artifact_key(portfolio_id, "portfolio"),
                              description=f"portfolio {portfolio_id}: its regions and their bests")
     return rows
+
+
+def _geomean(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x and x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def portfolio_report(warehouse_root: str, problem: str, shape_set: str, gpu_model: str | None = None) -> dict[str, Any]:
+    """Every row of the portfolio with the fastest kernel measured correct there by any run and the fastest peer
+    timed there (``warehouse.queries.portfolio_scores``), on one GPU model (default: the one with most rows
+    measured), and the summary: coverage (rows with a kernel), the geomean of peer / ours over the rows with both,
+    searched and held-out rows apart, the rows below 1x and the rows no kernel serves."""
+    from warehouse.queries import portfolio_scores
+
+    prob = get_problem(problem)
+    sset = prob.shape_set(shape_set)
+    scores = portfolio_scores(warehouse_root, prob.name) if (Path(warehouse_root) / "SCHEMA_VERSION").exists() else []
+    models: dict[str, int] = {}
+    for r in scores:
+        if r["best_ms"] is not None:
+            models[r["gpu_model"]] = models.get(r["gpu_model"], 0) + 1
+    model = gpu_model or (max(models, key=lambda m: models[m]) if models else None)
+    by_shape = {r["shape"]: r for r in scores if r["gpu_model"] == model}
+    rows = []
+    for shape, role in zip(sset.shapes, sset.roles):
+        key = shape_key(shape)
+        r = by_shape.get(key, {})
+        ours, peer = r.get("best_ms"), r.get("peer_ms")
+        rows.append({"shape": key, "role": role, "flops": float(prob.flops(shape)), "ours_ms": ours,
+                     "attempt_id": r.get("attempt_id"), "run_id": r.get("run_id"), "peer": r.get("peer"),
+                     "peer_ms": peer, "speedup": peer / ours if ours and peer else None})
+
+    def part(rs: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"rows": len(rs), "covered": sum(r["ours_ms"] is not None for r in rs),
+                "with_peer": sum(r["speedup"] is not None for r in rs),
+                "geomean": _geomean([r["speedup"] for r in rs if r["speedup"] is not None]),
+                "below_1x": [r["shape"] for r in rs if r["speedup"] is not None and r["speedup"] < 1],
+                "uncovered": [r["shape"] for r in rs if r["ours_ms"] is None]}
+    searched = [r for r in rows if r["role"] != "held_out"]
+    held = [r for r in rows if r["role"] == "held_out"]
+    return {"problem": prob.name, "shape_set": sset.name, "gpu_model": model, "rows": rows,
+            "summary": {"all": part(rows), "searched": part(searched), "held_out": part(held)}}
+
+
+def portfolio_markdown(report: dict[str, Any]) -> str:
+    """The report's summary and rows as Markdown."""
+    s = report["summary"]
+    out = [f"## {report['problem']} · {report['shape_set']} against the peer"
+           + (f" on {report['gpu_model']}" if report["gpu_model"] else ""), "",
+           "Per row, the fastest kernel any run measured correct there (cold L2, CUDA events) against the fastest "
+           "peer timed there; held-out rows were never searched.", "",
+           md_table(["rows", "count", "served", "with a peer figure", "geomean peer / ours", "below 1x"],
+                    [[k, s[k]["rows"], s[k]["covered"], s[k]["with_peer"], times(s[k]["geomean"]),
+                      len(s[k]["below_1x"])] for k in ("all", "searched", "held_out")])]
+    if s["all"]["uncovered"]:
+        out += ["", f"{len(s['all']['uncovered'])} rows no measured kernel serves: "
+                + "; ".join(s["all"]["uncovered"][:20]) + (" ..." if len(s["all"]["uncovered"]) > 20 else "")]
+    out += ["", md_table(["shape", "role", "ours ms", "kernel", "peer", "peer ms", "peer / ours"],
+                         [[r["shape"], r["role"], ms(r["ours_ms"]), (r["attempt_id"] or "–")[:12], r["peer"] or "–",
+                           ms(r["peer_ms"]), times(r["speedup"])] for r in report["rows"]])]
+    return "\n".join(out)

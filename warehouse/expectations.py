@@ -35,6 +35,7 @@ CHECK_KINDS = ["search", "held_out", "strict", "confirm", "sweep"]
 STOP_REASONS = ["generations", "budget_candidates", "budget_gpu_minutes", "no_improvement"]
 BASELINE_SOURCES = ["hand_written", "peer"]
 SHAPE_ROLES = ["headline", "tail", "held_out"]
+BASELINE_ROLES = SHAPE_ROLES + ["sweep"]     # a peer timed on a portfolio's sweep row (tasks/final._sweep_peers)
 PROPOSAL_KINDS = ["rule", "primitive", "calibration", "tactic"]
 DECISIONS = ["approved", "rejected"]
 FILTER_DECISIONS = ["kept", "explored", "sampled", "filtered"]   # cake_core.model.filter.DECISIONS
@@ -96,7 +97,7 @@ VALUE_CHECKS: dict[str, list[Check]] = {
                     _between("generation", -1)],
     "reruns": [_in_set("cause", RERUN_CAUSES), _in_set("kind", RERUN_KINDS), _between("session", 0),
                _between("generation", -1), _between("pid", 1)],
-    "baselines": [_in_set("source", BASELINE_SOURCES), _in_set("role", SHAPE_ROLES),
+    "baselines": [_in_set("source", BASELINE_SOURCES), _in_set("role", BASELINE_ROLES),
                   _between("median_ms", 0, strict_lo=True), _between("predicted_ms", 0, strict_lo=True)],
 }
 

@@ -103,6 +103,31 @@ def final_recorded(where: Warehouse | str | Path, run_id: str) -> dict[str, Any]
     return {"confirm": confirmed, "held_out": held, "sweep": swept, "baselines": base}
 
 
+def peers_measured(where: Warehouse | str | Path, problem: str, run_id: str) -> set[tuple[str, str]]:
+    """(peer, shape) pairs some run of ``problem`` timed correct on the GPU model(s) ``run_id``'s own peer baselines
+    were timed on (a portfolio's region runs share their rows' peer figures: each is measured once)."""
+    rows = _wh(where).query(
+        "select distinct b.name, b.shape from baselines b left join runs_latest r using (run_id) "
+        "where (b.run_id = ? or r.problem = ?) and b.source = 'peer' and b.correct and b.median_ms is not null "
+        "and b.gpu_model in (select gpu_model from baselines where run_id = ? and source = 'peer' "
+        "and gpu_model is not null)", [run_id, problem, run_id]).to_pylist()
+    return {(r["name"], r["shape"]) for r in rows}
+
+
+def portfolio_scores(where: Warehouse | str | Path, problem: str) -> list[dict[str, Any]]:
+    """Per shape and GPU model of ``problem``, over every run: the fastest kernel measured correct there
+    (``shape_best_any_run``) and the fastest peer timed correct there (``baselines``), either None where missing."""
+    return _wh(where).query(
+        "with peer as (select b.shape, b.gpu_model, min(b.median_ms) as peer_ms, arg_min(b.name, b.median_ms) as peer "
+        "from baselines b left join runs_latest r using (run_id) where r.problem = ? and b.source = 'peer' "
+        "and b.correct and b.median_ms is not null and b.gpu_model is not null and starts_with(b.l2, 'cold') "
+        "group by b.shape, b.gpu_model), "
+        "ours as (select shape, gpu_model, best_ms, attempt_id, run_id from shape_best_any_run where problem = ?) "
+        "select coalesce(o.shape, p.shape) as shape, coalesce(o.gpu_model, p.gpu_model) as gpu_model, o.best_ms, "
+        "o.attempt_id, o.run_id, p.peer, p.peer_ms from ours o full outer join peer p "
+        "on o.shape = p.shape and o.gpu_model = p.gpu_model", [problem, problem]).to_pylist()
+
+
 # ---------------------------------------------------------------- best so far
 
 def run_best(where: Warehouse | str | Path, run_id: str, through: int | None = None) -> dict[str, Any] | None:

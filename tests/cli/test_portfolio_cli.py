@@ -112,6 +112,11 @@ def test_cake_portfolio_runs_the_portfolio_flow_with_what_it_was_given(fake_flow
     assert used == ["prefect", "ray"]
     out = " ".join(r.stdout.split())
     assert "123 rows, warm, CPU only" in out and "region-00" in out and "0123456789ab" in out and "0.0123" in out
+    # the rows against the peer: nothing timed in this home, so every row is unserved and there is no plot
+    assert "all: 0/123 rows served, 0 with a peer figure, geomean peer / ours -, 0 below 1x" in out
+    assert "held_out: 0/18 rows served" in out and "(no row has both figures: no plot)" in out
+    report = out.split("report: ")[1].split()[0].rstrip(",")
+    assert report.endswith(f"{kw['portfolio_id']}/portfolio.md")
     assert run("portfolio", "kmeans_assign", "--shapes", "kmeans_portfolio", "--regions", "4", "--per-region", "2",
                "--generations", "1", "--population", "4", "--seed", "5", "--warm").exit_code == 0
     assert calls[1]["portfolio_id"] == kw["portfolio_id"], "the same arguments continue the same portfolio"

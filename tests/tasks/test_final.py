@@ -323,3 +323,38 @@ def test_the_finalists_are_swept_over_the_sweep_rows_once(tmp_path):
     checks = Counter((r["attempt_id"], r["kind"]) for r in Warehouse(root).query(
         "select attempt_id, kind from checks where kind = 'sweep' and correct").to_pylist())
     assert checks == {(a, "sweep"): 2, (b, "sweep"): 2}
+
+
+def test_the_peers_are_timed_on_each_sweep_row_once_across_the_runs_of_the_problem(tmp_path):
+    """A portfolio region's run times the problem's peers on its sweep rows (role `sweep`) so every row has the peer
+    figure its report compares with; a later job, or another region's run of the same problem sweeping the same
+    rows, times none of them again; a row no run has a peer figure for yet is timed."""
+    root = tmp_path / "warehouse"
+    _searched(root, 0, SEED_TEXT, {shape_key(S1): 1.0, shape_key(S2): 1.0})
+    first = _job(root, 0)
+    first.sweep = SWEPT
+    _ended(first)
+    peers = ("torch.matmul", "torch.mm_f32")
+    timed = sorted((p, s) for seed, p, s in first.gpu.ran if p in peers and s in {shape_key(x) for x in SWEPT})
+    assert timed == sorted((p, shape_key(s)) for p in peers for s in SWEPT)
+    rows = Warehouse(root).query("select name, shape, role, median_ms from baselines where role = 'sweep' "
+                                 "order by name, shape").to_pylist()
+    assert [(r["name"], r["shape"]) for r in rows] == sorted((p, shape_key(s)) for p in peers for s in SWEPT)
+    assert all(r["median_ms"] for r in rows)
+    later = _job(root, 1)
+    later.sweep = SWEPT
+    _ended(later)
+    assert not [x for x in later.gpu.ran if x[1] in peers and x[2] in {shape_key(s) for s in SWEPT}]
+    # another region's run of the same problem: only its new row gets the peers
+    other = _job(root, 0)
+    other.plan = RunPlan(run_id="r2", problem="gemm_bf16", shape_set="set2", seed=RUN_SEED, session=0)
+    Warehouse(root).append("runs", [{"run_id": rid, "problem": "gemm_bf16", "shape_set": "set", "harness_version": 0,
+                                     "agent": "tactic", "seed": RUN_SEED, "generations": 1, "population": 1,
+                                     "host": "h", "status": "running", "started_at": datetime(2026, 12, 1),
+                                     "session": 0, "recorded_at": datetime(2026, 12, 1)} for rid in ("r", "r2")])
+    new = {"M": 64, "N": 32, "K": 48}
+    other.sweep = SWEPT + [new]
+    _ended(other)
+    swept_peers = sorted((p, s) for _, p, s in other.gpu.ran if p in peers and s in
+                         {shape_key(x) for x in other.sweep})
+    assert swept_peers == [(p, shape_key(new)) for p in peers]

@@ -17,7 +17,7 @@ select a.problem, m.shape, m.gpu_model, a.ir_hash,
        list(distinct m.kind order by m.kind)               as kinds
 from measurements m
 join attempts a using (attempt_id)
-where m.correct and m.timer = 'cuda_event' and m.l2 = 'cold'
+where m.correct and m.timer = 'cuda_event' and starts_with(m.l2, 'cold')     -- cold-clean (a read) or cold (a write)
   and m.attempt_id not in (select attempt_id from confirm_failures)
 group by a.problem, m.shape, m.gpu_model, a.ir_hash;
 
