@@ -24,13 +24,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import math
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from cake_core.model.base import geomean as model_geomean  # noqa: E402
 from cake_core.pipeline.execute import gate_rows  # noqa: E402
 from cake_core.problems import get_problem  # noqa: E402
 from cake_core.problems.base import shape_key  # noqa: E402
@@ -44,9 +44,10 @@ POISON = {"f32": float("nan"), "f16": float("nan"), "bf16": float("nan"), "i32":
           "bool": True}
 
 
-def geomean(xs: list[float]) -> float | None:
-    xs = [x for x in xs if x and x > 0]
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+def geomean(xs: list[float | None]) -> float | None:
+    """The project's geomean of the figures given (None where there is none)."""
+    xs = [x for x in xs if x]
+    return model_geomean(xs) if xs else None
 
 
 def load_package(path: Path):

@@ -164,19 +164,18 @@ def portfolio(
         t.add_row(r["region"], str(r["rows"]), str(r["held_out"]), r["status"] or "-",
                   (r["best"] or "-")[:12], f"{r['score_ms']:.4g}" if r["score_ms"] else "-")
     console.print(t)
-    _write_report(settings.home / "reports" / pid, str(settings.warehouse_root), prob.name, set_ref)
+    _write_report(settings.home / "reports" / pid, out["report"])
     typer.echo(f"next: cake export {problem} --shapes {shapes} --out DIR routes each row to its fastest kernel")
 
 
-def _write_report(folder: Path, warehouse_root: str, problem: str, shape_set: str) -> None:
-    """The portfolio's rows against the peer (``tasks.portfolio.portfolio_report``): its summary printed,
-    portfolio.md, portfolio.json and speedup.png under ``folder``."""
+def _write_report(folder: Path, report: dict) -> None:
+    """The portfolio's rows against the peer (the flow's ``tasks.portfolio.portfolio_report``): its summary
+    printed, portfolio.md, portfolio.json and speedup.png under ``folder``."""
     import json
 
     from cake_cli.report_figures import portfolio_speedup
-    from tasks.portfolio import portfolio_markdown, portfolio_report
+    from tasks.portfolio import portfolio_markdown
 
-    report = portfolio_report(warehouse_root, problem, shape_set)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "portfolio.md").write_text(portfolio_markdown(report) + "\n")
     (folder / "portfolio.json").write_text(json.dumps(report, indent=1, default=str) + "\n")

@@ -16,7 +16,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from flows.evolve import evolve_flow
-from tasks.portfolio import portfolio_plan, portfolio_table, region_status
+from tasks.portfolio import portfolio_plan, portfolio_report, portfolio_table, region_status
 
 
 def portfolio_id_of(problem: str, shape_set: str, regions: int | None, per_region: int, seed: int) -> str:
@@ -33,7 +33,8 @@ def portfolio_flow(problem: str, shape_set: str, regions: int | None = None, per
                    warehouse_root: str = ".cake/warehouse", cache_dir: str = ".cake/cache",
                    gpu_models: list[str] | None = None) -> dict[str, Any]:
     """Evolve ``problem`` over the portfolio ``shape_set`` in ``regions`` regions (default: ceil(sqrt(rows / 2)))
-    of ``per_region`` representatives each; returns the portfolio id and each region's run and best."""
+    of ``per_region`` representatives each; returns the portfolio id, each region's run and best, and the
+    portfolio's rows against the peer (``tasks.portfolio.portfolio_report``)."""
     log = get_run_logger()
     pid = portfolio_id or portfolio_id_of(problem, shape_set, regions, per_region, seed)
     plan = portfolio_plan(problem, shape_set, regions, per_region, seed, pid, warehouse_root)
@@ -50,5 +51,6 @@ def portfolio_flow(problem: str, shape_set: str, regions: int | None = None, per
                         generations=generations, population=population, seed=seed, cold=None if status else cold,
                         run_id=None if status else r["run_id"], resume=r["run_id"] if status else None,
                         warehouse_root=warehouse_root, cache_dir=cache_dir, gpu_models=gpu_models)
-    table = portfolio_table(warehouse_root, pid, plan, problem, shape_set)
-    return {"portfolio_id": pid, "problem": problem, "shape_set": shape_set, "regions": table}
+    report = portfolio_report(warehouse_root, problem, shape_set)
+    table = portfolio_table(warehouse_root, pid, plan, report)
+    return {"portfolio_id": pid, "problem": problem, "shape_set": shape_set, "regions": table, "report": report}

@@ -2,7 +2,6 @@
 status, the table of the regions' bests, and the portfolio's rows against the peer (published as an artifact)."""
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +9,7 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
+from cake_core.model.base import geomean
 from cake_core.pipeline.regions import plan_regions
 from cake_core.problems import get_problem
 from cake_core.problems.base import shape_key
@@ -58,11 +58,11 @@ def region_status(warehouse_root: str, run_id: str) -> str | None:
 
 
 @task(name="portfolio-table", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
-def portfolio_table(warehouse_root: str, portfolio_id: str, plan: dict[str, Any], problem: str | None = None,
-                    shape_set: str | None = None) -> list[dict[str, Any]]:
-    """Each region's run and its best (score over the region's representatives), and, given the problem and its
-    shape set, every row of the portfolio against the peer (``portfolio_report``), published as a Markdown
-    artifact ``<portfolio>-portfolio``; returns the regions' rows."""
+def portfolio_table(warehouse_root: str, portfolio_id: str, plan: dict[str, Any],
+                    report: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Each region's run and its best (score over the region's representatives), and, given the portfolio's
+    ``portfolio_report``, every row of the portfolio against the peer, published as a Markdown artifact
+    ``<portfolio>-portfolio``; returns the regions' rows."""
     from warehouse.queries import run_best
 
     rows = []
@@ -80,16 +80,11 @@ def portfolio_table(warehouse_root: str, portfolio_id: str, plan: dict[str, Any]
                                    [[x["region"], x["run_id"], x["rows"], x["representatives"], x["held_out"],
                                      x["status"] or "–", x["best"] or "–", ms(x["score_ms"]), x["basis"] or "–"]
                                     for x in rows])])
-    if problem and shape_set:
-        text += "\n\n" + portfolio_markdown(portfolio_report(warehouse_root, problem, shape_set))
+    if report is not None:
+        text += "\n\n" + portfolio_markdown(report)
     create_markdown_artifact(text, key=artifact_key(portfolio_id, "portfolio"),
                              description=f"portfolio {portfolio_id}: its regions and their bests")
     return rows
-
-
-def _geomean(xs: list[float]) -> float | None:
-    xs = [x for x in xs if x and x > 0]
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
 
 
 def portfolio_report(warehouse_root: str, problem: str, shape_set: str, gpu_model: str | None = None) -> dict[str, Any]:
@@ -120,7 +115,7 @@ def portfolio_report(warehouse_root: str, problem: str, shape_set: str, gpu_mode
     def part(rs: list[dict[str, Any]]) -> dict[str, Any]:
         return {"rows": len(rs), "covered": sum(r["ours_ms"] is not None for r in rs),
                 "with_peer": sum(r["speedup"] is not None for r in rs),
-                "geomean": _geomean([r["speedup"] for r in rs if r["speedup"] is not None]),
+                "geomean": geomean(ups) if (ups := [r["speedup"] for r in rs if r["speedup"] is not None]) else None,
                 "below_1x": [r["shape"] for r in rs if r["speedup"] is not None and r["speedup"] < 1],
                 "uncovered": [r["shape"] for r in rs if r["ours_ms"] is None]}
     searched = [r for r in rows if r["role"] != "held_out"]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import duckdb
 
-from warehouse.batches import compaction_records, fsync_dir, list_batches, sql_str
+from warehouse.batches import TMP_SUFFIX, compaction_records, fsync_dir, list_batches, sql_str, write_text_atomic
 from warehouse.errors import WarehouseError
 from warehouse.store import TABLES, Warehouse
 
@@ -50,7 +50,8 @@ def _learned_runs(src: Path) -> list[tuple[str, int]]:
 
 
 def _copy(src: Path, dest: Path) -> None:
-    tmp = dest.with_name(f".{dest.name}.tmp")
+    """A batch file copied under its own name: fsynced under a temporary name the readers skip, then renamed."""
+    tmp = dest.with_name(f".{dest.name}{TMP_SUFFIX}")
     shutil.copyfile(src, tmp)
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
@@ -83,8 +84,8 @@ def import_runs(dest: Warehouse, source: str | Path) -> dict[str, int]:
                 continue
             rec = records.get(f.name)
             if rec is not None and not (ddir / "_compactions" / rec.name).exists():
-                _copy(rec, ddir / "_compactions" / rec.name)     # the record before its output, as compact() does
-                fsync_dir(ddir / "_compactions")
+                # the record before its output, as compact() does
+                write_text_atomic(rec.read_text(), ddir / "_compactions" / rec.name)
             _copy(f, ddir / f.name)
             n += 1
         if n:

@@ -78,8 +78,11 @@ def fake_flow(monkeypatch, no_services):  # noqa: F811 - the fixture above
     calls: list[dict] = []
 
     def portfolio_flow(**kw):
+        from tasks.portfolio import portfolio_report
+
         calls.append(kw)
-        return {"portfolio_id": kw["portfolio_id"], "regions": [
+        return {"portfolio_id": kw["portfolio_id"],
+                "report": portfolio_report(kw["warehouse_root"], kw["problem"], kw["shape_set"]), "regions": [
             {"region": "region-00", "run_id": f"{kw['portfolio_id']}-region-00", "rows": 60, "held_out": 9,
              "status": "completed", "best": "0123456789abcdef", "score_ms": 0.0123}]}
 
