@@ -70,6 +70,9 @@ class _StopOnSignal:
             if not data:
                 return
             if signal.SIGINT in data or signal.SIGTERM in data:
+                # Quiet first: the flow thread sees the stop within a poll, and a task it ends
+                # would otherwise log its RunCancelled before the main thread gets to quiet it.
+                _quiet_prefect_console(logging.CRITICAL)
                 request_stop(self.run_id)
 
     def close(self) -> None:
