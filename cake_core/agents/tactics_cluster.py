@@ -12,6 +12,7 @@ import numpy as np
 
 from cake_core.agents.rewrite import (namer, node_syms, refuse_unless, replace_expr, stmt, stmts, subst_expr,
                                       subst_view, trips_past, view_syms, walk_nodes)
+from cake_core.agents.tactics_grid import refuse_unless_sums_add
 from cake_core.ir.expr import Bin, Call, Sym, fmt_expr
 from cake_core.ir.ops import REGISTRY, Node, Op, Slot, loop_range
 from cake_core.ir.program import Program
@@ -90,6 +91,8 @@ def cluster_split(p: Program, rng: np.random.Generator, bounds=None) -> Program:
         refuse_unless(src in accs or src in topk,
                       f"`{src}` is neither a wgmma accumulator nor a top-k index list: no cluster merge for it")
     refuse_unless(not (topk and any(n.arg("src") in accs for _, n in stores)), "a mix of top-k and accumulator stores")
+    if not topk:
+        refuse_unless_sums_add(roles)
     name = namer(p)
 
     split = name("SPLIT")

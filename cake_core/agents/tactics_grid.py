@@ -18,12 +18,26 @@ from cake_core.ir.expr import Bin, Call, Expr, Sym, fmt_expr, symbols
 from cake_core.ir.opdef import Effect, buffer_name
 from cake_core.ir.ops import REGISTRY, Node, Op, loop_range
 from cake_core.ir.program import Program
+from cake_core.ir.registry import COMPUTE_OPS
 from cake_core.ir.printer import fmt_view
 
 
 # ------------------------------------------------------------------ split-K
 
 SPLITS = (2, 4, 8)
+
+
+def refuse_unless_sums_add(roles: list[Node]) -> None:
+    """Refuse a split of the reduction unless the roles' accumulators are sums of wgmma products alone: the CTAs'
+    partial sums add up then. An op that writes an accumulator (an online softmax's rescale, a mask) or a register
+    A (probabilities computed from an earlier product) makes the result a non-linear function of the reduction."""
+    wgmmas = [m for r in roles for m in walk_nodes(r.body) if m.op is Op.WGMMA]
+    fed = {m.arg("acc") for m in wgmmas} | {m.arg("a").buf for m in wgmmas}
+    for n in (m for r in roles for m in walk_nodes(r.body) if m.op in COMPUTE_OPS):
+        writes = {a for o, a in zip(REGISTRY[n.op].operands, n.args) if o.kind == "buf" and o.effect_of(n).modifies}
+        refuse_unless(not writes & fed, f"`{n.op.value}` (line {n.line}) writes {', '.join(sorted(writes & fed))}, "
+                                        "which a wgmma accumulates into or reads: the result is no sum of products "
+                                        "over the reduction, so partial sums over shares of it would not add up")
 
 
 def split_k(p: Program, rng: np.random.Generator, bounds=None) -> Program:
@@ -69,6 +83,7 @@ def split_k(p: Program, rng: np.random.Generator, bounds=None) -> Program:
     stores = [n for r in roles for n in walk_nodes(r.body) if n.op is Op.STORE]
     accs = {n.arg("acc") for r in roles for n in walk_nodes(r.body) if n.op is Op.WGMMA}
     refuse_unless(len(stores) == 1 and stores[0].arg("src") in accs, "the accumulator is not stored once")
+    refuse_unless_sums_add(roles)
     split = fresh(p, "SPLIT")
     extent = loop_range(loops[0])[1]
     ch = Call("cdiv", (extent, Sym(split)))

@@ -93,6 +93,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from cake_core.agents.chained import find_chained, warp_specialize_chained
 from cake_core.agents.mainloop import Mainloop, find_mainloop
 from cake_core.agents.rewrite import Refused, const_of, expr_text, namer, refuse_unless, stmts, walk_nodes
 from cake_core.ir.expr import Sym, fmt_expr, symbols
@@ -147,8 +148,16 @@ def _consts(p: Program, m: Mainloop, rng: np.random.Generator) -> tuple[dict[str
 
 
 def warp_specialize(p: Program, rng: np.random.Generator, bounds=None) -> Program:
-    """Split a CTA-collective contraction into a cp.async producer role and a wgmma consumer role."""
-    m = find_mainloop(p)
+    """Split a CTA-collective contraction into a cp.async producer role and a wgmma consumer role; a chained-GEMM
+    mainloop (attention-like, ``agents.chained``) into a TMA producer and consumers that chain two wgmmas."""
+    try:
+        m = find_mainloop(p)
+    except Refused as one:
+        try:
+            chained = find_chained(p)
+        except Refused as two:
+            raise Refused(f"{one.reason}; as a chained mainloop: {two.reason}") from None
+        return warp_specialize_chained(p, chained, rng)
     consts, wg, rows, red, cols = _consts(p, m, rng)
     stages = int(rng.choice((2, 3, 4)))
     r_start, r_stop, r_step = loop_range(m.red)

@@ -60,6 +60,7 @@ class Op(str, enum.Enum):
     WAIT = enum.auto()
     CP_ASYNC_WAIT = enum.auto()
     FENCE_ASYNC = enum.auto()
+    ROLE_SYNC = enum.auto()
     WGMMA_WAIT = enum.auto()
     CLUSTER_SYNC = enum.auto()
     # -- matrix multiply-accumulate
@@ -256,6 +257,7 @@ class SyncKind(str, enum.Enum):
     """The synchronisation an op is."""
 
     CTA = "CTA-wide barrier"
+    ROLE = "barrier of one warp role's threads"
     PROXY_FENCE = "orders generic-proxy smem writes before async-proxy reads"
     MMA_WAIT = "retires wgmma commit groups"
     COPY_WAIT = "retires cp.async groups"
@@ -316,6 +318,9 @@ class OpDef:
     keeps_per_row: int | None = None       # a running merge: candidates kept per row (None: the state's columns)
     atom: str = ""                         # an MMA op's atom when no `atom` attribute chooses it
     engine: str = ""                       # a copy's engine: "plain", "cp_async" or "tma"
+    # its smem accesses follow a swizzled tile's layout (TMA's and wgmma's: 128-byte spans, 16-byte chunk k of
+    # row r at chunk k ^ (r % 8)); the other ops address a tile row-major, whatever its swizzle (layout.swizzle)
+    swizzle: bool = False
     summary: str = ""
     example: str = ""
     preconditions: tuple[str, ...] = ()

@@ -86,6 +86,7 @@ lowering) agrees on:
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -366,7 +367,7 @@ DECLS: tuple[OpDef, ...] = (
     OpDef(Op.TMA_LOAD, Family.COPY, (slot("dst", _W), view("src", _R), barrier("bar", BarrierUse.COMPLETE_TX,
                                                                                 keyword=True)),
           tma_load, CostClass.COPY, {"multicast": AttrSpec(int, 0), "rows": AttrSpec(int, 0)},
-          ordering=Ordering.ASYNC, proxy=Proxy.ASYNC, completion=Completion.BARRIER, engine="tma",
+          ordering=Ordering.ASYNC, proxy=Proxy.ASYNC, completion=Completion.BARRIER, engine="tma", swizzle=True,
           summary="TMA (cp.async.bulk.tensor) copy of a gmem box into an smem slot; elements past the "
                   "tensor's edge are zero-filled; completes the box's bytes on `bar`. multicast: a "
                   "mask of cluster CTAs that receive the box too (0: this CTA only). rows=R (0: all): "
@@ -378,7 +379,7 @@ DECLS: tuple[OpDef, ...] = (
                          "global inner dimension 16-byte aligned", "smem slot 128-byte aligned",
                          "rows: a multiple of 8 below the slot's rows, without multicast")),
     OpDef(Op.TMA_STORE, Family.COPY, (view("dst", _W), slot("src", _R)), tma_store, CostClass.COPY,
-          ordering=Ordering.ASYNC, proxy=Proxy.ASYNC, engine="tma",
+          ordering=Ordering.ASYNC, proxy=Proxy.ASYNC, engine="tma", swizzle=True,
           summary="TMA store of an smem tile (slot) to a gmem box; elements past the edge are skipped. "
                   "Completes before the next op (bulk group committed and waited).",
           example="tma_store(c[tile(bid.y, BM), tile(bid.x, BN)], c_s)",
@@ -396,7 +397,7 @@ DECLS: tuple[OpDef, ...] = (
     OpDef(Op.CP_ASYNC_BAR, Family.COPY, (slot("dst", _W), view("src", _R), barrier("bar", BarrierUse.TRACK,
                                                                                     keyword=True)),
           cp_async_bar, CostClass.COPY, ordering=Ordering.ASYNC, completion=Completion.BARRIER,
-          engine="cp_async",
+          engine="cp_async", swizzle=True,
           summary="cp.async copy of a gmem window into an smem slot (laid out in the slot's swizzle, "
                   "zero past the tensor's edge) in 16, 8 or 4-byte chunks, as the window's row alignment "
                   "allows (element by element otherwise): the TMA-free producer for rows that are not "
@@ -412,6 +413,13 @@ DECLS: tuple[OpDef, ...] = (
     OpDef(Op.FENCE_ASYNC, Family.SYNC, (), no_effect, CostClass.FREE, sync=SyncKind.PROXY_FENCE,
           summary="fence.proxy.async: order ordinary smem writes before later TMA/wgmma reads.",
           example="fence_async()"),
+    OpDef(Op.ROLE_SYNC, Family.SYNC, (), no_effect, CostClass.FREE, sync=SyncKind.ROLE,
+          summary="Barrier of the enclosing role's threads (bar.sync on the role's named barrier): the smem writes "
+                  "the role's threads made before it are visible to all of them after it. With fence_async() "
+                  "before it, one thread's TMA store or the role's wgmma may read a tile every thread of the "
+                  "role wrote (an accumulator cast into a wgmma operand).",
+          example="role_sync()",
+          preconditions=("inside a role (at the top level, sync())",)),
     OpDef(Op.CLUSTER, Family.STRUCTURE, (value("dims", "shape"),), no_effect, CostClass.FREE,
           summary="Declare the thread-block cluster shape (CTAs along x, y, z); at most the target's "
                   "max_cluster_size CTAs.",
@@ -420,16 +428,21 @@ DECLS: tuple[OpDef, ...] = (
     OpDef(Op.CLUSTER_SYNC, Family.SYNC, (), no_effect, CostClass.FREE, sync=SyncKind.CLUSTER,
           summary="Cluster-wide barrier (barrier.cluster.arrive + wait).",
           example="cluster_sync()"),
-    OpDef(Op.WGMMA, Family.MMA, (_ACC, slot("a", _R), slot("b", _R)), mma_slots, CostClass.MMA,
+    OpDef(Op.WGMMA, Family.MMA, (_ACC, replace(slot("a", _R), space=(MemSpace.SMEM, MemSpace.RMEM)), slot("b", _R)),
+          mma_slots, CostClass.MMA,
           {"b_major": AttrSpec(str, "n", ("n", "k")), "accumulate": AttrSpec(bool, True)},
-          ordering=Ordering.ASYNC, proxy=Proxy.ASYNC, completion=Completion.MMA_GROUP, atom="wgmma",
+          ordering=Ordering.ASYNC, proxy=Proxy.ASYNC, completion=Completion.MMA_GROUP, atom="wgmma", swizzle=True,
           summary="Warpgroup MMA, issued asynchronously by the role: acc (rmem f32, 64 rows per "
                   "warpgroup) += a (smem, M x K) @ b (smem, K x N), one commit group. b_major=\"k\": b is "
                   "(N, K), rows along the reduction dim like a (e.g. centroid or database rows), and acc += "
-                  "a @ b.T. accumulate=False: acc = a @ b (acc's old value dropped).",
+                  "a @ b.T. accumulate=False: acc = a @ b (acc's old value dropped). a may instead be a 16-bit "
+                  "register fragment of the role (an (M, K) bf16/f16 rmem tile allocated in it, e.g. an "
+                  "accumulator cast to bf16: attention's probabilities times V), read 16 columns per k-step "
+                  "in the accumulator's own layout; it must not change until the wgmma_wait that retires it.",
           example='wgmma(acc, x_s[0], c_s[kt % S], b_major="k", accumulate=False)',
           preconditions=("inside a role of whole warpgroups", "M = 64 * warpgroups, N in 8..256 step 8, "
-                         "K a multiple of 16 (16-bit)", "a and b in smem with the same swizzle",
+                         "K a multiple of 16 (16-bit)", "a and b in smem with the same swizzle, or a a 16-bit "
+                         "register fragment of the role (and b in smem)",
                          "b_major=\"k\": b is (N, K) with swizzle=128 rows of one span (K = 64 for 16-bit)",
                          "wgmma_wait before the slots are released")),
     OpDef(Op.WGMMA_WAIT, Family.SYNC, (value("n"),), no_effect, CostClass.FREE, sync=SyncKind.MMA_WAIT,
@@ -464,7 +477,7 @@ DECLS: tuple[OpDef, ...] = (
     OpDef(Op.SQNORM_ROWS, Family.EPILOGUE, (slot("dst", ByAttr("accumulate", ((False, _W), (True, _RW)))),
                                             slot("src", _R)),
           sqnorm_rows, CostClass.ROW_REDUCE, {"accumulate": AttrSpec(bool, False)},
-          ordering=Ordering.ASYNC,
+          ordering=Ordering.ASYNC, swizzle=True,
           summary="dst[r] = sum_c src[r, c]^2 in f32 (accumulate=True: dst[r] += ...) for an smem tile src "
                   "(R, C) of 16-bit rows (swizzled or not: a row's sum does not depend on the order of its "
                   "chunks) and an smem f32 slot dst of R values; one or two threads per row. The role's threads "
@@ -520,7 +533,7 @@ DECLS: tuple[OpDef, ...] = (
     OpDef(Op.TCGEN05_MMA, Family.MMA, (buf("acc", _RW, (MemSpace.RMEM, MemSpace.TMEM)), slot("a", _R),
                                        slot("b", _R)),
           mma_slots, CostClass.MMA, ordering=Ordering.ASYNC, proxy=Proxy.ASYNC,
-          completion=Completion.MMA_GROUP, atom="tcgen05",
+          completion=Completion.MMA_GROUP, atom="tcgen05", swizzle=True,
           summary="Blackwell tcgen05 MMA (sm_100a only; declared, not lowered for sm_90a): acc += a @ b "
                   "with the accumulator in tensor memory.",
           example="tcgen05_mma(acc, a_s[s], b_s[s])",

@@ -385,17 +385,18 @@ def gather_add(cta, n: Any) -> None:
 
 DECLS: tuple[OpDef, ...] = (
     OpDef(Op.FILL, Family.ELEMENTWISE, (buf("dst", _W),), fill, CostClass.SIMT,
-          {"value": AttrSpec(float, 0.0)}, **_CROSS,
+          {"value": AttrSpec(float, 0.0)}, **_CROSS, swizzle=True,
           summary="Set every element of an smem or rmem tile to `value` (rounded to the tile's dtype).",
           example="fill(acc, value=0.0)",
           preconditions=("dst is an smem or rmem tile",)),
     OpDef(Op.CAST, Family.ELEMENTWISE, (buf("dst", _W), buf("src", _R)), cast, CostClass.SIMT, **_COMPUTE,
+          swizzle=True,
           summary="dst := src converted to dst's dtype (16-bit floats round to nearest even; float -> i32 "
                   "truncates toward zero).",
           example="cast(acc_bf16, acc)",
           preconditions=("dst and src have the same shape",)),
     OpDef(Op.UNARY, Family.ELEMENTWISE, (buf("dst", _W), buf("src", _R)), unary, CostClass.SIMT,
-          {"fn": AttrSpec(str, "neg", UNARY_FNS)}, **_COMPUTE,
+          {"fn": AttrSpec(str, "neg", UNARY_FNS)}, **_COMPUTE, swizzle=True,
           summary="dst := fn(src) elementwise: neg, abs, square, sqrt, rsqrt, exp, log, exp2, sigmoid "
                   "(1 / (1 + e^-x)), silu (x * sigmoid(x)), softplus (log(1 + e^x), computed as "
                   "log1p(e^-|x|) + max(x, 0) so that it never overflows); computed in f32, neg/abs/square "
@@ -406,7 +407,7 @@ DECLS: tuple[OpDef, ...] = (
     OpDef(Op.EWISE, Family.ELEMENTWISE, (buf("dst", _W), buf("a", _R, exchange=Exchange.BROADCAST),
                                          buf("b", _R, exchange=Exchange.BROADCAST)), ewise, CostClass.SIMT,
           {"fn": AttrSpec(str, "add", EWISE_FNS), "alpha": AttrSpec(float, 1.0), "beta": AttrSpec(float, 1.0)},
-          **_COMPUTE,
+          **_COMPUTE, swizzle=True,
           summary="dst := fn(alpha * a, beta * b) elementwise, fn one of add, sub, mul, div, max, min, or a "
                   "compare lt, le, gt, ge, eq, ne, which writes 1 where it holds and 0 where not, into a dst of "
                   "any dtype (compared in f32 when a or b is a float tile, else in i32); a and b broadcast to "
@@ -419,14 +420,14 @@ DECLS: tuple[OpDef, ...] = (
     OpDef(Op.SELECT, Family.ELEMENTWISE,
           (buf("dst", _W), buf("cond", _R, exchange=Exchange.BROADCAST, predicate=True),
            buf("a", _R, exchange=Exchange.BROADCAST), buf("b", _R, exchange=Exchange.BROADCAST)),
-          select, CostClass.SIMT, **_COMPUTE,
+          select, CostClass.SIMT, **_COMPUTE, swizzle=True,
           summary="dst := a where cond is nonzero, else b, elementwise (a and b converted to dst's dtype as "
                   "ewise converts); cond, a and b broadcast to dst's shape like ewise's operands; cond may have "
                   "any dtype (a compare's 0/1 mask). dst may be any of the sources (in place).",
           example="select(scores, mask, scores, ninf_s)",
           preconditions=("cond, a and b broadcast to dst's shape",)),
     OpDef(Op.IOTA, Family.ELEMENTWISE, (buf("dst", _W), value("base", keyword=True)), iota, CostClass.SIMT,
-          {"axis": _AXIS}, **_COMPUTE,
+          {"axis": _AXIS}, **_COMPUTE, swizzle=True,
           summary="dst := base + the index of each element along `axis` (rounded to dst's dtype): with "
                   "base=bid.y * BM along axis 0 the global row of each element, along axis 1 its column; "
                   "compared with ewise (fn=\"ge\") they give a causal mask.",

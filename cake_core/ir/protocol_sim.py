@@ -178,6 +178,10 @@ class Sim(SlotAccesses):
             self.out_of_range(r, n, s.buf, i, count, "the smem ring")
         return s.buf + at, i
 
+    def is_rmem(self, name: str) -> bool:
+        t = self.ctx.buffers.get(name)
+        return t is not None and t.space.value == "rmem"
+
     def is_smem(self, name: str) -> bool:
         t = self.ctx.buffers.get(name)
         return t is not None and t.space.value == "smem"
@@ -307,7 +311,11 @@ class Sim(SlotAccesses):
         if plan.issued:
             r.inflight.append(group)
             self.in_flight.update(id(x) for x in group)
-            r.inflight_acc.append((n.args[acc.acc_write] if acc.acc_write is not None else None, n))
+            # the registers it reads or writes until it completes: its accumulator, and a register A
+            reads = [n.args[i] for i in acc.reads]
+            regs = ((n.args[acc.acc_write],) if acc.acc_write is not None else ()) + \
+                tuple(x.buf for x in reads if isinstance(x, Slot) and self.is_rmem(x.buf))
+            r.inflight_acc.append((regs, n))
         for i in acc.publishes:
             self.published[(n.args[i], r.rank)] = (self.syncs.get(r.rank, 0), n, r.name)
         if acc.cluster_reads:
@@ -341,12 +349,15 @@ class Sim(SlotAccesses):
 
     def acc_ready(self, r: Role, n: Node, acc: str, verb: str = "reads") -> None:
         """An op that reads or writes a wgmma accumulator: no wgmma group writing it may still be in flight."""
-        pending = [w for a, w in r.inflight_acc if a == acc]
+        pending = [w for regs, w in r.inflight_acc if acc in regs]
         if pending:
+            acc_of = pending[-1].arg("acc") == acc
             self.report("protocol.acc_in_flight", n, (n.line, acc),
-                        f"{n.op.value} {verb} accumulator `{acc}` while the wgmma at line {pending[-1].line} that "
-                        f"writes it may still be running ({len(r.inflight)} wgmma group(s) in flight here)",
-                        [f"write: wgmma at line {pending[-1].line} (role {r.name}, trip {r.trip()})",
+                        f"{n.op.value} {verb} {'accumulator' if acc_of else 'register tile'} `{acc}` while the wgmma "
+                        f"at line {pending[-1].line} that {'writes it' if acc_of else 'reads it as its register A'} "
+                        f"may still be running ({len(r.inflight)} wgmma group(s) in flight here)",
+                        [f"{'write' if acc_of else 'read'}: wgmma at line {pending[-1].line} (role {r.name}, "
+                         f"trip {r.trip()})",
                          f"{verb[:-1]}: {n.op.value} at line {n.line}"],
                         "wgmma_wait(n) first, with n at most the number of wgmma groups committed after it")
 

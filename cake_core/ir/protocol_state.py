@@ -225,7 +225,7 @@ class Role:
     seen: dict[str, int] = field(default_factory=dict)
     fenced: dict[str, int] = field(default_factory=dict)       # seen as of the role's last fence_async
     inflight: list[list[Read]] = field(default_factory=list)   # wgmma groups not yet waited for
-    inflight_acc: list[tuple[str, Node]] = field(default_factory=list)   # each such group's accumulator
+    inflight_acc: list[tuple[tuple[str, ...], Node]] = field(default_factory=list)   # each group's registers
     arrives: Arrives = field(default_factory=Arrives)          # its arrives: each releases the reads before it
     blocked: Node | None = None
     loops: list[str] = field(default_factory=list)

@@ -11,12 +11,13 @@ from typing import Iterable, Iterator
 
 from cake_core.ir.expr import CTA_COORDS, CTA_COUNTS, LAUNCH_SYMBOLS, fmt_expr, symbols, try_evaluate
 from cake_core.ir.opdef import Alloc, Effect, Family, Operand, Ordering, Scope, SyncKind, buffer_name
+from cake_core.ir.fragments import epilogue_state
 from cake_core.ir.ops import REGISTRY, Node, Op, Tile, View, loop_range
 from cake_core.ir.passes import node_exprs
 from cake_core.ir.registry import ops_of
 from cake_core.ir.scratch import staged_operands
 from cake_core.ir.smem_layout import SCRATCH
-from cake_core.ir.rule_ctx import (Ctx, RuleSet, fmt_shape, rmem_words_per_thread, same_extent, smem, smem_bytes,
+from cake_core.ir.rule_ctx import (Ctx, layouts, RuleSet, fmt_shape, rmem_words_per_thread, same_extent, smem, smem_bytes,
                                    view_extent)
 from cake_core.ir.types import DType, MemSpace
 from cake_core.outcome import Diagnostic, Severity
@@ -342,10 +343,9 @@ def _regs(ctx: Ctx) -> Iterable[Diagnostic]:
       guards=(op for op, d in REGISTRY.items() if d.allocates is Alloc.RMEM))
 def _rmem_split(ctx: Ctx) -> Iterable[Diagnostic]:
     # a fused epilogue's row state (the rmem tiles it reads and writes, argmin_bias best/arg, topk_bias
-    # top_v/top_i) is held per fragment row, not split over the threads
-    epilogues = ops_of(Family.EPILOGUE)
-    rowstate = {a for m, _, _ in ctx.nodes if m.op in epilogues for o, a in _operands(m)
-                if o.kind == "buf" and o.effect_of(m) is Effect.READWRITE}
+    # top_v/top_i) and a role's fragments and row vectors (ir.fragments) are held per fragment row, not split
+    # over the threads
+    rowstate = epilogue_state(ctx.program) | set(layouts(ctx))
     for n, path, _ in ctx.nodes:
         numel = ctx.static_numel(n.args[1]) if REGISTRY[n.op].allocates is Alloc.RMEM and n.result not in rowstate \
             else None
@@ -353,6 +353,67 @@ def _rmem_split(ctx: Ctx) -> Iterable[Diagnostic]:
             yield ctx.diag("resources.rmem_split", n, f"`{n.result}` has {numel} elements, not a multiple "
                                                       f"of threads={ctx.threads_of(n)}", path=path,
                            hint="pick tile sizes whose product is a multiple of the thread count")
+
+
+# -------------------------------------------------------------------- layout
+
+def _touches(n: Node) -> Iterator[tuple[Operand, str]]:
+    """(operand, smem tile) for each tile or slot operand of ``n`` (not an mbarrier, not a gmem view)."""
+    for o, a in _operands(n):
+        if o.memory and o.kind in ("buf", "slot") and buffer_name(a) is not None:
+            yield o, buffer_name(a)
+
+
+@rule("layout.swizzle", "layout", "ops that touch a swizzled smem tile address it one way: all swizzled (TMA, "
+      "cp_async_bar, wgmma, sqnorm_rows, the elementwise ops) or all row-major; an elementwise op reads a "
+      "swizzle-128 tile of whole 128-byte rows at its own elements",
+      guards=(op for op, d in REGISTRY.items() if d.allocates is Alloc.SMEM))
+def _swizzle(ctx: Ctx) -> Iterable[Diagnostic]:
+    """A swizzled tile's bytes are where TMA and wgmma put them (``OpDef.swizzle``); an op that addresses it
+    row-major (a plain load or store, a reduction, an fma mma, a transpose) would read or write other elements
+    than the ones it names, silently, and the interpreter (which keeps tiles logical) would not see it."""
+    swizzled = {name for name, t in ctx.buffers.items() if t.space is MemSpace.SMEM and ctx.swizzle_of(name)}
+    if not swizzled:
+        return
+    uses: dict[str, list[tuple[Node, str, bool]]] = {}
+    for n, path, _ in ctx.nodes:
+        for o, name in _touches(n):
+            if name in swizzled:
+                uses.setdefault(name, []).append((n, path, REGISTRY[n.op].swizzle))
+    for name, seen in uses.items():
+        t, span = ctx.buffers[name], ctx.swizzle_of(name)
+        shape = [ctx.static(d) for d in t.shape]
+        row_bytes = shape[-1] * t.dtype.bytes if shape and shape[-1] is not None else None
+        for n, path, aware in seen:
+            if not aware or n.decl.family is not Family.ELEMENTWISE:
+                continue
+            dst = ctx.buffers.get(n.args[0]) if n.args and isinstance(n.args[0], str) else None
+            if span != 128 or len(shape) != 2 or row_bytes is None or row_bytes % 128:
+                yield ctx.diag("layout.swizzle", n, f"`{n.op.value}` touches `{name}` {fmt_shape(ctx, t.shape)} with "
+                                                    f"swizzle={span}: elementwise ops address swizzle-128 tiles of "
+                                                    "whole 128-byte rows", path=path,
+                               hint=f"allocate `{name}` with swizzle=128 and rows of 128 bytes (or a multiple), or "
+                                    "with swizzle=0")
+            elif dst is not None and [ctx.static(d) for d in dst.shape] != shape:
+                yield ctx.diag("layout.swizzle", n, f"`{n.op.value}` reads swizzled `{name}` broadcast to "
+                                                    f"{fmt_shape(ctx, dst.shape)}: a broadcast read addresses it "
+                                                    "row-major", path=path,
+                               hint=f"read `{name}` at its own elements (a destination of its shape), or allocate it "
+                                    "with swizzle=0")
+        placed = next(((n, p) for n, p, aware in seen if aware), None)
+        if placed is None:
+            continue            # every op addresses it row-major: its swizzle attribute changes nothing
+        for n, path, aware in seen:
+            if not aware:
+                yield ctx.diag("layout.swizzle", n, f"`{n.op.value}` addresses `{name}` row-major, but it has "
+                                                    f"swizzle={span} and `{placed[0].op.value}` at line "
+                                                    f"{placed[0].line} addresses it swizzled: the two disagree on "
+                                                    "where each element is", path=path,
+                               witness=[f"swizzled: {placed[0].op.value} at line {placed[0].line}"],
+                               hint=f"use ops that follow the swizzle on `{name}` (tma_load, cp_async_bar, wgmma, "
+                                    "the elementwise ops), or give the row-major ops a tile of their own with "
+                                    "swizzle=0")
+                break
 
 
 # -------------------------------------------------------------------- target
@@ -471,7 +532,7 @@ def _stages(ctx: Ctx, n: Node) -> bool:
     def shape(t):
         dims = tuple(ctx.static(d) for d in t.shape)
         return None if any(d is None for d in dims) else dims
-    return bool(staged_operands(n, ctx.buffers.get, shape))
+    return bool(staged_operands(n, ctx.buffers.get, shape, layouts(ctx)))
 
 
 def _owned_accesses(ctx: Ctx, n: Node, smem: set[str]) -> set[tuple[str, str]]:

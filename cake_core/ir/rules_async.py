@@ -18,7 +18,7 @@ from cake_core.ir.opdef import Alloc, BarrierUse, Completion, Effect, Exchange, 
 from cake_core.ir.ops import REGISTRY, Node, Op
 from cake_core.ir.protocol import RULE_IDS, check_protocol
 from cake_core.ir.registry import COMPUTE_OPS, ops_of
-from cake_core.ir.rule_ctx import Ctx, RuleSet
+from cake_core.ir.rule_ctx import Ctx, RuleSet, layouts
 from cake_core.ir.rules_async_copy import copy_bytes
 from cake_core.ir.rules_let import bound_values
 from cake_core.ir.types import MemSpace
@@ -124,27 +124,52 @@ def _role_accs(ctx: Ctx) -> dict[str, Node | None]:
 
 
 def _why_not_in_role(ctx: Ctx, n: Node, role: Node, accs: dict[str, Node | None]) -> str | None:
-    """Why compute op ``n`` cannot run over the threads of ``role`` alone (None: it can)."""
+    """Why compute op ``n`` cannot run over the threads of ``role`` alone (None: it can).
+
+    Its rmem operands must be tiles the role holds in the wgmma layout (``ir.fragments``): fragments of the
+    destination's shape, row vectors broadcast along a fragment's columns or combined with each other; the
+    elements then never leave their thread. ``reduce`` along a fragment's columns into a row vector of the role
+    is the one op whose elements move, within each row's quad."""
     d = REGISTRY[n.op]
     tiles = [(o, a) for o, a in zip(d.operands, n.args) if o.kind == "buf"]
     if n.op is Op.ATOMIC_ADD and accs.get(n.arg("src"), False) is role:
         return None                                       # split-K: the role adds its accumulator's fragments
+    lay = layouts(ctx)
+    if n.op is Op.REDUCE:
+        src, dst = lay.get(n.arg("src")), lay.get(n.arg("dst"))
+        if src is not None and src.fragment and src.role is role and dst is not None and dst.kind == "rows" \
+                and dst.role is role and n.attr("axis") in (1, -1):
+            return None
+        if src is not None and src.fragment and src.role is role:
+            return (f"it reduces fragment `{n.arg('src')}` into `{n.arg('dst')}`, which is not an rmem ({src.rows}, 1) "
+                    "row vector of the role (or along axis 0, across the quads)")
     if n.op not in _ROLE_COMPUTE:
         return ("its elements move between threads or its lowering synchronises the CTA, and only the role's "
                 f"{ctx.threads_of(n)} threads run it")
     dst = ctx.buffers.get(tiles[0][1]) if tiles else None
+    dst_lay = lay.get(tiles[0][1]) if tiles else None
+    fragment = any((lay.get(a) is not None and lay[a].fragment) for _, a in tiles)
     for o, name in tiles:
         t = ctx.buffers.get(name)
         if t is None or t.space is not MemSpace.RMEM:
             continue
-        if accs.get(name, False) is not role:
+        held = lay.get(name)
+        if held is None or held.role is not role:
             at = ctx.defined_at.get(name)
             if at is not None and ctx.role_of.get(id(at)) is role:
-                return f"`{name}` is an rmem tile of the role that no wgmma accumulates into"
+                return (f"`{name}` is an rmem tile of the role in no layout it holds: an accumulator, a "
+                        "(64 * warpgroups, N) fragment with N a multiple of 8, or a (64 * warpgroups, 1) f32/i32 row "
+                        "vector")
             return (f"`{name}` is an rmem tile spread over all the CTA's {ctx.program.threads} threads; the role's "
                     f"{ctx.threads_of(n)} threads hold only their own slots of it")
+        if held.kind == "rows":
+            if not fragment and (dst_lay is None or dst_lay.kind != "rows"):
+                return (f"row vector `{name}` is held by the 4 threads of each row's quad: it is read along a "
+                        "fragment's columns or combined into another row vector of the role, not written into "
+                        f"`{tiles[0][1]}`")
+            continue
         if dst is not None and [ctx.static(x) for x in t.shape] != [ctx.static(x) for x in dst.shape]:
-            return (f"wgmma accumulator `{name}` is broadcast to the shape of `{tiles[0][1]}`: its elements would "
+            return (f"wgmma fragment `{name}` is broadcast to the shape of `{tiles[0][1]}`: its elements would "
                     "move between the role's threads")
     return None
 
@@ -184,7 +209,8 @@ def _crossed_tiles(ctx: Ctx, nodes: list[tuple[Node, str]]) -> Iterator[tuple[No
 
 
 @rule("role.compute", "role", "a compute op inside a role runs over the role's threads only: elementwise ops on "
-      "smem tiles and on the role's wgmma accumulators, each smem tile the role writes touched one way",
+      "smem tiles and on the fragments and row vectors the role holds, row reductions of a fragment, each smem "
+      "tile the role writes touched one way",
       guards=COMPUTE_OPS)
 def _compute_in_role(ctx: Ctx) -> Iterable[Diagnostic]:
     """The lowering maps the elements of an op inside a role to the role's threads (``lower/thread_map.py``):
@@ -193,9 +219,10 @@ def _compute_in_role(ctx: Ctx) -> Iterable[Diagnostic]:
     waiting at a CTA barrier they never reach), while the interpreter computes the whole tile. An smem tile
     the role writes is touched by one map only: the role's threads have no barrier between them."""
     accs = _role_accs(ctx)
-    hint = (f"inside a role use {', '.join(sorted(o.value for o in _ROLE_COMPUTE))} on smem tiles and the role's "
-            "wgmma accumulators (of the destination's shape); run the rest at the top level, after the roles and a "
-            "sync()")
+    hint = (f"inside a role use {', '.join(sorted(o.value for o in _ROLE_COMPUTE))} on smem tiles and the tiles the "
+            "role holds (wgmma accumulators and other (64 * warpgroups, N) fragments of the destination's shape, "
+            "(64 * warpgroups, 1) row vectors), and reduce a fragment's rows into a row vector; run the rest at the "
+            "top level, after the roles and a sync()")
     per_role: dict[int, list[tuple[Node, str]]] = {}
     for n, path, _ in ctx.nodes:
         role = ctx.role_of.get(id(n))

@@ -12,7 +12,11 @@ mbarrier, cluster, tma).
   for ``num_sms``) where it is not, and names it.
 - ``tma.store_fence``: a ``tma_store`` reads its smem tile through the async proxy; generic-proxy writes to
   that tile (threads' stores, compute ops, cp.async) must be followed by ``fence_async()`` in the writing
-  threads before it, and, outside roles, by a ``sync()`` so that every thread's writes have landed.
+  threads before it, and by a barrier over them (``sync()``; ``role_sync()`` in their role) so that the
+  issuing thread sees every writer's elements.
+- ``wgmma.smem_fence``: the same for a wgmma operand that its own role's threads wrote (an accumulator cast
+  into a tile for the next wgmma): ``fence_async()``, then ``role_sync()``, then the wgmma.
+- ``control.role_sync``: ``role_sync()`` stands inside a role.
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ import math
 from typing import Any, Iterable, Iterator
 
 from cake_core.ir.expr import Bin, Call, Expr, Sym, fmt_expr, symbols, try_evaluate
-from cake_core.ir.opdef import Alloc, Proxy, SyncKind, buffer_name
+from cake_core.ir.opdef import Alloc, Completion, Proxy, SyncKind, buffer_name
 from cake_core.ir.ops import REGISTRY, Node, Op
 from cake_core.ir.rule_ctx import Ctx, RuleSet
 from cake_core.ir.types import MemSpace
@@ -34,6 +38,8 @@ rule = RULESET.rule
 _MBARRIERS = frozenset(op for op, d in REGISTRY.items() if d.allocates is Alloc.MBARRIER)
 _FENCES = frozenset(op for op, d in REGISTRY.items() if d.sync is SyncKind.PROXY_FENCE)
 _CTA_SYNCS = frozenset(op for op, d in REGISTRY.items() if d.sync is SyncKind.CTA)
+_ROLE_SYNCS = frozenset(op for op, d in REGISTRY.items() if d.sync is SyncKind.ROLE)
+_ASYNC_MMAS = frozenset(op for op, d in REGISTRY.items() if d.completion is Completion.MMA_GROUP)
 # ops that read an smem slot through the async proxy and need generic writes fenced before them
 _ASYNC_SMEM_READERS = frozenset({Op.TMA_STORE})
 
@@ -175,13 +181,15 @@ def _generic_smem_writes(ctx: Ctx, n: Node) -> list[str]:
     return out
 
 
-@rule("tma.store_fence", "tma", "a tma_store of smem that threads wrote needs fence_async() (and, outside roles, "
-                                "sync()) between those writes and the store", guards=_ASYNC_SMEM_READERS | _FENCES)
-def _store_fence(ctx: Ctx) -> Iterable[Diagnostic]:
-    """Statement order is followed with every loop body run twice (a write late in one trip reaches the next
-    trip's store); an ``if`` body may run. A fence orders the writes of the threads that run it: those of its
-    role, or every thread's at the top level; a top-level store is issued by one thread, so a sync() after the
-    fence makes the other threads' writes its own."""
+def _fence_order(ctx: Ctx, rule_id: str, readers: frozenset[Op], same_role: bool) -> list[Diagnostic]:
+    """Generic-proxy smem writes before an async-proxy read of the tile by one of ``readers``: fence_async() by the
+    writing threads, then a barrier over them (sync() at the top level, role_sync() in their role), so that the
+    thread or warpgroup that issues the read sees every writer's elements. ``same_role``: only writes of the
+    reader's own role count (another role's are ordered by the mbarriers between them: the protocol checker).
+
+    Statement order is followed with every loop body run twice (a write late in one trip reaches the next
+    trip's read); an ``if`` body may run. A fence orders the writes of the threads that run it: those of its
+    role, or every thread's at the top level."""
     pending: dict[str, list[list[Any]]] = {}       # tile -> [writer role, write, fenced, synced]
     out: list[Diagnostic] = []
     reported: set[tuple[int, int]] = set()
@@ -191,11 +199,19 @@ def _store_fence(ctx: Ctx) -> Iterable[Diagnostic]:
             return
         reported.add((w[1].line, n.line))
         who = f"role {w[0].args[0]}" if w[0] is not None else "the CTA's threads"
-        out.append(ctx.diag("tma.store_fence", n, f"tma_store reads `{src}` through the async proxy, but the "
-                                                  f"{w[1].op.value} at line {w[1].line} wrote it through the generic "
-                                                  f"proxy {why}", path=_path(ctx, n),
+        out.append(ctx.diag(rule_id, n, f"{n.op.value} reads `{src}` through the async proxy, but the "
+                                        f"{w[1].op.value} at line {w[1].line} wrote it through the generic proxy "
+                                        f"{why}", path=_path(ctx, n),
                             witness=[f"write: {w[1].op.value} at line {w[1].line} ({who})",
-                                     f"read: tma_store at line {n.line}"], hint=hint))
+                                     f"read: {n.op.value} at line {n.line}"], hint=hint))
+
+    def settle(role: Node | None) -> None:
+        """A barrier of ``role`` (None: the CTA's): the fenced writes of its threads are now everyone's."""
+        for k, ws in pending.items():
+            for w in ws:
+                if role is None or w[0] is role:
+                    w[3] = w[2]
+            pending[k] = [w for w in ws if not w[3]]
 
     def run(nodes: tuple[Node, ...]) -> None:
         for n in nodes:
@@ -212,23 +228,61 @@ def _store_fence(ctx: Ctx) -> Iterable[Diagnostic]:
                     for w in ws:
                         w[2] = w[2] or role is None or w[0] is role
             elif n.op in _CTA_SYNCS:
-                for k, ws in pending.items():
-                    for w in ws:
-                        w[3] = w[2]
-                    pending[k] = [w for w in ws if not w[3]]       # fenced and synced: nothing left to order
-            elif n.op in _ASYNC_SMEM_READERS:
-                src = buffer_name(n.arg("src"))
-                for w in pending.get(src, []):
-                    if not w[2]:
-                        report(n, src, w, "and no fence_async() by its threads comes between",
-                               "fence_async() after the writes" + ("" if role is not None else ", then sync()")
-                               + ", before the tma_store")
-                    elif role is None and not w[3]:
-                        report(n, src, w, "and no sync() follows its fence: the storing thread may not see the "
-                                          "other threads' writes", "sync() after the fence_async(), before the "
-                                                                   "tma_store")
+                settle(None)
+            elif n.op in _ROLE_SYNCS and role is not None:
+                settle(role)
+            elif n.op in readers:
+                barrier = "sync()" if role is None else "role_sync()"
+                for src in _async_smem_reads(ctx, n):
+                    for w in pending.get(src, []):
+                        if same_role and w[0] is not role:
+                            continue
+                        if not w[2]:
+                            report(n, src, w, "and no fence_async() by its threads comes between",
+                                   f"fence_async() after the writes, then {barrier}, before the {n.op.value}")
+                        elif not w[3] and (role is None or w[0] is role):
+                            report(n, src, w, f"and no {barrier} follows its fence: the thread that issues the "
+                                              f"{n.op.value} may not see the other threads' writes",
+                                   f"{barrier} after the fence_async(), before the {n.op.value}")
             for name in _generic_smem_writes(ctx, n):
                 pending.setdefault(name, []).append([role, n, False, False])
 
     run(ctx.program.body)
     return out
+
+
+def _async_smem_reads(ctx: Ctx, n: Node) -> list[str]:
+    """The smem tiles ``n`` reads through the async proxy (its slot operands it only reads)."""
+    out = []
+    for o, a in zip(REGISTRY[n.op].operands, n.args):
+        name = buffer_name(a) if o.memory and o.kind == "slot" else None
+        t = ctx.buffers.get(name) if name else None
+        if t is not None and t.space is MemSpace.SMEM and not o.effect_of(n).modifies:
+            out.append(name)
+    return out
+
+
+@rule("tma.store_fence", "tma", "a tma_store of smem that threads wrote needs fence_async() and then sync() (or, "
+                                "in their role, role_sync()) between those writes and the store",
+      guards=_ASYNC_SMEM_READERS | _FENCES)
+def _store_fence(ctx: Ctx) -> Iterable[Diagnostic]:
+    """One thread issues the store: every writer's fence, then a barrier that makes their writes its own."""
+    return _fence_order(ctx, "tma.store_fence", _ASYNC_SMEM_READERS, same_role=False)
+
+
+@rule("wgmma.smem_fence", "wgmma", "a wgmma operand its own role's threads wrote in smem (an accumulator cast into a "
+                                   "tile) needs fence_async() and then role_sync() between those writes and the wgmma",
+      guards=_ASYNC_MMAS)
+def _wgmma_fence(ctx: Ctx) -> Iterable[Diagnostic]:
+    """Each warpgroup reads the whole operand through the async proxy, its other threads' elements included."""
+    return _fence_order(ctx, "wgmma.smem_fence", _ASYNC_MMAS, same_role=True)
+
+
+@rule("control.role_sync", "control", "role_sync() is a barrier of one role's threads: it stands inside a role",
+      guards=_ROLE_SYNCS)
+def _role_sync_placement(ctx: Ctx) -> Iterable[Diagnostic]:
+    for n, path, _ in ctx.nodes:
+        if n.op in _ROLE_SYNCS and ctx.role_of.get(id(n)) is None:
+            yield ctx.diag("control.role_sync", n, "role_sync() outside a role: it is the barrier of the enclosing "
+                                                   "role's threads", path=path,
+                           hint="use sync() at the top level, role_sync() inside a role")

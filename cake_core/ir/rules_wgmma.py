@@ -12,7 +12,7 @@ from typing import Iterable, Iterator
 from cake_core.ir.opdef import Completion, Family
 from cake_core.ir.ops import REGISTRY, Node, Op
 from cake_core.ir.registry import ops_of
-from cake_core.ir.rule_ctx import Ctx, RuleSet, fmt_shape
+from cake_core.ir.rule_ctx import Ctx, RuleSet, fmt_shape, layouts
 from cake_core.ir.types import DType, MemSpace
 from cake_core.outcome import Diagnostic
 
@@ -59,11 +59,19 @@ def _mma_tiles(ctx: Ctx, n: Node):
     return acc, a, b
 
 
+def _register_a(ctx: Ctx, n: Node) -> bool:
+    """Whether wgmma ``n`` reads a from registers: a 16-bit fragment of its own role (``ir.fragments``)."""
+    held = layouts(ctx).get(n.arg("a").buf)
+    return n.op is Op.WGMMA and held is not None and held.kind == "frag" and held.role is ctx.role_of.get(id(n)) \
+        and n.arg("a").index is None and ctx.buffers[n.arg("a").buf].dtype in (DType.BF16, DType.F16)
+
+
 def _smem_tiles(ctx: Ctx, n: Node):
-    """acc, a and b for the shape rules (wgmma.m, .n, .k): an a or b outside shared memory is None, since
-    wgmma.operands reports its space and its shape (a whole gmem tensor, a register tile) says nothing more."""
+    """acc, a and b for the shape rules (wgmma.m, .n, .k): an a or b outside shared memory is None (a register A
+    aside), since wgmma.operands reports its space and its shape (a whole gmem tensor) says nothing more."""
     acc, a, b = _mma_tiles(ctx, n)
-    return (acc, *(t if t is not None and t.space is MemSpace.SMEM else None for t in (a, b)))
+    a = a if a is not None and (a.space is MemSpace.SMEM or _register_a(ctx, n)) else None
+    return acc, a, (b if b is not None and b.space is MemSpace.SMEM else None)
 
 
 def _b_kn(ctx: Ctx, n: Node, b) -> tuple[int | None, int | None]:
@@ -142,18 +150,30 @@ def _wgmma_operands(ctx: Ctx) -> Iterable[Diagnostic]:
         _, a, b = _mma_tiles(ctx, n)
         if a is None or b is None:
             continue
-        if a.space is not MemSpace.SMEM or b.space is not MemSpace.SMEM:
+        reg_a = _register_a(ctx, n)
+        if (a.space is not MemSpace.SMEM and not reg_a) or b.space is not MemSpace.SMEM:
             for name, t in (("a", a), ("b", b)):
-                if t.space is not MemSpace.SMEM:
-                    yield ctx.diag("wgmma.operands", n, f"wgmma's {name} `{n.arg(name).buf}` lives in {t.space.value}: "
-                                                        "wgmma reads a and b from shared memory", path=path,
-                                   hint=f"allocate `{n.arg(name).buf}` with smem(...) and copy it there first")
+                if t.space is MemSpace.SMEM or (name == "a" and reg_a):
+                    continue
+                if name == "a" and t.space is MemSpace.RMEM and n.op is Op.WGMMA:
+                    yield ctx.diag("wgmma.operands", n, f"wgmma's a `{n.arg('a').buf}` is an rmem tile but not a "
+                                                        "16-bit fragment of the wgmma's role: a register A is a "
+                                                        "(64 * warpgroups, K) bf16 or f16 rmem tile allocated in "
+                                                        "the role that issues the wgmma", path=path,
+                                   hint=f"allocate `{n.arg('a').buf}` = rmem(bf16, (BM, K)) inside the role and "
+                                        "cast the accumulator into it, or copy it to an smem tile")
+                    continue
+                where = "a from shared memory or a 16-bit register fragment of its role, b" if n.op is Op.WGMMA \
+                    else "a and b"
+                yield ctx.diag("wgmma.operands", n, f"wgmma's {name} `{n.arg(name).buf}` lives in {t.space.value}: "
+                                                    f"{n.op.value} reads {where} from shared memory", path=path,
+                               hint=f"allocate `{n.arg(name).buf}` with smem(...) and copy it there first")
             continue
         if a.dtype != b.dtype or a.dtype not in (DType.BF16, DType.F16, DType.E4M3, DType.E5M2):
             yield ctx.diag("wgmma.operands", n, f"a is {a.dtype.value}, b is {b.dtype.value}: wgmma takes one "
                                                 "16-bit (bf16/f16) or 8-bit float dtype", path=path,
                            hint="allocate both as bf16")
-        elif ctx.swizzle_of(n.arg("a").buf) != ctx.swizzle_of(n.arg("b").buf):
+        elif not reg_a and ctx.swizzle_of(n.arg("a").buf) != ctx.swizzle_of(n.arg("b").buf):
             sa, sb = ctx.swizzle_of(n.arg("a").buf), ctx.swizzle_of(n.arg("b").buf)
             yield ctx.diag("wgmma.operands", n, f"a has swizzle={sa}, b has swizzle={sb}: "
                                                 "the descriptors of one wgmma use one layout", path=path,

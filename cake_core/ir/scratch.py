@@ -4,11 +4,12 @@ themselves (``OpDef.scratch_bytes``: ``fetch_add`` hands its value over through 
 An operand declared with an :class:`~cake_core.ir.opdef.Exchange` (a reduction's tiles, a running merge's,
 a transposed source, a scatter index, a broadcast ewise source) goes through shared memory when it is an
 rmem tile: the lowering stages exactly :func:`staged_operands`, in the region of :func:`scratch_bytes` that
-``ir.smem_layout`` places (and the verifier checks against the smem budget).
+``ir.smem_layout`` places (and the verifier checks against the smem budget). A tile a warp role holds in the
+wgmma layout (``ir.fragments``: ``held``) is never staged: its elements stay with their threads.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Container
 
 from cake_core.ir.opdef import Exchange
 from cake_core.ir.registry import REGISTRY
@@ -18,10 +19,12 @@ SCRATCH_ALIGN = 16      # bytes between staged operands in the scratch region
 
 
 def staged_operands(n: Any, types: Callable[[str], TileType | None],
-                    shape: Callable[[TileType], tuple[int, ...] | None]) -> list[str]:
+                    shape: Callable[[TileType], tuple[int, ...] | None],
+                    held: Container[str] = frozenset()) -> list[str]:
     """The rmem tiles that ``n`` exchanges between threads through shared-memory scratch.
 
-    ``types`` maps a buffer name to its type, ``shape`` a type to its static shape.
+    ``types`` maps a buffer name to its type, ``shape`` a type to its static shape; ``held`` names the tiles the
+    roles hold in the wgmma layout, never staged.
     """
     def rmem(name: str) -> TileType | None:
         t = types(name)
@@ -31,7 +34,7 @@ def staged_operands(n: Any, types: Callable[[str], TileType | None],
     out: list[str] = []
     dst = types(n.args[0]) if d.operands and d.operands[0].kind == "buf" else None
     for o, a in zip(d.operands, n.args):
-        if o.kind != "buf" or o.exchange is Exchange.NONE or not rmem(a):
+        if o.kind != "buf" or o.exchange is Exchange.NONE or not rmem(a) or a in held:
             continue
         if o.exchange is Exchange.BROADCAST and (dst is None or shape(rmem(a)) == shape(dst)):
             continue
@@ -46,11 +49,11 @@ def own_scratch_bytes(n: Any) -> int:
 
 
 def scratch_bytes(n: Any, types: Callable[[str], TileType | None],
-                  shape: Callable[[TileType], tuple[int, ...] | None]) -> int | None:
+                  shape: Callable[[TileType], tuple[int, ...] | None], held: Container[str] = frozenset()) -> int | None:
     """Bytes of shared-memory scratch ``n`` needs (None if a shape is not static): its own, then its staged
     operands."""
     total = own_scratch_bytes(n)
-    for name in staged_operands(n, types, shape):
+    for name in staged_operands(n, types, shape, held):
         t = types(name)
         s = shape(t) if t is not None else None
         if s is None:

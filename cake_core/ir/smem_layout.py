@@ -27,6 +27,7 @@ from functools import cached_property
 from typing import Any, Iterable
 
 from cake_core.ir.expr import try_evaluate
+from cake_core.ir.fragments import role_layouts
 from cake_core.ir.opdef import Alloc
 from cake_core.ir.scratch import scratch_bytes
 from cake_core.ir.types import MemSpace, Swizzle, TileType
@@ -119,6 +120,8 @@ def _numel(shape: tuple[int, ...]) -> int:
 def smem_layout(program: Any, arch: Arch) -> SmemLayout:
     """The shared-memory layout of ``program`` on ``arch`` (see the module docstring)."""
     consts = program.const_env
+    w = arch.wgmma
+    held = role_layouts(program, w.m if w else None, arch.warpgroup_warps, w.n_step if w else 8)
     regions: list[Region] = []
     unsized: list[Any] = []
     state = {"top": 0, "scratch": None}       # scratch: (offset, size) of the region the last statement used
@@ -159,7 +162,7 @@ def smem_layout(program: Any, arch: Arch) -> SmemLayout:
                 else:
                     place(MBARRIER, n.result or "", n, arch.mbarrier_bytes, arch.mbarrier_bytes * count)
             else:
-                need = scratch_bytes(n, lookup, lambda t: _static_shape(t.shape, consts)) if n.args else 0
+                need = scratch_bytes(n, lookup, lambda t: _static_shape(t.shape, consts), held) if n.args else 0
                 if need:
                     region = state["scratch"]
                     if region is None or region[0] + region[1] != state["top"]:

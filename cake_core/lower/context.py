@@ -98,7 +98,8 @@ class Buf:
     shape: tuple[int, ...]      # static (evaluated with the consts); () for gmem
     smem_offset: int = -1
     layout: tuple[int, int] | None = None   # rmem in the mma_sync fragment layout: its warp grid (WM, WN)
-    wgmma: bool = False                      # rmem held as a role's wgmma accumulator (m64nNk16 fragments)
+    wgmma: bool = False                      # rmem a role holds in the m64nNk16 fragment layout (ir.fragments)
+    rowvec: bool = False                     # rmem a role holds as a row vector of that layout (2 rows a thread)
 
     @property
     def numel(self) -> int:

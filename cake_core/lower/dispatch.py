@@ -73,6 +73,7 @@ VARIANTS: dict[Op, Dispatch] = {
         Variant("argmin_bias_row_state", lower_wgmma.is_rowstate, lower_wgmma.lower_rowstate_rmem),
         Variant("topk_bias_lists", lower_topk.is_topk_list, lower_topk.lower_topk_rmem),
         Variant("wgmma_accumulator", lower_wgmma.is_wgmma_acc, lower_wgmma.lower_acc_rmem),
+        Variant("role_fragment", lower_wgmma.is_role_fragment, lower_wgmma.lower_fragment_rmem),
         _in_role(lower_async.refuse_rmem_in_role),                       # v1 tiles spread over the CTA
         Variant("cta", always, lower_tile.lower_rmem),
     ), fragment_aware=True),

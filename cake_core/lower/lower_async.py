@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from cake_core.ir.fragments import role_layouts
 from cake_core.ir.ops import At, Node, Op, Slot, Tile, View
 from cake_core.ir.program import walk
 from cake_core.ir.types import DType, MemSpace
@@ -54,7 +55,8 @@ class TensorMapArg:
 
 def async_state(ctx: Ctx) -> dict[str, Any]:
     """The async lowering's state on the context: the role being lowered, barriers, tensor maps, wgmma
-    accumulators (``frag``) and argmin_bias row state, setmaxnreg and the cluster."""
+    accumulators (``frag``) and argmin_bias row state, setmaxnreg, the cluster, and the layouts of the tiles the
+    roles hold in the wgmma layout (``layouts``, ``ir.fragments``)."""
     st = ctx.__dict__.get("async_state")
     if st is None:
         nodes = [w[0] for w in walk(ctx.program.body)]
@@ -65,8 +67,11 @@ def async_state(ctx: Ctx) -> dict[str, Any]:
             if n.op is Op.ARGMIN_BIAS:
                 rowstate[n.arg("best")] = (0, n.arg("arg"))
                 rowstate[n.arg("arg")] = (1, n.arg("best"))
+        w = ctx.arch.wgmma
+        layouts = role_layouts(ctx.program, w.m if w else None, ctx.arch.warpgroup_warps, w.n_step if w else 8)
         st = ctx.__dict__["async_state"] = {"role": None, "bars": {}, "maps": {}, "accs": accs, "frag": {},
-                                            "rowstate": rowstate, "rows": {}, "setmaxnreg": False, "cluster": None}
+                                            "rowstate": rowstate, "rows": {}, "setmaxnreg": False, "cluster": None,
+                                            "layouts": layouts}
     return st
 
 
@@ -295,6 +300,16 @@ def lower_cp_async_wait(n: Node, ctx: Ctx) -> list[Line]:
     return [f"cake::cp_async_wait<{ctx.static(n.args[0], 'the groups left in flight') if n.args[0] else 0}>();"]
 
 
+def lower_role_sync(n: Node, ctx: Ctx) -> list[Line]:
+    """bar.sync on the role's named barrier, over its threads (``named_barrier``)."""
+    if async_state(ctx)["role"] is None:
+        raise LowerError("lower.role_placement", "role_sync() is a barrier of one role's threads; at the top level "
+                                                 "the CTA's barrier is sync()", "use sync() outside the roles")
+    first, count = role_threads(ctx)
+    return [f'asm volatile("bar.sync %0, %1;" :: "n"({named_barrier(ctx, first)}), "n"({count}) : "memory");'
+            "  // the role's threads"]
+
+
 def lower_fence(n: Node, ctx: Ctx) -> list[Line]:
     return ["cake::fence_async();"]
 
@@ -361,5 +376,6 @@ HOOKS: dict[Op, Lowering] = {
     Op.CP_ASYNC_BAR: lower_cp_async_bar,
     Op.CP_ASYNC_WAIT: lower_cp_async_wait,
     Op.FENCE_ASYNC: lower_fence,
+    Op.ROLE_SYNC: lower_role_sync,
     Op.CLUSTER_SYNC: lower_cluster_sync,
 }

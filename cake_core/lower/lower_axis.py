@@ -10,7 +10,9 @@ from cake_core.ir.scratch import reduce_partials
 from cake_core.ir.shapes import norm_axis
 from cake_core.ir.types import DType, MemSpace
 from cake_core.lower.context import Buf, Ctx, Line, Lowering, LowerError
+from cake_core.lower.lower_async import in_role
 from cake_core.lower.lower_compute import _Staging, _block, _cta_wide, _tile
+from cake_core.lower.thread_map import settle_fresh_accs
 
 _FN_CODE = {"sum": 0, "max": 1, "min": 2}
 
@@ -75,6 +77,8 @@ def _reduce_partials(n: Node, ctx: Ctx, dst: Buf, src: Buf, L: int) -> list[Line
 
 def lower_reduce(n: Node, ctx: Ctx) -> list[Line]:
     dst, src = _tile(ctx, n.args[0], "destination"), _tile(ctx, n.args[1], "source")
+    if in_role(n, ctx):
+        return _reduce_rows_in_role(n, ctx, dst, src)
     L, N, LS, JS = _lines(n, src)
     _check_reduced(src, [dst], L)
     partial = _reduce_partials(n, ctx, dst, src, L)
@@ -84,6 +88,18 @@ def lower_reduce(n: Node, ctx: Ctx) -> list[Line]:
     call = (f"cake::reduce_smem<{L}, {N}, {LS}, {JS}, {_FN_CODE[n.attr('fn')]}, THREADS>"
             f"({st.smem_ptr(dst)}, {st.smem_ptr(src)});")
     return _line_op(st, call, [dst])
+
+
+def _reduce_rows_in_role(n: Node, ctx: Ctx, dst: Buf, src: Buf) -> list[Line]:
+    """``reduce`` inside a role: a fragment the role holds along its columns into a row vector of the role, in
+    registers and the quad's shuffles (``cake::reduce_rows_wgmma_frag``); nothing else moves elements there."""
+    if not src.wgmma or not dst.rowvec or norm_axis(n.attr("axis"), 2) != 1:
+        raise LowerError("lower.unsupported_in_role", f"`reduce` inside a role reduces a fragment the role holds "
+                                                      f"along axis 1 into a row vector of the role; `{src.name}` "
+                                                      f"into `{dst.name}` is neither",
+                         "reduce at the top level, after the roles and a sync()")
+    return settle_fresh_accs(ctx, [src]) + [f"cake::reduce_rows_wgmma_frag<{_FN_CODE[n.attr('fn')]}>({dst.name}, "
+                                            f"{src.name});  // the thread's columns, then its quad's"]
 
 
 def lower_scan(n: Node, ctx: Ctx) -> list[Line]:
@@ -146,7 +162,7 @@ def lower_topk_merge(n: Node, ctx: Ctx) -> list[Line]:
 
 
 HOOKS: dict[Op, Lowering] = {
-    Op.REDUCE: _cta_wide(lower_reduce),
+    Op.REDUCE: lower_reduce,                    # inside a role: a fragment's rows (_reduce_rows_in_role)
     Op.SCAN: _cta_wide(lower_scan),
     Op.ARGMIN: _cta_wide(lower_argreduce),
     Op.ARGMAX: _cta_wide(lower_argreduce),

@@ -31,9 +31,9 @@ from cake_core.ir.ops import At, Full, Node, Op, Tile, View
 from cake_core.ir.ops_compute import computes_in_float
 from cake_core.ir.scratch import SCRATCH_ALIGN, staged_operands
 from cake_core.ir.shapes import broadcasts_to, norm_axis
-from cake_core.ir.types import DType, MemSpace, TileType
+from cake_core.ir.types import DType, MemSpace, Swizzle, TileType
 from cake_core.lower.context import Buf, Ctx, Line, Lowering, LowerError, c_literal, window
-from cake_core.lower.lower_async import in_role
+from cake_core.lower.lower_async import async_state, in_role
 from cake_core.lower.thread_map import ThreadMap, owned_loop, settle_fresh_accs, thread_map
 
 _TILE = (MemSpace.SMEM, MemSpace.RMEM)
@@ -78,7 +78,7 @@ class _Staging:
             return tuple(int(evaluate(d, ctx.consts)) for d in t.shape)
 
         self.ctx = ctx
-        self.names = staged_operands(n, types, shape)
+        self.names = staged_operands(n, types, shape, async_state(ctx)["layouts"])
         self.ptr: dict[str, str] = {}
         self.pre: list[str] = []
         if not self.names:
@@ -117,6 +117,10 @@ class _Staging:
 
 def _access(b: Buf, st: _Staging, offset: str | None) -> str:
     """C lvalue of the element of ``b`` at ``offset`` (None: the element this thread owns, same layout as dst)."""
+    if b.rowvec:
+        return f"{b.name}[cake_h]"    # a role's row vector: the row of this element (thread_map's cake_h)
+    if b.type.space is MemSpace.SMEM and b.type.swizzle is not Swizzle.NONE and b.name not in st.ptr:
+        return _swizzled(b, offset)
     if offset is None and b.type.space is MemSpace.RMEM and b.name not in st.ptr:
         return f"{b.name}[cake_s]"
     if offset is None:
@@ -124,6 +128,18 @@ def _access(b: Buf, st: _Staging, offset: str | None) -> str:
     if b.type.space is MemSpace.RMEM and b.name not in st.ptr:
         raise AssertionError(f"{b.name}: rmem read at another thread's element must be staged")
     return f"{st.smem_ptr(b)}[{offset}]"
+
+
+def _swizzled(b: Buf, offset: str | None) -> str:
+    """The element (cake_r, cake_c) of a swizzle-128 smem tile, where TMA and wgmma put it
+    (``cake::swizzle128_elem``); the verifier's ``layout.swizzle`` admits nothing else."""
+    span = 128 // b.type.dtype.bytes
+    if b.type.swizzle is not Swizzle.B128 or len(b.shape) != 2 or b.shape[1] % span or offset is not None:
+        raise LowerError("lower.unsupported_layout", f"`{b.name}` {b.shape} with swizzle={int(b.type.swizzle)}: "
+                                                     "elementwise ops address swizzle-128 tiles of whole 128-byte "
+                                                     "rows, at their own elements (no broadcast read)",
+                         "allocate it with swizzle=0, or read it at a destination of its shape")
+    return f"{b.name}[cake::swizzle128_elem<{b.shape[0]}, {b.shape[1]}, {b.type.dtype.c_type}>(cake_r, cake_c)]"
 
 
 def _broadcast_offset(src: tuple[int, ...], dst: tuple[int, ...]) -> str | None:

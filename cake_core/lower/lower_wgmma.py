@@ -46,6 +46,9 @@ def lower_wgmma(n: Node, ctx: Ctx) -> list[Line]:
     frag = async_state(ctx)["frag"].get(acc_n)
     if frag is None:
         raise LowerError("lower.unsupported_operand", f"`{acc_n}` is not a wgmma accumulator in scope")
+    reg_a = ctx.buf(n.arg("a").buf, (MemSpace.SMEM, MemSpace.RMEM), "operand a")
+    if reg_a.type.space is MemSpace.RMEM:
+        return _lower_wgmma_register_a(n, ctx, reg_a, frag)
     a, pa = slot_ptr(ctx, n.arg("a"), "operand a")
     b, pb = slot_ptr(ctx, n.arg("b"), "operand b")
     kmajor = n.attr("b_major") == "k"
@@ -69,18 +72,8 @@ def lower_wgmma(n: Node, ctx: Ctx) -> list[Line]:
     first = role_threads(ctx)[0]
     ab = "bf16" if dt is DType.BF16 else "f16"
     fresh = frag[2] if len(frag) > 2 else None
-    if not n.attr("accumulate"):
-        scale_d = '"r"((int)(cake_k > 0))'          # acc = a @ b: the first k step drops acc's old value
-    else:
-        scale_d = f'"r"((int)(cake_k > 0 || !{fresh}))' if fresh else '"n"(1)'
-    asm = _wgmma_asm(nn, ab, scale_d, 0 if kmajor else 1).replace("ACC", acc_n)
-    if kmajor:      # like a: rows of 64 K-elements in one 128-byte span, 8-row groups 1024 B apart
-        db = (f"        const uint64_t cake_db = cake::wgmma_desc(cake_b + cake_k * 16, 16, 1024, 1);"
-              f"  // K-major, 128B: {nn} rows of 64")
-    else:
-        db = (f"        const uint64_t cake_db = cake::wgmma_desc(cake_b + cake_k * {16 * 64}, {bk * 128}, 1024, 1);"
-              f"  // N-major, 128B: {nn // 64} column block(s) {bk * 128} B apart (LBO), 8-row groups 1024 B apart "
-              "(SBO)")
+    asm = _wgmma_asm(nn, ab, _scale_d(n, frag), 0 if kmajor else 1).replace("ACC", acc_n)
+    db = _b_desc(kmajor, nn, bk)
     return [
         "{",
         "    cake::wgmma_fence();",
@@ -91,6 +84,68 @@ def lower_wgmma(n: Node, ctx: Ctx) -> list[Line]:
         f"    for (int cake_k = 0; cake_k < {k // 16}; ++cake_k) {{",
         "        const uint64_t cake_da = cake::wgmma_desc(cake_a + cake_k * 16, 16, 1024, 1);  // K-major, 128B",
         db,
+        f"        {asm}",
+        "    }",
+        "    cake::wgmma_commit();",
+        *([f"    {fresh} = 0;"] if fresh else []),
+        "}",
+    ]
+
+
+def _scale_d(n: Node, frag: tuple) -> str:
+    """The operand of wgmma's scale-d predicate: 0 on the first k step when acc's old value is dropped
+    (accumulate=False) or is still the lazy zeros no wgmma wrote."""
+    fresh = frag[2] if len(frag) > 2 else None
+    if not n.attr("accumulate"):
+        return '"r"((int)(cake_k > 0))'
+    return f'"r"((int)(cake_k > 0 || !{fresh}))' if fresh else '"n"(1)'
+
+
+def _b_desc(kmajor: bool, nn: int, bk: int) -> str:
+    """The line that describes k-step ``cake_k`` of b (``cake_b``): K-major rows of one 128-byte span, or N-major
+    64-column blocks ``bk * 128`` B apart."""
+    if kmajor:      # like a: rows of 64 K-elements in one 128-byte span, 8-row groups 1024 B apart
+        return (f"        const uint64_t cake_db = cake::wgmma_desc(cake_b + cake_k * 16, 16, 1024, 1);"
+                f"  // K-major, 128B: {nn} rows of 64")
+    return (f"        const uint64_t cake_db = cake::wgmma_desc(cake_b + cake_k * {16 * 64}, {bk * 128}, 1024, 1);"
+            f"  // N-major, 128B: {nn // 64} column block(s) {bk * 128} B apart (LBO), 8-row groups 1024 B apart "
+            "(SBO)")
+
+
+def _lower_wgmma_register_a(n: Node, ctx: Ctx, a: Buf, frag: tuple) -> list[Line]:
+    """wgmma with A in registers: a 16-bit fragment of the role in the accumulator's layout, whose slots
+    8k .. 8k + 7 are k-step k's m64k16 A fragment (4 registers of two elements, ``cake::pack2_rmem``)."""
+    if not a.wgmma or a.type.dtype not in (DType.BF16, DType.F16):
+        raise LowerError("lower.unsupported_operand", f"register A `{a.name}` is not a bf16/f16 fragment of the role")
+    b, pb = slot_ptr(ctx, n.arg("b"), "operand b")
+    kmajor = n.attr("b_major") == "k"
+    (m, k), (bk, nn) = a.shape, (b.shape[::-1] if kmajor else b.shape)
+    if b.type.dtype is not a.type.dtype:
+        raise LowerError("lower.unsupported_operand", f"register A is {a.type.dtype.value}, b {b.type.dtype.value}")
+    if b.type.swizzle != Swizzle.B128 or (kmajor and bk * 2 != 128) or (not kmajor and nn * 2 % 128) or nn % 8:
+        raise LowerError("lower.unsupported_layout", "with a register A, b is lowered as a swizzle=128 tile: K-major "
+                                                     "(N, 64), or N-major (K, N) with N a multiple of 64",
+                         "allocate b as smem(bf16, (K, BN), swizzle=128)")
+    if (m, nn) != frag[:2] or bk != k or k % 16:
+        raise LowerError("lower.shape_mismatch", f"wgmma shapes: acc {frag[:2]}, register a {a.shape}, b {b.shape}")
+    ab = "bf16" if a.type.dtype is DType.BF16 else "f16"
+    regs = nn // 2
+    d = ", ".join(f"%{i}" for i in range(regs))
+    outs = ", ".join(f'"+f"({n.arg("acc")}[{i}])' for i in range(regs))
+    ins = ", ".join(f'"r"(cake::pack2_rmem({a.name}[cake_k * 8 + {2 * i}], {a.name}[cake_k * 8 + {2 * i + 1}]))'
+                    for i in range(4))
+    asm = (f'asm volatile("{{\\n\\t.reg .pred p;\\n\\tsetp.ne.b32 p, %{regs + 5}, 0;\\n\\t'
+           f'wgmma.mma_async.sync.aligned.m64n{nn}k16.f32.{ab}.{ab} {{{d}}}, '
+           f'{{%{regs}, %{regs + 1}, %{regs + 2}, %{regs + 3}}}, %{regs + 4}, p, 1, 1, {0 if kmajor else 1};'
+           f'\\n\\t}}" : {outs} : {ins}, "l"(cake_db), {_scale_d(n, frag)});')
+    fresh = frag[2] if len(frag) > 2 else None
+    return [
+        "{",
+        "    cake::wgmma_fence();",
+        f"    const {b.type.dtype.c_type}* const cake_b = {pb};",
+        "#pragma unroll",
+        f"    for (int cake_k = 0; cake_k < {k // 16}; ++cake_k) {{  // register A: slots 8k .. 8k + 7 of `{a.name}`",
+        _b_desc(kmajor, nn, bk),
         f"        {asm}",
         "    }",
         "    cake::wgmma_commit();",
@@ -153,6 +208,36 @@ def lower_acc_rmem(n: Node, ctx: Ctx) -> list[Line]:
         st["frag"][n.result] = (m, nn, _fresh(n.result))
         return [decl, f"int {_fresh(n.result)} = 1;  // {n.result} is all zeros until a wgmma writes it"]
     return [decl, f"cake::fill_rmem({n.result}, {float(fill)!r}f);"]
+
+
+def is_role_fragment(n: Node, ctx: Ctx) -> bool:
+    """An rmem allocation, inside a role, of a fragment or a row vector the role holds (``ir.fragments``)."""
+    held = async_state(ctx)["layouts"].get(n.result)
+    return held is not None and held.kind in ("frag", "rows") and in_role(n, ctx)
+
+
+def lower_fragment_rmem(n: Node, ctx: Ctx) -> list[Line]:
+    """A fragment (N / 2 elements a thread, the accumulator's layout) or a row vector (the thread's 2 rows)."""
+    st = async_state(ctx)
+    held = st["layouts"][n.result]
+    dtype, shape = n.args
+    first, count = role_threads(ctx)
+    if held.rows != _wgmma_rows(ctx) * (count // ctx.arch.warpgroup_threads):
+        raise LowerError("lower.shape_mismatch", f"`{n.result}` has {held.rows} rows; the role's {count} threads "
+                                                 f"hold {_wgmma_rows(ctx)} rows per warpgroup")
+    dims = (held.rows, held.cols)
+    rows = held.kind == "rows"
+    ctx.scopes[-1][n.result] = Buf(n.result, TileType(dtype, tuple(shape), MemSpace.RMEM), dims, wgmma=not rows,
+                                   rowvec=rows)
+    if not rows and dtype is DType.F32:
+        st["frag"][n.result] = dims           # stored like an accumulator
+    fill = n.attr("fill")
+    lit = "__int_as_float(0x7f800000)" if math.isinf(fill) and fill > 0 else \
+        "__int_as_float(0xff800000)" if math.isinf(fill) else repr(float(fill)) + "f"
+    what = (f"row vector ({held.rows}, 1): this thread's 2 rows, as every thread of their quad holds them" if rows
+            else f"fragment {dims}: m64n{held.cols} layout per warpgroup")
+    return [f"{dtype.c_type} {n.result}[{2 if rows else held.cols // 2}];  // {what}",
+            f"cake::fill_rmem({n.result}, {lit});"]
 
 
 def _wgmma_rows(ctx: Ctx) -> int:

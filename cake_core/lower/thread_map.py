@@ -8,14 +8,18 @@ One of three maps, chosen by where the op runs and which tiles it names (:func:`
 - ``role``, inside a role, smem tiles only: e = s * T + t, with t = threadIdx.x - first the thread's rank in the
   role and T the role's threads, so the role's threads cover the whole tile between them (the CTA map there
   would skip the elements of the other roles' threads);
-- ``fragment``, inside a role, with the role's wgmma accumulators: slot s of thread t's m64nNk16 fragment, at
-  row (t / 128) * 64 + (t % 128 / 32) * 16 + (t % 32) / 4 + (s % 4 / 2) * 8 and column (s / 4) * 8 +
-  (t % 4) * 2 + s % 2, where ``cake::store_gmem_wgmma_acc`` stores that slot; an smem operand is read or
-  written at that (row, column), a broadcast one at its row or column.
+- ``fragment``, inside a role, with fragments the role holds (its wgmma accumulators and the other tiles of
+  ``ir.fragments``): slot s of thread t's m64nNk16 fragment, at row (t / 128) * 64 + (t % 128 / 32) * 16 +
+  (t % 32) / 4 + (s % 4 / 2) * 8 and column (s / 4) * 8 + (t % 4) * 2 + s % 2, where
+  ``cake::store_gmem_wgmma_acc`` stores that slot; an smem operand is read or written at that (row, column), a
+  broadcast one at its row or column, and a row vector of the role at its row (its element cake_h = s % 4 / 2);
+- ``rows``, inside a role, on row vectors of the role only (and smem read at the row): element s = cake_h of
+  the 2 the thread holds, rows (t / 128) * 64 + (t % 128 / 32) * 16 + (t % 32) / 4 + s * 8; the 4 threads of a
+  quad compute the same values.
 
 Any other tile inside a role has no map (``lower.unsupported_in_role``; the verifier's ``role.compute`` refuses
-it first): an rmem tile spread over the CTA's threads (the role holds only its own threads' slots), an
-accumulator broadcast to another shape, or an rmem operand that must be staged (CTA barriers).
+it first): an rmem tile spread over the CTA's threads (the role holds only its own threads' slots), a
+fragment broadcast to another shape, or an rmem operand that must be staged (CTA barriers).
 
 The index expressions are C over ``cake_s`` and ``cake_t`` whose operands are never negative, so they read the
 same as Python integer arithmetic with ``/`` as ``//``; in a role the emitted loop states all of them
@@ -36,7 +40,7 @@ from cake_core.lower.lower_async import async_state, in_role, role_threads
 class ThreadMap:
     """How the threads running an elementwise op split its iteration space (the destination's elements)."""
 
-    kind: str           # "cta", "role" or "fragment" (see the module docstring)
+    kind: str           # "cta", "role", "fragment" or "rows" (see the module docstring)
     first: int          # the first thread running it
     threads: int        # how many run it
     numel: int          # elements of the iteration space
@@ -49,6 +53,8 @@ class ThreadMap:
         """Loop trips per thread."""
         if self.kind == "fragment":
             return self.cols // 2
+        if self.kind == "rows":
+            return 2
         return -(-self.numel // self.threads)
 
     @property
@@ -61,15 +67,22 @@ class ThreadMap:
         return f"cake_r * {self.cols} + cake_c"
 
     @property
+    def half(self) -> str:
+        """C expression of the row half cake_h of trip ``cake_s`` (fragment and rows maps): which of the
+        thread's 2 rows, the element of a row vector."""
+        return "cake_s % 4 / 2" if self.kind == "fragment" else "cake_s"
+
+    @property
     def row(self) -> str:
-        if self.kind != "fragment":
+        if self.kind not in ("fragment", "rows"):
             return f"cake_e / {self.cols}"
         w = self.wg_threads
-        return (f"(cake_t / {w}) * {self.wg_rows} + (cake_t % {w} / 32) * 16 + (cake_t % 32) / 4 + "
-                f"(cake_s % 4 / 2) * 8")
+        return f"(cake_t / {w}) * {self.wg_rows} + (cake_t % {w} / 32) * 16 + (cake_t % 32) / 4 + cake_h * 8"
 
     @property
     def col(self) -> str:
+        if self.kind == "rows":
+            return "0"
         if self.kind != "fragment":
             return f"cake_e % {self.cols}"
         return "(cake_s / 4) * 8 + (cake_t % 4) * 2 + cake_s % 2"
@@ -77,7 +90,7 @@ class ThreadMap:
     @property
     def guard(self) -> str | None:
         """C condition for a trip past the last element (None: every trip is in range)."""
-        if self.kind == "fragment" or self.numel % self.threads == 0:
+        if self.kind in ("fragment", "rows") or self.numel % self.threads == 0:
             return None
         return f"cake_e < {self.numel}"
 
@@ -92,17 +105,22 @@ def thread_map(ctx: Ctx, n: Node, dst: Buf, tiles: list[Buf]) -> ThreadMap:
     if not rmem:
         return ThreadMap("role", first, count, numel, cols)
     for b in rmem:
-        if not b.wgmma:
+        if not b.wgmma and not b.rowvec:
             raise LowerError("lower.unsupported_in_role",
                              f"`{n.op.value}` inside a role names rmem tile `{b.name}`, which is spread over all "
                              "the CTA's threads: the role's threads hold only their own slots of it",
-                             "inside a role, compute on smem tiles and on the role's wgmma accumulators")
-        if b.shape != dst.shape:
+                             "inside a role, compute on smem tiles and on the fragments and row vectors the role "
+                             "holds (ir.fragments)")
+        if b.wgmma and b.shape != dst.shape:
             raise LowerError("lower.unsupported_in_role",
-                             f"`{n.op.value}` broadcasts wgmma accumulator `{b.name}` {b.shape} to {dst.shape}: its "
-                             "elements would move between threads", "give every accumulator operand dst's shape")
+                             f"`{n.op.value}` broadcasts fragment `{b.name}` {b.shape} to {dst.shape}: its "
+                             "elements would move between threads", "give every fragment operand dst's shape")
     w = ctx.arch.wgmma
-    return ThreadMap("fragment", first, count, numel, cols, w.m if w else 64, ctx.arch.warpgroup_threads)
+    kind = "fragment" if any(b.wgmma for b in rmem) else "rows"
+    if kind == "rows" and not dst.rowvec:
+        raise LowerError("lower.unsupported_in_role", f"`{n.op.value}` writes `{dst.name}` from row vectors: each "
+                                                      "row's 4 threads would write it", "write a row vector of the role")
+    return ThreadMap(kind, first, count, numel, cols, w.m if w else 64, ctx.arch.warpgroup_threads)
 
 
 def owned_loop(tm: ThreadMap, body: list[str], unroll: int = 0) -> list[str]:
@@ -118,7 +136,8 @@ def owned_loop(tm: ThreadMap, body: list[str], unroll: int = 0) -> list[str]:
         index = [f"    [[maybe_unused]] const int cake_e = {tm.elem};"]
         inner = [f"    [[maybe_unused]] const int cake_r = {tm.row}, cake_c = {tm.col};"]
     else:
-        index = [f"    [[maybe_unused]] const int cake_r = {tm.row}, cake_c = {tm.col};",
+        index = [f"    [[maybe_unused]] const int cake_h = {tm.half};",
+                 f"    [[maybe_unused]] const int cake_r = {tm.row}, cake_c = {tm.col};",
                  f"    [[maybe_unused]] const int cake_e = {tm.elem};"]
         inner = []
     inner += ["    " + b for b in body]

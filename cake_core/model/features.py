@@ -70,7 +70,7 @@ TRAFFIC: dict[Op, tuple[str, str]] = {
     Op.TOPK_PUBLISH: ("simt", ""), Op.ACC_PUBLISH: ("simt", ""),
     Op.SMEM: ("none", ""), Op.RMEM: ("none", ""), Op.SYNC: ("none", ""), Op.MBARRIER: ("none", ""),
     Op.EXPECT_TX: ("none", ""), Op.ARRIVE: ("none", ""), Op.WAIT: ("none", ""), Op.CP_ASYNC_WAIT: ("none", ""),
-    Op.FENCE_ASYNC: ("none", ""), Op.CLUSTER: ("none", ""), Op.CLUSTER_SYNC: ("none", ""),
+    Op.FENCE_ASYNC: ("none", ""), Op.ROLE_SYNC: ("none", ""), Op.CLUSTER: ("none", ""), Op.CLUSTER_SYNC: ("none", ""),
     Op.WGMMA_WAIT: ("none", ""), Op.FOR: ("none", ""), Op.IF: ("none", ""), Op.ROLE: ("none", ""),
     Op.LET: ("none", ""),
     Op.TILE_ORDER: ("none", ""),

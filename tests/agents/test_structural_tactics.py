@@ -383,3 +383,15 @@ def test_mma_sync_rewrites_the_16_bit_products_of_a_kernel_that_has_both():
     out = apply("mma_sync", parse_program(mixed, "mixed.cake"), np.random.default_rng(0), None)
     assert not isinstance(out, Refused), out.reason
     assert out.text().count('atom="mma_sync"') == 1 and "mma(acc2, acc, w_s)" in out.text()
+
+
+@pytest.mark.parametrize("name", ["split_k", "cluster_split"])
+def test_a_reduction_whose_sum_is_rescaled_is_not_split(name):
+    # the warp-specialised attention: its output accumulator is rescaled by the online softmax and its register A
+    # computed from an earlier product, so partial sums over shares of the keys do not add up (the gate would see
+    # NaN and wrong rows); the GEMM's plain sum of products still splits
+    ws = parse_program(get_problem("mha").kernel_text("mha_ws.cake"), "mha_ws.cake")
+    out = apply(name, ws, np.random.default_rng(0), None)
+    assert isinstance(out, Refused) and "no sum of products over the reduction" in out.reason, out
+    plain = _chain("tinygemm" if name == "split_k" else "gemm_bf16", ["warp_specialize", "tma"])
+    assert not isinstance(apply(name, plain, np.random.default_rng(0), None), Refused)

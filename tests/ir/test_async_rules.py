@@ -18,9 +18,10 @@ PLANTED = {
                        14),
     "role.bounds": ("threads=384", "threads=256", 13),
     "role.overlap": ("warps=(4, 12)", "warps=(2, 10)", 13),
-    # an rmem tile of the role that is no wgmma accumulator: its lowering would spread it over the CTA
+    # an rmem tile of the role in no layout the role holds (4 columns: not an m64nN fragment): its lowering would
+    # spread it over the CTA
     "role.compute": ("        acc = rmem(f32, (BM, BN))\n",
-                     "        acc = rmem(f32, (BM, BN))\n        t = rmem(f32, (BM, BN))\n"
+                     "        acc = rmem(f32, (BM, BN))\n        t = rmem(f32, (BM, 4))\n"
                      "        fill(t, value=0.0)\n", 16),
     "setmaxnreg.value": ("regs=40", "regs=44", 7),
     "setmaxnreg.budget": ("regs=232", "regs=248", 13),
@@ -122,14 +123,21 @@ def _wgmma_kernel() -> str:
 
 def test_a_wgmma_operand_outside_shared_memory_is_reported_as_its_space_at_the_operand():
     text = _wgmma_kernel()
-    regs = text.replace("        acc = rmem(f32, (BM, BN))\n",
-                        "        acc = rmem(f32, (BM, BN))\n        a_r = rmem(bf16, (BM, BK))\n", 1)
-    regs = regs.replace("wgmma(acc, a_s[i % S], b_s[i % S])", "wgmma(acc, a_r, b_s[i % S])", 1)
-    errors = [d for d in check_text(regs, "k.cake") if d.is_error]
-    assert [d.rule for d in errors] == ["wgmma.operands"], [(d.rule, d.message) for d in errors]
-    assert "wgmma's a `a_r` lives in rmem" in errors[0].message
-    assert errors[0].line == next(i for i, ln in enumerate(regs.splitlines(), 1) if "wgmma(acc, a_r" in ln)
     assert not [d for d in check_text(text, "k.cake") if d.is_error], "the smem operands pass"
+    wgmma = "wgmma(acc, a_s[i % S], b_s[i % S])"
+    # a register tile spread over the CTA (allocated outside the role) is no register A of the role's wgmma
+    regs = text.replace("    full = mbarrier(S)\n", "    a_r = rmem(bf16, (160, BK))\n    full = mbarrier(S)\n", 1)
+    regs = regs.replace(wgmma, "wgmma(acc, a_r, b_s[i % S])", 1)
+    # and b is read from shared memory only
+    gmem_b = text.replace(wgmma, "wgmma(acc, a_s[i % S], b)", 1)
+    for planted, needle, said in ((regs, "wgmma(acc, a_r", "wgmma's a `a_r` is an rmem tile but not a 16-bit "
+                                                           "fragment of the wgmma's role"),
+                                  (gmem_b, "wgmma(acc, a_s[i % S], b)", "wgmma's b `b` lives in gmem")):
+        # (with its wgmma reading b from gmem, b_s's wide TMA box is no longer one a wgmma reads: tma.swizzle_span)
+        errors = [d for d in check_text(planted, "k.cake") if d.is_error and d.rule != "tma.swizzle_span"]
+        assert [d.rule for d in errors] == ["wgmma.operands"], [(d.rule, d.message) for d in errors]
+        assert said in errors[0].message
+        assert errors[0].line == next(i for i, ln in enumerate(planted.splitlines(), 1) if needle in ln)
 
 
 def test_a_wgmma_b_in_global_memory_is_reported_as_its_space_at_the_operand():

@@ -1,6 +1,7 @@
 """The operand rules (rules_operands: names in scope, memory spaces, register tiles of one role, integer
 indices, divisors, implicit narrowing) and the synchronisation rules (rules_sync: mbarrier placement and
-counts, the cluster against the grid, the fence before a tma_store), with the slot-index bounds of
+counts, the cluster against the grid, the fence and barrier before a tma_store or a wgmma of smem that threads
+wrote, role_sync's placement), with the slot-index bounds of
 async.slot_index: every planted defect fails with its rule at the statement at fault, and its twin passes."""
 from __future__ import annotations
 
@@ -27,7 +28,25 @@ def twice(x: gmem[f32, (M, N)], y: gmem[f32, (M, N)]):
     tma_store(y[tile(bid.y, 64), tile(bid.x, 64)], y_s)
 """
 _gather = sibling.load(Path(__file__).parent / "test_gather.py")
-BASES = {"ws": WS, "gemm": GEMM, "mc": MC, "store": STORE, "pick": _gather.PICK}
+
+
+def _attention_through_smem() -> str:
+    """mha_ws.cake with P cast into a swizzled smem tile that the second wgmma reads (not a register A): the
+    consumers' writes fenced, then a barrier of their role, then the wgmma."""
+    from cake_core.problems import get_problem
+    text = get_problem("mha").kernel_text("mha_ws.cake")
+    for old, new in (("    ninf = smem(f32, (1, 1))\n", "    ninf = smem(f32, (1, 1))\n    p_s = smem(bf16, (BM, BN), swizzle=128)\n"
+                                                  "    o_s = smem(f32, (BM, D))\n"),
+                     ("        p = rmem(bf16, (BM, BN))\n", ""),
+                     ("            cast(p, s)\n", "            cast(p_s, s)\n            fence_async()\n            role_sync()\n"),
+                     ("            wgmma(acc, p, v_s[j % S])\n", "            wgmma(acc, p_s, v_s[j % S])\n")):
+        assert old in text, old
+        text = text.replace(old, new, 1)
+    return text
+
+
+ATTN = _attention_through_smem()
+BASES = {"ws": WS, "gemm": GEMM, "mc": MC, "store": STORE, "pick": _gather.PICK, "attn": ATTN}
 WGMMA = "wgmma(acc, a_s[kt % S], b_s[kt % S])"
 LOAD_B = "            tma_load(b_s[kt % S], b[tile(kt, BK), tile(bid.x, BN)], bar=full[kt % S])\n"
 ACC = "        acc = rmem(f32, (BM, BN))\n"
@@ -70,6 +89,17 @@ PLANTED = [
     # a tma_store of shared memory written without a fence, or fenced but not synchronised
     ("tma.store_fence", "store", "    fence_async()\n", "", "tma_store(", ("ewise at line 6", "no fence_async()")),
     ("tma.store_fence", "store", "    sync()\n", "", "tma_store(", ("no sync()",)),
+    # a wgmma operand its role's threads wrote: not fenced, or fenced with no barrier of the role after
+    ("wgmma.smem_fence", "attn", "            fence_async()\n", "", "            wgmma(acc, p_s",
+     ("cast at line", "no fence_async()")),
+    ("wgmma.smem_fence", "attn", "            role_sync()\n", "", "            wgmma(acc, p_s", ("no role_sync()",)),
+    # inside a role, one thread issues the tma_store: the role's writes need its barrier after their fence
+    ("tma.store_fence", "attn", "        store(o[bid.y, tile(bid.x, BM), tile(0, D)], acc)\n",
+     "        cast(o_s, acc)\n        fence_async()\n        tma_store(o[bid.y, tile(bid.x, BM), tile(0, D)], o_s)\n",
+     "        tma_store(", ("cast at line", "no role_sync()")),
+    # a role's barrier outside any role
+    ("control.role_sync", "attn", "    fill(ninf, value=-inf)\n    sync()\n", "    fill(ninf, value=-inf)\n    role_sync()\n",
+     "    role_sync()", ("outside a role", "sync()")),
     # ring-slot and barrier indices that can go out of range
     ("async.slot_index", "ws", "tma_load(a_s[kt % S]", "tma_load(a_s[kt]", "tma_load(a_s[kt]",
      ("grows without bound",)),
@@ -85,6 +115,11 @@ TWINS = [
     ("cluster.grid", "mc", "num_sms // 2) * 2,)", "num_sms // 2) * 4,)"),
     ("gather.operands", "pick", "x[:, tile(c, BC)], perm", "x[:, tile(c, 32)], perm"),      # BC = 32: the same
     ("tma.store_fence", "store", "    fence_async()\n    sync()\n", "    sync()\n    fence_async()\n    sync()\n"),
+    ("tma.store_fence", "attn", "        store(o[bid.y, tile(bid.x, BM), tile(0, D)], acc)\n",
+     "        cast(o_s, acc)\n        fence_async()\n        role_sync()\n"
+     "        tma_store(o[bid.y, tile(bid.x, BM), tile(0, D)], o_s)\n"),
+    # a second barrier of the role changes nothing
+    ("wgmma.smem_fence", "attn", "            role_sync()\n", "            role_sync()\n            role_sync()\n"),
 ]
 MINE = {"cake_core.ir.rules_operands", "cake_core.ir.rules_sync"}
 

@@ -55,7 +55,7 @@ def test_elementwise_ops_on_smem_tiles_and_the_roles_accumulator_pass():
     ("    r_s = smem(f32, (BM,))\n", "        reduce(r_s, x_s, axis=1)\n", "reduce(", "synchronises the CTA"),
     ("    u_s = smem(f32, (BN, BM))\n", "        transpose(u_s, x_s)\n", "transpose(", "move between threads"),
     ("    t = rmem(f32, (3, 128))\n", "        fill(t, value=1.0)\n", "fill(t", "spread over all the CTA's 384"),
-    ("", "        t = rmem(f32, (BM, BN))\n        fill(t, value=1.0)\n", "fill(t", "no wgmma accumulates"),
+    ("", "        t = rmem(f32, (BM, 4))\n        fill(t, value=1.0)\n", "fill(t", "in no layout it holds"),
     ("    s_s = smem(f32, (16, BN))\n    i_s = smem(i32, (BM,))\n",
      "        scatter_add(s_s[:, :], i_s, x_s, base=0, limit=BM)\n", "scatter_add(", "synchronises the CTA"),
 ], ids=["reduce", "transpose", "CTA-spread rmem", "role rmem", "scatter_add"])

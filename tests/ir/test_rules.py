@@ -32,6 +32,8 @@ PLANTED = {
     "races.smem": ("        mma(acc, a_s, b_s)\n        sync()\n", "        mma(acc, a_s, b_s)\n", 7),
     "control.loop_step": ("for kt in range(cdiv(K, BK)):", "for kt in range(0, cdiv(K, BK), 0):", 6),
     "shapes.launch_symbols": (LOAD_A, "load(a_s, a[tile(bid.y, BM), tile(kt % num_sms, BK)])", 7),
+    # an elementwise op on a swizzle-128 tile of 64-byte rows (tests/ir/test_swizzle_layout.py has the rest)
+    "layout.swizzle": ("a_s = smem(bf16, (BM, BK))", "a_s = smem(bf16, (BM, BK), swizzle=128)\n    fill(a_s)", 4),
 }
 EXTRA = {"mma.atom_target": ("mma(acc, a_s, b_s)", 'mma(acc, a_s, b_s, atom="wgmma")'),
          "mma.sync_tiling": ("mma(acc, a_s, b_s)", 'mma(acc, a_s, b_s, atom="mma_sync")')}

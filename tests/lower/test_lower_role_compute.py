@@ -73,6 +73,7 @@ def touched(src: str, line: int, threads: int) -> tuple[Counter, dict]:
     first = re.search(r"const int cake_t = \(int\)threadIdx\.x - (\d+);", text)
     elem = re.search(r"const int cake_e = ([^;]+);", text).group(1)
     rc = re.search(r"const int cake_r = ([^,]+), cake_c = ([^;]+);", text)
+    half = re.search(r"const int cake_h = ([^;]+);", text)      # a fragment slot's row half
     guard = re.search(r"if \((cake_e < \d+)\) \{", text)
     dst = re.search(r"^(\w+)\[(cake_s|cake_e)\] = ", text, re.M)
     ran = _role_range(src, line, threads)
@@ -83,6 +84,8 @@ def touched(src: str, line: int, threads: int) -> tuple[Counter, dict]:
             env["cake_t"] = tid - int(first.group(1))
         for s in range(slots):
             env["cake_s"] = s
+            if half:
+                env["cake_h"] = eval(_c_to_py(half.group(1)), {}, env)
             if rc and "cake_t" in rc.group(1):            # fragment: (row, col) first, then e from them
                 env["cake_r"], env["cake_c"] = (eval(_c_to_py(x), {}, env) for x in rc.groups())
                 env["cake_e"] = eval(_c_to_py(elem), {}, env)
@@ -120,7 +123,7 @@ def test_unary_on_a_wgmma_accumulator_covers_every_fragment_slot():
     row, col = (_c_to_py(x) for x in facts["rc"])
     for tid in range(256):
         for s in range(32):
-            env = {"cake_t": tid, "cake_s": s}
+            env = {"cake_t": tid, "cake_s": s, "cake_h": s % 4 // 2}
             assert (eval(row, {}, env), eval(col, {}, env)) == _store_slot(tid, s)
 
 

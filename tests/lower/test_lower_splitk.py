@@ -65,7 +65,7 @@ def test_atomic_add_of_a_wgmma_accumulator_lowers_to_the_fragment_helper():
 
 def test_other_atomic_add_inside_a_role_is_refused():
     text = TEXT.replace("        atomic_add(c[tile(bid.z, BM), tile(bid.x, BN)], acc)",
-                        "        part = rmem(f32, (BM, BN))\n        atomic_add(c[tile(bid.z, BM), tile(bid.x, BN)], part)")
+                        "        part = rmem(f32, (BM, 4))\n        atomic_add(c[tile(bid.z, BM), tile(bid.x, 4)], part)")
     r = _lower(text)
     assert r.outcome is Outcome.COMPILE_FAILED
     assert any(d.rule in ("lower.unsupported_in_role", "lower.shape_mismatch") for d in r.diagnostics), r.diagnostics

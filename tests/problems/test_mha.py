@@ -83,3 +83,33 @@ def test_a_loop_cut_to_one_key_tile_is_outside_the_derived_domain():
 def test_the_seed_lowers_and_compiles_for_sm_90a(tmp_path):
     compiled = compiled_seed(P, tmp_path)
     assert compiled.resources.spill_bytes == 0
+
+
+# ------------------------------------------------------------------ the warp-specialised reference (mha_ws.cake)
+
+WS = P.kernel_text("mha_ws.cake")
+
+
+def test_the_warp_specialised_form_passes_the_gate_on_the_small_set():
+    # TMA producer, wgmma S = Q K^T, the online softmax on S's fragments and row vectors, P in registers as the
+    # register A of O += P V (tests/lower/test_lower_role_fragments.py has its layouts)
+    assert check_text(WS, "mha_ws.cake") == []
+    result = check_stage(parse_program(WS, "mha_ws.cake"), P, _small(), seed=4)
+    assert result.outcome is Outcome.CHECKED, [(v.shape, v.message) for v in result.value if not v.correct]
+    assert all(v.max_error < 2e-3 for v in result.value)
+
+
+@pytest.mark.parametrize("old,new", [
+    ('            ewise(acc, acc, alpha, fn="mul")\n', ""),
+    ("            select(s, kc, s, ninf)\n", ""),
+    ('        ewise(acc, acc, l_i, fn="div")\n', ""),
+    ("            cast(m_i, m_new)\n", ""),
+    ('            reduce(rsum, s, axis=1)\n', '            reduce(rsum, s, axis=1, fn="max")\n'),
+], ids=["no_rescale", "no_mask", "unnormalised", "running_max_not_carried", "max_for_sum"])
+def test_a_planted_mistake_in_the_warp_specialised_form_is_wrong(old, new):
+    assert old in WS
+    text = WS.replace(old, new, 1)
+    assert check_text(text, "planted.cake") == []
+    shapes = [{"H": 2, "T": 200, "DH": 64}, {"H": 1, "T": 100, "DH": 128}]
+    result = check_stage(parse_program(text, "planted.cake"), P, shapes, seed=4, strict=False)
+    assert result.outcome is Outcome.WRONG, [(v.shape, v.message) for v in result.value]

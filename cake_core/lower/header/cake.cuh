@@ -107,6 +107,18 @@ __device__ __forceinline__ void fill_rmem(T (&dst)[SLOTS], V v) {
     for (int s = 0; s < SLOTS; ++s) dst[s] = x;
 }
 
+// ----------------------------------------------------------------- swizzled smem
+// swizzle128_elem<ROWS, COLS, T>(r, c): the element index of (r, c) in a swizzle-128 smem tile as TMA and wgmma
+// lay it out: columns in blocks of one 128-byte span side by side (ROWS x SPAN elements each), and in each
+// block the 16-byte chunk k of row r at chunk k ^ (r % 8) (the tile starts 1024-byte aligned).
+template <int ROWS, int COLS, typename T>
+__device__ __forceinline__ int swizzle128_elem(int r, int c) {
+    constexpr int SPAN = 128 / (int)sizeof(T), CHUNK = 16 / (int)sizeof(T);
+    static_assert(COLS % SPAN == 0, "a swizzle-128 tile's rows are whole 128-byte spans");
+    const int blk = c / SPAN, cc = c % SPAN;
+    return blk * ROWS * SPAN + r * SPAN + (((cc / CHUNK) ^ (r & 7)) * CHUNK) + cc % CHUNK;
+}
+
 // ----------------------------------------------------------------- gmem -> smem
 // load_smem_gmem<ROWS, COLS, THREADS, GUARD>(dst, src, ld_row, ld_col, rows_in, cols_in):
 // dst[r * COLS + c] := src[r * ld_row + c * ld_col]; consecutive threads take

@@ -296,6 +296,37 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory");
 }
 
+// A register A of wgmma (a 16-bit fragment of the role, m64nNk16 layout): the 4 registers of k-step k
+// are slots 8k .. 8k + 7 in pairs, (row r, columns 2q, 2q + 1), (r + 8, ...), (r, 2q + 8, 2q + 9), (r + 8, ...):
+// the m64k16 A fragment, so an accumulator cast to bf16 slot by slot feeds the next wgmma without moving.
+__device__ __forceinline__ uint32_t pack2_rmem(__nv_bfloat16 lo, __nv_bfloat16 hi) {
+    return (uint32_t)__bfloat16_as_ushort(lo) | ((uint32_t)__bfloat16_as_ushort(hi) << 16);
+}
+__device__ __forceinline__ uint32_t pack2_rmem(__half lo, __half hi) {
+    return (uint32_t)__half_as_ushort(lo) | ((uint32_t)__half_as_ushort(hi) << 16);
+}
+
+// reduce_rows_wgmma_frag<FN>(dst, src): dst[h] := the sum (FN 0), max (1) or min (2) of row h of this
+// thread's quad, h = 0, 1 (rows wg * 64 + warp * 16 + lane / 4 + 8 * h of an m64nN fragment, N / 2 slots
+// per thread, row h in the slots s with (s % 4) / 2 == h): this thread's N / 4 values of the row, then the
+// quad's 4 partials (two xor shuffles); every lane of the quad ends with the row's value. In f32 (i32 for
+// an integer fragment).
+template <int FN, int SLOTS, typename TD, typename TS>
+__device__ __forceinline__ void reduce_rows_wgmma_frag(TD (&dst)[2], const TS (&src)[SLOTS]) {
+    static_assert(SLOTS % 4 == 0, "an m64nN fragment holds N / 2 slots per thread, N a multiple of 8");
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        using A = acc_t<TS>;
+        A v = combine<FN>(convert<A>(src[2 * h]), convert<A>(src[2 * h + 1]));
+#pragma unroll
+        for (int s = 2 * h + 4; s < SLOTS; s += 4)
+            v = combine<FN>(combine<FN>(v, convert<A>(src[s])), convert<A>(src[s + 1]));
+#pragma unroll
+        for (int m = 1; m < 4; m *= 2) v = combine<FN>(v, __shfl_xor_sync(0xffffffffu, v, m));
+        dst[h] = convert<TD>(v);
+    }
+}
+
 // store_gmem_wgmma_acc<N, GUARD>(dst, acc, ld_row, ld_col, rows_in, cols_in, tid): a wgmma f32
 // accumulator (64 rows per warpgroup, N columns; thread tid of the role holds N / 2 floats in the
 // m64nNk16 fragment layout) to a gmem window, converting to the gmem dtype. Each thread's two
