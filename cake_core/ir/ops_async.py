@@ -186,6 +186,8 @@ def mma_slots(cta: CTA, n: Any) -> None:
     a, b = slot_array(cta, n, n.arg("a")), slot_array(cta, n, n.arg("b"))
     if n.op is Op.WGMMA and n.attr("b_major") == "k":
         b = b.T
+    if n.op is Op.WGMMA and n.attr("a_major") == "m":
+        a = a.T
     prod = a.astype(np.float32) @ b.astype(np.float32)
     if prod.shape != acc.shape:
         raise InterpFault(n, f"a {a.shape} @ b {b.shape} gives {prod.shape}, the accumulator is {acc.shape}")
@@ -430,7 +432,8 @@ DECLS: tuple[OpDef, ...] = (
           example="cluster_sync()"),
     OpDef(Op.WGMMA, Family.MMA, (_ACC, replace(slot("a", _R), space=(MemSpace.SMEM, MemSpace.RMEM)), slot("b", _R)),
           mma_slots, CostClass.MMA,
-          {"b_major": AttrSpec(str, "n", ("n", "k")), "accumulate": AttrSpec(bool, True)},
+          {"b_major": AttrSpec(str, "n", ("n", "k")), "a_major": AttrSpec(str, "k", ("k", "m")),
+           "accumulate": AttrSpec(bool, True)},
           ordering=Ordering.ASYNC, proxy=Proxy.ASYNC, completion=Completion.MMA_GROUP, atom="wgmma", swizzle=True,
           summary="Warpgroup MMA, issued asynchronously by the role: acc (rmem f32, 64 rows per "
                   "warpgroup) += a (smem, M x K) @ b (smem, K x N), one commit group. b_major=\"k\": b is "
@@ -438,12 +441,16 @@ DECLS: tuple[OpDef, ...] = (
                   "a @ b.T. accumulate=False: acc = a @ b (acc's old value dropped). a may instead be a 16-bit "
                   "register fragment of the role (an (M, K) bf16/f16 rmem tile allocated in it, e.g. an "
                   "accumulator cast to bf16: attention's probabilities times V), read 16 columns per k-step "
-                  "in the accumulator's own layout; it must not change until the wgmma_wait that retires it.",
+                  "in the accumulator's own layout; it must not change until the wgmma_wait that retires it. "
+                  "a_major=\"m\": a is (K, M) in smem, rows along the reduction dim (e.g. a chunk's keys for "
+                  "K^T V), and acc += a.T @ b.",
           example='wgmma(acc, x_s[0], c_s[kt % S], b_major="k", accumulate=False)',
           preconditions=("inside a role of whole warpgroups", "M = 64 * warpgroups, N in 8..256 step 8, "
                          "K a multiple of 16 (16-bit)", "a and b in smem with the same swizzle, or a a 16-bit "
                          "register fragment of the role (and b in smem)",
                          "b_major=\"k\": b is (N, K) with swizzle=128 rows of one span (K = 64 for 16-bit)",
+                         "a_major=\"m\": a is an smem (K, M) 16-bit tile with swizzle=128, 64 columns (one span) "
+                         "per warpgroup",
                          "wgmma_wait before the slots are released")),
     OpDef(Op.WGMMA_WAIT, Family.SYNC, (value("n"),), no_effect, CostClass.FREE, sync=SyncKind.MMA_WAIT,
           summary="wgmma.wait_group: wait until at most `n` wgmma groups of the role are in flight.",

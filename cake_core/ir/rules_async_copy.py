@@ -64,10 +64,12 @@ def _tma_box_dim(ctx: Ctx) -> Iterable[Diagnostic]:
       guards=_TMA)
 def _tma_swizzle(ctx: Ctx) -> Iterable[Diagnostic]:
     mult = ctx.target.tma.no_swizzle_inner_bytes_multiple
-    # the smem tiles read as wgmma's b (N-major): a tma_load into one of those may be a whole multiple of the
-    # span wide; it is lowered as inner / span boxes, one span-wide column block each, stacked in smem
-    # (swizzle atoms side by side, which the wgmma descriptor walks with its leading byte offset)
-    wide_ok = {m.arg("b").buf for m, _, _ in ctx.nodes if m.op is Op.WGMMA}
+    # the smem tiles read as wgmma's b (N-major) or as an M-major a: a tma_load into one of those may be a whole
+    # multiple of the span wide; it is lowered as inner / span boxes, one span-wide column block each, stacked in
+    # smem (swizzle atoms side by side, which b's descriptor walks with its leading byte offset and an M-major a's
+    # warpgroups take one each)
+    wide_ok = {m.arg("b").buf for m, _, _ in ctx.nodes if m.op is Op.WGMMA} | \
+        {m.arg("a").buf for m, _, _ in ctx.nodes if m.op is Op.WGMMA and m.attr("a_major") == "m"}
     for n, path, v, s in _tma_nodes(ctx):
         box, t, g = _box(ctx, v), ctx.buffers.get(s.buf), ctx.buffers.get(v.buf)
         if box is None or t is None or g is None or box[-1] is None:
@@ -79,7 +81,8 @@ def _tma_swizzle(ctx: Ctx) -> Iterable[Diagnostic]:
             yield ctx.diag("tma.swizzle_span", n, f"the inner box dimension is {inner} B, more than `{s.buf}`'s "
                                                   f"{span} B swizzle span", path=path,
                            hint=f"make the inner tile {span // g.dtype.bytes} elements wide, or split the box "
-                                "(a tma_load into wgmma's b may be a whole multiple of the span wide)")
+                                "(a tma_load into wgmma's b, or its M-major a, may be a whole multiple of the span "
+                                "wide)")
         elif not span and inner % mult:
             yield ctx.diag("tma.swizzle_span", n, f"the inner box dimension is {inner} B; unswizzled TMA boxes "
                                                   f"need a multiple of {mult} B", path=path)

@@ -74,6 +74,12 @@ def _smem_tiles(ctx: Ctx, n: Node):
     return acc, a, (b if b is not None and b.space is MemSpace.SMEM else None)
 
 
+def _a_mk(ctx: Ctx, n: Node, a) -> tuple[int | None, int | None]:
+    """(M, K) of wgmma's a: (rows, columns) K-major, (columns, rows) with a_major="m"."""
+    r, c = ctx.static(a.shape[0]), ctx.static(a.shape[1])
+    return (c, r) if n.op is Op.WGMMA and n.attr("a_major") == "m" else (r, c)
+
+
 def _b_kn(ctx: Ctx, n: Node, b) -> tuple[int | None, int | None]:
     """(K, N) of wgmma's b: (rows, columns) N-major, (columns, rows) with b_major="k"."""
     k, nn = ctx.static(b.shape[0]), ctx.static(b.shape[1])
@@ -98,7 +104,7 @@ def _wgmma_m(ctx: Ctx) -> Iterable[Diagnostic]:
         acc, a, _ = _smem_tiles(ctx, n)
         if acc is None or a is None or acc.rank != 2 or a.rank != 2:
             continue
-        rows, arows, wgs = ctx.static(acc.shape[0]), ctx.static(a.shape[0]), ctx.warpgroups_of(n)
+        rows, arows, wgs = ctx.static(acc.shape[0]), _a_mk(ctx, n, a)[0], ctx.warpgroups_of(n)
         if rows != m * wgs or arows != rows:
             yield ctx.diag("wgmma.m", n, f"acc has {rows} rows and a has {arows}; {wgs} warpgroup(s) compute "
                                          f"{m * wgs} rows ({m} each)", path=path,
@@ -135,7 +141,7 @@ def _wgmma_k(ctx: Ctx) -> Iterable[Diagnostic]:
         _, a, b = _smem_tiles(ctx, n)
         if a is None or b is None or a.rank != 2 or b.rank != 2:
             continue
-        k, bk = ctx.static(a.shape[1]), _b_kn(ctx, n, b)[0]
+        k, bk = _a_mk(ctx, n, a)[1], _b_kn(ctx, n, b)[0]
         step = w.k_8bit if a.dtype.bytes == 1 else w.k_16bit
         if k is None or k % step or bk != k:
             yield ctx.diag("wgmma.k", n, f"K = {k} (b has {bk} along K): wgmma steps K by {step} for "
@@ -178,6 +184,31 @@ def _wgmma_operands(ctx: Ctx) -> Iterable[Diagnostic]:
             yield ctx.diag("wgmma.operands", n, f"a has swizzle={sa}, b has swizzle={sb}: "
                                                 "the descriptors of one wgmma use one layout", path=path,
                            hint="allocate both with swizzle=128 (and load them with TMA of the same swizzle)")
+
+
+@rule("wgmma.a_major", "wgmma", "an M-major a (a_major=\"m\") is a 16-bit (K, M) smem tile with swizzle=128, one "
+                              "128-byte span of columns per warpgroup", guards=(Op.WGMMA,))
+def _wgmma_a_major(ctx: Ctx) -> Iterable[Diagnostic]:
+    for n, path in _mmas(ctx):
+        if n.op is not Op.WGMMA or n.attr("a_major") != "m":
+            continue
+        _, a, _ = _mma_tiles(ctx, n)
+        if a is None or a.rank != 2:
+            continue
+        if a.space is not MemSpace.SMEM:
+            yield ctx.diag("wgmma.a_major", n, f"a_major=\"m\" reads `{n.arg('a').buf}` from {a.space.value}: an "
+                                               "M-major a is an smem tile (a register A is K-major, the "
+                                               "accumulator's layout)", path=path,
+                           hint="drop a_major, or copy the tile to smem(bf16, (BK, BM), swizzle=128)")
+            continue
+        span, cols, wgs = ctx.swizzle_of(n.arg("a").buf), ctx.static(a.shape[1]), ctx.warpgroups_of(n)
+        if a.dtype not in (DType.BF16, DType.F16) or span != 128 or cols is None or \
+                cols * a.dtype.bytes != span * wgs:
+            yield ctx.diag("wgmma.a_major", n, f"a_major=\"m\" reads `{n.arg('a').buf}` {fmt_shape(ctx, a.shape)} "
+                                               f"{a.dtype.value} (swizzle={span}) as K rows of M: it must be a 16-bit "
+                                               f"tile with swizzle=128 and {64 * wgs} columns, one 128-byte span for "
+                                               f"each of the role's {wgs} warpgroup(s)", path=path,
+                           hint=f"allocate it as smem(bf16, (BK, {64 * wgs}), swizzle=128)")
 
 
 @rule("wgmma.b_major", "wgmma", "a K-major b (b_major=\"k\") is an (N, K) smem tile with swizzle=128 rows of one "

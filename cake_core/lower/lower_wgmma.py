@@ -8,6 +8,11 @@
   floats per thread); ``store`` of it is lowered here.
 - ``wgmma(..., b_major="k")``: b is an (N, 64) K-major swizzle-128 tile, described like a (rows of one
   128-byte span, 8-row groups 1024 B apart) with the instruction's transpose-b immediate 0.
+- ``wgmma(..., a_major="m")``: a is a (K, M) M-major swizzle-128 tile stored, like an N-major b, as 64-column
+  blocks side by side: warpgroup w reads block w (its 64 rows of the product) with an MN-major descriptor and
+  the transpose-a immediate 1.
+- a register A (a 16-bit fragment of the role, ``ir.fragments``): k-step k's four registers pack slots
+  8k .. 8k + 7, which are the m64k16 A fragment in the accumulator's layout.
   ``accumulate=False`` sets scale-d to 0 on the first k step (acc = a @ b).
 - ``argmin_bias``: on the accumulator's fragment (``cake::argmin_bias_rmem_wgmma_acc``): each thread keeps
   (best, arg) for the 2 rows it owns per warpgroup (``float best[2]; int arg[2]``) over its own columns;
@@ -29,15 +34,16 @@ from cake_core.lower.lower_async import async_state, in_role, role_threads, slot
 
 # --------------------------------------------------------------------- wgmma
 
-def _wgmma_asm(n_cols: int, ab: str, scale_d: str = '"n"(1)', tnsp_b: int = 1) -> str:
+def _wgmma_asm(n_cols: int, ab: str, scale_d: str = '"n"(1)', tnsp_b: int = 1, tnsp_a: int = 0) -> str:
     """The wgmma asm statement; ``scale_d`` is the operand of its scale-d predicate (0: D = A @ B);
-    ``tnsp_b`` the transpose-b immediate (1: b is N-major, 0: K-major)."""
+    ``tnsp_b`` the transpose-b immediate (1: b is N-major, 0: K-major), ``tnsp_a`` the transpose-a one (1: a is
+    M-major, 0: K-major)."""
     regs = n_cols // 2
     d = ", ".join(f"%{i}" for i in range(regs))
     outs = ", ".join(f'"+f"(ACC[{i}])' for i in range(regs))
     return (f'asm volatile("{{\\n\\t.reg .pred p;\\n\\tsetp.ne.b32 p, %{regs + 2}, 0;\\n\\t'
-            f'wgmma.mma_async.sync.aligned.m64n{n_cols}k16.f32.{ab}.{ab} {{{d}}}, %{regs}, %{regs + 1}, p, 1, 1, 0, {tnsp_b};'
-            f'\\n\\t}}" : {outs} : "l"(cake_da), "l"(cake_db), {scale_d});')
+            f'wgmma.mma_async.sync.aligned.m64n{n_cols}k16.f32.{ab}.{ab} {{{d}}}, %{regs}, %{regs + 1}, p, 1, 1, '
+            f'{tnsp_a}, {tnsp_b};\\n\\t}}" : {outs} : "l"(cake_da), "l"(cake_db), {scale_d});')
 
 
 def lower_wgmma(n: Node, ctx: Ctx) -> list[Line]:
@@ -52,7 +58,8 @@ def lower_wgmma(n: Node, ctx: Ctx) -> list[Line]:
     a, pa = slot_ptr(ctx, n.arg("a"), "operand a")
     b, pb = slot_ptr(ctx, n.arg("b"), "operand b")
     kmajor = n.attr("b_major") == "k"
-    (m, k), (bk, nn) = a.shape, (b.shape[::-1] if kmajor else b.shape)
+    mmajor = n.attr("a_major") == "m"          # a is (K, M): each warpgroup's 64 columns one span-wide block
+    (m, k), (bk, nn) = (a.shape[::-1] if mmajor else a.shape), (b.shape[::-1] if kmajor else b.shape)
     dt = a.type.dtype
     if dt not in (DType.BF16, DType.F16) or b.type.dtype is not dt:
         raise LowerError("lower.unsupported_operand", "wgmma is lowered for bf16/f16 operands")
@@ -61,28 +68,36 @@ def lower_wgmma(n: Node, ctx: Ctx) -> list[Line]:
                                                      "16-bit tile with swizzle=128 (one 128-byte span per row), "
                                                      "N a multiple of 8", "allocate b as smem(bf16, (BN, 64), "
                                                                           "swizzle=128)")
-    if a.type.swizzle != Swizzle.B128 or b.type.swizzle != Swizzle.B128 or k * 2 != 128 or (nn * 2 % 128
-                                                                                             and not kmajor):
+    if a.type.swizzle != Swizzle.B128 or b.type.swizzle != Swizzle.B128 or (k * 2 != 128 and not mmajor) or \
+            (nn * 2 % 128 and not kmajor):
         raise LowerError("lower.unsupported_layout", "wgmma is lowered for swizzle=128 operands: a's rows one "
-                                                     "128-byte swizzle span (BK = 64 for 16-bit types), b's rows a "
-                                                     "whole number of spans (BN = 64, 128, 192 or 256)",
+                                                     "128-byte swizzle span (BK = 64 for 16-bit types; an M-major "
+                                                     "a: 64 columns per warpgroup), b's rows a whole number of spans "
+                                                     "(BN = 64, 128, 192 or 256)",
                          "allocate a (BM, 64) and b (64, BN) with swizzle=128")
     if (m, nn) != frag[:2] or bk != k or k % 16:
         raise LowerError("lower.shape_mismatch", f"wgmma shapes: acc {frag[:2]}, a {a.shape}, b {b.shape}")
     first = role_threads(ctx)[0]
     ab = "bf16" if dt is DType.BF16 else "f16"
     fresh = frag[2] if len(frag) > 2 else None
-    asm = _wgmma_asm(nn, ab, _scale_d(n, frag), 0 if kmajor else 1).replace("ACC", acc_n)
+    asm = _wgmma_asm(nn, ab, _scale_d(n, frag), 0 if kmajor else 1, 1 if mmajor else 0).replace("ACC", acc_n)
     db = _b_desc(kmajor, nn, bk)
+    if mmajor:      # the warpgroup's (K, 64) block, like an N-major b: k-steps of 16 rows, 8-row groups 1024 B apart
+        a_base = f"{pa} + cake_wg * {k * 64};  // M-major: the warpgroup's block of 64 columns ({k} x 64)"
+        da = (f"        const uint64_t cake_da = cake::wgmma_desc(cake_a + cake_k * {16 * 64}, {k * 128}, 1024, 1);"
+              "  // M-major, 128B")
+    else:
+        a_base = f"{pa} + cake_wg * {rows * k};  // {rows} rows per warpgroup"
+        da = "        const uint64_t cake_da = cake::wgmma_desc(cake_a + cake_k * 16, 16, 1024, 1);  // K-major, 128B"
     return [
         "{",
         "    cake::wgmma_fence();",
         f"    const int cake_wg = ((int)threadIdx.x - {first}) / {ctx.arch.warpgroup_threads};",
-        f"    const {dt.c_type}* const cake_a = {pa} + cake_wg * {rows * k};  // {rows} rows per warpgroup",
+        f"    const {dt.c_type}* const cake_a = {a_base}",
         f"    const {dt.c_type}* const cake_b = {pb};",
         "#pragma unroll",
         f"    for (int cake_k = 0; cake_k < {k // 16}; ++cake_k) {{",
-        "        const uint64_t cake_da = cake::wgmma_desc(cake_a + cake_k * 16, 16, 1024, 1);  // K-major, 128B",
+        da,
         db,
         f"        {asm}",
         "    }",
@@ -115,8 +130,9 @@ def _b_desc(kmajor: bool, nn: int, bk: int) -> str:
 def _lower_wgmma_register_a(n: Node, ctx: Ctx, a: Buf, frag: tuple) -> list[Line]:
     """wgmma with A in registers: a 16-bit fragment of the role in the accumulator's layout, whose slots
     8k .. 8k + 7 are k-step k's m64k16 A fragment (4 registers of two elements, ``cake::pack2_rmem``)."""
-    if not a.wgmma or a.type.dtype not in (DType.BF16, DType.F16):
-        raise LowerError("lower.unsupported_operand", f"register A `{a.name}` is not a bf16/f16 fragment of the role")
+    if not a.wgmma or a.type.dtype not in (DType.BF16, DType.F16) or n.attr("a_major") == "m":
+        raise LowerError("lower.unsupported_operand", f"register A `{a.name}` is not a bf16/f16 fragment of the role "
+                                                      "read K-major (its own layout)")
     b, pb = slot_ptr(ctx, n.arg("b"), "operand b")
     kmajor = n.attr("b_major") == "k"
     (m, k), (bk, nn) = a.shape, (b.shape[::-1] if kmajor else b.shape)

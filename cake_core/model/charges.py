@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from cake_core.ir.expr import UnboundSymbol, evaluate
 from cake_core.ir.opdef import CostClass, Effect, Scope
-from cake_core.ir.ops import REGISTRY, Node
+from cake_core.ir.ops import REGISTRY, Node, Op
 from cake_core.ir.rule_ctx import view_extent
 from cake_core.targets import get_gpu
 
@@ -55,7 +55,7 @@ def _operand(n: Node, kind: str | None = None, read_only: bool = False, writes: 
 def _mma_cost(n: Node, ctx, env, trips: float, w: Work) -> None:
     acc, a = ctx.buffers[n.arg("acc")], ctx.buffers[_name(n.arg("a"))]
     m, nn = (int(evaluate(d, env)) for d in acc.shape)
-    k = int(evaluate(a.shape[-1], env))
+    k = int(evaluate(a.shape[0] if n.op is Op.WGMMA and n.attr("a_major") == "m" else a.shape[-1], env))
     w.flops += 2.0 * m * nn * k * trips
     w.atom = REGISTRY[n.op].atom_of(n)
 
