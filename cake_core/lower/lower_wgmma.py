@@ -148,8 +148,7 @@ def _lower_wgmma_register_a(n: Node, ctx: Ctx, a: Buf, frag: tuple) -> list[Line
     regs = nn // 2
     d = ", ".join(f"%{i}" for i in range(regs))
     outs = ", ".join(f'"+f"({n.arg("acc")}[{i}])' for i in range(regs))
-    ins = ", ".join(f'"r"(cake::pack2_rmem({a.name}[cake_k * 8 + {2 * i}], {a.name}[cake_k * 8 + {2 * i + 1}]))'
-                    for i in range(4))
+    ins = ", ".join(f'"r"(cake_ra[cake_k][{i}])' for i in range(4))
     asm = (f'asm volatile("{{\\n\\t.reg .pred p;\\n\\tsetp.ne.b32 p, %{regs + 5}, 0;\\n\\t'
            f'wgmma.mma_async.sync.aligned.m64n{nn}k16.f32.{ab}.{ab} {{{d}}}, '
            f'{{%{regs}, %{regs + 1}, %{regs + 2}, %{regs + 3}}}, %{regs + 4}, p, 1, 1, {0 if kmajor else 1};'
@@ -157,6 +156,13 @@ def _lower_wgmma_register_a(n: Node, ctx: Ctx, a: Buf, frag: tuple) -> list[Line
     fresh = frag[2] if len(frag) > 2 else None
     return [
         "{",
+        # packed before the fence: registers defined between it and the wgmma make ptxas serialise (C7520)
+        f"    uint32_t cake_ra[{k // 16}][4];",
+        "#pragma unroll",
+        f"    for (int cake_k = 0; cake_k < {k // 16}; ++cake_k)",
+        "#pragma unroll",
+        f"        for (int cake_i = 0; cake_i < 4; ++cake_i) cake_ra[cake_k][cake_i] = "
+        f"cake::pack2_rmem({a.name}[cake_k * 8 + 2 * cake_i], {a.name}[cake_k * 8 + 2 * cake_i + 1]);",
         "    cake::wgmma_fence();",
         f"    const {b.type.dtype.c_type}* const cake_b = {pb};",
         "#pragma unroll",

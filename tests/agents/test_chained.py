@@ -117,6 +117,7 @@ def test_the_children_lower_and_compile(text, tmp_path):
         c = compile_kernel(low.value, cache_dir=tmp_path)
         assert c.ok, [d.message for d in c.diagnostics]
         assert c.value.resources.spill_bytes == 0
+        assert "C75" not in c.artifacts["nvcc.log"], c.artifacts["nvcc.log"]      # no serialised wgmma
 
 
 @pytest.mark.parametrize("name", ["pipeline_wgmma", "consumer_warpgroups", "multicast", "group_tiles"])

@@ -142,8 +142,12 @@ def test_the_register_a_k_steps_are_the_m64k16_a_fragment():
     block = _block_of(src, _line(WS, "wgmma(acc, p, v_s[j % S])"))
     assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16" in block
     assert re.search(r"cake_k < (\d+);", block).group(1) == "4"            # K = BN = 64: 4 k-steps of 16
-    pairs = re.findall(r"cake::pack2_rmem\(p\[cake_k \* 8 \+ (\d+)\], p\[cake_k \* 8 \+ (\d+)\]\)", block)
-    assert [tuple(map(int, x)) for x in pairs] == [(0, 1), (2, 3), (4, 5), (6, 7)]
+    # register i of k-step k packs slots 8k + 2i and 8k + 2i + 1 (before the fence), and the asm takes them in order
+    assert "cake_ra[cake_k][cake_i] = cake::pack2_rmem(p[cake_k * 8 + 2 * cake_i], p[cake_k * 8 + 2 * cake_i + 1]);" \
+        in block
+    assert '"r"(cake_ra[cake_k][0]), "r"(cake_ra[cake_k][1]), "r"(cake_ra[cake_k][2]), "r"(cake_ra[cake_k][3])' in block
+    assert block.index("cake::pack2_rmem") < block.index("cake::wgmma_fence()")
+    pairs = [(2 * i, 2 * i + 1) for i in range(4)]
     # PTX's m64k16 A fragment of thread t (warp w, group g = lane / 4, q = lane % 4): registers a0..a3 hold
     # (g, 2q..2q+1), (g + 8, 2q..), (g, 2q + 8..), (g + 8, 2q + 8..) of the warp's 16 rows
     for t in range(256):
@@ -212,6 +216,8 @@ def test_the_warp_specialised_attention_compiles_for_sm_90a(tmp_path):
     c = compile_kernel(_lowered(WS), cache_dir=tmp_path)
     assert c.ok, [d.message for d in c.diagnostics]
     assert c.value.resources.spill_bytes == 0 and c.value.resources.registers <= 232
+    # the register A packed before wgmma.fence: registers defined after it made ptxas serialise the wgmmas
+    assert not re.search(r"C75\d\d", c.artifacts["nvcc.log"]), c.artifacts["nvcc.log"]
 
 
 # ------------------------------------------------------------------ the accumulator through shared memory
