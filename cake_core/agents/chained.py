@@ -262,7 +262,7 @@ def warp_specialize_chained(p: Program, m: Chained, rng: np.random.Generator) ->
                    body=cons_body)
     lets = tuple(n for n in m.head if n.op is Op.LET)
     top = lets + tuple(constants) + stmts("\n".join(alloc)) + tuple(setup) + ((stmt("sync()"),) if setup else ())
-    out = replace(p, threads=threads, body=top + prod + (cons,))
+    out = replace(p, threads=threads, body=top + prod + (cons,), ctas_per_sm=0)     # setmaxnreg roles own the SM
     return out.with_consts(**{rows: 64 * wg, keys: KEYS, S: stages})
 
 

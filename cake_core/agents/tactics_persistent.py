@@ -97,8 +97,11 @@ def persistent(p: Program, rng: np.random.Generator, bounds=None) -> Program:
     refuse_unless(not any(n.op is Op.CLUSTER for n in p.body), "a cluster launch is left as it is")
     refuse_unless(not any("ncta.x" in node_syms(n) or "num_sms" in node_syms(n) for n in walk_nodes(p.body)) and
                   not any("num_sms" in symbols(g) for g in p.grid), "the kernel already walks tiles (ncta / num_sms)")
-    refuse_unless(all(n.op in (Op.SMEM, Op.RMEM, Op.MBARRIER, Op.LET, Op.ROLE) for n in p.body),
-                  "statements outside the roles besides allocations")
+    first_role = next(i for i, n in enumerate(p.body) if n.op is Op.ROLE)
+    refuse_unless(all(n.op in (Op.SMEM, Op.RMEM, Op.MBARRIER, Op.LET, Op.ROLE) or (
+        i < first_role and n.op in (Op.FILL, Op.SYNC) and not any(s.startswith("bid.") for s in node_syms(n)))
+        for i, n in enumerate(p.body)),
+        "statements outside the roles besides allocations and, before the roles, fills of constants")
     name = namer(p)
 
     t = name("t")

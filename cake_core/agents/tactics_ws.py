@@ -252,7 +252,8 @@ def warp_specialize(p: Program, rng: np.random.Generator, bounds=None) -> Progra
                                 + ["    " + s for s in consumer_loops]))[0]
     cons = replace(cons_head, body=tuple(rmem) + cons_head.body + m.tail)
     body_nodes = tuple(lets) + stmts("\n".join(alloc)) + prod + (cons,)
-    out = replace(p, threads=threads, body=body_nodes).with_consts(**consts, **{S: stages})
+    # setmaxnreg roles own their SM: a co-residency the role-free parent asked for (occupancy) is dropped
+    out = replace(p, threads=threads, body=body_nodes, ctas_per_sm=0).with_consts(**consts, **{S: stages})
     return out
 
 

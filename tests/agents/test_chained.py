@@ -120,7 +120,7 @@ def test_the_children_lower_and_compile(text, tmp_path):
         assert "C75" not in c.artifacts["nvcc.log"], c.artifacts["nvcc.log"]      # no serialised wgmma
 
 
-@pytest.mark.parametrize("name", ["pipeline_wgmma", "consumer_warpgroups", "multicast", "group_tiles"])
+@pytest.mark.parametrize("name", ["pipeline_wgmma", "consumer_warpgroups", "multicast", "group_tiles", "persistent"])
 def test_the_structural_tactics_take_the_warp_specialised_attention_further(name):
     ws = _ws(MHA.seed_text())
     out = apply(name, ws, np.random.default_rng(2), {"H": 2, "T": 257, "DH": 128})
@@ -158,3 +158,13 @@ def test_a_single_gemm_is_refused_by_both_recognisers_with_both_reasons():
     moe = parse_program(get_problem("moe").seed_text())
     out = apply("warp_specialize", moe, np.random.default_rng(0), None)
     assert isinstance(out, Refused) and "as a chained mainloop:" in out.reason
+
+
+@pytest.mark.parametrize("prob", ["mha", "gemm_bf16"])
+def test_warp_specialize_drops_the_co_residency_its_parent_asked_for(prob):
+    # setmaxnreg roles own their SM (resources.ctas_per_sm): a role-free parent's occupancy does not carry over
+    from dataclasses import replace
+    parent = replace(parse_program(get_problem(prob).seed_text()), ctas_per_sm=2)
+    out = apply("warp_specialize", parent, np.random.default_rng(0), None)
+    assert not isinstance(out, Refused) and out.ctas_per_sm == 0
+    assert not [d for d in verify(out) if d.is_error and d.rule == "resources.ctas_per_sm"]
