@@ -291,3 +291,15 @@ def test_the_attention_through_shared_memory_compiles_for_sm_90a(tmp_path):
     c = compile_kernel(_lowered(_through_smem()), cache_dir=tmp_path)
     assert c.ok, [d.message for d in c.diagnostics]
     assert c.value.resources.spill_bytes == 0
+
+
+def test_the_gpu_cases_of_fragments_and_row_vectors_verify_and_lower():
+    # tests/runtime/test_role_compute_gpu.py launches these on the GPU against the interpreter
+    from pathlib import Path
+
+    import sibling
+    gpu = sibling.load(Path(__file__).parents[1] / "runtime" / "test_role_compute_gpu.py")
+    for name, stmts in gpu.FRAGMENT_CASES.items():
+        text = gpu.acc_program(stmts, after_acc=gpu.FRAGMENTS)
+        assert check_text(text, "kernel.cake") == [], name
+        assert lower(parse_program(text, "kernel.cake"), "kernel.cake").ok, name

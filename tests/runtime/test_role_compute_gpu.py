@@ -1,6 +1,7 @@
 """Elementwise compute ops on the GPU against the interpreter, outside roles (CTA-spread rmem and smem tiles),
-inside a role (smem tiles split over the role's threads) and on a role's wgmma accumulator (its fragments), on
-random inputs and ragged shapes (marked `gpu`: run on the GPU machine).
+inside a role (smem tiles split over the role's threads), on a role's wgmma accumulator (its fragments) and on
+the other fragments and row vectors a role holds (row reductions across each row's quad), on random inputs and
+ragged shapes (marked `gpu`: run on the GPU machine).
 
     PYTHONPATH=$PWD python3 -m pytest -m gpu tests/runtime/test_role_compute_gpu.py -q -p no:cacheprovider -o addopts=""
 
@@ -201,6 +202,26 @@ def _gemm_inputs(seed: int) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("case", sorted(ACC_CASES))
 def test_ops_on_a_wgmma_accumulator_inside_a_role_match_the_interpreter(case, tmp_path):
     _agree(acc_program(ACC_CASES[case]), GEMM, _gemm_inputs(seed=3), tmp_path)
+
+
+# fragments and row vectors the consumers hold (ir.fragments): a bf16 and an i32 fragment of the accumulator's
+# shape, two (BM, 1) row vectors; the row reductions cross each row's quad
+FRAGMENTS = ("        mx = rmem(f32, (BM, 1))\n        sm = rmem(f32, (BM, 1), fill=2.0)\n"
+             "        fb = rmem(bf16, (BM, BN))\n        fi = rmem(i32, (BM, BN))\n")
+FRAGMENT_CASES = {
+    "row softmax": 'reduce(mx, acc, axis=1, fn="max")\newise(acc, acc, mx, fn="sub")\nunary(acc, acc, fn="exp")\n'
+                   'reduce(sm, acc, axis=1)\newise(acc, acc, sm, fn="div")',
+    "row min and row vector math": 'reduce(mx, acc, axis=1, fn="min")\newise(mx, mx, sm, fn="mul")\n'
+                                   'unary(mx, mx, fn="neg")\newise(acc, acc, mx, fn="add")',
+    "bf16 fragment": "cast(fb, acc)\nunary(acc, acc, fn=\"neg\")\ncast(acc, fb)",
+    "i32 fragment mask": 'iota(fi, base=bid.x * BN, axis=1)\newise(fi, fi, v_s, fn="lt")\n'
+                         'reduce(mx, acc, axis=1, fn="max")\nselect(acc, fi, acc, mx)',
+}
+
+
+@pytest.mark.parametrize("case", sorted(FRAGMENT_CASES))
+def test_ops_on_fragments_and_row_vectors_inside_a_role_match_the_interpreter(case, tmp_path):
+    _agree(acc_program(FRAGMENT_CASES[case], after_acc=FRAGMENTS), GEMM, _gemm_inputs(seed=5), tmp_path)
 
 
 def test_a_fill_before_the_first_wgmma_is_accumulated_onto(tmp_path):
