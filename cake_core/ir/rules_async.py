@@ -16,6 +16,7 @@ from cake_core.ir.expr import CTA_COORDS, CTA_COUNTS, Bin, fmt_expr, substitute,
 from cake_core.ir.intervals import bounds, loop_bounds
 from cake_core.ir.opdef import Alloc, BarrierUse, Completion, Effect, Exchange, Family, Proxy, Slot, SyncKind
 from cake_core.ir.ops import REGISTRY, Node, Op
+from cake_core.ir.fragments import epilogue_state
 from cake_core.ir.protocol import RULE_IDS, check_protocol
 from cake_core.ir.registry import COMPUTE_OPS, ops_of
 from cake_core.ir.rule_ctx import Ctx, RuleSet, layouts
@@ -243,6 +244,31 @@ def _compute_in_role(ctx: Ctx) -> Iterable[Diagnostic]:
                                               "another writes", path=path,
                            hint="touch a tile the role writes in one way only (every op on the accumulator, or "
                                 "every op on smem tiles of its shape), or read it after the roles, behind a sync()")
+
+
+_PLAIN_COPIES = frozenset(op for op, d in REGISTRY.items() if d.family is Family.COPY and d.engine == "plain")
+_CTA_MMAS = frozenset(op for op in ops_of(Family.MMA) if REGISTRY[op].completion is not Completion.MMA_GROUP)
+
+
+@rule("role.copy", "role", "inside a role, copies are TMA or cp.async and products wgmma; a plain store writes a "
+      "tile the role holds", guards=_PLAIN_COPIES | _CTA_MMAS)
+def _copy_in_role(ctx: Ctx) -> Iterable[Diagnostic]:
+    """A plain load, gather or store is lowered over every thread of the CTA (each its share of the window), and
+    so is an fma / mma_sync product: inside a role only the role's threads would run it. A store of a tile the
+    role holds (an accumulator, a fragment, a row vector, a fused epilogue's row state) is lowered per thread."""
+    held = set(layouts(ctx)) | epilogue_state(ctx.program)
+    for n, path, _ in ctx.nodes:
+        role = ctx.role_of.get(id(n))
+        if role is None or n.op not in _PLAIN_COPIES | _CTA_MMAS:
+            continue
+        if n.op is Op.STORE and n.arg("src") in held:
+            continue
+        what = (f"`{n.op.value}` of `{n.arg('src')}`, which the role does not hold in the wgmma layout,"
+                if n.op is Op.STORE else f"`{n.op.value}`")
+        yield ctx.diag("role.copy", n, f"{what} inside role `{role.args[0]}`: its lowering spreads it over every "
+                                       f"thread of the CTA, and only the role's {ctx.threads_of(n)} threads run it",
+                       path=path, hint="in a role copy with tma_load / cp_async_bar / tma_store (after fence_async() "
+                                       "and role_sync()), multiply with wgmma; or move it to the top level")
 
 
 # --------------------------------------------------------------- setmaxnreg

@@ -88,6 +88,7 @@ VARIANTS: dict[Op, Dispatch] = {
         Variant("argmin_bias_row_state", lower_wgmma.stores_rowstate, lower_wgmma.lower_store_rowstate),
         Variant("topk_bias_lists", lower_topk.stores_topk_list, lower_topk.lower_topk_store),
         Variant("wgmma_accumulator", lower_wgmma.reads_wgmma_acc, lower_wgmma.lower_store_acc),
+        Variant("role_row_vector", lower_wgmma.stores_rowvec, lower_wgmma.lower_store_rowvec),
         _in_role(lower_async.refuse_store_in_role),
         Variant("cta", always, lower_tile.lower_store),
     ), fragment_aware=True),

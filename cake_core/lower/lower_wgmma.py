@@ -251,7 +251,7 @@ def lower_fragment_rmem(n: Node, ctx: Ctx) -> list[Line]:
     rows = held.kind == "rows"
     ctx.scopes[-1][n.result] = Buf(n.result, TileType(dtype, tuple(shape), MemSpace.RMEM), dims, wgmma=not rows,
                                    rowvec=rows)
-    if not rows and dtype is DType.F32:
+    if not rows:
         st["frag"][n.result] = dims           # stored like an accumulator
     fill = n.attr("fill")
     lit = "__int_as_float(0x7f800000)" if math.isinf(fill) and fill > 0 else \
@@ -346,6 +346,28 @@ def lower_store_rowstate(n: Node, ctx: Ctx) -> list[Line]:
     first = role_threads(ctx)[0]
     return [f"cake::store_gmem_rowstate<{which}>({w.base}, {best}, {arg}, {w.ld_col}, {n_in}, "
             f"(int)threadIdx.x - {first});  // merges each row's quad"]
+
+
+def stores_rowvec(n: Node, ctx: Ctx) -> bool:
+    """A store of a row vector the role holds (``ir.fragments``)."""
+    held = async_state(ctx)["layouts"].get(n.arg("src"))
+    return held is not None and held.kind == "rows" and in_role(n, ctx)
+
+
+def lower_store_rowvec(n: Node, ctx: Ctx) -> list[Line]:
+    """A row vector to an (R,) or (R, 1) window: each row's value from the first lane of its quad."""
+    view, src = n.args
+    b = ctx.buf(src, (MemSpace.RMEM,), "source")
+    rows = b.shape[0]
+    w = window(view, b.shape, ctx, "destination")
+    if w.rows * w.cols != rows or (w.rows != rows and w.cols != rows):
+        raise LowerError("lower.shape_mismatch", f"row vector `{src}` ({rows}, 1) stores into a window of {rows} "
+                                                 f"elements, not {w.rows} x {w.cols}")
+    ld, n_in = (w.ld_row, w.rows_in) if w.rows == rows else (w.ld_col, w.cols_in)
+    bound = f"(int)({n_in})" if n.attr("guard") else str(rows)
+    first = role_threads(ctx)[0]
+    return [f"cake::store_gmem_rowvec({w.base}, {src}, {ld}, {bound}, (int)threadIdx.x - {first});  "
+            "// the first lane of each row's quad"]
 
 
 def lower_store_acc(n: Node, ctx: Ctx) -> list[Line]:

@@ -140,11 +140,14 @@ def test_a_named_policy_decides_without_a_person(services, mined_warehouse, tmp_
     shutil.copytree(mined_warehouse, wh_root)
     out = harness_review_flow(warehouse_root=str(wh_root), min_support=3, policy=policy)
     gated = [o for o in out if o["by"] != "corpus-gate"]          # those the gate refused are rejected by it
-    assert [o["kind"] for o in gated] == ["rule", "primitive", "tactic"]
+    # the mma_sync rule first, then whatever else the runs' failures and wins support (another rule where a
+    # cluster reaches the support: which clusters do depends on the runs' trajectories), a primitive and a tactic
+    kinds = [o["kind"] for o in gated]
+    assert kinds[0] == "rule" and {"primitive", "tactic"} <= set(kinds) <= {"rule", "primitive", "tactic"}, kinds
     assert {o["decision"] for o in gated} == {decision} and {o["by"] for o in gated} == {policy}
     assert all(o["decision"] == "rejected" for o in out if o["by"] == "corpus-gate")
     versions = Warehouse(wh_root).query("select version from harness_versions order by version").to_pylist()
-    assert versions == ([{"version": v} for v in (1, 2, 3)] if decision == "approved" else [])
+    assert versions == ([{"version": v} for v in range(1, len(gated) + 1)] if decision == "approved" else [])
     again = harness_review_flow(warehouse_root=str(wh_root), min_support=3, policy=policy)
     # nothing is proposed twice, whatever became of it; once the winners' TMA producer step is a composite, the
     # next pattern they share (the cp.async producer step) may come up in the next review

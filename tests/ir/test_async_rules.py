@@ -40,6 +40,10 @@ PLANTED = {
     "wgmma.m": ("warps=(4, 12)", "warps=(4, 8)", 17),
     "wgmma.n": ('"BN": 64', '"BN": 4', 17),
     "wgmma.k": ('"BK": 64', '"BK": 40', 17),
+    # a plain load inside the consumer role: lowered over every thread of the CTA
+    "role.copy": ("        for kt in range(cdiv(K, BK)):\n            wait(full",
+                  "        load(acc, c[tile(bid.y, BM), tile(bid.x, BN)])\n"
+                  "        for kt in range(cdiv(K, BK)):\n            wait(full", 15),
     # an M-major a whose tile has 64 columns for the role's two warpgroups (tests/lower/test_wgmma_a_major.py)
     "wgmma.a_major": (WGMMA, 'wgmma(acc, a_s[kt % S], b_s[kt % S], a_major="m")', 17),
     "wgmma.operands": ("b_s = smem(bf16, (BK, BN), stages=4, swizzle=128)",

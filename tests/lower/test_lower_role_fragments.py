@@ -303,3 +303,23 @@ def test_the_gpu_cases_of_fragments_and_row_vectors_verify_and_lower():
         text = gpu.acc_program(stmts, after_acc=gpu.FRAGMENTS)
         assert check_text(text, "kernel.cake") == [], name
         assert lower(parse_program(text, "kernel.cake"), "kernel.cake").ok, name
+
+
+def test_a_row_vector_is_stored_once_a_row_and_a_bf16_fragment_like_the_accumulator(tmp_path):
+    from pathlib import Path
+
+    import sibling
+    gpu = sibling.load(Path(__file__).parents[1] / "runtime" / "test_role_compute_gpu.py")
+    text = gpu.stores_program()
+    assert check_text(text, "kernel.cake") == []
+    src = _lowered(text).source
+    row = _block_of(src, _line(text, "store(rv["))
+    assert "cake::store_gmem_rowvec(" in row and ", mx, " in row
+    assert "cake::store_gmem_wgmma_acc<64, true>(" in _block_of(src, _line(text, "store(hb["))
+    # cake::store_gmem_rowvec: lane % 4 == 0 of each quad writes rows row0 and row0 + 8: each of the 128 rows once
+    written = [(t // 128) * 64 + ((t % 128) // 32) * 16 + (t % 32) // 4 + 8 * h for t in range(256) if t % 4 == 0
+               for h in range(2)]
+    assert sorted(written) == list(range(128))
+    if compile_mod.nvcc_path() is not None:
+        c = compile_kernel(_lowered(text), cache_dir=tmp_path)
+        assert c.ok, [d.message for d in c.diagnostics]

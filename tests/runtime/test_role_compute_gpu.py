@@ -224,6 +224,22 @@ def test_ops_on_fragments_and_row_vectors_inside_a_role_match_the_interpreter(ca
     _agree(acc_program(FRAGMENT_CASES[case], after_acc=FRAGMENTS), GEMM, _gemm_inputs(seed=5), tmp_path)
 
 
+def stores_program() -> str:
+    """Row sums and a bf16 copy of the accumulator stored from the consumers: a row vector (the first lane of each
+    row's quad writes it) and a 16-bit fragment (the accumulator's store, converting)."""
+    text = acc_program('reduce(mx, acc, axis=1)\ncast(fb, acc)\nstore(rv[tile(bid.y, BM), tile(0, 1)], mx)\n'
+                       'store(hb[tile(bid.y, BM), tile(bid.x, BN)], fb)', after_acc=FRAGMENTS)
+    return text.replace("o: gmem[f32, (M, N)])", "o: gmem[f32, (M, N)], rv: gmem[f32, (M, 1)], hb: gmem[bf16, (M, N)])")
+
+
+def test_a_row_vector_and_a_bf16_fragment_are_stored_from_the_role(tmp_path):
+    # every CTA of a row of tiles writes its own rows' sums over its own columns: one column of tiles (N = BN)
+    shape = {"M": GEMM["M"], "N": 64, "K": GEMM["K"]}
+    x = _gemm_inputs(seed=6)
+    x = {"a": x["a"], "b": x["b"][:, :64], "x": x["x"][:, :64], "v": x["v"][:64]}
+    _agree(stores_program(), shape, x, tmp_path)
+
+
 def test_a_fill_before_the_first_wgmma_is_accumulated_onto(tmp_path):
     # acc = rmem(...) is zeroed lazily (the first wgmma drops its old value): a fill before it must survive
     _agree(acc_program("", after_acc="        fill(acc, value=1.0)\n"), GEMM, _gemm_inputs(seed=4), tmp_path)

@@ -335,10 +335,10 @@ __device__ __forceinline__ void reduce_rows_wgmma_frag(TD (&dst)[2], const TS (&
 // elements); otherwise, and at a ragged right edge, element by element.
 template <typename T> struct alignas(2 * sizeof(T)) elem_pair { T x, y; };
 
-template <int N, bool GUARD, int SLOTS, typename TD>
-__device__ __forceinline__ void store_gmem_wgmma_acc(TD* dst, const float (&acc)[SLOTS], index_t ld_row,
+template <int N, bool GUARD, int SLOTS, typename TD, typename TS>
+__device__ __forceinline__ void store_gmem_wgmma_acc(TD* dst, const TS (&acc)[SLOTS], index_t ld_row,
                                                      index_t ld_col, int rows_in, int cols_in, int tid) {
-    static_assert(SLOTS * 2 == N, "a wgmma accumulator holds N / 2 floats per thread");
+    static_assert(SLOTS * 2 == N, "a wgmma accumulator (any fragment of its layout) holds N / 2 values a thread");
     // opaque to the optimiser: inside a persistent tile loop it would hoist the N / 2 per-thread store
     // offsets out of the loop, and those registers on top of the accumulator spill (seen: 856 B)
     asm volatile("" : "+r"(tid));
@@ -402,6 +402,18 @@ __device__ __forceinline__ void argmin_bias_rmem_wgmma_acc(float (&best)[2], int
     static_assert(SLOTS * 2 == N && N % 8 == 0, "a wgmma accumulator holds N / 2 floats per thread, N % 8 == 0");
     if (base + N <= limit) argmin_bias_tile<N, false>(best, arg, acc, bias, beta, base, limit, tid % 32);
     else argmin_bias_tile<N, true>(best, arg, acc, bias, beta, base, limit, tid % 32);
+}
+
+// store_gmem_rowvec(dst, v, ld, n_in, tid): a role's row vector (rows wg * 64 + warp * 16 + lane / 4 + 8 * h,
+// every lane of the quad holding the same value) to dst[r * ld] for r < n_in, from lane % 4 == 0.
+template <typename TD, typename TS>
+__device__ __forceinline__ void store_gmem_rowvec(TD* dst, const TS (&v)[2], index_t ld, int n_in, int tid) {
+    const int lane = tid % 32, row0 = (tid / 128) * 64 + ((tid % 128) / 32) * 16 + lane / 4;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = row0 + 8 * h;
+        if (lane % 4 == 0 && r < n_in) dst[r * ld] = convert<TD>(v[h]);
+    }
 }
 
 // store_gmem_rowstate<WHICH>(dst, best, arg, ld, n_in, tid): merge the quad's partials of each owned
