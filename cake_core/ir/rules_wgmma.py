@@ -186,15 +186,19 @@ def _wgmma_operands(ctx: Ctx) -> Iterable[Diagnostic]:
                            hint="allocate both with swizzle=128 (and load them with TMA of the same swizzle)")
 
 
+def _majored(ctx: Ctx, attr: str, value: str, operand: str):
+    """(wgmma, path, the 2-D tile of ``operand``) for each wgmma whose ``attr`` is ``value``."""
+    for n, path in _mmas(ctx):
+        if n.op is Op.WGMMA and n.attr(attr) == value:
+            t = ctx.buffers.get(n.arg(operand).buf)
+            if t is not None and t.rank == 2:
+                yield n, path, t
+
+
 @rule("wgmma.a_major", "wgmma", "an M-major a (a_major=\"m\") is a 16-bit (K, M) smem tile with swizzle=128, one "
                               "128-byte span of columns per warpgroup", guards=(Op.WGMMA,))
 def _wgmma_a_major(ctx: Ctx) -> Iterable[Diagnostic]:
-    for n, path in _mmas(ctx):
-        if n.op is not Op.WGMMA or n.attr("a_major") != "m":
-            continue
-        _, a, _ = _mma_tiles(ctx, n)
-        if a is None or a.rank != 2:
-            continue
+    for n, path, a in _majored(ctx, "a_major", "m", "a"):
         if a.space is not MemSpace.SMEM:
             yield ctx.diag("wgmma.a_major", n, f"a_major=\"m\" reads `{n.arg('a').buf}` from {a.space.value}: an "
                                                "M-major a is an smem tile (a register A is K-major, the "
@@ -214,11 +218,8 @@ def _wgmma_a_major(ctx: Ctx) -> Iterable[Diagnostic]:
 @rule("wgmma.b_major", "wgmma", "a K-major b (b_major=\"k\") is an (N, K) smem tile with swizzle=128 rows of one "
                               "span, like a", guards=(Op.WGMMA,))
 def _wgmma_b_major(ctx: Ctx) -> Iterable[Diagnostic]:
-    for n, path in _mmas(ctx):
-        if n.op is not Op.WGMMA or n.attr("b_major") != "k":
-            continue
-        _, _, b = _mma_tiles(ctx, n)
-        if b is None or b.rank != 2 or b.space is not MemSpace.SMEM:
+    for n, path, b in _majored(ctx, "b_major", "k", "b"):
+        if b.space is not MemSpace.SMEM:
             continue
         span, row = ctx.swizzle_of(n.arg("b").buf), ctx.static(b.shape[1])
         if span != 128 or row is None or row * b.dtype.bytes != span:
