@@ -23,8 +23,9 @@ running accumulator; after the loop, a last epilogue and a store::
 
 ``find_chained`` returns that structure as data or raises ``Refused`` naming the statement that does not fit.
 ``warp_specialize_chained`` rewrites it into a TMA producer role and a wgmma consumer role (the form of the
-hand-written warp-specialised attention reference): the resident operand copied once as 64-column halves, b1's halves and b2
-in an S-stage ring; in the consumers the first product is ``wgmma(..., b_major="k", accumulate=False)`` over
+hand-written warp-specialised attention reference): the resident operand copied once as 64-column halves,
+b1's halves and b2 in an S-stage ring, each on a barrier of its own (the first product and its epilogue run
+while b2 lands); in the consumers the first product is ``wgmma(..., b_major="k", accumulate=False)`` over
 the halves, the epilogue runs as written on tiles the role holds (``ir.fragments``: the accumulators and every
 (rows, N) tile are fragments, (rows, 1) tiles row vectors, per-trip (1, N) masks fragments of the trip's
 shape), and the second product takes the 16-bit tile as its register A. Tiles written only before the loop
@@ -186,7 +187,7 @@ def warp_specialize_chained(p: Program, m: Chained, rng: np.random.Generator) ->
     start, stop, step = loop_range(m.loop)
     refuse_unless(start == 0 and step == 1, "the streamed loop does not count from 0 in steps of 1")
     name = namer(p)
-    S, qf, full, empty = name("S"), name("q_full"), name("full"), name("empty")
+    S, qf, full, full2, empty = name("S"), name("q_full"), name("full"), name("full2"), name("empty")
     j = m.loop.arg("var")
     extent = expr_text(stop)
     a1, b1, b1t, b2 = m.a1[0], m.b1[0], m.b1[2], m.b2[0]
@@ -223,18 +224,21 @@ def warp_specialize_chained(p: Program, m: Chained, rng: np.random.Generator) ->
     alloc += [f"{a1} = smem({dt}, ({rows}, {SPAN}), stages={halves}, swizzle=128)",
               f"{b1} = smem({dt}, ({keys}, {SPAN}), stages={stages * halves}, swizzle=128)",
               f"{b2} = smem({dt}, ({keys}, {cols}), stages={stages}, swizzle=128)",
-              f"{qf} = mbarrier(1)", f"{full} = mbarrier({S})", f"{empty} = mbarrier({S}, arrivals={wg})"]
+              f"{qf} = mbarrier(1)", f"{full} = mbarrier({S})", f"{full2} = mbarrier({S})",
+              f"{empty} = mbarrier({S}, arrivals={wg})"]
     setup = [n for n in m.prologue if n.op is Op.FILL and n.arg("dst") in {c.result for c in constants}]
 
     # ---- producer: the resident halves once, then b1's halves and b2 per trip
     a1v, b1v, b2v = m.a1[1], m.b1[1], m.b2[1]
     producer = [f"expect_tx({qf}[0], {rows} * {SPAN * halves} * {nbytes})"]
     producer += [f"tma_load({a1}[{h}], {fmt_view(_half(a1v, h, halves))}, bar={qf}[0])" for h in range(halves)]
+    # b1 and b2 land on barriers of their own: the first product and its epilogue run while b2 is in flight
     trip = [f"wait({empty}[{j} % {S}], phase=({j} // {S} + 1) % 2)",
-            f"expect_tx({full}[{j} % {S}], {keys} * {SPAN * halves} * {nbytes} + {keys} * {cols} * {nbytes})"]
+            f"expect_tx({full}[{j} % {S}], {keys} * {SPAN * halves} * {nbytes})"]
     trip += [f"tma_load({b1}[{_slot(j, S, halves, h)}], {fmt_view(_half(b1v, h, halves))}, bar={full}[{j} % {S}])"
              for h in range(halves)]
-    trip += [f"tma_load({b2}[{j} % {S}], {fmt_view(b2v)}, bar={full}[{j} % {S}])"]
+    trip += [f"expect_tx({full2}[{j} % {S}], {keys} * {cols} * {nbytes})",
+             f"tma_load({b2}[{j} % {S}], {fmt_view(b2v)}, bar={full2}[{j} % {S}])"]
     producer += [f"for {j} in range({extent}):"] + ["    " + s for s in trip]
 
     # ---- consumers: the loop's statements in order, the products as wgmma
@@ -249,7 +253,8 @@ def warp_specialize_chained(p: Program, m: Chained, rng: np.random.Generator) ->
                 f'wgmma({acc1}, {a1}[{h}], {b1}[{_slot(j, S, halves, h)}], b_major="k"'
                 + (", accumulate=False)" if h == 0 else ")") for h in range(halves)) + "\nwgmma_wait(0)")
         elif n is m.second:
-            body += stmts(f"wgmma({acc2}, {m.a2}, {b2}[{j} % {S}])\nwgmma_wait(0)\narrive({empty}[{j} % {S}])")
+            body += stmts(f"wait({full2}[{j} % {S}], phase={j} // {S} % 2)\nwgmma({acc2}, {m.a2}, {b2}[{j} % {S}])\n"
+                          f"wgmma_wait(0)\narrive({empty}[{j} % {S}])")
         else:
             body.append(n)
     loop_node = replace(stmt(f"for {j} in range({extent}):\n    sync()"), body=tuple(body))
