@@ -21,7 +21,7 @@ import numpy as np
 
 from cake_core.ir.expr import evaluate
 from cake_core.ir.numeric import bf16_round
-from cake_core.ir.opdef import Full, Op, Slot, Tile, View
+from cake_core.ir.opdef import Family, Full, Op, Slot, Tile, View
 from cake_core.ir.tree import loop_range, walk
 from cake_core.ir.types import DType
 from cake_core.targets import Arch
@@ -45,18 +45,28 @@ class InterpFault(Exception):
 MAX_INTERP_STEPS = 100_000
 
 
+# A statement on large tiles costs more than one step: one more per this many elements it touches (for an MMA,
+# multiply-adds over 16), so that a loop of heavy statements (a chunk's products and solves) reaches the budget
+# in about the CPU time a loop of light ones does.
+ELEMENTS_PER_STEP = 4_096
+
+
 class Work:
     """The steps one launch has taken, over all its CTAs, up to ``limit``; and the trips each loop made (to
     name the loop that spent them)."""
 
-    __slots__ = ("limit", "used", "trips")
+    __slots__ = ("limit", "used", "trips", "costs")
 
     def __init__(self, limit: int = MAX_INTERP_STEPS):
         self.limit, self.used = limit, 0
         self.trips: dict[int, list] = {}     # id(for node) -> [node, trips over the launch, most trips per entry]
+        self.costs: dict[int, int] = {}      # id(node) -> its steps (its tiles' shapes are fixed in a launch)
 
     def spend(self, cta: "CTA", n: Any) -> None:
-        self.used += 1
+        cost = self.costs.get(id(n))
+        if cost is None:
+            cost = self.costs[id(n)] = 1 + _elements(cta, n) // ELEMENTS_PER_STEP
+        self.used += cost
         if self.used > self.limit:
             raise self._spent(cta, n)
 
@@ -72,7 +82,8 @@ class Work:
         """The fault at the loop with the most trips per entry (a bound past the problem's tiles shows there,
         however many trips the loops inside it made), with the next two; at ``n`` without a loop."""
         at = f"CTA ({cta.env.get('bid.x', 0)}, {cta.env.get('bid.y', 0)}, {cta.env.get('bid.z', 0)})"
-        budget = f"the interpreter's budget of {self.limit:,} steps per launch (statements and loop trips)"
+        budget = (f"the interpreter's budget of {self.limit:,} steps per launch (statements and loop trips, a "
+                  f"statement one more step per {ELEMENTS_PER_STEP:,} elements it touches)")
         if not self.trips:
             return InterpFault(n, f"the launch ran past {budget} at {at}", "interp.budget")
         (loop, total, per), *rest = sorted(self.trips.values(), key=lambda t: (-t[2], -t[1]))
@@ -81,6 +92,26 @@ class Work:
         return InterpFault(loop, f"the launch ran past {budget} at {at}; the loop with the most trips per entry is "
                                  f"`{loop.args[0]}` ({per:,} per entry on this small shape, {total:,} in all{others}): "
                                  "bound it by the problem's tiles (cdiv(dim, tile))", "interp.budget")
+
+
+def _elements(cta: "CTA", n: Any) -> int:
+    """The elements statement ``n`` touches in ``cta`` (its tiles'; for an MMA its multiply-adds over 16, for a
+    triangular solve its x's elements times its rows): what its numpy costs, roughly."""
+    decl = n.decl
+    sizes = {}
+    for o, a in zip(decl.operands, n.args):
+        name = a.buf if isinstance(a, Slot) else a if o.kind == "buf" else None
+        arr = cta.tiles.get(name) if isinstance(name, str) else None
+        if arr is not None:
+            stages = cta.async_state["stages"].get(name, 1)
+            sizes[o.name] = (arr.size // max(stages, 1), arr.shape)
+    total = sum(size for size, _ in sizes.values())
+    if decl.family is Family.MMA and "acc" in sizes and "a" in sizes:
+        k = min(sizes["a"][1][-1], max(sizes["a"][0], 1))
+        total = max(total, sizes["acc"][0] * k // 16)
+    elif n.op is Op.TRISOLVE and "x" in sizes:
+        total = max(total, sizes["x"][0] * sizes["x"][1][0])
+    return total
 
 
 NUMPY = {DType.BF16: np.float32, DType.F16: np.float16, DType.F32: np.float32, DType.I32: np.int32,

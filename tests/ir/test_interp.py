@@ -1,8 +1,11 @@
 """The interpreter against the oracle, on shapes that are not tile multiples."""
+import re
+
 import numpy as np
 import pytest
 
 from cake_core.ir import interp, interp_cta
+from cake_core.ir.expr import evaluate
 from cake_core.ir.text import parse_program
 from cake_core.problems import get_problem, list_problems, load_shape_set
 from cake_core.runtime.cpu import check_on_cpu
@@ -146,3 +149,26 @@ def test_an_ordinary_fault_keeps_its_rule():
     with pytest.raises(interp.InterpFault) as e:
         _run_gemm(seed.replace("range(cdiv(K, BK))", "range(cdiv(K, BK) * 100000)"), {"M": 64, "N": 64, "K": 64})
     assert e.value.rule == "interp.fault"
+
+
+def test_a_loop_of_heavy_statements_spends_the_budget_by_the_work_it_does():
+    # the chunked KDA program with its chunk loop's bound multiplied by 1000 (a fuzz mutant): its statements
+    # multiply 64 x 128 tiles and solve 64 x 64 systems, so counted one step each the budget took ~5 s of CPU to
+    # spend; each now counts one step more per ELEMENTS_PER_STEP elements (an MMA its multiply-adds over 16)
+    prob = get_problem("kda_prefill")
+    text = prob.kernel_text("kda_prefill_chunked.cake").replace("for c in range(cdiv(T, BT)):",
+                                                                 "for c in range(cdiv(T, BT) * 1000):")
+    prog = parse_program(text, "mutant.cake")
+    shape = {"B": 1, "T": 64, "H": 1, "DK": 128, "DV": 128}
+    x = prob.make_inputs(shape, np.random.default_rng(0))
+    env = {**prog.const_env, **shape}
+    outs = {p.name: np.zeros(tuple(int(evaluate(d, env)) for d in p.type.shape), np.float32)
+            for p in prog.params if p.name not in x}
+    with pytest.raises(interp.InterpFault) as e:
+        interp.run(prog, shape, {k: v for k, v in x.items() if k in {p.name for p in prog.params}}, outs)
+    assert e.value.rule == "interp.budget" and e.value.node.args[0] == "c"
+    # a chunk is ~90 statements and loop trips: one step each would allow ~1,100 chunks; the products, the solve
+    # and the 64 x 128 tiles' ops cost several steps each, so the budget is spent in far fewer
+    trips = int(re.search(r"`c` \([\d,]+ per entry on this small shape, ([\d,]+) in all", str(e.value)).group(1)
+                .replace(",", ""))
+    assert 100 < trips < 500, str(e.value)
