@@ -13,7 +13,9 @@ changed (a float, a zero divisor, off a tile multiple, huge). These reach the de
 name: undefined names in conditions and operands, mbarriers and register tiles in the wrong block, clusters
 that do not divide the grid, missing fences, narrowing dtypes, ragged trip counts. The mutant's canonical text
 is parsed back (an edit that does not round-trip is itself a finding), then verified (every rule, the protocol
-checker included) and, if it verifies, run by the interpreter on the problem's smallest CPU shape.
+checker included) and, if it verifies, lowered to CUDA (a verified mutant the lowering refuses is counted with
+the lowering's rule: a case the verifier should name) and run by the interpreter on the problem's smallest CPU
+shape.
 
 A finding is a **crash** (any exception out of parse, verify or the interpreter other than the interpreter's
 own ``InterpFault``) or a **hang** (a stage past ``--stage-s`` seconds of CPU time, or twenty times that of
@@ -256,9 +258,10 @@ def fuzz(mutants: int, seed: int, stage_s: float = 5.0, interpret: bool = True, 
     from cake_core.runtime.cpu import _poisoned  # the gate's own poisoned outputs
     rng = random.Random(seed)
     progs = corpus()
-    counts = {"mutants": 0, "verified": 0, "rejected": 0, "undecided": 0, "interpreted": 0, "faults": 0,
-              "over_budget": 0, "crash": 0, "hang": 0}
-    findings, timed, over_budget = [], [], []
+    from cake_core.lower import lower
+    counts = {"mutants": 0, "verified": 0, "rejected": 0, "undecided": 0, "lower_refused": 0, "interpreted": 0,
+              "faults": 0, "over_budget": 0, "crash": 0, "hang": 0}
+    findings, timed, over_budget, lower_refused = [], [], [], []
     slowest = 0.0
     by_stage: dict[str, tuple] = {}
 
@@ -306,6 +309,18 @@ def fuzz(mutants: int, seed: int, stage_s: float = 5.0, interpret: bool = True, 
             counts["undecided"] += any(d.rule == "protocol.undecided" for d in diags)
             continue
         counts["verified"] += 1
+        status, low, dt = run_stage(lambda: lower(r.program, "mutant.cake"), stage_s)
+        took("lower", dt)
+        if status != "ok":
+            counts[status] += 1
+            findings.append({"mutant": i, "problem": prob, "stage": "lower", "kind": status, "edits": what,
+                             "program": text, "trace": low, "seconds": round(dt, 2)})
+            continue
+        if not low.ok:     # verified, then refused by the lowering: a case the verifier should have named
+            counts["lower_refused"] += 1
+            first = low.diagnostics[0] if low.diagnostics else None
+            lower_refused.append({"mutant": i, "problem": prob, "edits": what, "program": text,
+                                  "rule": first.rule if first else "", "message": first.message if first else ""})
         if not interpret:
             continue
         problem = PROBLEMS[prob]
@@ -336,7 +351,8 @@ def fuzz(mutants: int, seed: int, stage_s: float = 5.0, interpret: bool = True, 
     def row(t: tuple) -> dict[str, Any]:
         return dict(zip(("seconds", "stage", "mutant", "problem", "edits"), t))
     return {"counts": counts, "findings": findings, "slowest": [row(t) for t in timed],
-            "slowest_by_stage": {k: row(t) for k, t in by_stage.items()}, "over_budget": over_budget}
+            "slowest_by_stage": {k: row(t) for k, t in by_stage.items()}, "over_budget": over_budget,
+            "lower_refused": lower_refused}
 
 
 def _printable(p: Program) -> bool:
@@ -371,12 +387,17 @@ def main() -> int:
     for f in res["findings"][:20]:
         print(f"-- {f['kind']} in {f['stage']} after {f['edits']}\n{(f['trace'] or '')[-800:]}")
     c = res["counts"]
-    print("\n| mutants | rejected | of which undecided | verified | interpreted | of which faulted | of which "
-          "over budget | crashes | hangs | slowest check s | total s |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    print(f"| {c['mutants']} | {c['rejected']} | {c['undecided']} | {c['verified']} | {c['interpreted']} "
-          f"| {c['faults']} | {c['over_budget']} | {c['crash']} | {c['hang']} | {c['slowest_check_s']} "
-          f"| {res['seconds']} |")
+    refused: dict[str, int] = {}
+    for m in res["lower_refused"]:
+        refused[m["rule"]] = refused.get(m["rule"], 0) + 1
+    if refused:
+        print("verified, then refused by the lowering: " + ", ".join(f"{k} {v}" for k, v in sorted(refused.items())))
+    print("\n| mutants | rejected | of which undecided | verified | of which the lowering refused | interpreted | of "
+          "which faulted | of which over budget | crashes | hangs | slowest check s | total s |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"| {c['mutants']} | {c['rejected']} | {c['undecided']} | {c['verified']} | {c['lower_refused']} "
+          f"| {c['interpreted']} | {c['faults']} | {c['over_budget']} | {c['crash']} | {c['hang']} "
+          f"| {c['slowest_check_s']} | {res['seconds']} |")
     return 1 if c["crash"] or c["hang"] else 0
 
 

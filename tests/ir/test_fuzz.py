@@ -35,6 +35,8 @@ def test_mutants_of_every_corpus_kernel_get_an_answer(fuzz):
     assert c["mutants"] == MUTANTS
     # the mutations reach both answers: rejected programs and verified ones that the interpreter runs
     assert c["rejected"] > MUTANTS // 4 and c["interpreted"] > 0, c
+    # and what verifies also lowers: a refusal there is a case the verifier does not name
+    assert c["lower_refused"] == 0, [(m["edits"], m["rule"], m["message"]) for m in res["lower_refused"]]
 
 
 def test_the_mutations_cover_every_corpus_kernel(fuzz):
