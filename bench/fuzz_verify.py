@@ -274,6 +274,18 @@ def fuzz(mutants: int, seed: int, stage_s: float = 5.0, interpret: bool = True, 
         del timed[SLOWEST:]
         if t[0] >= by_stage.get(stage, (-1.0,))[0]:
             by_stage[stage] = t
+    def stage(name: str, fn: Callable[[], Any]) -> tuple[bool, Any]:
+        """Run stage ``name`` of the current mutant: (True, its result), or (False, None) after a crash or a hang,
+        which is recorded as a finding."""
+        status, out, dt = run_stage(fn, stage_s)
+        took(name, dt)
+        if status == "ok":
+            return True, out
+        counts[status] += 1
+        findings.append({"mutant": i, "problem": prob, "stage": name, "kind": status, "edits": what,
+                         "program": text, "trace": out, "seconds": round(dt, 2)})
+        return False, None
+
     for i in range(mutants):
         prob, base = progs[i % len(progs)]
         p, what = base, []
@@ -286,35 +298,23 @@ def fuzz(mutants: int, seed: int, stage_s: float = 5.0, interpret: bool = True, 
         text = p.text() if _printable(p) else None
         if text is None:
             continue
-        status, r, dt = run_stage(lambda: parse(text, "mutant.cake"), stage_s)
-        took("parse", dt)
-        if status != "ok":
-            counts[status] += 1
-            findings.append({"mutant": i, "problem": prob, "stage": "parse", "kind": status, "edits": what,
-                             "program": text, "trace": r})
+        ok, r = stage("parse", lambda: parse(text, "mutant.cake"))
+        if not ok:
             continue
         if r.program is None:
             counts["rejected"] += 1
             continue
         shape = _small_shape(prob)
-        status, diags, dt = run_stage(lambda: verify(r.program, shapes=[shape]), stage_s)
-        took("verify", dt)
-        if status != "ok":
-            counts[status] += 1
-            findings.append({"mutant": i, "problem": prob, "stage": "verify", "kind": status, "edits": what,
-                             "program": text, "trace": diags, "seconds": round(dt, 2)})
+        ok, diags = stage("verify", lambda: verify(r.program, shapes=[shape]))
+        if not ok:
             continue
         if any(d.is_error for d in diags):
             counts["rejected"] += 1
             counts["undecided"] += any(d.rule == "protocol.undecided" for d in diags)
             continue
         counts["verified"] += 1
-        status, low, dt = run_stage(lambda: lower(r.program, "mutant.cake"), stage_s)
-        took("lower", dt)
-        if status != "ok":
-            counts[status] += 1
-            findings.append({"mutant": i, "problem": prob, "stage": "lower", "kind": status, "edits": what,
-                             "program": text, "trace": low, "seconds": round(dt, 2)})
+        ok, low = stage("lower", lambda: lower(r.program, "mutant.cake"))
+        if not ok:
             continue
         if not low.ok:     # verified, then refused by the lowering: a case the verifier should have named
             counts["lower_refused"] += 1
@@ -333,13 +333,8 @@ def fuzz(mutants: int, seed: int, stage_s: float = 5.0, interpret: bool = True, 
             except interp.InterpFault as e:
                 return e
             return None
-        status, res, dt = run_stage(go, stage_s)
-        took("interpret", dt)
-        if status != "ok":
-            counts[status] += 1
-            findings.append({"mutant": i, "problem": prob, "stage": "interpret", "kind": status, "edits": what,
-                             "program": text, "trace": res, "seconds": round(dt, 2)})
-        else:
+        ok, res = stage("interpret", go)
+        if ok:
             counts["interpreted"] += 1
             counts["faults"] += res is not None
             if res is not None and res.rule == "interp.budget":
