@@ -74,3 +74,18 @@ def test_the_attention_through_shared_memory_passes_the_gate(tmp_path):
 def test_an_elementwise_op_reads_a_tma_filled_swizzled_tile_at_its_elements(tmp_path):
     x = bf16_round(np.random.default_rng(11).normal(size=(64, 64)).astype(np.float32))
     _gpu._agree(_swizzle.KERNEL, {"M": 64, "N": 64}, {"x": x}, tmp_path)
+
+
+@pytest.mark.parametrize("then", [[], ["pipeline_wgmma"], ["persistent"]], ids=["ws", "ws+pipeline", "ws+persistent"])
+def test_what_warp_specialize_makes_of_the_seed_passes_the_gate(then, tmp_path):
+    # the chained mainloop's warp specialisation (agents/chained.py), and two structural steps after it
+    from cake_core.agents.tactics import apply
+    from cake_core.runtime.gpu import check_and_time
+    p = apply("warp_specialize", parse_program(MHA.seed_text(), "mha.cake"), np.random.default_rng(0))
+    for name in then:
+        p = apply(name, p, np.random.default_rng(0), {"H": 32, "T": 1000, "DH": 128})
+        assert not hasattr(p, "reason"), p.reason
+    compiled, lk = _built(p.text(), tmp_path)
+    runs = check_and_time(compiled, lk, MHA, list(MHA.shape_set("mha_small").shapes) + EXTRA, seed=10, time=False,
+                          timeout_s=30)
+    assert all(r.correct for r in runs), [(r.shape, r.message) for r in runs if not r.correct]
