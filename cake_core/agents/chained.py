@@ -37,15 +37,14 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from cake_core.agents.mainloop import tile_types
 from cake_core.agents.rewrite import (Refused, const_of, expr_text, namer, refuse_unless, stmt, stmts, view_syms,
                                       walk_nodes)
 from cake_core.ir.expr import Bin, Sym
 from cake_core.ir.ops import REGISTRY, Node, Op, Tile, View, loop_range
 from cake_core.ir.printer import fmt_attr, fmt_view
 from cake_core.ir.program import Program
-from cake_core.ir.types import DType, TileType
-from cake_core.ir.verify import build_ctx
-from cake_core.targets import find_arch
+from cake_core.ir.types import DType
 
 SPAN = 64                     # 16-bit elements of one 128-byte swizzle span: a K-major wgmma slot's columns
 KEYS = 64                     # the streamed tile's rows (the first product's N, the second's K)
@@ -73,12 +72,6 @@ class Chained:
     cols: str
 
 
-def _types(p: Program) -> dict[str, TileType]:
-    arch = find_arch(p.target)
-    refuse_unless(arch is not None, f"no target data for {p.target}")
-    return dict(build_ctx(p, arch).buffers)
-
-
 def _writes(n: Node) -> set[str]:
     return {a for o, a in zip(REGISTRY[n.op].operands, n.args) if o.kind == "buf" and o.effect_of(n).modifies}
 
@@ -95,7 +88,7 @@ def find_chained(p: Program) -> Chained:
     refuse_unless(len(mmas) == 2 and not any(n.op is Op.MMA for n in walk_nodes(before + tail)),
                   f"the streamed loop holds {len(mmas)} mma (a chained mainloop has two, and none outside it)")
     first, second = mmas
-    types = _types(p)
+    types = tile_types(p)
     var = loop.arg("var")
     head = tuple(n for n in before if n.op in (Op.SMEM, Op.RMEM, Op.LET))
     prologue = tuple(n for n in before if n.op not in (Op.SMEM, Op.RMEM, Op.LET))
@@ -180,7 +173,7 @@ def _slot(j: str, S: str, halves: int, h: int) -> str:
 def warp_specialize_chained(p: Program, m: Chained, rng: np.random.Generator) -> Program:
     """The producer/consumer form of a chained mainloop (see the module docstring)."""
     env = p.const_env
-    types = _types(p)
+    types = tile_types(p)
     wg = 2 if env[m.rows] >= 128 else int(rng.choice((1, 2)))
     stages = int(rng.choice((2, 3)))
     halves = env[m.red] // SPAN

@@ -87,7 +87,8 @@ class Mainloop:
     dropped: frozenset[str] = field(default_factory=frozenset)   # buffers the rewrite no longer needs
 
 
-def _types(p: Program) -> dict[str, TileType]:
+def tile_types(p: Program) -> dict[str, TileType]:
+    """The type of every tile and tensor of ``p`` (its verifier context's), or ``Refused`` without target data."""
     arch = find_arch(p.target)
     refuse_unless(arch is not None, f"no target data for {p.target}")
     return dict(build_ctx(p, arch).buffers)
@@ -112,7 +113,7 @@ def find_mainloop(p: Program) -> Mainloop:
     head, tail = p.body[:i], p.body[i + 1:]
     refuse_unless(all(n.op in (Op.SMEM, Op.RMEM, Op.LET) for n in head),
                   "only allocations may come before the mainloop")
-    types = _types(p)
+    types = tile_types(p)
     inner = [n for n in top.body if n.op is Op.FOR]
     if any(n.op is Op.MMA for n in top.body):
         refuse_unless(not inner, "the reduction loop holds another loop")

@@ -18,8 +18,9 @@ fragment's columns, an smem tile read at the element's row and column); ``reduce
 into a row vector adds the thread's own columns and then the quad's (two shuffles). The row state of a fused
 epilogue (argmin_bias's best / arg, topk_bias's lists) has a layout of its own and is none of these.
 
-The verifier (``rules_async``'s ``role.compute``, ``rules_wgmma``'s ``wgmma.operands``, ``resources.rmem_split``)
-and the lowering (``lower.thread_map``, ``lower.lower_wgmma``) read the layouts from :func:`role_layouts`.
+The verifier (``rules_async``'s ``role.compute``, ``rules_wgmma``'s ``wgmma.operands``, ``resources.rmem_split``),
+the scratch layout and the lowering (``lower.thread_map``, ``lower.lower_wgmma``) read the layouts from
+:func:`layouts_on`.
 """
 from __future__ import annotations
 
@@ -64,6 +65,12 @@ def _static(shape, env) -> tuple[int, ...] | None:
         return tuple(int(evaluate(d, env)) for d in shape)
     except Exception:  # noqa: BLE001 - a symbolic or malformed shape: shapes.static reports it
         return None
+
+
+def layouts_on(program: Program, arch) -> dict[str, Layout]:
+    """:func:`role_layouts` with ``arch``'s (``targets.Arch``) wgmma shape and warpgroup size."""
+    w = arch.wgmma
+    return role_layouts(program, w.m if w else None, arch.warpgroup_warps, w.n_step if w else 8)
 
 
 def role_layouts(program: Program, m: int | None, warpgroup_warps: int, n_step: int = 8) -> dict[str, Layout]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 from cake_core.ir.expr import Expr, fmt_expr, symbols, try_evaluate
-from cake_core.ir.fragments import Layout, role_layouts
+from cake_core.ir.fragments import Layout, layouts_on
 from cake_core.ir.opdef import Alloc
 from cake_core.ir.ops import REGISTRY, Full, Node, Op, Tile, View
 from cake_core.ir.program import Program, walk
@@ -193,7 +193,7 @@ def rmem_words_per_thread(ctx: Ctx) -> int | None:
             if threads <= 0:
                 return None         # a role without warps: role.bounds (or resources.threads) reports it
             words = -(-numel * max(n.args[0].bytes, 4) // 4 // threads)
-            if layouts(ctx).get(n.result, None) is not None and layouts(ctx)[n.result].kind == "rows":
+            if getattr(layouts(ctx).get(n.result), "kind", None) == "rows":
                 words = 2           # a row vector: the thread's 2 rows, held by each thread of their quad
             r = ctx.role_of.get(id(n))
             if r is None:
@@ -207,7 +207,5 @@ def layouts(ctx: Ctx) -> dict[str, Layout]:
     """The rmem tiles the roles hold in the wgmma fragment layout (``ir.fragments``), computed once."""
     got = ctx.__dict__.get("_layouts")
     if got is None:
-        w = ctx.target.wgmma
-        got = ctx.__dict__["_layouts"] = role_layouts(ctx.program, w.m if w else None, ctx.target.warpgroup_warps,
-                                                      w.n_step if w else 8)
+        got = ctx.__dict__["_layouts"] = layouts_on(ctx.program, ctx.target)
     return got

@@ -27,7 +27,7 @@ from functools import cached_property
 from typing import Any, Iterable
 
 from cake_core.ir.expr import try_evaluate
-from cake_core.ir.fragments import role_layouts
+from cake_core.ir.fragments import layouts_on
 from cake_core.ir.opdef import Alloc
 from cake_core.ir.scratch import scratch_bytes
 from cake_core.ir.types import MemSpace, Swizzle, TileType
@@ -120,8 +120,7 @@ def _numel(shape: tuple[int, ...]) -> int:
 def smem_layout(program: Any, arch: Arch) -> SmemLayout:
     """The shared-memory layout of ``program`` on ``arch`` (see the module docstring)."""
     consts = program.const_env
-    w = arch.wgmma
-    held = role_layouts(program, w.m if w else None, arch.warpgroup_warps, w.n_step if w else 8)
+    held = layouts_on(program, arch)
     regions: list[Region] = []
     unsized: list[Any] = []
     state = {"top": 0, "scratch": None}       # scratch: (offset, size) of the region the last statement used

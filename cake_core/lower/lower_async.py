@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from cake_core.ir.fragments import role_layouts
+from cake_core.ir.fragments import layouts_on
 from cake_core.ir.ops import At, Node, Op, Slot, Tile, View
 from cake_core.ir.program import walk
 from cake_core.ir.types import DType, MemSpace
@@ -67,8 +67,7 @@ def async_state(ctx: Ctx) -> dict[str, Any]:
             if n.op is Op.ARGMIN_BIAS:
                 rowstate[n.arg("best")] = (0, n.arg("arg"))
                 rowstate[n.arg("arg")] = (1, n.arg("best"))
-        w = ctx.arch.wgmma
-        layouts = role_layouts(ctx.program, w.m if w else None, ctx.arch.warpgroup_warps, w.n_step if w else 8)
+        layouts = layouts_on(ctx.program, ctx.arch)
         st = ctx.__dict__["async_state"] = {"role": None, "bars": {}, "maps": {}, "accs": accs, "frag": {},
                                             "rowstate": rowstate, "rows": {}, "setmaxnreg": False, "cluster": None,
                                             "layouts": layouts}

@@ -24,11 +24,9 @@ the predicates here; the role they run in and its state are ``lower_async``'s.
 """
 from __future__ import annotations
 
-import math
-
 from cake_core.ir.ops import Node, Op
 from cake_core.ir.types import DType, MemSpace, Swizzle, TileType
-from cake_core.lower.context import Buf, Ctx, Line, Lowering, LowerError, window
+from cake_core.lower.context import Buf, Ctx, Line, Lowering, LowerError, c_literal, window
 from cake_core.lower.lower_async import async_state, in_role, role_threads, slot_ptr
 
 
@@ -253,9 +251,7 @@ def lower_fragment_rmem(n: Node, ctx: Ctx) -> list[Line]:
                                    rowvec=rows)
     if not rows:
         st["frag"][n.result] = dims           # stored like an accumulator
-    fill = n.attr("fill")
-    lit = "__int_as_float(0x7f800000)" if math.isinf(fill) and fill > 0 else \
-        "__int_as_float(0xff800000)" if math.isinf(fill) else repr(float(fill)) + "f"
+    lit = c_literal(n.attr("fill"), dtype)
     what = (f"row vector ({held.rows}, 1): this thread's 2 rows, as every thread of their quad holds them" if rows
             else f"fragment {dims}: m64n{held.cols} layout per warpgroup")
     return [f"{dtype.c_type} {n.result}[{2 if rows else held.cols // 2}];  // {what}",
@@ -294,9 +290,7 @@ def lower_rowstate_rmem(n: Node, ctx: Ctx) -> list[Line]:
     ctx.scopes[-1][n.result] = Buf(n.result, TileType(dtype, tuple(shape), MemSpace.RMEM), tuple(dims))
     st["rows"][n.result] = dims[0]
     c = dtype.c_type
-    fill = n.attr("fill")
-    lit = "__int_as_float(0x7f800000)" if math.isinf(fill) and fill > 0 else \
-        "__int_as_float(0xff800000)" if math.isinf(fill) else (f"{float(fill)!r}f" if not which else str(int(fill)))
+    lit = c_literal(n.attr("fill"), dtype)
     return [f"{c} {n.result}[2];  // argmin_bias row state: this thread's 2 fragment rows (a partial of its quad)",
             f"cake::fill_rmem({n.result}, {lit});"]
 
