@@ -14,11 +14,10 @@ from cake_core.ir.opdef import Alloc, Effect, Family, Operand, Ordering, Scope, 
 from cake_core.ir.fragments import epilogue_state
 from cake_core.ir.ops import REGISTRY, Node, Op, Tile, View, loop_range
 from cake_core.ir.passes import node_exprs
-from cake_core.ir.registry import ops_of
 from cake_core.ir.scratch import staged_operands
 from cake_core.ir.smem_layout import SCRATCH
-from cake_core.ir.rule_ctx import (Ctx, layouts, RuleSet, fmt_shape, rmem_words_per_thread, same_extent, smem, smem_bytes,
-                                   view_extent)
+from cake_core.ir.rule_ctx import (Ctx, RuleSet, fmt_shape, layouts, rmem_words_per_thread, same_extent, smem,
+                                   smem_bytes, view_extent)
 from cake_core.ir.types import DType, MemSpace
 from cake_core.outcome import Diagnostic, Severity
 
