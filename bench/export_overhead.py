@@ -10,7 +10,9 @@ on one torch stream:
   ``time.perf_counter`` over the whole loop, per call;
 - ``launch``: the same number of bare ``cuLaunchKernel`` calls of the route's prepared launch (the package's own
   ctypes buffers, no shape inference, no checks), per call;
-- ``gpu``: CUDA events around each of 200 calls of ``run``, median: what the kernel takes on the device.
+- ``gpu``: CUDA events around each of 200 calls of ``run``, median: what the kernel takes on the device;
+- ``step_*``: run()'s steps alone (the plan's signature, the tensors' checked addresses, the stream's handle, the
+  device, the prepared launch's call, which includes the bare launch), to say where the overhead goes.
 
 The overhead is ``run - launch``. The loop enqueues faster than the GPU drains only while the kernel is short:
 the queue may fill (the driver then blocks the host), so a kernel long against the host time is timed with
@@ -71,8 +73,18 @@ def main() -> None:
         return total / args.calls * 1e6
 
     run_us = timed(lambda: pkg.run(stream=s, **tensors))
-    launch_us = timed(lambda: drv.launch(launch.fn, launch.grid, launch.kernel["threads"],
-                                         launch.kernel["smem_bytes"], handle, launch.params))
+    launch_us = timed(lambda: drv.launch(launch.fn, launch.grid, launch.threads, launch.smem_bytes, handle,
+                                         launch.params))
+    # where run()'s host time goes, step by step (each step alone, the same number of calls): the signature its
+    # plan is cached under, the tensors' checked addresses, the stream's handle, the prepared launch's call
+    ts, ptr_of = [tensors[n] for n in d.names], plan[2]
+    ptrs = [f(t) for f, t in zip(ptr_of, ts)]
+    steps = {"signature": lambda: (tuple((t.shape, t.dtype) for t in ts), ()),
+             "addresses": lambda: [f(t) for f, t in zip(ptr_of, ts)],
+             "stream": lambda: pkg.stream_handle(s),
+             "device": lambda: pkg._device_of(ts[0]),
+             "launch_call": lambda: launch(ptrs, handle, 0)}
+    step_us = {name: timed(call) for name, call in steps.items()}
     gpu_ms = []
     for _ in range(200):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -84,6 +96,7 @@ def main() -> None:
     route = pkg.route_of(**shape)
     result = {"package": str(args.package), "shape": key, "kernel": route["kernel"], "device": torch.cuda.get_device_name(),
               "calls": args.calls, "run_us": run_us, "launch_us": launch_us, "overhead_us": run_us - launch_us,
+              **{f"step_{k}_us": v for k, v in step_us.items()},
               "gpu_median_ms": statistics.median(gpu_ms), "measured_ms": route["median_ms"]}
     for k, v in result.items():
         print(f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}")

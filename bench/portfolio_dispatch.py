@@ -88,7 +88,10 @@ def measure_row(args, torch, cp, pkg, manifest, problem, shape: dict) -> dict:
     rows = gate_rows(problem, shape)
     inputs, ref = device_reference(cp, problem, shape, args.seed, device_kind(), None, rows)
     ts = tensors_for(torch, pkg, manifest, problem, shape, inputs)
+    # the package runs on a side stream (it must honour ``stream=``), ordered after the inputs' copies and the
+    # outputs' poison, which torch queued on its current stream
     stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
     if not row["covered"]:
         try:
             pkg.run(stream=stream, **ts)
@@ -105,7 +108,7 @@ def measure_row(args, torch, cp, pkg, manifest, problem, shape: dict) -> dict:
         ok, err, msg = compare_to(problem, outputs_of(cp, torch, problem, ts), ref)
         row.update(correct=bool(ok), max_error=float(err), message=msg)
         if ok:
-            run = PeerRun(problem.name, f"export {manifest['name']}", "", copies=1,
+            run = PeerRun(problem.name, f"export {manifest['package']}", "", copies=1,
                           run=lambda r: pkg.run(stream=torch.cuda.current_stream(), **ts),
                           fetch=lambda: {})
             t = time_peer(run, reps=args.reps)
@@ -195,7 +198,7 @@ def main() -> int:
         try:
             row = measure_row(args, torch, cp, pkg, manifest, problem, dict(shape))
         except Exception as e:  # noqa: BLE001 - one row's failure is reported, the sweep goes on
-            row = {"shape": shape_key(shape), "covered": False, "outcome": "error",
+            row = {"shape": shape_key(shape), "covered": bool(pkg.covered(**shape)), "outcome": "error",
                    "message": f"{type(e).__name__}: {e}"[:300]}
         rows.append(row)
         print(f"[{i + 1}/{len(sset.shapes)}] {row['shape']} {roles[row['shape']]} {row['outcome']} "

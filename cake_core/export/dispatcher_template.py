@@ -200,7 +200,8 @@ class _Launch:
 
     def __init__(self, d: "Dispatcher", kernel: dict, shape: dict[str, int], order: list[int], sizes: list[int]):
         self.d, self.kernel, self.shape, self.order = d, kernel, shape, order
-        self.fn = None
+        self.ordinal: int | None = None     # the device the function, grid and tensor maps were prepared on
+        self.threads, self.smem_bytes = kernel["threads"], kernel["smem_bytes"]
         self.ptrs = [ctypes.c_uint64() for _ in order]
         self.dims = [ctypes.c_int32(shape[x]) for x in kernel["dims"]]
         self.tmaps = [ctypes.create_string_buffer(0) for _ in kernel["tensor_maps"]]
@@ -210,7 +211,7 @@ class _Launch:
 
     def prepare(self, ordinal: int) -> None:
         d, k = self.d, self.kernel
-        drv = d.driver(ordinal)
+        drv = self.drv = d.driver(ordinal)
         self.fn = d.function(ordinal, k)
         env = {**k["consts"], **self.shape}
         if k["persistent"]:
@@ -219,10 +220,12 @@ class _Launch:
         self.grid = tuple(grid + [1] * (3 - len(grid)))
         addresses = [ctypes.addressof(v) for v in self.ptrs + self.dims]
         from .cuda_driver import aligned_tmap
+        self.tmap_at, self.encoded_for = [], ()
         for i in range(len(self.tmaps)):
             self.tmaps[i], at = aligned_tmap()
             self.tmap_at.append(at)
         self.params = (ctypes.c_void_p * (len(addresses) + len(self.tmap_at)))(*addresses, *self.tmap_at)
+        self.ordinal = ordinal
 
     def encode(self, ptrs: list[int]) -> None:
         k, env = self.kernel, {**self.kernel["consts"], **self.shape}
@@ -237,9 +240,9 @@ class _Launch:
         self.encoded_for = tuple(ptrs)
 
     def __call__(self, ptrs: list[int], stream: int, ordinal: int) -> None:
-        if self.fn is None:
+        if ordinal != self.ordinal:          # the first call, or tensors on another device: its own function
             self.prepare(ordinal)
-        drv = self.d.driver(ordinal)
+        drv = self.drv
         drv.use_device(ordinal)
         for slot, i in zip(self.ptrs, self.order):
             slot.value = ptrs[i]
@@ -249,7 +252,7 @@ class _Launch:
                 self.encode(mine)
         for p, nbytes in self.zeroed:
             drv.memset_zero(self.ptrs[p].value, nbytes, stream)
-        drv.launch(self.fn, self.grid, self.kernel["threads"], self.kernel["smem_bytes"], stream, self.params)
+        drv.launch(self.fn, self.grid, self.threads, self.smem_bytes, stream, self.params)
 
 
 class Dispatcher:
@@ -265,6 +268,7 @@ class Dispatcher:
         self.kernels = {k["id"]: k for k in manifest["kernels"]}
         self.exact = manifest["exact"]
         self._plans: dict = {}
+        self._last_stream: tuple = (None, 0)   # the last stream object run() was given, and its raw handle
         self._functions: dict = {}
         self._checked: set[int] = set()
         self._driver = None
@@ -384,7 +388,10 @@ class Dispatcher:
                 raise ShapeNotCovered(refused)
             return fallback(**args)
         ptrs = [f(t) for f, t in zip(ptr_of, ts)]
-        launch(ptrs, stream_handle(stream), _device_of(ts[0]))
+        last = self._last_stream            # one tuple: read whole, also when threads share the dispatcher
+        if last[0] is not stream:
+            last = self._last_stream = (stream, stream_handle(stream))
+        launch(ptrs, last[1], _device_of(ts[0]))
         return None
 
     def takes(self, what: str, names: list[str]) -> str:

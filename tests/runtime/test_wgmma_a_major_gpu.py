@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import sibling
+from cake_core.runtime.tma import TMARefused
 
 pytestmark = pytest.mark.gpu
 
@@ -19,10 +20,21 @@ _lowering = sibling.load(_here.parent / "lower" / "test_wgmma_a_major.py")
 _gpu = sibling.load(_here / "test_role_compute_gpu.py")
 
 
-@pytest.mark.parametrize("shape", _lowering.SHAPES + [{"M": 1024, "N": 512, "K": 1000}],
-                         ids=lambda s: "M{M}_N{N}_K{K}".format(**s))
+# TMA reads a and b: each global row a multiple of 16 B (M and N multiples of 8); the CPU tests' ragged
+# M=200, N=100 becomes N=104 here, and N=100 itself is refused before launch (below)
+GPU_SHAPES = ([s for s in _lowering.SHAPES if s["M"] % 8 == 0 and s["N"] % 8 == 0]
+              + [{"M": 200, "N": 104, "K": 152}, {"M": 1024, "N": 512, "K": 1000}])
+
+
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "M{M}_N{N}_K{K}".format(**s))
 def test_a_transposed_times_b(shape, tmp_path):
     x = _lowering.inputs(shape, shape["M"] + shape["K"])
     got = _gpu._launch(_lowering.ATB, shape, x, tmp_path)["c"].reshape(shape["M"], shape["N"])
     want = x["a"].T.astype(np.float64) @ x["b"].astype(np.float64)
     np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3 * np.abs(want).max())
+
+
+def test_a_row_stride_tma_cannot_copy_is_refused_before_launch(tmp_path):
+    shape = {"M": 200, "N": 100, "K": 152}
+    with pytest.raises(TMARefused, match=r"`b` \(bf16, \(152, 100\)\).*N % 8 == 0"):
+        _gpu._launch(_lowering.ATB, shape, _lowering.inputs(shape, 1), tmp_path)
