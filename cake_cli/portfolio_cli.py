@@ -4,6 +4,9 @@ regions`` (the regions the portfolio flow searches a shape set in: ``cake_core.p
 portfolio`` (the portfolio flow itself, in the foreground, on this home's server and a local Ray)."""
 from __future__ import annotations
 
+import contextlib
+import logging
+import threading
 from pathlib import Path
 
 import typer
@@ -151,7 +154,8 @@ def portfolio(
     typer.echo(f"portfolio {pid}: {prob.name} on {sset.name}, {len(sset.shapes)} rows, "
                f"{'cold' if cold else 'warm'}, {', '.join(gpu_models) if gpu_models else 'CPU only (checked, not timed)'}")
     with services.prefect_server(settings), services.ray_runtime(settings, num_gpus=len(gpu_models),
-                                                                 resources=local_resources(gpu_models)):
+                                                                 resources=local_resources(gpu_models)), \
+            _stopped_quietly():
         _quiet_prefect_console()
         out = flow.portfolio_flow(problem=prob.name if prob.source == "built-in" else prob.ref, shape_set=set_ref,
                              regions=count, per_region=per_region, generations=generations, population=population,
@@ -166,6 +170,33 @@ def portfolio(
     console.print(t)
     _write_report(settings.home / "reports" / pid, out["report"])
     typer.echo(f"next: cake export {problem} --shapes {shapes} --out DIR routes each row to its fastest kernel")
+
+
+@contextlib.contextmanager
+def _stopped_quietly():
+    """Ctrl-C or SIGTERM during the portfolio flow: Prefect's console is quieted before the interrupt is raised
+    (the region stopped mid-way, its task and the portfolio's flow would each log it as an error with a traceback);
+    the stop itself is said in one line by the CLI's error handling, and what was recorded stays."""
+    import signal
+
+    from cake_cli.evolve_run import _quiet_prefect_console, terminate
+
+    def quiet_then_stop(signum: int, frame) -> None:
+        _quiet_prefect_console(logging.CRITICAL)
+        terminate(signum, frame)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for s, h in before.items():
+        if h is not signal.SIG_IGN:          # `nohup cake portfolio ...` keeps ignoring SIGINT
+            signal.signal(s, quiet_then_stop)
+    try:
+        yield
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)
 
 
 def _write_report(folder: Path, report: dict) -> None:
