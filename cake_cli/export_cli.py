@@ -2,11 +2,13 @@
 
     cake export PROBLEM --out dist                     # every measured shape, on the one GPU model measured
     cake export PROBLEM --out dist --gpu-model H200 --run RUN_ID --shapes SET --name my_kernels
+    cake export PROBLEM --out dist --unmeasured        # also shapes no run measured, by the nearest measured one
 
 Reads the warehouse (read-only), picks per shape the fastest kernel measured correct (cold L2, CUDA events; a
-confirmation beats a search measurement), compiles each for the arch and writes ``DIR/NAME``
-(``cake_core.export``). A problem with no correct measurement, a GPU model or run the warehouse lacks, a
-selection that keeps nothing, a missing nvcc: one line each.
+confirmation beats a search measurement; a held-out shape's measurements only with ``--include-held-out``),
+compiles each for the arch and writes ``DIR/NAME`` (``cake_core.export``). A problem with no correct
+measurement, a GPU model or run the warehouse lacks, a selection that keeps nothing, a missing nvcc: one line
+each.
 """
 from __future__ import annotations
 
@@ -39,8 +41,13 @@ def export(problem: str = typer.Argument(..., help="the problem whose kernels to
                                              help="only the shapes of this shape set (or CSV file)"),
            arch: str | None = typer.Option(None, "--arch", help="compile for this arch (default: the GPU's, sm_90a)"),
            name: str | None = typer.Option(None, "--name", help="the package's name (default: cake_PROBLEM)"),
-           unmeasured: bool = typer.Option(False, "--unmeasured", help="also route shapes no run measured to a "
-                                           "kernel whose domain holds them (after the measured shapes)")) -> None:
+           unmeasured: bool = typer.Option(False, "--unmeasured", help="also route shapes with no measurement "
+                                           "of their own (never measured, or held out) to the kernel that won the "
+                                           "nearest measured shape (sum over the dims of |log2 a - log2 b|) among "
+                                           "those whose domain holds them"),
+           include_held_out: bool = typer.Option(False, "--include-held-out", help="also route held-out rows by "
+                                                 "their own measurements; their figures then no longer measure "
+                                                 "generalisation")) -> None:
     """Export PROBLEM's fastest kernel per shape as a package: a per-shape dispatcher over cubins."""
     from rich.table import Table
 
@@ -54,7 +61,7 @@ def export(problem: str = typer.Argument(..., help="the problem whose kernels to
         raise UsageError(f"--out {out} is a file; name a folder")
     req = ExportRequest(out=out, name=name or f"cake_{prob.name}", gpu_model=gpu_model, arch=arch,
                         shapes=_shape_keys(prob, shapes), run_ids=tuple(run or ()), domain_routes=unmeasured,
-                        cache_dir=s.cache_dir)
+                        include_held_out=include_held_out, cache_dir=s.cache_dir)
     rows = export_rows(warehouse(s), prob.name, list(run) if run else None)
     try:
         result = export_problem(prob, rows, req)
@@ -70,9 +77,14 @@ def export(problem: str = typer.Argument(..., help="the problem whose kernels to
         wins = list(r["shapes"].values())
         ms = [w["median_ms"] for w in wins]
         peers = [w["peer"]["median_ms"] for w in wins if w["peer"]]
-        t.add_row(r["kind"], r["kernel"], str(len(wins)) if wins else "its domain",
+        t.add_row(r["kind"], r["kernel"], str(len(wins)) if wins else "nearest in its domain",
                   f"{min(ms):.4g}..{max(ms):.4g}" if ms else "-", f"{min(peers):.4g}..{max(peers):.4g}" if peers else "-")
     console.print(t)
     held = sum(1 for r in m["routes"] for w in r["shapes"].values() if w["held_out"])
-    say(f"{len(m['exact'])} shapes covered ({held} held out), {len(kernels)} kernels, GPU model {m['gpu_model']}; "
-        f"import it with sys.path holding {result.path.parent}: `import {result.path.name}`")
+    nearest = ""
+    if result.held_out_left:
+        nearest = f"; held-out rows left to the nearest-shape routing: {len(result.held_out_left)}"
+        nearest += "" if unmeasured else " (not covered without --unmeasured)"
+    say(f"{len(m['exact'])} measured shapes routed ({held} held out), {len(kernels)} kernels, GPU model "
+        f"{m['gpu_model']}{nearest}; import it with sys.path holding {result.path.parent}: "
+        f"`import {result.path.name}`")

@@ -1,7 +1,8 @@
 """``cake export``'s work, from measured rows to a package: pick, lower, compile, write.
 
 The flat list of steps (:func:`export_problem`): choose the GPU model; per shape, the fastest kernel measured
-correct there (``routes.fastest``); routes; each routed kernel's IR parsed, checked against the problem, lowered
+correct there (``routes.fastest``); the held-out shapes set aside (``routes.set_aside_held_out``, unless
+``include_held_out``); routes; each routed kernel's IR parsed, checked against the problem, lowered
 and compiled for the arch (nvcc, through the cubin cache); the manifest; the package (``package.write_package``).
 The rows come from ``warehouse.queries.export_rows``; this module never reads the warehouse itself.
 """
@@ -13,7 +14,8 @@ from pathlib import Path
 
 from cake_core.export.manifest import KernelBuild, build_manifest, kernel_id, nvcc_version
 from cake_core.export.package import check_name, write_package
-from cake_core.export.routes import ExportError, Route, build_routes, fastest, gpu_models, peer_best, usable
+from cake_core.export.routes import (ExportError, Route, build_routes, fastest, gpu_models, peer_best,
+                                     set_aside_held_out, usable)
 from cake_core.ir.text import parse_program
 from cake_core.lower.compile import compile_kernel, nvcc_path
 from cake_core.lower.cuda import lower
@@ -37,6 +39,7 @@ class ExportRequest:
     shapes: tuple[str, ...] | None = None   # shape keys to export (None: every measured one)
     run_ids: tuple[str, ...] = ()
     domain_routes: bool = False
+    include_held_out: bool = False          # route held-out shapes by their own measurements too
     cache_dir: Path | None = None
 
 
@@ -45,6 +48,7 @@ class ExportResult:
     path: Path
     manifest: dict
     routes: list[Route] = field(default_factory=list)
+    held_out_left: list[str] = field(default_factory=list)   # held-out shapes measured, routed as unmeasured
 
 
 def choose_gpu_model(rows: list[dict], asked: str | None, problem: str) -> str:
@@ -97,8 +101,10 @@ def export_problem(problem: Problem, rows: dict, req: ExportRequest, now: dt.dat
 
     ``rows``: ``measurements`` (with ``ir_hash`` and ``ir_text``), ``failed`` (attempt ids the final stage found
     wrong), ``peers`` (baselines of source peer) and ``roles`` (shape, role), as ``warehouse.queries.export_rows``
-    returns them. Raises :class:`SelectionError` for a selection the rows do not hold and :class:`ExportError` for
-    anything else that stops the export (no correct measurement, no nvcc, a kernel that no longer compiles).
+    returns them. A held-out shape's measurements route nothing unless ``req.include_held_out``: the result's
+    ``held_out_left`` names the measured ones left to the nearest-shape routing. Raises :class:`SelectionError`
+    for a selection the rows do not hold and :class:`ExportError` for anything else that stops the export (no
+    correct measurement, no nvcc, a kernel that no longer compiles).
     """
     check_name(req.name)
     unknown = [r for r in req.run_ids if r not in rows["runs"]]
@@ -117,6 +123,12 @@ def export_problem(problem: Problem, rows: dict, req: ExportRequest, now: dt.dat
         raise SelectionError(f"none of the {len(wanted or ())} selected shapes of {problem.name} was measured "
                              f"correct on {model}{where}")
     held_out = {r["shape"] for r in rows["roles"] if r["role"] == "held_out"}
+    left: list[str] = []
+    if not req.include_held_out:
+        winners, left = set_aside_held_out(winners, held_out)
+        if not winners:
+            raise SelectionError(f"the {len(left)} shapes of {problem.name} measured correct on {model}{where} are "
+                                 "all held out; pass --include-held-out to route them by their own measurements")
     routes = build_routes(winners, peer_best(rows["peers"], model), held_out, req.domain_routes)
     arch = _arch_for(req.arch, model)
     nvcc = nvcc_path()
@@ -131,4 +143,4 @@ def export_problem(problem: Problem, rows: dict, req: ExportRequest, now: dt.dat
                               driver=None, run_ids=sorted({w.run_id for r in routes for w in r.wins}),
                               created_at=now.isoformat(timespec="seconds"))
     path = write_package(req.out, req.name, manifest, list(kernels.values()), arch)
-    return ExportResult(path, manifest, routes)
+    return ExportResult(path, manifest, routes, left)

@@ -6,6 +6,12 @@ and the package's ``cuda_driver`` only (no Cake, no numpy); tensors are torch te
 
 - ``covered(**shape)``, ``route_of(**shape)``: whether a shape (every dimension by name) has a route, and
   which kernel serves it, with its measured median and the peer's where one was measured.
+- Routing: a measured shape goes to the kernel measured fastest there (an ``exact`` route). A shape with no
+  exact route (never measured, or a held-out row) is served only when the package was exported with
+  ``--unmeasured`` (it then has ``domain`` routes): by the kernel that won the nearest measured shape among the
+  kernels whose domain holds it (the distance of two shapes: the sum over the dims of |log2 a - log2 b|; ties
+  to the smaller shape key), and ``route_of`` names that shape (``nearest_shape``) and its median there
+  (``nearest_ms``). No such kernel: the shape is refused.
 - ``run(stream=None, fallback=None, **tensors)``: infers the shape from the tensors' shapes (the manifest's
   parameter shapes), checks dtypes and contiguity, picks the route, launches the kernel on ``stream`` (a torch
   or CuPy stream, or a raw handle; default: stream 0). A dimension no tensor has as an extent (a flag that
@@ -24,6 +30,7 @@ import ast
 import ctypes
 import hashlib
 import json
+import math
 import re
 from pathlib import Path
 
@@ -156,6 +163,21 @@ def domain_refusal(domain: dict, shape: dict[str, int], consts: dict[str, int]) 
     return ""
 
 
+def shape_point(shape: dict[str, int], dims: list[str]) -> tuple[float, ...]:
+    """A shape as a point: log2 of each dimension, in ``dims``' order."""
+    return tuple(math.log2(shape[x]) for x in dims)
+
+
+def distance(p: tuple[float, ...], q: tuple[float, ...]) -> float:
+    """The distance of two shapes' points: the sum of |log2 a - log2 b| (to 1e-9, so that equal sums tie)."""
+    return round(sum(abs(a - b) for a, b in zip(p, q)), 9)
+
+
+def parse_key(key: str) -> dict[str, int]:
+    """A shape key (``B=1,N=128``) as a shape."""
+    return {x: int(v) for x, v in (kv.split("=") for kv in key.split(","))}
+
+
 def model_matches(device_name: str, model: str) -> bool:
     """Whether a device name (``NVIDIA H200``) names ``model`` (``H200``) as a whole word, or is it."""
     cleaned = re.sub(r"[^A-Za-z0-9.\-]+", "-", device_name.strip()).strip("-")
@@ -267,6 +289,9 @@ class Dispatcher:
         self.scalars = [x for x in self.dims if all(x not in t["shape"] for t in self.tensors)]
         self.kernels = {k["id"]: k for k in manifest["kernels"]}
         self.exact = manifest["exact"]
+        # every measured shape (key, the kernel that won it, its point), for the nearest-shape decision
+        self.measured = [(key, manifest["routes"][i]["kernel"], shape_point(parse_key(key), self.dims))
+                         for key, i in sorted(self.exact.items())]
         self._plans: dict = {}
         self._last_stream: tuple = (None, 0)   # the last stream object run() was given, and its raw handle
         self._functions: dict = {}
@@ -294,18 +319,30 @@ class Dispatcher:
             raise BadArgument(f"shape {shape}: every dimension is an int >= 1")
         return {x: shape[x] for x in self.dims}
 
-    def route(self, shape: dict[str, int]) -> tuple[dict, dict] | None:
-        """(route, what it measured at the shape) of the first route that serves ``shape``; None when none."""
+    def route(self, shape: dict[str, int]) -> tuple[dict, str] | None:
+        """(the route serving ``shape``, the measured shape key that chose it); None when none does.
+
+        A measured shape: its exact route and its own key. Another: among the domain routes (``--unmeasured``)
+        whose kernel's domain holds it, the one whose kernel won the nearest measured shape (:func:`distance`,
+        then the smaller key), and that shape's key."""
         key = ",".join(f"{x}={shape[x]}" for x in self.dims)
         hit = self.exact.get(key)
         if hit is not None:
-            r = self.m["routes"][hit]
-            return r, r["shapes"][key]
+            return self.m["routes"][hit], key
+        if min(shape.values()) < 1:       # an empty tensor's extent: no point to measure a distance from
+            return None
+        holds = {}
         for r in self.m["routes"]:
             k = self.kernels[r["kernel"]]
             if r["kind"] == "domain" and not domain_refusal(k["domain"], shape, k["consts"]):
-                return r, {}
-        return None
+                holds.setdefault(r["kernel"], r)
+        here = shape_point(shape, self.dims)
+        near = min(((distance(here, p), mkey, kid) for mkey, kid, p in self.measured if kid in holds), default=None)
+        return None if near is None else (holds[near[2]], near[1])
+
+    def measurement(self, key: str) -> dict:
+        """What the exact route of measured shape ``key`` holds of it: median, kind, run, peer, held_out."""
+        return self.m["routes"][self.exact[key]]["shapes"][key]
 
     def covered(self, **shape) -> bool:
         return self.route(self.shape_of(shape)) is not None
@@ -314,16 +351,21 @@ class Dispatcher:
         hit = self.route(self.shape_of(shape))
         if hit is None:
             return None
-        r, at = hit
-        k = self.kernels[r["kernel"]]
-        return {"kernel": k["id"], "kernel_name": k["kernel_name"], "route": r["kind"],
-                "median_ms": at.get("median_ms"), "peer_ms": (at.get("peer") or {}).get("median_ms"),
-                "held_out": at.get("held_out", False)}
+        r, source = hit
+        k, at = self.kernels[r["kernel"]], self.measurement(source)
+        exact = r["kind"] == "exact"
+        return {"kernel": k["id"], "kernel_name": k["kernel_name"], "route": "exact" if exact else "nearest",
+                "median_ms": at["median_ms"] if exact else None,
+                "peer_ms": (at.get("peer") or {}).get("median_ms") if exact else None,
+                "held_out": at.get("held_out", False), "nearest_shape": None if exact else source,
+                "nearest_ms": None if exact else at["median_ms"]}
 
     def refusal(self, shape: dict[str, int]) -> str:
         key = ",".join(f"{x}={v}" for x, v in shape.items())
+        where = ("; it lies in no kernel's domain" if any(r["kind"] == "domain" for r in self.m["routes"])
+                 else ", exported without --unmeasured")
         return (f"shape {key} is covered by no route of this {self.m['problem']} package ({len(self.exact)} measured "
-                f"shapes on {self.m['gpu_model']}): pass fallback= to serve it otherwise")
+                f"shapes on {self.m['gpu_model']}{where}): pass fallback= to serve it otherwise")
 
     # -- run
     def infer(self, ts: list, given: dict[str, int]) -> dict[str, int]:
@@ -445,7 +487,9 @@ def covered(**shape) -> bool:
 
 
 def route_of(**shape) -> dict | None:
-    """The route serving ``shape``: kernel, route kind, measured ms, peer ms, held_out; None when none does."""
+    """The route serving ``shape``; None when none does. ``route``: exact (a run measured the shape: ``median_ms``,
+    ``peer_ms`` are its figures there) or nearest (``nearest_shape`` is the measured shape it was chosen from,
+    ``nearest_ms`` its median there); ``held_out``: the measurement deciding it is of a held-out row."""
     return _the().route_of(**shape)
 
 

@@ -11,7 +11,8 @@ identity; ``dispatcher_template.MANIFEST_SHA256`` is set to it in the package's 
   the zeroed outputs it accumulates into, its domain (``routes.domain_data``), and the sha256 of its CUDA source
   and of its cubin with their paths in the package;
 - the routes (``routes.Route``: kind, kernel, per shape its median, kind of measurement, run, peer, held_out) and
-  the exact-key table (shape key -> route index);
+  the exact-key table (shape key -> route index): the measured shapes the dispatcher routes a shape with no
+  exact route by (the nearest one whose kernel's domain holds it, among the kernels with a ``domain`` route);
 - the GPU model, the arch, the toolkit's nvcc version, the driver version where known, when it was made and the
   runs its measurements came from.
 """

@@ -7,10 +7,15 @@ wrong on that shape. A kernel's time on a shape is its confirmation median where
 it, else its search median (the fastest of each kind when several runs measured it). Kernels are identified by
 their IR hash, so one kernel found by two runs is one kernel.
 
-Routes are first-match: each :class:`Route` is one kernel and the measured shapes it wins (``exact``: served
-through one exact-key table), and, when asked, one ``domain`` route per kernel after them, serving a shape no
-run measured when the shape lies in that kernel's domain. A route's domain is the kernel's
-(``cake_core.ir.domain``) as plain data (:func:`domain_data`), so the exported module re-checks it without Cake.
+A held-out shape's measurements decide nothing unless asked (:func:`set_aside_held_out`): the held-out rows
+measure how the package serves shapes it was not chosen on, so they are served like any shape no run measured.
+
+Each :class:`Route` is one kernel and the measured shapes it wins (``exact``: served through one exact-key
+table), and, when asked, one ``domain`` route per kernel: the kernels that may serve a shape no run measured.
+The exported dispatcher serves such a shape with the kernel that won the nearest measured shape (the sum over
+the dims of |log2 a - log2 b|; ties to the smaller shape key) among those whose domain holds it, and refuses it
+when none does. A route's domain is the kernel's (``cake_core.ir.domain``) as plain data (:func:`domain_data`),
+so the exported module checks it without Cake.
 """
 from __future__ import annotations
 
@@ -103,10 +108,15 @@ def peer_best(peers: list[dict], gpu_model: str) -> dict[str, tuple[str, float]]
     return out
 
 
+def set_aside_held_out(winners: dict[str, dict], held_out: set[str]) -> tuple[dict[str, dict], list[str]]:
+    """The winners on shapes that are not held out, and the held-out shapes set aside (sorted)."""
+    return ({s: r for s, r in winners.items() if s not in held_out}, sorted(s for s in winners if s in held_out))
+
+
 def build_routes(winners: dict[str, dict], peers: dict[str, tuple[str, float]], held_out: set[str],
                  domain_routes: bool = False) -> list[Route]:
     """One exact route per winning kernel (most shapes won first), then, with ``domain_routes``, one domain
-    route per kernel in the same order."""
+    route per kernel in the same order (the order decides nothing for them: the nearest measured shape does)."""
     by_kernel: dict[str, list[Win]] = {}
     for shape, r in winners.items():
         name, ms = peers.get(shape, (None, None))

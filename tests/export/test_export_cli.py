@@ -39,12 +39,29 @@ def test_export_writes_the_package_and_prints_its_routes(home):
     r = runner.invoke(app, ["export", PROBLEM, "--out", "dist", "--gpu-model", "H200", "--run", "exp-1"])
     assert r.exit_code == 0, r.output
     m = json.loads((home / "dist" / f"cake_{PROBLEM}" / "manifest.json").read_text())
-    assert len(m["exact"]) == 6 and len(m["kernels"]) == 3
-    assert "6 shapes covered (1 held out), 3 kernels, GPU model H200" in r.output
+    assert len(m["exact"]) == 5 and len(m["kernels"]) == 3
+    assert ("5 measured shapes routed (0 held out), 3 kernels, GPU model H200; held-out rows left to the "
+            "nearest-shape routing: 1 (not covered without --unmeasured)") in r.output
     assert "kmeans_assign_ws_" in r.output and "exact" in r.output
     r = runner.invoke(app, ["export", PROBLEM, "--out", "dist", "--gpu-model", "H200", "--name", "km_small",
                             "--shapes", "kmeans_assign_small"])
     assert r.exit_code == 0 and (home / "dist" / "km_small" / "__init__.py").is_file(), r.output
+
+
+@pytest.mark.skipif(nvcc_path() is None, reason="export compiles each kernel with nvcc, absent here")
+def test_held_out_rows_are_routed_by_their_measurements_only_with_include_held_out(home):
+    r = runner.invoke(app, ["export", PROBLEM, "--out", "dist", "--gpu-model", "H200", "--unmeasured"])
+    assert r.exit_code == 0, r.output
+    assert "5 measured shapes routed (0 held out), 3 kernels, GPU model H200; held-out rows left to the " \
+           "nearest-shape routing: 1; import" in r.output
+    r = runner.invoke(app, ["export", PROBLEM, "--out", "dist", "--gpu-model", "H200", "--include-held-out"])
+    assert r.exit_code == 0, r.output
+    assert "6 measured shapes routed (1 held out), 3 kernels, GPU model H200; import" in r.output
+    assert "nearest-shape" not in r.output
+    m = json.loads((home / "dist" / f"cake_{PROBLEM}" / "manifest.json").read_text())
+    assert len(m["exact"]) == 6
+    r = runner.invoke(app, ["export", "--help"])
+    assert "--include-held-out" in r.output and "generalisation" in r.output
 
 
 def test_a_gpu_model_not_measured_and_an_ambiguous_one_are_one_line(home):

@@ -1,7 +1,9 @@
 """An exported package, imported where Cake is not: a fresh ``python -I`` whose sys.path holds the output folder
 and the standard library only. Routes answer there; a tampered manifest, a wrong dtype and a shape no route
 covers are refused in one line before any CUDA call (so on a CPU machine); the fallback serves the last. The
-GPU test runs an exported kernel from torch against the problem's oracle."""
+GPU test runs an exported kernel from torch against the problem's oracle. A held-out shape is routed by its own
+measurements only when asked; with ``--unmeasured`` a shape with no exact route goes to the kernel of the nearest
+measured shape whose domain holds it."""
 from __future__ import annotations
 
 import json
@@ -12,10 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from cake_core.export.build import ExportRequest, export_problem
+from cake_core.export.build import ExportRequest, SelectionError, export_problem
+from cake_core.export.dispatcher_template import domain_refusal
 from cake_core.export.package import render_init
 from cake_core.lower.compile import nvcc_path
 from cake_core.problems import get_problem
+from cake_core.problems.base import parse_shape_key
 from export_rows import FILES, PROBLEM, expected, land, shapes
 
 needs_nvcc = pytest.mark.skipif(nvcc_path() is None, reason="export compiles each kernel with nvcc, absent here")
@@ -65,16 +69,31 @@ def one_line_error(p: subprocess.CompletedProcess, name: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory, compile_cache):
+def landed(tmp_path_factory):
+    """export_rows' measurements, as ``warehouse.queries.export_rows`` reads them."""
     from warehouse.queries import export_rows
     if nvcc_path() is None:
         pytest.skip("export compiles each kernel with nvcc, absent here")
-    tmp = tmp_path_factory.mktemp("export")
-    land(tmp / "warehouse")
-    rows = export_rows(tmp / "warehouse", PROBLEM)
-    res = export_problem(get_problem(PROBLEM), rows, ExportRequest(out=tmp / "dist", name="kmeans_pkg",
-                                                                   gpu_model="H200", cache_dir=compile_cache))
-    return res
+    root = tmp_path_factory.mktemp("landed") / "warehouse"
+    land(root)
+    return export_rows(root, PROBLEM)
+
+
+def export(landed, out: Path, name: str, compile_cache: Path, **request):
+    return export_problem(get_problem(PROBLEM), landed, ExportRequest(out=out, name=name, gpu_model="H200",
+                                                                      cache_dir=compile_cache, **request))
+
+
+@pytest.fixture(scope="module")
+def exported(landed, tmp_path_factory, compile_cache):
+    return export(landed, tmp_path_factory.mktemp("export") / "dist", "kmeans_pkg", compile_cache)
+
+
+@pytest.fixture(scope="module")
+def nearest(landed, tmp_path_factory, compile_cache):
+    """Every measured shape but the held-out one, and domain routes (--unmeasured)."""
+    return export(landed, tmp_path_factory.mktemp("nearest") / "dist", "kmeans_near", compile_cache,
+                  domain_routes=True)
 
 
 @needs_nvcc
@@ -100,7 +119,7 @@ def test_the_package_holds_the_manifest_cubins_and_sources(exported):
 @needs_nvcc
 def test_routes_answer_in_a_fresh_interpreter_without_cake(exported):
     s = shapes()
-    want = {k: FILES[v].removesuffix(".cake") for k, v in expected().items()}
+    want = {k: FILES[v].removesuffix(".cake") for k, v in expected().items() if k != s[5]}
     p = run_isolated(exported.path.parent, f"""
         import json, kmeans_pkg
         want = {want!r}
@@ -112,15 +131,69 @@ def test_routes_answer_in_a_fresh_interpreter_without_cake(exported):
         print(json.dumps(kmeans_pkg.route_of(B=1, N=128, K=64, D=32)))
         assert not kmeans_pkg.covered(B=1, N=128, K=64, D=40)
         assert kmeans_pkg.route_of(B=1, N=128, K=64, D=40) is None
+        assert not kmeans_pkg.covered(B=1, N=96, K=129, D=64)      # held out: measured, but not routed by it
         assert not [m for m in sys.modules if m.split(".")[0] in
                     ("cake_core", "cake_cli", "warehouse", "flows", "tasks", "numpy", "duckdb", "prefect", "ray")]
     """)
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout)
     assert r == {"kernel": r["kernel"], "kernel_name": "kmeans_assign_ws", "route": "exact", "median_ms": 0.2,
-                 "peer_ms": 0.4, "held_out": False}
-    assert s[5] in exported.manifest["exact"]
-    assert exported.manifest["routes"][exported.manifest["exact"][s[5]]]["shapes"][s[5]]["held_out"] is True
+                 "peer_ms": 0.4, "held_out": False, "nearest_shape": None, "nearest_ms": None}
+    assert s[5] == "B=1,N=96,K=129,D=64" and s[5] not in exported.manifest["exact"]
+    assert exported.held_out_left == [s[5]]
+
+
+@needs_nvcc
+def test_a_held_out_shape_is_routed_by_its_measurements_only_when_asked(landed, tmp_path, compile_cache):
+    s = shapes()
+    res = export(landed, tmp_path / "dist", "held_pkg", compile_cache, shapes=(s[5],), include_held_out=True)
+    assert list(res.manifest["exact"]) == [s[5]] and res.held_out_left == []
+    assert res.manifest["routes"][res.manifest["exact"][s[5]]]["shapes"][s[5]]["held_out"] is True
+    with pytest.raises(SelectionError, match="all held out; pass --include-held-out"):
+        export(landed, tmp_path / "dist", "held_pkg", compile_cache, shapes=(s[5],))
+
+
+def first_domain_kernel(manifest: dict, shape: dict) -> str | None:
+    """The kernel a shape with no exact route went to before the nearest-shape decision: the first domain route
+    (by shapes won) whose kernel's domain holds it."""
+    kernels = {k["id"]: k for k in manifest["kernels"]}
+    return next((r["kernel"] for r in manifest["routes"] if r["kind"] == "domain"
+                 and not domain_refusal(kernels[r["kernel"]]["domain"], shape, kernels[r["kernel"]]["consts"])), None)
+
+
+@needs_nvcc
+def test_an_unmeasured_shape_goes_to_the_kernel_of_the_nearest_measured_shape(nearest):
+    s = shapes()
+    m = nearest.manifest
+    assert [r["kind"] for r in m["routes"]] == ["exact"] * 3 + ["domain"] * 3 and s[5] not in m["exact"]
+    # the WS kernel won s[0] and s[1] (1,128,64,32 and 2,150,100,40), the naive one s[3] and s[4] (1,33,7,9 and
+    # 2,160,150,48), the unaligned one s[2] (3,77,130,20); each asked shape is near one of them
+    asked = {"B=1,N=256,K=64,D=32": ("kmeans_assign_ws", s[0], 0.2),
+             "B=2,N=160,K=152,D=48": ("kmeans_assign", s[4], 1.0),
+             "B=3,N=77,K=130,D=24": ("kmeans_assign_unaligned", s[2], 0.5),
+             s[5]: ("kmeans_assign", s[4], 1.0)}
+    p = run_isolated(nearest.path.parent, f"""
+        import json, kmeans_near
+        got = {{}}
+        for key in {list(asked)!r}:
+            shape = {{k: int(v) for k, v in (kv.split("=") for kv in key.split(","))}}
+            assert kmeans_near.covered(**shape), key
+            got[key] = kmeans_near.route_of(**shape)
+        print(json.dumps(got))
+    """)
+    assert p.returncode == 0, p.stderr
+    got = json.loads(p.stdout)
+    for key, (kernel, source, ms) in asked.items():
+        r = got[key]
+        assert (r["kernel_name"], r["route"], r["nearest_shape"], r["nearest_ms"]) == (kernel, "nearest", source, ms)
+        assert r["median_ms"] is None and r["held_out"] is False
+    # the first domain route holding the shape would have sent the second to the WS kernel (it won as many shapes
+    # as the naive one, faster) and the third to the naive one (the WS kernel refuses K=130)
+    kid = {k["kernel_name"]: k["id"] for k in m["kernels"]}
+    old = {k: first_domain_kernel(m, parse_shape_key(k, m["dims"])) for k in asked}
+    assert old == {"B=1,N=256,K=64,D=32": kid["kmeans_assign_ws"], "B=2,N=160,K=152,D=48": kid["kmeans_assign_ws"],
+                   "B=3,N=77,K=130,D=24": kid["kmeans_assign"], s[5]: kid["kmeans_assign"]}
+    assert {k: got[k]["kernel"] for k in asked} == {k: kid[kernel] for k, (kernel, _, _) in asked.items()}
 
 
 @needs_nvcc
@@ -164,24 +237,26 @@ def test_run_refuses_before_any_cuda_call_and_falls_back(exported):
 
 
 @needs_nvcc
-def test_an_out_of_domain_shape_is_refused_by_the_domain_routes(tmp_path, compile_cache):
-    """Exported with --unmeasured routes and only the TMA kernel: D past its 128 (or not a multiple of 8) is
-    refused by run() before any CUDA call; a shape inside its domain is served by its domain route."""
-    from warehouse.queries import export_rows
-    land(tmp_path / "warehouse")
+def test_an_out_of_domain_shape_is_refused_by_the_domain_routes(landed, tmp_path, compile_cache):
+    """Exported with --unmeasured routes and only the TMA and unaligned kernels: D past their 128 is refused by
+    run() before any CUDA call; D=36, nearest the TMA kernel's shape but not a multiple of 8, goes to the
+    unaligned kernel; a shape inside the TMA kernel's domain and nearest its shapes goes to it."""
     s = shapes()
-    res = export_problem(get_problem(PROBLEM), export_rows(tmp_path / "warehouse", PROBLEM),
-                         ExportRequest(out=tmp_path / "dist", name="ws_only", gpu_model="H200", shapes=(s[0], s[1]),
-                                       domain_routes=True, cache_dir=compile_cache))
-    assert [r["kind"] for r in res.manifest["routes"]] == ["exact", "domain"]
-    p = run_isolated(tmp_path / "dist", """
-        import ws_only
-        assert ws_only.route_of(B=2, N=300, K=64, D=64)["route"] == "domain"
-        assert not ws_only.covered(B=1, N=128, K=64, D=200) and not ws_only.covered(B=1, N=128, K=64, D=36)
-        assert ws_only.run(fallback=lambda **t: "fallback", **tensors(1, 128, 64, 200)) == "fallback"
-        ws_only.run(**tensors(1, 128, 64, 200))
+    res = export(landed, tmp_path / "dist", "tma_unaligned", compile_cache, shapes=(s[0], s[1], s[2]),
+                 domain_routes=True)
+    assert [r["kind"] for r in res.manifest["routes"]] == ["exact", "exact", "domain", "domain"]
+    p = run_isolated(tmp_path / "dist", f"""
+        import tma_unaligned as pkg
+        r = pkg.route_of(B=2, N=300, K=64, D=64)
+        assert r["route"] == "nearest" and r["kernel_name"] == "kmeans_assign_ws", r
+        r = pkg.route_of(B=1, N=128, K=64, D=36)
+        assert r["kernel_name"] == "kmeans_assign_unaligned" and r["nearest_shape"] == {s[2]!r}, r
+        assert not pkg.covered(B=1, N=128, K=64, D=200) and pkg.route_of(B=1, N=128, K=64, D=200) is None
+        assert pkg.run(fallback=lambda **t: "fallback", **tensors(1, 128, 64, 200)) == "fallback"
+        pkg.run(**tensors(1, 128, 64, 200))
     """)
-    assert "D=200" in one_line_error(p, "ws_only.ShapeNotCovered")
+    line = one_line_error(p, "tma_unaligned.ShapeNotCovered")
+    assert "D=200" in line and "no kernel's domain" in line
 
 
 @pytest.mark.gpu

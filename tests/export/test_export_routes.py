@@ -1,17 +1,26 @@
-"""Routes from measured rows (no nvcc, no GPU): the fastest correct kernel per shape, wrong ones ignored; the
-exported domain agrees with ``ir.domain``; the manifest evaluator refuses anything outside its grammar."""
+"""Routes from measured rows (no nvcc, no GPU): the fastest correct kernel per shape, wrong ones ignored, held-out
+shapes set aside; the exported domain agrees with ``ir.domain``; the manifest evaluator refuses anything outside
+its grammar; a shape no run measured goes to the kernel of the nearest measured shape whose domain holds it."""
 from __future__ import annotations
 
 import itertools
 
 import pytest
 
-from cake_core.export.dispatcher_template import BadExpression, domain_refusal, evaluate, model_matches
-from cake_core.export.routes import build_routes, domain_data, fastest, gpu_models, peer_best
+from cake_core.export.dispatcher_template import (BadArgument, BadExpression, Dispatcher, ShapeNotCovered, distance,
+                                                  domain_refusal, evaluate, model_matches, shape_point)
+from cake_core.export.routes import build_routes, domain_data, fastest, gpu_models, peer_best, set_aside_held_out
 from cake_core.ir.domain import domain_violations
 from cake_core.ir.text import parse_program
 from cake_core.problems import get_problem
 from export_rows import PROBLEM, expected, ir_hash, land, shapes
+
+
+class Fake:
+    """What run() reads of a tensor before any CUDA call: its shape and dtype."""
+
+    def __init__(self, shape, dtype):
+        self.shape, self.dtype = shape, dtype
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +53,15 @@ def test_routes_carry_their_shapes_medians_peers_and_held_out_flags(rows):
     assert {w.shape: (w.median_ms, w.peer, w.peer_ms) for w in ws.wins} == {
         s[0]: (0.2, "flash_kmeans", 0.4), s[1]: (0.3, "flash_kmeans", 0.5)}
     assert [w.shape for r in routes for w in r.wins if w.held_out] == [s[5]]
+
+
+def test_held_out_shapes_are_set_aside_from_the_winners(rows):
+    won = fastest(rows["measurements"], "H200", set(rows["failed"]))
+    held = {r["shape"] for r in rows["roles"] if r["role"] == "held_out"}
+    kept, left = set_aside_held_out(won, held)
+    s = shapes()
+    assert left == [s[5]] and s[5] in won and kept.keys() == won.keys() - {s[5]}
+    assert not any(w.held_out for r in build_routes(kept, {}, held) for w in r.wins)
 
 
 @pytest.mark.parametrize("file", ["kmeans_assign_ws.cake", "kmeans_assign_unaligned.cake",
@@ -84,12 +102,6 @@ def test_a_device_name_names_its_model_as_a_whole_word():
 def test_a_dimension_no_tensor_has_is_passed_to_run_by_name():
     # a flag dimension (here S, as knn_search's self-search) is the extent of no tensor: run() cannot infer it,
     # so it takes it by name; routes tell its values apart, and the fallback gets it back
-    from cake_core.export.dispatcher_template import BadArgument, Dispatcher, ShapeNotCovered
-
-    class Fake:
-        def __init__(self, shape, dtype):
-            self.shape, self.dtype = shape, dtype
-
     key = "B=1,Q=8,M=64,D=16,k=4,S=2"
     spec = lambda name, dtype, shape: {"name": name, "dtype": dtype, "role": "data", "shape": shape}   # noqa: E731
     d = Dispatcher({"problem": "p", "gpu_model": "H200", "dims": ["B", "Q", "M", "D", "k", "S"], "consts": {},
@@ -112,3 +124,53 @@ def test_a_dimension_no_tensor_has_is_passed_to_run_by_name():
     assert d.run(fallback=lambda **a: seen.append(a["S"]) or "served", **ts, S=1) == "served" and seen == [1]
     with pytest.raises(ShapeNotCovered, match="B=1,Q=8,M=8,D=16,k=4,S=1"):
         d.run(**ts, S=1)
+
+
+def nearest_dispatcher(domain_routes: bool = True) -> Dispatcher:
+    """Kernel ``a`` (N a multiple of 16) won M=1,N=16; kernel ``b`` (N at most 64) won M=1,N=64."""
+    x = {"name": "x", "dtype": "f32", "role": "data", "shape": ["M", "N"]}
+    a = {"id": "a", "kernel_name": "ka", "consts": {}, "domain": {"extents": [], "multiples": [
+        {"rule": "r", "param": "x", "expr": "N", "value": 16, "when": []}]}}
+    b = {"id": "b", "kernel_name": "kb", "consts": {}, "domain": {"multiples": [], "extents": [
+        {"param": "x", "axis": 1, "dim": "N", "accesses": [{"end": 64, "when": []}]}]}}
+    routes = [{"kind": "exact", "kernel": "a", "shapes": {"M=1,N=16": {"median_ms": 0.1}}},
+              {"kind": "exact", "kernel": "b", "shapes": {"M=1,N=64": {"median_ms": 0.3, "held_out": False}}}]
+    if domain_routes:
+        routes += [{"kind": "domain", "kernel": "a", "shapes": {}}, {"kind": "domain", "kernel": "b", "shapes": {}}]
+    return Dispatcher({"problem": "p", "gpu_model": "H200", "dims": ["M", "N"], "consts": {}, "tensors": [x],
+                       "kernels": [a, b], "routes": routes, "exact": {"M=1,N=16": 0, "M=1,N=64": 1}}, folder=None)
+
+
+def test_an_unmeasured_shape_goes_to_the_nearest_measured_shape_whose_kernel_holds_it():
+    d = nearest_dispatcher()
+    assert distance(shape_point({"M": 2, "N": 16}, ["M", "N"]), shape_point({"M": 1, "N": 64}, ["M", "N"])) == 3
+
+    def near(**shape):
+        r = d.route_of(**shape)
+        return r["kernel"], r["nearest_shape"]
+
+    assert near(M=2, N=16) == ("a", "M=1,N=16")             # distance 1 to a's shape, 3 to b's
+    assert near(M=1, N=48) == ("b", "M=1,N=64")             # a multiple of 16, but nearer b's shape
+    assert near(M=1, N=32) == ("a", "M=1,N=16")             # 1 from each: the smaller key
+    # N=20 is nearest a's shape, but a's domain refuses it (not a multiple of 16): b's holds it
+    assert near(M=1, N=20) == ("b", "M=1,N=64")
+    assert d.route_of(M=1, N=20) == {"kernel": "b", "kernel_name": "kb", "route": "nearest", "median_ms": None,
+                                     "peer_ms": None, "held_out": False, "nearest_shape": "M=1,N=64",
+                                     "nearest_ms": 0.3}
+    assert d.route_of(M=1, N=64) == {"kernel": "b", "kernel_name": "kb", "route": "exact", "median_ms": 0.3,
+                                     "peer_ms": None, "held_out": False, "nearest_shape": None, "nearest_ms": None}
+    # in no kernel's domain (past b's 64, not a multiple of 16): refused, before any CUDA call
+    assert not d.covered(M=1, N=100) and d.route_of(M=1, N=100) is None
+    with pytest.raises(ShapeNotCovered, match="M=1,N=100 .*no kernel's domain"):
+        d.run(x=Fake((1, 100), "torch.float32"))
+    assert d.run(fallback=lambda **t: "served", x=Fake((1, 100), "torch.float32")) == "served"
+    assert d.route({"M": 1, "N": 0}) is None                # an empty tensor's extent has no log2
+    with pytest.raises(BadArgument):
+        d.covered(M=1, N=0)
+
+
+def test_without_domain_routes_only_the_measured_shapes_are_served():
+    d = nearest_dispatcher(domain_routes=False)
+    assert d.covered(M=1, N=16) and not d.covered(M=1, N=32) and d.route_of(M=2, N=16) is None
+    with pytest.raises(ShapeNotCovered, match="exported without --unmeasured"):
+        d.run(x=Fake((1, 32), "torch.float32"))
