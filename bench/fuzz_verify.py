@@ -262,12 +262,12 @@ def fuzz(mutants: int, seed: int, stage_s: float = 5.0, interpret: bool = True, 
     counts = {"mutants": 0, "verified": 0, "rejected": 0, "undecided": 0, "lower_refused": 0, "interpreted": 0,
               "faults": 0, "over_budget": 0, "crash": 0, "hang": 0}
     findings, timed, over_budget, lower_refused = [], [], [], []
-    slowest = 0.0
+    slowest = last_s = 0.0          # the slowest stage so far, and the last stage's seconds
     by_stage: dict[str, tuple] = {}
 
     def took(stage: str, dt: float) -> None:
-        nonlocal slowest
-        slowest = max(slowest, dt)
+        nonlocal slowest, last_s
+        slowest, last_s = max(slowest, dt), dt
         t = (round(dt, 3), stage, i, prob, what)
         timed.append(t)
         timed.sort(key=lambda t: -t[0])
@@ -339,7 +339,7 @@ def fuzz(mutants: int, seed: int, stage_s: float = 5.0, interpret: bool = True, 
             counts["faults"] += res is not None
             if res is not None and res.rule == "interp.budget":
                 counts["over_budget"] += 1
-                over_budget.append({"mutant": i, "problem": prob, "edits": what, "seconds": round(dt, 3),
+                over_budget.append({"mutant": i, "problem": prob, "edits": what, "seconds": round(last_s, 3),
                                     "fault": str(res)})
     counts["slowest_check_s"] = round(slowest, 3)
 
