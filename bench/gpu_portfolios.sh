@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call over several portfolios in turn: bench/gpu_portfolio.sh for each, each under its own search time,
-# each writing under $OUT/STATE/ (its logs, the dispatch sweep, STATE.tgz to go on); the tables print last.
+# each packed into $OUT/STATE.out.tgz when it ends (its logs, the dispatch sweep, STATE.tgz to go on: a call brings
+# back at most 8 files, so one file a portfolio); the dispatch summaries and the tables print last.
 #
 #   bash bench/gpu_portfolios.sh "pf-kmeans 150 kmeans_assign kmeans_portfolio flash-kmeans --regions 4 --warm" \
 #                                "pf-knn-search 120 knn_search knn_search_portfolio torch --regions 2 --warm"
@@ -22,5 +23,6 @@ for spec in "$@"; do
         > "$OUT/$state/call.log" 2>&1
     tables+=("$(sed -n '/^== portfolio/,$p' "$OUT/$state/call.log")")
     grep -E '^(all|searched|held_out) ' "$OUT/$state/dispatch.log" 2>/dev/null | sed "s/^/$state: /"
+    tar -czf "$OUT/$state.out.tgz" -C "$OUT" "$state" && rm -rf "${OUT:?}/$state"
 done
 for t in "${tables[@]}"; do echo; echo "$t"; done
