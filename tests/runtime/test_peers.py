@@ -26,7 +26,8 @@ SMALL = {"gemm_bf16": {"M": 40, "N": 33, "K": 50}, "tinygemm": {"M": 9, "N": 70,
          "knn_topk": {"Q": 30, "N": 90, "D": 8, "k": 5}, "knn_search": {"B": 2, "Q": 30, "M": 90, "D": 8, "k": 5, "S": 2},
          "kda_decode": {"B": 2, "H": 3, "DK": 16, "DV": 12},
          "kda_prefill": {"B": 2, "T": 3, "H": 2, "DK": 16, "DV": 12}, "moe": {"M": 3, "H": 16, "I": 8, "E": 6, "k": 2},
-         "kda_varlen": {"N": 2, "T": 5, "H": 2, "DK": 16, "DV": 12}, "mha": {"H": 2, "T": 9, "DH": 8}}
+         "kda_varlen": {"N": 2, "T": 5, "H": 2, "DK": 16, "DV": 12}, "mha": {"H": 2, "T": 9, "DH": 8},
+         "grouped_gemm": {"T": 5, "topk": 2, "E": 6, "K": 16, "N": 8}}
 
 
 def _outputs(p, want):
@@ -259,7 +260,8 @@ GPU_SHAPES = {"gemm_bf16": {"M": 256, "N": 192, "K": 128}, "tinygemm": {"M": 8, 
               "kmeans_assign": {"B": 2, "N": 1024, "K": 64, "D": 128},
               "kmeans_update": {"B": 2, "N": 4096, "K": 64, "D": 128},
               "knn_topk": {"Q": 64, "N": 1024, "D": 64, "k": 8},
-              "knn_search": {"B": 2, "Q": 64, "M": 1024, "D": 64, "k": 8, "S": 2}}
+              "knn_search": {"B": 2, "Q": 64, "M": 1024, "D": 64, "k": 8, "S": 2},
+              "grouped_gemm": {"T": 16, "topk": 8, "E": 128, "K": 2048, "N": 768}}
 
 
 def _cupy_and_torch():

@@ -24,6 +24,7 @@ SHAPE = {"B": 2, "N": 40, "K": 12, "D": 16}
 FINGERPRINTS = {
     "mha": (1, "b7b90ae8bdeddde6"),
     "gemm_bf16": (1, "5b89a3b32dc1b776"),
+    "grouped_gemm": (1, "52049a0928f11e84"),
     "kda_prefill": (1, "ddcdfddb93cd31d7"),
     "kda_decode": (1, "17762bdc17d7992a"),
     "kda_varlen": (1, "8ce1fba10215be44"),
