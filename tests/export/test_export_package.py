@@ -237,6 +237,59 @@ def test_run_refuses_before_any_cuda_call_and_falls_back(exported):
 
 
 @needs_nvcc
+def test_a_route_launches_on_each_device_with_that_devices_function_and_the_streams_handle(exported):
+    # libcuda replaced by a recorder: what run() loads, makes current and launches, for tensors on device 0, then on
+    # device 1, then on device 0 again, on a stream object, then on another
+    p = run_isolated(exported.path.parent, """
+        import kmeans_pkg
+
+        class Driver:
+            def __init__(self):
+                self.calls, self.loaded = [], 0
+            def device_name(self, ordinal):
+                return "NVIDIA H200"
+            def sm_count(self, ordinal):
+                return 132
+            def use_device(self, ordinal):
+                self.current = ordinal
+            def function(self, cubin, name, smem, limit):
+                self.loaded += 1
+                return 1000 * (self.current + 1) + self.loaded
+            def encode_tmap(self, address, spec, dims, strides, box, at):
+                pass
+            def memset_zero(self, address, nbytes, stream):
+                pass
+            def launch(self, fn, grid, threads, smem, stream, params):
+                self.calls.append((self.current, fn, stream))
+
+        class OnDevice(Fake):
+            def __init__(self, shape, dtype, device):
+                super().__init__(shape, dtype)
+                self.device = device
+            def data_ptr(self):
+                return 4096 * (self.device + 1)
+            def get_device(self):
+                return self.device
+
+        class Stream:
+            def __init__(self, handle):
+                self.cuda_stream = handle
+
+        drv = kmeans_pkg._dispatcher._driver = Driver()
+        def on(device):
+            return {k: OnDevice(v.shape, v.dtype, device) for k, v in tensors(1, 128, 64, 32).items()}
+        s7, s9 = Stream(7), Stream(9)
+        for device, stream in ((0, s7), (1, s7), (0, s9), (0, None)):
+            kmeans_pkg.run(stream=stream, **on(device))
+        (d0, f0, h0), (d1, f1, h1), (d2, f2, h2), (d3, f3, h3) = drv.calls
+        assert (d0, d1, d2, d3) == (0, 1, 0, 0) and f0 == f2 == f3 != f1 and f0 // 1000 == 1 and f1 // 1000 == 2
+        assert (h0, h1, h2, h3) == (7, 7, 9, 0)
+        assert drv.loaded == 2, drv.loaded
+    """)
+    assert p.returncode == 0, p.stderr
+
+
+@needs_nvcc
 def test_an_out_of_domain_shape_is_refused_by_the_domain_routes(landed, tmp_path, compile_cache):
     """Exported with --unmeasured routes and only the TMA and unaligned kernels: D past their 128 is refused by
     run() before any CUDA call; D=36, nearest the TMA kernel's shape but not a multiple of 8, goes to the
