@@ -57,6 +57,10 @@ from cake_core.outcome import Diagnostic, Severity
 
 MAX_STEPS = 100_000     # ops simulated at most over every configuration of one check (a bound on its time)
 PERSISTENT_TRIPS = 4    # tiles a persistent CTA walks at most in the simulated launch (num_sms is chosen so)
+# the most slots of a ring (an smem tile's stages, an mbarrier array) the checker runs around: the dims are sized so
+# that every ring wraps, so a ring of a million slots (a mutated count) would spend the step budget on one
+# configuration (about 5 s of CPU) before being called undecided; above this it is undecided at once
+MAX_RING = 64
 RULE_IDS = ("protocol.deadlock", "protocol.tx_mismatch", "protocol.read_before_ready", "protocol.slot_reuse",
             "protocol.cluster_read", "protocol.proxy_fence", "protocol.undecided", "protocol.acc_in_flight",
             "protocol.slot_range", "protocol.multicast_reuse")
@@ -192,7 +196,11 @@ def _configurations(ctx: Any) -> Iterator[tuple[dict[str, Any], tuple[int, int, 
     stages += [v for n, _, _ in ctx.nodes if n.decl.allocates is Alloc.MBARRIER
                for v in [try_evaluate(n.args[0], consts)] if isinstance(v, int)]
     big = max([v for v in consts.values() if isinstance(v, int) and not isinstance(v, bool)] + [1])
-    dim = (max([s for s in stages if isinstance(s, int)] + [1]) + 2) * big
+    ring = max([s for s in stages if isinstance(s, int)] + [1])
+    if ring > MAX_RING:
+        raise Undecided(f"a ring of {ring} slots (smem stages or an mbarrier array): the checker runs every ring "
+                        f"around, up to {MAX_RING} slots")
+    dim = (ring + 2) * big
     values = list(dict.fromkeys([dim, dim + 1] + _dim_turns(ctx)))
     cluster = _cluster_dims(ctx)
     envs = [{**{d: v for d in ctx.dims}, **consts} for v in values]

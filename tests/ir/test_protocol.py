@@ -200,3 +200,18 @@ def test_a_ring_of_a_million_barriers_is_undecided_within_seconds():
     rules = [d.rule for d in _protocol(text)]
     assert time.process_time() - t0 < 10
     assert rules == ["protocol.undecided"]
+
+
+def test_a_ring_past_the_checkers_limit_is_undecided_at_once_and_one_at_it_is_run_around():
+    # fuzz seed 11, mutant 2637: a barrier of a million slots that the kernel indexes at 0 only; the dims were sized
+    # for every ring to wrap, and the simulation spent its whole step budget (5 s of CPU) before saying undecided
+    from cake_core.ir.protocol import MAX_RING
+    def with_barriers(count: int) -> str:
+        return _plant("empty = mbarrier(S, arrivals=2)", f"empty = mbarrier(S, arrivals=2)\n    turn = mbarrier({count})")
+    assert _protocol(with_barriers(MAX_RING)) == []
+    for count in (MAX_RING + 1, 1000000):
+        t0 = time.process_time()
+        found = _protocol(with_barriers(count))
+        assert time.process_time() - t0 < 1
+        assert [d.rule for d in found] == ["protocol.undecided"]
+        assert f"a ring of {count} slots" in found[0].message
