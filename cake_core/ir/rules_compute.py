@@ -336,6 +336,35 @@ def _atomic_shape(ctx: Ctx) -> Iterable[Diagnostic]:
                            hint="window (E, C) takes src (R, C) and idx (R,); window (E,) takes src (R,)")
 
 
+@rule("atomic.vector", "atomic", "a scatter_add with vector=4 adds an rmem src (R, C), C a multiple of 4 dividing the "
+                                 "threads, into the rows of an f32 gmem window", guards=(Op.SCATTER_ADD,))
+def _atomic_vector(ctx: Ctx) -> Iterable[Diagnostic]:
+    threads, warp = ctx.program.threads, ctx.target.warp_size
+    for n, path in _compute_nodes(ctx):
+        if n.op is not Op.SCATTER_ADD or n.attr("vector") != 4:
+            continue
+        d, src = ctx.buffers.get(n.args[0].buf), ctx.buffers.get(n.arg("src"))
+        if d is None or src is None:
+            continue
+        dims = [ctx.static(x) for x in src.shape]
+        problems = []
+        if d.space is not MemSpace.GMEM or d.dtype is not DType.F32:
+            problems.append(f"its target `{n.args[0].buf}` is {d.dtype.value} {d.space.value}, not f32 gmem")
+        if src.space is not MemSpace.RMEM or len(dims) != 2:
+            problems.append(f"its src `{n.arg('src')}` is a rank-{len(dims)} {src.space.value} tile, not an (R, C) "
+                            "rmem tile")
+        elif None not in dims:
+            R, C = dims
+            if C % 4 or threads % warp or threads % C or (R * C) % threads:
+                problems.append(f"its src is ({R}, {C}) over {threads} threads: C must be a multiple of 4 that "
+                                f"divides the threads (a multiple of {warp}), each thread on one column of whole "
+                                "rows")
+        for p in problems:
+            yield ctx.diag("atomic.vector", n, f"scatter_add(..., vector=4): {p}", path=path,
+                           hint="drop vector=4 (element atomics), or shape the src (R, C) with C % 4 == 0 and "
+                                "threads % C == 0")
+
+
 @rule("atomic.owner", "atomic", "a warp-owned scatter_add (owner=\"warp\") adds an smem src into an smem tile",
       guards=(Op.SCATTER_ADD,))
 def _atomic_owner(ctx: Ctx) -> Iterable[Diagnostic]:

@@ -7,7 +7,7 @@ Every limit comes from the target data (``cake_core.targets.Arch``: ``wgmma``, `
 """
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 from cake_core.ir.opdef import Completion, Family
 from cake_core.ir.ops import REGISTRY, Node, Op
@@ -179,11 +179,29 @@ def _wgmma_operands(ctx: Ctx) -> Iterable[Diagnostic]:
             yield ctx.diag("wgmma.operands", n, f"a is {a.dtype.value}, b is {b.dtype.value}: wgmma takes one "
                                                 "16-bit (bf16/f16) or 8-bit float dtype", path=path,
                            hint="allocate both as bf16")
+        elif reg_a and not _register_a_b_fits(ctx, n, b):
+            yield ctx.diag("wgmma.operands", n, f"with a register A, b `{n.arg('b').buf}` {fmt_shape(ctx, b.shape)} "
+                                                f"(swizzle={ctx.swizzle_of(n.arg('b').buf)}) is read through a "
+                                                "swizzle=128 descriptor: K-major (N, 64) rows, or N-major (K, N) "
+                                                "with N a multiple of 64", path=path,
+                           hint=f"allocate `{n.arg('b').buf}` as smem(bf16, (BK, BN), swizzle=128) with BN a "
+                                "multiple of 64, loaded by TMA with the same swizzle")
         elif not reg_a and ctx.swizzle_of(n.arg("a").buf) != ctx.swizzle_of(n.arg("b").buf):
             sa, sb = ctx.swizzle_of(n.arg("a").buf), ctx.swizzle_of(n.arg("b").buf)
             yield ctx.diag("wgmma.operands", n, f"a has swizzle={sa}, b has swizzle={sb}: "
                                                 "the descriptors of one wgmma use one layout", path=path,
                            hint="allocate both with swizzle=128 (and load them with TMA of the same swizzle)")
+
+
+def _register_a_b_fits(ctx: Ctx, n: Node, b: Any) -> bool:
+    """Whether the b of a register-A wgmma is a tile its lowering reads: swizzle=128, and N-major with whole
+    128-byte spans of N (a K-major b's rows are wgmma.b_major's)."""
+    if ctx.swizzle_of(n.arg("b").buf) != 128:
+        return False
+    if n.attr("b_major") == "k" or b.rank != 2:
+        return True
+    cols = ctx.static(b.shape[1])
+    return cols is None or (cols * b.dtype.bytes % 128 == 0 and cols % 8 == 0)
 
 
 def _majored(ctx: Ctx, attr: str, value: str, operand: str):

@@ -157,3 +157,16 @@ def test_a_wgmma_b_in_global_memory_is_reported_as_its_space_at_the_operand():
     assert [d.rule for d in at] == ["wgmma.operands"], [(d.rule, d.message) for d in at]
     assert "wgmma's b `b` lives in gmem" in at[0].message and at[0].path.endswith("wgmma")
     assert not [d for d in diags if d.rule.startswith("protocol.")]
+
+
+def test_a_register_a_wgmmas_b_that_its_descriptor_cannot_read_is_refused_at_the_wgmma():
+    # fuzz seed 11, mutant 1632: v_s given swizzle=64 verified, then the lowering refused the register-A wgmma
+    from cake_core.problems import get_problem
+    text = get_problem("mha").kernel_text("mha_ws.cake")
+    old = "v_s = smem(bf16, (BN, D), stages=2, swizzle=128)"
+    assert old in text and not [d for d in check_text(text, "m.cake") if d.is_error]
+    planted = text.replace(old, old.replace("swizzle=128", "swizzle=64"))
+    errors = [d for d in check_text(planted, "m.cake") if d.is_error]
+    assert [d.rule for d in errors] == ["wgmma.operands"], [(d.rule, d.message) for d in errors]
+    assert "with a register A, b `v_s`" in errors[0].message
+    assert "wgmma(acc, p, v_s" in planted.splitlines()[errors[0].line - 1]

@@ -19,6 +19,7 @@ def ops(x: gmem[f32, (N, C)], s: gmem[f32, (N, C)], cnt: gmem[i32, (C,)]):
     top_v = rmem(f32, (128, 4), fill=inf)
     top_i = rmem(i32, (128, 4), fill=-1.0)
     h = rmem(bf16, (128, BC))
+    a6 = rmem(f32, (128, 6), fill=1.0)
     load(a, x[tile(bid.x, 128), tile(0, BC)])
     unary(a, a, fn="exp")
     cast(h, a)
@@ -71,6 +72,11 @@ PLANTED = {
                      "atomic_add(s[tile(bid.x, 128), tile(0, 32)], a)", "atomic_add("),
     "atomic.owner": ("scatter_add(cnt[:], i, ones, base=bid.x * 128, limit=N)",
                      'scatter_add(cnt[:], i, ones, base=bid.x * 128, limit=N, owner="warp")', "scatter_add("),
+    "atomic.vector": ("atomic_add(s[tile(bid.x, 128), tile(0, BC)], a)",      # an (R, 64) src over 128 threads
+                      "atomic_add(s[tile(bid.x, 128), tile(0, BC)], a)\n"
+                      "    scatter_add(s[:, tile(0, BC)], i, a, base=bid.x * 128, limit=N, vector=4)\n"
+                      "    scatter_add(s[:, tile(0, 6)], i, a6, base=bid.x * 128, limit=N, vector=4)",
+                      "scatter_add(s[:, tile(0, 6)]"),
     "atomic.smem_target": ("scatter_add(cnt[:], i, ones, base=bid.x * 128, limit=N)",
                            "scatter_add(b[tile(0, 32), :], i, v, base=bid.x * 128, limit=N)", "scatter_add("),
     "gather.target": (GATHER, GATHER.replace("g_acc[:, :]", "a[:, :]"), "gather_add("),          # an rmem target
@@ -96,6 +102,10 @@ MORE = [
     ("atomic.owner", "fill(v, value=1.0)", "fill(v, value=1.0)\n    p = smem(f32, (16, BC))\n"   # smem -> smem
      "    q = smem(f32, (128, BC))\n    sync()\n"
      '    scatter_add(p[:, :], i, q, base=0, limit=N, owner="warp")', None),
+    ("atomic.vector", "atomic_add(s[tile(bid.x, 128), tile(0, BC)], a)",    # a gmem i32 target
+     "scatter_add(cnt[:], i, ones, base=bid.x * 128, limit=N, vector=4)", "scatter_add(cnt"),
+    ("atomic.vector", "fill(v, value=1.0)", "fill(v, value=1.0)\n    sync()\n"   # an smem src
+     "    scatter_add(s[:, tile(0, BC)], i, b, base=bid.x * 128, limit=N, vector=4)", "scatter_add(s[:, tile(0, BC)], i, b"),
     ("atomic.smem_target", "fill(v, value=1.0)", "fill(v, value=1.0)\n    p = smem(f32, (16, BC), stages=2)\n"
      "    scatter_add(p[:, :], i, a, base=0, limit=N)", "scatter_add(p"),
     ("gather.target", "g_cnt = smem(i32, (16,))", "g_cnt = smem(f32, (16,))", "gather_add("),     # f32 counts
