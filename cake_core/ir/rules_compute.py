@@ -353,7 +353,7 @@ def _atomic_vector(ctx: Ctx) -> Iterable[Diagnostic]:
         if src.space is not MemSpace.RMEM or len(dims) != 2:
             problems.append(f"its src `{n.arg('src')}` is a rank-{len(dims)} {src.space.value} tile, not an (R, C) "
                             "rmem tile")
-        elif None not in dims:
+        elif None not in dims and threads > 0 and dims[1] > 0:     # no threads: resources.threads says so
             R, C = dims
             if C % 4 or threads % warp or threads % C or (R * C) % threads:
                 problems.append(f"its src is ({R}, {C}) over {threads} threads: C must be a multiple of 4 that "
