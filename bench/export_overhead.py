@@ -46,7 +46,7 @@ def main() -> None:
     pkg = importlib.import_module(args.package.name)
     d = pkg._dispatcher
     key = args.shape or next(iter(d.exact))
-    shape = {k: int(v) for k, v in (kv.split("=") for kv in key.split(","))}
+    shape = pkg.parse_key(key)
     from_manifest = {**d.m["consts"], **shape}
     tensors = {}
     for t in d.tensors:

@@ -33,10 +33,12 @@ _SIGNALS: list[int] = []   # Ctrl-C and SIGTERM received by this process, in ord
 
 
 def terminate(signum: int, frame: Any) -> None:
-    """The handler of SIGTERM (and of SIGINT during a run): the same orderly stop as Ctrl-C."""
+    """The handler of SIGTERM (and of SIGINT during a run): the same orderly stop as Ctrl-C. Prefect's console is
+    quieted first: a flow or task stopped mid-way is not an error to show (it stays in the UI)."""
     # Counted as well as raised: a KeyboardInterrupt raised inside a DuckDB query comes back as
     # duckdb's InterruptException, which a caller may swallow; the count is never lost.
     _SIGNALS.append(signum)
+    _quiet_prefect_console(logging.CRITICAL)
     raise KeyboardInterrupt
 
 

@@ -5,7 +5,6 @@ portfolio`` (the portfolio flow itself, in the foreground, on this home's server
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
 from pathlib import Path
 
@@ -174,29 +173,22 @@ def portfolio(
 
 @contextlib.contextmanager
 def _stopped_quietly():
-    """Ctrl-C or SIGTERM during the portfolio flow: Prefect's console is quieted before the interrupt is raised
-    (the region stopped mid-way, its task and the portfolio's flow would each log it as an error with a traceback);
-    the stop itself is said in one line by the CLI's error handling, and what was recorded stays."""
+    """Ctrl-C during the portfolio flow stops it as SIGTERM does (``evolve_run.terminate``: Prefect's console quieted
+    before the interrupt, else the stopped region's task and the portfolio's flow each log an error with a
+    traceback); the stop is said in one line by the CLI's error handling, and what was recorded stays."""
     import signal
 
-    from cake_cli.evolve_run import _quiet_prefect_console, terminate
+    from cake_cli.evolve_run import terminate
 
-    def quiet_then_stop(signum: int, frame) -> None:
-        _quiet_prefect_console(logging.CRITICAL)
-        terminate(signum, frame)
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
+    before = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or before is signal.SIG_IGN:
+        yield                                   # `nohup cake portfolio ...` keeps ignoring SIGINT
         return
-    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    for s, h in before.items():
-        if h is not signal.SIG_IGN:          # `nohup cake portfolio ...` keeps ignoring SIGINT
-            signal.signal(s, quiet_then_stop)
+    signal.signal(signal.SIGINT, terminate)
     try:
         yield
     finally:
-        for s, h in before.items():
-            signal.signal(s, h)
+        signal.signal(signal.SIGINT, before)
 
 
 def _write_report(folder: Path, report: dict) -> None:

@@ -140,6 +140,14 @@ def computes_in_float(dtypes: dict, n: Any) -> bool:
     return dtypes[n.args[0]].is_float
 
 
+def scatter_rows_by_4(rows: int, cols: int, threads: int, warp: int) -> bool:
+    """Whether a vector=4 scatter_add of an (rows, cols) rmem src over ``threads`` adds its rows 4 columns per
+    red.global.add.v4.f32: each thread on one column of whole rows, every slot full (the verifier's
+    ``atomic.vector`` and the lowering ask the same)."""
+    return threads > 0 and cols > 0 and cols % 4 == 0 and threads % warp == 0 and threads % cols == 0 \
+        and (rows * cols) % threads == 0
+
+
 _COMPARE = {"lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal, "eq": np.equal,
             "ne": np.not_equal}
 

@@ -13,7 +13,7 @@ from typing import Iterable, Iterator
 
 from cake_core.ir.opdef import Exchange, Family
 from cake_core.ir.ops import REGISTRY, Full, Node, Op, View
-from cake_core.ir.ops_compute import UNARY_INT_FNS, computes_in_float
+from cake_core.ir.ops_compute import UNARY_INT_FNS, computes_in_float, scatter_rows_by_4
 from cake_core.ir.registry import COMPUTE_OPS, ops_of
 from cake_core.ir.rule_ctx import Ctx, RuleSet, fmt_shape, same_extent, smem, view_extent
 from cake_core.ir.smem_layout import SCRATCH
@@ -353,9 +353,9 @@ def _atomic_vector(ctx: Ctx) -> Iterable[Diagnostic]:
         if src.space is not MemSpace.RMEM or len(dims) != 2:
             problems.append(f"its src `{n.arg('src')}` is a rank-{len(dims)} {src.space.value} tile, not an (R, C) "
                             "rmem tile")
-        elif None not in dims and threads > 0 and dims[1] > 0:     # no threads: resources.threads says so
+        elif None not in dims and threads > 0:     # no threads: resources.threads says so
             R, C = dims
-            if C % 4 or threads % warp or threads % C or (R * C) % threads:
+            if not scatter_rows_by_4(R, C, threads, warp):
                 problems.append(f"its src is ({R}, {C}) over {threads} threads: C must be a multiple of 4 that "
                                 f"divides the threads (a multiple of {warp}), each thread on one column of whole "
                                 "rows")

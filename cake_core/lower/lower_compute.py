@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from cake_core.ir.expr import Expr, evaluate
 from cake_core.ir.ops import At, Full, Node, Op, Tile, View
-from cake_core.ir.ops_compute import computes_in_float
+from cake_core.ir.ops_compute import computes_in_float, scatter_rows_by_4
 from cake_core.ir.scratch import SCRATCH_ALIGN, staged_operands
 from cake_core.ir.shapes import broadcasts_to, norm_axis
 from cake_core.ir.types import DType, MemSpace, Swizzle, TileType
@@ -434,9 +434,8 @@ def _rows_by_red_v4(ctx: Ctx, g: Buf, src: Buf, st: _Staging) -> bool:
     rmem source with rows a multiple of 4 long, each thread on one column and every slot full. smem sources
     keep the scalar loop: a warp-owned scatter-add's gmem branch spills with both paths."""
     R, C = src.shape
-    return g.type.dtype is DType.F32 and C % 4 == 0 and src.type.space is MemSpace.RMEM \
-        and src.name not in st.ptr and ctx.threads % ctx.arch.warp_size == 0 and ctx.threads % C == 0 \
-        and (R * C) % ctx.threads == 0
+    return g.type.dtype is DType.F32 and src.type.space is MemSpace.RMEM and src.name not in st.ptr \
+        and scatter_rows_by_4(R, C, ctx.threads, ctx.arch.warp_size)
 
 
 
