@@ -56,6 +56,10 @@ from cake_core.ir.tree import loop_range
 from cake_core.outcome import Diagnostic, Severity
 
 MAX_STEPS = 100_000     # ops simulated at most over every configuration of one check (a bound on its time)
+# ... of a program another rule has already refused: a protocol finding found within them is reported beside the
+# other errors; past them the check stops without a verdict of its own (the program is refused already, and its
+# protocol is checked in full once those errors are fixed)
+REFUSED_STEPS = 20_000
 PERSISTENT_TRIPS = 4    # tiles a persistent CTA walks at most in the simulated launch (num_sms is chosen so)
 # the most slots of a ring (an smem tile's stages, an mbarrier array) the checker runs around: the dims are sized so
 # that every ring wraps, so a ring of a million slots (a mutated count) would spend the step budget on one
@@ -70,14 +74,16 @@ _SIM_ERRORS = (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError, A
 
 
 def check_protocol(ctx: Any, max_steps: int = MAX_STEPS) -> list[Diagnostic]:
-    """All protocol findings of a verifier context (``verify.Ctx``), or one ``protocol.undecided`` error.
+    """All protocol findings of a verifier context (``verify.Ctx``), or one ``protocol.undecided`` error (none
+    when another rule has refused the program, ``ctx.refused``, and the smaller budget ran out first).
 
     Parameters
     ----------
     ctx : verify.Ctx
         The verifier's context of the program.
     max_steps : int
-        Ops simulated at most over every configuration (the check's time bound).
+        Ops simulated at most over every configuration (the check's time bound); at most ``REFUSED_STEPS``
+        when ``ctx.refused``.
 
     Returns
     -------
@@ -86,13 +92,16 @@ def check_protocol(ctx: Any, max_steps: int = MAX_STEPS) -> list[Diagnostic]:
     """
     if not any(n.op is Op.ROLE or n.decl.allocates is Alloc.MBARRIER for n, _, _ in ctx.nodes):
         return []
-    budget = Budget(max_steps)
+    refused = getattr(ctx, "refused", False)
+    budget = Budget(min(max_steps, REFUSED_STEPS) if refused else max_steps)
     try:
         for i, (env0, origin) in enumerate(_configurations(ctx)):
             found = _run(ctx, env0, origin, budget, [None] + (_role_names(ctx) if i == 0 else []))
             if found:
                 return found
     except OutOfSteps as u:
+        if refused:
+            return []
         return [_undecided(ctx, u, f"the checker spent its budget of {max_steps:,} simulated ops before "
                                    "every configuration was run", "a loop with a large constant trip count (or "
                                    "a loop over a dim nested in another) multiplies the ops to simulate: loop "

@@ -42,6 +42,7 @@ from cake_core.ir.protocol_slots import SlotAccesses
 from cake_core.ir.protocol_state import (Bar, BarArray, Budget, Fill, Read, Role, Stop, Stuck, Undecided,
                                          barrier_operand, plan_of)
 from cake_core.ir.tree import loop_range
+from cake_core.ir.types import MemSpace
 from cake_core.outcome import Diagnostic, Severity
 
 
@@ -87,10 +88,13 @@ class Sim(SlotAccesses):
         self.node: Node | None = None              # the op being simulated (where an Undecided points)
         # memoised evaluations (see ev), kept on the context: its program keeps every expression (and its id) alive
         # (the phase overrides too: they are kept there, so that no later expression reuses their ids)
-        memo = ctx.__dict__.setdefault("_protocol_memo", ({}, {}, []))
+        memo = ctx.__dict__.setdefault("_protocol_memo", ({}, {}, [], {}))
         self.syms: dict[int, tuple[str, ...]] = memo[0]
         self.evals: dict[tuple, int] = memo[1]
         memo[2].extend(self.overrides.values())
+        self.accesses: dict[int, Any] = memo[3]    # id of an op -> its accesses (its attributes select effects)
+        self.smem = {k for k, t in ctx.buffers.items() if t.space is MemSpace.SMEM}
+        self.rmem = {k for k, t in ctx.buffers.items() if t.space is MemSpace.RMEM}
 
     def ev(self, r: Role, e: Any, cond: bool = False) -> int:
         """``e`` in ``r``'s environment: an integer (a truth value for an ``if`` condition, ``cond``).
@@ -179,12 +183,10 @@ class Sim(SlotAccesses):
         return s.buf + at, i
 
     def is_rmem(self, name: str) -> bool:
-        t = self.ctx.buffers.get(name)
-        return t is not None and t.space.value == "rmem"
+        return name in self.rmem
 
     def is_smem(self, name: str) -> bool:
-        t = self.ctx.buffers.get(name)
-        return t is not None and t.space.value == "smem"
+        return name in self.smem
 
     def box_bytes(self, n: Node, dst: Slot) -> int:
         """The bytes a copy into the slot ``dst`` lands (a ``rows`` attribute: its first rows only)."""
@@ -210,9 +212,12 @@ class Sim(SlotAccesses):
         return self.overrides.get(id(n), ph)
 
     def steps_of(self, r: Role, nodes: tuple[Node, ...]) -> Iterator[Node | None]:
+        budget = self.budget
         for n in nodes:
             self.node = n
-            self.budget.spend(n)
+            budget.used += 1
+            if budget.used > budget.limit:
+                budget.exhausted(n)
             op = n.op
             if op is Op.FOR:
                 var = n.args[0]
@@ -251,12 +256,12 @@ class Sim(SlotAccesses):
                 r.blocked = None
                 r.seen[key] = max(r.seen.get(key, 0), b.done)
             else:
-                self.effects(r, n)
+                self.effects(r, n, waits)
             yield None
 
-    def effects(self, r: Role, n: Node) -> None:
+    def effects(self, r: Role, n: Node, bar: tuple[BarrierUse, Slot] | None) -> None:
         """What one op does to barriers, smem slots, accumulators and the cluster, read from its declaration:
-        its barrier operand's use, its sync kind, its operands' effects, proxy and completion."""
+        its barrier operand's use (``bar``), its sync kind, its operands' effects, proxy and completion."""
         d = REGISTRY[n.op]
         if n.op is Op.ROLE:
             raise Undecided(f"role `{n.args[0]}` is nested in a block (role.placement)", n)
@@ -267,7 +272,6 @@ class Sim(SlotAccesses):
                                 "(mbarrier.count)", n)
             self.bars[n.result + self.at(r.rank)] = BarArray(cnt, arrivals, n)
             return
-        bar = barrier_operand(n)
         if bar is not None and bar[0] is BarrierUse.ARRIVE:     # on the role's own barrier, or each of the mask's
             hit = [self.bar(r, n, bar[1], k) for k in self.targets(r, n)]
             self.release(r, [(key, b.done) for key, b in hit], n)
@@ -297,7 +301,9 @@ class Sim(SlotAccesses):
         elif d.sync is SyncKind.CLUSTER:
             self.syncs[r.rank] = self.syncs.get(r.rank, 0) + 1
         plan = plan_of(n.op)
-        acc = plan.accesses(n)
+        acc = self.accesses.get(id(n))
+        if acc is None:
+            acc = self.accesses[id(n)] = plan.accesses(n)
         if not plan.issued:      # touching an accumulator whose wgmma may still run
             for i in acc.acc_reads:
                 self.acc_ready(r, n, n.args[i])

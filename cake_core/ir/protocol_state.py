@@ -94,10 +94,9 @@ class Budget:
     def __init__(self, limit: int):
         self.limit, self.used = limit, 0
 
-    def spend(self, node: Node) -> None:
-        self.used += 1
-        if self.used > self.limit:
-            raise OutOfSteps(f"the check simulated {self.limit:,} ops", node)
+    def exhausted(self, node: Node) -> None:
+        """Raised by the simulation once ``used`` (which it counts inline, an op at a time) passes ``limit``."""
+        raise OutOfSteps(f"the check simulated {self.limit:,} ops", node)
 
     @property
     def left(self) -> int:
@@ -155,7 +154,7 @@ class Arrives:
     ops: list = field(default_factory=list)         # (arrive node, trip, ((barrier key, phase), ...)) of each
     by_key: dict = field(default_factory=dict)      # barrier key -> [(index in ops, phase)] of the arrives on it
 
-    def add(self, node: Node, trip: str, phases: list[tuple[str, int]]) -> None:
+    def add(self, node: Node, trip: Trip, phases: list[tuple[str, int]]) -> None:
         i = len(self.ops)
         self.ops.append((node, trip, tuple(phases)))
         for key, phase in phases:
@@ -189,7 +188,7 @@ class Arrives:
 class Read:
     role: str
     node: Node
-    trip: str
+    trip: Trip
     arrives: Arrives | None = None  # the reader's arrives once the read completed (None: a wgmma still in flight)
     since: int = 0                  # how many there were then: the arrives from there on release it
 
@@ -208,7 +207,7 @@ class Read:
 class Fill:
     role: str
     node: Node
-    trip: str
+    trip: Trip
     bar: str | None          # barrier key the bytes complete on (None: an ordinary write)
     phase: int
     generic: bool = False    # generic-proxy writes (cp_async_bar): async-proxy readers fence after the wait
@@ -231,8 +230,18 @@ class Role:
     loops: list[str] = field(default_factory=list)
     published: list[tuple[str, int]] = field(default_factory=list)   # smem written by the role's threads
 
-    def trip(self) -> str:
-        return ", ".join(f"{v}={self.env[v]}" for v in self.loops) or "-"
+    def trip(self) -> Trip:
+        return Trip(tuple((v, self.env[v]) for v in self.loops))
+
+
+class Trip(tuple):
+    """Where a role is: its enclosing loops' variables and values, outermost first. Kept as pairs (compared as
+    such) and written out only when a finding names it: the simulation records one for every read and fill."""
+
+    def __str__(self) -> str:
+        return ", ".join(f"{v}={i}" for v, i in self) or "-"
+
+    __format__ = lambda self, spec: format(str(self), spec)   # noqa: E731 - f-strings write the text
 
 
 @dataclass(frozen=True)
@@ -246,5 +255,5 @@ class Stuck:
     pending: int
     arrivals: int
     parity: int
-    trip: str
+    trip: Trip
     tx: int

@@ -34,6 +34,7 @@ class Ctx:
     role_of: dict[int, Node] = field(default_factory=dict)           # id(node) -> the role block it runs in
     shapes: tuple[dict[str, int], ...] = ()                         # the run's shapes, when known
     rules: dict[str, "Rule"] = field(default_factory=dict)         # the rules run (their default severities)
+    refused: bool = False     # another rule already reported an error (the protocol checker, run last, spends less)
 
     def diag(self, rule_id: str, node: Node | None, message: str, hint: str = "", path: str = "",
              witness: Sequence[str] = (), severity: Severity | None = None) -> Diagnostic:

@@ -60,7 +60,11 @@ def verify(program: Program, target: str | None = None,
     ctx.shapes = tuple(shapes)
     ctx.rules = RULES
     out: list[Diagnostic] = []
-    for r in RULES.values():
+    # the protocol checker's simulation is the one costly rule: it runs last, and on a program another rule has
+    # already refused it spends a smaller step budget (check_protocol)
+    for r in sorted(RULES.values(), key=lambda r: r.family == "protocol"):
+        if r.family == "protocol" and not ctx.refused:
+            ctx.refused = any(d.severity is Severity.ERROR for d in out)
         out.extend(r.check(ctx))
     for lr in learned:
         out.extend(lr.diagnose(program, ctx.shapes))

@@ -215,3 +215,24 @@ def test_a_ring_past_the_checkers_limit_is_undecided_at_once_and_one_at_it_is_ru
         assert time.process_time() - t0 < 1
         assert [d.rule for d in found] == ["protocol.undecided"]
         assert f"a ring of {count} slots" in found[0].message
+
+
+def test_a_program_refused_by_another_rule_spends_a_smaller_budget_and_no_undecided_of_its_own(monkeypatch):
+    # the same 50,000x loop beside an error another rule reports: the simulation stops at REFUSED_STEPS with no
+    # protocol verdict (the program is refused already; its protocol is checked in full once the error is fixed)
+    import cake_core.ir.protocol as protocol
+    huge = SEED.replace("range(cdiv(K, BK))", "range(cdiv(K, BK) * 50000)")
+    bad = huge.replace("regs=232", "regs=7")
+    rules = {d.rule for d in check_text(bad, "bad.cake")}
+    assert rules == {"setmaxnreg.value"}, rules
+    budgets = []
+    real = protocol.Budget
+    monkeypatch.setattr(protocol, "Budget", lambda limit: budgets.append(real(limit)) or budgets[-1])
+    ctx = build_ctx(parse_program(huge), get_arch("sm_90a"))
+    ctx.refused = True
+    assert check_protocol(ctx) == []
+    assert budgets[0].limit == protocol.REFUSED_STEPS and budgets[0].used == protocol.REFUSED_STEPS + 1
+    # a protocol finding within the smaller budget is still reported beside the other error
+    stuck = bad.replace("            arrive(empty[kt % S])\n", "")
+    rules = {d.rule for d in check_text(stuck)}
+    assert "protocol.deadlock" in rules and "setmaxnreg.value" in rules and "protocol.undecided" not in rules
