@@ -12,8 +12,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from cake_core.agents.rewrite import (buf_args, fresh, map_exprs, node_syms, refuse_unless, stmt, subst_expr,
-                                      subst_node, subst_view, view_syms, walk_nodes, with_args)
+from cake_core.agents.rewrite import (Refused, buf_args, fresh, map_exprs, node_syms, refuse_unless, stmt,
+                                      subst_expr, subst_node, subst_view, view_syms, walk_nodes, with_args)
 from cake_core.ir.expr import Bin, Call, Expr, Sym, fmt_expr, symbols
 from cake_core.ir.opdef import Effect, buffer_name
 from cake_core.ir.ops import REGISTRY, Node, Op, loop_range
@@ -65,8 +65,11 @@ def split_k(p: Program, rng: np.random.Generator, bounds=None) -> Program:
     GEMM whose tiles alone cannot fill the GPU. Precondition: warp roles whose ring loop is the reduction
     (no candidate loop), a grid of at most two dimensions, no tile loop or cluster, the accumulator stored
     once. Applies to a GEMM's seed after ``warp_specialize``.
+
+    A role-free (CTA-collective) kernel is split by ``split_collective``.
     """
-    refuse_unless(any(n.op is Op.ROLE for n in p.body), "no warp roles")
+    if not any(n.op is Op.ROLE for n in p.body):
+        return split_collective(p, rng)
     refuse_unless(len(p.grid) <= 2, "the grid already has three dimensions")
     refuse_unless(not any(n.op is Op.CLUSTER for n in p.body), "a cluster launch is left as it is")
     refuse_unless(not any("ncta.x" in node_syms(n) for n in walk_nodes(p.body)), "a persistent tile loop")
@@ -108,6 +111,113 @@ def split_k(p: Program, rng: np.random.Generator, bounds=None) -> Program:
 
     body = tuple(fix_role(n) if n.op is Op.ROLE else n for n in p.body)
     return replace(p, grid=p.grid + (Sym(split),), body=body).with_consts(**{split: int(rng.choice(SPLITS))})
+
+
+def split_collective(p: Program, rng: np.random.Generator) -> Program:
+    """Split-K of a role-free kernel: its one reduction loop (the loop whose body holds the ``mma``) walks a share
+    of its trips in each of SPLIT CTAs, and the accumulator leaves through atomic adds into the zeroed output.
+
+    Before (a grouped GEMM over gathered rows: one CTA per row tile, expert and column tile walks all of K)::
+
+        @kernel(grid=(cdiv(T, BM), E, cdiv(N, BN)), ...)
+            ...
+            if bid.x * BM < end - start:
+                fill(acc)
+                for kt in range(cdiv(K, BK)):
+                    gather(a_s, x[:, tile(kt, BK)], perm, base=start + bid.x * BM, limit=end)
+                    load(b_s, w[bid.y, tile(kt, BK), tile(bid.z, BN)])
+                    ...
+                    mma(acc, a_s, b_s)
+                ...
+                scatter_add(y[:, tile(bid.z, BN)], rows, acc, base=start + bid.x * BM, limit=end)
+
+    After (a grid of three dimensions takes the split in z: the old z coordinate is ``bid.z // SPLIT``)::
+
+        @kernel(grid=(cdiv(T, BM), E, cdiv(N, BN) * SPLIT), ...)
+            ...
+                for kt in range(max(min(cdiv(cdiv(K, BK), SPLIT), cdiv(K, BK) - bid.z % SPLIT * ...), 0)):
+                    gather(a_s, x[:, tile(bid.z % SPLIT * cdiv(cdiv(K, BK), SPLIT) + kt, BK)], perm, ...)
+                ...
+                scatter_add(y[:, tile(bid.z // SPLIT, BN)], rows, acc, ...)
+
+    Precondition: one loop holds the ``mma`` and no loop; it is nested in no loop (a candidate loop's epilogue
+    would see partial sums) and counts from 0 in steps of 1; besides its ``mma`` only fills write the accumulator,
+    and after the loop the accumulator is only added into gmem (``scatter_add``, ``atomic_add``) or stored (the
+    store becomes an atomic add into the output the harness zeroes); no other tile is carried from trip to trip;
+    nothing else adds into gmem (it would add once per CTA of the split); no cluster or persistent tile loop.
+    """
+    refuse_unless(not any(n.op is Op.CLUSTER for n in p.body), "a cluster launch is left as it is")
+    refuse_unless(not any("ncta.x" in node_syms(n) for n in walk_nodes(p.body)), "a persistent tile loop")
+    reds = _reduction_loops(p.body, nested=False)
+    refuse_unless(bool(reds), "no loop holds an mma: no reduction to split")
+    refuse_unless(len(reds) == 1, f"{len(reds)} loops hold an mma; the split takes one reduction loop")
+    red, nested = reds[0]
+    refuse_unless(not nested, f"the reduction loop (line {red.line}) is nested in a loop: a candidate loop's "
+                              "epilogue would see partial sums")
+    refuse_unless(not any(m.op is Op.FOR for m in walk_nodes(red.body)), "the reduction loop holds a loop")
+    start, extent, step = loop_range(red)
+    refuse_unless(start == 0 and step == 1, "the reduction loop does not count from 0 in steps of 1")
+    mmas = [n for n in red.body if n.op is Op.MMA]
+    acc = mmas[0].arg("acc")
+    refuse_unless(all(m.arg("acc") == acc for m in mmas), "the reduction's mmas add into different accumulators")
+    inside = {id(n) for n in walk_nodes(red.body)}
+    written: set[str] = set()
+    for n in walk_nodes(red.body):
+        written |= {buffer_name(a) for o, a in zip(n.decl.operands, n.args)
+                    if o.kind in ("buf", "slot") and o.memory and any(e.modifies for e in o.effects)}
+    carried = _read_before_written(red.body, written - {acc}, set())
+    refuse_unless(not carried, carried)
+    params = {q.name for q in p.params}
+    for n in walk_nodes(p.body):
+        for o, a in zip(n.decl.operands, n.args):
+            name = buffer_name(a) if o.kind in ("buf", "slot", "view") else None
+            mods = o.memory and any(e.modifies for e in o.effects)
+            if name == acc and mods and id(n) not in inside and n.op is not Op.FILL:
+                raise Refused(f"`{n.op.value}` (line {n.line}) writes the accumulator `{acc}` besides the mma: the "
+                              "result is no sum of products, so partial sums over shares of it would not add up")
+            gmem = o.kind == "view" or (o.kind == "buf" and a in params)
+            if gmem and Effect.ATOMIC_ADD in o.effects and acc not in buf_args(n):
+                raise Refused(f"the {n.op.value} at line {n.line} adds something other than the accumulator into "
+                              "gmem: it would add once per CTA of the split")
+    after = [n for n in walk_nodes(p.body) if id(n) not in inside and acc in buf_args(n) and n.op is not Op.FILL]
+    for n in after:
+        adds = any(a == acc for o, a in zip(n.decl.operands, n.args) if o.kind == "buf" and o.effect_of(n).reads) \
+            and any(Effect.ATOMIC_ADD in o.effects for o in n.decl.operands if o.kind == "view")
+        refuse_unless(adds or n.op is Op.STORE,
+                      f"the accumulator feeds `{n.op.value}` (line {n.line}): only atomic adds into gmem (or a "
+                      "store, made one) take partial sums")
+    split = fresh(p, "SPLIT")
+    body = p.body
+    if len(p.grid) < 3:
+        ks, grid = Sym(f"bid.{'xyz'[len(p.grid)]}"), p.grid + (Sym(split),)
+    else:      # fold into z: the old z coordinate is bid.z // SPLIT, the share bid.z % SPLIT
+        body = tuple(map_exprs(n, lambda e: subst_expr(e, {"bid.z": Bin("//", Sym("bid.z"), Sym(split)),
+                                                           "ncta.z": Bin("//", Sym("ncta.z"), Sym(split))}))
+                     for n in body)
+        ks, grid = Bin("%", Sym("bid.z"), Sym(split)), p.grid[:2] + (Bin("*", p.grid[2], Sym(split)),)
+    ch = Call("cdiv", (extent, Sym(split)))
+    share = Call("max", (Call("min", (ch, Bin("-", extent, Bin("*", ks, ch)))), 0))
+    var = red.arg("var")
+
+    def fix(n: Node) -> Node:
+        if n.op is Op.FOR and any(m.op is Op.MMA for m in n.body):
+            inner = tuple(subst_node(b, {var: Bin("+", Bin("*", ks, ch), Sym(var))}) for b in n.body)
+            return replace(with_args(n, extent=share), body=inner)
+        if n.op is Op.STORE and n.arg("src") == acc:
+            return stmt(f"atomic_add({fmt_view(n.arg('dst'))}, {acc})")
+        return replace(n, body=tuple(fix(b) for b in n.body))
+
+    return replace(p, grid=grid, body=tuple(fix(n) for n in body)).with_consts(**{split: int(rng.choice(SPLITS))})
+
+
+def _reduction_loops(nodes: tuple[Node, ...], nested: bool) -> list[tuple[Node, bool]]:
+    """The loops whose own body holds an mma, each with whether a loop encloses it."""
+    out = []
+    for n in nodes:
+        if n.op is Op.FOR and any(m.op is Op.MMA for m in n.body):
+            out.append((n, nested))
+        out += _reduction_loops(n.body, nested or n.op is Op.FOR)
+    return out
 
 
 # ------------------------------------------------------------------ grouped tile order

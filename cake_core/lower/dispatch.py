@@ -4,7 +4,8 @@ An op that lowers one way has its hook in the ``HOOKS`` table of its lowering mo
 ``lower_control``, ``lower_async``, ``lower_wgmma``, ``lower_topk``, ``lower_cluster``, ``lower_compute``, ``lower_axis``). An op
 that lowers differently by context has its entry in :data:`VARIANTS`: named variants, each chosen by a predicate,
 in the order they are tried (the last one always applies): ``store`` of a wgmma accumulator, of argmin_bias row state
-or of a topk_bias list inside a role, ``mma`` per atom, ``atomic_add`` of a wgmma accumulator (split-K)... No
+or of a topk_bias list inside a role, ``mma`` per atom, ``atomic_add`` of a wgmma accumulator (split-K), ``atomic_add``
+and ``scatter_add`` of an mma_sync accumulator... No
 lowering module replaces another's hook, and an op lowered twice is refused here. Entries that do not handle
 the mma_sync fragment layout themselves run ``lower_tile.layout_guard`` first (``lower.acc_layout``).
 """
@@ -59,6 +60,14 @@ class Dispatch:
         return self.variant_for(n, ctx).lower(n, ctx)
 
 
+def _guarded(fn: Lowering) -> Lowering:
+    """``fn`` after the layout guard: a variant of a fragment-aware op that does not follow the layout itself."""
+    def guarded(n: Node, ctx: Ctx) -> list[Line]:
+        lower_tile.layout_guard(n, ctx)
+        return fn(n, ctx)
+    return guarded
+
+
 def _one(fn: Lowering) -> Dispatch:
     return Dispatch((Variant("default", always, fn),))
 
@@ -101,8 +110,13 @@ VARIANTS: dict[Op, Dispatch] = {
     Op.ATOMIC_ADD: Dispatch((
         Variant("wgmma_accumulator", lower_wgmma.reads_wgmma_acc, lower_splitk.lower_atomic_add_acc),   # split-K
         _in_role(lower_splitk.refuse_atomic_add_in_role),
-        Variant("cta", always, lower_compute.lower_atomic_add),
-    )),
+        Variant("mma_sync_accumulator", lower_tile.src_is_fragment, lower_compute.lower_atomic_add),
+        Variant("cta", always, _guarded(lower_compute.lower_atomic_add)),
+    ), fragment_aware=True),
+    Op.SCATTER_ADD: Dispatch((
+        Variant("mma_sync_accumulator", lower_tile.src_is_fragment, lower_compute.lower_scatter_add_cta),
+        Variant("cta", always, _guarded(lower_compute.lower_scatter_add_cta)),
+    ), fragment_aware=True),
 }
 
 # The modules whose ops lower one way, each with its table of hooks, in this order.

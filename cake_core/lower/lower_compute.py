@@ -32,7 +32,7 @@ from cake_core.ir.ops_compute import computes_in_float, scatter_rows_by_4
 from cake_core.ir.scratch import SCRATCH_ALIGN, staged_operands
 from cake_core.ir.shapes import broadcasts_to, norm_axis
 from cake_core.ir.types import DType, MemSpace, Swizzle, TileType
-from cake_core.lower.context import Buf, Ctx, Line, Lowering, LowerError, c_literal, window
+from cake_core.lower.context import Buf, Ctx, Line, Lowering, LowerError, Window, box_args, c_literal, window
 from cake_core.lower.lower_async import async_state, in_role
 from cake_core.lower.thread_map import ThreadMap, owned_loop, settle_fresh_accs, thread_map
 
@@ -352,6 +352,11 @@ def lower_atomic_add(n: Node, ctx: Ctx) -> list[Line]:
     src = _tile(ctx, src_name, "source")
     g = _gmem_dst(ctx, view)
     w = window(view, src.shape, ctx, "destination")
+    if src.layout is not None:     # an mma_sync accumulator: each slot adds at its fragment coordinate
+        m, nn = src.shape
+        guard = "true" if n.attr("guard") else "false"
+        return [f"cake::atomic_add_gmem_mma_acc<{w.rows}, {w.cols}, {m}, {nn}, THREADS, {src.layout[0]}, "
+                f"{src.layout[1]}, {guard}>({w.base}, {src_name}, {box_args(w)});"]
     st = _Staging(ctx, n)
     c = g.type.dtype.c_type
     guard = "true" if n.attr("guard") else "false"
@@ -390,6 +395,8 @@ def lower_scatter_add(n: Node, ctx: Ctx) -> list[Line]:
         raise LowerError("lower.shape_mismatch", f"scatter_add of src {src.shape} with idx {idx.shape} into a "
                                                  f"rank-{len(kept)} window")
     w = window(view, (e_static, src.shape[1]) if rank2 else (e_static,), ctx, "destination")
+    if src.layout is not None:
+        return _scatter_add_fragment(n, ctx, w, idx, src, extent, rank2)
     st = _Staging(ctx, n)
     c = g.type.dtype.c_type
     guard = "true" if n.attr("guard") else "false"
@@ -426,6 +433,21 @@ def lower_scatter_add(n: Node, ctx: Ctx) -> list[Line]:
     # and move it to local memory
     return _block(pre, ["if (cake::red_v4_rows_ok(cake_dst, cake_ldi, cake_ldc)) {", "    " + rows, "    " + call,
                         "} else {"] + ["    " + x for x in scalar] + ["}"])
+
+
+def _scatter_add_fragment(n: Node, ctx: Ctx, w: Window, idx: Buf, src: Buf, extent: str, rank2: bool) -> list[Line]:
+    """scatter_add of an mma_sync accumulator (``cake::scatter_add_gmem_mma_acc``): each slot adds at the row its
+    fragment coordinate indexes; the indices are read from smem (an rmem index tile would be in another layout)."""
+    if not rank2 or idx.type.space is not MemSpace.SMEM or idx.layout is not None:
+        raise LowerError("lower.acc_layout", f"scatter_add of the mma_sync accumulator `{src.name}` takes a rank-2 "
+                                             f"window and smem indices; `{idx.name}` is {idx.type.space.value}",
+                         "write the row indices into an smem vector (iota into smem), then scatter_add")
+    m, nn = src.shape
+    guard = "true" if n.attr("guard") else "false"
+    valid = f"{ctx.check_expr(n.arg('limit'), 'limit')} - ({ctx.check_expr(n.arg('base'), 'base')})"
+    return [f"cake::scatter_add_gmem_mma_acc<{m}, {nn}, THREADS, {src.layout[0]}, {src.layout[1]}, {guard}>("
+            f"{w.base}, {src.name}, {idx.name}, {w.ld_row}, {w.ld_col}, {w.rows_in}, {w.cols_in}, "
+            f"(cake::index_t)({extent}), (int)({valid}));"]
 
 
 def _rows_by_red_v4(ctx: Ctx, g: Buf, src: Buf, st: _Staging) -> bool:
@@ -500,6 +522,9 @@ def lower_gather_add(n: Node, ctx: Ctx) -> list[Line]:
                        f"(int)({w.cols_in}), (int)({valid}));"])
 
 
+lower_scatter_add_cta = _cta_wide(lower_scatter_add)    # dispatch.VARIANTS: from an mma_sync accumulator or not
+
+
 # This module's ops that lower one way (dispatch.LOWERINGS assembles them with the variant tables).
 HOOKS: dict[Op, Lowering] = {
     Op.FILL: lower_fill,
@@ -510,6 +535,5 @@ HOOKS: dict[Op, Lowering] = {
     Op.IOTA: lower_iota,
     Op.TRANSPOSE: _cta_wide(lower_transpose),
     Op.TRISOLVE: _cta_wide(lower_trisolve),
-    Op.SCATTER_ADD: _cta_wide(lower_scatter_add),
     Op.GATHER_ADD: _cta_wide(lower_gather_add),
 }

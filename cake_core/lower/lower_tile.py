@@ -20,7 +20,8 @@ load, store, sync, mma (``atom="fma"`` and ``atom="mma_sync"``), and the mma_syn
   ``rmem(fill=...)`` and the slot-wise elementwise ops (``fill``, ``cast``, ``unary``, ``ewise``, ``select`` whose
   rmem operands all have the acc's shape) are layout-agnostic; rmem tiles tied to an accumulator by such ops take
   its layout too (:func:`fragment_names`). ``load`` into and ``store`` from a fragment-layout tile go through
-  ``mma_layout::coord``. Any other op that names such a tile is refused (``lower.acc_layout``,
+  ``mma_layout::coord``, as do ``atomic_add`` and ``scatter_add`` from one (a split-K epilogue). Any other op that
+  names such a tile is refused (``lower.acc_layout``,
   :func:`layout_guard`), as is an ``mma`` of another atom into it. Preconditions, each a ``LowerError`` at the
   IR line: ``lower.mma_tiling`` (M = WM * 16 * i and N = WN * 8 * j for some warp grid WM * WN = threads/32; K a
   multiple of 16), ``lower.unsupported_operand`` (bf16/f16 a and b in smem, f32 acc).
@@ -253,6 +254,12 @@ def warp_grid(shape: tuple[int, ...], threads: int, name: str, arch: Arch) -> tu
                          f"{warps} has M divisible by {am} * WM and N divisible by {an} * WN",
                          f"e.g. make M a multiple of {am * warps} or N a multiple of {an * warps}, or use fewer threads")
     return best[1]
+
+
+def src_is_fragment(n: Node, ctx: Ctx) -> bool:
+    """Whether the node's ``src`` is an rmem tile in the mma_sync fragment layout (its atomic add or scatter add
+    then follows that layout: ``cake::atomic_add_gmem_mma_acc``, ``cake::scatter_add_gmem_mma_acc``)."""
+    return n.arg("src") in fragment_names(ctx)
 
 
 def layout_guard(n: Node, ctx: Ctx) -> None:

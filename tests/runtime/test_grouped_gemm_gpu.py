@@ -45,3 +45,41 @@ def test_a_ragged_tile_that_runs_into_the_next_group_fails_the_gate(tmp_path):
     compiled, lk = _built(SEED.replace("limit=end", "limit=T * topk"), tmp_path)
     runs = check_and_time(compiled, lk, P, DECODE, seed=6, time=False, timeout_s=30)
     assert all(r.outcome == "wrong" for r in runs), [(r.shape, r.outcome, r.message) for r in runs]
+
+
+@pytest.mark.parametrize("chain", [["mma_sync"], ["split_k"], ["mma_sync", "split_k"], ["prefetch", "mma_sync"],
+                                   ["split_k", "prefetch", "mma_sync"]])
+def test_the_structural_tactics_children_of_the_seed_pass_the_gate(tmp_path, chain):
+    # mma_sync (its accumulator scattered in the fragment layout), split_k (the reduction over a folded z: partial
+    # sums scatter-added into the zeroed y), prefetch (cp.async a trip ahead), and their chains
+    import numpy as np
+    from cake_core.agents.tactics import apply
+    from cake_core.runtime.gpu import check_and_time
+    p = parse_program(SEED, P.seed_file)
+    for t in chain:
+        p = apply(t, p, np.random.default_rng(1))
+        assert not hasattr(p, "reason"), (t, p.reason)
+    compiled, lk = _built(p.text(), tmp_path)
+    runs = check_and_time(compiled, lk, P, DECODE + list(P.shape_set("grouped_gemm_small").shapes), seed=7,
+                          time=False, timeout_s=30)
+    bad = [(r.shape, r.outcome, r.message) for r in runs if not r.correct]
+    assert not bad, bad
+
+
+def test_split_k_of_the_tensor_core_tinygemm_seed_passes_the_gate(tmp_path):
+    # atomic_add from an mma_sync accumulator (cake::atomic_add_gmem_mma_acc), beside the plain split
+    import numpy as np
+    from cake_core.agents.tactics import apply
+    from cake_core.runtime.gpu import check_and_time
+    tiny = get_problem("tinygemm")
+    for chain in (["split_k"], ["mma_sync", "split_k"]):
+        p = parse_program(tiny.seed_text(), tiny.seed_file)
+        for t in chain:
+            p = apply(t, p, np.random.default_rng(2))
+        lk = lower(p, tiny.seed_file)
+        assert lk.ok, [d.message for d in lk.diagnostics]
+        cr = compile_kernel(lk.value, arch="sm_90a", cache_dir=tmp_path)
+        assert cr.ok, [d.message for d in cr.diagnostics]
+        shapes = list(tiny.shape_set(tiny.shape_sets[0]).shapes)[:4]
+        runs = check_and_time(cr.value, lk.value, tiny, shapes, seed=8, time=False, timeout_s=30)
+        assert all(r.correct for r in runs), (chain, [(r.shape, r.outcome, r.message) for r in runs])

@@ -177,4 +177,40 @@ __device__ __forceinline__ void load_mma_acc_gmem(TR (&dst)[SLOTS], const TS* sr
     }
 }
 
+// atomic_add_gmem_mma_acc<...>(dst, src, ...): the window's element at the tile's (r, c) += slot s, with a hardware
+// atomic (the split-K epilogue of a CTA-collective mma_sync kernel: several CTAs add into the zeroed output).
+template <int ROWS, int COLS, int M, int N, int THREADS, int WM, int WN, bool GUARD, int SLOTS, typename TD,
+          typename TR>
+__device__ __forceinline__ void atomic_add_gmem_mma_acc(TD* dst, const TR (&src)[SLOTS], index_t ld_row,
+                                                        index_t ld_col, int rows_in, int cols_in) {
+    static_assert(SLOTS == mma_layout<M, N, THREADS, WM, WN>::SLOTS,
+                  "the accumulator holds M * N / THREADS slots per thread");
+    static_assert(ROWS * COLS == M * N, "the window holds the tile's elements");
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) {
+        int r, c;
+        mma_window_coord<COLS, M, N, THREADS, WM, WN>(s, r, c);
+        if (!GUARD || (r < rows_in && c < cols_in)) atomic_add_gmem(dst + r * ld_row + c * ld_col, src[s]);
+    }
+}
+
+// scatter_add_gmem_mma_acc<...>(dst, src, idx, ...): row idx[r] of the window, column c += slot s (tile element
+// (r, c)), for the tile's rows r < valid whose index lies in [0, extent) and inside the window (rows_in, cols_in).
+template <int M, int N, int THREADS, int WM, int WN, bool GUARD, int SLOTS, typename TD, typename TR, typename TI>
+__device__ __forceinline__ void scatter_add_gmem_mma_acc(TD* dst, const TR (&src)[SLOTS], const TI* idx,
+                                                         index_t ld_i, index_t ld_c, int rows_in, int cols_in,
+                                                         index_t extent, int valid) {
+    static_assert(SLOTS == mma_layout<M, N, THREADS, WM, WN>::SLOTS,
+                  "the accumulator holds M * N / THREADS slots per thread");
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) {
+        int r, c;
+        mma_layout<M, N, THREADS, WM, WN>::coord(s, r, c);
+        if (r >= valid) continue;
+        const index_t i = idx[r];
+        if (!GUARD || (i >= 0 && i < extent && i < rows_in && c < cols_in))
+            atomic_add_gmem(dst + i * ld_i + c * ld_c, src[s]);
+    }
+}
+
 }  // namespace cake
