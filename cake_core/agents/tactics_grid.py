@@ -157,6 +157,8 @@ def split_collective(p: Program, rng: np.random.Generator) -> Program:
     refuse_unless(not any(m.op is Op.FOR for m in walk_nodes(red.body)), "the reduction loop holds a loop")
     start, extent, step = loop_range(red)
     refuse_unless(start == 0 and step == 1, "the reduction loop does not count from 0 in steps of 1")
+    refuse_unless(not any(c in p.const_env and c.startswith("SPLIT") for c in symbols(extent)),
+                  "the reduction is split already (a second split multiplies the CTAs without new work per CTA)")
     mmas = [n for n in red.body if n.op is Op.MMA]
     acc = mmas[0].arg("acc")
     refuse_unless(all(m.arg("acc") == acc for m in mmas), "the reduction's mmas add into different accumulators")

@@ -115,6 +115,10 @@ def test_it_refuses_a_second_add_into_gmem_that_would_run_once_per_cta():
     assert "adds something other than the accumulator into gmem" in _refusal(parse_program(planted))
 
 
+def test_it_refuses_to_split_a_split_reduction_again():
+    assert "the reduction is split already" in _refusal(_chain("grouped_gemm", ["split_k"]))
+
+
 def test_the_role_free_split_is_the_same_tactic_name_as_the_warp_specialized_one():
     # one tactic, two forms: the warp-specialized GEMM still takes the role split (a new grid dimension)
     p = _chain("tinygemm", ["warp_specialize", "tma", "split_k"])
