@@ -154,7 +154,7 @@ def portfolio(
                f"{'cold' if cold else 'warm'}, {', '.join(gpu_models) if gpu_models else 'CPU only (checked, not timed)'}")
     with services.prefect_server(settings), services.ray_runtime(settings, num_gpus=len(gpu_models),
                                                                  resources=local_resources(gpu_models)), \
-            _stopped_quietly():
+            _stopped_quietly(pid):
         _quiet_prefect_console()
         out = flow.portfolio_flow(problem=prob.name if prob.source == "built-in" else prob.ref, shape_set=set_ref,
                              regions=count, per_region=per_region, generations=generations, population=population,
@@ -172,23 +172,40 @@ def portfolio(
 
 
 @contextlib.contextmanager
-def _stopped_quietly():
+def _stopped_quietly(pid: str):
     """Ctrl-C during the portfolio flow stops it as SIGTERM does (``evolve_run.terminate``: Prefect's console quieted
     before the interrupt, else the stopped region's task and the portfolio's flow each log an error with a
-    traceback); the stop is said in one line by the CLI's error handling, and what was recorded stays."""
+    traceback); the stop is said in one line by the CLI's error handling, and what was recorded stays.
+
+    The interrupt alone can be lost: raised while the main thread is inside a DuckDB query it comes back as
+    duckdb's InterruptException, which a caller may swallow, and the region's run went on (a Ctrl-C that seemed to
+    hang the command). So the handler first asks every run of the process to stop (``run_control``): the region's
+    next write, pool poll or stage raises, whatever became of the interrupt, and no later region starts. An
+    interrupt that reaches this frame itself (between regions, say) is the same stop, said the same way."""
     import signal
 
     from cake_cli.evolve_run import terminate
+    from tasks.run_control import clear_stop_all, request_stop_all
 
+    def stop(signum: int, frame: object) -> None:
+        request_stop_all()
+        terminate(signum, frame)
+
+    clear_stop_all()
     before = signal.getsignal(signal.SIGINT)
     if threading.current_thread() is not threading.main_thread() or before is signal.SIG_IGN:
         yield                                   # `nohup cake portfolio ...` keeps ignoring SIGINT
         return
-    signal.signal(signal.SIGINT, terminate)
+    signal.signal(signal.SIGINT, stop)
+    before_term = signal.signal(signal.SIGTERM, stop)
     try:
         yield
+    except KeyboardInterrupt:
+        from prefect.exceptions import CancelledRun
+        raise CancelledRun(f"portfolio {pid} was stopped") from None
     finally:
         signal.signal(signal.SIGINT, before)
+        signal.signal(signal.SIGTERM, before_term)
 
 
 def _write_report(folder: Path, report: dict) -> None:

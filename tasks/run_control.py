@@ -8,7 +8,8 @@
   ``running``.
 - :func:`request_stop` (Ctrl-C, SIGTERM) asks a run to stop: the next write of
   its attempts (:func:`writing`), the actor pool's next poll and the flow's
-  next stage raise :class:`RunCancelled` instead of going on.
+  next stage raise :class:`RunCancelled` instead of going on;
+  :func:`request_stop_all` asks it of every run of the process.
 - :func:`seal` ends every write of a run: after it returns nothing of that run
   is written any more, so a count taken then is final.
 - :func:`end_run` records the final status (``completed``, ``failed``,
@@ -43,6 +44,7 @@ class _Control:
 
 _CONTROLS: dict[str, _Control] = {}
 _CONTROLS_LOCK = threading.Lock()
+_STOP_ALL = threading.Event()      # every run of this process asked to stop (a command running several in turn)
 
 
 def _control(run_id: str) -> _Control:
@@ -55,9 +57,20 @@ def request_stop(run_id: str) -> None:
     _control(run_id).stop.set()
 
 
+def request_stop_all() -> None:
+    """Ask every run of this process, those running and those it starts later, to stop (``cake portfolio``'s
+    Ctrl-C: its regions run one after another, and an interrupt a caller swallowed must not let one go on)."""
+    _STOP_ALL.set()
+
+
+def clear_stop_all() -> None:
+    """Forget :func:`request_stop_all` (a command starting its runs afresh in a process that ran others)."""
+    _STOP_ALL.clear()
+
+
 def stop_requested(run_id: str) -> bool:
-    """True once :func:`request_stop` was called for ``run_id``."""
-    return _control(run_id).stop.is_set()
+    """True once :func:`request_stop` was called for ``run_id`` (or :func:`request_stop_all` for every run)."""
+    return _STOP_ALL.is_set() or _control(run_id).stop.is_set()
 
 
 def raise_if_stopped(run_id: str) -> None:
@@ -75,7 +88,7 @@ def writing(run_ids: Iterable[str]) -> Iterator[None]:
         for c in controls:
             stack.enter_context(c.lock)
         for r, c in zip(ids, controls):
-            if c.stop.is_set() or c.sealed:
+            if c.stop.is_set() or c.sealed or _STOP_ALL.is_set():
                 raise RunCancelled(f"run {r} was stopped; nothing more of it is written")
         yield
 

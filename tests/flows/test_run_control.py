@@ -44,6 +44,25 @@ def test_a_stopped_run_writes_nothing_more_whatever_names_it(run_id):
     rc.forget("another-run")
 
 
+def test_a_stop_of_every_run_reaches_runs_begun_before_and_after_it_until_cleared(run_id):
+    later = f"{run_id}-later"
+    try:
+        rc.request_stop_all()
+        for rid in (run_id, later):                 # one already known, one the process starts afterwards
+            assert rc.stop_requested(rid)
+            with pytest.raises(rc.RunCancelled):
+                rc.raise_if_stopped(rid)
+            with pytest.raises(rc.RunCancelled):
+                with rc.writing([rid]):
+                    pytest.fail("a run was written after every run was asked to stop")
+    finally:
+        rc.clear_stop_all()
+        rc.forget(later)
+    assert not rc.stop_requested(run_id)
+    with rc.writing([run_id]):
+        pass
+
+
 def test_seal_waits_for_the_write_in_progress_and_blocks_the_next(run_id):
     order = []
     entered = threading.Event()
