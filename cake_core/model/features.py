@@ -7,7 +7,9 @@ engine (plain loads, cp.async, TMA), gmem writes, atomics (gmem element or ``red
 into smem apart, by lowering: shared-memory atomics or warp-owned rows), the smem traffic of MMA operands, CTA barriers, and the bytes each copy keeps in flight
 (its ring depth, or the unroll of its loop). An ``if`` whose condition folds under the shape (``M <= 8``)
 counts only when taken; a loop whose ``if``/binding depends on its variable is walked trip by trip (a
-sample of trips when long), so ``if i > 0`` counts ``trips - 1`` times.
+sample of trips when long), so ``if i > 0`` counts ``trips - 1`` times. A value read from memory (``scalar``)
+stands at its declared maximum in windows; an ``if`` it decides is counted as taken, and a loop it bounds runs
+to the bound's greatest value over [0, max] of each such value (``eos - bos`` with both at most T: T trips).
 
 Over the grid: each gmem copy's window is evaluated for every CTA at its first trip (numpy, all CTAs at
 once); CTAs that read the same window share one *stream*. From the streams' distinct counts over the grid
@@ -33,7 +35,8 @@ from typing import Any
 import numpy as np
 
 from cake_core.ir.expr import Bin, Call, Cmp, Expr, Sym, substitute, symbols, try_evaluate
-from cake_core.ir.opdef import CostClass
+from cake_core.ir.intervals import Interval, bounds
+from cake_core.ir.opdef import CostClass, Scope
 from cake_core.ir.ops import REGISTRY, At, Full, Node, Op, Slot, Tile, View, loop_range
 from cake_core.ir.program import Program
 from cake_core.ir.rule_ctx import view_extent
@@ -233,6 +236,7 @@ class _Walker:
         self.math_roles: set[int] = set()
         self.role: Node | None = None
         self.max_unroll = 1
+        self.read: dict[str, int] = {}             # names read from memory (scalar, fetch_add...): declared maximum
 
     def expand(self, e: Expr) -> Expr:
         return substitute(e, self.lets) if self.lets else e
@@ -254,8 +258,11 @@ class _Walker:
             if n.op is Op.FOR:
                 self._for(n, trips)
             elif n.op is Op.IF:
-                taken = try_evaluate(self.expand(n.arg("cond")), self.env)
-                if taken is None or taken:          # unknown: assumed taken
+                cond = self.expand(n.arg("cond"))
+                # unknown, or decided by a value read from memory (at its maximum, a range like end - start would
+                # be empty): assumed taken
+                taken = None if symbols(cond) & set(self.read) else try_evaluate(cond, self.env)
+                if taken is None or taken:
                     self.walk(n.body, trips)
             elif n.op is Op.ROLE:
                 self.role = n
@@ -266,6 +273,8 @@ class _Walker:
                 self.lets[n.arg("var")] = self.expand(n.arg("value"))
             elif n.decl.data_dependent:             # a value read from memory: counted at its declared maximum
                 HOOKS[CostClass.BIND](n, self.ctx, self.env, trips, Work())
+                self.read.update({k: self.env[k] for k in REGISTRY[n.op].bound_names(n, Scope.BLOCK)
+                                  if isinstance(self.env.get(k), int)})
                 self._leaf(n, trips)                # and what the op does besides (an atomic, a compaction)
             else:
                 self._leaf(n, trips)
@@ -273,6 +282,12 @@ class _Walker:
 
     def _for(self, n: Node, trips: float) -> None:
         start, stop, step = (try_evaluate(self.expand(x), self.env) for x in loop_range(n))
+        stop_expr = self.expand(loop_range(n)[1])
+        if symbols(stop_expr) & set(self.read):   # a bound read from memory (eos - bos): its greatest value
+            env = {k: Interval(v, v) for k, v in self.env.items() if isinstance(v, int)}
+            env.update({k: Interval(0, hi) for k, hi in self.read.items()})
+            hi = bounds(stop_expr, env).hi
+            stop = hi if hi is not None else stop
         if start is None or stop is None or step is None:
             return                                  # a bound CTA 0 cannot know: nothing counted
         values = range(int(start), int(stop), max(int(step), 1))

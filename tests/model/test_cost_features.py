@@ -64,6 +64,30 @@ def k(x: gmem[f32, (N,)], y: gmem[f32, (N,)]):
     assert f.read_bytes_load == 9 * 128 * 4
 
 
+VARLEN = '''@kernel(target="sm_90a", grid=(G,), threads=128)
+def k(cu: gmem[i32, (G + 1,)], x: gmem[f32, (T, 128)], y: gmem[f32, (T, 128)]):
+    a = rmem(f32, (1, 128))
+    scalar(bos, cu[bid.x], max=T)
+    scalar(eos, cu[bid.x + 1], max=T)
+    if eos - bos > 0:
+        for t in range(eos - bos):
+            load(a, x[tile(bos + t, 1), tile(0, 128)])
+            store(y[tile(bos + t, 1), tile(0, 128)], a)
+'''
+
+
+def test_values_read_from_memory_bound_a_loop_at_their_greatest_range_and_their_ifs_are_taken():
+    """Both offsets at their declared maximum would make ``eos - bos`` 0 (nothing counted, every candidate the
+    same); the loop runs to the greatest value the range takes over [0, max] of each (T trips), its if taken."""
+    from cake_core.ir.text import parse_program
+    p = parse_program(VARLEN)
+    for t in (64, 1000):
+        f = extract(p, {"G": 4, "T": t})
+        assert f.read_bytes_load == t * 128 * 4, t
+    unguarded = parse_program(VARLEN.replace("    if eos - bos > 0:\n", "    if 1 > 0:\n"))
+    assert extract(unguarded, {"G": 4, "T": 64}).read_bytes_load == 64 * 128 * 4
+
+
 def test_l2_reuse_between_the_unique_bytes_and_the_requested_bytes():
     small = {"M": 2048, "N": 2048, "K": 2048}
     f = extract(seed("gemm_bf16_ws"), small)
