@@ -355,8 +355,8 @@ def lower_atomic_add(n: Node, ctx: Ctx) -> list[Line]:
     if src.layout is not None:     # an mma_sync accumulator: each slot adds at its fragment coordinate
         m, nn = src.shape
         guard = "true" if n.attr("guard") else "false"
-        return [f"cake::atomic_add_gmem_mma_acc<{w.rows}, {w.cols}, {m}, {nn}, THREADS, {src.layout[0]}, "
-                f"{src.layout[1]}, {guard}>({w.base}, {src_name}, {box_args(w)});"]
+        return [f"cake::store_gmem_mma_acc<{w.rows}, {w.cols}, {m}, {nn}, THREADS, {src.layout[0]}, "
+                f"{src.layout[1]}, {guard}, true>({w.base}, {src_name}, {box_args(w)});"]
     st = _Staging(ctx, n)
     c = g.type.dtype.c_type
     guard = "true" if n.attr("guard") else "false"

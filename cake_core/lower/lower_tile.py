@@ -258,7 +258,7 @@ def warp_grid(shape: tuple[int, ...], threads: int, name: str, arch: Arch) -> tu
 
 def src_is_fragment(n: Node, ctx: Ctx) -> bool:
     """Whether the node's ``src`` is an rmem tile in the mma_sync fragment layout (its atomic add or scatter add
-    then follows that layout: ``cake::atomic_add_gmem_mma_acc``, ``cake::scatter_add_gmem_mma_acc``)."""
+    then follows that layout: ``cake::store_gmem_mma_acc<..., ADD=true>``, ``cake::scatter_add_gmem_mma_acc``)."""
     return n.arg("src") in fragment_names(ctx)
 
 

@@ -67,7 +67,7 @@ def test_the_structural_tactics_children_of_the_seed_pass_the_gate(tmp_path, cha
 
 
 def test_split_k_of_the_tensor_core_tinygemm_seed_passes_the_gate(tmp_path):
-    # atomic_add from an mma_sync accumulator (cake::atomic_add_gmem_mma_acc), beside the plain split
+    # atomic_add from an mma_sync accumulator (cake::store_gmem_mma_acc with ADD), beside the plain split
     import numpy as np
     from cake_core.agents.tactics import apply
     from cake_core.runtime.gpu import check_and_time

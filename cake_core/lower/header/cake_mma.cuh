@@ -145,9 +145,10 @@ __device__ __forceinline__ void mma_window_coord(int s, int& r, int& c) {
     }
 }
 
-// store_gmem_mma_acc<...>(dst, src, ...): the window's element at the tile's (r, c) := slot s.
-template <int ROWS, int COLS, int M, int N, int THREADS, int WM, int WN, bool GUARD, int SLOTS, typename TD,
-          typename TR>
+// store_gmem_mma_acc<...>(dst, src, ...): the window's element at the tile's (r, c) := slot s; with ADD, += slot s by
+// a hardware atomic instead (the split-K epilogue of a CTA-collective mma_sync kernel: CTAs add into the zeroed output).
+template <int ROWS, int COLS, int M, int N, int THREADS, int WM, int WN, bool GUARD, bool ADD = false, int SLOTS,
+          typename TD, typename TR>
 __device__ __forceinline__ void store_gmem_mma_acc(TD* dst, const TR (&src)[SLOTS], index_t ld_row,
                                                    index_t ld_col, int rows_in, int cols_in) {
     static_assert(SLOTS == mma_layout<M, N, THREADS, WM, WN>::SLOTS,
@@ -157,7 +158,12 @@ __device__ __forceinline__ void store_gmem_mma_acc(TD* dst, const TR (&src)[SLOT
     for (int s = 0; s < SLOTS; ++s) {
         int r, c;
         mma_window_coord<COLS, M, N, THREADS, WM, WN>(s, r, c);
-        if (!GUARD || (r < rows_in && c < cols_in)) dst[r * ld_row + c * ld_col] = convert<TD>(src[s]);
+        if (GUARD && !(r < rows_in && c < cols_in)) continue;
+        if constexpr (ADD) {
+            atomic_add_gmem(dst + r * ld_row + c * ld_col, src[s]);
+        } else {
+            dst[r * ld_row + c * ld_col] = convert<TD>(src[s]);
+        }
     }
 }
 
@@ -174,23 +180,6 @@ __device__ __forceinline__ void load_mma_acc_gmem(TR (&dst)[SLOTS], const TS* sr
         int r, c;
         mma_window_coord<COLS, M, N, THREADS, WM, WN>(s, r, c);
         dst[s] = (!GUARD || (r < rows_in && c < cols_in)) ? convert<TR>(src[r * ld_row + c * ld_col]) : zero<TR>();
-    }
-}
-
-// atomic_add_gmem_mma_acc<...>(dst, src, ...): the window's element at the tile's (r, c) += slot s, with a hardware
-// atomic (the split-K epilogue of a CTA-collective mma_sync kernel: several CTAs add into the zeroed output).
-template <int ROWS, int COLS, int M, int N, int THREADS, int WM, int WN, bool GUARD, int SLOTS, typename TD,
-          typename TR>
-__device__ __forceinline__ void atomic_add_gmem_mma_acc(TD* dst, const TR (&src)[SLOTS], index_t ld_row,
-                                                        index_t ld_col, int rows_in, int cols_in) {
-    static_assert(SLOTS == mma_layout<M, N, THREADS, WM, WN>::SLOTS,
-                  "the accumulator holds M * N / THREADS slots per thread");
-    static_assert(ROWS * COLS == M * N, "the window holds the tile's elements");
-#pragma unroll
-    for (int s = 0; s < SLOTS; ++s) {
-        int r, c;
-        mma_window_coord<COLS, M, N, THREADS, WM, WN>(s, r, c);
-        if (!GUARD || (r < rows_in && c < cols_in)) atomic_add_gmem(dst + r * ld_row + c * ld_col, src[s]);
     }
 }
 
