@@ -22,6 +22,7 @@ from typing import Iterable
 import numpy as np
 
 from cake_core.agents.base import Scored
+from cake_core.ir.expr import symbols
 from cake_core.ir.ops import Op, loop_range
 from cake_core.ir.program import Program, walk
 
@@ -54,9 +55,14 @@ def niche(p: Program) -> Niche:
     once = {n.arg("bar").buf for n in nodes if n.op is Op.WAIT and n.arg("bar").index == 0 and n.arg("phase") == 0}
     resident = bool(once) or any(n.op is Op.MBARRIER and n.result.endswith("_empty") for n in nodes)
     persistent = any(n.op is Op.FOR and getattr(loop_range(n)[2], "name", "") == "ncta.x" for n in nodes)
-    # split-K: partial products of an mma accumulator added into the output (a segment sum's atomics are not)
-    accs = {m.arg("acc") for m in nodes if m.op in (Op.MMA, Op.WGMMA, Op.TCGEN05_MMA)}
-    split = any(n.op is Op.ATOMIC_ADD and n.arg("src") in accs for n in nodes)
+    # split-K: partial products of an mma accumulator added into the output (a segment sum's atomics are not), or
+    # a reduction loop whose trips depend on the CTA (its share of the reduction: a grouped GEMM's scatter-add of
+    # partial sums looks like its seed's)
+    mmas = (Op.MMA, Op.WGMMA, Op.TCGEN05_MMA)
+    accs = {m.arg("acc") for m in nodes if m.op in mmas}
+    split = any(n.op is Op.ATOMIC_ADD and n.arg("src") in accs for n in nodes) or any(
+        n.op is Op.FOR and any(m.op in mmas for m in n.body)
+        and any(s.startswith("bid.") for s in symbols(loop_range(n)[1])) for n in nodes)
     acc = next((n for n in nodes if n.op is Op.RMEM and n.result and any(
         m.op in (Op.MMA, Op.WGMMA) and m.arg("acc") == n.result for m in nodes)), None)
     env = p.const_env

@@ -141,3 +141,10 @@ def test_the_split_niche_is_split_k_not_any_atomic():
     owned = parse_program(upd.kernel_text("kmeans_update_owned.cake"))
     assert "atomic_add" in owned.text() and not niche(owned).split, "a segment sum's atomics are not split-K"
     assert not niche(parse_program(tiny.seed_text())).split
+    # the grouped GEMM's seed scatter-adds its accumulator already; its split child is told apart by the reduction
+    # loop's trips, which depend on the CTA (its share)
+    import numpy as np
+    from cake_core.agents.tactics import apply
+    grouped = parse_program(get_problem("grouped_gemm").seed_text())
+    assert not niche(grouped).split
+    assert niche(apply("split_k", grouped, np.random.default_rng(0))).split
