@@ -7,7 +7,8 @@ import pytest
 from model_fixtures import seed
 
 from cake_core.ir.ops import REGISTRY
-from cake_core.model.features import FEATURE_NAMES, TRAFFIC, extract
+from cake_core.model.features import FEATURE_NAMES, extract
+from cake_core.model.walk import TRAFFIC
 
 GEMM = {"M": 4096, "N": 4096, "K": 4096}
 
