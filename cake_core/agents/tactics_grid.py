@@ -163,11 +163,7 @@ def split_collective(p: Program, rng: np.random.Generator) -> Program:
     acc = mmas[0].arg("acc")
     refuse_unless(all(m.arg("acc") == acc for m in mmas), "the reduction's mmas add into different accumulators")
     inside = {id(n) for n in walk_nodes(red.body)}
-    written: set[str] = set()
-    for n in walk_nodes(red.body):
-        written |= {buffer_name(a) for o, a in zip(n.decl.operands, n.args)
-                    if o.kind in ("buf", "slot") and o.memory and any(e.modifies for e in o.effects)}
-    carried = _read_before_written(red.body, written - {acc}, set())
+    carried = _read_before_written(red.body, _tiles_written(red.body) - {acc}, set())
     refuse_unless(not carried, carried)
     params = {q.name for q in p.params}
     for n in walk_nodes(p.body):
@@ -352,7 +348,6 @@ def _not_independent(p: Program, i: int, grid_names: set[str]) -> str:
         if any(gmem(o, a) and Effect.ATOMIC_ADD in o.effects for o, a in zip(n.decl.operands, n.args)):
             return f"the {n.op.value} at line {n.line}, outside the loop, would add once per CTA"
     local = {n.result for n in walk_nodes(loop.body) if n.result}
-    written: set[str] = set()
     for n in walk_nodes(loop.body):
         for o, a in zip(n.decl.operands, n.args):
             effects = o.effects
@@ -361,8 +356,7 @@ def _not_independent(p: Program, i: int, grid_names: set[str]) -> str:
                     continue
                 return f"its {n.op.value} at line {n.line} writes {fmt_view(a) if o.kind == 'view' else a} on " \
                        "every trip"
-            if o.kind in ("buf", "slot") and o.memory and any(e.modifies for e in effects):
-                written.add(buffer_name(a))
+    written = _tiles_written(loop.body)
     carried = _read_before_written(loop.body, written - local, set())
     if carried:
         return carried
@@ -373,6 +367,12 @@ def _not_independent(p: Program, i: int, grid_names: set[str]) -> str:
         n = reads_after[0]
         return f"line {n.line} reads after the loop what its last trip left ({n.op.value})"
     return ""
+
+
+def _tiles_written(nodes: tuple[Node, ...]) -> set[str]:
+    """The tiles (and smem rings) the ops in ``nodes`` write or add into."""
+    return {buffer_name(a) for n in walk_nodes(nodes) for o, a in zip(n.decl.operands, n.args)
+            if o.kind in ("buf", "slot") and o.memory and any(e.modifies for e in o.effects)}
 
 
 def _read_before_written(nodes: tuple[Node, ...], written: set[str], done: set[str]) -> str:

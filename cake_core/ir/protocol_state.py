@@ -241,8 +241,6 @@ class Trip(tuple):
     def __str__(self) -> str:
         return ", ".join(f"{v}={i}" for v, i in self) or "-"
 
-    __format__ = lambda self, spec: format(str(self), spec)   # noqa: E731 - f-strings write the text
-
 
 @dataclass(frozen=True)
 class Stuck:

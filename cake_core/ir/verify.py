@@ -62,10 +62,13 @@ def verify(program: Program, target: str | None = None,
     out: list[Diagnostic] = []
     # the protocol checker's simulation is the one costly rule: it runs last, and on a program another rule has
     # already refused it spends a smaller step budget (check_protocol)
-    for r in sorted(RULES.values(), key=lambda r: r.family == "protocol"):
-        if r.family == "protocol" and not ctx.refused:
-            ctx.refused = any(d.severity is Severity.ERROR for d in out)
-        out.extend(r.check(ctx))
+    for r in RULES.values():
+        if r.family != "protocol":
+            out.extend(r.check(ctx))
+    ctx.refused = any(d.severity is Severity.ERROR for d in out)
+    for r in RULES.values():
+        if r.family == "protocol":
+            out.extend(r.check(ctx))
     for lr in learned:
         out.extend(lr.diagnose(program, ctx.shapes))
     return sorted(out, key=lambda d: (d.line, d.col, d.rule))

@@ -352,14 +352,13 @@ def lower_atomic_add(n: Node, ctx: Ctx) -> list[Line]:
     src = _tile(ctx, src_name, "source")
     g = _gmem_dst(ctx, view)
     w = window(view, src.shape, ctx, "destination")
+    guard = "true" if n.attr("guard") else "false"
     if src.layout is not None:     # an mma_sync accumulator: each slot adds at its fragment coordinate
         m, nn = src.shape
-        guard = "true" if n.attr("guard") else "false"
         return [f"cake::store_gmem_mma_acc<{w.rows}, {w.cols}, {m}, {nn}, THREADS, {src.layout[0]}, "
                 f"{src.layout[1]}, {guard}, true>({w.base}, {src_name}, {box_args(w)});"]
     st = _Staging(ctx, n)
     c = g.type.dtype.c_type
-    guard = "true" if n.attr("guard") else "false"
     val = _atomic_value(_access(src, st, None), src.type.dtype, g.type.dtype)
     pre = [f"{c}* const cake_dst = {w.base};",
            f"const cake::index_t cake_ldr = {w.ld_row}, cake_ldc = {w.ld_col};",
@@ -368,6 +367,11 @@ def lower_atomic_add(n: Node, ctx: Ctx) -> list[Line]:
             f"cake::atomic_add_gmem(cake_dst + cake_r * cake_ldr + cake_c * cake_ldc, {val});"]
     smem_src = src.type.space is MemSpace.SMEM
     return _block(pre, _owned_loop(ctx, src.numel, w.cols, body, unroll=4 if smem_src else 0))
+
+
+def _valid_rows(n: Node, ctx: Ctx) -> str:
+    """The rows of an op's ``base``/``limit`` range (``limit - base``) as C: those its source's first rows hold."""
+    return f"{ctx.check_expr(n.arg('limit'), 'limit')} - ({ctx.check_expr(n.arg('base'), 'base')})"
 
 
 def _scatter_extent(ctx: Ctx, view: View, g: Buf) -> tuple[list[tuple[object, Expr]], str]:
@@ -409,8 +413,7 @@ def lower_scatter_add(n: Node, ctx: Ctx) -> list[Line]:
         f"{c}* const cake_dst = {w.base};",
         f"[[maybe_unused]] const cake::index_t cake_ldi = {ld_i}, cake_ldc = {w.ld_col};",
         f"[[maybe_unused]] const int cake_iin = {in_i}, cake_cin = {w.cols_in}, cake_rin = {w.rows_in};",
-        f"const int cake_valid = {ctx.check_expr(n.arg('limit'), 'limit')} - "
-        f"({ctx.check_expr(n.arg('base'), 'base')});"]
+        f"const int cake_valid = {_valid_rows(n, ctx)};"]
     at = "cake_dst + cake_i * cake_ldi" + (" + cake_c * cake_ldc" if rank2 else "")
     body = ["if (cake_r < cake_valid) {",
             f"    const int cake_i = {st.smem_ptr(idx)}[cake_r];",
@@ -444,7 +447,7 @@ def _scatter_add_fragment(n: Node, ctx: Ctx, w: Window, idx: Buf, src: Buf, exte
                          "write the row indices into an smem vector (iota into smem), then scatter_add")
     m, nn = src.shape
     guard = "true" if n.attr("guard") else "false"
-    valid = f"{ctx.check_expr(n.arg('limit'), 'limit')} - ({ctx.check_expr(n.arg('base'), 'base')})"
+    valid = _valid_rows(n, ctx)
     return [f"cake::scatter_add_gmem_mma_acc<{m}, {nn}, THREADS, {src.layout[0]}, {src.layout[1]}, {guard}>("
             f"{w.base}, {src.name}, {idx.name}, {w.ld_row}, {w.ld_col}, {w.rows_in}, {w.cols_in}, "
             f"(cake::index_t)({extent}), (int)({valid}));"]
@@ -482,7 +485,7 @@ def _lower_scatter_add_smem(n: Node, ctx: Ctx, idx: Buf, src: Buf) -> list[Line]
     st = _Staging(ctx, n)
     guard = "true" if n.attr("guard") else "false"
     src_ptr = st.smem_ptr(src) if src.type.space is MemSpace.SMEM else src.name
-    valid = (f"{ctx.check_expr(n.arg('limit'), 'limit')} - ({ctx.check_expr(n.arg('base'), 'base')})")
+    valid = _valid_rows(n, ctx)
     owned = n.attr("owner") == "warp"
     if owned and src.type.space is not MemSpace.SMEM:
         raise LowerError("lower.unsupported_operand", f"owner=\"warp\" scatter_add reads its source from smem; "
@@ -515,7 +518,7 @@ def lower_gather_add(n: Node, ctx: Ctx) -> list[Line]:
                                                       f"tile of {idx.numel + 2 * warps * warps} entries is needed")
     E, C = dst.shape
     w = window(n.arg("src"), (idx.numel, C), ctx, "source")
-    valid = f"{ctx.check_expr(n.arg('limit'), 'limit')} - ({ctx.check_expr(n.arg('base'), 'base')})"
+    valid = _valid_rows(n, ctx)
     first = ctx.check_expr(n.arg("first"), "first")
     return _block([], [f"cake::gather_add_bucketed<{idx.numel}, {C}, {E}, THREADS>({dst_v.buf}, {cnt_v.buf}, "
                        f"{idx_name}, {q_name}, (int)({first}), {w.base}, {w.ld_row}, {w.ld_col}, (int)({w.rows_in}), "
