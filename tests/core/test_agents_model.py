@@ -128,12 +128,12 @@ def test_an_ops_cost_follows_its_declared_class(monkeypatch):
     from cake_core.ir import registry
     from cake_core.ir.opdef import CostClass
     from cake_core.ir.ops import Op
-    from cake_core.model import features
+    from cake_core.model import walk
     shape = {"M": 1024, "N": 1024, "K": 1024}
     before = _work(SEED, shape)
     free_load = dict(registry.REGISTRY)
     free_load[Op.LOAD] = dataclasses.replace(free_load[Op.LOAD], cost=CostClass.FREE)
-    monkeypatch.setattr(features, "REGISTRY", free_load)
+    monkeypatch.setattr(walk, "REGISTRY", free_load)
     after = _work(SEED, shape)
     assert after[0] == before[0] and after[1] < before[1]
 
