@@ -25,7 +25,7 @@ part portfolio "$(( ${CAKE_TIMEOUT:-150} + 90 ))" env CAKE_TIMEOUT="${CAKE_TIMEO
 tail -16 "$OUT/portfolio.log"
 dist=/tmp/state/$STATE/dist
 rm -rf "$dist"
-part export "${EXPORT_S:-90}" env CAKE_GPU=require "${cake[@]}" export "$problem" --shapes "$set" --unmeasured --out "$dist" --name "cake_${problem}_pf"
+part export "${EXPORT_S:-90}" env CAKE_GPU=require "${cake[@]}" export "$problem" --shapes "$set" --unmeasured --out "$dist" --name "cake_${problem}_pf" --gpu-model "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
 tail -4 "$OUT/export.log"
 part dispatch "${DISPATCH_S:-120}" python3 bench/portfolio_dispatch.py "$dist/cake_${problem}_pf" --problem "$problem" --shapes "$set" \
     --peer "$peer" --out "$OUT"

@@ -85,6 +85,8 @@ def export(problem: str = typer.Argument(..., help="the problem whose kernels to
     if result.held_out_left:
         nearest = f"; held-out rows left to the nearest-shape routing: {len(result.held_out_left)}"
         nearest += "" if unmeasured else " (not covered without --unmeasured)"
+    for h, why in result.skipped.items():
+        say(f"set aside {h} (its shapes go to the next fastest kernel): {why}")
     say(f"{len(m['exact'])} measured shapes routed ({held} held out), {len(kernels)} kernels, GPU model "
         f"{m['gpu_model']}{nearest}; import it with sys.path holding {result.path.parent}: "
         f"`import {result.path.name}`")

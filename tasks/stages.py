@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from cake_core.agents.base import Candidate
 from cake_core.outcome import Diagnostic, Outcome, Severity, StageResult
 from cake_core.pipeline.attempt import Attempt, attempt_id_for
 from cake_core.pipeline.execute import GpuJob
@@ -25,7 +26,7 @@ from cake_core.pipeline.state import select_stage
 from cake_core.pipeline.verdicts import ShapeVerdict, as_strict, fault, judge
 from cake_core.problems.base import Shape, shape_key
 from tasks.workers import Fault, LostWork, Unit
-from warehouse.queries import recorded, search_best_ms, state_rows
+from warehouse.queries import recorded, recorded_candidates, search_best_ms, state_rows
 
 if TYPE_CHECKING:
     from tasks.run import Run
@@ -79,6 +80,19 @@ def on_cpu(run: "Run", stage: str, attempts: list[Attempt], args: Callable[[Atte
 
 # ---------------------------------------------------------------- the stages
 
+def _as_recorded(a: Attempt, landed: dict[str, dict[str, Any]]) -> Attempt:
+    """``a`` with the candidate its slot recorded before the crash, where it recorded one: the agent need not
+    write the same text twice (its context may differ on another GPU, with other runs' results), and whatever
+    the redone slot lands (a measurement the crash cut off) must belong to the recorded kernel."""
+    row = landed.get(a.attempt_id)
+    if row is None:
+        return a
+    a.candidate = Candidate(row["ir_text"], tuple(row["parents"] or ()), row["agent"], row["tactic"],
+                            int(row["prompt_tokens"] or 0), int(row["completion_tokens"] or 0),
+                            tuple(row["lineage"] or ()))
+    return a
+
+
 @task(name="generate", **_TASK)
 def generate(run: "Run", _: list[Attempt]) -> list[Attempt]:
     """Ask the agent for this generation's candidates."""
@@ -89,13 +103,16 @@ def generate(run: "Run", _: list[Attempt]) -> list[Attempt]:
     # only the first generation a resumed job runs can have been cut short by a crash: what it landed then
     # is not recorded again
     skip: dict[str, set[str]] = {}
+    landed: dict[str, dict[str, Any]] = {}
     if run.plan.session > 0 and run.generations_run == 0:
         ids = [attempt_id_for(run.plan.run_id, ctx.generation, i) for i in range(ctx.population)]
         skip = recorded(run.warehouse_root, ids, (*CHILD_TABLES, "attempts"))
+        landed = recorded_candidates(run.warehouse_root, ids)
     run.recorder.skip = skip
     run.finished = []
     def body() -> list[Attempt]:
-        out = generate_stage(run.agent, run.plan.run_id, run.plan.problem, run.harness.version, ctx)
+        out = [_as_recorded(a, landed) for a in
+               generate_stage(run.agent, run.plan.run_id, run.plan.problem, run.harness.version, ctx)]
         refused = getattr(run.agent, "refusals", [])
         if refused and not skip:
             run.recorder.rows("tactic_refusals", refusal_rows(run.plan.run_id, ctx.generation, refused))

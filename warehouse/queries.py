@@ -81,6 +81,18 @@ def recorded(where: Warehouse | str | Path, attempt_ids: list[str], tables: tupl
         for t in tables}
 
 
+def recorded_candidates(where: Warehouse | str | Path, attempt_ids: list[str]) -> dict[str, dict[str, Any]]:
+    """The candidates recorded for those of ``attempt_ids`` that have an attempts row: attempt id -> its
+    ``ir_text``, ``parents``, ``agent``, ``tactic``, ``lineage``, token counts (a redone generation runs these,
+    not what the agent writes the second time)."""
+    if not attempt_ids:
+        return {}
+    marks = ", ".join("?" * len(attempt_ids))
+    return {r["attempt_id"]: r for r in _wh(where).query(
+        "select attempt_id, ir_text, parents, agent, tactic, lineage, prompt_tokens, completion_tokens "
+        f"from attempts where attempt_id in ({marks})", list(attempt_ids)).to_pylist()}
+
+
 def final_recorded(where: Warehouse | str | Path, run_id: str) -> dict[str, Any]:
     """What the final stages of ``run_id``'s jobs have landed already (a later one does not measure it again):
     ``confirm``, the (attempt id, shape) pairs confirmed, right (a confirmatory measurement) or wrong (a failed

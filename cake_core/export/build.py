@@ -4,6 +4,9 @@ The flat list of steps (:func:`export_problem`): choose the GPU model; per shape
 correct there (``routes.fastest``); the held-out shapes set aside (``routes.set_aside_held_out``, unless
 ``include_held_out``); routes; each routed kernel's IR parsed, checked against the problem, lowered
 and compiled for the arch (nvcc, through the cubin cache); the manifest; the package (``package.write_package``).
+A routed kernel that no longer builds (its text parses, lowers or compiles differently with today's Cake than
+when it was measured) is set aside with its reason (``ExportResult.skipped``, the manifest's ``skipped``) and
+its shapes go to the next fastest kernel measured correct there, until every routed kernel builds.
 The rows come from ``warehouse.queries.export_rows``; this module never reads the warehouse itself.
 """
 from __future__ import annotations
@@ -49,6 +52,7 @@ class ExportResult:
     manifest: dict
     routes: list[Route] = field(default_factory=list)
     held_out_left: list[str] = field(default_factory=list)   # held-out shapes measured, routed as unmeasured
+    skipped: dict[str, str] = field(default_factory=dict)      # IR hash -> why that measured kernel does not build
 
 
 def choose_gpu_model(rows: list[dict], asked: str | None, problem: str) -> str:
@@ -118,29 +122,56 @@ def export_problem(problem: Problem, rows: dict, req: ExportRequest, now: dt.dat
                           f"run `cake evolve {problem.name}` on a GPU first")
     model = choose_gpu_model(good, req.gpu_model, problem.name)
     wanted = None if req.shapes is None else set(req.shapes)
-    winners = fastest(rows["measurements"], model, set(rows["failed"]), wanted)
-    if not winners:
-        raise SelectionError(f"none of the {len(wanted or ())} selected shapes of {problem.name} was measured "
-                             f"correct on {model}{where}")
     held_out = {r["shape"] for r in rows["roles"] if r["role"] == "held_out"}
-    left: list[str] = []
-    if not req.include_held_out:
-        winners, left = set_aside_held_out(winners, held_out)
-        if not winners:
-            raise SelectionError(f"the {len(left)} shapes of {problem.name} measured correct on {model}{where} are "
-                                 "all held out; pass --include-held-out to route them by their own measurements")
-    routes = build_routes(winners, peer_best(rows["peers"], model), held_out, req.domain_routes)
     arch = _arch_for(req.arch, model)
     nvcc = nvcc_path()
     if nvcc is None:
         raise ExportError("nvcc was not found on PATH (nor /usr/local/cuda/bin, /usr/local/bin): install the CUDA "
                           "toolkit or set CAKE_NVCC=/path/to/nvcc; export compiles each kernel for the arch")
-    texts = {r["ir_hash"]: r["ir_text"] for r in winners.values()}
-    kernels = {h: compile_route_kernel(problem, h, texts[h], arch, req.cache_dir) for h in texts}
+    kernels: dict[str, KernelBuild] = {}
+    skipped: dict[str, str] = {}
+    while True:
+        winners, left = _winners(problem, rows, model, wanted, held_out, req.include_held_out, skipped, where)
+        texts = {r["ir_hash"]: r["ir_text"] for r in winners.values() if r["ir_hash"] not in kernels}
+        for h, text in texts.items():
+            try:
+                kernels[h] = compile_route_kernel(problem, h, text, arch, req.cache_dir)
+            except SelectionError:
+                raise
+            except ExportError as e:
+                skipped[h] = str(e)
+        if not any(h in skipped for h in texts):
+            break
+    kernels = {h: kernels[h] for h in dict.fromkeys(r["ir_hash"] for r in winners.values())}
+    routes = build_routes(winners, peer_best(rows["peers"], model), held_out, req.domain_routes)
     now = now or dt.datetime.now(dt.timezone.utc)
     manifest = build_manifest(problem, routes, kernels, package=req.name, gpu_model=model, arch=arch,
                               static_limit=find_arch(arch).smem_static_limit_bytes, toolkit=nvcc_version(nvcc),
                               driver=None, run_ids=sorted({w.run_id for r in routes for w in r.wins}),
                               created_at=now.isoformat(timespec="seconds"))
+    if skipped:
+        manifest["skipped"] = [{"ir_hash": h, "why": why} for h, why in sorted(skipped.items())]
     path = write_package(req.out, req.name, manifest, list(kernels.values()), arch)
-    return ExportResult(path, manifest, routes, left)
+    return ExportResult(path, manifest, routes, left, skipped)
+
+
+def _winners(problem: Problem, rows: dict, model: str, wanted: set[str] | None, held_out: set[str],
+             include_held_out: bool, skipped: dict[str, str], where: str) -> tuple[dict[str, dict], list[str]]:
+    """Per shape the fastest kernel measured correct on ``model`` among those not ``skipped``, and the held-out
+    shapes set aside; a SelectionError when no shape is left (an ExportError when the builds emptied it)."""
+    measured = [r for r in rows["measurements"] if r["ir_hash"] not in skipped]
+    winners = fastest(measured, model, set(rows["failed"]), wanted)
+    if not winners:
+        if skipped:
+            first = next(iter(skipped.values()))
+            raise ExportError(f"no kernel measured correct on {model}{where} still builds: {len(skipped)} set aside "
+                              f"({first}{'; ...' if len(skipped) > 1 else ''})")
+        raise SelectionError(f"none of the {len(wanted or ())} selected shapes of {problem.name} was measured "
+                             f"correct on {model}{where}")
+    left: list[str] = []
+    if not include_held_out:
+        winners, left = set_aside_held_out(winners, held_out)
+        if not winners:
+            raise SelectionError(f"the {len(left)} shapes of {problem.name} measured correct on {model}{where} are "
+                                 "all held out; pass --include-held-out to route them by their own measurements")
+    return winners, left

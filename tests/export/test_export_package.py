@@ -153,6 +153,32 @@ def test_a_held_out_shape_is_routed_by_its_measurements_only_when_asked(landed, 
         export(landed, tmp_path / "dist", "held_pkg", compile_cache, shapes=(s[5],))
 
 
+@needs_nvcc
+def test_a_kernel_that_no_longer_lowers_is_set_aside_and_its_shapes_go_to_the_next_fastest(landed, tmp_path,
+                                                                                           compile_cache):
+    """The WS kernel's text, as the warehouse holds it, is refused by today's lowering (lower.acc_layout): the
+    export sets it aside with the reason and routes its shapes to the next fastest kernel measured there."""
+    from export_rows import ir_hash
+
+    from cake_core.export.build import ExportError
+    bad = (Path(__file__).parent / "no_longer_lowers.cake").read_text()
+    ws = ir_hash("WS")
+    rows = {**landed, "measurements": [m | {"ir_text": bad} if m["ir_hash"] == ws else m
+                                       for m in landed["measurements"]]}
+    res = export(rows, tmp_path / "dist", "aside_pkg", compile_cache)
+    assert list(res.skipped) == [ws]
+    assert "does not lower" in res.skipped[ws] and "mma_sync accumulator" in res.skipped[ws]
+    assert res.manifest["skipped"] == [{"ir_hash": ws, "why": res.skipped[ws]}]
+    assert ws not in {r.ir_hash for r in res.routes}
+    s, want = shapes(), expected()
+    routed = set(res.manifest["exact"])
+    assert {s[0], s[1]} <= routed and routed == {k for k, v in want.items() if k != s[5]}
+    # every kernel's text refused: nothing to export, said in one line
+    none = {**landed, "measurements": [m | {"ir_text": bad} for m in landed["measurements"]]}
+    with pytest.raises(ExportError, match="no kernel measured correct on H200 still builds"):
+        export(none, tmp_path / "dist2", "none_pkg", compile_cache)
+
+
 def first_domain_kernel(manifest: dict, shape: dict) -> str | None:
     """The kernel a shape with no exact route went to before the nearest-shape decision: the first domain route
     (by shapes won) whose kernel's domain holds it."""

@@ -253,3 +253,26 @@ def test_a_cpu_stage_that_raises_or_kills_its_worker_stops_only_its_candidate(lo
     assert "ValueError: a bug in the stage" in attempts[1].diagnostics[0].message
     assert [d.rule for d in attempts[2].diagnostics] == ["worker.died"] and pool.replaced == 1
     assert attempts[0].seconds == {"lower": 0.25} and attempts[1].stage == "lower"
+
+
+def test_a_redone_generation_runs_the_candidates_its_slots_recorded(tmp_path):
+    """A crash cut a generation short: its slot 0 recorded its kernel, slot 1 did not. Redone (the agent now
+    writes other texts), slot 0 runs the recorded kernel, so what it lands belongs to that kernel; slot 1 runs
+    the new text."""
+    from tasks.stages import _as_recorded
+    from warehouse import Warehouse
+    from warehouse.queries import recorded_candidates
+
+    racy = SEED.replace("        mma(acc, a_s, b_s)\n        sync()\n", "        mma(acc, a_s, b_s)\n")
+    first = Attempt("r", 2, 0, "gemm_bf16", 0, Candidate(racy, ("p1",), "tactic", "mma_sync", 3, 4,
+                                                         ("mma_sync",)))
+    first.record(verify_stage(racy, HarnessSpec(), get_problem("gemm_bf16"), SHAPES))
+    Warehouse(tmp_path / "wh").append("attempts", attempt_rows(first)["attempts"])
+    other = SEED.replace("BK", "BKK")
+    redone = [Attempt("r", 2, i, "gemm_bf16", 0, Candidate(other, ("p2",), "tactic", "prefetch")) for i in (0, 1)]
+    landed = recorded_candidates(str(tmp_path / "wh"), [a.attempt_id for a in redone])
+    assert set(landed) == {first.attempt_id}
+    out = [_as_recorded(a, landed) for a in redone]
+    assert out[0].candidate == first.candidate
+    assert out[1].candidate == Candidate(other, ("p2",), "tactic", "prefetch")
+    assert recorded_candidates(str(tmp_path / "wh"), []) == {}
