@@ -6,7 +6,7 @@ Imports the package (``DIST`` on sys.path), makes torch tensors of the shape fro
 values: the kernel's result is not read), warms the route up (module load, arguments, tensor maps), then times,
 on one torch stream:
 
-- ``run``: ``calls`` calls of ``pkg.run(stream=s, **tensors)`` back to back, host wall time by
+- ``run``: ``calls`` calls of ``pkg.run(stream=s, **tensors, **scalars)`` back to back, host wall time by
   ``time.perf_counter`` over the whole loop, per call;
 - ``launch``: the same number of bare ``cuLaunchKernel`` calls of the route's prepared launch (the package's own
   ctypes buffers, no shape inference, no checks), per call;
@@ -52,9 +52,10 @@ def main() -> None:
     for t in d.tensors:
         dims = [pkg.evaluate(e, from_manifest) for e in t["shape"]]
         tensors[t["name"]] = torch.zeros(dims, dtype=getattr(torch, TORCH_DTYPES[t["dtype"]]), device="cuda")
+    scalars = {x: shape[x] for x in d.scalars}     # the dimensions no tensor carries, passed by name
     s = torch.cuda.Stream()
     for _ in range(10):
-        pkg.run(stream=s, **tensors)
+        pkg.run(stream=s, **tensors, **scalars)
     s.synchronize()
     plan = next(iter(d._plans.values()))
     launch = plan[0]
@@ -72,14 +73,14 @@ def main() -> None:
             done += n
         return total / args.calls * 1e6
 
-    run_us = timed(lambda: pkg.run(stream=s, **tensors))
+    run_us = timed(lambda: pkg.run(stream=s, **tensors, **scalars))
     launch_us = timed(lambda: drv.launch(launch.fn, launch.grid, launch.threads, launch.smem_bytes, handle,
                                          launch.params))
     # where run()'s host time goes, step by step (each step alone, the same number of calls): the signature its
     # plan is cached under, the tensors' checked addresses, the stream's handle, the prepared launch's call
     ts, ptr_of = [tensors[n] for n in d.names], plan[2]
     ptrs = [f(t) for f, t in zip(ptr_of, ts)]
-    steps = {"signature": lambda: (tuple((t.shape, t.dtype) for t in ts), ()),
+    steps = {"signature": lambda: (tuple((t.shape, t.dtype) for t in ts), tuple(scalars.items())),
              "addresses": lambda: [f(t) for f, t in zip(ptr_of, ts)],
              "stream": lambda: pkg.stream_handle(s),
              "device": lambda: pkg._device_of(ts[0]),
@@ -89,7 +90,7 @@ def main() -> None:
     for _ in range(200):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record(s)
-        pkg.run(stream=s, **tensors)
+        pkg.run(stream=s, **tensors, **scalars)
         b.record(s)
         b.synchronize()
         gpu_ms.append(a.elapsed_time(b))

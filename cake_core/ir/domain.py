@@ -14,7 +14,9 @@ Bounds derived (each a :class:`Bound`, checked per shape by :func:`domain_violat
     Along a dimension of a gmem tensor, every access the shape executes is a tile at a static position
     (``tile(0, KMAX)``, ``tile(1, BK)``: no loop over the dimension, no CTA coordinate): elements past the
     last such tile are never read or written, so the dimension must not exceed it (``k <= KMAX`` of the
-    top-k kernels, ``D <= 2 * BK`` of a kernel that loads D as two tiles). Accesses under an ``if`` whose
+    top-k kernels, ``D <= 2 * BK`` of a kernel that loads D as two tiles), or tiles indexed by a loop that
+    stops at ``min(x, c)`` with ``c`` static (``range(min(cdiv(D, BK), 8))``: ``D <= 8 * BK``; the loop is
+    capped, so what lies past the cap is outside the kernel, not a mistake in it). Accesses under an ``if`` whose
     condition is false on the shape do not count; a whole-dimension access (``:``) lifts the bound.
 ``domain.tile_multiple``
     An unguarded access (``guard=False``) tiles a dimension in tiles of T: the dimension must be a
@@ -32,7 +34,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterator
 
-from cake_core.ir.expr import Cmp, Expr, fmt_expr, substitute, symbols, try_evaluate
+from cake_core.ir.expr import Call, Cmp, Expr, fmt_expr, substitute, symbols, try_evaluate
 from cake_core.ir.ops import REGISTRY, At, Node, Op, Tile, View, loop_range
 from cake_core.ir.program import Program, walk
 from cake_core.targets import find_arch
@@ -148,14 +150,19 @@ def walk_key(n: Node) -> str:
 
 def _static_max(e: Expr, loops: dict[str, tuple], consts: dict[str, int], lets: dict[str, Expr]) -> int | None:
     """The largest value ``e`` takes over the static ranges of the loop variables it names; None when it
-    names anything else (a dimension, a CTA coordinate, a loop whose range depends on the shape)."""
+    names anything else (a dimension, a CTA coordinate, a loop whose range depends on the shape). A loop
+    that stops at ``min(x, c)`` with ``c`` static runs at most to ``c`` (``range(min(cdiv(D, BK), 8))`` reaches
+    8 tiles at most, whatever D: D past them is never read)."""
     e = expand_lets(e, lets)
     free = symbols(e) - set(consts)
     ranges = {}
     for s in free:
         if s not in loops:
             return None
-        start, stop, step = (try_evaluate(expand_lets(v, lets), consts) for v in loops[s])
+        begin, end, by = (expand_lets(v, lets) for v in loops[s])
+        start, stop, step = (try_evaluate(v, consts) for v in (begin, end, by))
+        if stop is None:
+            stop = _static_cap(end, consts)
         if start is None or stop is None or step is None or step < 1:
             return None
         ranges[s] = range(int(start), int(stop), int(step))
@@ -171,6 +178,16 @@ def _static_max(e: Expr, loops: dict[str, tuple], consts: dict[str, int], lets: 
             return None
         best = v if best is None else max(best, v)
     return None if best is None else int(best)
+
+
+def _static_cap(e: Expr, consts: dict[str, int]) -> int | None:
+    """A static upper bound of ``e`` when it is ``min(a, b)`` with ``a`` or ``b`` static (the smaller of the
+    static ones), else None."""
+    if not (isinstance(e, Call) and e.fn == "min"):
+        return None
+    caps = [c for c in (try_evaluate(a, consts) if try_evaluate(a, consts) is not None else _static_cap(a, consts)
+                        for a in e.args) if c is not None]
+    return int(min(caps)) if caps else None
 
 
 def _fmt_index(i) -> str:

@@ -89,3 +89,44 @@ def test_cake_run_prints_the_refusal_and_exits_1(tmp_path):
     r = CliRunner().invoke(app, ["run", str(path), "--cpu", "--problem", "knn_topk", "--shape", "Q=64,N=300,D=64,k=40"])
     assert r.exit_code == 1
     assert "domain.extent" in r.output and "k = 40 > 16" in r.output and "Traceback" not in r.output
+
+
+DEEP = parse_program(corpus_file("kmeans_assign_ws_deep.cake").read_text(), "kmeans_assign_ws_deep.cake")
+
+
+def test_a_loop_capped_by_min_bounds_the_dimension_at_its_cap():
+    # kmeans_assign_ws_deep loops over D in min(cdiv(D, BK), 8) tiles of 64: D past 512 is never read
+    assert "D <= 512" in {b.text() for b in kernel_domain(DEEP)}
+    shape = {"B": 1, "N": 300, "K": 256}
+    assert domain_violations(DEEP, {**shape, "D": 512}) == []
+    x, c = domain_violations(DEEP, {**shape, "D": 520})
+    assert x.rule == c.rule == "domain.extent"
+    assert "D = 520 > 512" in x.message and "`x`" in x.message and "tile(dk, BK) at line 14" in x.message
+    assert "`c`" in c.message
+    # the same loop to cdiv(D, BK) covers every D; one that stops a tile short is no bound (the gate finds it
+    # wrong: it is a mistake, not a domain)
+    text = corpus_file("kmeans_assign_ws_deep.cake").read_text()
+    for stop in ("cdiv(D, BK)", "cdiv(D, BK) - 1"):
+        prog = parse_program(text.replace("min(cdiv(D, BK), 8)", stop))
+        assert extent_limit(prog, "x", 2, {**shape, "D": 1000}) is None
+        assert domain_violations(prog, {**shape, "D": 1000}) == []
+
+
+def test_the_exported_domain_refuses_what_the_capped_loop_never_reads():
+    from cake_core.export.dispatcher_template import domain_refusal
+    from cake_core.export.routes import domain_data
+
+    data = domain_data(DEEP, ("B", "N", "K", "D"))
+    (x_ext,) = [e for e in data["extents"] if e["param"] == "x" and e["dim"] == "D"]
+    assert x_ext["accesses"] == [{"end": 512, "when": []}]
+    consts = DEEP.const_env
+    assert domain_refusal(data, {"B": 2, "N": 256, "K": 512, "D": 480}, consts) == ""
+    assert domain_refusal(data, {"B": 2, "N": 256, "K": 512, "D": 576}, consts).startswith("D = 576 > 512")
+
+
+def test_the_deep_kmeans_kernel_is_correct_across_d_tails_on_the_interpreter():
+    km = get_problem("kmeans_assign")
+    shapes = [{"B": 2, "N": 200, "K": 300, "D": 200}, {"B": 1, "N": 64, "K": 132, "D": 480},
+              {"B": 1, "N": 130, "K": 132, "D": 48}]
+    for c in check_on_cpu(DEEP, km, shapes, seed=5):
+        assert c.correct and not c.refused, c.message

@@ -17,8 +17,10 @@ from cake_core.problems import corpus_file
 
 SEED = corpus_file("kmeans_assign_ws.cake").read_text()
 # variants of the best-known program: persistent CTAs (x double-buffered across tiles); two consumer warpgroup
-# roles taking turns on the tensor cores (ping-pong); and that with centroid tiles multicast to a 2-CTA cluster
-VARIANTS = ["kmeans_assign_ws", "kmeans_assign_persistent", "kmeans_assign_pingpong", "kmeans_assign_pingpong_mc"]
+# roles taking turns on the tensor cores (ping-pong); and that with centroid tiles multicast to a 2-CTA cluster;
+# and the one for D up to 512 (x resident in 8 slots, centroids streamed in 64-column chunks)
+VARIANTS = ["kmeans_assign_ws", "kmeans_assign_persistent", "kmeans_assign_pingpong", "kmeans_assign_pingpong_mc",
+            "kmeans_assign_ws_deep"]
 C_B = "c_b = smem(bf16, (BN, BK), stages=4, swizzle=128)"
 
 

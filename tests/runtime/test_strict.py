@@ -87,8 +87,10 @@ def _bf16_dots(problem, norm: str, tile: str) -> str:
 
 # the dot products rounded to bf16 before the score (c_sq - 2 x.c) and the argmin: reduced-precision scoring
 BF16_SCORES = _bf16_dots(KM, "csq_s", "(BN, BK)")
-# the centroid loop stops after 4 tiles of 64: centroids past 256 are never scored
-FIRST_256 = _naive_km("    for kt in range(cdiv(K, BK)):", "    for kt in range(min(cdiv(K, BK), 4)):")
+# the arg-min takes the first 256 centroids only (it reads them all): centroids past 256 are never scored
+FIRST_256 = _naive_km("limit=K)", "limit=min(K, 256))")
+# the centroid loop stops after 4 tiles of 64: a kernel for K <= 256, as its domain says
+CAPPED_256 = _naive_km("    for kt in range(cdiv(K, BK)):", "    for kt in range(min(cdiv(K, BK), 4)):")
 
 
 def test_bf16_scoring_fails_on_the_near_ties_while_fp32_scoring_passes():
@@ -110,6 +112,15 @@ def test_skipping_the_centroids_past_256_fails_the_strict_gate_and_not_the_old_o
     checks = check_on_cpu(prog, KM, list(ss.shapes), seed=1)
     bad = [c for c in checks if not c.correct]
     assert bad and all("farther (relative) than the nearest" in c.message for c in bad)
+
+
+def test_a_centroid_loop_capped_at_256_is_refused_past_it_not_run():
+    prog = parse_program(CAPPED_256)
+    assert all(s["K"] <= 256 for s in strict_shapes(prog, KM).shapes)
+    (c,) = check_on_cpu(prog, KM, [{"B": 1, "N": 40, "K": 257, "D": 16}], seed=1)
+    assert c.refused and not c.correct and "K = 257 > 256" in c.message and "`c`" in c.message
+    (ok,) = check_on_cpu(prog, KM, [{"B": 1, "N": 40, "K": 256, "D": 16}], seed=1)
+    assert ok.correct, ok.message
 
 
 def test_near_ties_are_planted_and_ordered_by_fp32_not_by_bf16():

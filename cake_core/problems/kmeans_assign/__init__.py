@@ -129,9 +129,11 @@ PROBLEM = Problem(
     # grid (1.57x flash-kmeans at B=32 N=65536 K=1024 D=128), persistent, one CTA per row tile; for rows
     # TMA cannot describe (D % 8 != 0), the ping-pong kernel fed by cp.async into the same swizzled tiles,
     # on 256-point tiles so that each centroid byte serves twice the points (0.585 ms at B=4 N=100000
-    # K=1000 D=100 against 0.851 ms on 128-point tiles: corpus-vs-peers-2026-11-29d.md)
+    # K=1000 D=100 against 0.851 ms on 128-point tiles: corpus-vs-peers-2026-11-29d.md); for 128 < D <= 512
+    # (77 of the 123 kmeans_portfolio rows), the x tile resident in 8 slots of 64 columns and the centroids
+    # streamed in 64-column chunks (checked on the interpreter and compiled; not yet timed on a GPU)
     best_files=("kmeans_assign_pingpong.cake", "kmeans_assign_persistent.cake", "kmeans_assign_ws.cake",
-                "kmeans_assign_unaligned_m256.cake"),
+                "kmeans_assign_unaligned_m256.cake", "kmeans_assign_ws_deep.cake"),
     rows=RowOracle(
         count=lambda s: s["B"] * s["N"],
         oracle=_oracle_rows,
