@@ -151,8 +151,8 @@ def find_chained(p: Program) -> Chained:
                   f"the second product's columns {cols} = {env[cols]} are not 64, 128, 192 or 256 (wgmma's N)")
     for view, what in ((resident[a1], "resident operand"), (loads[b1], "first streamed operand")):
         last = view.index[-1]
-        refuse_unless(isinstance(last, Tile) and last.size == Sym(red), f"the {what}'s window does not take its "
-                                                                        f"last dimension as tile(i, {red})")
+        refuse_unless(isinstance(last, Tile) and last.size == Sym(red) and not last.offset,
+                      f"the {what}'s window does not take its last dimension as tile(i, {red})")
     return Chained(loop, first, second, (a1, resident[a1]), (b1, loads[b1], b1t), (b2, loads[b2]), a2, head,
                    prologue, tail, rows, keys, red, cols)
 

@@ -144,7 +144,7 @@ def subst_expr(e: Expr, env: dict[str, Expr]) -> Expr:
 
 
 def subst_view(v: View, env: dict[str, Expr]) -> View:
-    return View(v.buf, tuple(Tile(subst_expr(i.index, env), subst_expr(i.size, env)) if isinstance(i, Tile)
+    return View(v.buf, tuple(i.map(lambda e: subst_expr(e, env)) if isinstance(i, Tile)
                              else At(subst_expr(i.index, env)) if isinstance(i, At) else i for i in v.index))
 
 
@@ -152,7 +152,8 @@ def view_syms(v: View) -> set[str]:
     out: set[str] = set()
     for i in v.index:
         if isinstance(i, Tile):
-            out |= symbols(i.index) | symbols(i.size)
+            for e in i.exprs():
+                out |= symbols(e)
         elif isinstance(i, At):
             out |= symbols(i.index)
     return out
@@ -209,7 +210,7 @@ def map_exprs(n: Node, fn: Callable[[Expr], Expr]) -> Node:
         if kind == "shape":
             return tuple(fn(d) for d in a)
         if kind == "view":
-            return View(a.buf, tuple(Tile(fn(i.index), fn(i.size)) if isinstance(i, Tile)
+            return View(a.buf, tuple(i.map(fn) if isinstance(i, Tile)
                                      else At(fn(i.index)) if isinstance(i, At) else i for i in a.index))
         if kind == "slot" and isinstance(a, Slot) and a.index is not None:
             return Slot(a.buf, fn(a.index))

@@ -191,6 +191,8 @@ def _halve_rows(v: View, rows: str, half: int) -> View:
     hit = False
     for i in v.index:
         if isinstance(i, Tile) and i.size == Sym(rows):
+            refuse_unless(not i.offset, f"the window {fmt_view(v)} starts at an offset (base=/limit=): its halves "
+                                        "are not tiles of half the rows")
             idx.append(Tile(Bin("+", Bin("*", 2, i.index), half) if half else Bin("*", 2, i.index),
                             Bin("//", Sym(rows), 2)))
             hit = True

@@ -37,6 +37,7 @@ from typing import Iterator
 from cake_core.ir.expr import Call, Cmp, Expr, fmt_expr, substitute, symbols, try_evaluate
 from cake_core.ir.ops import REGISTRY, At, Node, Op, Tile, View, loop_range
 from cake_core.ir.program import Program, walk
+from cake_core.ir.printer import fmt_view
 from cake_core.targets import find_arch
 from cake_core.outcome import Diagnostic, Severity
 
@@ -192,7 +193,7 @@ def _static_cap(e: Expr, consts: dict[str, int]) -> int | None:
 
 def _fmt_index(i) -> str:
     if isinstance(i, Tile):
-        return f"tile({fmt_expr(i.index)}, {fmt_expr(i.size)})"
+        return fmt_view(View("", (i,)))[1:-1]
     if isinstance(i, At):
         return fmt_expr(i.index)
     return ":"
@@ -235,7 +236,11 @@ def _accesses(program: Program) -> tuple[Access, ...]:
                 continue
             for axis, i in enumerate(v.index):
                 end: int | None = None
-                if isinstance(i, Tile):
+                if isinstance(i, Tile) and i.offset:     # at an offset: as far as its first element goes, and a tile
+                    size = try_evaluate(expand_lets(i.size, lets), consts)
+                    first = _static_max(i.start, loops, consts, lets)
+                    end = None if size is None or first is None else first + int(size)
+                elif isinstance(i, Tile):
                     size = try_evaluate(expand_lets(i.size, lets), consts)
                     top = _static_max(i.index, loops, consts, lets)
                     end = None if size is None or top is None else (top + 1) * int(size)
@@ -280,7 +285,8 @@ def _kernel_domain(program: Program) -> list[Bound]:
             if p is None or len(v.index) != len(p.type.shape):
                 continue
             for i, dim in zip(v.index, p.type.shape):
-                size = try_evaluate(expand_lets(i.size, lets), consts) if isinstance(i, Tile) else None
+                size = try_evaluate(expand_lets(i.size, lets), consts) if isinstance(i, Tile) and not i.offset \
+                    else None
                 if size is None or size <= 1 or try_evaluate(dim, consts) is not None:
                     continue
                 bounds.append(Bound("domain.tile_multiple", dim, "%", int(size),

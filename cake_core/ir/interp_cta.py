@@ -55,12 +55,39 @@ class Work:
     """The steps one launch has taken, over all its CTAs, up to ``limit``; and the trips each loop made (to
     name the loop that spent them)."""
 
-    __slots__ = ("limit", "used", "trips", "costs")
+    __slots__ = ("limit", "used", "trips", "costs", "writers", "ctas")
 
     def __init__(self, limit: int = MAX_INTERP_STEPS):
         self.limit, self.used = limit, 0
         self.trips: dict[int, list] = {}     # id(for node) -> [node, trips over the launch, most trips per entry]
         self.costs: dict[int, int] = {}      # id(node) -> its steps (its tiles' shapes are fixed in a launch)
+        self.writers: dict[str, np.ndarray] = {}   # gmem name -> per element, the CTA that stored it (-1: none)
+        self.ctas: dict[tuple[int, int, int], int] = {}   # a CTA's (bid.x, bid.y, bid.z) -> its writer number
+
+    def claim(self, cta: "CTA", n: Any, buf: str, g: tuple, values: np.ndarray) -> None:
+        """Record ``cta``'s plain store of ``values`` over ``gmem[buf][g]``. Another CTA of the launch that stored
+        a different value into one of those elements before is an InterpFault: on the GPU which store lands last is
+        the hardware's choice (a race the interpreter, running CTAs one after another, would otherwise hide)."""
+        arr = cta.gmem[buf]
+        w = self.writers.get(buf)
+        if w is None:
+            w = self.writers[buf] = np.full(arr.shape, -1, np.int32)
+        me_at = (cta.env.get("bid.x", 0), cta.env.get("bid.y", 0), cta.env.get("bid.z", 0))
+        me = self.ctas.setdefault(me_at, len(self.ctas))
+        prev = w[g]
+        other = (prev >= 0) & (prev != me)
+        if other.any():
+            old, new = arr[g], np.asarray(values).reshape(arr[g].shape)
+            same = (old == new) | ((old != old) & (new != new))      # NaN stored twice is the same too
+            clash = other & ~same
+            if clash.any():
+                at = tuple(int(i) for i in np.argwhere(clash)[0])
+                first = tuple(s.start + i if isinstance(s, slice) else s for s, i in zip(g, at))
+                who = next(c for c, i in self.ctas.items() if i == int(prev[at]))
+                raise InterpFault(n, f"CTAs {who} and {me_at} both store `{buf}`{list(first)}, other values: which "
+                                     "lands last is the GPU's choice (a race between CTAs); give each element one "
+                                     "CTA (windows that do not overlap, a limit= where a window runs on)")
+        w[g] = me
 
     def spend(self, cta: "CTA", n: Any) -> None:
         cost = self.costs.get(id(n))
@@ -141,19 +168,30 @@ class CTA:
     def ev(self, e: Any) -> int:
         return int(evaluate(e, self.env))
 
+    def put(self, n: Any, buf: str, g: tuple, values: np.ndarray) -> None:
+        """gmem[buf][g] = values: a plain store of this CTA (``Work.claim`` checks it against the other CTAs')."""
+        arr = self.gmem[buf]
+        values = np.asarray(values).reshape(arr[g].shape)
+        self.work.claim(self, n, buf, g, values)
+        arr[g] = values
+
     def window(self, n: Any, v: View) -> tuple[list[tuple[int, int, bool]], tuple[int, ...]]:
-        """Per dim: (start, length, kept); and the gmem shape."""
+        """Per dim: (start, length, kept); and where each dimension ends for the window: the gmem shape, or a
+        tile's ``limit`` where it comes first (the elements past it are outside, as those past the edge)."""
         arr = self.gmem[v.buf]
-        out = []
+        out, edge = [], []
         for i, size in zip(v.index, arr.shape):
             if isinstance(i, Tile):
                 s = self.ev(i.size)
-                out.append((self.ev(i.index) * s, s, True))
+                out.append((self.ev(i.base) + self.ev(i.index) * s, s, True))
+                edge.append(size if i.limit is None else max(0, min(size, self.ev(i.limit))))
             elif isinstance(i, Full):
                 out.append((0, size, True))
+                edge.append(size)
             else:
                 out.append((self.ev(i.index), 1, False))
-        return out, arr.shape
+                edge.append(size)
+        return out, tuple(edge)
 
     def run(self, nodes: tuple[Any, ...]) -> None:
         i = 0

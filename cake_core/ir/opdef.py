@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Callable
 
-from cake_core.ir.expr import Expr
+from cake_core.ir.expr import Bin, Expr
 from cake_core.ir.types import MemSpace
 
 
@@ -388,10 +388,35 @@ def value(name: str, kind: str = "expr", **kw: Any) -> Operand:
 
 @dataclass(frozen=True)
 class Tile:
-    """``tile(i, n)``: elements [i*n, i*n + n) of a dimension."""
+    """``tile(i, n)``: elements [i*n, i*n + n) of a dimension; ``tile(i, n, base=b, limit=l)``: elements
+    [b + i*n, b + i*n + n), of which those at l or past it are outside the window as those past the tensor's
+    edge are (a load reads zeros there, a store skips them): a window at any offset, stopped at a sequence's
+    end (``tile(c, BT, base=bos, limit=eos)``, bos and eos read from cu_seqlens)."""
 
     index: Expr
     size: Expr
+    base: Expr = 0
+    limit: Expr | None = None
+
+    @property
+    def start(self) -> Expr:
+        """The window's first element along the dimension: ``base + index * size``."""
+        first = Bin("*", self.index, self.size)
+        return first if self.base == 0 else Bin("+", self.base, first)
+
+    @property
+    def offset(self) -> bool:
+        """Whether the window has a base or a limit (not a plain ``tile(i, n)``)."""
+        return self.base != 0 or self.limit is not None
+
+    def exprs(self) -> list[Expr]:
+        """Every index expression the window holds."""
+        return [self.index, self.size, self.base] + ([] if self.limit is None else [self.limit])
+
+    def map(self, fn: Any) -> "Tile":
+        """The window with ``fn`` applied to each of its expressions."""
+        return Tile(fn(self.index), fn(self.size), fn(self.base) if self.base != 0 else 0,
+                    None if self.limit is None else fn(self.limit))
 
 
 @dataclass(frozen=True)

@@ -177,8 +177,7 @@ def tma_store(cta: CTA, n: Any) -> None:
     win, shape = cta.window(n, v)
     g, t = clip(n, v, win, shape, True, "write")
     tile = src.reshape(tuple(length for _, length, kept in win if kept))
-    out = cta.gmem[v.buf]
-    out[g] = round_to(cta.dtypes[v.buf], tile[t]).reshape(out[g].shape)
+    cta.put(n, v.buf, g, round_to(cta.dtypes[v.buf], tile[t]))
 
 
 def mma_slots(cta: CTA, n: Any) -> None:
@@ -273,7 +272,7 @@ def topk_cluster_merge(cta: CTA, n: Any) -> None:
     win, shape = cta.window(n, v)
     if len(win) != 2 or not all(kept for _, _, kept in win) or win[0][1] != rows or not 1 <= win[1][1] <= kmax:
         raise InterpFault(n, f"the window of `{v.buf}` must be ({rows}, k <= {kmax}) for lists {pv[0].shape}")
-    k, out = win[1][1], cta.gmem[v.buf]
+    k = win[1][1]
     share = -(-rows // len(members))
     for r in range(rank * share, min(rows, (rank + 1) * share)):
         allv = np.concatenate([p[r].astype(np.float32) for p in pv])
@@ -283,7 +282,8 @@ def topk_cluster_merge(cta: CTA, n: Any) -> None:
         lo, hi = max(win[1][0], 0), min(win[1][0] + k, shape[1])
         if 0 <= g < shape[0] and lo < hi:
             vals = allv[order] if cta.dtypes[v.buf].is_float else alli[order]
-            out[g, lo:hi] = round_to(cta.dtypes[v.buf], vals[lo - win[1][0]:hi - win[1][0]])
+            cta.put(n, v.buf, (slice(g, g + 1), slice(lo, hi)),
+                    round_to(cta.dtypes[v.buf], vals[lo - win[1][0]:hi - win[1][0]]))
 
 
 def acc_publish(cta: CTA, n: Any) -> None:
@@ -315,14 +315,14 @@ def acc_cluster_reduce(cta: CTA, n: Any) -> None:
     per_row = -(-cols // 4)
     total = rows * per_row
     share = -(-total // len(members))
-    out, dt = cta.gmem[v.buf], cta.dtypes[v.buf]
+    dt = cta.dtypes[v.buf]
     for i in range(rank * share, min(total, (rank + 1) * share)):
         r, q = divmod(i, per_row)
         hi = min(4 * q + 4, cols)
         s = parts[0][r, 4 * q:hi].astype(np.float32)
         for p in parts[1:]:
             s = s + p[r, 4 * q:hi].astype(np.float32)
-        out[r0 + r, c0 + 4 * q:c0 + hi] = round_to(dt, s)
+        cta.put(n, v.buf, (slice(r0 + r, r0 + r + 1), slice(c0 + 4 * q, c0 + hi)), round_to(dt, s))
 
 
 # -------------------------------------------------------------- declarations

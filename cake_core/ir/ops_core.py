@@ -111,8 +111,7 @@ def store(cta: CTA, n: Any) -> None:
     win, shape = cta.window(n, v)
     g, t = clip(n, v, win, shape, n.attr("guard"), "write")
     tile = cta.tiles[src].reshape(tuple(length for _, length, kept in win if kept))
-    dst = cta.gmem[v.buf]
-    dst[g] = round_to(cta.dtypes[v.buf], tile[t]).reshape(dst[g].shape)
+    cta.put(n, v.buf, g, round_to(cta.dtypes[v.buf], tile[t]))
 
 
 def gather(cta: CTA, n: Any) -> None:

@@ -28,7 +28,7 @@ def node_exprs(n: Node, slots: bool = True) -> list[Expr]:
         elif o.kind == "view":
             for i in a.index:
                 if isinstance(i, Tile):
-                    exprs += [i.index, i.size]
+                    exprs += i.exprs()
                 elif isinstance(i, At):
                     exprs.append(i.index)
         elif slots and o.kind == "slot" and getattr(a, "index", None) is not None:
@@ -45,7 +45,7 @@ def map_operand_exprs(n: Node, fn) -> Node:
         if kind == "shape":
             return tuple(fn(d) for d in a)
         if kind == "view":
-            return View(a.buf, tuple(Tile(fn(i.index), fn(i.size)) if isinstance(i, Tile)
+            return View(a.buf, tuple(i.map(fn) if isinstance(i, Tile)
                                      else At(fn(i.index)) if isinstance(i, At) else i for i in a.index))
         if kind == "slot" and isinstance(a, Slot) and a.index is not None:
             return Slot(a.buf, fn(a.index))

@@ -38,7 +38,9 @@ def fmt_view(v: View) -> str:
         if isinstance(i, Full):
             parts.append(":")
         elif isinstance(i, Tile):
-            parts.append(f"tile({fmt_expr(i.index)}, {fmt_expr(i.size)})")
+            extra = (f", base={fmt_expr(i.base)}" if i.base != 0 else "") + \
+                (f", limit={fmt_expr(i.limit)}" if i.limit is not None else "")
+            parts.append(f"tile({fmt_expr(i.index)}, {fmt_expr(i.size)}{extra})")
         else:
             parts.append(fmt_expr(i.index))
     return f"{v.buf}[{', '.join(parts)}]"

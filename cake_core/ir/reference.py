@@ -20,7 +20,9 @@ _KINDS = {
     "shape": "a tuple of index expressions, e.g. (BM, BK)",
     "buf": "the name of an smem/rmem tile (or a gmem parameter where the op allows it)",
     "cond": "one comparison of two index expressions, e.g. `kt < cdiv(K, BK) - 1`",
-    "view": "a window of a gmem parameter: `a[tile(i, n), :, j]`",
+    "view": "a window of a gmem parameter: `a[tile(i, n), :, j]`; `tile(i, n, base=b, limit=l)` starts at "
+            "b + i * n and ends at l where l comes before the tensor's edge (loads read zeros past it, stores skip "
+            "it; not for TMA copies): a chunk of a sequence at any offset, `x[tile(c, BT, base=bos, limit=eos), :]`",
     "expr": "an index expression (ints, consts, dims, loop variables, bid.x/y/z, ncta.x/y/z (the grid's CTA "
             "counts), + - * // %, cdiv/min/max); a grid may also use num_sms (the GPU's SM count, given at launch)",
     "name": "a new name the op binds: a loop variable (`for`), or a binding visible to the rest of the block "

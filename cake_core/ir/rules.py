@@ -13,6 +13,7 @@ from cake_core.ir.expr import CTA_COORDS, CTA_COUNTS, LAUNCH_SYMBOLS, fmt_expr, 
 from cake_core.ir.opdef import Alloc, Effect, Family, Operand, Ordering, Scope, SyncKind, buffer_name
 from cake_core.ir.fragments import epilogue_state
 from cake_core.ir.ops import REGISTRY, Node, Op, Tile, View, loop_range
+from cake_core.ir.printer import fmt_view
 from cake_core.ir.passes import node_exprs
 from cake_core.ir.scratch import staged_operands
 from cake_core.ir.smem_layout import SCRATCH
@@ -195,6 +196,32 @@ def _tail_guard(ctx: Ctx) -> Iterable[Diagnostic]:
                            f"wrong or out of bounds unless {dname} is a multiple of {size}",
                            path=path, witness=witness, hint="drop guard=False, or run only on tile multiples")
             break
+
+
+_VIEW_OPS = frozenset(op for op, d in REGISTRY.items() if any(o.kind == "view" for o in d.operands))
+_TMA_COPIES = (Op.TMA_LOAD, Op.TMA_STORE)
+
+
+@rule("shapes.offset_window", "shapes", "a window at an offset (base=, limit=) where the op cannot honour it",
+      guards=_VIEW_OPS)
+def _offset_window(ctx: Ctx) -> Iterable[Diagnostic]:
+    """A TMA box starts at a multiple of its size and stops at the tensor's edge only; an unguarded copy reads
+    and writes past any limit (``guard=False`` drops the very check a limit is made of)."""
+    for n, path, _ in ctx.nodes:
+        for o, v in _operands(n):
+            if o.kind != "view" or not isinstance(v, View):
+                continue
+            off = next((i for i in v.index if isinstance(i, Tile) and i.offset), None)
+            if off is None:
+                continue
+            if n.op in _TMA_COPIES:
+                yield ctx.diag("shapes.offset_window", n, f"{n.op.value} of {fmt_view(v)}: a TMA box cannot start at "
+                                                          "base= or stop at limit=", path=path,
+                               hint="copy the window with load() or cp_async(), or tile it as tile(i, n)")
+            elif off.limit is not None and "guard" in REGISTRY[n.op].attrs and not n.attr("guard"):
+                yield ctx.diag("shapes.offset_window", n, f"unguarded {n.op.value} of {fmt_view(v)}: limit= is "
+                                                          "enforced by the guard that guard=False drops", path=path,
+                               hint="drop guard=False")
 
 
 # ---------------------------------------------------------------------- mma

@@ -102,7 +102,7 @@ def _acc_cluster_reduce_operands(ctx: Ctx) -> Iterable[Diagnostic]:
                            hint="e.g. c[tile(bid.z, BM), tile(bid.x, BN)] for part (BM, BN)")
         used = set()
         for i in v.index:
-            for e in ((i.index, i.size) if isinstance(i, Tile) else (i.index,) if isinstance(i, At) else ()):
+            for e in (i.exprs() if isinstance(i, Tile) else (i.index,) if isinstance(i, At) else ()):
                 used |= symbols(e)
         shared = sorted(used & set(spans))
         if shared:

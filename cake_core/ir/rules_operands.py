@@ -196,7 +196,7 @@ def _exprs(n: Node) -> list[Expr]:
             out.extend(a)
         elif o.kind == "view" and isinstance(a, View):
             for i in a.index:
-                out += [i.index, i.size] if isinstance(i, Tile) else [i.index] if isinstance(i, At) else []
+                out += i.exprs() if isinstance(i, Tile) else [i.index] if isinstance(i, At) else []
         elif o.kind == "slot" and getattr(a, "index", None) is not None:
             out.append(a.index)
     return out

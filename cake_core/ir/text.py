@@ -402,9 +402,16 @@ class _Parser:
                     raise _Bad("parse.view", p, "only `:` slices are allowed; use tile(i, n) for windows")
                 index.append(Full())
             elif isinstance(p, ast.Call) and isinstance(p.func, ast.Name) and p.func.id == "tile":
-                if len(p.args) != 2 or p.keywords:
-                    raise _Bad("parse.arity", p, "tile takes two operands: tile(index, size)")
-                index.append(Tile(self.expr(p.args[0]), self.expr(p.args[1])))
+                if len(p.args) != 2:
+                    raise _Bad("parse.arity", p, "tile takes two operands: tile(index, size), and optionally "
+                                                 "base= and limit=")
+                kw = {}
+                for k in p.keywords:
+                    if k.arg not in ("base", "limit") or k.arg in kw:
+                        raise _Bad("parse.attr", k.value, f"tile takes base= and limit= (once each), not "
+                                                          f"{k.arg or '**'}=", "e.g. tile(c, BT, base=bos, limit=eos)")
+                    kw[k.arg] = self.expr(k.value)
+                index.append(Tile(self.expr(p.args[0]), self.expr(p.args[1]), kw.get("base", 0), kw.get("limit")))
             else:
                 index.append(At(self.expr(p)))
         return View(a.value.id, tuple(index))

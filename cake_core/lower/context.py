@@ -248,6 +248,11 @@ def window(view: View, tile_shape: tuple[int, ...], ctx: Ctx, role: str) -> Wind
         dim_c = f"({ctx.check_expr(dims[d], 'a tensor dimension')})"
         if isinstance(ix, Tile):
             start = f"({ctx.check_expr(ix.index, 'a tile index')} * {ctx.check_expr(ix.size, 'a tile size')})"
+            if ix.base != 0:
+                start = f"({ctx.check_expr(ix.base, 'a window base')} + {start})"
+            if ix.limit is not None:       # the window ends at the limit where it comes before the edge
+                dim_c = (f"min((cake::index_t){dim_c}, "
+                         f"(cake::index_t)({ctx.check_expr(ix.limit, 'a window limit')}))")
             kept.append((d, start, dim_c))
             offset.append(f"(cake::index_t){start} * {stride_c[d]}")
         elif isinstance(ix, Full):

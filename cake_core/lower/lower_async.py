@@ -31,6 +31,7 @@ from typing import Any
 from cake_core.ir.fragments import layouts_on
 from cake_core.ir.ops import At, Node, Op, Slot, Tile, View
 from cake_core.ir.program import walk
+from cake_core.ir.printer import fmt_view
 from cake_core.ir.types import DType, MemSpace
 from cake_core.lower.context import Buf, Ctx, Line, Lowering, LowerError, window
 
@@ -187,6 +188,10 @@ def _tensor_map(ctx: Ctx, v: View, tile: Buf, split: int = 1, rows: int = 0) -> 
     box, coords = [], []
     for ix, d in zip(v.index, g.type.shape):
         if isinstance(ix, Tile):
+            if ix.offset:
+                raise LowerError("lower.tma_window", f"a TMA copy of `{v.buf}` at {fmt_view(v)}: its boxes start at "
+                                                     "multiples of their size and stop at the tensor's edge only",
+                                 "copy a window with base= or limit= with load() or cp_async()")
             size = ctx.static(ix.size, "a TMA box size")
             box.append(size)
             coords.append(f"({ctx.check_expr(ix.index, 'a tile index')}) * {size}")

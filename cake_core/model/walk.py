@@ -281,7 +281,9 @@ class Walker:
         stride = [math.prod(dims[d + 1:]) for d in range(len(dims))]
         offset = 0
         for d, ix in enumerate(v.index):
-            if isinstance(ix, (Tile, At)):
+            if isinstance(ix, Tile) and ix.offset:
+                offset += (try_evaluate(self.expand(ix.start), self.env) or 0) * stride[d]
+            elif isinstance(ix, (Tile, At)):
                 first = try_evaluate(self.expand(ix.index), self.env) or 0
                 size = try_evaluate(ix.size, self.env) or 0 if isinstance(ix, Tile) else 1
                 offset += first * size * stride[d]
@@ -340,7 +342,8 @@ class Walker:
             v = _view_of(n)
             if v is None:
                 return
-            index = tuple(self.expand(i.index if isinstance(i, (Tile, At)) else 0) for i in v.index
+            index = tuple(self.expand(i.start if isinstance(i, Tile) and i.offset else
+                                      i.index if isinstance(i, (Tile, At)) else 0) for i in v.index
                           if not isinstance(i, Full))
             s = self.streams[id(n)] = Stream(n, kind, v.buf, index, tuple((x, st) for x, st, _ in self.loops))
         used = set().union(*(symbols(i) for i in s.index)) if s.index else set()

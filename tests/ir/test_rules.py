@@ -29,6 +29,8 @@ PLANTED = {
     "target.grid": ("grid=(cdiv(N, BN), cdiv(M, BM))", "grid=(0, cdiv(M, BM))", 1),
     "target.unknown": ('target="sm_90a"', 'target="sm_80"', 1),
     "shapes.tail_guard": (LOAD_A, "load(a_s, a[tile(bid.y, BM), tile(kt, BK)], guard=False)", 7),
+    # a window stopped at a limit, copied unguarded (tests/ir/test_window_offsets.py has the TMA case)
+    "shapes.offset_window": (LOAD_A, "load(a_s, a[tile(bid.y, BM, limit=M), tile(kt, BK)], guard=False)", 7),
     "races.smem": ("        mma(acc, a_s, b_s)\n        sync()\n", "        mma(acc, a_s, b_s)\n", 7),
     "control.loop_step": ("for kt in range(cdiv(K, BK)):", "for kt in range(0, cdiv(K, BK), 0):", 6),
     "shapes.launch_symbols": (LOAD_A, "load(a_s, a[tile(bid.y, BM), tile(kt % num_sms, BK)])", 7),
