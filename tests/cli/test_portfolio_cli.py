@@ -12,12 +12,13 @@ from cli_run import one_error_line, run
 from stand_ins import no_services  # noqa: F401 - fixture
 
 
-def test_the_kmeans_portfolio_is_served_where_d_fits_the_hand_written_kernels():
+def test_the_kmeans_portfolio_is_served_by_the_hand_written_kernels_past_d_128_by_the_deep_one():
     r = run("coverage", "kmeans_assign", "--shapes", "kmeans_portfolio")
-    assert r.exit_code == 1, r.output
+    assert r.exit_code == 0, r.output
     out = " ".join(r.stdout.split())
     assert "kmeans_assign_ws.cake │ 46/123 │ 7/18 │ D > 128 (77)" in out
-    assert "any kernel │ 46/123 │ 7/18" in out and "77 shapes no kernel serves (first 12)" in out
+    assert "kmeans_assign_ws_deep.cake │ 123/123 │ 18/18" in out
+    assert "any kernel │ 123/123 │ 18/18" in out and "no kernel serves" not in out
     assert "kmeans_assign.cake " not in out, "the naive seed is counted only with --seed"
 
 
