@@ -137,6 +137,7 @@ def portfolio(
     from cake_core.pipeline.regions import plan_regions
     from cake_core.problems import get_problem
     from tasks.gpus import local_resources
+    from tasks.portfolio import other_portfolios
 
     settings = get_settings()
     problem_paths(problem_path)
@@ -152,6 +153,9 @@ def portfolio(
     pid = flow.portfolio_id_of(prob.name, set_ref, count, per_region, seed)
     typer.echo(f"portfolio {pid}: {prob.name} on {sset.name}, {len(sset.shapes)} rows, "
                f"{'cold' if cold else 'warm'}, {', '.join(gpu_models) if gpu_models else 'CPU only (checked, not timed)'}")
+    for other in other_portfolios(str(settings.warehouse_root), prob.name, set_ref, pid):
+        typer.echo(f"note: this home also holds portfolio {other} of {prob.name} on {sset.name}; these options "
+                   f"name {pid}: to go on with the other, give its options")
     with services.prefect_server(settings), services.ray_runtime(settings, num_gpus=len(gpu_models),
                                                                  resources=local_resources(gpu_models)), \
             _stopped_quietly(pid):

@@ -2,6 +2,7 @@
 status, the table of the regions' bests, and the portfolio's rows against the peer (published as an artifact)."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,34 @@ def portfolio_folder(warehouse_root: str, portfolio_id: str) -> Path:
     return Path(warehouse_root).parent / "portfolios" / portfolio_id
 
 
+PLAN_FILE = "plan.json"
+
+
+def other_portfolios(warehouse_root: str, problem: str, shape_set: str, portfolio_id: str) -> list[str]:
+    """The other portfolios of ``problem`` over ``shape_set`` that the home holds runs of, each with the options
+    that continue it (``--regions 3 --per-region 3 --seed 0``; the region count alone where an older portfolio
+    recorded no plan): a different option names a new portfolio, which is easy to start by mistake."""
+    from warehouse.queries import portfolio_ids
+
+    name = Path(shape_set).stem if shape_set.endswith(".csv") else shape_set
+    out = []
+    for pid in portfolio_ids(warehouse_root, problem):
+        if pid == portfolio_id or not pid.startswith(f"pf-{name}-"):
+            continue
+        folder = portfolio_folder(warehouse_root, pid)
+        plan_file = folder / PLAN_FILE
+        if plan_file.exists():
+            p = json.loads(plan_file.read_text())
+            if p.get("shape_set") != shape_set:
+                continue
+            opts = (f"--regions {p['regions']} " if p["regions"] is not None else "") + \
+                f"--per-region {p['per_region']} --seed {p['seed']}"
+        else:
+            opts = f"--regions {len(list(folder.glob('region-*.csv')))} (its --per-region and --seed not recorded)"
+        out.append(f"{pid} ({opts})")
+    return out
+
+
 @task(name="portfolio-plan", cache_policy=NO_CACHE)
 def portfolio_plan(problem: str, shape_set: str, regions: int | None, per_region: int, seed: int,
                    portfolio_id: str, warehouse_root: str) -> dict[str, Any]:
@@ -32,6 +61,9 @@ def portfolio_plan(problem: str, shape_set: str, regions: int | None, per_region
     planned = plan_regions(sset, prob.dims, regions, per_region, seed)
     folder = portfolio_folder(warehouse_root, portfolio_id)
     folder.mkdir(parents=True, exist_ok=True)
+    # the options that name this portfolio, for `cake portfolio` to say how to go on with it (other_portfolios)
+    (folder / PLAN_FILE).write_text(json.dumps({"problem": problem, "shape_set": shape_set, "regions": regions,
+                                                "per_region": per_region, "seed": seed}, indent=1) + "\n")
     out = []
     searched = [s for r in planned for s in r.members]
     for r in planned:

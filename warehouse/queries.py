@@ -142,6 +142,15 @@ def portfolio_scores(where: Warehouse | str | Path, problem: str) -> list[dict[s
 
 # ---------------------------------------------------------------- best so far
 
+def portfolio_ids(where: Warehouse | str | Path, problem: str) -> list[str]:
+    """The portfolios (``pf-...`` ids) whose region runs of ``problem`` the warehouse holds, sorted."""
+    if not isinstance(where, Warehouse) and not (Path(where) / "SCHEMA_VERSION").exists():
+        return []
+    rows = _wh(where).query("select distinct run_id from runs where problem = ? and run_id like 'pf-%-region-%'",
+                            [problem]).to_pylist()
+    return sorted({r["run_id"].rsplit("-region-", 1)[0] for r in rows})
+
+
 def run_best(where: Warehouse | str | Path, run_id: str, through: int | None = None) -> dict[str, Any] | None:
     """The run's best kernel (``run_best``: ``kernel_scores``' first), with its IR text and its predicted
     geomean; ``through``: the best among generations ``0 .. through`` only (the best so far at that

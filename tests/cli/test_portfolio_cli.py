@@ -128,6 +128,30 @@ def test_cake_portfolio_runs_the_portfolio_flow_with_what_it_was_given(fake_flow
     assert calls[2]["cold"] is True, "cold by default"
 
 
+def test_cake_portfolio_names_the_other_portfolio_of_the_problem_and_set_and_its_options(fake_flow, tmp_path):
+    import sys
+    from pathlib import Path
+
+    from tasks.portfolio import portfolio_plan
+    from warehouse import Warehouse
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "warehouse"))
+    from wh_fixtures import dataset
+
+    calls, _ = fake_flow
+    assert run("portfolio", "kmeans_assign", "--shapes", "kmeans_portfolio", "--regions", "3").exit_code == 0
+    first = calls[0]["portfolio_id"]
+    portfolio_plan.fn("kmeans_assign", "kmeans_portfolio", 3, 3, 0, first, calls[0]["warehouse_root"])
+    Warehouse(calls[0]["warehouse_root"]).append("runs", [dataset()["runs"][1] | {
+        "run_id": f"{first}-region-00", "problem": "kmeans_assign"}])
+    r = run("portfolio", "kmeans_assign", "--shapes", "kmeans_portfolio", "--regions", "4")
+    assert r.exit_code == 0 and calls[1]["portfolio_id"] != first
+    out = " ".join(r.stdout.split())
+    assert (f"note: this home also holds portfolio {first} (--regions 3 --per-region 3 --seed 0) of kmeans_assign "
+            f"on kmeans_portfolio; these options name {calls[1]['portfolio_id']}") in out
+    again = run("portfolio", "kmeans_assign", "--shapes", "kmeans_portfolio", "--regions", "3")
+    assert "note:" not in again.stdout, "the portfolio itself is not another one"
+
+
 def test_cake_portfolio_refuses_bad_input_in_one_line_before_any_service(fake_flow, tmp_path):
     calls, used = fake_flow
     assert "unknown problem `nope`" in one_error_line(run("portfolio", "nope", "--shapes", "x"))
