@@ -136,8 +136,6 @@ def export_problem(problem: Problem, rows: dict, req: ExportRequest, now: dt.dat
         for h, text in texts.items():
             try:
                 kernels[h] = compile_route_kernel(problem, h, text, arch, req.cache_dir)
-            except SelectionError:
-                raise
             except ExportError as e:
                 skipped[h] = str(e)
         if not any(h in skipped for h in texts):

@@ -37,7 +37,7 @@ from typing import Iterator
 from cake_core.ir.expr import Call, Cmp, Expr, fmt_expr, substitute, symbols, try_evaluate
 from cake_core.ir.ops import REGISTRY, At, Node, Op, Tile, View, loop_range
 from cake_core.ir.program import Program, walk
-from cake_core.ir.printer import fmt_view
+from cake_core.ir.printer import fmt_index
 from cake_core.targets import find_arch
 from cake_core.outcome import Diagnostic, Severity
 
@@ -191,14 +191,6 @@ def _static_cap(e: Expr, consts: dict[str, int]) -> int | None:
     return int(min(caps)) if caps else None
 
 
-def _fmt_index(i) -> str:
-    if isinstance(i, Tile):
-        return fmt_view(View("", (i,)))[1:-1]
-    if isinstance(i, At):
-        return fmt_expr(i.index)
-    return ":"
-
-
 _MEMO: dict[int, tuple[Program, dict[str, object]]] = {}     # id(program) -> (program, derived facts)
 
 
@@ -247,7 +239,7 @@ def _accesses(program: Program) -> tuple[Access, ...]:
                 elif isinstance(i, At):
                     top = _static_max(i.index, loops, consts, lets)
                     end = None if top is None else top + 1
-                out.append(Access(v.buf, axis, end, conds, n, path, _fmt_index(i), writes))
+                out.append(Access(v.buf, axis, end, conds, n, path, fmt_index(i), writes))
     return tuple(out)
 
 

@@ -65,7 +65,7 @@ class Work:
         self.ctas: dict[tuple[int, int, int], int] = {}   # a CTA's (bid.x, bid.y, bid.z) -> its writer number
 
     def claim(self, cta: "CTA", n: Any, buf: str, g: tuple, values: np.ndarray) -> None:
-        """Record ``cta``'s plain store of ``values`` over ``gmem[buf][g]``. Another CTA of the launch that stored
+        """Record ``cta``'s plain store of ``values`` (shaped as ``gmem[buf][g]``) over ``gmem[buf][g]``. Another CTA of the launch that stored
         a different value into one of those elements before is an InterpFault: on the GPU which store lands last is
         the hardware's choice (a race the interpreter, running CTAs one after another, would otherwise hide)."""
         arr = cta.gmem[buf]
@@ -77,8 +77,8 @@ class Work:
         prev = w[g]
         other = (prev >= 0) & (prev != me)
         if other.any():
-            old, new = arr[g], np.asarray(values).reshape(arr[g].shape)
-            same = (old == new) | ((old != old) & (new != new))      # NaN stored twice is the same too
+            old = arr[g]
+            same = (old == values) | ((old != old) & (values != values))      # NaN stored twice is the same too
             clash = other & ~same
             if clash.any():
                 at = tuple(int(i) for i in np.argwhere(clash)[0])

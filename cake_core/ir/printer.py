@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from cake_core.ir.expr import Expr, fmt_expr
-from cake_core.ir.ops import REGISTRY, Full, Node, Op, Tile, View, loop_range
+from cake_core.ir.ops import REGISTRY, At, Full, Node, Op, Tile, View, loop_range
 from cake_core.ir.types import TileType
 
 
@@ -32,18 +32,19 @@ def _fmt_shape(s: tuple[Expr, ...]) -> str:
     return "(" + ", ".join(fmt_expr(d) for d in s) + ("," if len(s) == 1 else "") + ")"
 
 
+def fmt_index(i: Tile | Full | At) -> str:
+    """One index of a view as written: ``:``, ``tile(i, n)`` (with ``base=``/``limit=`` where set), or ``e``."""
+    if isinstance(i, Full):
+        return ":"
+    if isinstance(i, Tile):
+        extra = (f", base={fmt_expr(i.base)}" if i.base != 0 else "") + \
+            (f", limit={fmt_expr(i.limit)}" if i.limit is not None else "")
+        return f"tile({fmt_expr(i.index)}, {fmt_expr(i.size)}{extra})"
+    return fmt_expr(i.index)
+
+
 def fmt_view(v: View) -> str:
-    parts = []
-    for i in v.index:
-        if isinstance(i, Full):
-            parts.append(":")
-        elif isinstance(i, Tile):
-            extra = (f", base={fmt_expr(i.base)}" if i.base != 0 else "") + \
-                (f", limit={fmt_expr(i.limit)}" if i.limit is not None else "")
-            parts.append(f"tile({fmt_expr(i.index)}, {fmt_expr(i.size)}{extra})")
-        else:
-            parts.append(fmt_expr(i.index))
-    return f"{v.buf}[{', '.join(parts)}]"
+    return f"{v.buf}[{', '.join(fmt_index(i) for i in v.index)}]"
 
 
 def _fmt_operand(kind: str, a: Any) -> str:

@@ -10,12 +10,13 @@ import itertools
 from typing import Iterable, Iterator
 
 from cake_core.ir.expr import CTA_COORDS, CTA_COUNTS, LAUNCH_SYMBOLS, fmt_expr, symbols, try_evaluate
-from cake_core.ir.opdef import Alloc, Effect, Family, Operand, Ordering, Scope, SyncKind, buffer_name
+from cake_core.ir.opdef import Alloc, Family, Operand, Ordering, Scope, SyncKind, buffer_name
 from cake_core.ir.fragments import epilogue_state
 from cake_core.ir.ops import REGISTRY, Node, Op, Tile, View, loop_range
 from cake_core.ir.printer import fmt_view
 from cake_core.ir.passes import node_exprs
 from cake_core.ir.scratch import staged_operands
+from cake_core.ir.smem_access import conflict, owned_accesses, smem_accesses
 from cake_core.ir.smem_layout import SCRATCH
 from cake_core.ir.rule_ctx import (Ctx, RuleSet, fmt_shape, layouts, rmem_words_per_thread, same_extent, smem,
                                    smem_bytes, view_extent)
@@ -463,8 +464,6 @@ _FENCED = frozenset({Op.REDUCE, Op.SCAN, Op.ARGMIN, Op.ARGMAX, Op.ARGMIN_UPDATE,
 # before them where they stage an rmem operand): a source read at the same element is read by the thread that
 # owns it, any other (a broadcast, a transpose's source) by other threads
 _OWNED = frozenset({Op.FILL, Op.CAST, Op.UNARY, Op.EWISE, Op.SELECT, Op.IOTA, Op.TRANSPOSE})
-_KIND = {Effect.READ: ("read",), Effect.WRITE: ("write",), Effect.READWRITE: ("read", "write"),
-         Effect.ATOMIC_ADD: ("atomic",), Effect.OWNED_ADD: ("owned",)}
 
 
 @rule("races.smem", "races", "a shared-memory tile is read and written without a barrier between",
@@ -515,15 +514,15 @@ def _races(ctx: Ctx) -> Iterable[Diagnostic]:
                 inflight = sorted(set(before) | set(inflight), key=lambda g: g[0])
             if n.op is Op.CP_ASYNC and buffer_name(n.arg("dst")) in smem:
                 inflight.append((next(issued), buffer_name(n.arg("dst")), n, trip))
-            accesses = smem_accesses(n, smem) if n.op in _TRACKED | _FENCED | _OWNED else []
-            owned = _owned_accesses(ctx, n, smem) if n.op in _OWNED else set()
+            accesses = smem_accesses(n, smem, _operands) if n.op in _TRACKED | _FENCED | _OWNED else []
+            owned = owned_accesses(ctx, n, smem, _operands) if n.op in _OWNED else set()
             recorded: list[tuple[str, tuple[str, Node, int, bool]]] = []
             for kind, buf in accesses:      # an op's own accesses do not race with each other
                 mine = (kind, buf) in owned
                 for pkind, pn, ptrip, pmine in pending.get(buf, []):
                     if mine and pmine:
                         continue        # the same element, by the thread that owns it
-                    if _conflict(kind, pkind) and (pn.line, n.line) not in reported:
+                    if conflict(kind, pkind) and (pn.line, n.line) not in reported:
                         reported.add((pn.line, n.line))
                         path = next((p for m, p, _ in ctx.nodes if m is n), "")
                         if pkind == "landing":
@@ -559,46 +558,3 @@ def _stages(ctx: Ctx, n: Node) -> bool:
         dims = tuple(ctx.static(d) for d in t.shape)
         return None if any(d is None for d in dims) else dims
     return bool(staged_operands(n, ctx.buffers.get, shape, layouts(ctx)))
-
-
-def _owned_accesses(ctx: Ctx, n: Node, smem: set[str]) -> set[tuple[str, str]]:
-    """The accesses of an elementwise op to smem tiles at the element its destination's thread map gives each
-    thread: the destination, and each source of the destination's shape (not a transpose's source)."""
-    def shape(t) -> tuple:
-        return tuple(d if v is None else v for d in t.shape for v in (ctx.static(d),))
-    dst_t = ctx.buffers.get(buffer_name(n.args[0]))
-    if dst_t is None:
-        return set()
-    out: set[tuple[str, str]] = set()
-    for i, (o, a) in enumerate(_operands(n)):
-        name = buffer_name(a) if o.kind == "buf" else None
-        t = ctx.buffers.get(name) if name in smem else None
-        if t is None or (n.op is Op.TRANSPOSE and i > 0) or shape(t) != shape(dst_t):
-            continue
-        out.update((k, name) for k in _KIND.get(o.effect_of(n), ()))
-    return out
-
-
-def smem_accesses(n: Node, smem: set[str]) -> list[tuple[str, str]]:
-    """The ``(kind, tile)`` accesses of ``n`` to the smem tiles ``smem``, from its operands' declared effects:
-    read, write, "atomic" (atomic adds: several threads' adds into one tile do not race with each other, only
-    with plain reads and writes) and "owned" (every owned add gives target row k to the same warp, which adds
-    in program order: owned adds do not race with each other, only with atomics and with plain reads and
-    writes). Plain accesses come first, then the adds, each in operand order."""
-    plain: list[tuple[str, str]] = []
-    adds: list[tuple[str, str]] = []
-    for o, a in _operands(n):
-        name = getattr(a, "buf", a) if o.memory else None
-        if name not in smem:
-            continue
-        kinds = _KIND.get(o.effect_of(n), ())
-        (adds if o.effect_of(n) in (Effect.ATOMIC_ADD, Effect.OWNED_ADD) else plain).extend((k, name) for k in kinds)
-    return plain + adds
-
-
-def _conflict(a: str, b: str) -> bool:
-    """Two unordered accesses to one smem tile race unless both only read or both are atomic adds; a cp.async copy
-    still landing ("landing": past a barrier, its group not yet retired) races with the reads after it."""
-    if "landing" in (a, b):
-        return "read" in (a, b)
-    return a != b or a == "write"
