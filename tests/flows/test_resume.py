@@ -17,6 +17,7 @@ from warehouse import Warehouse
 from cake_core.problems import corpus_file
 
 CAKE = str(Path(sys.executable).parent / "cake")
+HOLD = Path(__file__).parent / "hold"      # a sitecustomize that holds a run where the kill test wants it
 EVOLVE = ["evolve", "gemm_bf16", "--shapes", "gemm_small", "--generations", "3", "--population", "5",
           "--seed", "21"]     # the same run as test_a_run_killed_and_resumed_ends_as_the_uninterrupted_one's in-process one
 
@@ -60,21 +61,21 @@ def test_a_run_killed_and_resumed_ends_as_the_uninterrupted_one(services, tmp_pa
     run_w, attempts_w, best_w, _ = _journey(whole / "warehouse")
     assert run_w["status"] == "completed" and run_w["stop_reason"] == "generations" and best_w
 
-    proc = subprocess.Popen([CAKE, *EVOLVE], cwd=cut, env=_env(cut, services), stdout=subprocess.DEVNULL,
+    hold = cut / "held"             # tests/flows/hold: the run stops for good once generation 1 has landed an attempt
+    env = {**_env(cut, services), "CAKE_TEST_HOLD_FILE": str(hold), "CAKE_TEST_HOLD_GENERATION": "1",
+           "PYTHONPATH": os.pathsep.join([str(HOLD), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    proc = subprocess.Popen([CAKE, *EVOLVE], cwd=cut, env=env, stdout=subprocess.DEVNULL,
                             stderr=open(cut / "stderr.txt", "w"), start_new_session=True)
-    root, deadline, done = cut / "warehouse", time.monotonic() + 600, 0     # generous: a busy machine
-    # kill -9 in the middle of a generation: once the first one is done and the next has recorded something
-    while time.monotonic() < deadline and proc.poll() is None:
+    deadline = time.monotonic() + 900           # generous: a busy machine; the run waits there, it cannot pass
+    while time.monotonic() < deadline and proc.poll() is None and not hold.exists():
         time.sleep(0.2)
-        if (root / "SCHEMA_VERSION").exists():
-            wh = Warehouse(root)
-            done = wh.query("select count(*) as n from stage_times where stage = 'select'").to_pylist()[0]["n"]
-            if done >= 1 and wh.query("select count(*) as n from attempts where generation = ?",
-                                      [done]).to_pylist()[0]["n"]:
-                break
-    assert proc.poll() is None, "the run ended before it could be killed: " + (cut / "stderr.txt").read_text()[-2000:]
+    assert hold.exists(), "the run never reached generation 1: " + (cut / "stderr.txt").read_text()[-2000:]
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
+    root = cut / "warehouse"
+    wh = Warehouse(root)
+    done = wh.query("select count(*) as n from stage_times where stage = 'select'").to_pylist()[0]["n"]
+    assert wh.query("select count(*) as n from attempts where generation = 1").to_pylist()[0]["n"]
     (killed,) = Warehouse(root).query("select run_id, status from runs_latest").to_pylist()
     assert killed["status"] == "running" and 1 <= done < 3
 
