@@ -209,7 +209,8 @@ def _bar_exprs(n: Node, bars: set[str], count: dict[str, Expr], view_names: set[
             m = with_args(m, value=subst_expr(m.arg("value"), count))
         elif m.op is Op.WAIT and m.arg("bar").buf in bars:
             m = with_args(m, bar=slot_fix(m.arg("bar"), "slot"), phase=subst_expr(m.arg("phase"), count))
-        elif m.op in _BAR_SLOT_OPS or m.op in (Op.WGMMA, Op.ARGMIN_BIAS, Op.TOPK_BIAS, Op.SQNORM_ROWS):
+        elif m.op in _BAR_SLOT_OPS or m.op in (Op.WGMMA, Op.ARGMIN_BIAS, Op.TOPK_BIAS, Op.TOPK_SHIFT,
+                                                   Op.SQNORM_ROWS):
             kinds = [o.kind for o in REGISTRY[m.op].operands]
             m = replace(m, args=tuple(slot_fix(a, k) for k, a in zip(kinds, m.args)))
         return replace(m, body=tuple(fix(b) for b in m.body))

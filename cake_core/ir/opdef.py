@@ -103,6 +103,7 @@ class Op(str, enum.Enum):
     # -- fused epilogues on a wgmma accumulator, row norms of a landed tile
     ARGMIN_BIAS = enum.auto()
     TOPK_BIAS = enum.auto()
+    TOPK_SHIFT = enum.auto()
     SQNORM_ROWS = enum.auto()
     # -- exchanges between the CTAs of a cluster
     TOPK_PUBLISH = enum.auto()

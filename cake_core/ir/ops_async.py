@@ -60,6 +60,9 @@ lowering) agrees on:
   ascending (score, index) order; the lowering keeps a sorted list per thread for
   the rows it owns (over its own columns) and merges the quad's 4 lists when
   ``top_i`` or ``top_v`` is stored (the first k columns of the window).
+- ``topk_shift`` adds a per-row value (an smem vector, e.g. ||q_r||^2) to every kept value of
+  ``top_v``: the order is unchanged, and what ``store`` or ``topk_publish`` writes is then the whole
+  squared distance ``||q_r||^2 + ||db_j||^2 - 2 q_r.db_j``.
 - ``sqnorm_rows`` writes the squared norm of each row of an smem tile into an smem
   vector (f32), e.g. ||db_j||^2 from the landed database tile; it completes its
   writes among the role's threads before returning, so the role's next ``arrive``
@@ -239,6 +242,15 @@ def topk_bias(cta: CTA, n: Any) -> None:
         alli = np.concatenate([ti[r].astype(np.int64), cand])
         order = np.lexsort((alli, allv))[:kmax]
         tv[r], ti[r] = allv[order], alli[order]
+
+
+def topk_shift(cta: CTA, n: Any) -> None:
+    """top_v[r, :] += rows[r] in f32 (inf stays inf)."""
+    tv, rows = cta.tiles[n.arg("top_v")], slot_array(cta, n, n.arg("rows")).reshape(-1)
+    if tv.ndim != 2 or rows.size != tv.shape[0]:
+        raise InterpFault(n, f"top_v {tv.shape} needs one value per row, rows holds {rows.size}")
+    with np.errstate(all="ignore"):
+        tv[...] = tv.astype(np.float32) + rows.astype(np.float32)[:, None]
 
 
 def sqnorm_rows(cta: CTA, n: Any) -> None:
@@ -481,6 +493,16 @@ DECLS: tuple[OpDef, ...] = (
           preconditions=("dots is the role's wgmma accumulator (R, C), f32", "top_v (R, KMAX) f32 filled with "
                          "inf, top_i (R, KMAX) i32, both rmem in the same role, KMAX <= 32",
                          "bias is an smem f32 slot of C elements", "wgmma_wait before it: dots complete")),
+    OpDef(Op.TOPK_SHIFT, Family.EPILOGUE, (buf("top_v", _RW, _RMEM), slot("rows", _R)),
+          topk_shift, CostClass.SIMT, ordering=Ordering.ASYNC,
+          summary="Add rows[r] to every value top_v[r, :] of a topk_bias list (f32; inf stays inf): the order "
+                  "does not change, and what store or topk_publish writes afterwards is shifted too, e.g. "
+                  "||q_r||^2 + (||db_j||^2 - 2 q_r.db_j), the whole squared distance. rows is an smem f32 slot "
+                  "of R values (sqnorm_rows of the query tile).",
+          example="topk_shift(top_v, qn_s[0])",
+          preconditions=("inside the role of the topk_bias that fills top_v, after its loop",
+                         "top_v (R, KMAX) that topk_bias's list; rows an smem f32 slot of R values",
+                         "rows ready: written by sqnorm_rows and published (arrive, then wait) before it")),
     OpDef(Op.SQNORM_ROWS, Family.EPILOGUE, (slot("dst", ByAttr("accumulate", ((False, _W), (True, _RW)))),
                                             slot("src", _R)),
           sqnorm_rows, CostClass.ROW_REDUCE, {"accumulate": AttrSpec(bool, False)},

@@ -30,7 +30,7 @@ class SlotAccesses:
                         [f"read: {n.op.value} at line {n.line} (role {r.name}, trip {rd.trip})",
                          f"no copy into {self.sname(key)} has been issued yet"],
                         "wait on the full barrier of this slot before reading it")
-        elif fill.bar is not None and r.seen.get(fill.bar, 0) <= fill.phase:
+        elif fill.bar is not None and not (fill.own and fill.role == r.name) and r.seen.get(fill.bar, 0) <= fill.phase:
             self.report("protocol.read_before_ready", n, (n.line, fill.node.line),
                         f"{n.op.value} reads smem slot {self.sname(key)} before waiting for the copy that fills "
                         f"it (phase {fill.phase} of {fill.bar})",
@@ -132,7 +132,7 @@ class SlotAccesses:
         for slot in r.published:
             f = self.fills.get(slot)
             if f is not None and f.role == r.name and f.bar is None:
-                self.fills[slot] = Fill(f.role, f.node, f.trip, key, phase)
+                self.fills[slot] = Fill(f.role, f.node, f.trip, key, phase, own=True)
         r.published = []
 
     def release(self, r: Role, phases: list[tuple[str, int]], n: Node) -> None:

@@ -211,6 +211,7 @@ class Fill:
     bar: str | None          # barrier key the bytes complete on (None: an ordinary write)
     phase: int
     generic: bool = False    # generic-proxy writes (cp_async_bar): async-proxy readers fence after the wait
+    own: bool = False        # written by the role's own threads and published by its arrive: visible to them already
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Verifier rules of the distance-kernel ops on Hopper: the ``topk_bias`` fragment epilogue and
+"""Verifier rules of the distance-kernel ops on Hopper: the ``topk_bias`` fragment epilogue, ``topk_shift`` and
 ``sqnorm_rows`` (row norms of a landed smem tile). Family: wgmma (they live beside wgmma in roles).
 
 Limits: KMAX (the kept list per row) is at most ``KMAX_LIMIT``: the lowering keeps each thread's lists
@@ -112,6 +112,28 @@ def _sqnorm_rows_operands(ctx: Ctx) -> Iterable[Diagnostic]:
             yield ctx.diag("sqnorm_rows.operands", n, f"dst `{n.arg('dst').buf}` {dst.dtype.value} "
                                                       f"{fmt_shape(ctx, dst.shape)}: f32 ({rows},) needed", path=path,
                            hint=f"allocate it as smem(f32, ({rows},), stages=S)")
+
+
+@rule("topk_shift.operands", "wgmma", "topk_shift adds an smem f32 vector of R values to the top_v list of a topk_bias "
+                                     "of its own role", guards=(Op.TOPK_SHIFT,))
+def _topk_shift_operands(ctx: Ctx) -> Iterable[Diagnostic]:
+    lists = {m.arg("top_v"): ctx.role_of.get(id(m)) for m, _ in _nodes(ctx, Op.TOPK_BIAS)}
+    for n, path in _nodes(ctx, Op.TOPK_SHIFT):
+        tv, role = n.arg("top_v"), ctx.role_of.get(id(n))
+        if tv not in lists or role is None or lists[tv] is not role:
+            yield ctx.diag("topk_shift.operands", n, f"`{tv}` is not the top_v list of a topk_bias in this role",
+                           path=path, hint="shift the values list that topk_bias fills, inside its role, after its loop")
+            continue
+        rows = ctx.buffers.get(n.arg("rows").buf)
+        t = ctx.buffers.get(tv)
+        want = ctx.static(t.shape[0]) if t is not None and t.rank == 2 else None
+        vals = [ctx.static(d) for d in rows.shape] if rows is not None else []
+        numel = None if None in vals or not vals else math.prod(vals)
+        if rows is None or rows.space is not MemSpace.SMEM or rows.dtype is not DType.F32 or numel != want:
+            what = f"{rows.space.value}[{rows.dtype.value}] {fmt_shape(ctx, rows.shape)}" if rows is not None else "?"
+            yield ctx.diag("topk_shift.operands", n, f"rows `{n.arg('rows').buf}` is {what}; an smem f32 slot of "
+                                                     f"{want} values (one per row of `{tv}`) is needed", path=path,
+                           hint=f"allocate it as smem(f32, ({want},)) and fill it with sqnorm_rows")
 
 
 def _stages(ctx: Ctx, name: str) -> int:

@@ -7,6 +7,7 @@
   least KMAX of the row's scores are at or below it); ``store`` of either tile merges the quad's 4 lists (2 shuffles per output column) and writes the first
   k columns of each row. The op ends with a warpgroup barrier, so an ``arrive`` after it releases the bias
   slot only once every thread has read it.
+- ``topk_shift``: ``cake::topk_shift_rows``: each thread adds its 2 rows' values (read from smem) to its lists.
 - ``sqnorm_rows``: ``cake::sqnorm_rows_smem``: one thread of the role per row, or two (a shuffle adds
   their halves) where the role has twice the rows' threads; 16-byte smem reads, f32 sums, then a named barrier over the role's threads (id 1 + the role's first warpgroup; ids 1..4 are
   the warpgroups' own barriers, never ``__syncthreads``'s 0).
@@ -93,6 +94,19 @@ def lower_topk_bias(n: Node, ctx: Ctx) -> list[Line]:
     return [f"cake::topk_bias_rmem_wgmma_acc<{frag[1]}, {kmax[tv]}>({tv}, {ti}, {dots}, {pb}, "
             f"{float(n.attr('beta'))!r}f, {ctx.check_expr(n.arg('base'), 'base')}, "
             f"{ctx.check_expr(n.arg('limit'), 'limit')}, (int)threadIdx.x - {first});"]
+
+
+def lower_topk_shift(n: Node, ctx: Ctx) -> list[Line]:
+    tv = n.arg("top_v")
+    kmax = _kmax(ctx)
+    if tv not in kmax or topk_rowstate(ctx)[tv][0] != 0:
+        raise LowerError("lower.unsupported_operand", f"`{tv}` is not a topk_bias values list allocated in this role")
+    rows, pr = slot_ptr(ctx, n.arg("rows"), "topk_shift rows")
+    first, count = role_threads(ctx)
+    if rows.type.dtype is not DType.F32 or rows.numel != fragment_rows(ctx, count):
+        raise LowerError("lower.shape_mismatch", f"topk_shift reads {rows.name} {rows.shape}: "
+                                                 f"{fragment_rows(ctx, count)} f32 values needed")
+    return [f"cake::topk_shift_rows<{kmax[tv]}>({tv}, {pr}, (int)threadIdx.x - {first});"]
 
 
 def lower_sqnorm_rows(n: Node, ctx: Ctx) -> list[Line]:
@@ -184,6 +198,7 @@ def lower_topk_cluster_merge(n: Node, ctx: Ctx) -> list[Line]:
 # This module's ops that lower one way (dispatch.LOWERINGS assembles them with the variant tables).
 HOOKS: dict[Op, Lowering] = {
     Op.TOPK_BIAS: lower_topk_bias,
+    Op.TOPK_SHIFT: lower_topk_shift,
     Op.SQNORM_ROWS: lower_sqnorm_rows,
     Op.TOPK_PUBLISH: lower_topk_publish,
     Op.TOPK_CLUSTER_MERGE: lower_topk_cluster_merge,

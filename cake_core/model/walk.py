@@ -50,7 +50,7 @@ TRAFFIC: dict[Op, tuple[str, str]] = {
     Op.SELECT: ("simt", ""), Op.IOTA: ("simt", ""),
     Op.TRANSPOSE: ("simt", ""), Op.TRISOLVE: ("simt", ""), Op.REDUCE: ("simt", ""), Op.SCAN: ("simt", ""), Op.ARGMIN: ("simt", ""),
     Op.ARGMAX: ("simt", ""), Op.ARGMIN_UPDATE: ("simt", ""), Op.TOPK_MERGE: ("simt", ""),
-    Op.ARGMIN_BIAS: ("simt", ""), Op.TOPK_BIAS: ("simt", ""), Op.SQNORM_ROWS: ("simt", ""),
+    Op.ARGMIN_BIAS: ("simt", ""), Op.TOPK_BIAS: ("simt", ""), Op.TOPK_SHIFT: ("simt", ""), Op.SQNORM_ROWS: ("simt", ""),
     Op.TOPK_PUBLISH: ("simt", ""), Op.ACC_PUBLISH: ("simt", ""),
     Op.SMEM: ("none", ""), Op.RMEM: ("none", ""), Op.SYNC: ("none", ""), Op.MBARRIER: ("none", ""),
     Op.EXPECT_TX: ("none", ""), Op.ARRIVE: ("none", ""), Op.WAIT: ("none", ""), Op.CP_ASYNC_WAIT: ("none", ""),

@@ -533,6 +533,19 @@ __device__ __forceinline__ void topk_bias_rmem_wgmma_acc(float (&tv)[2][KMAX], i
     asm volatile("bar.sync %0, 128;" :: "r"(1 + (int)(threadIdx.x / 128)) : "memory");
 }
 
+// topk_shift_rows<KMAX>(tv, rows, tid): add rows[r] to every value of the thread's lists of its 2 fragment rows
+// r (the rows topk_merge_quad names): the order of each list is unchanged (inf stays inf).
+template <int KMAX>
+__device__ __forceinline__ void topk_shift_rows(float (&tv)[2][KMAX], const float* rows, int tid) {
+    const int row0 = (tid / 128) * 64 + ((tid % 128) / 32) * 16 + (tid % 32) / 4;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const float s = rows[row0 + 8 * h];
+#pragma unroll
+        for (int p = 0; p < KMAX; ++p) tv[h][p] += s;
+    }
+}
+
 // topk_merge_quad<KMAX>(tv, ti, n_cols, tid, sink): for each owned row, merge the quad's 4 sorted lists
 // (n_cols rounds: the quad's smallest head by (value, index), 2 shuffles; its owner pops it) and hand
 // column c of row r to sink(r, c, value, index) on lane % 4 == 0. The lists are copied: both tiles may be

@@ -200,6 +200,12 @@ PROBLEM = Problem(
     flops=lambda s: 2.0 * s["B"] * s["Q"] * s["M"] * s["D"],
     bytes=lambda s: 2.0 * s["B"] * (s["Q"] + s["M"]) * s["D"] + 8.0 * s["B"] * s["Q"] * s["k"],
     seed_file="knn_search.cake",
+    # warp-specialized TMA + wgmma with the top-k fused on the accumulator (topk_bias), the query tile resident in
+    # 8 slots of 64 columns (D <= 512, D % 8 == 0: TMA's strides) and the database streamed in 64-column chunks,
+    # the database norms summed by the producer from the landed chunks, the query norms added at the end
+    # (topk_shift): k <= 16 on 128-query tiles, k <= 32 on 64-query tiles (a longer list spills). One CTA per
+    # query tile: few CTAs where Q is small, whatever M is.
+    best_files=("knn_search_ws_deep.cake", "knn_search_ws_deep_k32.cake"),
     shape_sets=("knn_search_small", "knn_build_portfolio", "knn_search_portfolio"),
     compare_fn=_compare,
     rows=RowOracle(
