@@ -282,20 +282,23 @@ def topk_cluster_merge(cta: CTA, n: Any) -> None:
     rows, kmax = pv[0].shape
     v = n.arg("dst")
     win, shape = cta.window(n, v)
-    if len(win) != 2 or not all(kept for _, _, kept in win) or win[0][1] != rows or not 1 <= win[1][1] <= kmax:
+    kept = [d for d, w in enumerate(win) if w[2]]       # the others: single indices (a batch), dropped
+    if len(kept) != 2 or win[kept[0]][1] != rows or not 1 <= win[kept[1]][1] <= kmax:
         raise InterpFault(n, f"the window of `{v.buf}` must be ({rows}, k <= {kmax}) for lists {pv[0].shape}")
-    k = win[1][1]
+    rd, cd = kept
+    (r0, _, _), (c0, k, _) = win[rd], win[cd]
     share = -(-rows // len(members))
     for r in range(rank * share, min(rows, (rank + 1) * share)):
         allv = np.concatenate([p[r].astype(np.float32) for p in pv])
         alli = np.concatenate([p[r].astype(np.int64) for p in pi])
         order = np.lexsort((alli, allv))[:k]
-        g = win[0][0] + r
-        lo, hi = max(win[1][0], 0), min(win[1][0] + k, shape[1])
-        if 0 <= g < shape[0] and lo < hi:
+        g = r0 + r
+        lo, hi = max(c0, 0), min(c0 + k, shape[cd])
+        if 0 <= g < shape[rd] and lo < hi:
             vals = allv[order] if cta.dtypes[v.buf].is_float else alli[order]
-            cta.put(n, v.buf, (slice(g, g + 1), slice(lo, hi)),
-                    round_to(cta.dtypes[v.buf], vals[lo - win[1][0]:hi - win[1][0]]))
+            at = [slice(s, s + 1) for s, _, _ in win]
+            at[rd], at[cd] = slice(g, g + 1), slice(lo, hi)
+            cta.put(n, v.buf, tuple(at), round_to(cta.dtypes[v.buf], vals[lo - c0:hi - c0]))
 
 
 def acc_publish(cta: CTA, n: Any) -> None:
