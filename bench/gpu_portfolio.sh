@@ -7,6 +7,7 @@
 #   STATE=pf-kmeans bash bench/gpu_portfolio.sh kmeans_assign kmeans_portfolio flash_kmeans [cake portfolio OPTIONS]
 #       # carry .gpu .whl (and .gpu-state/$STATE.tgz to go on: the same options continue the portfolio)
 #
+# CEDE=1 exports with --cede-to-peer (rows where the peer measured faster are refused, the fallback serves them).
 # CAKE_TIMEOUT (default 150 s) stops the portfolio search (SIGINT: what it measured stays) in time for the export
 # and the sweep of the package. Writes under $OUT: portfolio.log, export.log, portfolio_dispatch.{md,json},
 # dispatch.log, overhead.log, $STATE.tgz (the home, to go on).
@@ -25,7 +26,7 @@ part portfolio "$(( ${CAKE_TIMEOUT:-150} + 90 ))" env CAKE_TIMEOUT="${CAKE_TIMEO
 tail -16 "$OUT/portfolio.log"
 dist=/tmp/state/$STATE/dist
 rm -rf "$dist"
-part export "${EXPORT_S:-90}" env CAKE_GPU=require "${cake[@]}" export "$problem" --shapes "$set" --unmeasured --out "$dist" --name "cake_${problem}_pf" --gpu-model "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+part export "${EXPORT_S:-90}" env CAKE_GPU=require "${cake[@]}" export "$problem" --shapes "$set" --unmeasured ${CEDE:+--cede-to-peer} --out "$dist" --name "cake_${problem}_pf" --gpu-model "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
 tail -4 "$OUT/export.log"
 part dispatch "${DISPATCH_S:-120}" python3 bench/portfolio_dispatch.py "$dist/cake_${problem}_pf" --problem "$problem" --shapes "$set" \
     --peer "$peer" --out "$OUT"

@@ -3,6 +3,7 @@
     cake export PROBLEM --out dist                     # every measured shape, on the one GPU model measured
     cake export PROBLEM --out dist --gpu-model H200 --run RUN_ID --shapes SET --name my_kernels
     cake export PROBLEM --out dist --unmeasured        # also shapes no run measured, by the nearest measured one
+    cake export PROBLEM --out dist --cede-to-peer      # leave shapes where the peer measured faster to fallback=
 
 Reads the warehouse (read-only), picks per shape the fastest kernel measured correct (cold L2, CUDA events; a
 confirmation beats a search measurement; a held-out shape's measurements only with ``--include-held-out``),
@@ -47,7 +48,11 @@ def export(problem: str = typer.Argument(..., help="the problem whose kernels to
                                            "those whose domain holds them"),
            include_held_out: bool = typer.Option(False, "--include-held-out", help="also route held-out rows by "
                                                  "their own measurements; their figures then no longer measure "
-                                                 "generalisation")) -> None:
+                                                 "generalisation"),
+           cede_to_peer: bool = typer.Option(False, "--cede-to-peer", help="leave the shapes where the peer "
+                                             "measured faster than every kernel uncovered (run() then calls its "
+                                             "fallback=, e.g. the peer, there), and unmeasured shapes nearest to "
+                                             "one of them")) -> None:
     """Export PROBLEM's fastest kernel per shape as a package: a per-shape dispatcher over cubins."""
     from rich.table import Table
 
@@ -61,7 +66,7 @@ def export(problem: str = typer.Argument(..., help="the problem whose kernels to
         raise UsageError(f"--out {out} is a file; name a folder")
     req = ExportRequest(out=out, name=name or f"cake_{prob.name}", gpu_model=gpu_model, arch=arch,
                         shapes=_shape_keys(prob, shapes), run_ids=tuple(run or ()), domain_routes=unmeasured,
-                        include_held_out=include_held_out, cache_dir=s.cache_dir)
+                        include_held_out=include_held_out, cede_to_peer=cede_to_peer, cache_dir=s.cache_dir)
     rows = export_rows(warehouse(s), prob.name, list(run) if run else None)
     try:
         result = export_problem(prob, rows, req)
@@ -85,6 +90,9 @@ def export(problem: str = typer.Argument(..., help="the problem whose kernels to
     if result.held_out_left:
         nearest = f"; held-out rows left to the nearest-shape routing: {len(result.held_out_left)}"
         nearest += "" if unmeasured else " (not covered without --unmeasured)"
+    if result.ceded:
+        say(f"{len(result.ceded)} measured shapes left to the peer, faster there: {', '.join(sorted(result.ceded)[:4])}"
+            f"{' ...' if len(result.ceded) > 4 else ''}")
     for h, why in result.skipped.items():
         say(f"set aside {h} (its shapes go to the next fastest kernel): {why}")
     say(f"{len(m['exact'])} measured shapes routed ({held} held out), {len(kernels)} kernels, GPU model "

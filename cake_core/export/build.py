@@ -17,7 +17,7 @@ from pathlib import Path
 
 from cake_core.export.manifest import KernelBuild, build_manifest, kernel_id, nvcc_version
 from cake_core.export.package import check_name, write_package
-from cake_core.export.routes import (ExportError, Route, build_routes, fastest, gpu_models, peer_best,
+from cake_core.export.routes import (ExportError, Route, build_routes, cede, fastest, gpu_models, peer_best,
                                      set_aside_held_out, usable)
 from cake_core.ir.text import parse_program
 from cake_core.lower.compile import compile_kernel, nvcc_path
@@ -43,6 +43,7 @@ class ExportRequest:
     run_ids: tuple[str, ...] = ()
     domain_routes: bool = False
     include_held_out: bool = False          # route held-out shapes by their own measurements too
+    cede_to_peer: bool = False              # leave a shape where the peer measured faster to the caller's fallback
     cache_dir: Path | None = None
 
 
@@ -53,6 +54,7 @@ class ExportResult:
     routes: list[Route] = field(default_factory=list)
     held_out_left: list[str] = field(default_factory=list)   # held-out shapes measured, routed as unmeasured
     skipped: dict[str, str] = field(default_factory=dict)      # IR hash -> why that measured kernel does not build
+    ceded: dict[str, dict] = field(default_factory=dict)       # shape -> the peer faster there, and the kernel's time
 
 
 def choose_gpu_model(rows: list[dict], asked: str | None, problem: str) -> str:
@@ -140,8 +142,15 @@ def export_problem(problem: Problem, rows: dict, req: ExportRequest, now: dt.dat
                 skipped[h] = str(e)
         if not any(h in skipped for h in texts):
             break
+    peers = peer_best(rows["peers"], model)
+    ceded: dict[str, dict] = {}
+    if req.cede_to_peer:
+        winners, ceded = cede(winners, peers)
+        if not winners:
+            raise ExportError(f"the peer measured faster than every kernel on each of the {len(ceded)} shapes; "
+                              "nothing to export with --cede-to-peer")
     kernels = {h: kernels[h] for h in dict.fromkeys(r["ir_hash"] for r in winners.values())}
-    routes = build_routes(winners, peer_best(rows["peers"], model), held_out, req.domain_routes)
+    routes = build_routes(winners, peers, held_out, req.domain_routes)
     now = now or dt.datetime.now(dt.timezone.utc)
     manifest = build_manifest(problem, routes, kernels, package=req.name, gpu_model=model, arch=arch,
                               static_limit=find_arch(arch).smem_static_limit_bytes, toolkit=nvcc_version(nvcc),
@@ -149,8 +158,10 @@ def export_problem(problem: Problem, rows: dict, req: ExportRequest, now: dt.dat
                               created_at=now.isoformat(timespec="seconds"))
     if skipped:
         manifest["skipped"] = [{"ir_hash": h, "why": why} for h, why in sorted(skipped.items())]
+    if ceded:
+        manifest["ceded"] = ceded
     path = write_package(req.out, req.name, manifest, list(kernels.values()), arch)
-    return ExportResult(path, manifest, routes, left, skipped)
+    return ExportResult(path, manifest, routes, left, skipped, ceded)
 
 
 def _winners(problem: Problem, rows: dict, model: str, wanted: set[str] | None, held_out: set[str],

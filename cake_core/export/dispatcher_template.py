@@ -11,7 +11,9 @@ and the package's ``cuda_driver`` only (no Cake, no numpy); tensors are torch te
   ``--unmeasured`` (it then has ``domain`` routes): by the kernel that won the nearest measured shape among the
   kernels whose domain holds it (the distance of two shapes: the sum over the dims of |log2 a - log2 b|; ties
   to the smaller shape key), and ``route_of`` names that shape (``nearest_shape``) and its median there
-  (``nearest_ms``). No such kernel: the shape is refused.
+  (``nearest_ms``). No such kernel: the shape is refused. A package exported with ``--cede-to-peer`` leaves
+  the measured shapes where the peer was faster (the manifest's ``ceded``) to the caller: they are refused, and so
+  is an unmeasured shape whose nearest measured shape is one of them.
 - ``run(stream=None, fallback=None, **tensors)``: infers the shape from the tensors' shapes (the manifest's
   parameter shapes), checks dtypes and contiguity, picks the route, launches the kernel on ``stream`` (a torch
   or CuPy stream, or a raw handle; default: stream 0). A dimension no tensor has as an extent (a flag that
@@ -289,9 +291,12 @@ class Dispatcher:
         self.scalars = [x for x in self.dims if all(x not in t["shape"] for t in self.tensors)]
         self.kernels = {k["id"]: k for k in manifest["kernels"]}
         self.exact = manifest["exact"]
-        # every measured shape (key, the kernel that won it, its point), for the nearest-shape decision
-        self.measured = [(key, manifest["routes"][i]["kernel"], shape_point(parse_key(key), self.dims))
-                         for key, i in sorted(self.exact.items())]
+        # measured shapes where the peer was faster, left to the caller's fallback (`cake export --cede-to-peer`)
+        self.ceded: dict = manifest.get("ceded", {})
+        # every measured shape (key, the kernel that won it, its point; None: ceded), for the nearest-shape decision
+        self.measured = sorted([(key, manifest["routes"][i]["kernel"], shape_point(parse_key(key), self.dims))
+                                for key, i in self.exact.items()] +
+                               [(key, None, shape_point(parse_key(key), self.dims)) for key in self.ceded])
         self._plans: dict = {}
         self._last_stream: tuple = (None, 0)   # the last stream object run() was given, and its raw handle
         self._functions: dict = {}
@@ -329,7 +334,7 @@ class Dispatcher:
         hit = self.exact.get(key)
         if hit is not None:
             return self.m["routes"][hit], key
-        if min(shape.values()) < 1:       # an empty tensor's extent: no point to measure a distance from
+        if key in self.ceded or min(shape.values()) < 1:   # the peer's; an empty extent: no point to measure from
             return None
         holds = {}
         for r in self.m["routes"]:
@@ -337,8 +342,9 @@ class Dispatcher:
             if r["kind"] == "domain" and not domain_refusal(k["domain"], shape, k["consts"]):
                 holds.setdefault(r["kernel"], r)
         here = shape_point(shape, self.dims)
-        near = min(((distance(here, p), mkey, kid) for mkey, kid, p in self.measured if kid in holds), default=None)
-        return None if near is None else (holds[near[2]], near[1])
+        near = min(((distance(here, p), mkey, kid) for mkey, kid, p in self.measured if kid is None or kid in holds),
+                   default=None)
+        return None if near is None or near[2] is None else (holds[near[2]], near[1])   # nearest ceded: the peer's
 
     def measurement(self, key: str) -> dict:
         """What the exact route of measured shape ``key`` holds of it: median, kind, run, peer, held_out."""
@@ -362,6 +368,11 @@ class Dispatcher:
 
     def refusal(self, shape: dict[str, int]) -> str:
         key = ",".join(f"{x}={v}" for x, v in shape.items())
+        c = self.ceded.get(key)
+        if c is not None:
+            return (f"shape {key} was left to the peer: {c['peer']} measured {c['peer_ms']:.4g} ms there against "
+                    f"this package's {c['ours_ms']:.4g} ms on {self.m['gpu_model']} (exported with --cede-to-peer): "
+                    "pass fallback= (the peer) to serve it")
         where = ("; it lies in no kernel's domain" if any(r["kind"] == "domain" for r in self.m["routes"])
                  else ", exported without --unmeasured")
         return (f"shape {key} is covered by no route of this {self.m['problem']} package ({len(self.exact)} measured "

@@ -108,6 +108,19 @@ def peer_best(peers: list[dict], gpu_model: str) -> dict[str, tuple[str, float]]
     return out
 
 
+def cede(winners: dict[str, dict], peers: dict[str, tuple[str, float]]) -> tuple[dict[str, dict], dict[str, dict]]:
+    """The winners on shapes where no peer measured faster, and the shapes ceded to a faster peer: shape key ->
+    the peer's name and median and the kernel's (a tie goes to the kernel)."""
+    kept, ceded = {}, {}
+    for shape, r in winners.items():
+        name, ms = peers.get(shape, (None, None))
+        if ms is not None and ms < float(r["median_ms"]):
+            ceded[shape] = {"peer": name, "peer_ms": ms, "ours_ms": float(r["median_ms"]), "ir_hash": r["ir_hash"]}
+        else:
+            kept[shape] = r
+    return kept, ceded
+
+
 def set_aside_held_out(winners: dict[str, dict], held_out: set[str]) -> tuple[dict[str, dict], list[str]]:
     """The winners on shapes that are not held out, and the held-out shapes set aside (sorted)."""
     return ({s: r for s, r in winners.items() if s not in held_out}, sorted(s for s in winners if s in held_out))

@@ -375,3 +375,39 @@ def test_an_exported_kernel_matches_the_oracle_from_torch(tmp_path, compile_cach
         want = prob.oracle(inputs)
         ok, err, msg = prob.compare({"out": ts["out"].cpu().numpy().astype(np.int64)}, want)
         assert ok, (key, pkg.route_of(**shape), msg)
+
+
+@needs_nvcc
+def test_with_cede_to_peer_the_shapes_where_the_peer_was_faster_are_left_to_the_fallback(landed, tmp_path,
+                                                                                         compile_cache):
+    """The peer measured 0.1 ms on shape 2, where the WS kernel measured 0.3: with --cede-to-peer that shape has no
+    route (refused naming the peer's time, served by fallback=), nor has an unmeasured shape whose nearest measured
+    shape it is; shape 1 (0.2 against the peer's 0.4) stays routed. Without the flag, shape 2 is routed."""
+    from export_rows import ir_hash
+
+    from cake_core.export.build import ExportError
+    s = shapes()
+    rows = {**landed, "peers": [p | {"median_ms": 0.1} if p["shape"] == s[1] else p for p in landed["peers"]]}
+    res = export(rows, tmp_path / "dist", "ceded_pkg", compile_cache, cede_to_peer=True, domain_routes=True)
+    assert res.ceded == {s[1]: {"peer": "flash_kmeans", "peer_ms": 0.1, "ours_ms": 0.3, "ir_hash": ir_hash("WS")}}
+    assert res.manifest["ceded"] == res.ceded
+    assert s[0] in res.manifest["exact"] and s[1] not in res.manifest["exact"]
+    plain = export(rows, tmp_path / "dist2", "plain_pkg", compile_cache)
+    assert s[1] in plain.manifest["exact"] and "ceded" not in plain.manifest and plain.ceded == {}
+    assert s[1] == "B=2,N=150,K=100,D=40"
+    p = run_isolated(res.path.parent, """
+        import ceded_pkg
+        assert ceded_pkg.covered(B=1, N=128, K=64, D=32) and ceded_pkg.route_of(B=1, N=128, K=64, D=32)["median_ms"] == 0.2
+        for shape in (dict(B=2, N=150, K=100, D=40), dict(B=2, N=152, K=100, D=40)):   # ceded; nearest to it
+            assert not ceded_pkg.covered(**shape) and ceded_pkg.route_of(**shape) is None, shape
+        seen = []
+        got = ceded_pkg.run(fallback=lambda **t: seen.append(1) or "peer", **tensors(2, 150, 100, 40))
+        assert got == "peer" and seen == [1]
+        ceded_pkg.run(**tensors(2, 150, 100, 40))
+    """)
+    line = one_line_error(p, "ceded_pkg.ShapeNotCovered")
+    assert "left to the peer: flash_kmeans measured 0.1 ms there against this package's 0.3 ms" in line, line
+    slow = {**landed, "peers": [p | {"median_ms": 0.01} for p in landed["peers"]],
+            "measurements": [m for m in landed["measurements"] if m["shape"] in (s[0], s[1])]}
+    with pytest.raises(ExportError, match="the peer measured faster than every kernel on each of the 2 shapes"):
+        export(slow, tmp_path / "dist3", "slow_pkg", compile_cache, cede_to_peer=True)
