@@ -25,7 +25,8 @@ PLANTED = {
 }
 
 
-KERNELS = ["knn_search_ws_deep", "knn_search_ws_deep_k32", "knn_search_split", "knn_search_split_m64"]
+KERNELS = ["knn_search_ws_deep", "knn_search_ws_deep_k32", "knn_search_split", "knn_search_split_m64",
+           "knn_search_split_stream"]
 
 
 @pytest.mark.parametrize("name", KERNELS)
@@ -100,6 +101,8 @@ def _walk(prog):
     # the database split over the 8 CTAs of a cluster (some with no tile of it at M = 100), merged per batch
     ("knn_search_split", ["B=2,Q=130,M=3000,D=200,k=16,S=2", "B=1,Q=3,M=100,D=64,k=10,S=2"]),
     ("knn_search_split_m64", ["B=2,Q=70,M=3000,D=512,k=16,S=2", "B=1,Q=100,M=100,D=64,k=16,S=1"]),
+    # the query streamed beside the database past D = 512; at M = 100 seven of the eight CTAs get no tile
+    ("knn_search_split_stream", ["B=1,Q=3,M=100,D=1024,k=10,S=2", "B=1,Q=64,M=64,D=768,k=16,S=1"]),
 ])
 def test_the_kernels_are_right_on_the_interpreter(name, shapes):
     prob = get_problem("knn_search")
@@ -132,3 +135,15 @@ def test_the_kernels_compile_for_sm_90a_without_spills(tmp_path, name):
     assert r.outcome is Outcome.OK, [d.message for d in r.diagnostics]
     res = r.value.resources
     assert res.spill_bytes == 0 and res.stack_bytes == 0, res
+
+
+def test_a_cta_with_no_database_tile_waiting_for_query_norms_never_computed_is_a_deadlock():
+    # the streamed kernel computes the query norms from the first tile's chunks: a CTA of the cluster with no tile
+    # (M small) must not wait for them; without its guard the protocol checker finds the consumer blocked
+    text = corpus_file("knn_search_split_stream.cake").read_text()
+    guard = "        if max(min(cdiv(cdiv(M, BN), SPLIT), cdiv(M, BN) - bid.y * cdiv(cdiv(M, BN), SPLIT)), 0) > 0:\n"
+    assert guard in text
+    planted = text.replace(guard, "").replace("            wait(q_ready[0], phase=0)\n            topk_shift(",
+                                              "        wait(q_ready[0], phase=0)\n        topk_shift(")
+    hits = [d for d in check_text(planted) if d.rule == "protocol.deadlock"]
+    assert hits and "q_ready" in hits[0].message, [d.rule for d in check_text(planted)]
