@@ -26,7 +26,7 @@ PLANTED = {
 
 
 KERNELS = ["knn_search_ws_deep", "knn_search_ws_deep_k32", "knn_search_split", "knn_search_split_m64",
-           "knn_search_split_stream"]
+           "knn_search_split_stream", "knn_search_split_unaligned"]
 
 
 @pytest.mark.parametrize("name", KERNELS)
@@ -103,6 +103,9 @@ def _walk(prog):
     ("knn_search_split_m64", ["B=2,Q=70,M=3000,D=512,k=16,S=2", "B=1,Q=100,M=100,D=64,k=16,S=1"]),
     # the query streamed beside the database past D = 512; at M = 100 seven of the eight CTAs get no tile
     ("knn_search_split_stream", ["B=1,Q=3,M=100,D=1024,k=10,S=2", "B=1,Q=64,M=64,D=768,k=16,S=1"]),
+    # fed by cp.async: rows of 201, 7, 33 and 1 elements (16-, 8-, 4-byte chunks do not fit; element by element)
+    ("knn_search_split_unaligned", ["B=2,Q=130,M=3000,D=201,k=16,S=2", "B=1,Q=3,M=100,D=7,k=10,S=2",
+                                    "B=1,Q=64,M=64,D=33,k=16,S=1", "B=1,Q=5,M=1300,D=1,k=1,S=2"]),
 ])
 def test_the_kernels_are_right_on_the_interpreter(name, shapes):
     prob = get_problem("knn_search")
