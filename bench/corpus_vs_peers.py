@@ -165,6 +165,8 @@ def run_ours(gpu, prog: dict, problem, n_rows, shape, args) -> dict:
                                   warmup=args.warmup, timeout_s=args.timeout_s, timer=args.timer,
                                   program=prog.get("program"), rows=n_rows)
         res = asdict(r)
+        if res.get("refused"):      # outside the program's domain: never launched, so not wrong either
+            res.update(correct=None, outcome="refused")
     except gpu.GPURefused as e:   # refused before launch (TMA cannot describe the shape...): not run, not wrong
         res = {"correct": None, "outcome": "refused", "message": f"{type(e).__name__}: {e}", "median_ms": None,
                "max_error": None}
