@@ -1,5 +1,5 @@
 @kernel(target="sm_90a", grid=(cdiv(Q, BM), SPLIT, B), threads=256, consts={"BK": 64, "BM": 64, "BN": 128, "KMAX": 16, "L": 6, "S": 8, "SPLIT": 8})
-def knn_search_split_m64_s8(q: gmem[bf16, (B, Q, D)], db: gmem[bf16, (B, M, D)], dists: gmem[f32, (B, Q, k)], idx: gmem[i32, (B, Q, k)]):
+def knn_split_m64_ring8(q: gmem[bf16, (B, Q, D)], db: gmem[bf16, (B, M, D)], dists: gmem[f32, (B, Q, k)], idx: gmem[i32, (B, Q, k)]):
     cluster((1, SPLIT, 1))
     q_s = smem(bf16, (BM, BK), stages=8, swizzle=128)
     db_s = smem(bf16, (BN, BK), stages=8, swizzle=128)
