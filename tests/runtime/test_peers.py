@@ -343,3 +343,42 @@ def test_a_peer_is_measured_against_the_reference_the_hand_written_kernel_cached
     other = session.peer("gemm_bf16", "torch.mm_f32", shape, 7927, 20)
     assert other.outcome is Outcome.MEASURED and other.message.endswith("reference computed"), other.message
     assert session.poisoned is None
+
+
+def test_a_shape_outside_a_programs_domain_is_a_refused_row_not_a_wrong_one():
+    """The GPU gate refuses a shape outside the program's domain before launch (``ShapeRun.refused``, outcome
+    wrong); the bench's row says refused, and only a program that ran and was wrong makes the exit code 2."""
+    from dataclasses import dataclass
+
+    mod = _bench_module()
+
+    @dataclass
+    class Run:
+        correct: bool
+        outcome: str
+        message: str
+        median_ms: float | None
+        max_error: float | None
+        refused: bool
+
+    class Gpu:
+        GPURefused = RuntimeError
+
+        def __init__(self, run):
+            self.run = run
+
+        def check_and_time(self, *a, **kw):
+            return [self.run]
+
+    class Args:
+        seed, reps, warmup, timeout_s, timer = 0, 1, 0, 1.0, "event"
+
+    prog = {"compiled": None, "lowered": None}
+    out = mod.run_ours(Gpu(Run(False, "wrong", "refused: k = 32 > 16", None, None, True)), prog, None, None, {},
+                       Args())
+    assert (out["correct"], out["outcome"]) == (None, "refused")
+    wrong = mod.run_ours(Gpu(Run(False, "wrong", "max error 0.5", None, 0.5, False)), prog, None, None, {}, Args())
+    assert (wrong["correct"], wrong["outcome"]) == (False, "wrong")
+    row = {"problem": "knn_search", "shape_key": "k=32", "check": "full oracle", "floor_ms": 0.01,
+           "ours": [dict(out, program="k16")], "peers": [{"peer": "torch", "median_ms": 0.2, "correct": True}]}
+    assert "k16 (refused)" in mod.table([row])[2]
