@@ -404,11 +404,17 @@ __device__ __forceinline__ void argmin_bias_rmem_wgmma_acc(float (&best)[2], int
     else argmin_bias_tile<N, true>(best, arg, acc, bias, beta, base, limit, tid % 32);
 }
 
+// fragment_row0(tid): the first of the 2 rows (row0, row0 + 8) that thread tid of a role holds in a wgmma
+// fragment: 64 rows per warpgroup, 16 per warp, 8 per 4-lane quad.
+__device__ __forceinline__ int fragment_row0(int tid) {
+    return (tid / 128) * 64 + ((tid % 128) / 32) * 16 + (tid % 32) / 4;
+}
+
 // store_gmem_rowvec(dst, v, ld, n_in, tid): a role's row vector (rows wg * 64 + warp * 16 + lane / 4 + 8 * h,
 // every lane of the quad holding the same value) to dst[r * ld] for r < n_in, from lane % 4 == 0.
 template <typename TD, typename TS>
 __device__ __forceinline__ void store_gmem_rowvec(TD* dst, const TS (&v)[2], index_t ld, int n_in, int tid) {
-    const int lane = tid % 32, row0 = (tid / 128) * 64 + ((tid % 128) / 32) * 16 + lane / 4;
+    const int lane = tid % 32, row0 = fragment_row0(tid);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int r = row0 + 8 * h;
@@ -422,7 +428,7 @@ __device__ __forceinline__ void store_gmem_rowvec(TD* dst, const TS (&v)[2], ind
 template <int WHICH, typename TD>
 __device__ __forceinline__ void store_gmem_rowstate(TD* dst, const float (&best)[2], const int (&arg)[2], index_t ld,
                                                     int n_in, int tid) {
-    const int lane = tid % 32, row0 = (tid / 128) * 64 + ((tid % 128) / 32) * 16 + lane / 4;
+    const int lane = tid % 32, row0 = fragment_row0(tid);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         float v = best[h];
@@ -534,10 +540,10 @@ __device__ __forceinline__ void topk_bias_rmem_wgmma_acc(float (&tv)[2][KMAX], i
 }
 
 // topk_shift_rows<KMAX>(tv, rows, tid): add rows[r] to every value of the thread's lists of its 2 fragment rows
-// r (the rows topk_merge_quad names): the order of each list is unchanged (inf stays inf).
+// r (fragment_row0): the order of each list is unchanged (inf stays inf).
 template <int KMAX>
 __device__ __forceinline__ void topk_shift_rows(float (&tv)[2][KMAX], const float* rows, int tid) {
-    const int row0 = (tid / 128) * 64 + ((tid % 128) / 32) * 16 + (tid % 32) / 4;
+    const int row0 = fragment_row0(tid);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const float s = rows[row0 + 8 * h];
@@ -553,7 +559,7 @@ __device__ __forceinline__ void topk_shift_rows(float (&tv)[2][KMAX], const floa
 template <int KMAX, typename SINK>
 __device__ __forceinline__ void topk_merge_quad(const float (&tv)[2][KMAX], const int (&ti)[2][KMAX], int n_cols,
                                                 int tid, SINK&& sink) {
-    const int lane = tid % 32, row0 = (tid / 128) * 64 + ((tid % 128) / 32) * 16 + lane / 4;
+    const int lane = tid % 32, row0 = fragment_row0(tid);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         float v[KMAX];
