@@ -409,12 +409,15 @@ _ABANDONED = threading.Event()   # set by abandon_ray: this process exits withou
 
 
 def shutdown_ray() -> None:
-    """Disconnect from Ray and wait until every process a local Ray started has exited (idempotent; nothing
-    once :func:`abandon_ray` ran)."""
+    """Disconnect from Ray and wait until every process a local Ray started, and every process one of them
+    started, has exited (idempotent; nothing once :func:`abandon_ray` ran)."""
     import ray
+
+    from tasks.ray_runtime import sweep_local_ray
 
     if not _ABANDONED.is_set():
         ray.shutdown(wait_for_processes=True)
+        sweep_local_ray()
 
 
 def abandon_ray() -> None:
@@ -426,10 +429,13 @@ def abandon_ray() -> None:
     that thread's call fail, not the process."""
     import ray._private.worker as ray_worker
 
+    from tasks.ray_runtime import sweep_local_ray
+
     _ABANDONED.set()
     node = ray_worker._global_node
     if node is not None:
         node.kill_all_processes(check_alive=False, allow_graceful=False, wait=True)
+    sweep_local_ray()
 
 
 # ---------------------------------------------------------------- checks before any service

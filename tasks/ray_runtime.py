@@ -9,11 +9,14 @@ and retried; the last failure is one :class:`RayUnavailable` line.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import threading
 import time
+import uuid
+from pathlib import Path
 from typing import Any
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
@@ -25,6 +28,8 @@ START_ATTEMPTS = 3              # local starts tried before giving up
 START_BACKOFF_S = 2.0           # wait before the second start; doubled for each further one (at most 10 s)
 CONNECT_TIMEOUT_S = 3.0         # a cluster address must take a TCP connection within this
 SINGLE_NODE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"   # "0": a loopback node IP stays loopback
+TREE_ENV = "CAKE_RAY_TREE"      # set, to a value of its own, in the environment of every process of a local Ray
+SWEEP_WAIT_S = 10.0             # after SIGKILL, wait at most this long for the swept processes to be gone
 
 # Set in the environment of every Ray process Cake starts.
 RAY_ENV = {
@@ -67,6 +72,60 @@ def descendants(pid: int) -> set[int]:
         frontier = {c for c, p in parents.items() if p in frontier and c not in found}
         found |= frontier
     return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def _marked(entry: bytes) -> set[int]:
+    """Every live process of this user, other than this one, whose environment holds ``entry``."""
+    found, me, uid = set(), os.getpid(), os.getuid()
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == me:
+            continue
+        try:
+            if os.stat(f"/proc/{d}").st_uid == uid and entry in Path(f"/proc/{d}/environ").read_bytes().split(b"\0"):
+                found.add(int(d))
+        except OSError:
+            continue
+    return {p for p in found if _alive(p)}
+
+
+_TREE: dict[str, bytes] = {}   # "entry": the TREE_ENV entry of the local Ray this process started
+
+
+def sweep_local_ray() -> int:
+    """Kill every process left of the local Ray this process started; returns how many there were.
+
+    Ray's own shutdown stops its daemons and workers, but not what a worker had
+    started (an nvcc and its cicc and ptxas, orphaned when the worker is killed),
+    and a killed daemon's workers may outlive it for a while. Every such process
+    carries the ``TREE_ENV`` value the local Ray was started with, whoever its
+    parent is now. They are first stopped (SIGSTOP) until no new one appears, so
+    none can start another while they are killed, then killed (SIGKILL).
+    """
+    entry = _TREE.pop("entry", None)
+    if entry is None:
+        return 0
+    stopped: set[int] = set()
+    for _ in range(20):
+        new = _marked(entry) - stopped
+        if not new:
+            break
+        for p in new:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(p, signal.SIGSTOP)
+        stopped |= new
+    _kill(stopped)
+    deadline = time.monotonic() + SWEEP_WAIT_S
+    while any(_alive(p) for p in stopped) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return len(stopped)
 
 
 def _kill(pids: set[int]) -> None:
@@ -192,6 +251,10 @@ def start_ray(address: str | None, num_gpus: int | None = None, attempts: int = 
     tries = Retrying(stop=stop_after_attempt(max(1, attempts)), wait=wait_exponential(multiplier=START_BACKOFF_S, max=10),
                      retry=retry_if_exception_type(_StartFailed), reraise=True)
     t0 = time.monotonic()
+    # The raylet and GCS inherit the entry from this process, the workers from the raylet; this process
+    # drops it once they have started, so that what it starts itself later is not taken for Ray's.
+    _TREE["entry"] = f"{TREE_ENV}={uuid.uuid4().hex}".encode()
+    os.environ[TREE_ENV] = _TREE["entry"].decode().split("=", 1)[1]
     try:
         for attempt in tries:
             with attempt:
@@ -200,6 +263,8 @@ def start_ray(address: str | None, num_gpus: int | None = None, attempts: int = 
         raise RayUnavailable(f"a local Ray did not start after {attempts} tries in "
                              f"{time.monotonic() - t0:.0f} s (last: {e}); the machine may be "
                              f"overloaded: try again, or point CAKE_RAY_ADDRESS at a running Ray") from None
+    finally:
+        os.environ.pop(TREE_ENV, None)
     return dict(ray.cluster_resources())
 
 

@@ -18,6 +18,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -168,6 +169,25 @@ def _atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
+def _run_group(cmd: list[str], timeout_s: float, cwd: str) -> subprocess.CompletedProcess:
+    """Run nvcc in a process group of its own and, on a time-out or an interrupt, kill the whole group:
+    nvcc runs cicc and ptxas as children, and killing nvcc alone would leave them running."""
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
+                          start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except BaseException as e:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            out, err = proc.communicate()
+            if isinstance(e, subprocess.TimeoutExpired):
+                raise subprocess.TimeoutExpired(cmd, timeout_s, output=(out or "") + (err or "")) from None
+            raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def compile_kernel(lowered: LoweredKernel, arch: str = "sm_90a", cache_dir: Path | None = None,
                    timeout_s: float = 120) -> StageResult:
     """Compile ``lowered`` for ``arch`` to a cubin (stage ``compile``).
@@ -207,7 +227,7 @@ def compile_kernel(lowered: LoweredKernel, arch: str = "sm_90a", cache_dir: Path
         cmd = [nvcc, *_flags(arch), "-o", str(out), str(cu)]
         t0 = time.perf_counter()
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=tmp)
+            p = _run_group(cmd, timeout_s, tmp)
         except subprocess.TimeoutExpired as e:
             log = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
             return _fail("nvcc.timeout", f"nvcc ran past {timeout_s:g} s and was stopped",

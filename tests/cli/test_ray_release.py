@@ -15,6 +15,8 @@ from cake_cli import evolve_run, services
 def calls(monkeypatch):
     seen: list[str] = []
     monkeypatch.setattr(services, "_ABANDONED", services.threading.Event())
+    import tasks.ray_runtime as rr
+    monkeypatch.setattr(rr, "_TREE", {})     # the session's own Ray (tests/conftest.py) is not swept
     node = types.SimpleNamespace(kill_all_processes=lambda **kw: seen.append(f"kill {sorted(kw.items())}"))
     worker = types.SimpleNamespace(_global_node=node)
     private = types.SimpleNamespace(worker=worker)

@@ -18,3 +18,15 @@ def marked(marker: str) -> list[int]:
             except OSError:
                 continue
     return pids
+
+
+def described(pids: list[int]) -> str:
+    """Each pid with its command line, for a failure message that says what was left."""
+    out = []
+    for p in pids:
+        try:
+            cmd = Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            cmd = "(gone)"
+        out.append(f"{p}: {cmd[:200]}")
+    return "; ".join(out)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from warehouse import Warehouse
-from marked_processes import marked
+from marked_processes import described, marked
 
 pytestmark = pytest.mark.services
 
@@ -92,4 +92,4 @@ def test_every_deployment_registers_and_runs_with_a_real_worker(services, tmp_pa
     deadline = time.monotonic() + 30
     while marked(marker) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert marked(marker) == [], "the worker left processes behind"
+    assert marked(marker) == [], "the worker left processes behind: " + described(marked(marker))

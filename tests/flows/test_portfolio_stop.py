@@ -53,4 +53,4 @@ def test_ctrl_c_stops_the_portfolio_in_one_line_and_keeps_what_it_recorded(tmp_p
     deadline = time.monotonic() + 30
     while _stop.marked(marker) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert _stop.marked(marker) == [], "processes left behind"
+    assert _stop.marked(marker) == [], "processes left behind: " + _stop.described(_stop.marked(marker))

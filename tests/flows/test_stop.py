@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from warehouse import Warehouse
-from marked_processes import marked
+from marked_processes import described, marked
 
 pytestmark = pytest.mark.services
 
@@ -109,7 +109,7 @@ def test_stop_is_prompt_final_recorded_and_leaves_nothing(tmp_path, how, share_c
     deadline = time.monotonic() + 30
     while marked(marker) and time.monotonic() < deadline:
         time.sleep(0.2)   # a process the kernel has not reaped yet
-    assert marked(marker) == [], "processes left behind"
+    assert marked(marker) == [], "processes left behind: " + described(marked(marker))
     assert _attempts(root) == recorded, "attempts were written after the count was printed"
     wh = Warehouse(root)
     (run,) = wh.query("select run_id, status, finished_at from runs_latest").to_pylist()

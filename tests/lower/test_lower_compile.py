@@ -95,6 +95,36 @@ def test_nvcc_timeout(cache):
     assert r.outcome is Outcome.COMPILE_FAILED and r.first_error().rule == "nvcc.timeout"
 
 
+def test_a_timed_out_nvcc_leaves_none_of_its_children_running(tmp_path, monkeypatch):
+    """nvcc runs cicc and ptxas as children; a time-out kills them with it, not nvcc alone."""
+    import os
+    import signal
+
+    child = tmp_path / "child.pid"
+    fake = tmp_path / "nvcc"
+    fake.write_text(f"#!/bin/sh\nsleep 300 &\necho $! > {child}\nsleep 300\n")   # a child, then the wait
+    fake.chmod(0o755)
+    monkeypatch.setattr(compile_mod, "nvcc_path", lambda: str(fake))
+    r = compile_kernel(_lowered(SEED.replace('"BN": 64', '"BN": 16')), cache_dir=tmp_path / "c", timeout_s=1.0)
+    assert r.first_error().rule == "nvcc.timeout"
+    pid = int(child.read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _running(pid):
+        time.sleep(0.05)
+    alive = _running(pid)
+    if alive:
+        os.kill(pid, signal.SIGKILL)   # not left to the next test either
+    assert not alive, "the timed-out nvcc's child is still running"
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
 def test_rows_program_compiles(cache):
     from test_lower_cuda import ROWS  # tests/lower is on sys.path (rootdir-less test dirs)
     r = lower(parse_program(ROWS, "rows.cake"), "rows.cake")

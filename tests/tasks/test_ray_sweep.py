@@ -1,0 +1,57 @@
+"""What is left of a local Ray once it is shut down or abandoned — a worker's orphaned nvcc, a daemon's straggling
+worker — is killed: every live process carrying the Ray's own environment entry, whoever its parent is now;
+nothing else."""
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import uuid
+
+import pytest
+
+import tasks.ray_runtime as rr
+
+
+def _orphan(env: dict[str, str], script: str) -> int:
+    """Start ``script`` under a shell that exits at once, so that it is re-parented; its pid."""
+    out = subprocess.run(["sh", "-c", f"({script}) >/dev/null 2>&1 & echo $!"], env=env, capture_output=True,
+                         text=True, start_new_session=True, check=True)
+    return int(out.stdout.strip())
+
+
+@pytest.fixture
+def tree(monkeypatch):
+    entry = f"{rr.TREE_ENV}={uuid.uuid4().hex}"
+    monkeypatch.setattr(rr, "_TREE", {"entry": entry.encode()})
+    return {**os.environ, rr.TREE_ENV: entry.split("=", 1)[1]}
+
+
+def test_marked_orphans_are_killed_and_unmarked_processes_are_not(tree):
+    marked = _orphan(tree, "sleep 300")
+    other = _orphan({k: v for k, v in tree.items() if k != rr.TREE_ENV}, "sleep 300")
+    try:
+        assert rr._alive(marked) and rr._alive(other)
+        assert rr.sweep_local_ray() >= 1
+        assert not rr._alive(marked)
+        assert rr._alive(other)
+        assert rr.sweep_local_ray() == 0     # swept once: the entry is gone with it
+    finally:
+        for p in (marked, other):
+            subprocess.run(["kill", "-9", str(p)], capture_output=True)
+
+
+def test_a_process_that_keeps_starting_others_leaves_none_behind(tree):
+    """Each is stopped before any is killed, so none can start another in between."""
+    _orphan(tree, "while :; do sleep 300 & sleep 0.02; done")
+    time.sleep(0.3)
+    assert len(rr._marked(rr._TREE["entry"])) >= 3
+    entry = rr._TREE["entry"]
+    assert rr.sweep_local_ray() >= 3
+    time.sleep(0.3)
+    assert rr._marked(entry) == set()
+
+
+def test_without_a_local_ray_nothing_is_swept(monkeypatch):
+    monkeypatch.setattr(rr, "_TREE", {})
+    assert rr.sweep_local_ray() == 0
