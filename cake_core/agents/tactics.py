@@ -30,6 +30,7 @@ from cake_core.agents.tactics_cluster import cluster_split, multicast
 from cake_core.agents.tactics_grid import grid_loop, group_tiles, split_k
 from cake_core.agents.tactics_prefetch import prefetch
 from cake_core.agents.tactics_registers import registers
+from cake_core.agents.scan import split_state
 from cake_core.agents.tactics_sync import drop_syncs
 from cake_core.agents.tactics_persistent import persistent
 from cake_core.agents.tactics_sched import batch_wgmma, consumer_warpgroups, pingpong, pipeline_wgmma
@@ -261,6 +262,7 @@ TACTICS: dict[str, Tactic] = {
     "multicast": multicast,              # a tile two neighbouring CTAs share, copied once into both
     "group_tiles": group_tiles,          # a 2-D grid launched in groups of G tile rows (L2 reuse)
     "grid_loop": grid_loop,              # an independent loop's trips spread over CTAs (a grid dimension)
+    "split_state": split_state,          # a scan state's independent columns cut into blocks, a CTA each
     "prefetch": prefetch,                # a role-free loop's copies issued a trip ahead (cp.async, two buffers)
     "registers": registers,              # an smem tile only its owners touch, moved into registers
     "drop_syncs": drop_syncs,            # the CTA barriers that order no smem access and no global write, removed
@@ -275,7 +277,7 @@ TACTICS: dict[str, Tactic] = {
 }
 STRUCTURAL = ("mma_sync", "warp_specialize", "tma", "resident", "batch_wgmma", "pipeline_wgmma", "pingpong",
               "consumer_warpgroups", "persistent", "split_k", "cluster_split", "multicast", "group_tiles",
-              "grid_loop", "prefetch", "registers", "drop_syncs")
+              "grid_loop", "prefetch", "registers", "drop_syncs", "split_state")
 
 
 def apply(name: str, p: Program, rng: np.random.Generator, bounds: Bounds | None = None,

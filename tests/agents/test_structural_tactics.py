@@ -93,11 +93,13 @@ def test_every_structural_tactic_is_tested_on_two_problems_and_documented():
     # registers moves tiles no mma or transpose reads: the gated-delta-rule and MoE seeds' (tests/agents/
     # test_registers.py), none of these four problems'; drop_syncs removes barriers that order nothing, which
     # these four problems' seeds do not have (tests/agents/test_drop_syncs.py: the KDA, MoE and mha seeds)
-    assert set(CHAINS) == set(STRUCTURAL) - {"grid_loop", "registers", "drop_syncs"}
+    # split_state cuts a scan state's columns: the KDA seeds' and chunked kernels' (tests/agents/test_split_state.py)
+    assert set(CHAINS) == set(STRUCTURAL) - {"grid_loop", "registers", "drop_syncs", "split_state"}
     import importlib
     for name, probs in {**CHAINS, "grid_loop": {"moe": [], "moe/it": ["grid_loop"]},
                               "registers": {"kda_decode": [], "kda_prefill": [], "moe": []},
-                              "drop_syncs": {"kda_decode": [], "mha": []}}.items():
+                              "drop_syncs": {"kda_decode": [], "mha": []},
+                              "split_state": {"kda_prefill": [], "kda_varlen": []}}.items():
         assert len(probs) >= 2, name
         fn = TACTICS[name]
         module_doc = importlib.import_module(fn.__module__).__doc__ or ""
