@@ -131,3 +131,27 @@ def test_it_refuses_a_loop_that_carries_nothing_and_a_full_grid():
     assert "carries nothing from trip to trip" in _refusal(get_problem("kda_decode").seed_text())
     assert "three dimensions already" in _refusal(TOY.replace("grid=(B,)", "grid=(B, 1, 1)"))
     assert "split_state" in STRUCTURAL
+
+
+@pytest.mark.parametrize("prob, kernel, shapes", [k for k in KERNELS if k[1]])
+def test_after_the_split_a_chunk_a_trip_ahead_and_registers_fit(prob, kernel, shapes, tmp_path):
+    """split_state halves the state; with 32-row chunks (a retile) the prefetch's second set of chunk tiles fits in
+    shared memory, which it does not unsplit; then registers: three structural tactics on one scan."""
+    problem, p = _program(prob, kernel)
+    assert "resources.smem" in " ".join(d.rule for d in verify(apply("prefetch", p, np.random.default_rng(0)),
+                                                                 shapes=shapes) if d.is_error)
+    q = apply("split_state", p, np.random.default_rng(0)).with_consts(BT=32)
+    rmem = q.text().count("rmem(")
+    for name in ("prefetch", "registers"):
+        q = apply(name, q, np.random.default_rng(0))
+        assert not isinstance(q, Refused), f"{name}: {q.reason}"
+    assert "cp_async(" in q.text() and q.text().count("rmem(") > rmem
+    assert not [d for d in verify(q, shapes=shapes) if d.is_error]
+    checks = check_on_cpu(q, problem, shapes, seed=6, strict=True)
+    assert all(c.correct for c in checks), [c.message for c in checks]
+    low = lower(q, "chain.cake")
+    assert low.outcome is Outcome.OK, [d.message for d in low.diagnostics]
+    if shutil.which("nvcc"):
+        from cake_core.lower.compile import compile_kernel
+        comp = compile_kernel(low.value, arch="sm_90a", cache_dir=tmp_path)
+        assert comp.outcome is Outcome.OK, [d.message for d in comp.diagnostics]
