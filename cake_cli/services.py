@@ -413,11 +413,12 @@ def shutdown_ray() -> None:
     started, has exited (idempotent; nothing once :func:`abandon_ray` ran)."""
     import ray
 
-    from tasks.ray_runtime import sweep_local_ray
+    from tasks.ray_runtime import local_ray_processes, sweep_local_ray
 
     if not _ABANDONED.is_set():
+        tree = local_ray_processes()
         ray.shutdown(wait_for_processes=True)
-        sweep_local_ray()
+        sweep_local_ray(tree)
 
 
 def abandon_ray() -> None:
@@ -429,13 +430,14 @@ def abandon_ray() -> None:
     that thread's call fail, not the process."""
     import ray._private.worker as ray_worker
 
-    from tasks.ray_runtime import sweep_local_ray
+    from tasks.ray_runtime import local_ray_processes, sweep_local_ray
 
     _ABANDONED.set()
+    tree = local_ray_processes()
     node = ray_worker._global_node
     if node is not None:
         node.kill_all_processes(check_alive=False, allow_graceful=False, wait=True)
-    sweep_local_ray()
+    sweep_local_ray(tree)
 
 
 # ---------------------------------------------------------------- checks before any service

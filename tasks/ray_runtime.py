@@ -99,31 +99,48 @@ def _marked(entry: bytes) -> set[int]:
 _TREE: dict[str, bytes] = {}   # "entry": the TREE_ENV entry of the local Ray this process started
 
 
-def sweep_local_ray() -> int:
+def local_ray_processes() -> set[int]:
+    """The live processes of the local Ray this process started: those carrying its ``TREE_ENV`` entry and
+    every process below them (Ray starts its agents with an environment of their own)."""
+    entry = _TREE.get("entry")
+    if entry is None:
+        return set()
+    marked = _marked(entry)
+    parents = _parents()
+    found, frontier = set(marked), set(marked)
+    while frontier:
+        frontier = {c for c, q in parents.items() if q in frontier and c not in found}
+        found |= frontier
+    return {q for q in found if q != os.getpid() and _alive(q)}
+
+
+def sweep_local_ray(before: set[int] = frozenset()) -> int:
     """Kill every process left of the local Ray this process started; returns how many there were.
 
     Ray's own shutdown stops its daemons and workers, but not what a worker had
     started (an nvcc and its cicc and ptxas, orphaned when the worker is killed),
     and a killed daemon's workers may outlive it for a while. Every such process
     carries the ``TREE_ENV`` value the local Ray was started with, whoever its
-    parent is now. They are first stopped (SIGSTOP) until no new one appears, so
-    none can start another while they are killed, then killed (SIGKILL).
+    parent is now; ``before`` adds the processes :func:`local_ray_processes` saw
+    before the shutdown (its agents, which do not carry it, orphaned since). They
+    are first stopped (SIGSTOP) until no new one appears, so none can start
+    another while they are killed, then killed (SIGKILL).
     """
-    entry = _TREE.pop("entry", None)
-    if entry is None:
+    if _TREE.get("entry") is None:
         return 0
     stopped: set[int] = set()
     for _ in range(20):
-        new = _marked(entry) - stopped
+        new = ({q for q in before if _alive(q)} | local_ray_processes()) - stopped
         if not new:
             break
-        for p in new:
+        for q in new:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(p, signal.SIGSTOP)
+                os.kill(q, signal.SIGSTOP)
         stopped |= new
+    _TREE.pop("entry", None)
     _kill(stopped)
     deadline = time.monotonic() + SWEEP_WAIT_S
-    while any(_alive(p) for p in stopped) and time.monotonic() < deadline:
+    while any(_alive(q) for q in stopped) and time.monotonic() < deadline:
         time.sleep(0.05)
     return len(stopped)
 

@@ -52,6 +52,22 @@ def test_a_process_that_keeps_starting_others_leaves_none_behind(tree):
     assert rr._marked(entry) == set()
 
 
+def test_a_child_without_the_entry_goes_with_its_marked_parent(tree):
+    """Ray starts its agents with an environment of their own: below a marked process, they are Ray's too."""
+    parent = _orphan(tree, f"env -u {rr.TREE_ENV} sleep 300 & wait")
+    time.sleep(0.3)
+    child = next(c for c, q in rr._parents().items() if q == parent)
+    assert child not in rr._marked(rr._TREE["entry"]) and child in rr.local_ray_processes()
+    assert rr.sweep_local_ray() == 2
+    assert not rr._alive(parent) and not rr._alive(child)
+
+
+def test_what_was_seen_before_the_shutdown_is_swept_though_orphaned_since(tree):
+    unmarked = _orphan({k: v for k, v in tree.items() if k != rr.TREE_ENV}, "sleep 300")
+    assert rr.sweep_local_ray({unmarked}) == 1
+    assert not rr._alive(unmarked)
+
+
 def test_without_a_local_ray_nothing_is_swept(monkeypatch):
     monkeypatch.setattr(rr, "_TREE", {})
     assert rr.sweep_local_ray() == 0
