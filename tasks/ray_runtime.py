@@ -15,7 +15,6 @@ import signal
 import socket
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -270,7 +269,7 @@ def start_ray(address: str | None, num_gpus: int | None = None, attempts: int = 
     t0 = time.monotonic()
     # The raylet and GCS inherit the entry from this process, the workers from the raylet; this process
     # drops it once they have started, so that what it starts itself later is not taken for Ray's.
-    _TREE["entry"] = f"{TREE_ENV}={uuid.uuid4().hex}".encode()
+    _TREE["entry"] = f"{TREE_ENV}={os.getpid()}.{time.time_ns()}".encode()   # this process, this start
     os.environ[TREE_ENV] = _TREE["entry"].decode().split("=", 1)[1]
     try:
         for attempt in tries:
