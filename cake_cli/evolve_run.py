@@ -215,6 +215,9 @@ def run_evolution(settings: Settings, problem: str, run_id: str, kwargs: dict[st
         After a Ctrl-C or SIGTERM, once the run is sealed and has said what it recorded.
     """
     timed, tag = bool(gpu_models), f"cake-run:{run_id}"
+    from warehouse.expectations import warm_up
+
+    warm_up()      # the batches' validator, built while the services start
     with prefect_server(settings) as pf, ray_runtime(settings, num_gpus=len(local_gpus),
                                                      resources=local_resources(local_gpus)) as rt:
         _quiet_prefect_console()

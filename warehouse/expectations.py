@@ -169,12 +169,30 @@ _validator: _Validator | None = None
 _validator_lock = threading.Lock()
 
 
-def validate(table: str, batch: pa.Table) -> tuple[bool, list[str], dict]:
-    """Validate one batch; returns (success, failed expectation lines, GX report as JSON dict: empty for a
-    batch that passed)."""
+def _the_validator() -> _Validator:
     global _validator
     if _validator is None:
         with _validator_lock:
             if _validator is None:
                 _validator = _Validator()
-    return _validator.validate(table, batch)
+    return _validator
+
+
+def validate(table: str, batch: pa.Table) -> tuple[bool, list[str], dict]:
+    """Validate one batch; returns (success, failed expectation lines, GX report as JSON dict: empty for a
+    batch that passed)."""
+    return _the_validator().validate(table, batch)
+
+
+def warm_up() -> threading.Thread:
+    """Build the validator in a background thread (a process that will land rows soon, and waits for its
+    services first, overlaps the seconds great_expectations takes to import with that wait); the first
+    ``validate`` waits for it. An error here is left for that first ``validate`` to raise."""
+    def build() -> None:
+        try:
+            _the_validator()
+        except Exception:  # noqa: BLE001 - validate() builds it again and reports
+            pass
+    t = threading.Thread(target=build, name="cake-gx-warm-up", daemon=True)
+    t.start()
+    return t

@@ -247,3 +247,19 @@ def test_a_thread_reuses_its_reader_only_while_the_batch_files_stay_as_they_were
     with pytest.raises(WarehouseError, match="(?s)Parser Error.*Tables:"):
         wh.query("selec 1")                                           # a failed statement drops the reader
     assert wh._readers == {}
+
+
+def test_the_validator_warmed_up_in_the_background_is_the_one_validate_uses(monkeypatch):
+    import pyarrow as pa
+
+    from warehouse import expectations
+
+    monkeypatch.setattr(expectations, "_validator", None)
+    thread = expectations.warm_up()
+    thread.join(120)
+    built = expectations._validator
+    assert built is not None and not thread.is_alive()
+    bad = pa.table({"run_id": ["r"], "status": ["no-such-status"]})
+    ok, failed, _ = expectations.validate("runs", bad)
+    assert expectations._validator is built
+    assert not ok and any("status" in f for f in failed)
