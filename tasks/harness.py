@@ -26,6 +26,7 @@ from cake_core.errors import CakeError
 from cake_core.harness.errors import HarnessDataError
 from cake_core.harness.gate import GateCache, gpu_check
 from cake_core.harness.proposal import Proposal, proposal_key
+from cake_core.harness.gate_store import GateStore
 from cake_core.harness.records import AttemptRecord, ClusterRecord, MeasuredRecord
 from cake_core.harness.review import ReviewInput, review
 from cake_core.harness.version import HarnessSpec
@@ -35,7 +36,8 @@ from cake_core.problems.base import ShapeSetError, parse_shape_key
 from warehouse import Warehouse
 
 REVIEW_ATTEMPTS = 50_000     # the newest attempts a review reads
-GATE_CACHE = GateCache()     # the corpus's built-in verdicts and interpreter checks: pure, kept per process
+GATE_CACHE = GateCache()     # the corpus's built-in verdicts and interpreter checks: pure, kept per process and,
+#                              in a Cake home, on disk under cache/gate (gate_store) for later processes
 
 
 class AlreadyDecided(CakeError):
@@ -165,6 +167,8 @@ def mine_proposals(warehouse_root: str, min_support: int, gpu_cache_dir: str | N
     ``{"proposals": [(Proposal, gate report)], "skipped": [what was not proposed, and why]}``."""
     current = load_harness(warehouse_root)
     gpu = gpu_check(Path(gpu_cache_dir)) if gpu_cache_dir else None
+    home_cache = Path(warehouse_root).parent / "cache"       # a Cake home's: its warehouse/ and cache/ side by side
+    GATE_CACHE.store = GateStore(home_cache / "gate") if home_cache.is_dir() else None
     found, skipped = review(load_review_input(warehouse_root), current, min_support=min_support, cache=GATE_CACHE,
                             gpu=gpu)
     return {"proposals": [(r.proposal, r.gate) for r in found], "skipped": skipped}

@@ -18,7 +18,8 @@ quality and error of the model before and after, on all and on held-out attempts
 what applying it to the seeds and best attempts makes.
 
 Verifier and interpreter results are cached by (IR hash, shape, seed) in a :class:`GateCache`, shared by
-every proposal of one review: the built-in verdicts and the interpreter do not depend on the harness.
+every proposal of one review: the built-in verdicts and the interpreter do not depend on the harness. With a
+:class:`~cake_core.harness.gate_store.GateStore` they are kept on disk too, for the reviews of later processes.
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ from cake_core.agents.rewrite import Refused
 from cake_core.agents.tactics import TACTICS
 from cake_core.harness import calibration as cal
 from cake_core.harness.composite import Composite, contract, windows
+from cake_core.harness.gate_store import GateStore
 from cake_core.harness.macro import Macro, chain
 from cake_core.harness.proposal import Proposal
 from cake_core.harness.records import AttemptRecord
@@ -127,7 +129,8 @@ def kernel_shapes(k: Kernel, problem: Problem, harness: HarnessSpec,
 
 @dataclass
 class GateCache:
-    """Harness-independent results of one review: built-in diagnostics and interpreter (and GPU) checks."""
+    """Harness-independent results of one review: built-in diagnostics and interpreter (and GPU) checks; with a
+    ``store``, the first two are also read from and kept on disk for later processes."""
 
     builtin: dict[tuple[str, str], tuple[Diagnostic, ...]] = field(default_factory=dict)
     checks: dict[tuple[str, str, str, int], ShapeCheck] = field(default_factory=dict)
@@ -135,6 +138,7 @@ class GateCache:
     parsed: dict[str, ParseResult] = field(default_factory=dict)
     hits: int = 0
     misses: int = 0
+    store: GateStore | None = None     # results kept on disk across processes (gate_store), when given
 
     def parse(self, text: str) -> ParseResult:
         """The parse of an (expanded) kernel text: a review replays each text on every shape under every
@@ -148,18 +152,33 @@ class GateCache:
         key = (program.hash, shape_key(shape))
         if key in self.builtin:
             self.hits += 1
+            return self.builtin[key]
+        kept = self.store.diagnostics(key) if self.store is not None else None
+        if kept is not None:
+            self.hits += 1
+            self.builtin[key] = kept
         else:
             self.misses += 1
             self.builtin[key] = tuple(verify(program, shapes=[shape]))
+            if self.store is not None:
+                self.store.keep_diagnostics(key, self.builtin[key])
         return self.builtin[key]
 
     def check(self, program: Program, problem: Problem, shape: Shape, seed: int) -> ShapeCheck:
         key = (program.hash, problem.name, shape_key(shape), seed)
         if key in self.checks:
             self.hits += 1
+            return self.checks[key]
+        store = self.store if self.store is not None and problem.source == "built-in" else None
+        kept = store.check(key) if store is not None else None
+        if kept is not None:
+            self.hits += 1
+            self.checks[key] = kept
         else:
             self.misses += 1
             self.checks[key] = check_on_cpu(program, problem, [shape], seed)[0]
+            if store is not None:
+                store.keep_check(key, self.checks[key])
         return self.checks[key]
 
 
