@@ -11,7 +11,7 @@
 #    three of the portfolio's D > 128 rows;
 # 3. kda-split: the chunked KDA prefill kernel, the same after split_state (value columns over two CTAs), and
 #    after split_state, 32-row chunks, prefetch and registers, against fla's chunk_kda at one sequence of 8192
-#    tokens (96 heads: fewer CTAs than SMs unsplit) and eight of 1024 (64 heads);
+#    tokens (64 and 96 heads: fewer CTAs than SMs unsplit) and eight of 1024 (64 heads);
 # 4. offset-windows: the GPU tests of windows at any offset with a limit, and the varlen chunked program.
 # Each part has its own time limit, so a slow part leaves the others their share. Writes under $OUT; the parts'
 # corpus tables come back in $OUT/queue.tgz (a call brings back 8 files at most).
@@ -26,7 +26,7 @@ part kmeans-deep 120 env OUT="$OUT/kmeans_deep" bash bench/gpu.sh corpus --probl
 part kda-split 120 env OUT="$OUT/kda_split" bash bench/gpu.sh corpus --problems kda_prefill --no-seed --no-best \
     --program cake_core/problems/kda_prefill/kernels/kda_prefill_chunked.cake \
     --program bench/kda_prefill_chunked_split.cake --program bench/kda_prefill_chunked_split_pf.cake \
-    --shapes 'B=1,T=8192,H=96,DK=128,DV=128;B=8,T=1024,H=64,DK=128,DV=128' --reps 5
+    --shapes 'B=1,T=8192,H=64,DK=128,DV=128;B=1,T=8192,H=96,DK=128,DV=128;B=8,T=1024,H=64,DK=128,DV=128' --reps 5
 part offset-windows 100 env OUT="$OUT/offset_windows" GPU_TESTS="tests/runtime/test_window_offsets_gpu.py" \
     bash bench/gpu.sh tests -rf
 tar -czf "$OUT/queue.tgz" -C "$OUT" $(cd "$OUT" && ls -d knn_norms kmeans_deep kda_split offset_windows 2>/dev/null)
