@@ -36,6 +36,7 @@ import httpx
 from cake_cli.config import Settings
 from cake_cli.leases import Lease, Registry, ServerRecord
 from cake_core.errors import CakeError
+from tasks.processes import alive
 from tasks.ray_runtime import RAY_ENV, RayUnavailable, check_address, start_ray
 
 HEALTH_TIMEOUT_S = 3.0        # an external Prefect API must answer /health within this
@@ -148,15 +149,6 @@ def _refresh_prefect_settings() -> None:
         sys.modules["prefect.context"].refresh_global_settings_context()
 
 
-def _gone(pid: int) -> bool:
-    """True once ``pid`` has exited (a zombie counts: it holds no port any more)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except OSError:
-        return True
-
-
 def _stop_group(pid: int) -> None:
     """Stop a server Cake started: its whole process group (it runs uvicorn as a child)."""
     try:
@@ -164,7 +156,7 @@ def _stop_group(pid: int) -> None:
     except ProcessLookupError:
         return
     deadline = time.monotonic() + STOP_TIMEOUT_S
-    while not _gone(pid) and time.monotonic() < deadline:
+    while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)
@@ -230,7 +222,7 @@ def _recorded_server(registry: Registry, others: list[int]) -> tuple[PrefectServ
                 ui = rec.api_url[:-len("/api")]
                 if others:
                     note = f"sharing this home's Prefect server (pid {rec.pid}) with {len(others)} other run(s)"
-                elif rec.started_by != os.getpid() and not _gone(rec.started_by):
+                elif rec.started_by != os.getpid() and alive(rec.started_by):
                     note = f"using this home's Prefect server (pid {rec.pid}); it stops when its last user ends"
                 else:
                     note = (f"reusing this home's Prefect server (pid {rec.pid}) left running by an earlier "

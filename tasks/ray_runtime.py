@@ -21,6 +21,7 @@ from typing import Any
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from cake_core.errors import CakeError
+from tasks.processes import alive, descendants, kill
 
 LOOPBACK = "127.0.0.1"
 START_ATTEMPTS = 3              # local starts tried before giving up
@@ -49,38 +50,6 @@ class _StartFailed(Exception):
     """One failed local start (retried)."""
 
 
-def _parents() -> dict[int, int]:
-    """pid -> parent pid of every process on this machine (from /proc)."""
-    parents = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat") as f:
-                parents[int(d)] = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-    return parents
-
-
-def descendants(pid: int) -> set[int]:
-    """Every living process below ``pid``."""
-    parents = _parents()
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {c for c, p in parents.items() if p in frontier and c not in found}
-        found |= frontier
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
-
-
 def _marked(entry: bytes) -> set[int]:
     """Every live process of this user, other than this one, whose environment holds ``entry``."""
     found, me, uid = set(), os.getpid(), os.getuid()
@@ -92,7 +61,7 @@ def _marked(entry: bytes) -> set[int]:
                 found.add(int(d))
         except OSError:
             continue
-    return {p for p in found if _alive(p)}
+    return {p for p in found if alive(p)}
 
 
 _TREE: dict[str, bytes] = {}   # "entry": the TREE_ENV entry of the local Ray this process started
@@ -105,12 +74,7 @@ def local_ray_processes() -> set[int]:
     if entry is None:
         return set()
     marked = _marked(entry)
-    parents = _parents()
-    found, frontier = set(marked), set(marked)
-    while frontier:
-        frontier = {c for c, q in parents.items() if q in frontier and c not in found}
-        found |= frontier
-    return {q for q in found if q != os.getpid() and _alive(q)}
+    return {q for q in marked | descendants(marked) if q != os.getpid() and alive(q)}
 
 
 def sweep_local_ray(before: set[int] = frozenset()) -> int:
@@ -129,7 +93,7 @@ def sweep_local_ray(before: set[int] = frozenset()) -> int:
         return 0
     stopped: set[int] = set()
     for _ in range(20):
-        new = ({q for q in before if _alive(q)} | local_ray_processes()) - stopped
+        new = ({q for q in before if alive(q)} | local_ray_processes()) - stopped
         if not new:
             break
         for q in new:
@@ -137,19 +101,11 @@ def sweep_local_ray(before: set[int] = frozenset()) -> int:
                 os.kill(q, signal.SIGSTOP)
         stopped |= new
     _TREE.pop("entry", None)
-    _kill(stopped)
+    kill(stopped)
     deadline = time.monotonic() + SWEEP_WAIT_S
-    while any(_alive(q) for q in stopped) and time.monotonic() < deadline:
+    while any(alive(q) for q in stopped) and time.monotonic() < deadline:
         time.sleep(0.05)
     return len(stopped)
-
-
-def _kill(pids: set[int]) -> None:
-    for p in pids:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def check_address(address: str) -> None:
@@ -202,7 +158,7 @@ def _start_local(kwargs: dict[str, Any]) -> None:
             ray.shutdown()
         except Exception:  # noqa: BLE001 - nothing more to stop
             pass
-        _kill(descendants(os.getpid()) - before)
+        kill(descendants(os.getpid()) - before)
         raise _StartFailed(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
     gcs = ray.get_runtime_context().gcs_address or ""
     if not gcs.startswith(f"{LOOPBACK}:"):

@@ -19,6 +19,7 @@ import ray
 
 from cake_core.errors import CakeError
 from cake_core.outcome import Outcome
+from tasks.processes import alive
 
 
 @dataclass(frozen=True)
@@ -128,21 +129,6 @@ class GpuRunner:
         return gpu_model()
 
 
-def _gone(pid: int) -> bool:
-    """True once process ``pid`` has exited (a zombie has already closed its files and GPU context)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except OSError:
-        return True
-
-
 MAX_NODE_LOSSES = 3      # times a unit alone on a lost node is run again before its Fault is its answer
 
 
@@ -235,7 +221,7 @@ class ActorPool:
             pass
         if ident is not None and ident[0] == ray.get_runtime_context().get_node_id():
             t0 = time.monotonic()
-            while not _gone(ident[1]) and time.monotonic() - t0 < self.exit_timeout_s:
+            while alive(ident[1]) and time.monotonic() - t0 < self.exit_timeout_s:
                 time.sleep(0.05)
         fresh = self.factory()
         up = self._ready(fresh)

@@ -100,6 +100,8 @@ def test_a_timed_out_nvcc_leaves_none_of_its_children_running(tmp_path, monkeypa
     import os
     import signal
 
+    from tasks.processes import alive
+
     child = tmp_path / "child.pid"
     fake = tmp_path / "nvcc"
     fake.write_text(f"#!/bin/sh\nsleep 300 &\necho $! > {child}\nsleep 300\n")   # a child, then the wait
@@ -109,20 +111,12 @@ def test_a_timed_out_nvcc_leaves_none_of_its_children_running(tmp_path, monkeypa
     assert r.first_error().rule == "nvcc.timeout"
     pid = int(child.read_text())
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and _running(pid):
+    while time.monotonic() < deadline and alive(pid):
         time.sleep(0.05)
-    alive = _running(pid)
+    alive = alive(pid)
     if alive:
         os.kill(pid, signal.SIGKILL)   # not left to the next test either
     assert not alive, "the timed-out nvcc's child is still running"
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 def test_rows_program_compiles(cache):

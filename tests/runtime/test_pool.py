@@ -8,7 +8,8 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from tasks.workers import ActorPool, Fault, _gone  # noqa: E402
+from tasks.processes import alive  # noqa: E402
+from tasks.workers import ActorPool, Fault  # noqa: E402
 
 
 @ray.remote(num_cpus=1)
@@ -45,7 +46,7 @@ def test_hang_die_and_poison_are_isolated_and_replaced(local_ray):
     assert time.monotonic() - t0 < 60
     assert out[0]["value"] == "a" and out[0]["pid"] == first_pid
     assert isinstance(out[1], Fault) and out[1].outcome == "timeout" and "killed" in out[1].message
-    assert _gone(first_pid)                 # the hung process was waited for before the next job
+    assert not alive(first_pid)                 # the hung process was waited for before the next job
     assert out[2]["value"] == "b" and out[2]["pid"] != first_pid
     assert isinstance(out[3], Fault) and out[3].outcome == "runtime_fault"
     assert out[4]["value"] == "c" and out[4]["pid"] != out[2]["pid"]
@@ -64,9 +65,9 @@ def test_timeouts_must_match_jobs(local_ray):
     pool.shutdown()
 
 
-def test_gone():
-    assert not _gone(os.getpid())
-    assert _gone(2 ** 22 + 12345)
+def test_alive():
+    assert alive(os.getpid())
+    assert not alive(2 ** 22 + 12345)
 
 
 @ray.remote(num_cpus=0)

@@ -11,6 +11,7 @@ import uuid
 import pytest
 
 import tasks.ray_runtime as rr
+from tasks.processes import alive, parents
 
 
 def _orphan(env: dict[str, str], script: str) -> int:
@@ -31,10 +32,10 @@ def test_marked_orphans_are_killed_and_unmarked_processes_are_not(tree):
     marked = _orphan(tree, "sleep 300")
     other = _orphan({k: v for k, v in tree.items() if k != rr.TREE_ENV}, "sleep 300")
     try:
-        assert rr._alive(marked) and rr._alive(other)
+        assert alive(marked) and alive(other)
         assert rr.sweep_local_ray() >= 1
-        assert not rr._alive(marked)
-        assert rr._alive(other)
+        assert not alive(marked)
+        assert alive(other)
         assert rr.sweep_local_ray() == 0     # swept once: the entry is gone with it
     finally:
         for p in (marked, other):
@@ -56,16 +57,16 @@ def test_a_child_without_the_entry_goes_with_its_marked_parent(tree):
     """Ray starts its agents with an environment of their own: below a marked process, they are Ray's too."""
     parent = _orphan(tree, f"env -u {rr.TREE_ENV} sleep 300 & wait")
     time.sleep(0.3)
-    child = next(c for c, q in rr._parents().items() if q == parent)
+    child = next(c for c, q in parents().items() if q == parent)
     assert child not in rr._marked(rr._TREE["entry"]) and child in rr.local_ray_processes()
     assert rr.sweep_local_ray() == 2
-    assert not rr._alive(parent) and not rr._alive(child)
+    assert not alive(parent) and not alive(child)
 
 
 def test_what_was_seen_before_the_shutdown_is_swept_though_orphaned_since(tree):
     unmarked = _orphan({k: v for k, v in tree.items() if k != rr.TREE_ENV}, "sleep 300")
     assert rr.sweep_local_ray({unmarked}) == 1
-    assert not rr._alive(unmarked)
+    assert not alive(unmarked)
 
 
 def test_without_a_local_ray_nothing_is_swept(monkeypatch):
