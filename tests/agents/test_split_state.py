@@ -57,6 +57,19 @@ def _program(prob: str, kernel: str | None):
     return problem, parse_program((problem.kernels_dir / kernel).read_text(), kernel)
 
 
+def _passes(p, problem, shapes, compile_in=None) -> None:
+    """Verified, right on the CPU gate (strict), lowered, and compiled by nvcc into ``compile_in`` when given."""
+    assert not [d for d in verify(p, shapes=shapes) if d.is_error]
+    checks = check_on_cpu(p, problem, shapes, seed=4, strict=True)
+    assert all(c.correct for c in checks), [c.message for c in checks]
+    low = lower(p, "split.cake")
+    assert low.outcome is Outcome.OK, [d.message for d in low.diagnostics]
+    if compile_in is not None and shutil.which("nvcc"):
+        from cake_core.lower.compile import compile_kernel
+        comp = compile_kernel(low.value, arch="sm_90a", cache_dir=compile_in)
+        assert comp.outcome is Outcome.OK, [d.message for d in comp.diagnostics]
+
+
 def _refusal(text: str) -> str:
     out = apply("split_state", parse_program(text), np.random.default_rng(0))
     assert isinstance(out, Refused), out.text()
@@ -80,16 +93,8 @@ def test_split_state_cuts_the_value_columns_and_the_kernel_stays_correct(prob, k
     assert out.grid[:2] == p.grid and len(out.grid) == 3 and out.const_env["BV"] == 64
     assert "tile(bid.z, BV)" in out.text() and "tile(0, TV)" not in out.text()
     assert parse_program(out.text()) == out
-    assert not [d for d in verify(out, shapes=shapes) if d.is_error]
-    for q in (out, out.with_consts(BV=32)):
-        checks = check_on_cpu(q, problem, shapes, seed=4, strict=True)
-        assert all(c.correct for c in checks), [c.message for c in checks]
-    low = lower(out, "split.cake")
-    assert low.outcome is Outcome.OK, [d.message for d in low.diagnostics]
-    if kernel and shutil.which("nvcc"):
-        from cake_core.lower.compile import compile_kernel
-        comp = compile_kernel(low.value, arch="sm_90a", cache_dir=tmp_path)
-        assert comp.outcome is Outcome.OK, [d.message for d in comp.diagnostics]
+    _passes(out.with_consts(BV=32), problem, shapes)
+    _passes(out, problem, shapes, compile_in=tmp_path if kernel else None)
 
 
 def test_a_staging_tile_reused_for_keys_and_values_gets_a_narrow_twin_for_the_values():
@@ -146,12 +151,4 @@ def test_after_the_split_a_chunk_a_trip_ahead_and_registers_fit(prob, kernel, sh
         q = apply(name, q, np.random.default_rng(0))
         assert not isinstance(q, Refused), f"{name}: {q.reason}"
     assert "cp_async(" in q.text() and q.text().count("rmem(") > rmem
-    assert not [d for d in verify(q, shapes=shapes) if d.is_error]
-    checks = check_on_cpu(q, problem, shapes, seed=6, strict=True)
-    assert all(c.correct for c in checks), [c.message for c in checks]
-    low = lower(q, "chain.cake")
-    assert low.outcome is Outcome.OK, [d.message for d in low.diagnostics]
-    if shutil.which("nvcc"):
-        from cake_core.lower.compile import compile_kernel
-        comp = compile_kernel(low.value, arch="sm_90a", cache_dir=tmp_path)
-        assert comp.outcome is Outcome.OK, [d.message for d in comp.diagnostics]
+    _passes(q, problem, shapes, compile_in=tmp_path)
