@@ -39,14 +39,16 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from cake_core.agents.rewrite import Refused, namer, node_syms, refuse_unless, view_syms, walk_nodes, with_args
-from cake_core.ir.expr import Call, Sym, evaluate, fmt_expr, symbols
+from cake_core.agents.rewrite import (Refused, map_exprs, namer, node_syms, refuse_unless, subst_expr, view_syms,
+                                      walk_nodes, with_args)
+from cake_core.ir.expr import Bin, Call, Sym, evaluate, fmt_expr, symbols
 from cake_core.ir.ops import REGISTRY, Full, Node, Op, Tile, View
 from cake_core.ir.program import Program
 
 _ELEMENTWISE = frozenset({Op.EWISE, Op.UNARY, Op.CAST, Op.SELECT, Op.FILL})
 _NO_TILES = frozenset({Op.SYNC, Op.LET})
 MIN_BLOCK = 16                 # the narrowest column block split_state makes
+_BLOCK = "split.block"         # stands for the block's coordinate while the windows are rewritten
 
 
 @dataclass(frozen=True)
@@ -352,15 +354,18 @@ def split_state(p: Program, rng: np.random.Generator, bounds=None) -> Program:
             load(s_t, s[bid.y, bid.x, tile(0, TK), tile(bid.z, BV)])
             ...
 
-    Precondition: a chunked scan (``find_scan``) with fewer than three grid dimensions (the new one's
-    coordinate, ``bid.y`` or ``bid.z``, not yet read), and an axis of its
-    state whose columns the program never mixes (see the module docstring). The block is half the axis; the
-    kernel then serves that dimension at any extent (the last block's tail is guarded like any window's).
+    With three grid dimensions already, the blocks fold into z, as ``grid_loop`` folds trips: the old z
+    coordinate is ``bid.z // cdiv(DV, BV)``, the block ``bid.z % cdiv(DV, BV)``.
+
+    Precondition: a chunked scan (``find_scan``), with a new grid dimension's coordinate (``bid.y`` or
+    ``bid.z``) not yet read where the grid has fewer than three, and an axis of its state whose columns the
+    program never mixes (see the module docstring). The block is half the axis; the kernel then serves that
+    dimension at any extent (the last block's tail is guarded like any window's).
     """
     scan = find_scan(p)
-    refuse_unless(len(p.grid) < 3, "the grid has three dimensions already")
-    coord = f"bid.{'xyz'[len(p.grid)]}"
-    refuse_unless(not any(coord in node_syms(n) for n in walk_nodes(p.body)), f"the kernel reads {coord}")
+    if len(p.grid) < 3:
+        coord = f"bid.{'xyz'[len(p.grid)]}"
+        refuse_unless(not any(coord in node_syms(n) for n in walk_nodes(p.body)), f"the kernel reads {coord}")
     f = _flow(p)
     entry = f.entry[(scan.index,)]
     reasons, split = [], None
@@ -376,10 +381,10 @@ def split_state(p: Program, rng: np.random.Generator, bounds=None) -> Program:
             break
     if split is None:
         raise Refused("no state axis can be split: " + "; ".join(reasons))
-    return _rewrite(p, f, split, coord)
+    return _rewrite(p, f, split)
 
 
-def _rewrite(p: Program, f: _Flow, split: _Split, coord: str) -> Program:
+def _rewrite(p: Program, f: _Flow, split: _Split) -> Program:
     name = namer(p)
     block = name("BV")
     half = split.extent // 2
@@ -409,7 +414,7 @@ def _rewrite(p: Program, f: _Flow, split: _Split, coord: str) -> Program:
     dims = {(m[1], m[2]) for m in split.keys if m[0] == "d"}
 
     def fix_view(view: View) -> View:
-        return View(view.buf, tuple(Tile(Sym(coord), Sym(block)) if (view.buf, d) in dims else ix
+        return View(view.buf, tuple(Tile(Sym(_BLOCK), Sym(block)) if (view.buf, d) in dims else ix
                                     for d, ix in enumerate(view.index)))
 
     def rebuild(nodes: tuple[Node, ...], path: tuple[int, ...]) -> tuple[Node, ...]:
@@ -428,8 +433,16 @@ def _rewrite(p: Program, f: _Flow, split: _Split, coord: str) -> Program:
             out.append(replace(n, args=tuple(args), body=rebuild(n.body, here) if n.body else n.body))
         return tuple(out)
 
-    grid = p.grid + (Call("cdiv", (split.dim, Sym(block))),)
+    blocks = Call("cdiv", (split.dim, Sym(block)))
     body = rebuild(p.body, ())
+    if len(p.grid) < 3:
+        grid, coord = p.grid + (blocks,), Sym(f"bid.{'xyz'[len(p.grid)]}")
+    else:      # fold into z: the old z coordinate is bid.z // blocks, the block bid.z % blocks
+        body = tuple(map_exprs(n, lambda e: subst_expr(e, {"bid.z": Bin("//", Sym("bid.z"), blocks),
+                                                           "ncta.z": Bin("//", Sym("ncta.z"), blocks)}))
+                     for n in body)
+        grid, coord = p.grid[:2] + (Bin("*", p.grid[2], blocks),), Bin("%", Sym("bid.z"), blocks)
+    body = tuple(map_exprs(n, lambda e: subst_expr(e, {_BLOCK: coord})) for n in body)
     before, after = _referenced(p.grid, p.body), _referenced(grid, body)
     consts = tuple((k, v) for k, v in p.consts if k in after or k not in before) + ((block, half),)
     return replace(p, grid=grid, body=body, consts=tuple(sorted(consts)))

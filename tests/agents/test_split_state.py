@@ -1,7 +1,8 @@
 """Chunked scans: ``find_scan`` recognises the loop and its carried state in the KDA seeds and chunked kernels, and
 ``split_state`` cuts the state's independent columns into blocks, a CTA each. The split kernels pass the CPU gate
 (on value widths the unsplit kernels do not serve too) and compile; it refuses, with the reason, a state whose
-columns meet (a row sum), a window that does not start at 0, a loop that carries nothing and a full grid."""
+columns meet (a row sum), a window that does not start at 0, a loop that carries nothing, a kernel that already
+reads the new dimension's coordinate; on a three-dimensional grid the blocks fold into z."""
 from __future__ import annotations
 
 import shutil
@@ -110,6 +111,10 @@ def test_the_toy_column_sum_splits_and_gives_the_same_answer():
     out = apply("split_state", p, np.random.default_rng(0))
     assert not isinstance(out, Refused), out.reason
     assert out.grid == (Sym("B"), parse_program(TOY.replace("grid=(B,)", "grid=(B, cdiv(D, BV))")).grid[1])
+    _same_answer(p, out)
+
+
+def _same_answer(p, out) -> None:
     rng = np.random.default_rng(5)
     B, T, D = 2, 37, 50
     x, s = rng.normal(size=(B, T, D)).astype(np.float32), rng.normal(size=(B, D)).astype(np.float32)
@@ -132,10 +137,19 @@ def test_it_refuses_a_window_that_does_not_start_at_zero():
     assert "`o` is indexed along it at line 16 other than tile(0, 64)" in _refusal(text)
 
 
-def test_it_refuses_a_loop_that_carries_nothing_and_a_full_grid():
+def test_it_refuses_a_loop_that_carries_nothing():
     assert "carries nothing from trip to trip" in _refusal(get_problem("kda_decode").seed_text())
-    assert "three dimensions already" in _refusal(TOY.replace("grid=(B,)", "grid=(B, 1, 1)"))
+    reads_y = TOY.replace("tile(bid.x, 1), tile(0, TV)]", "tile(bid.x + bid.y, 1), tile(0, TV)]")
+    assert "the kernel reads bid.y" in _refusal(reads_y)
     assert "split_state" in STRUCTURAL
+
+
+def test_on_a_three_dimensional_grid_the_blocks_fold_into_z():
+    p = parse_program(TOY.replace("grid=(B,)", "grid=(B, 1, 1)"))
+    out = apply("split_state", p, np.random.default_rng(0))
+    assert not isinstance(out, Refused), out.reason
+    assert "tile(bid.z % cdiv(D, BV), BV)" in out.text() and "1 * cdiv(D, BV)" in out.text().splitlines()[0]
+    _same_answer(p, out)
 
 
 @pytest.mark.parametrize("prob, kernel, shapes", [k for k in KERNELS if k[1]])
