@@ -2,8 +2,8 @@
 
 A scan streams its input chunk by chunk past a state that every trip reads and then rewrites; the state is
 loaded (or filled) before the loop and stored after it, and each trip may store an output window of its own.
-The KDA seeds are scans (``problems/kda_prefill``: a token at a time; the chunked kernels: 64 tokens at a
-time, with the UT transform inside)::
+The KDA seeds are scans (a token at a time; the chunked KDA kernels: 64 tokens at a time, with the UT
+transform inside)::
 
     load(s_t, s[bid.y, bid.x, tile(0, TK), tile(0, TV)])      # the state, before the loop
     for c in range(cdiv(T, BT)):
