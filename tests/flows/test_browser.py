@@ -117,10 +117,24 @@ def _shot(page, name: str) -> None:
         page.screenshot(path=str(Path(folder) / f"{name}.png"), full_page=True)
 
 
-def _open_run(page, services, flow_run_id: str, tab: str | None = None) -> None:
-    page.goto(f"{services['api_url'].removesuffix('/api')}/runs/flow-run/{flow_run_id}")
-    if tab:
-        page.locator(f"li.p-tab#{tab}").click()
+def _open_run(page, services, flow_run_id: str, tab: str | None = None, shows: str | None = None) -> None:
+    """Open the run's page (on ``tab``); with ``shows``, until that text is on it. The UI asks the API once per
+    page: an answer lost on a loaded machine leaves the tab empty for good, so the page is opened again (three
+    times at most) rather than waited on."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    for attempt in range(3):
+        page.goto(f"{services['api_url'].removesuffix('/api')}/runs/flow-run/{flow_run_id}")
+        if tab:
+            page.locator(f"li.p-tab#{tab}").click()
+        if shows is None:
+            return
+        try:
+            page.get_by_text(shows, exact=True).first.wait_for(timeout=WAIT_MS // 2)
+            return
+        except PlaywrightTimeout:
+            if attempt == 2:
+                raise
 
 
 # ---------------------------------------------------------------- the run: names and artifacts
@@ -145,7 +159,7 @@ def test_the_run_and_its_tasks_are_named_and_each_generation_publishes_its_table
 
 
 def test_the_run_page_shows_its_artifacts(evolved, services, page):
-    _open_run(page, services, evolved, tab="artifacts")
+    _open_run(page, services, evolved, tab="artifacts", shows=f"{RUN_ID}-generation")
     for key in ("generation", "shapes", "leaderboard", "leaderboard-table"):
         page.get_by_text(f"{RUN_ID}-{key}", exact=True).first.wait_for()
     _shot(page, "ui-run-artifacts")
@@ -165,7 +179,7 @@ def test_cake_report_is_published_on_the_run_and_shows_its_figures(evolved, serv
     assert (report / "report.md").exists() and (report / "best_over_generations.png").exists()
     art = [a for a in _artifacts(evolved) if a.key == f"{RUN_ID}-report"]
     assert len(art) == 1 and art[0].data.count("data:image/png;base64,") >= 2
-    _open_run(page, services, evolved, tab="artifacts")
+    _open_run(page, services, evolved, tab="artifacts", shows=f"{RUN_ID}-report")
     page.get_by_text(f"{RUN_ID}-report", exact=True).first.click()
     page.get_by_role("heading", name=f"Report of run {RUN_ID}").wait_for()
     imgs = page.locator("img[src^='data:image/png;base64,']")
@@ -244,6 +258,5 @@ def test_a_paused_proposal_shows_its_evidence_and_the_form_records_the_decision(
         lambda c: c.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))))))
     keys = {a.key for a in _artifacts(flow_run_id)}
     assert {f"proposal-{pid}", f"decision-{pid}"} <= keys, keys
-    _open_run(page, services, flow_run_id, tab="artifacts")
-    page.get_by_text(f"decision-{pid}", exact=True).first.wait_for()
+    _open_run(page, services, flow_run_id, tab="artifacts", shows=f"decision-{pid}")
     _shot(page, "ui-review-decided")
