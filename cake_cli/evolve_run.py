@@ -39,7 +39,21 @@ def terminate(signum: int, frame: Any) -> None:
     # duckdb's InterruptException, which a caller may swallow; the count is never lost.
     _SIGNALS.append(signum)
     _quiet_prefect_console(logging.CRITICAL)
+    if _in_finalizer(frame):
+        # Raised inside a __del__ (a warehouse's reader connections closed at collection time), the interrupt
+        # would be printed as "Exception ignored in ..." with a traceback, and dropped. The count stands: the
+        # run's watcher and the next check (_raise_if_signalled, run_control's stop request) stop it.
+        return
     raise KeyboardInterrupt
+
+
+def _in_finalizer(frame: Any) -> bool:
+    """Whether ``frame`` (where a signal interrupted the main thread) runs inside an object's ``__del__``."""
+    while frame is not None:
+        if frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
 
 
 class _StopOnSignal:
