@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 from typing import Iterable
 
 
@@ -39,10 +40,29 @@ def descendants(roots: int | Iterable[int]) -> set[int]:
     return found
 
 
-def kill(pids: Iterable[int]) -> None:
-    """SIGKILL each of ``pids`` that is still there (and ours to kill)."""
+def carrying(entry: bytes) -> set[int]:
+    """Every live process of this user, other than this one, whose environment holds ``entry`` (``NAME=value``)."""
+    found, me, uid = set(), os.getpid(), os.getuid()
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == me:
+            continue
+        try:
+            if os.stat(f"/proc/{d}").st_uid == uid and entry in Path(f"/proc/{d}/environ").read_bytes().split(b"\0"):
+                found.add(int(d))
+        except OSError:
+            continue
+    return {p for p in found if alive(p)}
+
+
+def send(pids: Iterable[int], sig: int) -> None:
+    """Send ``sig`` to each of ``pids`` that is still there (and ours to signal)."""
     for p in pids:
         try:
-            os.kill(p, signal.SIGKILL)
+            os.kill(p, sig)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def kill(pids: Iterable[int]) -> None:
+    """SIGKILL each of ``pids`` that is still there (and ours to kill)."""
+    send(pids, signal.SIGKILL)

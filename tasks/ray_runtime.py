@@ -9,19 +9,17 @@ and retried; the last failure is one :class:`RayUnavailable` line.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import socket
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from cake_core.errors import CakeError
-from tasks.processes import alive, descendants, kill
+from tasks.processes import alive, carrying, descendants, kill, send
 
 LOOPBACK = "127.0.0.1"
 START_ATTEMPTS = 3              # local starts tried before giving up
@@ -50,20 +48,6 @@ class _StartFailed(Exception):
     """One failed local start (retried)."""
 
 
-def _marked(entry: bytes) -> set[int]:
-    """Every live process of this user, other than this one, whose environment holds ``entry``."""
-    found, me, uid = set(), os.getpid(), os.getuid()
-    for d in os.listdir("/proc"):
-        if not d.isdigit() or int(d) == me:
-            continue
-        try:
-            if os.stat(f"/proc/{d}").st_uid == uid and entry in Path(f"/proc/{d}/environ").read_bytes().split(b"\0"):
-                found.add(int(d))
-        except OSError:
-            continue
-    return {p for p in found if alive(p)}
-
-
 _TREE: dict[str, bytes] = {}   # "entry": the TREE_ENV entry of the local Ray this process started
 
 
@@ -73,8 +57,8 @@ def local_ray_processes() -> set[int]:
     entry = _TREE.get("entry")
     if entry is None:
         return set()
-    marked = _marked(entry)
-    return {q for q in marked | descendants(marked) if q != os.getpid() and alive(q)}
+    marked = carrying(entry)
+    return {q for q in marked | descendants(marked) if alive(q)}
 
 
 def sweep_local_ray(before: set[int] = frozenset()) -> int:
@@ -96,9 +80,7 @@ def sweep_local_ray(before: set[int] = frozenset()) -> int:
         new = ({q for q in before if alive(q)} | local_ray_processes()) - stopped
         if not new:
             break
-        for q in new:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(q, signal.SIGSTOP)
+        send(new, signal.SIGSTOP)
         stopped |= new
     _TREE.pop("entry", None)
     kill(stopped)
@@ -225,8 +207,8 @@ def start_ray(address: str | None, num_gpus: int | None = None, attempts: int = 
     t0 = time.monotonic()
     # The raylet and GCS inherit the entry from this process, the workers from the raylet; this process
     # drops it once they have started, so that what it starts itself later is not taken for Ray's.
-    _TREE["entry"] = f"{TREE_ENV}={os.getpid()}.{time.time_ns()}".encode()   # this process, this start
-    os.environ[TREE_ENV] = _TREE["entry"].decode().split("=", 1)[1]
+    os.environ[TREE_ENV] = f"{os.getpid()}.{time.time_ns()}"          # this process, this start
+    _TREE["entry"] = f"{TREE_ENV}={os.environ[TREE_ENV]}".encode()
     try:
         for attempt in tries:
             with attempt:

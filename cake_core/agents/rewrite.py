@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Callable, Iterable, Iterator
 
 from cake_core.ir.expr import Bin, Call, Cmp, Expr, Sym, fmt_expr, symbols
+from cake_core.ir.opdef import buffer_name
 from cake_core.ir.ops import REGISTRY, At, Node, Op, Slot, Tile, View, make_attrs
 from cake_core.ir.program import Program
 from cake_core.ir.text import parse
@@ -124,6 +125,35 @@ def buf_args(n: Node) -> list[str]:
             out.append(a.buf)
         elif kind == "slot":
             out.append(a.buf)
+    return out
+
+
+def tiles_written(nodes: tuple[Node, ...]) -> set[str]:
+    """The tiles (and smem rings) the ops in ``nodes`` write or add into."""
+    return {buffer_name(a) for n in walk_nodes(nodes) for o, a in zip(n.decl.operands, n.args)
+            if o.kind in ("buf", "slot") and o.memory and any(e.modifies for e in o.effects)}
+
+
+def carried_reads(nodes: tuple[Node, ...], written: set[str], done: set[str] | None = None) -> list[tuple[str, Node]]:
+    """Each read (in program order) of a tile in ``written`` before the trip of the loop whose body is ``nodes``
+    wrote it, as (tile, op): what the trip carries from the one before. ``done`` gathers the tiles written so far
+    (a write under an ``if`` is not certain and does not count)."""
+    done = set() if done is None else done
+    out: list[tuple[str, Node]] = []
+    for n in nodes:
+        for o, a in zip(n.decl.operands, n.args):
+            name = buffer_name(a)
+            if o.kind in ("buf", "slot") and o.memory and any(e.reads for e in o.effects) and name in written \
+                    and name not in done:
+                out.append((name, n))
+        if n.body:
+            inner = set(done)
+            out += carried_reads(n.body, written, inner)
+            if n.op is Op.FOR:
+                done |= inner        # the nested loop runs at least once where it matters; its writes stand
+        for o, a in zip(n.decl.operands, n.args):
+            if o.kind in ("buf", "slot") and o.memory and any(e.modifies for e in o.effects):
+                done.add(buffer_name(a))
     return out
 
 

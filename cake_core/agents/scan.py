@@ -39,9 +39,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from cake_core.agents.rewrite import (Refused, map_exprs, namer, node_syms, refuse_unless, subst_expr, view_syms,
-                                      walk_nodes, with_args)
-from cake_core.ir.expr import Bin, Call, Sym, evaluate, fmt_expr, symbols
+from cake_core.agents.rewrite import (Refused, carried_reads, map_exprs, namer, node_syms, refuse_unless, subst_expr,
+                                      tiles_written, view_syms, walk_nodes, with_args)
+from cake_core.ir.expr import Bin, Call, Sym, fmt_expr, symbols, try_evaluate
 from cake_core.ir.ops import REGISTRY, Full, Node, Op, Tile, View
 from cake_core.ir.program import Program
 
@@ -62,19 +62,6 @@ class Scan:
     emitted: tuple[Node, ...]    # stores whose window moves with the loop variable
 
 
-def _reads_writes(n: Node) -> tuple[list[str], list[str]]:
-    reads, writes = [], []
-    for o, a in zip(REGISTRY[n.op].operands, n.args):
-        if o.kind != "buf" or not isinstance(a, str):
-            continue
-        e = o.effect_of(n)
-        if e.reads:
-            reads.append(a)
-        if e.modifies:
-            writes.append(a)
-    return reads, writes
-
-
 def find_scan(p: Program) -> Scan:
     """The chunked scan of a role-free program, or ``Refused``."""
     refuse_unless(not any(n.op in (Op.ROLE, Op.CLUSTER) for n in p.body), "warp roles or a cluster: a scan is "
@@ -85,16 +72,11 @@ def find_scan(p: Program) -> Scan:
     loop, before = p.body[i], p.body[:i]
     refuse_unless(not any(n.op is Op.FOR for n in walk_nodes(loop.body)), "the chunk loop holds another loop")
     var = loop.arg("var")
-    written_in_loop = {w for n in walk_nodes(loop.body) for w in _reads_writes(n)[1]}
-    carried: list[str] = []
-    done: set[str] = set()
-    for n in walk_nodes(loop.body):
-        reads, writes = _reads_writes(n)
-        carried += [r for r in reads if r in written_in_loop and r not in done and r not in carried]
-        done |= set(writes)
+    local = {n.result for n in walk_nodes(loop.body) if n.result}
+    carried = list(dict.fromkeys(name for name, _ in carried_reads(loop.body, tiles_written(loop.body) - local)))
     refuse_unless(bool(carried), f"loop `{var}` (line {loop.line}) carries nothing from trip to trip: its trips are "
                                  "independent (grid_loop spreads them over CTAs)")
-    set_before = {w for n in walk_nodes(before) for w in _reads_writes(n)[1]}
+    set_before = tiles_written(before)
     filled = {n.result for n in before if n.op is Op.RMEM and n.attr("fill") is not None}
     for c in carried:
         refuse_unless(c in set_before | filled, f"the carried tile `{c}` is read on the first trip before anything "
@@ -166,18 +148,11 @@ class _Flow:
             self.axes.mix(self.key(v, a), why)
 
 
-def _eval(p: Program, e) -> int | None:
-    try:
-        return int(evaluate(e, p.const_env))
-    except (KeyError, TypeError, ValueError, ZeroDivisionError):
-        return None
-
-
 def _flow(p: Program) -> _Flow:
     f = _Flow(p, _Axes(), {}, {}, {}, {}, [], {})
     for n in walk_nodes(p.body):
         if n.op in (Op.SMEM, Op.RMEM):
-            ext = tuple(_eval(p, d) for d in n.arg("shape"))
+            ext = tuple(try_evaluate(d, p.const_env) for d in n.arg("shape"))
             f.shape[n.result] = tuple(-1 if x is None else x for x in ext)
     _walk(f, p.body, ())
     return f
@@ -207,7 +182,7 @@ def _gmem_axes(f: _Flow, view: View, v: int, line: int) -> None:
     for d, ix in enumerate(view.index):
         f.views.append((view.buf, d, ix, line))
     ext = f.ext(v)
-    tiled = [(d, ix) for d, ix in spans if not (isinstance(ix, Tile) and _eval(f.p, ix.size) == 1)] \
+    tiled = [(d, ix) for d, ix in spans if not (isinstance(ix, Tile) and try_evaluate(ix.size, f.p.const_env) == 1)] \
         if len(spans) != len(ext) else spans
     if len(spans) == len(ext):
         for a, (d, _) in enumerate(spans):
@@ -325,7 +300,7 @@ def _splittable(f: _Flow, seed: tuple) -> _Split | str:
         if (buf, d) not in dims:
             continue
         if not (isinstance(ix, Tile) and ix.index == 0 and ix.base == 0 and ix.limit is None
-                and _eval(f.p, ix.size) == extent):
+                and try_evaluate(ix.size, f.p.const_env) == extent):
             return f"`{buf}` is indexed along it at line {line} other than tile(0, {extent})"
     params = {q.name: q for q in f.p.params}
     sizes = {fmt_expr(params[b].type.shape[d]) for b, d in dims}

@@ -12,8 +12,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from cake_core.agents.rewrite import (Refused, buf_args, fresh, map_exprs, node_syms, refuse_unless, stmt,
-                                      subst_expr, subst_node, subst_view, view_syms, walk_nodes, with_args)
+from cake_core.agents.rewrite import (Refused, buf_args, carried_reads, fresh, map_exprs, node_syms, refuse_unless,
+                                      stmt, subst_expr, subst_node, subst_view, tiles_written, view_syms, walk_nodes,
+                                      with_args)
 from cake_core.ir.expr import Bin, Call, Expr, Sym, fmt_expr, symbols
 from cake_core.ir.opdef import Effect, buffer_name
 from cake_core.ir.ops import REGISTRY, Node, Op, loop_range
@@ -163,7 +164,7 @@ def split_collective(p: Program, rng: np.random.Generator) -> Program:
     acc = mmas[0].arg("acc")
     refuse_unless(all(m.arg("acc") == acc for m in mmas), "the reduction's mmas add into different accumulators")
     inside = {id(n) for n in walk_nodes(red.body)}
-    carried = _read_before_written(red.body, _tiles_written(red.body) - {acc}, set())
+    carried = _read_before_written(red.body, tiles_written(red.body) - {acc}, set())
     refuse_unless(not carried, carried)
     params = {q.name for q in p.params}
     for n in walk_nodes(p.body):
@@ -356,7 +357,7 @@ def _not_independent(p: Program, i: int, grid_names: set[str]) -> str:
                     continue
                 return f"its {n.op.value} at line {n.line} writes {fmt_view(a) if o.kind == 'view' else a} on " \
                        "every trip"
-    written = _tiles_written(loop.body)
+    written = tiles_written(loop.body)
     carried = _read_before_written(loop.body, written - local, set())
     if carried:
         return carried
@@ -369,30 +370,10 @@ def _not_independent(p: Program, i: int, grid_names: set[str]) -> str:
     return ""
 
 
-def _tiles_written(nodes: tuple[Node, ...]) -> set[str]:
-    """The tiles (and smem rings) the ops in ``nodes`` write or add into."""
-    return {buffer_name(a) for n in walk_nodes(nodes) for o, a in zip(n.decl.operands, n.args)
-            if o.kind in ("buf", "slot") and o.memory and any(e.modifies for e in o.effects)}
-
-
 def _read_before_written(nodes: tuple[Node, ...], written: set[str], done: set[str]) -> str:
-    """A read (in program order) of a tile the loop writes, before this trip wrote it ('' when none); ``done``
-    gathers the tiles written so far (a write under an ``if`` is not certain and does not count)."""
-    for n in nodes:
-        for o, a in zip(n.decl.operands, n.args):
-            name = buffer_name(a)
-            if o.kind in ("buf", "slot") and o.memory and any(e.reads for e in o.effects) and name in written \
-                    and name not in done:
-                return (f"line {n.line} ({n.op.value}) reads `{name}` before the trip writes it: carried from the "
-                        "trip before")
-        if n.body:
-            inner = set(done)
-            why = _read_before_written(n.body, written, inner)
-            if why:
-                return why
-            if n.op is Op.FOR:
-                done |= inner        # the nested loop runs at least once where it matters; its writes stand
-        for o, a in zip(n.decl.operands, n.args):
-            if o.kind in ("buf", "slot") and o.memory and any(e.modifies for e in o.effects):
-                done.add(buffer_name(a))
-    return ""
+    """The first read (in program order) of a tile the loop writes, before this trip wrote it ('' when none)."""
+    carried = carried_reads(nodes, written, done)
+    if not carried:
+        return ""
+    name, n = carried[0]
+    return f"line {n.line} ({n.op.value}) reads `{name}` before the trip writes it: carried from the trip before"

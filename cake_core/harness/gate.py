@@ -150,36 +150,32 @@ class GateCache:
 
     def verify(self, program: Program, shape: Shape) -> tuple[Diagnostic, ...]:
         key = (program.hash, shape_key(shape))
-        if key in self.builtin:
-            self.hits += 1
-            return self.builtin[key]
-        kept = self.store.diagnostics(key) if self.store is not None else None
-        if kept is not None:
-            self.hits += 1
-            self.builtin[key] = kept
-        else:
-            self.misses += 1
-            self.builtin[key] = tuple(verify(program, shapes=[shape]))
-            if self.store is not None:
-                self.store.keep_diagnostics(key, self.builtin[key])
-        return self.builtin[key]
+        store = self.store
+        return self._memo(self.builtin, key, lambda: tuple(verify(program, shapes=[shape])),
+                          store.diagnostics if store else None, store.keep_diagnostics if store else None)
 
     def check(self, program: Program, problem: Problem, shape: Shape, seed: int) -> ShapeCheck:
         key = (program.hash, problem.name, shape_key(shape), seed)
-        if key in self.checks:
+        store = self.store if problem.source == "built-in" else None     # another's oracle is not fingerprinted
+        return self._memo(self.checks, key, lambda: check_on_cpu(program, problem, [shape], seed)[0],
+                          store.check if store else None, store.keep_check if store else None)
+
+    def _memo(self, memo: dict, key: tuple, compute: Callable[[], Any], kept: Callable | None,
+              keep: Callable | None) -> Any:
+        """``memo[key]``, else what the store kept, else computed (and kept)."""
+        if key in memo:
             self.hits += 1
-            return self.checks[key]
-        store = self.store if self.store is not None and problem.source == "built-in" else None
-        kept = store.check(key) if store is not None else None
-        if kept is not None:
+            return memo[key]
+        value = kept(key) if kept else None
+        if value is not None:
             self.hits += 1
-            self.checks[key] = kept
         else:
             self.misses += 1
-            self.checks[key] = check_on_cpu(program, problem, [shape], seed)[0]
-            if store is not None:
-                store.keep_check(key, self.checks[key])
-        return self.checks[key]
+            value = compute()
+            if keep:
+                keep(key, value)
+        memo[key] = value
+        return value
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 import tasks.ray_runtime as rr
-from tasks.processes import alive, parents
+from tasks.processes import alive, carrying, parents
 
 
 def _orphan(env: dict[str, str], script: str) -> int:
@@ -46,11 +46,11 @@ def test_a_process_that_keeps_starting_others_leaves_none_behind(tree):
     """Each is stopped before any is killed, so none can start another in between."""
     _orphan(tree, "while :; do sleep 300 & sleep 0.02; done")
     time.sleep(0.3)
-    assert len(rr._marked(rr._TREE["entry"])) >= 3
+    assert len(carrying(rr._TREE["entry"])) >= 3
     entry = rr._TREE["entry"]
     assert rr.sweep_local_ray() >= 3
     time.sleep(0.3)
-    assert rr._marked(entry) == set()
+    assert carrying(entry) == set()
 
 
 def test_a_child_without_the_entry_goes_with_its_marked_parent(tree):
@@ -58,7 +58,7 @@ def test_a_child_without_the_entry_goes_with_its_marked_parent(tree):
     parent = _orphan(tree, f"env -u {rr.TREE_ENV} sleep 300 & wait")
     time.sleep(0.3)
     child = next(c for c, q in parents().items() if q == parent)
-    assert child not in rr._marked(rr._TREE["entry"]) and child in rr.local_ray_processes()
+    assert child not in carrying(rr._TREE["entry"]) and child in rr.local_ray_processes()
     assert rr.sweep_local_ray() == 2
     assert not alive(parent) and not alive(child)
 
