@@ -282,6 +282,16 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
     args = ap.parse_args()
     t_start = time.perf_counter()
+    problems = [get_problem(n) for n in args.problems.split(",") if n]
+    if args.shapes and len(problems) != 1:
+        print("--shapes needs exactly one problem in --problems", file=sys.stderr)
+        return 2
+    wanted = {n for n in args.peers.split(",") if n}
+    known = {n for p in problems for n in peer_names(p)}
+    if wanted - known:
+        print(f"--peers: no peer {', '.join(sorted(wanted - known))} for {args.problems}; their peers: "
+              f"{', '.join(sorted(known)) or 'none'}", file=sys.stderr)
+        return 2
 
     from cake_core.runtime import gpu  # noqa: PLC0415
     model = gpu.gpu_model()
@@ -292,10 +302,6 @@ def main() -> int:
     except Exception as e:  # noqa: BLE001
         print(f"torch: not importable ({e}); peers will be reported unavailable", flush=True)
 
-    problems = [get_problem(n) for n in args.problems.split(",") if n]
-    if args.shapes and len(problems) != 1:
-        print("--shapes needs exactly one problem in --problems", file=sys.stderr)
-        return 2
     extra = [(p, Path(p).read_text()) for p in args.program]
     cache = Path(tempfile.mkdtemp(prefix="cake-cubins-"))
     rows: list[dict] = []
@@ -347,8 +353,7 @@ def main() -> int:
             roles = set(args.roles.split(",")) if args.roles else \
                 (set(ss.roles) if t is not None and t.geomean is not None else {"headline"})
             shapes = [(s, r) for s, r in zip(ss.shapes, ss.roles) if r in roles]
-        peers = [] if args.no_peers else [p for p in peer_names(problem)
-                                          if not args.peers or p in args.peers.split(",")]
+        peers = [] if args.no_peers else [p for p in peer_names(problem) if not wanted or p in wanted]
         for shape, role in shapes:
             row = {"problem": problem.name, "shape": shape, "shape_key": shape_key(shape), "role": role,
                    "flops": problem.flops(shape), "bytes": problem.bytes(shape), "floor_ms": floor_ms(problem, shape),
