@@ -27,7 +27,7 @@ import numpy as np
 from cake_core.agents.rewrite import Refused, map_nodes, refuse_unless, set_attrs, walk_nodes
 from cake_core.agents.tactics_copy import resident, tma
 from cake_core.agents.tactics_cluster import cluster_split, multicast
-from cake_core.agents.tactics_grid import grid_loop, group_tiles, split_k
+from cake_core.agents.tactics_grid import grid_loop, grid_order, group_tiles, split_k
 from cake_core.agents.tactics_prefetch import prefetch
 from cake_core.agents.tactics_registers import registers
 from cake_core.agents.scan import split_state
@@ -261,6 +261,7 @@ TACTICS: dict[str, Tactic] = {
     "cluster_split": cluster_split,      # the stream split over a cluster, merged through shared memory
     "multicast": multicast,              # a tile two neighbouring CTAs share, copied once into both
     "group_tiles": group_tiles,          # a 2-D grid launched in groups of G tile rows (L2 reuse)
+    "grid_order": grid_order,            # the coordinate along the largest tensor's contiguous axis moved to x
     "grid_loop": grid_loop,              # an independent loop's trips spread over CTAs (a grid dimension)
     "split_state": split_state,          # a scan state's independent columns cut into blocks, a CTA each
     "prefetch": prefetch,                # a role-free loop's copies issued a trip ahead (cp.async, two buffers)
@@ -277,7 +278,7 @@ TACTICS: dict[str, Tactic] = {
 }
 STRUCTURAL = ("mma_sync", "warp_specialize", "tma", "resident", "batch_wgmma", "pipeline_wgmma", "pingpong",
               "consumer_warpgroups", "persistent", "split_k", "cluster_split", "multicast", "group_tiles",
-              "grid_loop", "prefetch", "registers", "drop_syncs", "split_state")
+              "grid_loop", "prefetch", "registers", "drop_syncs", "split_state", "grid_order")
 
 
 def apply(name: str, p: Program, rng: np.random.Generator, bounds: Bounds | None = None,

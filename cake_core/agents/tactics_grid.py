@@ -15,9 +15,9 @@ import numpy as np
 from cake_core.agents.rewrite import (Refused, buf_args, carried_reads, fresh, map_exprs, node_syms, refuse_unless,
                                       stmt, subst_expr, subst_node, subst_view, tiles_written, view_syms, walk_nodes,
                                       with_args)
-from cake_core.ir.expr import Bin, Call, Expr, Sym, fmt_expr, symbols
+from cake_core.ir.expr import Bin, Call, Expr, Sym, fmt_expr, symbols, try_evaluate
 from cake_core.ir.opdef import Effect, buffer_name
-from cake_core.ir.ops import REGISTRY, Node, Op, loop_range
+from cake_core.ir.ops import REGISTRY, At, Node, Op, Tile, loop_range
 from cake_core.ir.program import Program
 from cake_core.ir.registry import COMPUTE_OPS
 from cake_core.ir.printer import fmt_view
@@ -377,3 +377,71 @@ def _read_before_written(nodes: tuple[Node, ...], written: set[str], done: set[s
         return ""
     name, n = carried[0]
     return f"line {n.line} ({n.op.value}) reads `{name}` before the trip writes it: carried from the trip before"
+
+
+# ------------------------------------------------------------------ the grid's order
+
+GRID_YZ_MAX = 65535          # CUDA's largest grid along y and z (x: 2^31 - 1)
+UNBOUNDED_GUESS = 256        # a dimension's size when the search gave no bound for it
+
+
+def grid_order(p: Program, rng: np.random.Generator, bounds=None) -> Program:
+    """Put on the grid's x dimension the CTA coordinate that walks the contiguous axis of the largest tensor.
+
+    CTAs are launched x first. When the coordinate that tiles a tensor's innermost axis is y or z, CTAs launched
+    together read narrow strips of rows far apart, and the rest of each row is read much later by CTAs of
+    another wave: DRAM pages are opened again and again, and bandwidth falls well below its peak on a
+    memory-bound kernel (a decode kernel streaming its state).
+
+    Before (a head's state columns in blocks of BV, the blocks of one head in different waves)::
+
+        @kernel(grid=(H, B, cdiv(DV, BV)), ...)
+            load(s_t, s[bid.y, bid.x, tile(0, TK), tile(bid.z, BV)])
+
+    After (the blocks of one row side by side; the other coordinates keep their order)::
+
+        @kernel(grid=(cdiv(DV, BV), H, B), ...)
+            load(s_t, s[bid.z, bid.y, tile(0, TK), tile(bid.x, BV)])
+
+    ``ncta.*`` moves with its coordinate. The largest tensor is ranked by its elements at the search's largest
+    shape (the ``bounds``). Precondition: a grid of two or three dimensions, no cluster (its shape follows the
+    grid's axes), the largest tensor's innermost axis tiled by one CTA coordinate, not x; the extents that move
+    to y and z must fit 65535 CTAs at the search's largest shape.
+    """
+    refuse_unless(len(p.grid) >= 2, f"a grid of {len(p.grid)} dimension: nothing to order")
+    refuse_unless(not any(n.op is Op.CLUSTER for n in walk_nodes(p.body)), "a cluster launch follows the grid's axes")
+    env = {**{s: UNBOUNDED_GUESS for q in p.params for d in q.type.shape for s in symbols(d)},
+           **(bounds or {}), **p.const_env}
+    params = {q.name: q for q in p.params}
+    inner: dict[str, set[str]] = {}        # tensor -> the CTA coordinates in its views' innermost index
+    for n in walk_nodes(p.body):
+        for o, a in zip(n.decl.operands, n.args):
+            if o.kind == "view" and a.buf in params and len(a.index) == len(params[a.buf].type.shape):
+                last = a.index[-1]
+                syms = set().union(*(symbols(e) for e in last.exprs())) if isinstance(last, Tile) else \
+                    symbols(last.index) if isinstance(last, At) else set()
+                inner.setdefault(a.buf, set()).update(s for s in syms if s.startswith("bid."))
+    refuse_unless(bool(inner), "no gmem tensor is read or written through a view")
+
+    def elements(name: str) -> float:
+        v = 1.0
+        for d in params[name].type.shape:
+            v *= try_evaluate(d, env) or UNBOUNDED_GUESS
+        return v
+
+    largest = max(inner, key=lambda t: (elements(t), t))
+    coords = inner[largest]
+    refuse_unless("bid.x" not in coords, f"`{largest}`'s innermost axis is already tiled along x")
+    refuse_unless(len(coords) == 1, f"`{largest}`'s innermost axis is "
+                  + ("not tiled by a CTA coordinate" if not coords else f"tiled by {', '.join(sorted(coords))}"))
+    axis = "xyz".index(next(iter(coords))[-1])
+    order = (axis,) + tuple(a for a in range(len(p.grid)) if a != axis)        # new position i <- old order[i]
+    grid = tuple(p.grid[a] for a in order)
+    for i, extent in enumerate(grid[1:], start=1):
+        v = try_evaluate(extent, env)
+        refuse_unless(v is None or v <= GRID_YZ_MAX, f"{fmt_expr(extent)} = {int(v or 0)} CTAs along "
+                      f"{'xyz'[i]} at the search's largest shape: more than {GRID_YZ_MAX}")
+    rename = {f"{kind}.{'xyz'[old]}": Sym(f"{kind}.{'xyz'[new]}") for new, old in enumerate(order)
+              for kind in ("bid", "ncta")}
+    body = tuple(map_exprs(n, lambda e: subst_expr(e, rename)) for n in p.body)
+    return replace(p, grid=grid, body=body)

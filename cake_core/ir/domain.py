@@ -24,6 +24,9 @@ Bounds derived (each a :class:`Bound`, checked per shape by :func:`domain_violat
 ``domain.tma_stride``
     A TMA copy of a gmem tensor needs every stride (the bytes of the inner dimensions) a multiple of the
     target's ``tma.global_align_bytes`` (16 B: ``D % 8 == 0`` for 16-bit rows of D elements).
+``domain.grid``
+    A launch's grid is at most 2^31 - 1 CTAs along x and 65535 along y and z (CUDA's limits): a grid dimension
+    past its limit on the shape cannot be launched at all (``grid=(H, B)`` with B > 65535).
 
 Imports: stdlib and ``ir`` only (the target's TMA alignment through ``ir.targets``).
 """
@@ -41,8 +44,9 @@ from cake_core.ir.printer import fmt_index
 from cake_core.targets import find_arch
 from cake_core.outcome import Diagnostic, Severity
 
-MAX_ENUMERATED = 4096
-TMA_ALIGN_FALLBACK = 16     # an unknown target's TMA stride alignment (the verifier refuses the target anyway)       # loop-variable combinations tried when bounding a tile's static position
+GRID_LIMITS = (2**31 - 1, 65535, 65535)   # CUDA's largest grid along x, y and z
+MAX_ENUMERATED = 4096       # loop-variable combinations tried when bounding a tile's static position
+TMA_ALIGN_FALLBACK = 16     # an unknown target's TMA stride alignment (the verifier refuses the target anyway)
 _TMA_OPS = (Op.TMA_LOAD, Op.TMA_STORE)
 
 
@@ -371,6 +375,16 @@ def domain_violations(program: Program, shape: dict[str, int]) -> list[Diagnosti
                     a.node.line, a.node.col, a.path,
                     f"use this kernel for {fmt_expr(dim)} <= {limit} only, or loop over {fmt_expr(dim)} in tiles",
                     (f"bound {fmt_expr(dim)} <= {limit}",)))
+    for axis, (extent, limit) in enumerate(zip(program.grid, GRID_LIMITS)):
+        v = try_evaluate(extent, {**shape, **consts})
+        if v is not None and v > limit:
+            out.append(Diagnostic(
+                "domain.grid", Severity.ERROR,
+                f"shape {where} is outside the kernel's domain: its grid's {'xyz'[axis]} dimension "
+                f"{fmt_expr(extent)} = {int(v)} > {limit}, the most CUDA launches along {'xyz'[axis]}",
+                program.line, 0, "kernel",
+                "use this kernel for smaller shapes, or put the larger coordinate on the grid's x dimension",
+                (f"bound {fmt_expr(extent)} <= {limit}",)))
     for b in kernel_domain(program):
         if b.rule == "domain.extent" or not b.applies(shape, consts):
             continue

@@ -94,12 +94,15 @@ def test_every_structural_tactic_is_tested_on_two_problems_and_documented():
     # test_registers.py), none of these four problems'; drop_syncs removes barriers that order nothing, which
     # these four problems' seeds do not have (tests/agents/test_drop_syncs.py: the KDA, MoE and mha seeds)
     # split_state cuts a scan state's columns: the KDA seeds' and chunked kernels' (tests/agents/test_split_state.py)
-    assert set(CHAINS) == set(STRUCTURAL) - {"grid_loop", "registers", "drop_syncs", "split_state"}
+    # grid_order moves the coordinate along the largest tensor's contiguous axis to x: the grouped GEMM's seed,
+    # the KDA kernels after split_state and the evolved KDA decode kernel (tests/agents/test_grid_order.py)
+    assert set(CHAINS) == set(STRUCTURAL) - {"grid_loop", "registers", "drop_syncs", "split_state", "grid_order"}
     import importlib
     for name, probs in {**CHAINS, "grid_loop": {"moe": [], "moe/it": ["grid_loop"]},
                               "registers": {"kda_decode": [], "kda_prefill": [], "moe": []},
                               "drop_syncs": {"kda_decode": [], "mha": []},
-                              "split_state": {"kda_prefill": [], "kda_varlen": []}}.items():
+                              "split_state": {"kda_prefill": [], "kda_varlen": []},
+                              "grid_order": {"grouped_gemm": [], "kda_prefill": ["split_state"]}}.items():
         assert len(probs) >= 2, name
         fn = TACTICS[name]
         module_doc = importlib.import_module(fn.__module__).__doc__ or ""

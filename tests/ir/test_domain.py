@@ -14,6 +14,7 @@ from cake_core.runtime.cpu import check_on_cpu, run_file
 from cake_core.problems import corpus_file
 
 KNN = get_problem("knn_topk")
+KDA_DECODE = get_problem("kda_decode")
 SPLIT_PP = parse_program(corpus_file("knn_topk_split_pp.cake").read_text(), "knn_topk_split_pp.cake")
 
 
@@ -130,3 +131,14 @@ def test_the_deep_kmeans_kernel_is_correct_across_d_tails_on_the_interpreter():
               {"B": 1, "N": 130, "K": 132, "D": 48}]
     for c in check_on_cpu(DEEP, km, shapes, seed=5):
         assert c.correct and not c.refused, c.message
+
+
+def test_a_grid_past_cuda_s_y_and_z_limits_is_refused_before_a_launch():
+    # grid=(H, B): B CTAs along y, at most 65535; the same B along x launches (x: 2^31 - 1)
+    prog = parse_program(KDA_DECODE.seed_text(), "kda_decode.cake")
+    ok = {"B": 65535, "H": 4, "DK": 128, "DV": 128}
+    assert [d for d in domain_violations(prog, ok) if d.rule == "domain.grid"] == []
+    (d,) = [d for d in domain_violations(prog, {**ok, "B": 65536}) if d.rule == "domain.grid"]
+    assert d.is_error and "B = 65536 > 65535" in d.message and "y dimension" in d.message
+    swapped = parse_program(KDA_DECODE.seed_text().replace("grid=(H, B", "grid=(B, H"), "swapped.cake")
+    assert [d for d in domain_violations(swapped, {**ok, "B": 65536}) if d.rule == "domain.grid"] == []
