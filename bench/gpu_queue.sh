@@ -4,14 +4,14 @@
 #   bash bench/gpu_queue.sh         # from the repository root on the GPU machine, .gpu/ and .whl/ carried
 #                                   # (.whl/: fla-core and einops for the KDA peer, flash-kmeans)
 #
-# 1. kda-split: the chunked KDA prefill kernel, the same after split_state (value columns over two CTAs), and
-#    after split_state, 32-row chunks, prefetch and registers, against fla's chunk_kda at one sequence of 8192
-#    tokens (64 and 96 heads: fewer CTAs than SMs unsplit) and eight of 1024 (64 heads);
-# 2. kmeans-deep: the warp-specialized kmeans_assign kernel for D <= 512 against flash-kmeans at three of the
-#    portfolio's D > 128 rows;
-# 3. kda-decode-order: the two evolved KDA decode kernels (512 threads with the state in shared memory; 128
+# 1. kda-decode-order: the two evolved KDA decode kernels (512 threads with the state in shared memory; 128
 #    threads with it in registers), each also after grid_order (a head's value blocks side by side on x), against
-#    fla's fused_recurrent_kda at B = 1, 8, 128 and 256 (H = 32).
+#    fla's fused_recurrent_kda at B = 1, 8, 128 and 256 (H = 32);
+# 2. kda-split: the chunked KDA prefill kernel after split_state (value columns over two CTAs), and after
+#    split_state, 32-row chunks, prefetch and registers, against fla's chunk_kda at one sequence of 8192 tokens
+#    (64 and 96 heads: fewer CTAs than SMs unsplit) and eight of 1024 (64 heads);
+# 3. kmeans-deep: the warp-specialized kmeans_assign kernel for D <= 512 against flash-kmeans at three of the
+#    portfolio's D > 128 rows.
 # Each part has its own time limit, so a slow part leaves the others their share. Writes under $OUT; the parts'
 # corpus tables come back in $OUT/queue.tgz (a call brings back 8 files at most).
 set -uo pipefail
@@ -21,11 +21,11 @@ part kda-decode-order 90 env OUT="$OUT/kda_decode" bash bench/gpu.sh corpus --pr
     --program bench/kda_decode_evolved_ordered.cake --program bench/kda_decode_rmem_bv32.cake \
     --program bench/kda_decode_rmem_bv32_ordered.cake \
     --shapes 'B=1,H=32,DK=128,DV=128;B=8,H=32,DK=128,DV=128;B=128,H=32,DK=128,DV=128;B=256,H=32,DK=128,DV=128'
-part kda-split 270 env OUT="$OUT/kda_split" bash bench/gpu.sh corpus --problems kda_prefill --no-seed --no-best \
-    --peers fla.chunk_kda --program cake_core/problems/kda_prefill/kernels/kda_prefill_chunked.cake \
-    --program bench/kda_prefill_chunked_split.cake --program bench/kda_prefill_chunked_split_pf.cake \
+part kda-split 200 env OUT="$OUT/kda_split" bash bench/gpu.sh corpus --problems kda_prefill --no-seed --no-best \
+    --peers fla.chunk_kda --program bench/kda_prefill_chunked_split.cake \
+    --program bench/kda_prefill_chunked_split_pf.cake \
     --shapes 'B=1,T=8192,H=64,DK=128,DV=128;B=8,T=1024,H=64,DK=128,DV=128;B=1,T=8192,H=96,DK=128,DV=128' --reps 5
-part kmeans-deep 90 env OUT="$OUT/kmeans_deep" bash bench/gpu.sh corpus --problems kmeans_assign --no-seed \
+part kmeans-deep 60 env OUT="$OUT/kmeans_deep" bash bench/gpu.sh corpus --problems kmeans_assign --no-seed \
     --peers flash-kmeans --shapes 'B=4,N=8192,K=1024,D=480;B=3,N=512,K=8192,D=416;B=2,N=2048,K=1024,D=224'
 tar -czf "$OUT/queue.tgz" -C "$OUT" $(cd "$OUT" && ls -d kda_split kmeans_deep kda_decode 2>/dev/null)
 for d in kda_split kmeans_deep kda_decode; do
