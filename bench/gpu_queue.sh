@@ -16,16 +16,16 @@
 # corpus tables come back in $OUT/queue.tgz (a call brings back 8 files at most).
 set -uo pipefail
 source "$(dirname "$0")/gpu_parts.sh"
-part kda-decode-order 90 env OUT="$OUT/kda_decode" bash bench/gpu.sh corpus --problems kda_decode --no-seed \
+part kda-decode-order 80 env OUT="$OUT/kda_decode" bash bench/gpu.sh corpus --problems kda_decode --no-seed \
     --no-best --peers fla.fused_recurrent_kda --program bench/results/programs/kda-decode-h100-2026-12-06-evolved.cake \
     --program bench/kda_decode_evolved_ordered.cake --program bench/kda_decode_rmem_bv32.cake \
     --program bench/kda_decode_rmem_bv32_ordered.cake \
     --shapes 'B=1,H=32,DK=128,DV=128;B=8,H=32,DK=128,DV=128;B=128,H=32,DK=128,DV=128;B=256,H=32,DK=128,DV=128'
-part kda-split 200 env OUT="$OUT/kda_split" bash bench/gpu.sh corpus --problems kda_prefill --no-seed --no-best \
+part kda-split 160 env OUT="$OUT/kda_split" bash bench/gpu.sh corpus --problems kda_prefill --no-seed --no-best \
     --peers fla.chunk_kda --program bench/kda_prefill_chunked_split.cake \
     --program bench/kda_prefill_chunked_split_pf.cake \
     --shapes 'B=1,T=8192,H=64,DK=128,DV=128;B=8,T=1024,H=64,DK=128,DV=128;B=1,T=8192,H=96,DK=128,DV=128' --reps 5
-part kmeans-deep 60 env OUT="$OUT/kmeans_deep" bash bench/gpu.sh corpus --problems kmeans_assign --no-seed \
+part kmeans-deep 50 env OUT="$OUT/kmeans_deep" bash bench/gpu.sh corpus --problems kmeans_assign --no-seed \
     --peers flash-kmeans --shapes 'B=4,N=8192,K=1024,D=480;B=3,N=512,K=8192,D=416;B=2,N=2048,K=1024,D=224'
 tar -czf "$OUT/queue.tgz" -C "$OUT" $(cd "$OUT" && ls -d kda_split kmeans_deep kda_decode 2>/dev/null)
 for d in kda_split kmeans_deep kda_decode; do
