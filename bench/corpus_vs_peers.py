@@ -19,8 +19,9 @@ flops or ``--full-oracle-bytes`` bytes), ours and the peers are checked on a ran
 rows (``--subset-rows``; kmeans_assign: points, kmeans_update: clusters, gemm/knn: rows/queries)
 against the oracle computed for those rows alone (``Problem.oracle_rows``); the row says so.
 
-Per row: shape, ours ms, peer ms, speed-up (peer / ours), the floor max(flops / 790 TFLOP/s,
-bytes / 4.22 TB/s) and the fraction of it each reaches. A short table is printed last; the rows go to
+Per row: shape, ours ms, peer ms, speed-up (peer / ours), the floor max(flops / bf16 tensor rate, bytes / HBM
+bandwidth) of the card it runs on (``cake_core/targets/gpus``: the H200's 790 TFLOP/s and 4.22 TB/s, the H100's
+989 TFLOP/s and 3.35 TB/s) and the fraction of it each reaches. A short table is printed last; the rows go to
 ``corpus_vs_peers.json`` and ``corpus_vs_peers.md`` under ``--out`` (default $OUT) after every shape,
 so a run cut short still leaves what it measured. ``--deadline-s`` skips shapes once it has passed.
 
@@ -63,6 +64,7 @@ from cake_core.runtime.timing import GRAPH_LAUNCHES  # noqa: E402
 
 PROBLEMS = {p.name: p for p in list_problems()}
 
+# the floor's rates: the card's (main() sets them from cake_core/targets/gpus); the H200's until then
 PEAK_BF16_FLOPS = 790e12      # docs/architecture.md §10: cuBLAS bf16 8192³ on this H200, upper end
 PEAK_BYTES_PER_S = 4.22e12    # docs/architecture.md §10: measured copy bandwidth (read + write)
 
@@ -294,8 +296,13 @@ def main() -> int:
         return 2
 
     from cake_core.runtime import gpu  # noqa: PLC0415
+    from cake_core.targets.gpu import get_gpu, gpu_for_name  # noqa: PLC0415
+    global PEAK_BF16_FLOPS, PEAK_BYTES_PER_S
     model = gpu.gpu_model()
-    print(f"gpu: {model}", flush=True)
+    card = get_gpu(gpu_for_name(model))
+    PEAK_BF16_FLOPS, PEAK_BYTES_PER_S = card.bf16_tensor_flops, card.hbm_bytes_per_s
+    print(f"gpu: {model} (floor at {card.name}'s {PEAK_BF16_FLOPS / 1e12:.0f} TFLOP/s, "
+          f"{PEAK_BYTES_PER_S / 1e12:.2f} TB/s)", flush=True)
     try:
         import torch  # noqa: PLC0415
         print(f"torch {torch.__version__}, cuda {torch.version.cuda}", flush=True)
@@ -398,8 +405,9 @@ def main() -> int:
             row["wall_s"] = round(time.perf_counter() - ts, 1)
             save()
 
-    print(f"\ntotal {time.perf_counter() - t_start:.0f} s; gpu {model}; timer {args.timer}; floor = max(flops / 790 TFLOP/s, "
-          f"bytes / 4.22 TB/s); peer/ours > 1 means ours is faster\n")
+    print(f"\ntotal {time.perf_counter() - t_start:.0f} s; gpu {model}; timer {args.timer}; floor = max(flops / "
+          f"{PEAK_BF16_FLOPS / 1e12:.0f} TFLOP/s, bytes / {PEAK_BYTES_PER_S / 1e12:.2f} TB/s); peer/ours > 1 means "
+          "ours is faster\n")
     print("\n".join(table(rows)))
     print()
     print("\n".join(verdicts(rows)[0]))

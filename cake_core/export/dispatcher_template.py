@@ -162,6 +162,10 @@ def domain_refusal(domain: dict, shape: dict[str, int], consts: dict[str, int]) 
             v = evaluate(b["expr"], env)
             if v % b["value"]:
                 return f"{b['expr']} = {v} is not a multiple of {b['value']} ({b['rule']})"
+    for g in domain.get("grid", ()):
+        v = evaluate(g["extent"], env)
+        if v > g["max"]:
+            return f"its grid's {g['axis']} dimension {g['extent']} = {v} > {g['max']}, the most CUDA launches along it"
     return ""
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cake_core.errors import CakeError
-from cake_core.ir.domain import accesses_of, kernel_domain
+from cake_core.ir.domain import GRID_LIMITS, accesses_of, kernel_domain
 from cake_core.ir.expr import fmt_expr, symbols, try_evaluate
 from cake_core.ir.program import Program
 
@@ -158,8 +158,9 @@ def _conds(conds, names: set[str]) -> list[str] | None:
 
 def domain_data(program: Program, dims: tuple[str, ...]) -> dict:
     """``program``'s domain as plain data: ``extents`` (per tensor axis along a dimension, every access with its
-    static end, null when unbounded, and the conditions it runs under) and ``multiples`` (an expression that must
-    be a multiple of a value, under conditions); what ``dispatcher_template.domain_refusal`` checks."""
+    static end, null when unbounded, and the conditions it runs under), ``multiples`` (an expression that must
+    be a multiple of a value, under conditions) and ``grid`` (each grid extent that depends on the shape alone,
+    with CUDA's largest launch along its axis); what ``dispatcher_template.domain_refusal`` checks."""
     consts = program.const_env
     names = set(dims) | set(consts)
     extents = []
@@ -182,4 +183,7 @@ def domain_data(program: Program, dims: tuple[str, ...]) -> dict:
         entry = {"rule": b.rule, "param": b.param, "expr": fmt_expr(b.expr), "value": b.value, "when": when}
         if entry not in multiples:
             multiples.append(entry)
-    return {"extents": extents, "multiples": multiples}
+    grid = [{"axis": "xyz"[i], "extent": fmt_expr(g), "max": GRID_LIMITS[i]}
+            for i, g in enumerate(program.grid)
+            if try_evaluate(g, consts) is None and {str(x) for x in symbols(g)} <= names]   # num_sms: the device's
+    return {"extents": extents, "multiples": multiples, "grid": grid}

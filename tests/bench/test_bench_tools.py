@@ -1,8 +1,10 @@
 """bench/ncu_summary.py reads Nsight Compute's raw and source CSV pages (the layout bench/gpu.sh profile
 writes); bench/read_floor.py on a machine without a GPU says so and exits 2 instead of raising; bench/smem_rmw.py's
-probe compiles without a GPU, and its fit is what the H200's data file holds."""
+probe compiles without a GPU, and its fit is what the H200's data file holds; bench/corpus_vs_peers.py refuses
+a peer name that none of its problems has before any GPU work."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -186,3 +188,13 @@ def test_the_h200_smem_rmw_rates_are_the_probes_fit():
     assert data["device"] == "NVIDIA H200"
     fitted = {f["lowering"]: (f["per_clk"], f["half_warps"]) for f in smem_rmw.fit(data["rows"])}
     assert {r.lowering: (r.per_clk, r.half_warps) for r in get_gpu("H200").smem_rmw} == fitted
+
+
+def test_corpus_vs_peers_refuses_a_peer_name_no_chosen_problem_has_before_any_gpu_work():
+    # `flash_kmeans` for `flash-kmeans` used to filter every peer out without a word
+    p = subprocess.run([sys.executable, str(ROOT / "bench/corpus_vs_peers.py"), "--problems", "kmeans_assign",
+                        "--peers", "flash_kmeans"], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 2, p.stderr
+    assert "--peers: no peer flash_kmeans for kmeans_assign; their peers: flash-kmeans, torch" in p.stderr
+    assert "gpu:" not in p.stdout

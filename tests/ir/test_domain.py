@@ -142,3 +142,17 @@ def test_a_grid_past_cuda_s_y_and_z_limits_is_refused_before_a_launch():
     assert d.is_error and "B = 65536 > 65535" in d.message and "y dimension" in d.message
     swapped = parse_program(KDA_DECODE.seed_text().replace("grid=(H, B", "grid=(B, H"), "swapped.cake")
     assert [d for d in domain_violations(swapped, {**ok, "B": 65536}) if d.rule == "domain.grid"] == []
+
+
+def test_the_exported_domain_refuses_a_grid_past_cuda_s_limits_as_ir_domain_does():
+    from cake_core.export.dispatcher_template import domain_refusal
+    from cake_core.export.routes import domain_data
+
+    prog = parse_program(KDA_DECODE.seed_text(), "kda_decode.cake")
+    data = domain_data(prog, KDA_DECODE.dims)
+    assert {"axis": "y", "extent": "B", "max": 65535} in data["grid"]
+    for b in (1, 65535, 65536, 100000):
+        shape = {"B": b, "H": 4, "DK": 128, "DV": 128}
+        assert bool(domain_refusal(data, shape, prog.const_env)) == bool(domain_violations(prog, shape)), b
+    assert domain_refusal(data, {"B": 65536, "H": 4, "DK": 128, "DV": 128}, prog.const_env) == \
+        "its grid's y dimension B = 65536 > 65535, the most CUDA launches along it"
