@@ -27,6 +27,7 @@ import numpy as np
 from cake_core.agents.rewrite import Refused, map_nodes, refuse_unless, set_attrs, walk_nodes
 from cake_core.agents.tactics_copy import resident, tma
 from cake_core.agents.tactics_cluster import cluster_split, multicast
+from cake_core.agents.tactics_early import hoist_loads
 from cake_core.agents.tactics_grid import grid_loop, grid_order, group_tiles, split_k
 from cake_core.agents.tactics_prefetch import prefetch
 from cake_core.agents.tactics_registers import registers
@@ -265,6 +266,7 @@ TACTICS: dict[str, Tactic] = {
     "grid_loop": grid_loop,              # an independent loop's trips spread over CTAs (a grid dimension)
     "split_state": split_state,          # a scan state's independent columns cut into blocks, a CTA each
     "prefetch": prefetch,                # a role-free loop's copies issued a trip ahead (cp.async, two buffers)
+    "hoist_loads": hoist_loads,          # a role-free kernel's top-level loads issued as early as they can be
     "registers": registers,              # an smem tile only its owners touch, moved into registers
     "drop_syncs": drop_syncs,            # the CTA barriers that order no smem access and no global write, removed
     # knobs
@@ -278,7 +280,8 @@ TACTICS: dict[str, Tactic] = {
 }
 STRUCTURAL = ("mma_sync", "warp_specialize", "tma", "resident", "batch_wgmma", "pipeline_wgmma", "pingpong",
               "consumer_warpgroups", "persistent", "split_k", "cluster_split", "multicast", "group_tiles",
-              "grid_loop", "prefetch", "registers", "drop_syncs", "split_state", "grid_order")
+              "grid_loop", "prefetch", "registers", "drop_syncs", "split_state", "grid_order",
+              "hoist_loads")
 
 
 def apply(name: str, p: Program, rng: np.random.Generator, bounds: Bounds | None = None,

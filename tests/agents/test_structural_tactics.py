@@ -96,13 +96,17 @@ def test_every_structural_tactic_is_tested_on_two_problems_and_documented():
     # split_state cuts a scan state's columns: the KDA seeds' and chunked kernels' (tests/agents/test_split_state.py)
     # grid_order moves the coordinate along the largest tensor's contiguous axis to x: the grouped GEMM's seed,
     # the KDA kernels after split_state and the evolved KDA decode kernel (tests/agents/test_grid_order.py)
-    assert set(CHAINS) == set(STRUCTURAL) - {"grid_loop", "registers", "drop_syncs", "split_state", "grid_order"}
+    # hoist_loads issues top-level loads early: the KDA decode kernels and the varlen seed
+    # (tests/agents/test_hoist_loads.py)
+    assert set(CHAINS) == set(STRUCTURAL) - {"grid_loop", "registers", "drop_syncs", "split_state", "grid_order",
+                                             "hoist_loads"}
     import importlib
     for name, probs in {**CHAINS, "grid_loop": {"moe": [], "moe/it": ["grid_loop"]},
                               "registers": {"kda_decode": [], "kda_prefill": [], "moe": []},
                               "drop_syncs": {"kda_decode": [], "mha": []},
                               "split_state": {"kda_prefill": [], "kda_varlen": []},
-                              "grid_order": {"grouped_gemm": [], "kda_prefill": ["split_state"]}}.items():
+                              "grid_order": {"grouped_gemm": [], "kda_prefill": ["split_state"]},
+                              "hoist_loads": {"kda_decode": ["evolved"], "kda_varlen": []}}.items():
         assert len(probs) >= 2, name
         fn = TACTICS[name]
         module_doc = importlib.import_module(fn.__module__).__doc__ or ""
