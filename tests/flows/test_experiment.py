@@ -8,11 +8,16 @@ from tasks.experiment import (COLUMNS, convergence, experiment_plan, next_block,
                               table, write_report)
 from warehouse import Warehouse
 
+# The agent's seed. The runs' trajectory depends on it and on the tactic table (a tactic added to the table changes
+# every draw): the test needs one whose first block has three mma_sync children fail to lower; seed 1 does with
+# today's table.
+SEED = 1
+
 
 @pytest.mark.services
 def test_both_arms_run_in_blocks_the_evolving_one_under_what_its_review_approved(services, tmp_path,
                                                                                  share_compile_cache):
-    """kmeans_assign, seed 0, generations of 8 in blocks of two (a budget of 24 candidates: a block of two
+    """kmeans_assign, seed SEED, generations of 8 in blocks of two (a budget of 24 candidates: a block of two
     generations, then one of one): within its first block the agent's mma_sync children fail to lower three
     times, enough for the review between the blocks to mine a rule, under which the evolving arm's third
     generation runs; the frozen arm stays on v0. Both report every column; calling it again continues nothing
@@ -20,7 +25,7 @@ def test_both_arms_run_in_blocks_the_evolving_one_under_what_its_review_approved
     from cake_cli.experiment_cli import run_experiment
     out = tmp_path / "fve"
     share_compile_cache(out)                                  # the session's cubins, not the experiment's own
-    kw = dict(problem="kmeans_assign", out_dir=str(out), seeds=[0], shape_set="kmeans_assign_small", population=8,
+    kw = dict(problem="kmeans_assign", out_dir=str(out), seeds=[SEED], shape_set="kmeans_assign_small", population=8,
               block=2, budget_candidates=24, approve="gate-passing")
     said: list[str] = []
     rep = run_experiment(**kw, say=said.append)
@@ -40,11 +45,11 @@ def test_both_arms_run_in_blocks_the_evolving_one_under_what_its_review_approved
     [review] = rep["reviews"]
     assert review["arm"] == "evolving" and review["after_generation"] == 2
     assert {d["decision"] for d in review["decisions"]} == {"approved"}
-    ewh = Warehouse(out / "evolving-s0" / "warehouse")
+    ewh = Warehouse(out / f"evolving-s{SEED}" / "warehouse")
     by_gen = ewh.query("select generation, min(harness_version) as lo, max(harness_version) as hi from attempts "
                        "group by 1 order by 1").to_pylist()
     assert [(r["lo"], r["hi"]) for r in by_gen[:2]] == [(0, 0), (0, 0)] and all(r["lo"] >= 1 for r in by_gen[2:])
-    fwh = Warehouse(out / "frozen-s0" / "warehouse")
+    fwh = Warehouse(out / f"frozen-s{SEED}" / "warehouse")
     assert fwh.query("select count(*) as n from proposals").to_pylist()[0]["n"] == 0
     md = (out / "frozen-vs-evolving.md").read_text()
     assert "`gate-passing`" in md and all(c in md for c in COLUMNS)
