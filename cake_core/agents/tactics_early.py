@@ -31,13 +31,14 @@ def _defines(n: Node) -> set[str]:
     return out
 
 
-def _elements(p: Program, tile: str) -> float:
-    """Elements of declared tile ``tile`` (inf where its shape does not evaluate)."""
+def _elements(p: Program) -> dict[str, float]:
+    """Elements of each declared tile (inf where its shape does not evaluate)."""
+    out = {}
     for n in walk_nodes(p.body):
-        if n.result == tile and n.op in (Op.SMEM, Op.RMEM):
+        if n.op in (Op.SMEM, Op.RMEM):
             sizes = [try_evaluate(d, p.const_env) for d in n.arg("shape")]
-            return math.prod(sizes) if all(v is not None for v in sizes) else math.inf
-    return math.inf
+            out[n.result] = math.prod(sizes) if all(v is not None for v in sizes) else math.inf
+    return out
 
 
 def _writer(nodes, tensor: str) -> Node | None:
@@ -50,12 +51,14 @@ def _writer(nodes, tensor: str) -> Node | None:
     return None
 
 
-def _blocks(p: Program, n: Node, load: Node, above: list[Node]) -> str:
-    """Why ``load`` cannot move above ``n`` ('' when it can); ``above``: the statements before ``n``."""
+def _blocks(n: Node, load: Node, elements: dict[str, float], first_write: Node | None, above_it: bool) -> str:
+    """Why ``load`` cannot move above ``n`` ('' when it can); ``first_write``: the first statement that writes the
+    tensor the load reads, ``above_it``: whether it comes before ``n``."""
     dst, src = load.arg("dst"), load.arg("src")
-    if REGISTRY[n.op].family is Family.SYNC and (w := _writer(above, src.buf)) is not None:
-        return f"the barrier at line {n.line} orders the write of `{src.buf}` at line {w.line} before the load"
-    if n.op is Op.LOAD and _elements(p, n.arg("dst")) >= _elements(p, dst):
+    if REGISTRY[n.op].family is Family.SYNC and first_write is not None and above_it:
+        return (f"the barrier at line {n.line} orders the write of `{src.buf}` at line {first_write.line} before "
+                "the load")
+    if n.op is Op.LOAD and elements.get(n.arg("dst"), math.inf) >= elements.get(dst, math.inf):
         return f"line {n.line} loads a tile at least as large"
     if dst in _defines(n) or any(dst in buf_args(m) for m in walk_nodes((n,))):
         return f"line {n.line} ({n.op.value}) declares or touches `{dst}`"
@@ -99,18 +102,24 @@ def hoist_loads(p: Program, rng: np.random.Generator, bounds=None) -> Program:
     """
     refuse_unless(not any(n.op is Op.ROLE for n in p.body), "warp roles: their copies are ordered by mbarriers")
     body = list(p.body)
+    elements = _elements(p)
     moved, why = [], []
     for j in range(len(body)):
         load = body[j]
         if load.op is not Op.LOAD:
             continue
+        writers = [k for k in range(j) if _writer((body[k],), load.arg("src").buf) is not None]
+        first = body[writers[0]] if writers else None
+
+        def blocks(k: int) -> str:      # why the load cannot move above body[k]
+            return _blocks(body[k], load, elements, first, bool(writers) and writers[0] < k)
         i = j
-        while i > 0 and not _blocks(p, body[i - 1], load, body[:i - 1]):
+        while i > 0 and not blocks(i - 1):
             i -= 1
         while i < j and REGISTRY[body[i].op].family is Family.ALLOC:
             i += 1                      # the declarations stay first
         if i == j:
-            reason = _blocks(p, body[j - 1], load, body[:j - 1]) if j else "the first statement"
+            reason = blocks(j - 1) if j else "the first statement"
             why.append(f"line {load.line}: {reason or 'only declarations above it'}")
             continue
         body[i:j + 1] = [load] + body[i:j]

@@ -15,6 +15,7 @@ import numpy as np
 from cake_core.agents.rewrite import (Refused, buf_args, carried_reads, fresh, map_exprs, node_syms, refuse_unless,
                                       stmt, subst_expr, subst_node, subst_view, tiles_written, view_syms, walk_nodes,
                                       with_args)
+from cake_core.ir.domain import GRID_LIMITS
 from cake_core.ir.expr import Bin, Call, Expr, Sym, fmt_expr, symbols, try_evaluate
 from cake_core.ir.opdef import Effect, buffer_name
 from cake_core.ir.ops import REGISTRY, At, Node, Op, Tile, loop_range
@@ -381,7 +382,6 @@ def _read_before_written(nodes: tuple[Node, ...], written: set[str], done: set[s
 
 # ------------------------------------------------------------------ the grid's order
 
-GRID_YZ_MAX = 65535          # CUDA's largest grid along y and z (x: 2^31 - 1)
 UNBOUNDED_GUESS = 256        # a dimension's size when the search gave no bound for it
 
 
@@ -439,8 +439,8 @@ def grid_order(p: Program, rng: np.random.Generator, bounds=None) -> Program:
     grid = tuple(p.grid[a] for a in order)
     for i, extent in enumerate(grid[1:], start=1):
         v = try_evaluate(extent, env)
-        refuse_unless(v is None or v <= GRID_YZ_MAX, f"{fmt_expr(extent)} = {int(v or 0)} CTAs along "
-                      f"{'xyz'[i]} at the search's largest shape: more than {GRID_YZ_MAX}")
+        refuse_unless(v is None or v <= GRID_LIMITS[i], f"{fmt_expr(extent)} = {int(v or 0)} CTAs along "
+                      f"{'xyz'[i]} at the search's largest shape: more than {GRID_LIMITS[i]}")
     rename = {f"{kind}.{'xyz'[old]}": Sym(f"{kind}.{'xyz'[new]}") for new, old in enumerate(order)
               for kind in ("bid", "ncta")}
     body = tuple(map_exprs(n, lambda e: subst_expr(e, rename)) for n in p.body)

@@ -69,7 +69,8 @@ def stages_for(timed: bool) -> tuple[Stage, ...]:
 
 # ---------------------------------------------------------------- verify
 
-DOMAIN_BOUNDS = ("domain.extent", "domain.tma_stride", "domain.grid")   # the bounds that make a shape outside a kernel's domain
+# the bounds that make a shape outside a kernel's domain
+DOMAIN_BOUNDS = ("domain.extent", "domain.tma_stride", "domain.grid")
 
 def verify_stage(text: str, harness: HarnessSpec, problem: Problem, shapes: list[Shape] = ()) -> StageResult:
     """Parse (the harness's composite calls expanded first) and verify ``text`` for ``problem`` (shape rules see
