@@ -57,9 +57,11 @@ lowering) agrees on:
   ``store`` is the only other op that may read them.
 - ``topk_bias`` is the k-smallest analogue of ``argmin_bias``: ``top_v`` /
   ``top_i`` (R, KMAX) hold each row's KMAX smallest (score, index) pairs in
-  ascending (score, index) order; the lowering keeps a sorted list per thread for
-  the rows it owns (over its own columns) and merges the quad's 4 lists when
-  ``top_i`` or ``top_v`` is stored (the first k columns of the window).
+  ascending (score, index) order; with rmem lists the lowering keeps a sorted list
+  per thread for the rows it owns (over its own columns) and merges the quad's 4
+  lists when ``top_i`` or ``top_v`` is stored (the first k columns of the window);
+  with smem lists (KMAX up to 128) each row has one sorted list in the tile, which
+  the lanes of the row's quad insert into in turn.
 - ``topk_shift`` adds a per-row value (an smem vector, e.g. ||q_r||^2) to every kept value of
   ``top_v``: the order is unchanged, and what ``store`` or ``topk_publish`` writes is then the whole
   squared distance ``||q_r||^2 + ||db_j||^2 - 2 q_r.db_j``.
@@ -103,6 +105,7 @@ from cake_core.ir.types import MemSpace
 
 _R, _W, _RW = Effect.READ, Effect.WRITE, Effect.READWRITE
 _RMEM, _SMEM = (MemSpace.RMEM,), (MemSpace.SMEM,)
+_LISTS = (MemSpace.RMEM, MemSpace.SMEM)         # topk_bias lists: registers (KMAX <= 32) or smem tiles
 _BASE_LIMIT = (value("base", keyword=True), value("limit", keyword=True))
 _ACC = buf("acc", ByAttr("accumulate", ((True, _RW), (False, _W))), _RMEM)
 
@@ -483,20 +486,23 @@ DECLS: tuple[OpDef, ...] = (
           preconditions=("dots is the role's wgmma accumulator (R, C), f32", "best (R,) f32 filled with inf, "
                          "arg (R,) i32, both rmem in the same role", "bias is an smem f32 slot of C elements",
                          "wgmma_wait before it: dots complete")),
-    OpDef(Op.TOPK_BIAS, Family.EPILOGUE, (buf("top_v", _RW, _RMEM), buf("top_i", _RW, _RMEM, index=True),
+    OpDef(Op.TOPK_BIAS, Family.EPILOGUE, (buf("top_v", _RW, _LISTS), buf("top_i", _RW, _LISTS, index=True),
                                           buf("dots", _R, _RMEM), slot("bias", _R)) + _BASE_LIMIT,
           topk_bias, CostClass.EPILOGUE, {"beta": AttrSpec(float, 2.0)}, ordering=Ordering.ASYNC,
           summary="Running top-k (smallest) on a wgmma accumulator: for each row r of dots (R, C), the "
                   "scores bias[j] - beta * dots[r, j] over columns with base + j < limit merge into the "
                   "row's KMAX smallest (score, index) pairs kept in top_v[r, :] / top_i[r, :] (R, KMAX), "
                   "ascending by score, then by index. bias is an smem slot of C f32 values (e.g. ||db_j||^2: "
-                  "with beta=2 the scores rank squared L2 distances). top_v and top_i are fragment row state: "
-                  "store is the only other op that reads them, writing the first k <= KMAX columns.",
+                  "with beta=2 the scores rank squared L2 distances). In rmem, top_v and top_i are fragment row "
+                  "state: store is the only other op that reads them, writing the first k <= KMAX columns. In "
+                  "one-stage smem tiles (KMAX <= 128), each row's list is kept sorted in place by the quad that "
+                  "owns the row; fill them in the role and role_sync before the loop.",
           example="topk_bias(top_v, top_i, acc, nrm_s[t % S], base=t * BN, limit=N)",
           preconditions=("dots is the role's wgmma accumulator (R, C), f32", "top_v (R, KMAX) f32 filled with "
-                         "inf, top_i (R, KMAX) i32, both rmem in the same role, KMAX <= 32",
+                         "inf, top_i (R, KMAX) i32, both rmem in the same role (KMAX <= 32) or both one-stage smem tiles "
+                         "(KMAX <= 128) filled in the role before a role_sync",
                          "bias is an smem f32 slot of C elements", "wgmma_wait before it: dots complete")),
-    OpDef(Op.TOPK_SHIFT, Family.EPILOGUE, (buf("top_v", _RW, _RMEM), slot("rows", _R)),
+    OpDef(Op.TOPK_SHIFT, Family.EPILOGUE, (buf("top_v", _RW, _LISTS), slot("rows", _R)),
           topk_shift, CostClass.SIMT, ordering=Ordering.ASYNC,
           summary="Add rows[r] to every value top_v[r, :] of a topk_bias list (f32; inf stays inf): the order "
                   "does not change, and what store or topk_publish writes afterwards is shifted too, e.g. "
@@ -520,7 +526,7 @@ DECLS: tuple[OpDef, ...] = (
                          "src landed (wait on its full barrier first)")),
     OpDef(Op.TOPK_PUBLISH, Family.CLUSTER, (buf("pub_v", _W, _SMEM, cluster=True),
                                             buf("pub_i", _W, _SMEM, index=True, cluster=True),
-                                            buf("top_v", _R, _RMEM), buf("top_i", _R, _RMEM, index=True)),
+                                            buf("top_v", _R, _LISTS), buf("top_i", _R, _LISTS, index=True)),
           topk_publish, CostClass.FREE, ordering=Ordering.ASYNC,
           summary="Publish topk_bias lists to the cluster: write each row's merged (R, KMAX) list, ascending "
                   "by (value, index), into smem tiles pub_v (f32) and pub_i (i32) of this CTA (the quad merge "

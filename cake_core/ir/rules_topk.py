@@ -1,8 +1,10 @@
 """Verifier rules of the distance-kernel ops on Hopper: the ``topk_bias`` fragment epilogue, ``topk_shift`` and
 ``sqnorm_rows`` (row norms of a landed smem tile). Family: wgmma (they live beside wgmma in roles).
 
-Limits: KMAX (the kept list per row) is at most ``KMAX_LIMIT``: the lowering keeps each thread's lists
-in registers, fully unrolled, and a longer list would spill to local memory.
+Limits: KMAX (the kept list per row) is at most ``KMAX_LIMIT`` where the lists are rmem tiles: the lowering
+keeps each thread's lists in registers, fully unrolled, and a longer list would spill to local memory. Lists
+kept in one-stage smem tiles of the CTA (one sorted list per row, which the row's quad inserts into in turn) hold
+up to ``KMAX_SMEM_LIMIT``.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ RULESET = RuleSet()
 rule = RULESET.rule
 
 KMAX_LIMIT = 32
+KMAX_SMEM_LIMIT = 128
 
 
 def _nodes(ctx: Ctx, op: Op) -> Iterator[tuple[Node, str]]:
@@ -36,14 +39,20 @@ def _smem_slot(ctx: Ctx, name: str):
 
 
 @rule("topk_bias.acc", "wgmma", "topk_bias reads a wgmma accumulator of its own role and keeps its lists in rmem "
-                                "tiles of that role", guards=(Op.TOPK_BIAS,))
+                                "tiles of that role or in one-stage smem tiles", guards=(Op.TOPK_BIAS,))
 def _topk_bias_acc(ctx: Ctx) -> Iterable[Diagnostic]:
     return fragment_state_checks(ctx, Op.TOPK_BIAS, "topk_bias.acc", ("top_v", "top_i"),
-                                 "per-thread lists of the fragment rows")
+                                 "per-thread lists of the fragment rows, or one-stage smem tiles of the CTA",
+                                 smem_state=True)
 
 
-@rule("topk_bias.shape", "wgmma", "topk_bias: dots (R, C), top_v and top_i (R, KMAX) with KMAX <= 32, bias C values",
-      guards=(Op.TOPK_BIAS,))
+def kmax_limit(space: MemSpace) -> int:
+    """The longest list topk_bias keeps per row in tiles of ``space``."""
+    return KMAX_SMEM_LIMIT if space is MemSpace.SMEM else KMAX_LIMIT
+
+
+@rule("topk_bias.shape", "wgmma", "topk_bias: dots (R, C), top_v and top_i (R, KMAX) with KMAX <= 32 in rmem or "
+                                  "<= 128 in smem, both in one space, bias C values", guards=(Op.TOPK_BIAS,))
 def _topk_bias_shape(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path in _nodes(ctx, Op.TOPK_BIAS):
         dots = ctx.buffers.get(n.arg("dots"))
@@ -53,18 +62,24 @@ def _topk_bias_shape(ctx: Ctx) -> Iterable[Diagnostic]:
                                                      "accumulator (rows, candidates) is needed", path=path)
             continue
         rows, cols = ctx.static(dots.shape[0]), ctx.static(dots.shape[1])
-        shapes = []
+        shapes, spaces = [], set()
         for name in ("top_v", "top_i"):
             t = ctx.buffers.get(n.arg(name))
             if t is None:
                 continue
             dims = [ctx.static(d) for d in t.shape]
             shapes.append(dims)
-            if len(dims) != 2 or dims[0] != rows or dims[1] is None or not 1 <= dims[1] <= KMAX_LIMIT:
-                yield ctx.diag("topk_bias.shape", n, f"{name} `{n.arg(name)}` is {fmt_shape(ctx, t.shape)}; dots "
-                                                     f"{fmt_shape(ctx, dots.shape)} needs ({rows}, KMAX), "
-                                                     f"1 <= KMAX <= {KMAX_LIMIT}", path=path,
-                               hint="one sorted list of KMAX (a static const >= k) per accumulator row")
+            spaces.add(t.space)
+            top = kmax_limit(t.space)
+            if len(dims) != 2 or dims[0] != rows or dims[1] is None or not 1 <= dims[1] <= top:
+                yield ctx.diag("topk_bias.shape", n, f"{name} `{n.arg(name)}` is {t.space.value} "
+                                                     f"{fmt_shape(ctx, t.shape)}; dots {fmt_shape(ctx, dots.shape)} "
+                                                     f"needs ({rows}, KMAX), 1 <= KMAX <= {top} in {t.space.value}",
+                               path=path, hint="one sorted list of KMAX (a static const >= k) per accumulator row; "
+                                               f"up to {KMAX_LIMIT} in rmem, {KMAX_SMEM_LIMIT} in smem tiles")
+        if len(spaces) > 1:
+            yield ctx.diag("topk_bias.shape", n, "top_v and top_i are in different memory spaces", path=path,
+                           hint="keep both lists in rmem (KMAX <= 32) or both in smem")
         if len(shapes) == 2 and shapes[0] != shapes[1]:
             yield ctx.diag("topk_bias.shape", n, f"top_v {tuple(shapes[0])} and top_i {tuple(shapes[1])} differ",
                            path=path, hint="allocate both as (BM, KMAX)")
@@ -76,6 +91,36 @@ def _topk_bias_shape(ctx: Ctx) -> Iterable[Diagnostic]:
                 yield ctx.diag("topk_bias.shape", n, f"bias `{n.arg('bias').buf}` holds {numel} values per slot; "
                                                      f"dots has {cols} columns", path=path,
                                hint=f"allocate the bias as smem(f32, ({cols},), stages=S)")
+
+
+def _contains(n: Node, target: Node) -> bool:
+    return n is target or any(_contains(c, target) for c in n.body)
+
+
+@rule("topk_bias.smem_init", "wgmma", "smem lists of topk_bias are filled in its role, then a role_sync, before the "
+                                      "statement that runs it", guards=(Op.TOPK_BIAS,))
+def _topk_bias_smem_init(ctx: Ctx) -> Iterable[Diagnostic]:
+    """An smem list is written by the role's threads element by element (fill), but each row is read by the quad
+    that owns it: every fill must be behind a role_sync before the first topk_bias reads the lists."""
+    for n, path in _nodes(ctx, Op.TOPK_BIAS):
+        role = ctx.role_of.get(id(n))
+        names = [n.arg(x) for x in ("top_v", "top_i")]
+        if role is None or not any((t := ctx.buffers.get(b)) is not None and t.space is MemSpace.SMEM for b in names):
+            continue
+        body = list(role.body)
+        at = next((i for i, m in enumerate(body) if _contains(m, n)), None)
+        for b in names:
+            fills = [i for i, m in enumerate(body[:at]) if m.op is Op.FILL and m.args and m.args[0] == b]
+            if not fills:
+                yield ctx.diag("topk_bias.smem_init", n, f"smem list `{b}` is not filled in this role before "
+                                                         "topk_bias", path=path,
+                               hint=f"fill({b}, value={'inf' if b == names[0] else '-1.0'}) at the role's top, "
+                                    "then role_sync()")
+            elif not any(body[i].op is Op.ROLE_SYNC for i in range(fills[-1] + 1, at)):
+                yield ctx.diag("topk_bias.smem_init", n, f"no role_sync between the fill of `{b}` and topk_bias: "
+                                                         "a row's quad may read entries another warp has not "
+                                                         "written yet", path=path,
+                               hint="put role_sync() after the fills, before the loop")
 
 
 @rule("topk_bias.dtype", "wgmma", "topk_bias keeps f32 values and i32 indices and reads an f32 bias",

@@ -256,9 +256,11 @@ def _epilogues(ctx: Ctx) -> Iterator[tuple[Node, str]]:
             yield n, path
 
 
-def fragment_state_checks(ctx: Ctx, op: Op, rule_id: str, state: tuple[str, str], what: str) -> Iterator[Diagnostic]:
+def fragment_state_checks(ctx: Ctx, op: Op, rule_id: str, state: tuple[str, str], what: str,
+                          smem_state: bool = False) -> Iterator[Diagnostic]:
     """A fused epilogue (argmin_bias, topk_bias) reads a wgmma accumulator of its own role and keeps its
-    per-row ``state`` tiles (values, indices) in rmem tiles allocated in that role."""
+    per-row ``state`` tiles (values, indices) in rmem tiles allocated in that role, or (``smem_state``) in
+    one-stage smem tiles of the CTA."""
     accs: dict[str, Node | None] = {}
     for m, _, _ in ctx.nodes:
         if m.op in _ASYNC_MMAS:
@@ -274,6 +276,9 @@ def fragment_state_checks(ctx: Ctx, op: Op, rule_id: str, state: tuple[str, str]
         for name in state:
             b = n.arg(name)
             t, at = ctx.buffers.get(b), ctx.defined_at.get(b)
+            if smem_state and t is not None and t.space is MemSpace.SMEM and at is not None and \
+                    ("stages" not in at.decl.attrs or at.attr("stages") == 1):
+                continue
             if t is not None and (t.space is not MemSpace.RMEM or at is None or ctx.role_of.get(id(at)) is not role):
                 yield ctx.diag(rule_id, n, f"{name} `{b}` must be an rmem tile allocated in the same role "
                                            f"({what})", path=path,

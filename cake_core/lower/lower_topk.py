@@ -22,7 +22,7 @@ from cake_core.ir.ops import Node, Op, Tile
 from cake_core.ir.program import walk
 from cake_core.ir.types import DType, MemSpace, TileType
 from cake_core.lower.context import Buf, Ctx, Line, Lowering, LowerError, window
-from cake_core.ir.rules_topk import KMAX_LIMIT
+from cake_core.ir.rules_topk import KMAX_LIMIT, KMAX_SMEM_LIMIT
 from cake_core.lower.lower_async import in_role, named_barrier, role_threads, slot_ptr
 from cake_core.lower.lower_cluster import cluster_top_level
 from cake_core.lower.lower_wgmma import epilogue_operands, fragment_rows
@@ -51,8 +51,36 @@ def is_topk_list(n: Node, ctx: Ctx) -> bool:
 
 
 def stores_topk_list(n: Node, ctx: Ctx) -> bool:
-    """A store, inside a role, of a topk_bias list."""
-    return in_role(n, ctx) and n.arg("src") in topk_rowstate(ctx)
+    """A store, inside a role, of a topk_bias list kept in registers (smem lists store like any smem tile)."""
+    return in_role(n, ctx) and n.arg("src") in topk_rowstate(ctx) and _smem_list(ctx, n.arg("src")) is None
+
+
+def _smem_list(ctx: Ctx, name: str) -> Buf | None:
+    """The smem tile ``name`` when a topk_bias keeps its list there, else None."""
+    for scope in reversed(ctx.scopes):
+        if name in scope:
+            b = scope[name]
+            return b if b.type.space is MemSpace.SMEM else None
+    return None
+
+
+def _smem_lists(ctx: Ctx, tv: str, ti: str, count: int) -> tuple[Buf, Buf, int] | None:
+    """top_v / top_i as smem tiles (rows, KMAX), f32 and i32, one row per fragment row of the role's
+    ``count`` threads; None where they are not smem tiles (the rmem lists)."""
+    bv, bi = _smem_list(ctx, tv), _smem_list(ctx, ti)
+    if bv is None and bi is None:
+        return None
+    rows = fragment_rows(ctx, count)
+    for b, dt in ((bv, DType.F32), (bi, DType.I32)):
+        if b is None or b.type.dtype is not dt or len(b.shape) != 2 or b.shape[0] != rows or \
+                not 1 <= b.shape[1] <= KMAX_SMEM_LIMIT or b.numel != rows * b.shape[1]:
+            what = f"{b.type.dtype.value} {b.shape}" if b is not None else "not an smem tile"
+            raise LowerError("lower.shape_mismatch", f"topk_bias smem list `{tv if b is bv else ti}` is {what}; "
+                                                     f"a one-stage {dt.value} ({rows}, KMAX) tile, "
+                                                     f"KMAX <= {KMAX_SMEM_LIMIT}, is needed (64 rows a warpgroup)")
+    if bv.shape != bi.shape:
+        raise LowerError("lower.shape_mismatch", f"`{tv}` is {bv.shape} and `{ti}` {bi.shape}")
+    return bv, bi, bv.shape[1]
 
 
 def lower_topk_rmem(n: Node, ctx: Ctx) -> list[Line]:
@@ -85,12 +113,17 @@ def lower_topk_bias(n: Node, ctx: Ctx) -> list[Line]:
     dots, frag, pb = epilogue_operands(n, ctx)
     kmax = _kmax(ctx)
     tv, ti = n.arg("top_v"), n.arg("top_i")
+    first, count = role_threads(ctx)
+    sm = _smem_lists(ctx, tv, ti, count)
+    if sm is not None:
+        return [f"cake::topk_bias_smem_wgmma_acc<{frag[1]}, {sm[2]}>({tv}, {ti}, {dots}, {pb}, "
+                f"{float(n.attr('beta'))!r}f, {ctx.check_expr(n.arg('base'), 'base')}, "
+                f"{ctx.check_expr(n.arg('limit'), 'limit')}, (int)threadIdx.x - {first});  // lists in smem"]
     for x in (tv, ti):
         if x not in kmax:
             raise LowerError("lower.unsupported_operand", f"`{x}` is not a topk_bias list allocated in this role")
     if kmax[tv] != kmax[ti]:
         raise LowerError("lower.shape_mismatch", f"`{tv}` keeps {kmax[tv]} and `{ti}` {kmax[ti]} per row")
-    first = role_threads(ctx)[0]
     return [f"cake::topk_bias_rmem_wgmma_acc<{frag[1]}, {kmax[tv]}>({tv}, {ti}, {dots}, {pb}, "
             f"{float(n.attr('beta'))!r}f, {ctx.check_expr(n.arg('base'), 'base')}, "
             f"{ctx.check_expr(n.arg('limit'), 'limit')}, (int)threadIdx.x - {first});"]
@@ -99,13 +132,17 @@ def lower_topk_bias(n: Node, ctx: Ctx) -> list[Line]:
 def lower_topk_shift(n: Node, ctx: Ctx) -> list[Line]:
     tv = n.arg("top_v")
     kmax = _kmax(ctx)
-    if tv not in kmax or topk_rowstate(ctx)[tv][0] != 0:
+    first, count = role_threads(ctx)
+    state = topk_rowstate(ctx).get(tv)
+    sm = _smem_lists(ctx, tv, state[1], count) if state is not None and state[0] == 0 else None
+    if sm is None and (tv not in kmax or state is None or state[0] != 0):
         raise LowerError("lower.unsupported_operand", f"`{tv}` is not a topk_bias values list allocated in this role")
     rows, pr = slot_ptr(ctx, n.arg("rows"), "topk_shift rows")
-    first, count = role_threads(ctx)
     if rows.type.dtype is not DType.F32 or rows.numel != fragment_rows(ctx, count):
         raise LowerError("lower.shape_mismatch", f"topk_shift reads {rows.name} {rows.shape}: "
                                                  f"{fragment_rows(ctx, count)} f32 values needed")
+    if sm is not None:
+        return [f"cake::topk_shift_smem<{sm[2]}>({tv}, {pr}, (int)threadIdx.x - {first});"]
     return [f"cake::topk_shift_rows<{kmax[tv]}>({tv}, {pr}, (int)threadIdx.x - {first});"]
 
 
@@ -167,10 +204,15 @@ def lower_topk_publish(n: Node, ctx: Ctx) -> list[Line]:
         raise LowerError("lower.unsupported_operand", "topk_publish is lowered inside the role of its topk_bias")
     kmax = _kmax(ctx)
     tv, ti = n.arg("top_v"), n.arg("top_i")
+    first, count = role_threads(ctx)
+    sm = _smem_lists(ctx, tv, ti, count)
+    if sm is not None and topk_rowstate(ctx).get(tv) == (0, ti):
+        _pub_tiles(n, ctx, fragment_rows(ctx, count), sm[2])
+        return [f"cake::copy_smem_topk<{sm[2]}>({n.arg('pub_v')}, {n.arg('pub_i')}, {tv}, {ti}, "
+                f"(int)threadIdx.x - {first});  // the smem lists, published to the cluster"]
     if tv not in kmax or ti not in kmax or topk_rowstate(ctx)[tv][0] != 0 or topk_rowstate(ctx)[ti][0] != 1:
         raise LowerError("lower.unsupported_operand", f"`{tv}` / `{ti}` are not the top_v / top_i lists of a "
                                                       "topk_bias allocated in this role")
-    first, count = role_threads(ctx)
     _pub_tiles(n, ctx, fragment_rows(ctx, count), kmax[tv])
     return [f"cake::store_smem_topk<{kmax[tv]}>({n.arg('pub_v')}, {n.arg('pub_i')}, {tv}, {ti}, "
             f"(int)threadIdx.x - {first});  // the quad-merged lists, published to the cluster"]

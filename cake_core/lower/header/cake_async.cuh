@@ -609,6 +609,126 @@ __device__ __forceinline__ void store_smem_topk(float* pv, int* pi, const float 
     });
 }
 
+// ----------------------------------------------------------------- topk_bias over smem lists (KMAX up to 128)
+// One sorted list of KMAX (value, index) pairs per fragment row, row-major in a (rows, KMAX) smem tile, instead
+// of 4 per-thread register lists a row (which cannot hold more than 32 without spilling). A row belongs to one
+// 4-lane quad; its lanes take turns (__syncwarp between turns), each inserting its own candidates that beat the
+// list's last pair, in (value, index) order, by shifting the larger pairs up one. A warp whose 16 rows have no
+// candidate (the common case once the lists have filled) skips the turns after one vote.
+
+// topk_insert_smem<KMAX>(v, ix, x, j): (x, j) before (v[KMAX - 1], ix[KMAX - 1]); one thread.
+template <int KMAX>
+__device__ __forceinline__ void topk_insert_smem(float* v, int* ix, float x, int j) {
+    int p = KMAX - 1;
+#pragma unroll 1
+    for (; p > 0; --p) {
+        const float pv = v[p - 1];
+        const int pi = ix[p - 1];
+        if (!(x < pv || (x == pv && j < pi))) break;
+        v[p] = pv;
+        ix[p] = pi;
+    }
+    v[p] = x;
+    ix[p] = j;
+}
+
+template <int N, int KMAX, bool GUARD, int SLOTS>
+__device__ __forceinline__ void topk_bias_smem_tile(float* lv, int* li, const float (&acc)[SLOTS], const float* bias,
+                                                    float beta, int base, int limit, int tid) {
+    const int lane = tid % 32, q = (lane % 4) * 2, row0 = fragment_row0(tid);
+    const float inf = __int_as_float(0x7f800000);
+    float2 w[N / 8];
+#pragma unroll
+    for (int b = 0; b < N / 8; ++b) w[b] = *reinterpret_cast<const float2*>(bias + b * 8 + q);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float* v = lv + (row0 + 8 * h) * KMAX;
+        int* ix = li + (row0 + 8 * h) * KMAX;
+        float m = inf;
+#pragma unroll
+        for (int b = 0; b < N / 8; ++b) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const float x = fmaf(-beta, acc[b * 4 + h * 2 + e], e ? w[b].y : w[b].x);
+                m = (!GUARD || base + b * 8 + q + e < limit) ? fminf(m, x) : m;
+            }
+        }
+        const bool mine = m <= v[KMAX - 1];
+        if (!__any_sync(0xffffffffu, mine)) continue;
+#pragma unroll 1
+        for (int turn = 0; turn < 4; ++turn) {
+            if (mine && lane % 4 == turn) {
+                float lo_v = -inf;
+                int lo_j = -1;                                          // the last candidate taken
+                for (;;) {
+                    float bv = inf;
+                    int bj = 0x7fffffff;
+#pragma unroll
+                    for (int b = 0; b < N / 8; ++b) {
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const int j = base + b * 8 + q + e;
+                            const float x = fmaf(-beta, acc[b * 4 + h * 2 + e], e ? w[b].y : w[b].x);
+                            const bool after = x > lo_v || (x == lo_v && j > lo_j);
+                            if (after && (x < bv || (x == bv && j < bj)) && (!GUARD || j < limit)) { bv = x; bj = j; }
+                        }
+                    }
+                    const float wv = v[KMAX - 1];
+                    const int wi = ix[KMAX - 1];
+                    if (!(bv < wv || (bv == wv && bj < wi))) break;
+                    topk_insert_smem<KMAX>(v, ix, bv, bj);
+                    lo_v = bv;
+                    lo_j = bj;
+                }
+            }
+            __syncwarp();
+        }
+    }
+}
+
+// topk_bias_smem_wgmma_acc<N, KMAX>(lv, li, acc, bias, beta, base, limit, tid): merge the scores
+// bias[c] - beta * acc[c] (columns base + c < limit) into the rows' smem lists; ends at the warpgroup barrier
+// (as the register lists' op), so the arrive that releases the bias slot follows every thread's reads.
+template <int N, int KMAX, int SLOTS>
+__device__ __forceinline__ void topk_bias_smem_wgmma_acc(float* lv, int* li, const float (&acc)[SLOTS],
+                                                         const float* bias, float beta, int base, int limit, int tid) {
+    static_assert(SLOTS * 2 == N && N % 8 == 0, "a wgmma accumulator holds N / 2 floats per thread, N % 8 == 0");
+    if (base + N <= limit) topk_bias_smem_tile<N, KMAX, false>(lv, li, acc, bias, beta, base, limit, tid);
+    else topk_bias_smem_tile<N, KMAX, true>(lv, li, acc, bias, beta, base, limit, tid);
+    asm volatile("bar.sync %0, 128;" :: "r"(1 + (int)(threadIdx.x / 128)) : "memory");
+}
+
+// topk_shift_smem<KMAX>(lv, rows, tid): add rows[r] to every value of the smem lists of the thread's 2 fragment
+// rows, the quad's lanes a quarter each (the order is unchanged; inf stays inf).
+template <int KMAX>
+__device__ __forceinline__ void topk_shift_smem(float* lv, const float* rows, int tid) {
+    const int row0 = fragment_row0(tid), lane = tid % 32;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = row0 + 8 * h;
+        const float s = rows[r];
+        for (int p = lane % 4; p < KMAX; p += 4) lv[r * KMAX + p] += s;
+    }
+    __syncwarp();
+}
+
+// copy_smem_topk<KMAX>(pv, pi, lv, li, tid): the smem lists of the thread's 2 fragment rows into the published
+// (rows, KMAX) tiles, the quad's lanes a quarter each (topk_publish); a cluster barrier orders them before the
+// peers' reads.
+template <int KMAX>
+__device__ __forceinline__ void copy_smem_topk(float* pv, int* pi, const float* lv, const int* li, int tid) {
+    const int row0 = fragment_row0(tid), lane = tid % 32;
+    __syncwarp();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = row0 + 8 * h;
+        for (int p = lane % 4; p < KMAX; p += 4) {
+            pv[r * KMAX + p] = lv[r * KMAX + p];
+            pi[r * KMAX + p] = li[r * KMAX + p];
+        }
+    }
+}
+
 // ----------------------------------------------------------------- distributed smem (cluster peers)
 __device__ __forceinline__ uint32_t cluster_ctarank() {
     uint32_t r;

@@ -1,0 +1,70 @@
+@kernel(target="sm_90a", grid=(cdiv(Q, BM), SPLIT), threads=256, consts={"BK": 64, "BM": 64, "BN": 128, "KMAX": 128, "L": 2, "S": 3, "SPLIT": 8})
+def knn_topk_split_k128(q: gmem[bf16, (Q, D)], db: gmem[bf16, (N, D)], idx: gmem[i32, (Q, k)]):
+    cluster((1, SPLIT, 1))
+    q_s = smem(bf16, (BM, BK), stages=3, swizzle=128)
+    db_s = smem(bf16, (BN, BK), stages=3, swizzle=128)
+    nrm_s = smem(f32, (BN,), stages=2)
+    qn_s = smem(f32, (BM,))
+    top_v = smem(f32, (BM, KMAX))
+    top_i = smem(i32, (BM, KMAX))
+    pub_v = smem(f32, (BM, KMAX))
+    pub_i = smem(i32, (BM, KMAX))
+    q_ready = mbarrier(1)
+    full = mbarrier(S)
+    empty = mbarrier(S, arrivals=2)
+    ready = mbarrier(2)
+    nrm_empty = mbarrier(2)
+    with role("producer", warps=(0, 4), regs=40):
+        for i in range(max(min(cdiv(cdiv(N, BN), SPLIT), cdiv(N, BN) - bid.y * cdiv(cdiv(N, BN), SPLIT)), 0) * cdiv(D, BK) + L):
+            if i >= L:
+                j = i - L
+                wait(full[j % S], phase=j // S % 2)
+                if j == 0:
+                    sqnorm_rows(qn_s, q_s[j % S])
+                if j > 0:
+                    if j < cdiv(D, BK):
+                        sqnorm_rows(qn_s, q_s[j % S], accumulate=True)
+                if j == cdiv(D, BK) - 1:
+                    arrive(q_ready[0])
+                if j % cdiv(D, BK) == 0:
+                    wait(nrm_empty[j // cdiv(D, BK) % 2], phase=(j // cdiv(D, BK) // 2 + 1) % 2)
+                    sqnorm_rows(nrm_s[j // cdiv(D, BK) % 2], db_s[j % S])
+                if j % cdiv(D, BK) > 0:
+                    sqnorm_rows(nrm_s[j // cdiv(D, BK) % 2], db_s[j % S], accumulate=True)
+                if j % cdiv(D, BK) == cdiv(D, BK) - 1:
+                    arrive(ready[j // cdiv(D, BK) % 2])
+                arrive(empty[j % S])
+            if i < max(min(cdiv(cdiv(N, BN), SPLIT), cdiv(N, BN) - bid.y * cdiv(cdiv(N, BN), SPLIT)), 0) * cdiv(D, BK):
+                wait(empty[i % S], phase=(i // S + 1) % 2)
+                cp_async_bar(q_s[i % S], q[tile(bid.x, BM), tile(i % cdiv(D, BK), BK)], bar=full[i % S])
+                cp_async_bar(db_s[i % S], db[tile(bid.y * cdiv(cdiv(N, BN), SPLIT) + i // cdiv(D, BK), BN), tile(i % cdiv(D, BK), BK)], bar=full[i % S])
+                arrive(full[i % S])
+    with role("consumer", warps=(4, 8), regs=232):
+        acc = rmem(f32, (BM, BN))
+        fill(top_v, value=inf)
+        fill(top_i, value=-1.0)
+        role_sync()
+        for mt in range(max(min(cdiv(cdiv(N, BN), SPLIT), cdiv(N, BN) - bid.y * cdiv(cdiv(N, BN), SPLIT)), 0)):
+            i0 = mt * cdiv(D, BK)
+            wait(full[i0 % S], phase=i0 // S % 2)
+            fence_async()
+            wgmma(acc, q_s[i0 % S], db_s[i0 % S], accumulate=False, b_major="k")
+            for dk in range(1, cdiv(D, BK)):
+                i = i0 + dk
+                wait(full[i % S], phase=i // S % 2)
+                fence_async()
+                wgmma(acc, q_s[i % S], db_s[i % S], b_major="k")
+                wgmma_wait(1)
+                arrive(empty[(i - 1) % S])
+            wgmma_wait(0)
+            arrive(empty[(i0 + cdiv(D, BK) - 1) % S])
+            wait(ready[mt % 2], phase=mt // 2 % 2)
+            topk_bias(top_v, top_i, acc, nrm_s[mt % 2], base=(bid.y * cdiv(cdiv(N, BN), SPLIT) + mt) * BN, limit=N)
+            arrive(nrm_empty[mt % 2])
+        if max(min(cdiv(cdiv(N, BN), SPLIT), cdiv(N, BN) - bid.y * cdiv(cdiv(N, BN), SPLIT)), 0) > 0:
+            wait(q_ready[0], phase=0)
+            topk_shift(top_v, qn_s)
+        topk_publish(pub_v, pub_i, top_v, top_i)
+    cluster_sync()
+    topk_cluster_merge(idx[tile(bid.x, BM), tile(0, KMAX)], pub_v, pub_i)
+    cluster_sync()
