@@ -24,6 +24,8 @@ cake=(python3 -c "from cake_cli.main import main; main()")
 part portfolio "$(( ${CAKE_TIMEOUT:-150} + 90 ))" env CAKE_TIMEOUT="${CAKE_TIMEOUT:-150}" \
     bash bench/gpu.sh cake portfolio "$problem" --shapes "$set" "$@"
 tail -16 "$OUT/portfolio.log"
+# exit 2: the command refused its input (an unknown problem or shape set, a bad option); nothing to export
+grep -q "^portfolio *rc=2 " <<< "${rows[-1]}" && { table "portfolio: $problem over $set refused its input"; exit 2; }
 dist=/tmp/state/$STATE/dist
 rm -rf "$dist"
 part export "${EXPORT_S:-90}" env CAKE_GPU=require "${cake[@]}" export "$problem" --shapes "$set" --unmeasured ${CEDE:+--cede-to-peer} --out "$dist" --name "cake_${problem}_pf" --gpu-model "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"

@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cake_core.model.base import geomean as model_geomean  # noqa: E402
 from cake_core.pipeline.execute import gate_rows  # noqa: E402
+from cake_core.errors import CakeError  # noqa: E402
 from cake_core.problems import get_problem  # noqa: E402
 from cake_core.problems.base import shape_key  # noqa: E402
 from cake_core.problems.peer import PeerRun, to_device  # noqa: E402
@@ -180,11 +181,20 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("."))
     args = ap.parse_args()
 
+    try:
+        problem = get_problem(args.problem)
+        sset = problem.shape_set(args.shapes)
+    except CakeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not (args.package / "manifest.json").is_file():
+        print(f"error: {args.package} holds no exported package (no manifest.json); export one with `cake export "
+              f"{args.problem} --shapes {args.shapes} --out DIST`", file=sys.stderr)
+        return 2
+
     import cupy as cp
     import torch
 
-    problem = get_problem(args.problem)
-    sset = problem.shape_set(args.shapes)
     pkg = load_package(args.package.resolve())
     manifest = json.loads((args.package / "manifest.json").read_text())
     roles = {shape_key(s): role for s, role in zip(sset.shapes, sset.roles)}

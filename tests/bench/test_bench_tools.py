@@ -1,7 +1,8 @@
 """bench/ncu_summary.py reads Nsight Compute's raw and source CSV pages (the layout bench/gpu.sh profile
 writes); bench/read_floor.py on a machine without a GPU says so and exits 2 instead of raising; bench/smem_rmw.py's
 probe compiles without a GPU, and its fit is what the H200's data file holds; bench/corpus_vs_peers.py refuses
-a peer name that none of its problems has before any GPU work."""
+a peer name that none of its problems has, and bench/portfolio_dispatch.py an unknown problem, shape set or
+package, before any GPU work."""
 from __future__ import annotations
 
 import os
@@ -198,3 +199,18 @@ def test_corpus_vs_peers_refuses_a_peer_name_no_chosen_problem_has_before_any_gp
     assert p.returncode == 2, p.stderr
     assert "--peers: no peer flash_kmeans for kmeans_assign; their peers: flash-kmeans, torch" in p.stderr
     assert "gpu:" not in p.stdout
+
+
+@pytest.mark.parametrize("problem,shapes,package,said", [
+    ("knn_build", "knn_build_portfolio", "", "unknown problem `knn_build`; known: "),
+    ("knn_topk", "nope", "", "no shape set `nope` of problem `knn_topk`"),
+    ("knn_topk", "knn_build_portfolio", "empty", "holds no exported package (no manifest.json)"),
+])
+def test_the_dispatch_sweep_refuses_bad_input_in_one_line_before_any_gpu_work(problem, shapes, package, said,
+                                                                              tmp_path):
+    # a problem name that is a portfolio's (knn_build) used to end the sweep in a traceback, after the export
+    p = subprocess.run([sys.executable, str(ROOT / "bench/portfolio_dispatch.py"), str(tmp_path / package),
+                        "--problem", problem, "--shapes", shapes], capture_output=True, text=True, timeout=120,
+                       cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 2, p.stderr
+    assert said in p.stderr and "Traceback" not in p.stderr
