@@ -100,8 +100,10 @@ PROBLEM = Problem(
     # computed in-kernel from the landed tile; D <= 128, D % 8 == 0 (TMA's 16-byte strides), k <= 16:
     # the knn_topk_aligned shapes. Fastest first on the H200: the database split over a cluster of 3 CTAs
     # (32 clusters of 4 do not fit in one wave), lists merged through distributed shared memory, two consumer
-    # roles taking turns; the same over 4 CTAs; 4 CTAs with one consumer role; one CTA per query tile
-    best_files=("knn_topk_split_pp3.cake", "knn_topk_split_pp.cake", "knn_topk_split.cake", "knn_topk_ws.cake"),
+    # roles taking turns; the same over 4 CTAs; 4 CTAs with one consumer role; one CTA per query tile. Past those
+    # (k up to 64 or 128, any D), 8 CTAs a cluster fed by cp.async, each row's list in shared memory.
+    best_files=("knn_topk_split_pp3.cake", "knn_topk_split_pp.cake", "knn_topk_split.cake", "knn_topk_ws.cake",
+                "knn_topk_split_k64.cake", "knn_topk_split_k128.cake"),
     rows=RowOracle(
         count=lambda s: s["Q"],
         oracle=_oracle_rows,
