@@ -61,7 +61,7 @@ lowering) agrees on:
   per thread for the rows it owns (over its own columns) and merges the quad's 4
   lists when ``top_i`` or ``top_v`` is stored (the first k columns of the window);
   with smem lists (KMAX up to 128) each row has one sorted list in the tile, which
-  the lanes of the row's quad insert into in turn.
+  the 4 lanes of the row's quad insert into together.
 - ``topk_shift`` adds a per-row value (an smem vector, e.g. ||q_r||^2) to every kept value of
   ``top_v``: the order is unchanged, and what ``store`` or ``topk_publish`` writes is then the whole
   squared distance ``||q_r||^2 + ||db_j||^2 - 2 q_r.db_j``.

@@ -3,7 +3,7 @@
 
 Limits: KMAX (the kept list per row) is at most ``KMAX_LIMIT`` where the lists are rmem tiles: the lowering
 keeps each thread's lists in registers, fully unrolled, and a longer list would spill to local memory. Lists
-kept in one-stage smem tiles of the CTA (one sorted list per row, which the row's quad inserts into in turn) hold
+kept in one-stage smem tiles of the CTA (one sorted list per row, which the row's quad inserts into together) hold
 up to ``KMAX_SMEM_LIMIT``.
 """
 from __future__ import annotations

@@ -612,30 +612,36 @@ __device__ __forceinline__ void store_smem_topk(float* pv, int* pi, const float 
 // ----------------------------------------------------------------- topk_bias over smem lists (KMAX up to 128)
 // One sorted list of KMAX (value, index) pairs per fragment row, row-major in a (rows, KMAX) smem tile, instead
 // of 4 per-thread register lists a row (which cannot hold more than 32 without spilling). A row belongs to one
-// 4-lane quad; its lanes take turns (__syncwarp between turns), each inserting its own candidates that beat the
-// list's last pair, in (value, index) order, by shifting the larger pairs up one. A warp whose 16 rows have no
-// candidate (the common case once the lists have filled) skips the turns after one vote.
+// 4-lane quad, and its 4 lanes insert together: each lane holds its own smallest candidate not yet taken, the
+// quad takes the smallest of the 4 (2 shuffles) while it beats the list's last pair, counts the pairs before it
+// (a quarter of the list a lane, 2 shuffles) and shifts the larger ones up one, top down, 16 pairs a step (4 a
+// lane: all read, then all written, between __syncwarp's of the quad's lanes). A warp whose 16 rows have no
+// candidate (the common case once the lists have filled) skips all of it after one vote.
 
-// topk_insert_smem<KMAX>(v, ix, x, j): (x, j) before (v[KMAX - 1], ix[KMAX - 1]); one thread.
-template <int KMAX>
-__device__ __forceinline__ void topk_insert_smem(float* v, int* ix, float x, int j) {
-    int p = KMAX - 1;
-#pragma unroll 1
-    for (; p > 0; --p) {
-        const float pv = v[p - 1];
-        const int pi = ix[p - 1];
-        if (!(x < pv || (x == pv && j < pi))) break;
-        v[p] = pv;
-        ix[p] = pi;
+// topk_next<N, GUARD>(acc, w, h, q, beta, base, limit, lo_v, lo_j, bv, bj): this lane's smallest (score, index) of
+// row h after (lo_v, lo_j), columns base + b * 8 + q + e; (inf, INT_MAX) when none is left.
+template <int N, bool GUARD, int SLOTS>
+__device__ __forceinline__ void topk_next(const float (&acc)[SLOTS], const float2 (&w)[N / 8], int h, int q, float beta,
+                                          int base, int limit, float lo_v, int lo_j, float& bv, int& bj) {
+    bv = __int_as_float(0x7f800000);
+    bj = 0x7fffffff;
+#pragma unroll
+    for (int b = 0; b < N / 8; ++b) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int j = base + b * 8 + q + e;
+            const float x = fmaf(-beta, acc[b * 4 + h * 2 + e], e ? w[b].y : w[b].x);
+            const bool after = x > lo_v || (x == lo_v && j > lo_j);
+            if (after && (x < bv || (x == bv && j < bj)) && (!GUARD || j < limit)) { bv = x; bj = j; }
+        }
     }
-    v[p] = x;
-    ix[p] = j;
 }
 
 template <int N, int KMAX, bool GUARD, int SLOTS>
 __device__ __forceinline__ void topk_bias_smem_tile(float* lv, int* li, const float (&acc)[SLOTS], const float* bias,
                                                     float beta, int base, int limit, int tid) {
-    const int lane = tid % 32, q = (lane % 4) * 2, row0 = fragment_row0(tid);
+    const int lane = tid % 32, l4 = lane % 4, q = l4 * 2, row0 = fragment_row0(tid);
+    const unsigned quad = 0xfu << (lane & ~3);
     const float inf = __int_as_float(0x7f800000);
     float2 w[N / 8];
 #pragma unroll
@@ -653,35 +659,48 @@ __device__ __forceinline__ void topk_bias_smem_tile(float* lv, int* li, const fl
                 m = (!GUARD || base + b * 8 + q + e < limit) ? fminf(m, x) : m;
             }
         }
-        const bool mine = m <= v[KMAX - 1];
-        if (!__any_sync(0xffffffffu, mine)) continue;
+        if (!__any_sync(0xffffffffu, m <= v[KMAX - 1])) continue;
+        float bv;
+        int bj;
+        topk_next<N, GUARD>(acc, w, h, q, beta, base, limit, -inf, -1, bv, bj);
 #pragma unroll 1
-        for (int turn = 0; turn < 4; ++turn) {
-            if (mine && lane % 4 == turn) {
-                float lo_v = -inf;
-                int lo_j = -1;                                          // the last candidate taken
-                for (;;) {
-                    float bv = inf;
-                    int bj = 0x7fffffff;
+        for (;;) {                                                      // the same trips on the quad's 4 lanes
+            float cv = bv;
+            int cj = bj;
 #pragma unroll
-                    for (int b = 0; b < N / 8; ++b) {
-#pragma unroll
-                        for (int e = 0; e < 2; ++e) {
-                            const int j = base + b * 8 + q + e;
-                            const float x = fmaf(-beta, acc[b * 4 + h * 2 + e], e ? w[b].y : w[b].x);
-                            const bool after = x > lo_v || (x == lo_v && j > lo_j);
-                            if (after && (x < bv || (x == bv && j < bj)) && (!GUARD || j < limit)) { bv = x; bj = j; }
-                        }
-                    }
-                    const float wv = v[KMAX - 1];
-                    const int wi = ix[KMAX - 1];
-                    if (!(bv < wv || (bv == wv && bj < wi))) break;
-                    topk_insert_smem<KMAX>(v, ix, bv, bj);
-                    lo_v = bv;
-                    lo_j = bj;
-                }
+            for (int s = 1; s <= 2; s *= 2) {
+                const float ov = __shfl_xor_sync(quad, cv, s);
+                const int oj = __shfl_xor_sync(quad, cj, s);
+                if (ov < cv || (ov == cv && oj < cj)) { cv = ov; cj = oj; }
             }
-            __syncwarp();
+            const float wv = v[KMAX - 1];
+            const int wi = ix[KMAX - 1];
+            if (!(cv < wv || (cv == wv && cj < wi))) break;
+            int pos = 0;                                                // the pairs before (cv, cj)
+#pragma unroll
+            for (int p = l4; p < KMAX; p += 4) pos += (v[p] < cv || (v[p] == cv && ix[p] < cj)) ? 1 : 0;
+            pos += __shfl_xor_sync(quad, pos, 1);
+            pos += __shfl_xor_sync(quad, pos, 2);
+#pragma unroll 1
+            for (int top = KMAX - 1; top > pos; top -= 16) {            // [pos, KMAX - 1) up one, top down
+                float tv[4];
+                int ti[4];
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    const int p = top - (u * 4 + l4);
+                    if (p > pos) { tv[u] = v[p - 1]; ti[u] = ix[p - 1]; }
+                }
+                __syncwarp(quad);
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    const int p = top - (u * 4 + l4);
+                    if (p > pos) { v[p] = tv[u]; ix[p] = ti[u]; }
+                }
+                __syncwarp(quad);
+            }
+            if (l4 == 0) { v[pos] = cv; ix[pos] = cj; }
+            __syncwarp(quad);
+            if (bv == cv && bj == cj) topk_next<N, GUARD>(acc, w, h, q, beta, base, limit, cv, cj, bv, bj);
         }
     }
 }
