@@ -23,7 +23,7 @@ part knn-search-lists 110 env OUT="$OUT/knn_search" bash bench/gpu.sh corpus --p
     --program $K/knn_search/kernels/knn_search_split_k128.cake \
     --shapes 'B=1,Q=128,M=131072,D=128,k=64,S=2;B=1,Q=4096,M=32768,D=128,k=64,S=2;B=1,Q=128,M=65536,D=128,k=80,S=2;B=1,Q=128,M=131072,D=128,k=24,S=2' \
     --reps 10
-part knn-lists-gate 60 env OUT="$OUT/knn_gate" GPU_TESTS=tests/runtime/test_knn_smem_lists.py bash bench/gpu.sh tests -q
+part knn-lists-gate 80 env OUT="$OUT/knn_gate" GPU_TESTS="tests/runtime/test_knn_smem_lists.py tests/runtime/test_mma_tf32_gpu.py" bash bench/gpu.sh tests -q
 part knn-lag 80 env OUT="$OUT/knn_lag" bash bench/gpu.sh corpus --problems knn_search --no-seed --no-best \
     --peers torch --program $K/knn_search/kernels/knn_search_split_unaligned.cake \
     --program bench/knn_search_split_unaligned_l4.cake \

@@ -209,10 +209,13 @@ DECLS: tuple[OpDef, ...] = (
           preconditions=("not inside role-divergent code",)),
     OpDef(Op.MMA, Family.MMA, (buf("acc", _RW, (MemSpace.RMEM,)), buf("a", _R, (MemSpace.SMEM,)), buf("b", _R, (MemSpace.SMEM,))), mma,
           CostClass.MMA, {"atom": AttrSpec(str, "fma", ("fma", "mma_sync", "wgmma"))}, ordering=Ordering.BARRIER,
-          summary="acc += a @ b with fp32 accumulation, using the named MMA atom.",
+          summary="acc += a @ b with fp32 accumulation, using the named MMA atom. With atom=mma_sync, f32 a and b "
+                  "run on the tensor cores as three tf32 products an m16n8k8 atom (3xTF32: about 1e-6 relative, "
+                  "fp32's accuracy); 16-bit ones as m16n8k16 atoms.",
           example='mma(acc, a_s, b_s, atom="fma")',
           preconditions=("acc is rmem f32 (M, N); a is (M, K); b is (K, N)",
-                         "a and b share a 16-bit dtype (or f32 with atom=fma)")),
+                         "a and b share a dtype: bf16 or f16, or f32 with atom=fma or atom=mma_sync",
+                         "atom=mma_sync: K a multiple of 16 (8 for f32), unswizzled smem operands")),
     OpDef(Op.FOR, Family.STRUCTURE, (value("var", "name", binds=Scope.BODY), value("extent"), value("start"),
                                      value("step")),
           interp_cta.run_for, CostClass.STRUCTURE, {"unroll": AttrSpec(int, 1)}, block=True,

@@ -246,7 +246,8 @@ def _mma_shape(ctx: Ctx) -> Iterable[Diagnostic]:
                            hint="acc must be (M, N), a (M, K) and b (K, N)")
 
 
-@rule("mma.operand_dtype", "mma", "mma operands must share a 16-bit dtype (f32 only with atom=fma)", guards=_MMA)
+@rule("mma.operand_dtype", "mma", "mma operands must share a dtype: bf16 or f16, or f32 with atom=fma or atom=mma_sync "
+                                  "(three tf32 products a step: fp32's accuracy)", guards=_MMA)
 def _mma_dtype(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path, _ in ctx.nodes:
         if n.op is not Op.MMA:
@@ -254,11 +255,11 @@ def _mma_dtype(ctx: Ctx) -> Iterable[Diagnostic]:
         a, b = ctx.buf_of(n.arg("a")), ctx.buf_of(n.arg("b"))
         if not (a and b):
             continue
-        ok_types = (DType.BF16, DType.F16) + ((DType.F32,) if n.attr("atom") == "fma" else ())
+        ok_types = (DType.BF16, DType.F16) + ((DType.F32,) if n.attr("atom") in ("fma", "mma_sync") else ())
         if a.dtype != b.dtype or a.dtype not in ok_types:
             yield ctx.diag("mma.operand_dtype", n, f"mma with a: {a.dtype.value}, b: {b.dtype.value} under "
                                                    f"atom={n.attr('atom')}", path=path,
-                           hint="use bf16 or f16 for both operands")
+                           hint="use bf16 or f16 for both operands, or f32 for both (atom fma or mma_sync)")
 
 
 @rule("mma.atom_target", "mma", "the MMA atom does not exist on the target", guards=_MMA)
@@ -270,7 +271,8 @@ def _mma_atom(ctx: Ctx) -> Iterable[Diagnostic]:
                            hint=f"atoms on {ctx.target.arch}: {', '.join(ctx.target.mma_atoms)}")
 
 
-@rule("mma.sync_tiling", "mma", "an mma_sync accumulator must tile into m16n8k16 atoms over the CTA's warps",
+@rule("mma.sync_tiling", "mma", "an mma_sync accumulator must tile into m16n8k16 atoms (m16n8k8 for f32 operands) "
+                                "over the CTA's warps",
       guards=_MMA)
 def _mma_sync_tiling(ctx: Ctx) -> Iterable[Diagnostic]:
     for n, path, _ in ctx.nodes:
@@ -284,11 +286,12 @@ def _mma_sync_tiling(ctx: Ctx) -> Iterable[Diagnostic]:
             continue
         warps = ctx.program.threads // ctx.target.warp_size
         atom = ctx.target.mma_sync
+        step = atom.k_32bit if a.dtype is DType.F32 else atom.k_16bit
         grids = [(wm, warps // wm) for wm in range(1, warps + 1) if warps % wm == 0]
-        if k % atom.k_16bit or not any(m % (atom.m * wm) == 0 and nn % (atom.n * wn) == 0 for wm, wn in grids):
+        if k % step or not any(m % (atom.m * wm) == 0 and nn % (atom.n * wn) == 0 for wm, wn in grids):
             yield ctx.diag("mma.sync_tiling", n, f"acc ({m}, {nn}) with K = {k} cannot be tiled by {warps} warps in "
-                                                 f"m{atom.m}n{atom.n}k{atom.k_16bit} atoms", path=path,
-                           hint=f"K must be a multiple of {atom.k_16bit}, and M, N multiples of {atom.m}·WM and "
+                                                 f"m{atom.m}n{atom.n}k{step} atoms", path=path,
+                           hint=f"K must be a multiple of {step}, and M, N multiples of {atom.m}·WM and "
                                 f"{atom.n}·WN for a warp grid WM × WN = {warps} (e.g. M a multiple of "
                                 f"{atom.m * warps})")
 

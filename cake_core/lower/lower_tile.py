@@ -9,7 +9,8 @@ load, store, sync, mma (``atom="fma"`` and ``atom="mma_sync"``), and the mma_syn
   (``lower.unsupported_rank`` beyond), guarded or not.
 - ``mma``, one variant per atom: ``fma`` (fp32 FMAs over the CTA-distributed acc) and ``mma_sync`` (tensor cores:
   ``mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}``, operands from smem through ``ldmatrix`` /
-  ``ldmatrix.trans``). ``atom="wgmma"`` on ``mma`` is not lowered (``lower.unsupported_atom``): use the ``wgmma``
+  ``ldmatrix.trans``; f32 operands as three ``m16n8k8`` tf32 products an atom, the 3xTF32 split that keeps
+  fp32's accuracy, read with plain smem loads). ``atom="wgmma"`` on ``mma`` is not lowered (``lower.unsupported_atom``): use the ``wgmma``
   op (lower_wgmma).
 - The mma_sync accumulator layout. An rmem tile that ``mma(..., atom="mma_sync")`` accumulates into is held in
   the mma.sync fragment layout, not in the IR's default distribution (element e in thread e % threads): the
@@ -160,24 +161,26 @@ def lower_mma_sync(n: Node, ctx: Ctx) -> list[Line]:
     if "mma_sync" not in arch.mma_atoms:
         raise LowerError("lower.unsupported_atom", f'atom="mma_sync" (m16n8k16 bf16/f16) needs sm_80 or newer, '
                                                    f"not {arch.arch}")
-    if a.type.dtype is not b.type.dtype or a.type.dtype not in (DType.BF16, DType.F16):
-        raise LowerError("lower.unsupported_operand", f'atom="mma_sync" takes bf16 or f16 a and b of one dtype; '
+    if a.type.dtype is not b.type.dtype or a.type.dtype not in (DType.BF16, DType.F16, DType.F32):
+        raise LowerError("lower.unsupported_operand", f'atom="mma_sync" takes bf16, f16 or f32 a and b of one dtype; '
                                                       f"a is {a.type.dtype.value}, b is {b.type.dtype.value}",
-                         'allocate both smem tiles as bf16 (or f16), or use atom="fma"')
+                         'allocate both smem tiles as bf16 (or f16, or f32), or use atom="fma"')
     if a.type.swizzle.value or b.type.swizzle.value:
         raise LowerError("lower.unsupported_layout", 'atom="mma_sync" reads plain row-major smem tiles; '
                                                      f"`{a.name if a.type.swizzle.value else b.name}` is swizzled",
                          "allocate the operands with swizzle=0")
-    step = arch.mma_sync.k_16bit
+    f32 = a.type.dtype is DType.F32
+    step = arch.mma_sync.k_32bit if f32 else arch.mma_sync.k_16bit
     if k % step:
         raise LowerError("lower.mma_tiling", f'atom="mma_sync" steps K by {step}; K = {k} is not a multiple of {step}',
-                         "make the K tile (e.g. BK) a multiple of 16")
+                         f"make the K tile (e.g. BK) a multiple of {step}")
     if acc.layout is None:
         raise LowerError("lower.acc_layout", f"accumulator `{acc.name}` is not in the mma_sync fragment layout",
                          "allocate the accumulator with rmem(...) in this kernel")
     wm, wn = acc.layout
-    return [f"cake::mma_sync_rmem_smem<{m}, {nn}, {k}, THREADS, {wm}, {wn}>({acc.name}, {a.name}, {b.name});"
-            f"  // {wm}x{wn} warps, {m // wm}x{nn // wn} per warp"]
+    helper = "mma_sync_tf32x3_rmem_smem" if f32 else "mma_sync_rmem_smem"
+    return [f"cake::{helper}<{m}, {nn}, {k}, THREADS, {wm}, {wn}>({acc.name}, {a.name}, {b.name});"
+            f"  // {wm}x{wn} warps, {m // wm}x{nn // wn} per warp" + ("; f32 as 3 tf32 products" if f32 else "")]
 
 
 # ------------------------------------------------------- mma_sync fragment layout (see the module docstring)

@@ -294,10 +294,12 @@ class Walker:
     def _mma(self, n: Node, w: Work, trips: float) -> None:
         a = self.acc
         atom = w.atom if n.op is Op.MMA else n.op.value
-        a.tensor[atom] = a.tensor.get(atom, 0.0) + w.flops
         acc = self.ctx.buffers[n.arg("acc")]
         op_a = self.ctx.buffers[buf_name(n.arg("a"))]
         op_b = self.ctx.buffers[buf_name(n.arg("b"))]
+        # f32 operands of mma_sync run as three tf32 products, each at half the 16-bit rate: 6x the 16-bit time
+        tf32x3 = n.op is Op.MMA and atom == "mma_sync" and op_a.dtype.bytes == 4
+        a.tensor[atom] = a.tensor.get(atom, 0.0) + w.flops * (6.0 if tf32x3 else 1.0)
         m, nn = (int(try_evaluate(d, self.env) or 0) for d in acc.shape[-2:])
         k = int(try_evaluate(op_a.shape[-1], self.env) or 0)
         if m * nn > a.tile[0] * a.tile[1]:

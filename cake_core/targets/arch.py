@@ -45,11 +45,13 @@ class Wgmma:
 
 @dataclass(frozen=True)
 class MmaSync:
-    """The ``mma.sync`` atom's shape for 16-bit operands."""
+    """The ``mma.sync`` atom's shape: K per atom for 16-bit operands, and for f32 ones (tf32 atoms, three per
+    product: the 3xTF32 split that keeps fp32's accuracy)."""
 
     m: int
     n: int
     k_16bit: int
+    k_32bit: int
 
 
 @dataclass(frozen=True)

@@ -131,10 +131,38 @@ def test_other_ops_on_a_fragment_accumulator_are_refused():
     assert [d.rule for d in ds2] == ["lower.acc_layout"] and ds2[0].line == _line_of(t2, "ewise(")
 
 
-def test_f32_operands_and_swizzled_operands_are_refused():
-    t = _variant(dtype="f32")
-    ds = [d for d in _diag(t) if d.is_error]
-    assert any(d.rule == "lower.unsupported_operand" and d.line == _line_of(t, "atom=") for d in ds), ds
+def test_f32_operands_lower_to_three_tf32_products_an_atom_and_step_k_by_8():
+    t = _variant('{"BK": 8, "BM": 64, "BN": 64}', dtype="f32")
+    r = lower(parse_program(t, "kernel.cake"))
+    assert r.ok, [d.message for d in r.diagnostics]
+    assert "cake::mma_sync_tf32x3_rmem_smem<64, 64, 8, THREADS, 4, 2>(acc, a_s, b_s);" in r.value.source
+    assert "cake::mma_sync_rmem_smem<" not in r.value.source
+    # f32 steps K by 8, not 16; mixed operand dtypes are still refused
+    t12 = _variant('{"BK": 12, "BM": 64, "BN": 64}', dtype="f32")
+    errs = [d for d in _diag(t12) if d.is_error]
+    assert errs and all(d.rule in ("mma.sync_tiling", "lower.mma_tiling") for d in errs), errs
+    assert any("multiple of 8" in d.message or "k8" in d.message for d in errs), errs
+    mixed = _variant(dtype="f32").replace("b_s = smem(f32", "b_s = smem(bf16")
+    ds = [d for d in _diag(mixed) if d.is_error]
+    assert any(d.rule in ("mma.operand_dtype", "lower.unsupported_operand") for d in ds), ds
+
+
+@needs_nvcc
+def test_f32_operands_compile_to_tf32_mma_sync(tmp_path):
+    t = _variant('{"BK": 16, "BM": 64, "BN": 64}', dtype="f32")
+    from ptx import ptx_of
+    lk = lower(parse_program(t, "kernel.cake")).value
+    r = compile_kernel(lk, arch="sm_90a", cache_dir=tmp_path)
+    assert r.ok, [d.message for d in r.diagnostics]
+    res = r.value.resources
+    assert res.spill_bytes == 0 and res.stack_bytes == 0
+    ptx = ptx_of(lk.source, tmp_path)
+    # per 8 of K: MI x NI atoms of 3 products (64 x 64 over 4 x 2 warps: MI = 1, NI = 4), 2 K-steps of 8
+    assert ptx.count("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32") == 3 * 4 * 2
+    assert "cvt.rna.tf32.f32" in ptx
+
+
+def test_swizzled_operands_are_refused():
     t2 = MMA_SEED.replace("a_s = smem(bf16, (BM, BK))", "a_s = smem(bf16, (BM, BK), swizzle=128)")
     ds2 = [d for d in _diag(t2) if d.is_error]
     assert any(d.rule == "lower.unsupported_layout" for d in ds2), ds2

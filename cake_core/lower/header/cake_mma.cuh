@@ -127,6 +127,70 @@ __device__ __forceinline__ void mma_sync_rmem_smem(float (&acc)[SLOTS], const T*
     }
 }
 
+// ----------------------------------------------------------------- mma, atom "mma_sync" on f32 operands (3xTF32)
+// A tf32 product keeps 10 mantissa bits; the split x = big + small, big = tf32(x), small = tf32(x - big), keeps
+// 21, and big·big + big·small + small·big (the small·small term is below fp32's rounding) is an fp32 product to
+// about 1e-6 relative: three m16n8k8 tf32 mma.sync per atom, the small terms first.
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+__device__ __forceinline__ void split_tf32(float x, uint32_t& big, uint32_t& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+__device__ __forceinline__ void mma_m16n8k8_tf32(float& d0, float& d1, float& d2, float& d3, const uint32_t (&a)[4],
+                                                 uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(d0), "+f"(d1), "+f"(d2), "+f"(d3)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// mma_sync_tf32x3_rmem_smem<M, N, K, THREADS, WM, WN>(acc, a, b): acc (M x N, rmem f32, the fragment layout
+// above: the m16n8k8 accumulator is the m16n8k16 one) += a (M x K, smem f32, row-major) @ b (K x N, smem f32,
+// row-major), 8 of K at a time. Lane l (group g = l / 4, t = l % 4) reads A at rows g and g + 8, columns t and
+// t + 4 of each 16 x 8 piece, and B at rows t and t + 4, column g of each 8 x 8 piece, with plain smem loads.
+template <int M, int N, int K, int THREADS, int WM, int WN, int SLOTS>
+__device__ __forceinline__ void mma_sync_tf32x3_rmem_smem(float (&acc)[SLOTS], const float* a, const float* b) {
+    using L = mma_layout<M, N, THREADS, WM, WN>;
+    static_assert(SLOTS == L::SLOTS, "the accumulator holds M * N / THREADS slots per thread");
+    static_assert(K % 8 == 0, "K is a multiple of the tf32 atom's 8");
+    const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+    const int r0 = (w / WN) * L::TM, c0 = (w % WN) * L::TN;
+    const int g = l / 4, t = l % 4;
+#pragma unroll
+    for (int k = 0; k < K; k += 8) {
+        uint32_t ab[L::MI][4], as[L::MI][4];
+#pragma unroll
+        for (int mi = 0; mi < L::MI; ++mi) {
+            const float* ar = a + (r0 + mi * 16 + g) * K + k + t;
+            split_tf32(ar[0], ab[mi][0], as[mi][0]);
+            split_tf32(ar[8 * K], ab[mi][1], as[mi][1]);
+            split_tf32(ar[4], ab[mi][2], as[mi][2]);
+            split_tf32(ar[8 * K + 4], ab[mi][3], as[mi][3]);
+        }
+        uint32_t bb[L::NI][2], bs[L::NI][2];
+#pragma unroll
+        for (int ni = 0; ni < L::NI; ++ni) {
+            const float* bc = b + (k + t) * N + c0 + ni * 8 + g;
+            split_tf32(bc[0], bb[ni][0], bs[ni][0]);
+            split_tf32(bc[4 * N], bb[ni][1], bs[ni][1]);
+        }
+#pragma unroll
+        for (int mi = 0; mi < L::MI; ++mi) {
+#pragma unroll
+            for (int ni = 0; ni < L::NI; ++ni) {
+                float* d = &acc[(mi * L::NI + ni) * 4];
+                mma_m16n8k8_tf32(d[0], d[1], d[2], d[3], as[mi], bb[ni][0], bb[ni][1]);
+                mma_m16n8k8_tf32(d[0], d[1], d[2], d[3], ab[mi], bs[ni][0], bs[ni][1]);
+                mma_m16n8k8_tf32(d[0], d[1], d[2], d[3], ab[mi], bb[ni][0], bb[ni][1]);
+            }
+        }
+    }
+}
+
 // ----------------------------------------------------------------- fragment-layout rmem <-> gmem
 // These also serve rmem tiles that share an accumulator's layout through slot-wise elementwise
 // ops (e.g. cast(acc_bf16, acc)): TR is the rmem tile's element type.
