@@ -20,12 +20,15 @@ load, store, sync, mma (``atom="fma"`` and ``atom="mma_sync"``), and the mma_syn
   ldmatrix per 16 of K). The per-thread slot count is numel / threads as for any rmem tile, so
   ``rmem(fill=...)`` and the slot-wise elementwise ops (``fill``, ``cast``, ``unary``, ``ewise``, ``select`` whose
   rmem operands all have the acc's shape) are layout-agnostic; rmem tiles tied to an accumulator by such ops take
-  its layout too (:func:`fragment_names`). ``load`` into and ``store`` from a fragment-layout tile go through
+  its layout too (:func:`fragment_names`). Those ops and ``iota`` may also name smem tiles: the loop takes each
+  slot's (row, column) from ``mma_layout::coord`` and reads or writes an smem tile there, a broadcast one at the
+  row or column (``thread_map``'s ``mma`` map). ``load`` into and ``store`` from a fragment-layout tile go through
   ``mma_layout::coord``, as do ``atomic_add`` and ``scatter_add`` from one (a split-K epilogue). Any other op that
   names such a tile is refused (``lower.acc_layout``,
   :func:`layout_guard`), as is an ``mma`` of another atom into it. Preconditions, each a ``LowerError`` at the
   IR line: ``lower.mma_tiling`` (M = WM * 16 * i and N = WN * 8 * j for some warp grid WM * WN = threads/32; K a
-  multiple of 16), ``lower.unsupported_operand`` (bf16/f16 a and b in smem, f32 acc).
+  multiple of 16, of 8 for f32 operands), ``lower.unsupported_operand`` (bf16, f16 or f32 a and b in smem, f32
+  acc).
 """
 from __future__ import annotations
 
@@ -273,20 +276,24 @@ def layout_guard(n: Node, ctx: Ctx) -> None:
     hit = [x for x in names if x in frag]
     if not hit:
         return
-    if n.op in _SLOTWISE:
+    if n.op in _SLOTWISE or n.op is Op.IOTA:
         bufs = []
         for x in names:
             try:
                 bufs.append(ctx.buf(x, (MemSpace.SMEM, MemSpace.RMEM), "operand"))
             except LowerError:
                 return    # the op's own hook reports it
-        if all(b.layout is not None and b.shape == bufs[0].shape and b.layout == bufs[0].layout for b in bufs):
+        rmem = [b for b in bufs if b.type.space is MemSpace.RMEM]
+        # every rmem operand in one fragment layout (slot by slot); smem ones read or written at the slot's
+        # (row, column) or broadcast from it (thread_map's ``mma`` map)
+        if rmem and all(b.layout is not None and b.shape == rmem[0].shape and b.layout == rmem[0].layout
+                        for b in rmem):
             return
     raise LowerError("lower.acc_layout",
                      f"`{hit[0]}` is an mma_sync accumulator (fragment layout: see the lowering's docstring); "
                      f"`{n.op.value}` here would address its elements in the default distribution",
-                     "store it to gmem (or use fill/cast/unary/ewise with rmem operands of its shape only), "
-                     'or accumulate with atom="fma"')
+                     "store it to gmem (or use fill/cast/unary/ewise/select/iota whose rmem operands are "
+                     'fragments of its shape, beside smem tiles), or accumulate with atom="fma"')
 
 
 # This module's ops that lower one way (dispatch.LOWERINGS assembles them with the variant tables).

@@ -1,4 +1,4 @@
-"""Lowering hooks of the distance-kernel ops on Hopper, onto header/cake_async.cuh.
+"""Lowering hooks of the distance-kernel ops on Hopper, onto header/cake_async.cuh (smem lists: cake_topk_smem.cuh).
 
 - ``topk_bias``: on a wgmma accumulator's fragment (``cake::topk_bias_rmem_wgmma_acc``): each thread keeps,
   for the 2 rows it owns per warpgroup, a sorted list of KMAX (value, index) pairs over its own columns

@@ -3,8 +3,11 @@
 One of three maps, chosen by where the op runs and which tiles it names (:func:`thread_map`):
 
 - ``cta``, outside roles: element e = s * THREADS + threadIdx.x, slot s of an rmem tile (the IR's default
-  distribution, ``lower_tile``) and element e of an smem tile; an rmem tile in the mma_sync fragment layout is
-  walked slot by slot (``lower_tile.layout_guard`` admits the op only when every operand is in that layout);
+  distribution, ``lower_tile``) and element e of an smem tile;
+- ``mma``, outside roles, where an rmem operand is in the mma_sync fragment layout (``lower_tile``): slot s of the
+  thread's fragments, at the (row, column) ``cake::mma_layout::coord`` gives (where mma.sync put it); every rmem
+  operand in that layout and of the destination's shape, read at its own slot; an smem operand read or written at
+  that (row, column), a broadcast one at its row or column (``lower_tile.layout_guard`` admits no other rmem);
 - ``role``, inside a role, smem tiles only: e = s * T + t, with t = threadIdx.x - first the thread's rank in the
   role and T the role's threads, so the role's threads cover the whole tile between them (the CTA map there
   would skip the elements of the other roles' threads);
@@ -47,6 +50,7 @@ class ThreadMap:
     cols: int           # its last dimension
     wg_rows: int = 64   # fragment: accumulator rows per warpgroup (wgmma's M)
     wg_threads: int = 128
+    mma_grid: tuple[int, int, int] | None = None   # mma: the fragment tiles' (rows, WM, WN)
 
     @property
     def slots(self) -> int:
@@ -55,7 +59,7 @@ class ThreadMap:
             return self.cols // 2
         if self.kind == "rows":
             return 2
-        return -(-self.numel // self.threads)
+        return -(-self.numel // self.threads)      # mma: numel is a multiple of the threads (mma_layout)
 
     @property
     def elem(self) -> str:
@@ -90,7 +94,7 @@ class ThreadMap:
     @property
     def guard(self) -> str | None:
         """C condition for a trip past the last element (None: every trip is in range)."""
-        if self.kind in ("fragment", "rows") or self.numel % self.threads == 0:
+        if self.kind in ("fragment", "rows", "mma") or self.numel % self.threads == 0:
             return None
         return f"cake_e < {self.numel}"
 
@@ -99,7 +103,20 @@ def thread_map(ctx: Ctx, n: Node, dst: Buf, tiles: list[Buf]) -> ThreadMap:
     """The map of elementwise op ``n`` writing ``dst`` (``tiles``: every tile it names, dst included)."""
     numel, cols = dst.numel, dst.shape[-1]
     if not in_role(n, ctx):
-        return ThreadMap("cta", 0, ctx.threads, numel, cols)
+        frag = [b for b in tiles if b.type.space is MemSpace.RMEM and b.layout is not None]
+        if not frag:
+            return ThreadMap("cta", 0, ctx.threads, numel, cols)
+        f = frag[0]
+        for b in tiles:
+            if b.type.space is MemSpace.RMEM and (b.layout != f.layout or b.shape != f.shape):
+                raise LowerError("lower.acc_layout", f"`{n.op.value}` mixes mma_sync fragment `{f.name}` {f.shape} "
+                                                     f"with rmem tile `{b.name}` {b.shape} laid out otherwise",
+                                 "give every rmem operand the fragment's shape, or go through smem")
+        if tuple(dst.shape) != tuple(f.shape) or len(f.shape) != 2:
+            raise LowerError("lower.acc_layout", f"`{n.op.value}` writes `{dst.name}` {dst.shape} from mma_sync "
+                                                 f"fragment `{f.name}` {f.shape}: its elements would move between "
+                                                 "threads", "write a tile of the fragment's shape")
+        return ThreadMap("mma", 0, ctx.threads, numel, cols, mma_grid=(f.shape[0], *f.layout))
     first, count = role_threads(ctx)
     rmem = [b for b in tiles if b.type.space is MemSpace.RMEM]
     if not rmem:
@@ -135,6 +152,12 @@ def owned_loop(tm: ThreadMap, body: list[str], unroll: int = 0) -> list[str]:
     elif tm.kind == "role":
         index = [f"    [[maybe_unused]] const int cake_e = {tm.elem};"]
         inner = [f"    [[maybe_unused]] const int cake_r = {tm.row}, cake_c = {tm.col};"]
+    elif tm.kind == "mma":
+        rows, wm, wn = tm.mma_grid
+        index = ["    int cake_r, cake_c;",
+                 f"    cake::mma_layout<{rows}, {tm.cols}, THREADS, {wm}, {wn}>::coord(cake_s, cake_r, cake_c);",
+                 f"    [[maybe_unused]] const int cake_e = {tm.elem};"]
+        inner = []
     else:
         index = [f"    [[maybe_unused]] const int cake_h = {tm.half};",
                  f"    [[maybe_unused]] const int cake_r = {tm.row}, cake_c = {tm.col};",
@@ -143,7 +166,8 @@ def owned_loop(tm: ThreadMap, body: list[str], unroll: int = 0) -> list[str]:
     inner += ["    " + b for b in body]
     if tm.guard:
         inner = [f"    if ({tm.guard}) {{"] + ["    " + x for x in inner] + ["    }"]
-    pre = [f"const int cake_t = (int)threadIdx.x - {tm.first};  // rank in the role"] if tm.kind != "cta" else []
+    pre = [f"const int cake_t = (int)threadIdx.x - {tm.first};  // rank in the role"] \
+        if tm.kind not in ("cta", "mma") else []
     return pre + ["#pragma unroll" + (f" {unroll}" if unroll else ""),
                   f"for (int cake_s = 0; cake_s < {tm.slots}; ++cake_s) {{"] + index + inner + ["}"]
 

@@ -71,15 +71,19 @@ def test_a_minus_inf_fill_lowers_from_its_printed_text():
     assert lower(again, "masked.cake").ok
 
 
-def test_iota_into_an_mma_sync_fragment_is_refused():
-    # iota reads element coordinates, which the mma_sync fragment layout does not keep: refused, not mis-indexed
+def test_iota_into_an_mma_sync_fragment_writes_each_slots_own_coordinates():
+    # the fragment layout keeps no element index; iota takes the slot's (row, column) from cake::mma_layout::coord
+    # (where mma.sync put it) instead of the default distribution's e = s * THREADS + tid
     text = MASKED.replace("    t = rmem(f32, (BM, BN), fill=-inf)\n",
                           "    t = rmem(f32, (BM, BN), fill=-inf)\n    a_s = smem(bf16, (BM, 16))\n"
                           "    b_s = smem(bf16, (16, BN))\n    mma(t, a_s, b_s, atom=\"mma_sync\")\n"
                           "    iota(t, base=0, axis=1)\n")
     r = lower(parse_program(text, "masked.cake"), "masked.cake")
     line = next(i for i, ln in enumerate(text.splitlines(), 1) if "iota(t," in ln)
-    assert [d.rule for d in r.diagnostics if d.line == line] == ["lower.acc_layout"], r.diagnostics
+    assert not [d for d in r.diagnostics if d.line == line and d.is_error], r.diagnostics
+    src = r.value.source if r.value is not None else ""
+    at = src.index("cake_c);", src.index("::coord(cake_s, cake_r, cake_c)"))
+    assert "t[cake_s] = cake::convert<float>((int)(0) + cake_c);" in src[at:at + 400]
 
 
 @pytest.mark.skipif(compile_mod.nvcc_path() is None, reason="nvcc not installed")

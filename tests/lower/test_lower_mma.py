@@ -126,9 +126,26 @@ def test_other_ops_on_a_fragment_accumulator_are_refused():
     ds = [d for d in _diag(t) if d.is_error]
     assert [d.rule for d in ds] == ["lower.acc_layout"]
     assert ds[0].line == _line_of(t, "mma(acc, a_s, b_s)")       # the fma one, not the mma_sync one
-    t2 = _variant(acc_extra="    c_s = smem(f32, (BM, BN))\n", extra='    ewise(acc, acc, c_s, fn="add")\n')
+    # a reduction reads other threads' slots: refused (store the fragment, or reduce from smem)
+    t2 = _variant(acc_extra="    row_s = smem(f32, (BM, 1))\n", extra='    reduce(row_s, acc, axis=1)\n')
     ds2 = [d for d in _diag(t2) if d.is_error]
-    assert [d.rule for d in ds2] == ["lower.acc_layout"] and ds2[0].line == _line_of(t2, "ewise(")
+    assert [d.rule for d in ds2] == ["lower.acc_layout"] and ds2[0].line == _line_of(t2, "reduce(")
+
+
+def test_elementwise_ops_address_a_fragment_and_smem_at_the_slots_coordinates():
+    # smem operands of the fragment's shape are read at the slot's (row, column), broadcast ones at its row or
+    # column, and iota writes the coordinates: all through cake::mma_layout::coord, where mma.sync put the slot
+    t = _variant(acc_extra="    c_s = smem(f32, (BM, BN))\n    b_s2 = smem(f32, (BM, 1))\n    r_i = rmem(f32, (BM, BN))\n",
+                 extra='    ewise(acc, acc, c_s, fn="add")\n    ewise(acc, acc, b_s2, fn="mul")\n'
+                       '    iota(r_i, base=0, axis=0)\n    ewise(acc, acc, r_i, fn="add")\n    cast(c_s, acc)\n')
+    r = lower(parse_program(t, "kernel.cake"))
+    assert r.ok, [d.message for d in r.diagnostics]
+    src = r.value.source
+    assert src.count("cake::mma_layout<64, 64, THREADS, 4, 2>::coord(cake_s, cake_r, cake_c);") == 5
+    assert "const auto cake_b = cake::to_f32(c_s[cake_e]);" in src                  # at the slot's element
+    assert "const auto cake_b = cake::to_f32(b_s2[cake_r]);" in src                 # broadcast: its row
+    assert "r_i[cake_s] = cake::convert<float>((int)(0) + cake_r);" in src
+    assert "c_s[cake_e] = cake::convert<float>(acc[cake_s]);" in src                # smem written at the slot's
 
 
 def test_f32_operands_lower_to_three_tf32_products_an_atom_and_step_k_by_8():

@@ -40,3 +40,23 @@ def test_f32_mma_sync_keeps_fp32_accuracy(consts, threads, shape, tmp_path):
     assert np.isfinite(got).all(), "an output element was never written (NaN poison)"
     # fp32 accumulation of K products: about K * 2^-24 of the magnitude at worst; tf32 alone: about 2^-11
     assert err.max() < max(k, 16) * 2.0 ** -24 * 4, f"max error {err.max():.3g} of the products' magnitude"
+
+
+def test_elementwise_ops_on_mma_sync_fragments_match_the_interpreter(tmp_path):
+    # iota, compare, select with an smem scalar, a row-broadcast smem factor, a cast into smem and back: each
+    # addresses the fragment's slots at cake::mma_layout::coord; an element at the wrong (row, column) is off by ~1
+    from test_role_compute_gpu import _agree
+    text = _kernel('{"BK": 16, "BM": 64, "BN": 64}', 256).replace(
+        "    acc = rmem(f32, (BM, BN))\n",
+        "    acc = rmem(f32, (BM, BN))\n    r_i = rmem(f32, (BM, BN))\n    c_j = rmem(f32, (BM, BN))\n"
+        "    mask = rmem(f32, (BM, BN))\n    zero = smem(f32, (1, 1))\n    rowf = smem(f32, (BM, 1))\n"
+        "    c_s = smem(f32, (BM, BN))\n    fill(zero)\n    iota(rowf, base=1, axis=0)\n").replace(
+        "    store(c[",
+        "    iota(r_i, base=0, axis=0)\n    iota(c_j, base=0, axis=1)\n    ewise(mask, r_i, c_j, fn=\"gt\")\n"
+        "    select(acc, mask, acc, zero)\n    ewise(acc, acc, rowf, fn=\"mul\")\n    cast(c_s, acc)\n    sync()\n"
+        "    ewise(acc, acc, c_s, fn=\"add\")\n    store(c[")
+    rng = np.random.default_rng(3)
+    shape = {"M": 100, "N": 72, "K": 40}
+    inputs = {"a": rng.standard_normal((100, 40)).astype(np.float32),
+              "b": rng.standard_normal((40, 72)).astype(np.float32)}
+    _agree(text, shape, inputs, tmp_path)

@@ -237,6 +237,8 @@ __device__ __forceinline__ void mma_fma_rmem_smem(float (&acc)[SLOTS], const TA*
 
 #include "cake_async.cuh"  // Hopper async vocabulary: mbarriers, TMA, cp.async, wgmma, setmaxnreg
 
+#include "cake_topk_smem.cuh"  // topk_bias lists in shared memory (KMAX up to 128): the quad inserts together
+
 #include "cake_mma.cuh"  // mma atom "mma_sync": tensor-core m16n8k16 with ldmatrix; its fragment-layout accumulators
 
 #include "cake_atomic.cuh"  // atomic adds of register fragments (split-K epilogues): red.global.add.v2/v4.f32

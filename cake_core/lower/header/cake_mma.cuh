@@ -160,7 +160,7 @@ __device__ __forceinline__ void mma_sync_tf32x3_rmem_smem(float (&acc)[SLOTS], c
     const int w = threadIdx.x / 32, l = threadIdx.x % 32;
     const int r0 = (w / WN) * L::TM, c0 = (w % WN) * L::TN;
     const int g = l / 4, t = l % 4;
-#pragma unroll
+#pragma unroll 2
     for (int k = 0; k < K; k += 8) {
         uint32_t ab[L::MI][4], as[L::MI][4];
 #pragma unroll
