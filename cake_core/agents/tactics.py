@@ -197,7 +197,8 @@ def drop_guards(p: Program, rng: np.random.Generator, bounds: Bounds | None = No
 # ------------------------------------------------------------------ structural: the MMA atom
 
 def mma_sync(p: Program, rng: np.random.Generator, bounds: Bounds | None = None) -> Program:
-    """Scalar FMA to tensor-core ``mma.sync`` (m16n8k16) for every CTA-collective ``mma`` of 16-bit tiles.
+    """Scalar FMA to tensor-core ``mma.sync`` for every CTA-collective ``mma`` of smem tiles: m16n8k16 atoms for
+    16-bit operands, three m16n8k8 tf32 products an atom for f32 ones (3xTF32: fp32's accuracy).
 
     Before::
 
@@ -207,22 +208,27 @@ def mma_sync(p: Program, rng: np.random.Generator, bounds: Bounds | None = None)
 
         mma(dot, x_s, ct_s, atom="mma_sync")
 
-    The accumulator takes the fragment layout, which only mma and store read: where another op (an ewise
-    of a distance kernel) reads it, the lowering refuses the child (``lower.acc_layout``). The tactic does
-    not look past the mma it rewrites; catching that before the lower stage is left to the verifier's
-    rules (a rule mined from such failures does, see ``tests/core/test_harness_kinds.py``).
-    Precondition: an ``mma`` with ``atom="fma"`` on bf16/f16 operands (the contraction seeds: a GEMM, an
-    argmin or a top-k epilogue) whose accumulator rows are a const or a multiple of the atom's 16 (a literal one-row
-    accumulator, a token's vector times a weight tile, fits no atom whatever the knobs do); its tiles must split
-    into m16n8k16 atoms over the warps, which the verifier checks.
+    The accumulator takes the fragment layout, which mma, store and the elementwise ops read (each slot at its
+    coordinates): where another op (the running argmin or top-k of a distance kernel) reads it, the lowering
+    refuses the child (``lower.acc_layout``). The tactic does not look past the mma it rewrites; catching that
+    before the lower stage is left to the verifier's rules (a rule mined from such failures does, see
+    ``tests/core/test_harness_kinds.py``).
+    Precondition: an ``mma`` with ``atom="fma"`` on smem operands of one dtype, bf16, f16 or f32 (the contraction
+    seeds: a GEMM, an argmin or a top-k epilogue; a chunked scan's f32 products) whose accumulator rows are a const
+    or a multiple of the atom's 16 (a literal one-row accumulator, a token's vector times a weight tile, fits no
+    atom whatever the knobs do); its tiles must split into the atoms over the warps, which the verifier checks.
     """
     tiles = {n.result: n for n in walk_nodes(p.body) if n.op in (Op.SMEM, Op.RMEM) and n.result}
     dtypes = {name: n.arg("dtype") for name, n in tiles.items()}
     arch = find_arch(p.target)
     atom_m = arch.mma_sync.m if arch is not None else 16
 
-    def sixteen_bit(n) -> bool:
-        return all(getattr(dtypes.get(_buf_name(a)), "value", "") in ("bf16", "f16") for a in (n.arg("a"), n.arg("b")))
+    def takes(n) -> bool:
+        """Operands mma.sync takes: smem tiles of one dtype, bf16 or f16, or f32 (as tf32 products)."""
+        a, b = (tiles.get(_buf_name(x)) for x in (n.arg("a"), n.arg("b")))
+        kinds = {getattr(dtypes.get(_buf_name(x)), "value", "") for x in (n.arg("a"), n.arg("b"))}
+        return a is not None and b is not None and a.op is Op.SMEM and b.op is Op.SMEM and len(kinds) == 1 \
+            and kinds <= {"bf16", "f16", "f32"}
 
     def rows_fixed_off_atom(n) -> bool:
         """The accumulator's rows are a number no knob moves (not a const) and no atom's rows divide."""
@@ -232,13 +238,13 @@ def mma_sync(p: Program, rng: np.random.Generator, bounds: Bounds | None = None)
 
     fma = [n for n in walk_nodes(p.body) if n.op is Op.MMA and n.attr("atom") == "fma"]
     refuse_unless(bool(fma), "no mma with the fma atom")
-    wide = [n for n in fma if sixteen_bit(n)]
-    refuse_unless(bool(wide), "every fma mma multiplies f32 (or wider) tiles: mma.sync takes bf16/f16 operands")
+    wide = [n for n in fma if takes(n)]
+    refuse_unless(bool(wide), "no fma mma multiplies two smem tiles of one dtype mma.sync takes (bf16, f16, f32)")
     found = [n for n in wide if not rows_fixed_off_atom(n)]
-    refuse_unless(bool(found), f"every bf16/f16 fma mma accumulates into a fixed number of rows that {atom_m}, the "
+    refuse_unless(bool(found), f"every such fma mma accumulates into a fixed number of rows that {atom_m}, the "
                                "mma.sync atom's rows, does not divide (a one-row accumulator: a token's vector)")
     return replace(p, body=map_nodes(p.body, lambda n: set_attrs(n, atom="mma_sync") if n.op is Op.MMA
-                                     and n.attr("atom") == "fma" and sixteen_bit(n) and not rows_fixed_off_atom(n)
+                                     and n.attr("atom") == "fma" and takes(n) and not rows_fixed_off_atom(n)
                                      else n))
 
 

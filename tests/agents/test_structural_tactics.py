@@ -362,10 +362,31 @@ def _fp32_mma_seed() -> str:
     return text.replace("smem(bf16,", "smem(f32,")
 
 
-def test_mma_sync_leaves_an_f32_product_alone():
+def test_mma_sync_takes_an_f32_product_as_three_tf32_products():
     p = parse_program(_fp32_mma_seed(), "f32.cake")
     out = apply("mma_sync", p, np.random.default_rng(0), None)
-    assert isinstance(out, Refused) and "mma.sync takes bf16/f16 operands" in out.reason
+    assert not isinstance(out, Refused), out.reason
+    low = lower(out, "f32.cake")
+    assert low.ok, low.diagnostics
+    assert "cake::mma_sync_tf32x3_rmem_smem<" in low.value.source
+
+
+def test_mma_sync_puts_every_product_of_the_chunked_kda_prefill_on_the_tensor_cores():
+    # the chunk's seven f32 products; the masks, gates and casts around them address the fragments at their
+    # coordinates, so the child lowers (and the CPU gate's answers are the FMA kernel's: one semantics)
+    chunked = parse_program(get_problem("kda_prefill").kernel_text("kda_prefill_chunked.cake"))
+    out = apply("mma_sync", chunked, np.random.default_rng(0), None)
+    assert not isinstance(out, Refused), out.reason
+    assert out.text().count('atom="mma_sync"') == 7
+    low = lower(out, "chunked.cake")
+    assert low.ok, [d.message for d in low.diagnostics]
+    assert low.value.source.count("cake::mma_sync_tf32x3_rmem_smem<") == 7
+
+
+def test_mma_sync_leaves_an_operand_outside_smem_or_of_mixed_dtypes_alone():
+    mixed = _fp32_mma_seed().replace("b_s = smem(f32,", "b_s = smem(bf16,")
+    out = apply("mma_sync", parse_program(mixed, "m.cake"), np.random.default_rng(0), None)
+    assert isinstance(out, Refused) and "no fma mma multiplies two smem tiles of one dtype" in out.reason
 
 
 def test_mma_sync_leaves_a_one_row_accumulator_alone_and_takes_one_whose_rows_a_const_sets():
