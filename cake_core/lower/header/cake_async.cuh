@@ -463,6 +463,23 @@ __device__ __forceinline__ void topk_insert(float (&v)[KMAX], int (&ix)[KMAX], f
     if (x < v[0]) { v[0] = x; ix[0] = j; }
 }
 
+// topk_row_min<N, GUARD>(acc, w, h, q, beta, base, limit): the smallest score bias - beta * acc of this thread's
+// columns of fragment row h (columns base + b * 8 + q + e past limit left out when GUARD), branch-free.
+template <int N, bool GUARD, int SLOTS>
+__device__ __forceinline__ float topk_row_min(const float (&acc)[SLOTS], const float2 (&w)[N / 8], int h, int q,
+                                              float beta, int base, int limit) {
+    float m = __int_as_float(0x7f800000);
+#pragma unroll
+    for (int b = 0; b < N / 8; ++b) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const float v = fmaf(-beta, acc[b * 4 + h * 2 + e], e ? w[b].y : w[b].x);
+            m = (!GUARD || base + b * 8 + q + e < limit) ? fminf(m, v) : m;
+        }
+    }
+    return m;
+}
+
 // topk_bias_tile: per owned row h, a branch-free pass takes the minimum score of the row's N / 4
 // columns (an FMA and a min each); only when it beats the list's last entry (rare once the list has
 // filled) does a loop take the row's candidates in (value, index) order and insert them one by one,
@@ -492,15 +509,7 @@ __device__ __forceinline__ void topk_bias_tile(float (&tv)[2][KMAX], int (&ti)[2
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        float m = inf;
-#pragma unroll
-        for (int b = 0; b < N / 8; ++b) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const float v = fmaf(-beta, acc[b * 4 + h * 2 + e], e ? w[b].y : w[b].x);
-                m = (!GUARD || base + b * 8 + q + e < limit) ? fminf(m, v) : m;
-            }
-        }
+        const float m = topk_row_min<N, GUARD>(acc, w, h, q, beta, base, limit);
         if (__builtin_expect(!(m < fminf(bar[h], tv[h][KMAX - 1])), 1)) continue;
         float lo_v = -inf;
         int lo_j = -1;                                                  // the last candidate taken

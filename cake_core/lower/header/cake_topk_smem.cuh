@@ -45,15 +45,7 @@ __device__ __forceinline__ void topk_bias_smem_tile(float* lv, int* li, const fl
     for (int h = 0; h < 2; ++h) {
         float* v = lv + (row0 + 8 * h) * KMAX;
         int* ix = li + (row0 + 8 * h) * KMAX;
-        float m = inf;
-#pragma unroll
-        for (int b = 0; b < N / 8; ++b) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const float x = fmaf(-beta, acc[b * 4 + h * 2 + e], e ? w[b].y : w[b].x);
-                m = (!GUARD || base + b * 8 + q + e < limit) ? fminf(m, x) : m;
-            }
-        }
+        const float m = topk_row_min<N, GUARD>(acc, w, h, q, beta, base, limit);
         if (!__any_sync(0xffffffffu, m <= v[KMAX - 1])) continue;
         float bv;
         int bj;
