@@ -120,10 +120,12 @@ def test_a_mined_rule_pauses_the_review_is_approved_from_the_cli_and_used_by_the
     assert versions == [{"version": 1, "parent": 0}]
     assert (tmp_path / "harness" / "harness-v1.json").exists()
 
-    # a later cold run with the whole tactic table; seed 0, whose first generations try mma_sync on the seed
+    # a later cold run with the whole tactic table; seed 0, whose first generations try mma_sync on the seed (a warm
+    # run would fill its first generation with the hand-written kernels instead)
     from flows.evolve import evolve_flow
     second = evolve_flow(problem="knn_topk", shape_set="knn_topk_small", run_id="knn-2", generations=2,
-                         population=8, seed=0, warehouse_root=str(wh_root), cache_dir=str(services["home"] / "cache"))
+                         population=8, seed=0, cold=True, warehouse_root=str(wh_root),
+                         cache_dir=str(services["home"] / "cache"))
     assert second["harness_version"] == 1
     payloads = wh.query("select kind, payload from proposals_latest where status = 'approved'").to_pylist()
     rule_id = json.loads(payloads[0]["payload"])["id"]
