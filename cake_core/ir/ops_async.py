@@ -499,8 +499,8 @@ DECLS: tuple[OpDef, ...] = (
                   "owns the row; fill them in the role and role_sync before the loop.",
           example="topk_bias(top_v, top_i, acc, nrm_s[t % S], base=t * BN, limit=N)",
           preconditions=("dots is the role's wgmma accumulator (R, C), f32", "top_v (R, KMAX) f32 filled with "
-                         "inf, top_i (R, KMAX) i32, both rmem in the same role (KMAX <= 32) or both one-stage smem tiles "
-                         "(KMAX <= 128) filled in the role before a role_sync",
+                         "inf, top_i (R, KMAX) i32, both rmem in the same role (KMAX <= 32) or both one-stage "
+                         "smem tiles (KMAX <= 128) filled in the role before a role_sync",
                          "bias is an smem f32 slot of C elements", "wgmma_wait before it: dots complete")),
     OpDef(Op.TOPK_SHIFT, Family.EPILOGUE, (buf("top_v", _RW, _LISTS), slot("rows", _R)),
           topk_shift, CostClass.SIMT, ordering=Ordering.ASYNC,

@@ -159,6 +159,12 @@ def same_extent(ctx: Ctx, a: Sequence[Expr], b: Sequence[Expr]) -> bool:
     return True
 
 
+def stages_of(ctx: "Ctx", name: str) -> int:
+    """The ring depth a tile was allocated with (``stages=``; 1 when not given)."""
+    at = ctx.defined_at.get(name)
+    return at.attr("stages") if at is not None and "stages" in at.decl.attrs else 1
+
+
 def fmt_shape(ctx: Ctx, s: Sequence[Expr]) -> str:
     parts = []
     for d in s:

@@ -14,7 +14,8 @@ from typing import Iterable, Iterator
 from cake_core.ir.ops import Node, Op
 from cake_core.ir.types import DType, MemSpace
 from cake_core.ir.rules_wgmma import fragment_dtype_checks, fragment_state_checks
-from cake_core.ir.rule_ctx import Ctx, RuleSet, fmt_shape, view_extent
+from cake_core.ir.program import walk
+from cake_core.ir.rule_ctx import Ctx, RuleSet, fmt_shape, stages_of, view_extent
 from cake_core.outcome import Diagnostic
 
 RULESET = RuleSet()
@@ -93,10 +94,6 @@ def _topk_bias_shape(ctx: Ctx) -> Iterable[Diagnostic]:
                                hint=f"allocate the bias as smem(f32, ({cols},), stages=S)")
 
 
-def _contains(n: Node, target: Node) -> bool:
-    return n is target or any(_contains(c, target) for c in n.body)
-
-
 @rule("topk_bias.smem_init", "wgmma", "smem lists of topk_bias are filled in its role, then a role_sync, before the "
                                       "statement that runs it", guards=(Op.TOPK_BIAS,))
 def _topk_bias_smem_init(ctx: Ctx) -> Iterable[Diagnostic]:
@@ -108,7 +105,7 @@ def _topk_bias_smem_init(ctx: Ctx) -> Iterable[Diagnostic]:
         if role is None or not any((t := ctx.buffers.get(b)) is not None and t.space is MemSpace.SMEM for b in names):
             continue
         body = list(role.body)
-        at = next((i for i, m in enumerate(body) if _contains(m, n)), None)
+        at = next((i for i, m in enumerate(body) if any(w[0] is n for w in walk((m,)))), None)
         for b in names:
             fills = [i for i, m in enumerate(body[:at]) if m.op is Op.FILL and m.args and m.args[0] == b]
             if not fills:
@@ -181,11 +178,6 @@ def _topk_shift_operands(ctx: Ctx) -> Iterable[Diagnostic]:
                            hint=f"allocate it as smem(f32, ({want},)) and fill it with sqnorm_rows")
 
 
-def _stages(ctx: Ctx, name: str) -> int:
-    at = ctx.defined_at.get(name)
-    return at.attr("stages") if at is not None and "stages" in at.decl.attrs else 1
-
-
 def _pub_shape(ctx: Ctx, n: Node) -> tuple[list | None, list[str]]:
     """The static (R, KMAX) of pub_v / pub_i and what is wrong with them (dtypes, spaces, stages, shapes)."""
     bad, shapes = [], []
@@ -197,8 +189,8 @@ def _pub_shape(ctx: Ctx, n: Node) -> tuple[list | None, list[str]]:
             continue
         dims = [ctx.static(d) for d in t.shape]
         shapes.append(dims)
-        if t.dtype is not dt or len(dims) != 2 or _stages(ctx, b) != 1:
-            bad.append(f"{name} `{b}` is {t.dtype.value} {fmt_shape(ctx, t.shape)} with {_stages(ctx, b)} stages; "
+        if t.dtype is not dt or len(dims) != 2 or stages_of(ctx, b) != 1:
+            bad.append(f"{name} `{b}` is {t.dtype.value} {fmt_shape(ctx, t.shape)} with {stages_of(ctx, b)} stages; "
                        f"a one-stage {dt.value} (R, KMAX) tile is needed")
     if len(shapes) == 2 and shapes[0] != shapes[1]:
         bad.append(f"pub_v {tuple(shapes[0])} and pub_i {tuple(shapes[1])} differ")

@@ -12,7 +12,7 @@ from typing import Any, Iterable, Iterator
 from cake_core.ir.opdef import Completion, Family
 from cake_core.ir.ops import REGISTRY, Node, Op
 from cake_core.ir.registry import ops_of
-from cake_core.ir.rule_ctx import Ctx, RuleSet, fmt_shape, layouts
+from cake_core.ir.rule_ctx import Ctx, RuleSet, fmt_shape, layouts, stages_of
 from cake_core.ir.types import DType, MemSpace
 from cake_core.outcome import Diagnostic
 
@@ -276,8 +276,7 @@ def fragment_state_checks(ctx: Ctx, op: Op, rule_id: str, state: tuple[str, str]
         for name in state:
             b = n.arg(name)
             t, at = ctx.buffers.get(b), ctx.defined_at.get(b)
-            if smem_state and t is not None and t.space is MemSpace.SMEM and at is not None and \
-                    ("stages" not in at.decl.attrs or at.attr("stages") == 1):
+            if smem_state and t is not None and t.space is MemSpace.SMEM and stages_of(ctx, b) == 1:
                 continue
             if t is not None and (t.space is not MemSpace.RMEM or at is None or ctx.role_of.get(id(at)) is not role):
                 yield ctx.diag(rule_id, n, f"{name} `{b}` must be an rmem tile allocated in the same role "

@@ -10,8 +10,8 @@ load, store, sync, mma (``atom="fma"`` and ``atom="mma_sync"``), and the mma_syn
 - ``mma``, one variant per atom: ``fma`` (fp32 FMAs over the CTA-distributed acc) and ``mma_sync`` (tensor cores:
   ``mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}``, operands from smem through ``ldmatrix`` /
   ``ldmatrix.trans``; f32 operands as three ``m16n8k8`` tf32 products an atom, the 3xTF32 split that keeps
-  fp32's accuracy, read with plain smem loads). ``atom="wgmma"`` on ``mma`` is not lowered (``lower.unsupported_atom``): use the ``wgmma``
-  op (lower_wgmma).
+  fp32's accuracy, read with plain smem loads). ``atom="wgmma"`` on ``mma`` is not lowered
+  (``lower.unsupported_atom``): use the ``wgmma`` op (lower_wgmma).
 - The mma_sync accumulator layout. An rmem tile that ``mma(..., atom="mma_sync")`` accumulates into is held in
   the mma.sync fragment layout, not in the IR's default distribution (element e in thread e % threads): the
   CTA's warps form a WM x WN grid (warp w at (w // WN, w % WN)), each owns an (M/WM) x (N/WN) block of m16n8

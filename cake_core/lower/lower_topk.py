@@ -57,11 +57,11 @@ def stores_topk_list(n: Node, ctx: Ctx) -> bool:
 
 def _smem_list(ctx: Ctx, name: str) -> Buf | None:
     """The smem tile ``name`` when a topk_bias keeps its list there, else None."""
-    for scope in reversed(ctx.scopes):
-        if name in scope:
-            b = scope[name]
-            return b if b.type.space is MemSpace.SMEM else None
-    return None
+    try:
+        b = ctx.buf(name, (MemSpace.SMEM, MemSpace.RMEM), "topk_bias list")
+    except LowerError:
+        return None
+    return b if b.type.space is MemSpace.SMEM else None
 
 
 def _smem_lists(ctx: Ctx, tv: str, ti: str, count: int) -> tuple[Buf, Buf, int] | None:

@@ -1,6 +1,6 @@
 """Which elements of an elementwise op each thread touches: the loops of fill, cast, unary, ewise, select, iota.
 
-One of three maps, chosen by where the op runs and which tiles it names (:func:`thread_map`):
+One of these maps, chosen by where the op runs and which tiles it names (:func:`thread_map`):
 
 - ``cta``, outside roles: element e = s * THREADS + threadIdx.x, slot s of an rmem tile (the IR's default
   distribution, ``lower_tile``) and element e of an smem tile;
@@ -106,12 +106,7 @@ def thread_map(ctx: Ctx, n: Node, dst: Buf, tiles: list[Buf]) -> ThreadMap:
         frag = [b for b in tiles if b.type.space is MemSpace.RMEM and b.layout is not None]
         if not frag:
             return ThreadMap("cta", 0, ctx.threads, numel, cols)
-        f = frag[0]
-        for b in tiles:
-            if b.type.space is MemSpace.RMEM and (b.layout != f.layout or b.shape != f.shape):
-                raise LowerError("lower.acc_layout", f"`{n.op.value}` mixes mma_sync fragment `{f.name}` {f.shape} "
-                                                     f"with rmem tile `{b.name}` {b.shape} laid out otherwise",
-                                 "give every rmem operand the fragment's shape, or go through smem")
+        f = frag[0]      # every rmem operand shares its layout and shape: lower_tile.layout_guard ran first
         if tuple(dst.shape) != tuple(f.shape) or len(f.shape) != 2:
             raise LowerError("lower.acc_layout", f"`{n.op.value}` writes `{dst.name}` {dst.shape} from mma_sync "
                                                  f"fragment `{f.name}` {f.shape}: its elements would move between "
