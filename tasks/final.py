@@ -11,8 +11,10 @@
   so the run's best is always shown beside them. They are never attempts and never parents.
 - sweep: the run's finalists (each searched shape's winner and the run's best) on the sweep rows, measured (or
   checked) and stored apart (kind ``sweep``): a portfolio region's run measures what it found on the portfolio's
-  other rows, so every row gets kernels measured on it; nothing chose them by these rows. On a GPU the problem's
-  peers are timed there too (role ``sweep``), on the rows no run of the problem timed them on yet on that GPU
+  other rows, so every row gets kernels measured on it; nothing chose them by these rows. A row whose best-scored
+  holder (the run's fastest kernel whose domain holds it) is no finalist gets that kernel measured there too
+  (``pipeline.stand_ins``), so a finalist's narrow domain does not leave the row to a slow kernel. On a GPU the
+  problem's peers are timed there too (role ``sweep``), on the rows no run of the problem timed them on yet on that GPU
   model, so each row of a portfolio gets its peer figure once, whichever region comes to it first.
 - dispatch: per searched shape, the kernel to dispatch on (a GPU run's ``shape_best``).
 
@@ -33,10 +35,12 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from cake_core.agents.base import Candidate
+from cake_core.ir.text import IRSyntaxError, parse_program
 from cake_core.pipeline.attempt import Attempt
 from cake_core.pipeline.policy import (BASELINE_SEED, CONFIRM_ROUNDS, CONFIRM_SEED, CPU_TIMEOUT_S, HELD_OUT_SEED,
                                        SWEEP_SEED, unconfirmed)
 from cake_core.pipeline.rows import baseline_rows, check_row, dispatch_rows, measurement_rows, stage_time_row
+from cake_core.pipeline.stand_ins import stand_ins
 from cake_core.pipeline.verdicts import ShapeVerdict, as_kind, fault
 from cake_core.problems import get_problem
 from cake_core.problems.base import shape_key
@@ -45,7 +49,7 @@ from tasks.run import Run
 from tasks.stages import build, on_cpu, on_gpu
 from tasks.workers import Fault
 from warehouse import Warehouse
-from warehouse.queries import final_recorded, run_best, shape_best
+from warehouse.queries import final_recorded, ranked_kernels, run_best, shape_best
 
 
 def _kernel(run: Run, row: dict[str, Any]) -> Attempt:
@@ -115,8 +119,29 @@ def _sweep(run: Run, done: set[str]) -> int:
                              + ([best["attempt_id"]] if best else [])))
     rows = _attempt_rows(run, [i for i in ids if i not in done])
     seed = run.plan.seed + SWEEP_SEED
-    return _apart(run, [_kernel(run, r) for r in rows.values()], run.sweep, seed, "sweep",
-                  lambda built: on_gpu(run, built, run.sweep, seed, drop_failed=False, kind="sweep"))
+    n = _apart(run, [_kernel(run, r) for r in rows.values()], run.sweep, seed, "sweep",
+               lambda built: on_gpu(run, built, run.sweep, seed, drop_failed=False, kind="sweep"))
+    return n + _sweep_stand_ins(run, set(ids), done, seed)
+
+
+def _sweep_stand_ins(run: Run, finalists: set[str], done: set[str], seed: int) -> int:
+    """Per sweep row, the run's best-scored kernel whose domain holds it, measured there (kind ``sweep``) where it
+    is not a finalist (``pipeline.stand_ins``): a row the finalists' domains leave to a slow kernel gets the run's
+    fastest one that serves it."""
+    ranked = []
+    for r in ranked_kernels(run.warehouse_root, run.plan.run_id):
+        try:
+            ranked.append((r["attempt_id"], parse_program(r["ir_text"])))
+        except IRSyntaxError:
+            continue            # a text of an older grammar: it stands in nowhere
+    picks = {aid: shapes for aid, shapes in stand_ins(ranked, finalists, run.sweep).items() if aid not in done}
+    kernels = _attempt_rows(run, list(picks))
+    n = 0
+    for aid, row in kernels.items():
+        shapes = picks[aid]
+        n += _apart(run, [_kernel(run, row)], shapes, seed, "sweep",
+                    lambda built, shapes=shapes: on_gpu(run, built, shapes, seed, drop_failed=False, kind="sweep"))
+    return n
 
 
 def _attempt_rows(run: Run, ids: list[str]) -> dict[str, dict[str, Any]]:

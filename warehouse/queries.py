@@ -167,6 +167,15 @@ def run_best(where: Warehouse | str | Path, run_id: str, through: int | None = N
     return rows[0] if rows else None
 
 
+def ranked_kernels(where: Warehouse | str | Path, run_id: str) -> Rows:
+    """The run's kernels measured correct on every searched shape (``kernel_scores``, basis measured), best score
+    first, with their IR text: attempt_id, score_ms, ir_text."""
+    return _wh(where).query("""
+        select k.attempt_id, k.score_ms, a.ir_text from kernel_scores k join attempts a using (attempt_id)
+        where k.run_id = ? and k.basis = 'measured' and a.ir_text is not null
+        order by k.score_ms, k.generation, k.slot, k.ir_hash""", [run_id]).to_pylist()
+
+
 def shape_best(where: Warehouse | str | Path, run_id: str) -> Rows:
     """Per searched shape of the run, the kernel to dispatch on (``shape_best``), by shape."""
     return _wh(where).query("select * from shape_best where run_id = ? order by shape", [run_id]).to_pylist()

@@ -325,6 +325,27 @@ def test_the_finalists_are_swept_over_the_sweep_rows_once(tmp_path):
     assert checks == {(a, "sweep"): 2, (b, "sweep"): 2}
 
 
+def test_a_sweep_row_no_finalist_holds_gets_the_runs_best_scored_kernel_that_holds_it(tmp_path):
+    """B (unguarded: M a multiple of 64, K of 32) wins both searched shapes, so it is the one finalist; A (guarded,
+    slower) is measured on the sweep rows B's domain leaves out, and only there."""
+    root = tmp_path / "warehouse"
+    inside = {"M": 64, "N": 64, "K": 64}
+    a = _searched(root, 0, SEED_TEXT, {shape_key(S1): 2.0, shape_key(S2): 2.0})
+    b = _searched(root, 1, UNGUARDED, {shape_key(S1): 1.0, shape_key(S2): 1.0})
+    job = _job(root, 0)
+    job.sweep = [*SWEPT, inside]
+    _ended(job)
+    swept = Counter((r["attempt_id"], r["shape"]) for r in Warehouse(root).query(
+        "select attempt_id, shape from measurements where kind = 'sweep' and correct").to_pylist())
+    assert {k for k in swept if k[0] == a} == {(a, shape_key(s)) for s in SWEPT}
+    assert (a, shape_key(inside)) not in swept and (b, shape_key(inside)) in swept
+    # a later job finds both swept: nothing is measured again
+    later = _job(root, 1)
+    later.sweep = job.sweep
+    _ended(later)
+    assert [x for x in later.gpu.ran if x[0] == RUN_SEED + SWEEP_SEED] == []
+
+
 def test_the_peers_are_timed_on_each_sweep_row_once_across_the_runs_of_the_problem(tmp_path):
     """A portfolio region's run times the problem's peers on its sweep rows (role `sweep`) so every row has the peer
     figure its report compares with; a later job, or another region's run of the same problem sweeping the same
