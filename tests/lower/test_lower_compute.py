@@ -100,7 +100,7 @@ def test_compute_ops_on_the_gpu_match_the_interpreter(tmp_path, monkeypatch):
     cp = pytest.importorskip("cupy")
 
     from cake_core.ir import interp
-    from cake_core.problems.base import Problem
+    from cake_core.problems.base import Problem, data, output
     from cake_core.runtime import gpu
     if gpu.gpu_model() is None:
         pytest.skip("no usable NVIDIA GPU here")
@@ -116,7 +116,7 @@ def test_compute_ops_on_the_gpu_match_the_interpreter(tmp_path, monkeypatch):
         got = interp.run(prog, shape, {"x": host}, o)
         return {k: cp.asarray(v) if isinstance(dev, cp.ndarray) else v for k, v in got.items()}
 
-    prob = Problem("diff", "differential", ("N", "C"), ("x",), outs,
+    prob = Problem("diff", "differential", ("N", "C"), (data("x", "f32"), *(output(n, "f32") for n in outs)),
                    lambda s, rng: {"x": (3 * rng.normal((s["N"], s["C"]))).astype(np.float32)},
                    oracle, 1e-5, lambda s: 1.0, lambda s: 1.0, "", zeroed_outputs=("o_acc",))
     monkeypatch.setattr(gpu, "_poison", lambda buf, dtype: buf.fill(0))

@@ -132,7 +132,7 @@ def test_the_smem_privatised_kmeans_update_is_correct_on_ragged_and_headline_sha
     # stores when one CTA owns a (batch, D-slice) and atomic merges when points are split across CTAs
     from cake_core.runtime.gpu import check_and_time
     upd = get_problem("kmeans_update")
-    text = (Path(__file__).resolve().parents[2] / "cake_core" / "problems" / "seeds" / "kmeans_update_smem.cake").read_text()
+    text = upd.kernel_text("kmeans_update_smem.cake")
     compiled, lowered = _build(text, tmp_path)
     small = list(upd.shape_set("kmeans_update_small").shapes)
     odd = [{"B": 1, "N": 5000, "K": 1500, "D": 72},       # K > KMAX: the global-atomic branch
@@ -162,7 +162,7 @@ def _gate_kmeans_update_seed(name: str, tmp_path, extra: list[dict], seed: int) 
     the large set (correctness only)."""
     from cake_core.runtime.gpu import check_and_time
     upd = get_problem("kmeans_update")
-    text = (Path(__file__).resolve().parents[2] / "cake_core" / "problems" / "seeds" / name).read_text()
+    text = upd.kernel_text(name)
     compiled, lowered = _build(text, tmp_path)
     shapes = list(upd.shape_set("kmeans_update_small").shapes) + [
         {"B": 1, "N": 5000, "K": 1500, "D": 72}, {"B": 40, "N": 3001, "K": 1024, "D": 128},

@@ -59,4 +59,7 @@ def test_elementwise_ops_on_mma_sync_fragments_match_the_interpreter(tmp_path):
     shape = {"M": 100, "N": 72, "K": 40}
     inputs = {"a": rng.standard_normal((100, 40)).astype(np.float32),
               "b": rng.standard_normal((40, 72)).astype(np.float32)}
-    _agree(text, shape, inputs, tmp_path)
+    # atol: the products are three tf32 products an atom (about 2^-21 relative each); the row factor (up to 64)
+    # and the doubling scale a cancelling sum of 40 of them to errors near 2e-4 on this draw (the H100 run of
+    # 2026-12-08); an element at the wrong (row, column) is off by ~1 or more
+    _agree(text, shape, inputs, tmp_path, atol=2e-3)
