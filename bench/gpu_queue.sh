@@ -11,18 +11,31 @@
 # 2. gpu-runtime: the runtime tests the 2026-12-08 call did not reach (grouped GEMM to window offsets; the peers'
 #    tests, which build fla's and flash-kmeans' Triton kernels, are left to a call of their own:
 #    GPU_TESTS=tests/runtime/test_peers.py bash bench/gpu.sh tests -q).
-# Each part writes its pytest log and junit XML under $OUT/NAME/; they come back in $OUT/queue.tgz (a call brings
-# back 8 files at most).
+# 3. knn-unaligned-m64: knn_search_split_unaligned_m64 (the cp.async split kernel on 64-query tiles: twice the CTAs
+#    where Q <= 128) beside knn_search_split_unaligned and torch at odd-D portfolio rows; predicted about 1.9x
+#    faster than the 128-query kernel at Q <= 128 (0.948 ms at Q = 128, M = 65536, D = 1 on 2026-12-08: about
+#    0.5 ms), no change at Q = 2048.
+# Each part writes its pytest log and junit XML (or its corpus table) under $OUT/NAME/; they come back in
+# $OUT/queue.tgz (a call brings back 8 files at most).
 set -uo pipefail
 source "$(dirname "$0")/gpu_parts.sh"
 R=tests/runtime
-part gpu-stale 200 env OUT="$OUT/gpu_stale" GPU_TESTS="$R/test_gpu_refs.py $R/test_gpu.py tests/lower/test_lower_compute.py \
-    tests/problems/test_problems.py $R/test_mma_tf32_gpu.py" bash bench/gpu.sh tests -q
-part gpu-runtime 340 env OUT="$OUT/gpu_runtime" GPU_TESTS="$R/test_grouped_gemm_gpu.py $R/test_isolation.py \
+part gpu-stale 200 env OUT="$OUT/gpu_stale" GPU_TESTS="$R/test_gpu_refs.py $R/test_gpu.py \
+    tests/lower/test_lower_compute.py tests/problems/test_problems.py $R/test_mma_tf32_gpu.py" bash bench/gpu.sh tests -q
+part gpu-runtime 290 env OUT="$OUT/gpu_runtime" GPU_TESTS="$R/test_grouped_gemm_gpu.py $R/test_isolation.py \
     $R/test_kmeans_ws.py $R/test_knn_smem_lists.py $R/test_knn_split.py $R/test_knn_ws.py $R/test_mha_ws_gpu.py \
     $R/test_mma_gpu.py $R/test_reduce_rmem_gpu.py $R/test_role_compute_gpu.py $R/test_scalar_gpu.py \
     $R/test_tinygemm_cluster_gpu.py $R/test_tinygemm_gpu.py $R/test_tma.py $R/test_token_permute_gpu.py \
-    $R/test_trisolve_gpu.py $R/test_wgmma_a_major_gpu.py $R/test_window_offsets_gpu.py" bash bench/gpu.sh tests -q
-tar -czf "$OUT/queue.tgz" -C "$OUT" $(cd "$OUT" && ls -d gpu_stale gpu_runtime 2>/dev/null)
+    $R/test_trisolve_gpu.py $R/test_wgmma_a_major_gpu.py $R/test_window_offsets_gpu.py" \
+    bash bench/gpu.sh tests -q
+K=cake_core/problems/knn_search/kernels
+odd_d='B=1,Q=128,M=65536,D=1,k=10,S=2;B=1,Q=64,M=65536,D=1,k=10,S=2;B=1,Q=128,M=65536,D=63,k=10,S=2;'
+odd_d+='B=2,Q=64,M=65536,D=129,k=10,S=2;B=1,Q=2048,M=2048,D=3,k=10,S=1'
+part knn-unaligned-m64 60 env OUT="$OUT/knn_m64" bash bench/gpu.sh corpus --problems knn_search --no-seed --no-best \
+    --peers torch --program $K/knn_search_split_unaligned.cake --program $K/knn_search_split_unaligned_m64.cake \
+    --shapes "$odd_d" \
+    --reps 10
+tar -czf "$OUT/queue.tgz" -C "$OUT" $(cd "$OUT" && ls -d gpu_stale gpu_runtime knn_m64 2>/dev/null)
+[ -f "$OUT/knn_m64/corpus_vs_peers.md" ] && { echo; echo "== knn_m64"; grep "^| knn_search" "$OUT/knn_m64/corpus_vs_peers.md"; }
 for p in gpu-stale gpu-runtime; do echo; echo "== $p"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/$p.log" | tail -12; done
 table "gpu queue"

@@ -207,10 +207,12 @@ PROBLEM = Problem(
     # query tile; where Q is small and M large, the database split over a cluster of 8 CTAs whose lists are
     # merged through distributed shared memory (topk_publish, topk_cluster_merge), on 128- or 64-query tiles;
     # past D = 512, the query tile streamed beside the database chunks (its norms summed on the first tile); rows
-    # TMA cannot describe (D % 8 != 0), the same fed by cp.async (16/8/4-byte chunks, element by element below);
+    # TMA cannot describe (D % 8 != 0), the same fed by cp.async (16/8/4-byte chunks, element by element below),
+    # on 128- or 64-query tiles (the 64-query one: twice the CTAs where Q <= 128);
     # k up to 64 or 128, the split cp.async kernel on 64-query tiles with each row's list in shared memory.
     best_files=("knn_search_ws_deep.cake", "knn_search_ws_deep_k32.cake", "knn_search_split.cake",
                 "knn_search_split_m64.cake", "knn_search_split_stream.cake", "knn_search_split_unaligned.cake",
+                "knn_search_split_unaligned_m64.cake",
                 "knn_search_split_k64.cake", "knn_search_split_k128.cake"),
     shape_sets=("knn_search_small", "knn_build_portfolio", "knn_search_portfolio"),
     compare_fn=_compare,
