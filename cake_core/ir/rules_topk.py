@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Iterable, Iterator
 
+from cake_core.ir.opdef import buffer_name
 from cake_core.ir.ops import Node, Op
 from cake_core.ir.types import DType, MemSpace
 from cake_core.ir.rules_wgmma import fragment_dtype_checks, fragment_state_checks
@@ -118,6 +119,31 @@ def _topk_bias_smem_init(ctx: Ctx) -> Iterable[Diagnostic]:
                                                          "a row's quad may read entries another warp has not "
                                                          "written yet", path=path,
                                hint="put role_sync() after the fills, before the loop")
+
+
+# the ops that may name an smem list of topk_bias: its header keeps each row's pairs in an order of its own
+# (cake_topk_smem.cuh, list_slot), which fill and topk_shift do not depend on and topk_publish undoes
+LIST_OPS = (Op.FILL, Op.TOPK_BIAS, Op.TOPK_SHIFT, Op.TOPK_PUBLISH)
+
+
+@rule("topk_bias.smem_private", "wgmma", "an smem list of topk_bias is named only by fill, topk_bias, topk_shift and "
+                                         "topk_publish", guards=(Op.TOPK_BIAS,))
+def _topk_bias_smem_private(ctx: Ctx) -> Iterable[Diagnostic]:
+    """The lowering places each row's pairs by a swizzle of its own (a row's 4 lanes on 4 banks of their own), so an
+    op that read or wrote a list by position would see its pairs out of order on the GPU, though the interpreter,
+    which keeps them in order, agrees with it: such an op is refused, not miscompiled."""
+    lists = {b for n, _ in _nodes(ctx, Op.TOPK_BIAS) for b in (n.arg("top_v"), n.arg("top_i"))
+             if (t := ctx.buffers.get(b)) is not None and t.space is MemSpace.SMEM}
+    for n, path, _ in ctx.nodes:
+        if n.op in LIST_OPS or not lists:
+            continue
+        for o, a in zip(n.decl.operands, n.args):
+            name = buffer_name(a) if o.kind in ("buf", "view", "slot") else None
+            if name in lists:
+                yield ctx.diag("topk_bias.smem_private", n, f"`{n.op.value}` names `{name}`, an smem list of "
+                                                           "topk_bias, whose pairs are laid out for topk_bias alone",
+                               path=path, hint="leave the lists to topk_shift and topk_publish (topk_cluster_merge "
+                                               "then writes each row out in order), or keep them in registers")
 
 
 @rule("topk_bias.dtype", "wgmma", "topk_bias keeps f32 values and i32 indices and reads an f32 bias",

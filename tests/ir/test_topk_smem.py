@@ -1,7 +1,8 @@
 """topk_bias over lists kept in shared memory (KMAX up to 128, where register lists stop at 32): the rules that
 accept them and refuse the mistakes (rmem lists past 32, smem lists past 128, ringed tiles, mixed spaces, a
-missing fill or role_sync), and the interpreter against the oracle with k near KMAX. The lowering and nvcc are
-tests/lower/test_lower_topk_smem.py; the GPU gate of the four kernels is tests/runtime/test_knn_smem_lists.py."""
+missing fill or role_sync, an op that would read a list by position), and the interpreter against the oracle with
+k near KMAX. The lowering and nvcc are tests/lower/test_lower_topk_smem.py; the GPU gate of the four kernels is
+tests/runtime/test_knn_smem_lists.py."""
 from __future__ import annotations
 
 import pytest
@@ -62,6 +63,19 @@ def test_smem_lists_need_their_fill_and_a_role_sync_before_the_loop():
     assert errs == [("topk_bias.smem_init", "smem list `top_i` is not filled in this role before topk_bias")], errs
     # the protocol checker sees it too: the lists are read before anything wrote them
     assert any(r == "protocol.read_before_ready" for r, _ in _errors(no_fill))
+
+
+def test_an_op_that_reads_an_smem_list_by_position_is_refused():
+    # the lowering swizzles each row's pairs (cake_topk_smem.cuh, list_slot): a store of the list would write them
+    # out of order on the GPU while the interpreter, which keeps them in order, passed it
+    stored = _plant("        topk_publish(pub_v, pub_i, top_v, top_i)\n",
+                    "        topk_publish(pub_v, pub_i, top_v, top_i)\n"
+                    "        store(dists[bid.z, tile(bid.x, BM), tile(0, KMAX)], top_v)\n")
+    errs = [(r, m) for r, m in _errors(stored) if r == "topk_bias.smem_private"]
+    assert errs == [("topk_bias.smem_private", "`store` names `top_v`, an smem list of topk_bias, whose pairs are "
+                                               "laid out for topk_bias alone")], _errors(stored)
+    # fill, topk_shift and topk_publish name them in every smem-list kernel, which pass (above)
+    assert "topk_bias.smem_private" not in {r for r, _ in _errors(K64)}
 
 
 @pytest.mark.parametrize("file,problem,shapes", [

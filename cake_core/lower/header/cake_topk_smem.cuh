@@ -5,13 +5,25 @@
 namespace cake {
 
 // ----------------------------------------------------------------- topk_bias over smem lists (KMAX up to 128)
-// One sorted list of KMAX (value, index) pairs per fragment row, row-major in a (rows, KMAX) smem tile, instead
-// of 4 per-thread register lists a row (which cannot hold more than 32 without spilling). A row belongs to one
-// 4-lane quad, and its 4 lanes insert together: each lane holds its own smallest candidate not yet taken, the
-// quad takes the smallest of the 4 (2 shuffles) while it beats the list's last pair, counts the pairs before it
-// (a quarter of the list a lane, 2 shuffles) and shifts the larger ones up one, top down, 16 pairs a step (4 a
-// lane: all read, then all written, between __syncwarp's of the quad's lanes). A warp whose 16 rows have no
-// candidate (the common case once the lists have filled) skips all of it after one vote.
+// One sorted list of KMAX (value, index) pairs per fragment row, a row of a (rows, KMAX) smem tile (its pairs
+// placed by list_slot, below), instead of 4 per-thread register lists a row (which cannot hold more than 32
+// without spilling). A row belongs to one 4-lane quad, and its 4 lanes insert together: each lane holds its own
+// smallest candidate not yet taken, the quad takes the smallest of the 4 (2 shuffles) while it beats the list's
+// last pair, counts the pairs before it (a quarter of the list a lane, 2 shuffles) and shifts the larger ones up
+// one, top down, 16 pairs a step (4 a lane: all read, then all written, between __syncwarp's of the quad's
+// lanes). A warp whose 16 rows have no candidate (the common case once the lists have filled) skips all of it
+// after one vote.
+//
+// list_slot<KMAX>(row, p): where pair p of a row's list lives in the row. The 8 quads of a warp own 8 consecutive
+// rows and a quad's 4 lanes read 4 consecutive pairs, so with rows KMAX floats apart (KMAX a multiple of 32) all
+// 8 quads would read the same 4 banks: an 8-way conflict on every read of the threshold, the rank count and the
+// shift. Bits 2-4 of p XORed with the row's low 3 bits put each row's 4 pairs on 4 banks of its own (a bijection
+// of each 32-pair block). Only this header reads the lists by position (topk_bias.smem_private: fill and
+// topk_shift treat every pair alike; copy_smem_topk publishes them in order).
+template <int KMAX>
+__host__ __device__ __forceinline__ int list_slot(int row, int p) {
+    return KMAX % 32 == 0 ? p ^ ((row & 7) << 2) : p;
+}
 
 // topk_next<N, GUARD>(acc, w, h, q, beta, base, limit, lo_v, lo_j, bv, bj): this lane's smallest (score, index) of
 // row h after (lo_v, lo_j), columns base + b * 8 + q + e; (inf, INT_MAX) when none is left.
@@ -45,8 +57,9 @@ __device__ __forceinline__ void topk_bias_smem_tile(float* lv, int* li, const fl
     for (int h = 0; h < 2; ++h) {
         float* v = lv + (row0 + 8 * h) * KMAX;
         int* ix = li + (row0 + 8 * h) * KMAX;
+        const int last = list_slot<KMAX>(row0, KMAX - 1);                 // rows row0 and row0 + 8: one swizzle
         const float m = topk_row_min<N, GUARD>(acc, w, h, q, beta, base, limit);
-        if (!__any_sync(0xffffffffu, m <= v[KMAX - 1])) continue;
+        if (!__any_sync(0xffffffffu, m <= v[last])) continue;
         float bv;
         int bj;
         topk_next<N, GUARD>(acc, w, h, q, beta, base, limit, -inf, -1, bv, bj);
@@ -60,12 +73,15 @@ __device__ __forceinline__ void topk_bias_smem_tile(float* lv, int* li, const fl
                 const int oj = __shfl_xor_sync(quad, cj, s);
                 if (ov < cv || (ov == cv && oj < cj)) { cv = ov; cj = oj; }
             }
-            const float wv = v[KMAX - 1];
-            const int wi = ix[KMAX - 1];
+            const float wv = v[last];
+            const int wi = ix[last];
             if (!(cv < wv || (cv == wv && cj < wi))) break;
             int pos = 0;                                                // the pairs before (cv, cj)
 #pragma unroll
-            for (int p = l4; p < KMAX; p += 4) pos += (v[p] < cv || (v[p] == cv && ix[p] < cj)) ? 1 : 0;
+            for (int p = l4; p < KMAX; p += 4) {
+                const int s = list_slot<KMAX>(row0, p);
+                pos += (v[s] < cv || (v[s] == cv && ix[s] < cj)) ? 1 : 0;
+            }
             pos += __shfl_xor_sync(quad, pos, 1);
             pos += __shfl_xor_sync(quad, pos, 2);
 #pragma unroll 1
@@ -75,17 +91,29 @@ __device__ __forceinline__ void topk_bias_smem_tile(float* lv, int* li, const fl
 #pragma unroll
                 for (int u = 0; u < 4; ++u) {
                     const int p = top - (u * 4 + l4);
-                    if (p > pos) { tv[u] = v[p - 1]; ti[u] = ix[p - 1]; }
+                    if (p > pos) {
+                        const int s = list_slot<KMAX>(row0, p - 1);
+                        tv[u] = v[s];
+                        ti[u] = ix[s];
+                    }
                 }
                 __syncwarp(quad);
 #pragma unroll
                 for (int u = 0; u < 4; ++u) {
                     const int p = top - (u * 4 + l4);
-                    if (p > pos) { v[p] = tv[u]; ix[p] = ti[u]; }
+                    if (p > pos) {
+                        const int s = list_slot<KMAX>(row0, p);
+                        v[s] = tv[u];
+                        ix[s] = ti[u];
+                    }
                 }
                 __syncwarp(quad);
             }
-            if (l4 == 0) { v[pos] = cv; ix[pos] = cj; }
+            if (l4 == 0) {
+                const int s = list_slot<KMAX>(row0, pos);
+                v[s] = cv;
+                ix[s] = cj;
+            }
             __syncwarp(quad);
             if (bv == cv && bj == cj) topk_next<N, GUARD>(acc, w, h, q, beta, base, limit, cv, cj, bv, bj);
         }
@@ -129,8 +157,8 @@ __device__ __forceinline__ void copy_smem_topk(float* pv, int* pi, const float* 
     for (int h = 0; h < 2; ++h) {
         const int r = row0 + 8 * h;
         for (int p = lane % 4; p < KMAX; p += 4) {
-            pv[r * KMAX + p] = lv[r * KMAX + p];
-            pi[r * KMAX + p] = li[r * KMAX + p];
+            pv[r * KMAX + p] = lv[r * KMAX + list_slot<KMAX>(r, p)];
+            pi[r * KMAX + p] = li[r * KMAX + list_slot<KMAX>(r, p)];
         }
     }
 }
