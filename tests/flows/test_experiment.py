@@ -25,6 +25,7 @@ def test_both_arms_run_in_blocks_the_evolving_one_under_what_its_review_approved
     from cake_cli.experiment_cli import run_experiment
     out = tmp_path / "fve"
     share_compile_cache(out)                                  # the session's cubins, not the experiment's own
+    share_compile_cache(out / f"evolving-s{SEED}")            # its reviews' corpus gate store: the session's
     kw = dict(problem="kmeans_assign", out_dir=str(out), seeds=[SEED], shape_set="kmeans_assign_small", population=8,
               block=2, budget_candidates=24, approve="gate-passing")
     said: list[str] = []
