@@ -70,6 +70,27 @@ def compile_cache(tmp_path_factory) -> Path:
     return _session_dir(tmp_path_factory, "cubin-cache")
 
 
+@pytest.fixture(scope="session")
+def corpus_gate_store(compile_cache) -> Path:
+    """The corpus gate's store in the session's cache folder (``compile_cache/gate``) holding the replay of every
+    kernel file of the corpus under the built-in harness: made once a session by whichever worker asks first,
+    under a lock (the others wait, then read it rather than replay the corpus beside it). Also this process's
+    ``tasks.harness.GATE_CACHE`` store, as a review of a home whose ``cache/`` is the session's makes it."""
+    from cake_core.harness.gate import corpus, replay
+    from cake_core.harness.gate_store import GateStore, code_fingerprint
+    from cake_core.harness.version import HarnessSpec
+    from tasks.harness import GATE_CACHE
+
+    store = compile_cache / "gate"
+    GATE_CACHE.store = GateStore(store)
+    with _locked(compile_cache / "gate.lock"):
+        done = store / f"replayed-{code_fingerprint()}"
+        if not done.exists():
+            replay(corpus(), HarnessSpec(), HarnessSpec(), GATE_CACHE)
+            done.touch()
+    return store
+
+
 @pytest.fixture
 def share_compile_cache(compile_cache):
     """A function that points a Cake home's ``cache/`` at the session's compile cache (before its first use)."""

@@ -195,7 +195,8 @@ def test_cake_report_is_published_on_the_run_and_shows_its_figures(evolved, serv
 
 
 def test_a_paused_proposal_shows_its_evidence_and_the_form_records_the_decision(services, page, tmp_path,
-                                                                              share_compile_cache):
+                                                                              share_compile_cache,
+                                                                              corpus_gate_store):
     from harness_runs import replay_measurements
     from flows.harness import decide_proposal, harness_review_flow
 

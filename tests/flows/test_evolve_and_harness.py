@@ -74,7 +74,7 @@ def _pending(wh, flow: threading.Thread, timeout_s=240, seen=()):
 
 
 def test_a_mined_rule_pauses_the_review_is_approved_from_the_cli_and_used_by_the_next_run(
-        services, mined_warehouse, tmp_path, share_compile_cache):
+        services, mined_warehouse, tmp_path, share_compile_cache, corpus_gate_store):
     from flows.harness import harness_review_flow
 
     wh_root = tmp_path / "warehouse"
@@ -136,8 +136,8 @@ def test_a_mined_rule_pauses_the_review_is_approved_from_the_cli_and_used_by_the
 
 
 @pytest.mark.parametrize("policy, decision", [("approve-gated", "approved"), ("record-only", "pending")])
-def test_a_named_policy_decides_without_a_person(services, mined_warehouse, tmp_path, share_compile_cache, policy,
-                                                decision):
+def test_a_named_policy_decides_without_a_person(services, mined_warehouse, tmp_path, share_compile_cache,
+                                                corpus_gate_store, policy, decision):
     from flows.harness import harness_review_flow
 
     wh_root = tmp_path / "warehouse"

@@ -16,7 +16,8 @@ SEED = 1
 
 @pytest.mark.services
 def test_both_arms_run_in_blocks_the_evolving_one_under_what_its_review_approved(services, tmp_path,
-                                                                                 share_compile_cache):
+                                                                                 share_compile_cache,
+                                                                                 corpus_gate_store):
     """kmeans_assign, seed SEED, generations of 8 in blocks of two (a budget of 24 candidates: a block of two
     generations, then one of one): within its first block the agent's mma_sync children fail to lower three
     times, enough for the review between the blocks to mine a rule, under which the evolving arm's third
