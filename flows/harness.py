@@ -43,9 +43,10 @@ def _decided(log, pid: str, title: str, approve: bool, reason: str, by: str, ver
       log_prints=True)
 def harness_review_flow(warehouse_root: str = ".cake/warehouse", min_support: int = 3,
                         pause_timeout_s: int = 86400, policy: str = "manual",
-                        gpu_cache_dir: str | None = None) -> list[dict[str, Any]]:
+                        gpu_cache_dir: str | None = None, pause_poll_s: int = 10) -> list[dict[str, Any]]:
     """Propose harness changes from the warehouse and have each decided under ``policy``; with
-    ``gpu_cache_dir`` (a GPU machine) the corpus gate checks the corpus on the GPU too."""
+    ``gpu_cache_dir`` (a GPU machine) the corpus gate checks the corpus on the GPU too. A paused run asks the
+    Prefect API every ``pause_poll_s`` seconds whether it was resumed."""
     if policy not in POLICIES:
         raise CakeError(f"unknown approval policy `{policy}`; use one of {', '.join(POLICIES)}")
     log = get_run_logger()
@@ -78,7 +79,7 @@ def harness_review_flow(warehouse_root: str = ".cake/warehouse", min_support: in
         log.info(f"proposal {pid}: {prop.title}; decide in the UI (the paused run's form) or with "
                  f"`cake harness approve {pid} --reason ...` / `cake harness reject {pid} --reason ...`")
         decision = pause_flow_run(wait_for_input=Decision.with_initial_data(description=evidence),
-                                  timeout=pause_timeout_s, key=pid)
+                                  timeout=pause_timeout_s, poll_interval=pause_poll_s, key=pid)
         try:
             version = apply_decision(warehouse_root, pid, decision.approve, decision.reason, decision.decided_by)
         except AlreadyDecided as e:   # decided meanwhile without resuming this run (e.g. from another CLI)

@@ -11,7 +11,10 @@ every module it imports from source again, a third of the CPU a flow test used. 
 Python writes them (``__pycache__``, ignored by git; the venv's packages), atomically, by whichever process
 imports a module first.
 """
+import contextlib
+import fcntl
 import os
+import shutil
 import socket
 import sys
 import warnings
@@ -37,16 +40,55 @@ os.environ.update({k: os.environ.get(k, v) for k, v in {
 sys.path.insert(0, str(Path(__file__).resolve().parent / "core"))   # harness_runs: real CPU runs
 
 
+def _session_dir(tmp_path_factory, name: str) -> Path:
+    """A folder of this test session that every pytest-xdist worker sees (the workers' temporary folders share a
+    parent); without workers, one of this process's."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return tmp_path_factory.mktemp(name)
+    shared = tmp_path_factory.getbasetemp().parent / name
+    shared.mkdir(exist_ok=True)
+    return shared
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """An exclusive lock on ``path`` (made if missing) across the session's processes."""
+    with path.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="session")
 def compile_cache(tmp_path_factory) -> Path:
     """One nvcc cubin cache for every Cake home a test makes (entries are keyed by source hash and written
     atomically, so homes and processes share it safely); the same seeds are not compiled once per home, nor
-    once per pytest-xdist worker (the workers' temporary folders share a parent)."""
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        return tmp_path_factory.mktemp("cubin-cache")
-    shared = tmp_path_factory.getbasetemp().parent / "cubin-cache"
-    shared.mkdir(exist_ok=True)
-    return shared
+    once per pytest-xdist worker. Its ``gate/`` is the corpus gate's store (``cake_core.harness.gate_store``)
+    of every home whose ``cache/`` is this folder: the corpus replays once a session, not once a worker."""
+    return _session_dir(tmp_path_factory, "cubin-cache")
+
+
+@pytest.fixture(scope="session")
+def corpus_gate_store(compile_cache) -> Path:
+    """The corpus gate's store in the session's cache folder (``compile_cache/gate``) holding the replay of every
+    kernel file of the corpus under the built-in harness: made once a session by whichever worker asks first,
+    under a lock (the others wait, then read it rather than replay the corpus beside it). Also this process's
+    ``tasks.harness.GATE_CACHE`` store, as a review of a home whose ``cache/`` is the session's makes it."""
+    from cake_core.harness.gate import corpus, replay
+    from cake_core.harness.gate_store import GateStore, code_fingerprint
+    from cake_core.harness.version import HarnessSpec
+    from tasks.harness import GATE_CACHE
+
+    store = compile_cache / "gate"
+    GATE_CACHE.store = GateStore(store)
+    with _locked(compile_cache / "gate.lock"):
+        done = store / f"replayed-{code_fingerprint()}"
+        if not done.exists():
+            replay(corpus(), HarnessSpec(), HarnessSpec(), GATE_CACHE)
+            done.touch()
+    return store
 
 
 @pytest.fixture
@@ -62,10 +104,16 @@ def share_compile_cache(compile_cache):
 @pytest.fixture(scope="session")
 def mined_warehouse_once(tmp_path_factory) -> Path:
     """The warehouse of ``harness_runs.mined_runs`` (cold-start CPU runs of knn_topk, kmeans_assign and
-    gemm_bf16, 4 generations of 8): made once per session; a test copies it before it writes."""
+    gemm_bf16, 4 generations of 8): made once per session by whichever worker asks first (the others wait for
+    it); a test copies it before it writes."""
     from harness_runs import mined_runs
-    root = tmp_path_factory.mktemp("mined-once") / "warehouse"
-    mined_runs(root)
+    shared = _session_dir(tmp_path_factory, "mined-once")
+    root, done = shared / "warehouse", shared / "made"
+    with _locked(shared / "lock"):
+        if not done.exists():
+            shutil.rmtree(root, ignore_errors=True)      # a worker that died while making it
+            mined_runs(root)
+            done.touch()
     return root
 
 

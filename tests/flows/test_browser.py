@@ -194,15 +194,18 @@ def test_cake_report_is_published_on_the_run_and_shows_its_figures(evolved, serv
 # ---------------------------------------------------------------- a paused proposal
 
 
-def test_a_paused_proposal_shows_its_evidence_and_the_form_records_the_decision(services, page, tmp_path):
+def test_a_paused_proposal_shows_its_evidence_and_the_form_records_the_decision(services, page, tmp_path,
+                                                                              share_compile_cache,
+                                                                              corpus_gate_store):
     from harness_runs import replay_measurements
     from flows.harness import decide_proposal, harness_review_flow
 
     root = tmp_path / "warehouse"
+    share_compile_cache(tmp_path)                   # the session's corpus gate store
     assert replay_measurements(root) >= 60          # H200 measurements of the corpus: proposals to review
     result: dict = {}
     t = threading.Thread(target=lambda: result.setdefault("out", harness_review_flow(
-        warehouse_root=str(root), min_support=3, pause_timeout_s=900)), daemon=True)
+        warehouse_root=str(root), min_support=3, pause_timeout_s=900, pause_poll_s=1)), daemon=True)
     t.start()
     wh = Warehouse(root)
     pending = lambda: wh.query("select * from proposals_latest where status = 'pending'").to_pylist()  # noqa: E731

@@ -74,14 +74,15 @@ def _pending(wh, flow: threading.Thread, timeout_s=240, seen=()):
 
 
 def test_a_mined_rule_pauses_the_review_is_approved_from_the_cli_and_used_by_the_next_run(
-        services, mined_warehouse, tmp_path):
+        services, mined_warehouse, tmp_path, share_compile_cache, corpus_gate_store):
     from flows.harness import harness_review_flow
 
     wh_root = tmp_path / "warehouse"
     shutil.copytree(mined_warehouse, wh_root)
+    share_compile_cache(tmp_path)                 # the session's cubins and corpus gate store
     result: dict = {}
     t = threading.Thread(target=lambda: result.setdefault("out", harness_review_flow(
-        warehouse_root=str(wh_root), min_support=3, pause_timeout_s=600)))
+        warehouse_root=str(wh_root), min_support=3, pause_timeout_s=600, pause_poll_s=1)))
     t.start()
     wh = Warehouse(wh_root)
     pending = _pending(wh, t)
@@ -135,11 +136,13 @@ def test_a_mined_rule_pauses_the_review_is_approved_from_the_cli_and_used_by_the
 
 
 @pytest.mark.parametrize("policy, decision", [("approve-gated", "approved"), ("record-only", "pending")])
-def test_a_named_policy_decides_without_a_person(services, mined_warehouse, tmp_path, policy, decision):
+def test_a_named_policy_decides_without_a_person(services, mined_warehouse, tmp_path, share_compile_cache,
+                                                corpus_gate_store, policy, decision):
     from flows.harness import harness_review_flow
 
     wh_root = tmp_path / "warehouse"
     shutil.copytree(mined_warehouse, wh_root)
+    share_compile_cache(tmp_path)                 # the session's corpus gate store
     out = harness_review_flow(warehouse_root=str(wh_root), min_support=3, policy=policy)
     gated = [o for o in out if o["by"] != "corpus-gate"]          # those the gate refused are rejected by it
     # the mma_sync rule first, then whatever else the runs' failures and wins support (another rule where a

@@ -16,7 +16,8 @@ SEED = 1
 
 @pytest.mark.services
 def test_both_arms_run_in_blocks_the_evolving_one_under_what_its_review_approved(services, tmp_path,
-                                                                                 share_compile_cache):
+                                                                                 share_compile_cache,
+                                                                                 corpus_gate_store):
     """kmeans_assign, seed SEED, generations of 8 in blocks of two (a budget of 24 candidates: a block of two
     generations, then one of one): within its first block the agent's mma_sync children fail to lower three
     times, enough for the review between the blocks to mine a rule, under which the evolving arm's third
@@ -25,6 +26,7 @@ def test_both_arms_run_in_blocks_the_evolving_one_under_what_its_review_approved
     from cake_cli.experiment_cli import run_experiment
     out = tmp_path / "fve"
     share_compile_cache(out)                                  # the session's cubins, not the experiment's own
+    share_compile_cache(out / f"evolving-s{SEED}")            # its reviews' corpus gate store: the session's
     kw = dict(problem="kmeans_assign", out_dir=str(out), seeds=[SEED], shape_set="kmeans_assign_small", population=8,
               block=2, budget_candidates=24, approve="gate-passing")
     said: list[str] = []

@@ -5,6 +5,7 @@ before and after: a refusal must leave every byte as it was.
 """
 
 import hashlib
+import shutil
 
 import duckdb
 import pyarrow as pa
@@ -21,13 +22,20 @@ def _digest(root):
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-@pytest.fixture
-def wh24(tmp_path):
-    """24 attempts in two batches, the numbers of the filed report."""
-    wh = Warehouse(tmp_path / "wh")
+@pytest.fixture(scope="module")
+def made24(tmp_path_factory):
+    """24 attempts in two batches, the numbers of the filed report: appended once a module."""
+    wh = Warehouse(tmp_path_factory.mktemp("wh24") / "wh")
     wh.append("attempts", [attempt(i) for i in range(12)])
     wh.append("attempts", [attempt(i) for i in range(12, 24)])
-    return wh
+    return wh.root
+
+
+@pytest.fixture
+def wh24(made24, tmp_path):
+    """A copy of ``made24`` of the test's own, byte for byte the same batch files."""
+    shutil.copytree(made24, tmp_path / "wh")
+    return Warehouse(tmp_path / "wh")
 
 
 def _batch(wh):
