@@ -46,6 +46,10 @@ def warehouse(monkeypatch, tmp_path):
     mod.Warehouse, mod.WarehouseError = FakeWarehouse, WarehouseError
     monkeypatch.setitem(sys.modules, "warehouse", mod)
     monkeypatch.setitem(sys.modules, "warehouse.queries", queries)     # the real reads, of the stand-in
+    # the batches' validator `cake evolve` builds while its services start: nothing to build for the stand-in
+    expectations = types.ModuleType("warehouse.expectations")
+    expectations.warm_up = lambda: None
+    monkeypatch.setitem(sys.modules, "warehouse.expectations", expectations)
     monkeypatch.setattr(queries, "Warehouse", FakeWarehouse)
     monkeypatch.setattr(FakeWarehouse, "tables", {})
     monkeypatch.setattr(FakeWarehouse, "queries", [])
