@@ -128,19 +128,18 @@ def _sweep_stand_ins(run: Run, finalists: set[str], done: set[str], seed: int) -
     """Per sweep row, the run's best-scored kernel whose domain holds it, measured there (kind ``sweep``) where it
     is not a finalist (``pipeline.stand_ins``): a row the finalists' domains leave to a slow kernel gets the run's
     fastest one that serves it."""
-    ranked = []
+    rows, ranked = {}, []
     for r in ranked_kernels(run.warehouse_root, run.plan.run_id):
         try:
             ranked.append((r["attempt_id"], parse_program(r["ir_text"])))
         except IRSyntaxError:
             continue            # a text of an older grammar: it stands in nowhere
-    picks = {aid: shapes for aid, shapes in stand_ins(ranked, finalists, run.sweep).items() if aid not in done}
-    kernels = _attempt_rows(run, list(picks))
+        rows[r["attempt_id"]] = r
     n = 0
-    for aid, row in kernels.items():
-        shapes = picks[aid]
-        n += _apart(run, [_kernel(run, row)], shapes, seed, "sweep",
-                    lambda built, shapes=shapes: on_gpu(run, built, shapes, seed, drop_failed=False, kind="sweep"))
+    for aid, shapes in stand_ins(ranked, finalists, run.sweep).items():
+        if aid not in done:
+            n += _apart(run, [_kernel(run, rows[aid])], shapes, seed, "sweep",
+                        lambda built, shapes=shapes: on_gpu(run, built, shapes, seed, drop_failed=False, kind="sweep"))
     return n
 
 

@@ -169,9 +169,10 @@ def run_best(where: Warehouse | str | Path, run_id: str, through: int | None = N
 
 def ranked_kernels(where: Warehouse | str | Path, run_id: str) -> Rows:
     """The run's kernels measured correct on every searched shape (``kernel_scores``, basis measured), best score
-    first, with their IR text: attempt_id, score_ms, ir_text."""
+    first, with what rebuilds them: attempt_id, generation, slot, score_ms, ir_text."""
     return _wh(where).query("""
-        select k.attempt_id, k.score_ms, a.ir_text from kernel_scores k join attempts a using (attempt_id)
+        select k.attempt_id, k.generation, k.slot, k.score_ms, a.ir_text
+        from kernel_scores k join attempts a using (attempt_id)
         where k.run_id = ? and k.basis = 'measured' and a.ir_text is not null
         order by k.score_ms, k.generation, k.slot, k.ir_hash""", [run_id]).to_pylist()
 

@@ -52,7 +52,7 @@ _OWN_DTYPE_RULES = (ops_of(Family.ATOMIC, Family.EPILOGUE, Family.CLUSTER, Famil
                            Family.GATHER) | {Op.LOAD, Op.TMA_LOAD, Op.CP_ASYNC, Op.CP_ASYNC_BAR})
 
 
-def _memory_operands(n: Node) -> Iterator[tuple[Operand, Any]]:
+def memory_operands(n: Node) -> Iterator[tuple[Operand, Any]]:
     for o, a in zip(REGISTRY[n.op].operands, n.args):
         if o.kind in _MEMORY_KINDS:
             yield o, a
@@ -97,7 +97,7 @@ def _undefined(ctx: Ctx) -> Iterable[Diagnostic]:
     order = {id(n): i for i, (n, _, _) in enumerate(ctx.nodes)}
     paths = {id(n): p for n, p, _ in ctx.nodes}
     for n, path, visible in scoped(ctx):
-        for o, a in _memory_operands(n):
+        for o, a in memory_operands(n):
             name = buffer_name(a)
             if name is None or name in visible:
                 continue
@@ -130,7 +130,7 @@ def _space(ctx: Ctx) -> Iterable[Diagnostic]:
         yield from _barriers_as_data(ctx, n, path, visible)
         if n.op in OWN_SPACE_RULES:
             continue
-        for o, a in _memory_operands(n):
+        for o, a in memory_operands(n):
             name = buffer_name(a)
             t = ctx.buffers.get(name) if name in visible else None
             if o.barrier is not None or not o.space or t is None or t.space in o.space:
@@ -146,7 +146,7 @@ def _space(ctx: Ctx) -> Iterable[Diagnostic]:
 def _barriers_as_data(ctx: Ctx, n: Node, path: str, visible: dict[str, Node]) -> Iterator[Diagnostic]:
     """A tile or tensor operand that names an mbarrier (every op, those with their own space rules too: an
     mbarrier has no tile type, so their rules, which judge typed tiles, pass it by)."""
-    for o, a in _memory_operands(n):
+    for o, a in memory_operands(n):
         name = buffer_name(a)
         at = visible.get(name) if o.barrier is None else None
         if at is not None and at.decl.allocates is Alloc.MBARRIER:
@@ -167,7 +167,7 @@ def _rmem_role(ctx: Ctx) -> Iterable[Diagnostic]:
         role = ctx.role_of.get(id(n))
         if role is None:
             continue
-        for o, a in _memory_operands(n):
+        for o, a in memory_operands(n):
             name = buffer_name(a)
             t = ctx.buffers.get(name)
             if t is not None and t.space is MemSpace.RMEM and o.barrier is None:
@@ -283,7 +283,7 @@ def narrows(src: DType, dst: DType) -> bool:
 def _value_operands(n: Node) -> tuple[list[tuple[Operand, Any]], list[tuple[Operand, Any]]]:
     """(written, read) value operands of ``n``: tiles, slots and views, index operands and barriers left out."""
     out, srcs = [], []
-    for o, a in _memory_operands(n):
+    for o, a in memory_operands(n):
         if o.index or o.predicate or o.barrier is not None:
             continue
         e = o.effect_of(n)

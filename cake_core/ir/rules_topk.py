@@ -16,6 +16,7 @@ from cake_core.ir.ops import Node, Op
 from cake_core.ir.types import DType, MemSpace
 from cake_core.ir.rules_wgmma import fragment_dtype_checks, fragment_state_checks
 from cake_core.ir.program import walk
+from cake_core.ir.rules_operands import memory_operands
 from cake_core.ir.rule_ctx import Ctx, RuleSet, fmt_shape, stages_of, view_extent
 from cake_core.outcome import Diagnostic
 
@@ -134,12 +135,13 @@ def _topk_bias_smem_private(ctx: Ctx) -> Iterable[Diagnostic]:
     which keeps them in order, agrees with it: such an op is refused, not miscompiled."""
     lists = {b for n, _ in _nodes(ctx, Op.TOPK_BIAS) for b in (n.arg("top_v"), n.arg("top_i"))
              if (t := ctx.buffers.get(b)) is not None and t.space is MemSpace.SMEM}
+    if not lists:
+        return
     for n, path, _ in ctx.nodes:
-        if n.op in LIST_OPS or not lists:
+        if n.op in LIST_OPS:
             continue
-        for o, a in zip(n.decl.operands, n.args):
-            name = buffer_name(a) if o.kind in ("buf", "view", "slot") else None
-            if name in lists:
+        for _, a in memory_operands(n):
+            if (name := buffer_name(a)) in lists:
                 yield ctx.diag("topk_bias.smem_private", n, f"`{n.op.value}` names `{name}`, an smem list of "
                                                            "topk_bias, whose pairs are laid out for topk_bias alone",
                                path=path, hint="leave the lists to topk_shift and topk_publish (topk_cluster_merge "

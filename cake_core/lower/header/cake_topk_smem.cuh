@@ -157,8 +157,9 @@ __device__ __forceinline__ void copy_smem_topk(float* pv, int* pi, const float* 
     for (int h = 0; h < 2; ++h) {
         const int r = row0 + 8 * h;
         for (int p = lane % 4; p < KMAX; p += 4) {
-            pv[r * KMAX + p] = lv[r * KMAX + list_slot<KMAX>(r, p)];
-            pi[r * KMAX + p] = li[r * KMAX + list_slot<KMAX>(r, p)];
+            const int s = r * KMAX + list_slot<KMAX>(r, p);
+            pv[r * KMAX + p] = lv[s];
+            pi[r * KMAX + p] = li[s];
         }
     }
 }
